@@ -1,0 +1,979 @@
+"""The library API: save and load sharded checkpoints on any Store.
+
+::
+
+    import ckptio
+    ckptio.save({"model": params, "step": 100}, "s3://bucket/run1", step=100)
+    state = ckptio.load("s3://bucket/run1")            # newest complete checkpoint
+
+    with ckptio.Checkpointer("file:///ckpt/run1", keep_last=3, async_save=True) as ck:
+        for step in range(...):
+            ...
+            if step % 1000 == 0:
+                ck.save(state, step=step)   # returns after the snapshot; persists in background
+
+Guarantees: ``save`` (blocking) returns only when every shard is durable and the manifest is
+committed; until the manifest is published nothing of the step is visible to ``load``. A failed
+save (any rank) publishes no manifest and so never damages an earlier checkpoint. Every chunk
+is CRC32C-checked on load; a mismatch raises :class:`~ckptio.errors.ChecksumError` naming the
+object and byte range.
+
+Multi-rank: every rank calls ``save`` with its own state; ``ckptio.Shard`` leaves say which
+box of a global tensor a rank holds; plain arrays are replicated and written once (by the
+lowest rank that has them). Rank 0 commits after every rank has succeeded.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import secrets
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import crc32c as _crc32c
+import numpy as np
+
+from ckptio import errors, format as fmt
+from ckptio.arrays import as_host_array, contiguous_le
+from ckptio.dist import Communicator, SingleProcess, detect
+from ckptio.registry import open_store
+from ckptio.store import Store, option_int, parse_size
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_SIZE = 64 * 2**20
+"""Bytes: tensors larger than this are split along their first dimension into chunks of about
+this size (parallel CRC, finer-grained resharded loads)."""
+DEFAULT_MAX_OBJECT_SIZE = 16 * 2**30
+"""Bytes: a rank's shard data is split into objects of at most this size."""
+
+LAYOUTS = ("file-per-shard",)
+"""Data layouts: ``file-per-shard`` (N-N) writes one or more objects per rank."""
+
+_CHECKPOINT_OPTIONS = ("layout", "key_layout", "chunk_size", "max_object_size")
+
+_cpu_pool: ThreadPoolExecutor | None = None
+_cpu_lock = threading.Lock()
+
+
+def cpu_pool() -> ThreadPoolExecutor:
+    """Threads for CRC32C and memory copies (the crc32c package releases the GIL)."""
+    global _cpu_pool
+    with _cpu_lock:
+        if _cpu_pool is None:
+            _cpu_pool = ThreadPoolExecutor(max(2, os.cpu_count() or 2), thread_name_prefix="ckptio-cpu")
+        return _cpu_pool
+
+
+def crc32c(data: Any) -> int:
+    return int(_crc32c.crc32c(data))
+
+
+# -- describing what a rank holds -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A leaf of a rank's state that holds one box of a larger, global tensor.
+
+    ``Shard(local, global_shape=(4096, 1024), offsets=(1024, 0))``: this rank holds rows
+    1024..2047 (``local.shape == (1024, 1024)``). Shards of all ranks must tile the global
+    tensor; loading may then read any box of it with ``select``.
+    """
+
+    array: Any
+    global_shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+
+
+@dataclass
+class _Local:
+    """A tensor (or shard of one) this rank offers to save."""
+
+    path: str
+    array: np.ndarray  # C-contiguous, little-endian
+    global_shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+    replicated: bool
+
+    def meta(self) -> list[Any]:
+        return [
+            fmt.dtype_name(self.array.dtype),
+            list(self.global_shape),
+            list(self.offsets),
+            list(self.array.shape),
+            self.replicated,
+        ]
+
+
+@dataclass
+class _Prepared:
+    tree: Any
+    tensors: dict[str, _Local]
+    metadata: Any
+    snapshot_bytes: int = 0
+
+
+def _prepare(state: Any, metadata: Any, *, copy: bool) -> _Prepared:
+    """Walk the state: encode its structure, collect its arrays (copied if ``copy``)."""
+    tensors: dict[str, _Local] = {}
+    copies: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def take(arr: np.ndarray) -> np.ndarray:
+        arr = contiguous_le(arr)
+        if copy:
+            dst = np.empty_like(arr)
+            copies.append((dst, arr))
+            return dst
+        return arr
+
+    def on_array(path: str, leaf: Any) -> Any:
+        if isinstance(leaf, Shard):
+            arr = as_host_array(leaf.array)
+            if arr is None:
+                raise errors.InvalidArgumentError(f"Shard at {path!r} does not hold an array")
+            gshape, offs = tuple(int(x) for x in leaf.global_shape), tuple(int(x) for x in leaf.offsets)
+            if len(gshape) != arr.ndim or len(offs) != arr.ndim or any(
+                o < 0 or o + n > g for o, n, g in zip(offs, arr.shape, gshape, strict=True)
+            ):
+                raise errors.InvalidArgumentError(
+                    f"Shard at {path!r}: box at offsets {offs} of shape {arr.shape} does not fit "
+                    f"the global shape {gshape}"
+                )
+            tensors[path] = _Local(path, take(arr), gshape, offs, replicated=False)
+            return {"t": path}
+        if isinstance(leaf, np.generic):
+            return None
+        arr = as_host_array(leaf)
+        if arr is None:
+            return None
+        tensors[path] = _Local(path, take(arr), arr.shape, (0,) * arr.ndim, replicated=True)
+        return {"t": path}
+
+    tree = fmt.encode_tree(state, on_array)
+    if metadata is not None:
+        import json
+
+        try:
+            metadata = json.loads(json.dumps(metadata, allow_nan=False))  # a deep, JSON-only copy
+        except (TypeError, ValueError) as err:
+            raise errors.InvalidArgumentError(f"metadata must be JSON values: {err}") from None
+    nbytes = _parallel_copy(copies)
+    return _Prepared(tree, tensors, metadata, snapshot_bytes=nbytes)
+
+
+def _parallel_copy(copies: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
+    """Copy src -> dst pairs, large ones split over the CPU pool. Returns bytes copied."""
+    if not copies:
+        return 0
+    piece = 32 * 2**20
+    jobs = []
+    for dst, src in copies:
+        d, s = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
+        for a in range(0, d.nbytes, piece):
+            jobs.append((d[a : a + piece], s[a : a + piece]))
+    if len(jobs) == 1:
+        np.copyto(*jobs[0])
+    else:
+        list(cpu_pool().map(lambda j: np.copyto(j[0], j[1]), jobs))
+    return sum(d.nbytes for d, _ in copies)
+
+
+# -- the save itself --------------------------------------------------------------------------
+
+
+@dataclass
+class _Piece:
+    path: str
+    view: np.ndarray  # C-contiguous slice of the local array
+    offsets: tuple[int, ...]  # in the global tensor
+
+
+def _pieces(local: _Local, chunk_size: int) -> list[_Piece]:
+    """Split a local tensor along dim 0 into C-contiguous pieces of about ``chunk_size``."""
+    arr = local.array
+    if arr.ndim == 0 or arr.nbytes <= chunk_size or arr.shape[0] <= 1:
+        return [_Piece(local.path, arr, local.offsets)]
+    row = arr.nbytes // arr.shape[0]
+    rows = max(1, chunk_size // max(row, 1))
+    out = []
+    for r in range(0, arr.shape[0], rows):
+        offs = (local.offsets[0] + r, *local.offsets[1:])
+        out.append(_Piece(local.path, arr[r : r + rows], offs))
+    return out
+
+
+_ZEROS = memoryview(bytes(fmt.ALIGNMENT))
+
+
+def _write_rank(
+    store: Store,
+    step: int,
+    rank: int,
+    token: str,
+    mine: Sequence[_Local],
+    *,
+    key_layout: str,
+    chunk_size: int,
+    max_object_size: int,
+) -> dict[str, Any]:
+    """Write this rank's tensors into shard objects. Returns the chunk index and objects."""
+    pieces = [p for local in mine for p in _pieces(local, chunk_size)]
+    # assign pieces to objects
+    objects: list[list[tuple[_Piece, int]]] = [[]]
+    sizes = [0]
+    for p in pieces:
+        if sizes[-1] and sizes[-1] + p.view.nbytes > max_object_size:
+            objects.append([])
+            sizes.append(0)
+        objects[-1].append((p, sizes[-1]))
+        sizes[-1] = fmt.align_up(sizes[-1] + p.view.nbytes)
+    chunks: dict[str, list[dict[str, Any]]] = {}
+    object_sizes: dict[str, int] = {}
+    prefix = fmt.step_dir(step) + "/"
+    pool = cpu_pool()
+    for index, members in enumerate(objects):
+        if not members:
+            continue
+        key = fmt.shard_key(step, rank, index, key_layout=key_layout).replace(".bin", f"-{token}.bin")
+        total = members[-1][1] + members[-1][0].view.nbytes
+        crcs: list[Future[int]] = []
+        writer = store.open_writer(key, size_hint=total)
+        try:
+            pos = 0
+            for piece, offset in members:
+                if offset > pos:
+                    writer.write(_ZEROS[: offset - pos])
+                data = piece.view.reshape(-1).view(np.uint8)
+                crcs.append(pool.submit(crc32c, data))
+                writer.write(data)
+                pos = offset + data.nbytes
+            writer.close()
+        except BaseException:
+            writer.abort()
+            for f in crcs:
+                f.cancel()
+            raise
+        rel = key[len(prefix) :]
+        object_sizes[rel] = total
+        for (piece, offset), crc in zip(members, crcs, strict=True):
+            chunks.setdefault(piece.path, []).append(
+                fmt.Chunk(
+                    piece.offsets, piece.view.shape, rel, offset, piece.view.nbytes, crc.result()
+                ).as_json()
+            )
+    return {"chunks": chunks, "objects": object_sizes}
+
+
+def _error_text(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}"
+
+
+@dataclass
+class SaveResult:
+    """What a finished save did (on this rank)."""
+
+    step: int
+    nbytes: int
+    """Bytes of tensor data written by this rank."""
+    seconds: float
+    """Wall time of the write and commit on this rank."""
+    committed_bytes: int = 0
+    """Bytes of the whole checkpoint (every rank), known on rank 0."""
+
+
+def _save_collective(
+    store: Store,
+    prepared: _Prepared,
+    step: int,
+    comm: Communicator,
+    *,
+    layout: str,
+    key_layout: str,
+    chunk_size: int,
+    max_object_size: int,
+) -> SaveResult:
+    """Plan, write, gather, commit: every rank calls this; rank 0 publishes the manifest."""
+    t0 = time.perf_counter()
+    mkey = fmt.manifest_key(step)
+    # 1. plan: rank 0 decides who writes what (replicated tensors once), refuses conflicts
+    metas = {p: t.meta() for p, t in prepared.tensors.items()}
+    gathered = comm.gather(metas, root=0)
+    plan: dict[str, Any]
+    if comm.rank == 0:
+        assert gathered is not None
+        try:
+            if store.exists(mkey):
+                raise errors.AlreadyExistsError(f"{store.url}: step {step} already has a committed checkpoint ({mkey})")
+            plan = {"ok": True, "token": secrets.token_hex(4), "writers": _plan_writers(gathered)}
+        except errors.CkptioError as err:
+            plan = {"ok": False, "error": _error_text(err)}
+    else:
+        plan = {}
+    plan = comm.bcast(plan, root=0)
+    if not plan["ok"]:
+        raise errors.SaveFailedError(f"save of step {step} refused: {plan['error']}")
+    mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
+    # 2. write this rank's shards
+    try:
+        outcome: dict[str, Any] = {"ok": True, **_write_rank(
+            store, step, comm.rank, plan["token"], mine,
+            key_layout=key_layout, chunk_size=chunk_size, max_object_size=max_object_size,
+        )}
+    except Exception as err:  # reported to every rank below, then raised
+        log.debug("rank %d failed writing step %d", comm.rank, step, exc_info=True)
+        outcome = {"ok": False, "error": _error_text(err)}
+        local_error: BaseException | None = err
+    else:
+        local_error = None
+    # 3. gather, commit on rank 0
+    results = comm.gather(outcome, root=0)
+    verdict: dict[str, Any] = {}
+    if comm.rank == 0:
+        assert results is not None
+        verdict = _commit(store, step, prepared, plan, results, comm.size, layout, key_layout)
+    verdict = comm.bcast(verdict, root=0)
+    if not verdict["ok"]:
+        raise errors.SaveFailedError(f"save of step {step} failed, nothing committed: {verdict['error']}") from local_error
+    nbytes = sum(t.array.nbytes for t in mine)
+    return SaveResult(step, nbytes, time.perf_counter() - t0, verdict.get("nbytes", 0))
+
+
+def _plan_writers(gathered: Sequence[Mapping[str, list[Any]]]) -> dict[str, int]:
+    """path -> writing rank (replicated: lowest rank that has it) or -1 (sharded: every
+    holder writes its box). Raises if ranks disagree about a tensor."""
+    writers: dict[str, int] = {}
+    seen: dict[str, list[Any]] = {}
+    for rank, metas in enumerate(gathered):
+        for path, (dtype, gshape, _offs, _shape, replicated) in metas.items():
+            if path in seen:
+                d0, g0, rep0 = seen[path][0], seen[path][1], seen[path][4]
+                if (d0, g0, rep0) != (dtype, gshape, replicated):
+                    raise errors.InvalidArgumentError(
+                        f"ranks disagree about tensor {path!r}: {d0}{g0}{' replicated' if rep0 else ' sharded'}"
+                        f" vs {dtype}{gshape}{' replicated' if replicated else ' sharded'} on rank {rank}"
+                    )
+                continue
+            seen[path] = [dtype, gshape, _offs, _shape, replicated]
+            writers[path] = rank if replicated else -1
+    return writers
+
+
+def _commit(
+    store: Store,
+    step: int,
+    prepared: _Prepared,
+    plan: Mapping[str, Any],
+    results: Sequence[Mapping[str, Any]],
+    world_size: int,
+    layout: str,
+    key_layout: str,
+) -> dict[str, Any]:
+    prefix = fmt.step_dir(step) + "/"
+    written = [prefix + k for r in results if r.get("ok") for k in r["objects"]]
+    failed = [(rank, r["error"]) for rank, r in enumerate(results) if not r.get("ok")]
+    if failed:
+        _discard(store, written)
+        return {"ok": False, "error": "; ".join(f"rank {rank}: {e}" for rank, e in failed)}
+    try:
+        objects: dict[str, int] = {}
+        chunk_lists: dict[str, list[dict[str, Any]]] = {}
+        for r in results:
+            objects.update(r["objects"])
+            for path, cs in r["chunks"].items():
+                chunk_lists.setdefault(path, []).extend(cs)
+        metas: dict[str, list[Any]] = {p: t.meta() for p, t in prepared.tensors.items()}
+        doc_tensors = {}
+        for path in plan["writers"]:
+            meta = metas.get(path)
+            if meta is None:
+                raise errors.SaveFailedError(
+                    f"tensor {path!r} is held by another rank but not by rank 0; rank 0's state "
+                    "must name every tensor (its structure is the checkpoint's)"
+                )
+            doc_tensors[path] = {
+                "dtype": meta[0],
+                "shape": meta[1],
+                "chunks": sorted(chunk_lists.get(path, []), key=lambda c: c["offsets"]),
+            }
+        manifest = fmt.Manifest(
+            step=step,
+            world_size=world_size,
+            tensors={},
+            objects=objects,
+            tree=prepared.tree,
+            metadata=prepared.metadata,
+            layout={"kind": layout, "key_layout": key_layout},
+            created=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        )
+        data = manifest.to_json()
+        # splice the tensors in (as JSON) and validate what we are about to commit, exactly
+        # as a reader will: a save never publishes a manifest that load would refuse
+        import json
+
+        doc = json.loads(data)
+        doc["tensors"] = doc_tensors
+        data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+        fmt.parse_manifest(data, expect_step=step)
+        store.publish(fmt.manifest_key(step), data, overwrite=False)
+    except Exception as err:  # reported to every rank; the data is discarded
+        log.debug("commit of step %d failed", step, exc_info=True)
+        if not isinstance(err, errors.AlreadyExistsError):
+            _discard(store, written)
+        return {"ok": False, "error": _error_text(err)}
+    return {"ok": True, "nbytes": sum(objects.values())}
+
+
+def _discard(store: Store, keys: Sequence[str]) -> None:
+    try:
+        store.delete(keys)
+    except Exception as err:  # best effort: what remains is garbage that gc removes
+        log.warning("could not delete data of a failed save (%s); `ckptio gc` will remove it", err)
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+Index = tuple[slice | int, ...]
+
+
+def _normalize(index: Any, shape: tuple[int, ...], path: str) -> tuple[list[int], list[int], list[bool]]:
+    """(starts, stops, keep_dim) for a basic index; only unit-step slices and ints."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    if len(index) > len(shape):
+        raise errors.InvalidArgumentError(f"{path}: index {index} has more dimensions than shape {shape}")
+    index = index + (slice(None),) * (len(shape) - len(index))
+    starts, stops, keep = [], [], []
+    for d, (ix, n) in enumerate(zip(index, shape, strict=True)):
+        if isinstance(ix, slice):
+            a, b, s = ix.indices(n)
+            if s != 1:
+                raise errors.InvalidArgumentError(f"{path}: only unit-step slices can be loaded (dim {d})")
+            starts.append(a)
+            stops.append(max(a, b))
+            keep.append(True)
+        elif isinstance(ix, int | np.integer):
+            i = int(ix) + n if ix < 0 else int(ix)
+            if not 0 <= i < n:
+                raise errors.InvalidArgumentError(f"{path}: index {ix} out of range for dim {d} of size {n}")
+            starts.append(i)
+            stops.append(i + 1)
+            keep.append(False)
+        else:
+            raise errors.InvalidArgumentError(f"{path}: unsupported index {ix!r} (use slices and ints)")
+    return starts, stops, keep
+
+
+class CheckpointReader:
+    """A committed checkpoint opened for reading: its manifest and the data behind it.
+
+    ``read(path, index)`` reads a box of one tensor, fetching only the chunks that overlap it
+    and checking each chunk's CRC32C. ``state(select)`` rebuilds the saved structure.
+    """
+
+    def __init__(self, store: Store, step: int, manifest: fmt.Manifest, *, readers: int = 8) -> None:
+        self.store = store
+        self.step = step
+        self.manifest = manifest
+        self.readers = readers
+        self._prefix = fmt.step_dir(step) + "/"
+
+    @property
+    def metadata(self) -> Any:
+        return self.manifest.metadata
+
+    def _read_chunk_into(self, chunk: fmt.Chunk, out: memoryview) -> None:
+        key = self._prefix + chunk.key
+        n = self.store.read_into(key, chunk.offset, out)
+        if n != chunk.length:
+            raise errors.CorruptCheckpointError(
+                f"{self.store.url}/{key}: bytes {chunk.offset}..{chunk.offset + chunk.length} "
+                f"requested, object ends after {chunk.offset + n} (truncated object)"
+            )
+        got = crc32c(out)
+        if got != chunk.crc32c:
+            raise errors.ChecksumError(
+                f"{self.store.url}/{key}: CRC32C mismatch in bytes {chunk.offset}..{chunk.offset + chunk.length} "
+                f"(expected {chunk.crc32c:#010x}, read {got:#010x}): the object is damaged"
+            )
+
+    def read(self, path: str, index: Any = None) -> np.ndarray:
+        """Tensor ``path`` (or the box ``index`` of it: ints and unit-step slices)."""
+        return self.read_many({path: index})[path]
+
+    def read_many(self, wanted: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Several tensors (or boxes of them), their chunks read in parallel."""
+        jobs: list[tuple[fmt.Chunk, Any]] = []
+        results: dict[str, np.ndarray] = {}
+        finals: dict[str, list[bool]] = {}
+        for path, index in wanted.items():
+            entry = self.manifest.tensors.get(path)
+            if entry is None:
+                raise errors.NotFoundError(f"step {self.step} has no tensor {path!r}")
+            starts, stops, keep = _normalize(() if index is None else index, entry.shape, path)
+            shape = tuple(b - a for a, b in zip(starts, stops, strict=True))
+            out = np.zeros(shape, dtype=entry.np_dtype)  # calloc: untouched pages cost nothing
+            results[path] = out
+            finals[path] = keep
+            for chunk in entry.chunks:
+                lo = [max(a, o) for a, o in zip(starts, chunk.offsets, strict=True)]
+                hi = [min(b, o + n) for b, o, n in zip(stops, chunk.offsets, chunk.shape, strict=True)]
+                if math.prod(shape) == 0 or any(h <= l for l, h in zip(lo, hi, strict=True)):
+                    continue  # nothing of this chunk is wanted
+                jobs.append((chunk, (out, starts, lo, hi)))
+
+        def run(job: tuple[fmt.Chunk, Any]) -> None:
+            chunk, (out, starts, lo, hi) = job
+            dst_box = tuple(slice(l - s, h - s) for l, h, s in zip(lo, hi, starts, strict=True))
+            src_box = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, chunk.offsets, strict=True))
+            target = out[dst_box] if dst_box else out  # out[()] would be a scalar, not a view
+            whole = all(b.start == 0 and b.stop == n for b, n in zip(src_box, chunk.shape, strict=True))
+            if whole and target.flags.c_contiguous:
+                self._read_chunk_into(chunk, memoryview(target.reshape(-1).view(np.uint8)))
+                return
+            tmp = np.empty(chunk.length, dtype=np.uint8)
+            self._read_chunk_into(chunk, memoryview(tmp))
+            target[...] = tmp.view(out.dtype).reshape(chunk.shape)[src_box]
+
+        if len(jobs) <= 1:
+            for job in jobs:
+                run(job)
+        else:
+            with ThreadPoolExecutor(min(self.readers, len(jobs)), thread_name_prefix="ckptio-read") as pool:
+                futs = [pool.submit(run, j) for j in jobs]
+                first: BaseException | None = None
+                for f in futs:
+                    try:
+                        f.result()
+                    except BaseException as err:
+                        first = first or err
+                if first is not None:
+                    raise first
+        for path, keep in finals.items():
+            if not all(keep):
+                results[path] = results[path].reshape(
+                    tuple(n for n, k in zip(results[path].shape, keep, strict=True) if k)
+                )
+        return results
+
+    def state(self, select: Mapping[str, Any] | None = None) -> Any:
+        """The saved structure with every tensor read (``select``: path -> index, to read
+        only a box of some tensors; other tensors are read whole)."""
+        select = dict(select or {})
+        unknown = set(select) - set(self.manifest.tensors)
+        if unknown:
+            raise errors.NotFoundError(
+                f"step {self.step} has no tensor(s) {sorted(unknown)}; it has {sorted(self.manifest.tensors)[:20]}"
+            )
+        paths = list(fmt.tree_tensor_paths(self.manifest.tree))
+        arrays = self.read_many({p: select.get(p) for p in paths})
+        return fmt.decode_tree(self.manifest.tree, arrays.__getitem__)
+
+    def verify(self) -> list[str]:
+        """Re-read every object and check sizes and every chunk's CRC. Returns the problems
+        found (empty: the checkpoint is intact)."""
+        problems: list[str] = []
+        for key, size in self.manifest.objects.items():
+            try:
+                actual = self.store.size(self._prefix + key)
+            except FileNotFoundError:
+                problems.append(f"{self._prefix}{key}: missing")
+                continue
+            if actual != size:
+                problems.append(f"{self._prefix}{key}: {actual} bytes, manifest says {size}")
+        jobs = [c for t in self.manifest.tensors.values() for c in t.chunks]
+
+        def check(chunk: fmt.Chunk) -> str | None:
+            buf = np.empty(chunk.length, dtype=np.uint8)
+            try:
+                self._read_chunk_into(chunk, memoryview(buf))
+            except (errors.CorruptCheckpointError, FileNotFoundError) as err:
+                return str(err)
+            return None
+
+        with ThreadPoolExecutor(self.readers, thread_name_prefix="ckptio-verify") as pool:
+            problems.extend(p for p in pool.map(check, jobs) if p)
+        return problems
+
+
+def read_manifest(store: Store, step: int) -> fmt.Manifest:
+    """Fetch and validate the manifest of ``step``; NotFoundError if it is not committed."""
+    key = fmt.manifest_key(step)
+    size = store.size(key)
+    if size > fmt.MAX_MANIFEST_BYTES:
+        raise errors.ManifestError(f"{key} is {size} bytes, more than {fmt.MAX_MANIFEST_BYTES}")
+    data = store.get(key)
+    try:
+        return fmt.parse_manifest(data, expect_step=step)
+    except errors.ManifestError as err:
+        raise errors.ManifestError(f"{store.url}/{key}: {err}") from None
+
+
+def committed_steps(store: Store) -> list[int]:
+    """Steps that have a manifest object (not yet validated), ascending."""
+    steps = []
+    for key in store.list("step-"):
+        head, _, tail = key.partition("/")
+        if tail == fmt.MANIFEST_NAME:
+            step = fmt.parse_step_dir(head)
+            if step is not None:
+                steps.append(step)
+    return sorted(set(steps))
+
+
+@dataclass
+class StepInfo:
+    step: int
+    complete: bool
+    """Has a manifest that validates."""
+    nbytes: int
+    """Bytes of all objects under the step."""
+    objects: int
+    created: str = ""
+    problem: str = ""
+
+
+def list_steps(store: Store) -> list[StepInfo]:
+    """Every step under the root, committed or not, with its size (for ``ckptio ls``)."""
+    by_step: dict[int, list[str]] = {}
+    for key in store.list("step-"):
+        step = fmt.parse_step_dir(key.partition("/")[0])
+        if step is not None:
+            by_step.setdefault(step, []).append(key)
+    out = []
+    for step, keys in sorted(by_step.items()):
+        nbytes = sum(store.size(k) for k in keys)
+        info = StepInfo(step, False, nbytes, len(keys))
+        if fmt.manifest_key(step) in keys:
+            try:
+                m = read_manifest(store, step)
+                info.complete, info.created = True, m.created
+            except errors.CkptioError as err:
+                info.problem = str(err)
+        else:
+            info.problem = "no manifest (incomplete or interrupted save)"
+        out.append(info)
+    return out
+
+
+def open_checkpoint(url: str | Store, step: int | None = None, **options: Any) -> CheckpointReader:
+    """Open the checkpoint of ``step`` (default: the newest complete one) for reading."""
+    store = open_store(url, **options)
+    if step is not None:
+        fmt.step_dir(step)
+        try:
+            return CheckpointReader(store, step, read_manifest(store, step))
+        except FileNotFoundError:
+            raise errors.NotFoundError(f"{store.url}: no committed checkpoint at step {step}") from None
+    steps = committed_steps(store)
+    for s in reversed(steps):
+        try:
+            return CheckpointReader(store, s, read_manifest(store, s))
+        except errors.ManifestError as err:
+            log.warning("skipping step %d: its manifest is invalid (%s)", s, err)
+        except FileNotFoundError:
+            continue  # deleted meanwhile (retention)
+    raise errors.NotFoundError(f"{store.url}: no complete checkpoint found")
+
+
+# -- the public API ---------------------------------------------------------------------------
+
+
+@dataclass
+class SaveHandle:
+    """A save in progress or done. ``blocking_seconds``: how long ``save`` held the caller."""
+
+    step: int
+    blocking_seconds: float
+    _future: Future[SaveResult] | None = None
+    _result: SaveResult | None = None
+
+    def done(self) -> bool:
+        return self._future is None or self._future.done()
+
+    def wait(self, timeout: float | None = None) -> SaveResult:
+        """Block until the save is committed; raise its error if it failed."""
+        if self._result is None:
+            assert self._future is not None
+            self._result = self._future.result(timeout)
+        return self._result
+
+    result = wait
+
+
+_live: weakref.WeakSet[Checkpointer] = weakref.WeakSet()
+
+
+@atexit.register
+def _wait_at_exit() -> None:
+    for ck in list(_live):
+        ck._finish_at_exit()
+
+
+class Checkpointer:
+    """Saves and loads the checkpoints of one run under ``url``.
+
+    Options:
+
+    - ``keep_last`` (int or None): after each committed save, delete all but the newest
+      ``keep_last`` checkpoints (and debris of interrupted saves older than the newest).
+    - ``async_save`` (bool): ``save`` snapshots the state (one memory copy) and returns; the
+      write and commit run in a background thread. A failure is raised by the next
+      ``save``/``wait``. Leaving the ``with`` block or the interpreter waits for the save in
+      flight.
+    - ``comm``: a :class:`~ckptio.dist.Communicator` (default: detected from the launcher).
+      Every rank must create the Checkpointer and call ``save`` together.
+    - ``layout`` (``file-per-shard``), ``key_layout`` (``flat``/``hashed``), ``chunk_size``,
+      ``max_object_size``; any other option goes to the store (``streams``, ``part_size``, ...).
+    """
+
+    def __init__(
+        self,
+        url: str | Store,
+        *,
+        keep_last: int | None = None,
+        async_save: bool = False,
+        comm: Communicator | None = None,
+        layout: str = "file-per-shard",
+        key_layout: str = "flat",
+        chunk_size: int | str = DEFAULT_CHUNK_SIZE,
+        max_object_size: int | str = DEFAULT_MAX_OBJECT_SIZE,
+        **store_options: Any,
+    ) -> None:
+        if layout not in LAYOUTS:
+            raise errors.InvalidArgumentError(f"unknown layout {layout!r}; valid: {', '.join(LAYOUTS)}")
+        if key_layout not in fmt.KEY_LAYOUTS:
+            raise errors.InvalidArgumentError(f"unknown key_layout {key_layout!r}; valid: {', '.join(fmt.KEY_LAYOUTS)}")
+        if keep_last is not None:
+            keep_last = option_int(keep_last, field="keep_last", minimum=1)
+        self.store = open_store(url, **store_options)
+        self.keep_last = keep_last
+        self.async_save = async_save
+        self.comm: Communicator = comm if comm is not None else detect()
+        self.layout = layout
+        self.key_layout = key_layout
+        self.chunk_size = parse_size(chunk_size, field="chunk_size")
+        self.max_object_size = parse_size(max_object_size, field="max_object_size")
+        if self.chunk_size <= 0 or self.max_object_size <= 0:
+            raise errors.InvalidArgumentError("chunk_size and max_object_size must be > 0")
+        self._bg_comm: Communicator | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: SaveHandle | None = None
+        self._lock = threading.Lock()
+        _live.add(self)
+
+    # -- saving -----------------------------------------------------------------------------
+    def save(
+        self, state: Any, step: int, *, metadata: Any = None, blocking: bool | None = None
+    ) -> SaveHandle:
+        """Save ``state`` as ``step``. Blocking: returns when committed. Async: returns after
+        the snapshot; ``handle.wait()`` (or the next ``save``/``wait``) gives the outcome."""
+        fmt.step_dir(step)
+        self.wait()  # one save in flight at a time; raises the previous one's failure
+        background = self.async_save if blocking is None else not blocking
+        t0 = time.perf_counter()
+        prepared = _prepare(state, metadata, copy=background)
+        if not background:
+            result = self._persist(prepared, step, self.comm)
+            return SaveHandle(step, time.perf_counter() - t0, None, result)
+        if self._executor is None:
+            self._bg_comm = self.comm.dup() if self.comm.size > 1 else SingleProcess()
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckptio-save")
+        comm = self._bg_comm
+        assert comm is not None
+        fut = self._executor.submit(self._persist, prepared, step, comm)
+        handle = SaveHandle(step, time.perf_counter() - t0, fut)
+        with self._lock:
+            self._pending = handle
+        return handle
+
+    def _persist(self, prepared: _Prepared, step: int, comm: Communicator) -> SaveResult:
+        result = _save_collective(
+            self.store,
+            prepared,
+            step,
+            comm,
+            layout=self.layout,
+            key_layout=self.key_layout,
+            chunk_size=self.chunk_size,
+            max_object_size=self.max_object_size,
+        )
+        if comm.rank == 0 and self.keep_last is not None:
+            self._retain(step)
+        return result
+
+    def _retain(self, newest: int) -> None:
+        try:
+            steps = committed_steps(self.store)
+            doomed = [s for s in steps if s <= newest][: -self.keep_last or None] if self.keep_last else []
+            for s in doomed:
+                delete_step(self.store, s)
+            collect_garbage(self.store, before_step=newest)
+        except Exception as err:  # retention must not fail a committed save
+            log.warning("retention after step %d failed: %s", newest, err)
+
+    def wait(self) -> SaveResult | None:
+        """Wait for the save in flight, if any; raise its error if it failed."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        try:
+            return pending.wait()
+        except errors.CkptioError:
+            raise
+        except Exception as err:
+            raise errors.SaveFailedError(f"background save of step {pending.step} failed: {err}") from err
+
+    # -- loading ----------------------------------------------------------------------------
+    def steps(self) -> list[int]:
+        """Committed steps (manifest present), ascending."""
+        return committed_steps(self.store)
+
+    def latest(self) -> int | None:
+        """The newest step whose manifest validates, or None."""
+        try:
+            return open_checkpoint(self.store).step
+        except FileNotFoundError:
+            return None
+
+    def open(self, step: int | None = None) -> CheckpointReader:
+        return open_checkpoint(self.store, step)
+
+    def load(self, step: int | None = None, *, select: Mapping[str, Any] | None = None) -> Any:
+        """The state of ``step`` (default: the newest complete checkpoint)."""
+        return self.open(step).state(select)
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:
+        """Wait for the save in flight (raising its failure) and release resources."""
+        try:
+            self.wait()
+        finally:
+            if self._executor is not None:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+            _live.discard(self)
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as err:  # the body's exception is the one to propagate
+            log.error("checkpoint save in flight failed while leaving the Checkpointer: %s", err)
+
+    def _finish_at_exit(self) -> None:
+        pending = self._pending
+        if pending is None or pending.done() and pending._future is None:
+            return
+        if not pending.done():
+            log.warning("interpreter exiting: waiting for the checkpoint save of step %d", pending.step)
+        try:
+            pending.wait()
+        except BaseException as err:
+            msg = f"ckptio: the background save of step {pending.step} FAILED and was not committed: {err}"
+            log.error(msg)
+            print(msg, file=__import__("sys").stderr, flush=True)
+
+
+def delete_step(store: Store, step: int) -> None:
+    """Delete one checkpoint: the manifest first (so it stops existing at once), then data."""
+    prefix = fmt.step_dir(step) + "/"
+    store.delete([fmt.manifest_key(step)])
+    store.delete([k for k in store.list(prefix)])
+    store.cleanup_incomplete(prefix)
+
+
+def collect_garbage(store: Store, *, before_step: int | None = None, older_than: float = 0.0) -> list[str]:
+    """Remove debris of interrupted or losing saves; never touches a committed checkpoint's
+    objects. Steps without a manifest are removed if they are older than ``before_step``
+    (default: the newest committed step) or their objects are older than ``older_than``
+    seconds... (only ``before_step`` is judged here; ``older_than`` applies to temp files and
+    multipart uploads). Returns what was removed."""
+    steps = committed_steps(store)
+    newest = steps[-1] if steps else None
+    limit = before_step if before_step is not None else newest
+    removed: list[str] = []
+    by_step: dict[int, list[str]] = {}
+    for key in store.list("step-"):
+        s = fmt.parse_step_dir(key.partition("/")[0])
+        if s is not None:
+            by_step.setdefault(s, []).append(key)
+    for s, keys in by_step.items():
+        mkey = fmt.manifest_key(s)
+        if mkey in keys:
+            try:
+                manifest = read_manifest(store, s)
+            except errors.ManifestError:
+                continue  # damaged: leave it for a person to look at
+            prefix = fmt.step_dir(s) + "/"
+            live = {prefix + k for k in manifest.objects} | {mkey}
+            stray = [k for k in keys if k not in live]
+        elif limit is not None and s < limit:
+            stray = keys
+        else:
+            continue
+        if stray:
+            store.delete(stray)
+            removed.extend(stray)
+    store.cleanup_incomplete("step-", older_than=older_than)
+    return removed
+
+
+def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    ck = {k: options.pop(k) for k in list(options) if k in _CHECKPOINT_OPTIONS}
+    return ck, options
+
+
+def save(
+    state: Any,
+    url: str | Store,
+    step: int,
+    *,
+    blocking: bool = True,
+    metadata: Any = None,
+    comm: Communicator | None = None,
+    **options: Any,
+) -> SaveHandle:
+    """Save ``state`` under ``url`` as ``step``. See :class:`Checkpointer` for options."""
+    ck = Checkpointer(url, async_save=not blocking, comm=comm, **options)
+    handle = ck.save(state, step, metadata=metadata)
+    if blocking:
+        ck.close()
+    return handle
+
+
+def load(
+    url: str | Store,
+    step: int | None = None,
+    *,
+    select: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """Load the checkpoint of ``step`` (default: the newest complete one) under ``url``.
+
+    ``select`` maps tensor paths (``"model/w"``) to indexes (``np.s_[0:512, :]``) to read only
+    those boxes: resharding to a different number of ranks.
+    """
+    return open_checkpoint(url, step, **options).state(select)
+
+
+def verify(url: str | Store, step: int | None = None, **options: Any) -> list[str]:
+    """Re-read a checkpoint and check every CRC; the list of problems (empty when intact)."""
+    return open_checkpoint(url, step, **options).verify()
+

@@ -1,0 +1,198 @@
+"""The ``ckptio`` command.
+
+Each subcommand is two functions: ``_add_<name>(subparsers)`` declares its arguments and
+``_cmd_<name>(args) -> int`` runs it and returns the exit status. Output is a table for
+people (rich) and JSON with ``--json``. Errors that a user caused print one clear line and
+exit 2; a failed verification exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ckptio import errors
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def human_bytes(n: float) -> str:
+    """Binary units for sizes a person reads (``1.5 GiB``)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if abs(n) < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+
+
+# -- backends ---------------------------------------------------------------------------------
+
+
+def _add_backends(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("backends", help="installed storage backends and their capabilities")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _cmd_backends(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from ckptio.registry import backends, load_backend
+
+    rows = []
+    for scheme, info in sorted(backends().items()):
+        try:
+            cls = load_backend(scheme)
+            rows.append({"scheme": scheme, "available": True, "class": info.target,
+                         "capabilities": asdict(cls.capabilities), "problem": ""})
+        except errors.CkptioError as err:
+            rows.append({"scheme": scheme, "available": False, "class": info.target,
+                         "capabilities": {}, "problem": str(err)})
+    if args.json:
+        print_json(rows)
+        return 0
+    table = Table(title="ckptio backends")
+    table.add_column("scheme")
+    table.add_column("status")
+    table.add_column("capabilities / install hint")
+    for r in rows:
+        if r["available"]:
+            caps = ", ".join(k for k, v in r["capabilities"].items() if v) or "-"
+            table.add_row(r["scheme"], "[green]ok[/]", caps)
+        else:
+            table.add_row(r["scheme"], "[red]missing dependency[/]", r["problem"])
+    console.print(table)
+    return 0
+
+
+# -- ls ---------------------------------------------------------------------------------------
+
+
+def _add_ls(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("ls", help="checkpoints under a URL: steps, complete or not, size")
+    p.add_argument("url", help="root URL of a run (file:///..., s3://bucket/prefix, ...)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from ckptio.checkpoint import list_steps
+    from ckptio.registry import open_store
+
+    with open_store(args.url) as store:
+        steps = list_steps(store)
+    if args.json:
+        print_json([asdict(s) for s in steps])
+        return 0
+    if not steps:
+        console.print(f"no checkpoints under {args.url}")
+        return 0
+    table = Table(title=f"checkpoints under {args.url}")
+    for col in ("step", "state", "size", "objects", "created / problem"):
+        table.add_column(col, justify="right" if col in ("step", "size", "objects") else "left")
+    for s in steps:
+        state = "[green]complete[/]" if s.complete else "[yellow]incomplete[/]"
+        table.add_row(str(s.step), state, human_bytes(s.nbytes), str(s.objects), s.created or s.problem)
+    console.print(table)
+    return 0
+
+
+# -- verify -----------------------------------------------------------------------------------
+
+
+def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "verify", help="re-read every byte of a checkpoint and check every CRC32C (exit 1 if damaged)"
+    )
+    p.add_argument("url", help="root URL of a run")
+    p.add_argument("--step", type=int, default=None, help="step to verify (default: the newest complete)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    import time
+
+    from ckptio.checkpoint import open_checkpoint
+
+    t0 = time.perf_counter()
+    try:
+        reader = open_checkpoint(args.url, args.step)
+        problems = reader.verify()
+        step, nbytes = reader.step, reader.manifest.nbytes
+    except errors.CorruptCheckpointError as err:
+        problems, step, nbytes = [str(err)], args.step, 0
+    seconds = time.perf_counter() - t0
+    ok = not problems
+    if args.json:
+        print_json({"url": args.url, "step": step, "ok": ok, "bytes": nbytes,
+                    "seconds": seconds, "problems": problems})
+    elif ok:
+        console.print(
+            f"[green]OK[/] step {step}: {human_bytes(nbytes)} re-read, every CRC32C matches "
+            f"({seconds:.2f} s, {nbytes / max(seconds, 1e-9) / 1e9:.2f} GB/s)"
+        )
+    else:
+        err_console.print(f"[red]DAMAGED[/] step {step}: {len(problems)} problem(s)")
+        for p in problems:
+            err_console.print(f"  - {p}")
+    return 0 if ok else 1
+
+
+# -- main -------------------------------------------------------------------------------------
+
+COMMANDS: dict[str, tuple[Callable[..., None], Callable[[argparse.Namespace], int]]] = {
+    "backends": (_add_backends, _cmd_backends),
+    "ls": (_add_ls, _cmd_ls),
+    "verify": (_add_verify, _cmd_verify),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ckptio",
+        description="Checkpoint I/O for AI training: save/load on any storage, compare targets, "
+        "explain stalls.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add, _ in COMMANDS.values():
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import logging
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if args.command is None:
+        parser.print_help()
+        return 2
+    _, run = COMMANDS[args.command]
+    try:
+        return run(args)
+    except errors.CkptioError as err:
+        err_console.print(f"[red]error:[/] {err}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,507 @@
+"""The on-storage format: step directories, object naming, the manifest, and its validation.
+
+::
+
+    <root>/step-<step:010d>/manifest.json    the commit point: written last, atomically
+    <root>/step-<step:010d>/data/<...>       shard objects
+
+A checkpoint exists when, and only when, its manifest exists and validates. The manifest is
+JSON (never pickle). Everything read back is validated before it is used: a bad manifest
+raises :class:`~ckptio.errors.ManifestError` naming the field; nothing outside the root is
+ever addressed, and no allocation exceeds the validated sizes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ckptio import errors
+from ckptio.store import check_key
+
+FORMAT_NAME = "ckptio"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+ALIGNMENT = 4096
+"""Bytes: every chunk starts at a multiple of this inside its shard object (O_DIRECT, ranged
+GETs aligned to pages)."""
+
+MAX_MANIFEST_BYTES = 1 << 30
+"""A manifest larger than 1 GiB is refused unread (about 5 million chunks)."""
+MAX_TENSOR_BYTES = 1 << 46
+"""64 TiB: the largest single tensor a manifest may declare (a memory-bomb bound)."""
+MAX_DIMS = 32
+"""numpy's own limit on dimensions is 64; real tensors have a handful."""
+MAX_DEPTH = 64
+"""Deepest nesting of the state tree that is accepted."""
+MAX_STEP = 10**10 - 1
+"""Steps are written with 10 digits."""
+
+_STEP_DIR = re.compile(r"^step-(\d{10})$")
+
+#: dtype name -> numpy dtype. Nothing else is ever interpreted as a dtype on load.
+DTYPES: Mapping[str, np.dtype[Any]] = {
+    name: np.dtype(dt)
+    for name, dt in {
+        "bool": np.bool_,
+        "int8": np.int8,
+        "int16": np.int16,
+        "int32": np.int32,
+        "int64": np.int64,
+        "uint8": np.uint8,
+        "uint16": np.uint16,
+        "uint32": np.uint32,
+        "uint64": np.uint64,
+        "float16": np.float16,
+        "float32": np.float32,
+        "float64": np.float64,
+        "complex64": np.complex64,
+        "complex128": np.complex128,
+        "bfloat16": ml_dtypes.bfloat16,
+        "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+        "float8_e5m2": ml_dtypes.float8_e5m2,
+    }.items()
+}
+
+
+def dtype_name(dtype: np.dtype[Any]) -> str:
+    """The manifest name of a numpy dtype; raises for dtypes ckptio does not store."""
+    dt = np.dtype(dtype)
+    name = dt.name
+    if name not in DTYPES or DTYPES[name] != dt.newbyteorder("="):
+        raise errors.InvalidArgumentError(
+            f"dtype {dt} cannot be checkpointed; supported: {', '.join(DTYPES)}"
+        )
+    return name
+
+
+# -- naming -----------------------------------------------------------------------------------
+
+
+def step_dir(step: int) -> str:
+    if not isinstance(step, int | np.integer) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
+        raise errors.InvalidArgumentError(
+            f"step must be an integer in [0, {MAX_STEP}], got {step!r}"
+        )
+    return f"step-{int(step):010d}"
+
+
+def manifest_key(step: int) -> str:
+    return f"{step_dir(step)}/{MANIFEST_NAME}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    m = _STEP_DIR.match(name)
+    return int(m.group(1)) if m else None
+
+
+KEY_LAYOUTS = ("flat", "hashed")
+
+
+def shard_key(step: int, rank: int, index: int, *, key_layout: str = "flat") -> str:
+    """Key of shard object ``index`` of ``rank``, relative to the root.
+
+    ``flat``: ``step-…/data/rank-00003-000.bin``. ``hashed``: ``step-…/data/<2 hex>/rank-…`` —
+    the two hex digits spread requests over object-store partitions (S3 splits hot prefixes).
+    """
+    name = f"rank-{rank:05d}-{index:03d}.bin"
+    if key_layout == "flat":
+        return f"{step_dir(step)}/data/{name}"
+    if key_layout == "hashed":
+        h = hashlib.blake2s(f"{step}/{rank}/{index}".encode(), digest_size=1).hexdigest()
+        return f"{step_dir(step)}/data/{h}/{name}"
+    raise errors.InvalidArgumentError(
+        f"unknown key_layout {key_layout!r}; valid: {', '.join(KEY_LAYOUTS)}"
+    )
+
+
+def align_up(n: int, alignment: int = ALIGNMENT) -> int:
+    return -(-n // alignment) * alignment
+
+
+# -- the manifest -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One stored piece of a tensor: a box of the global tensor, stored contiguously
+    (C order) at ``offset`` in object ``key``."""
+
+    offsets: tuple[int, ...]
+    """Start of the box in each dimension of the global tensor."""
+    shape: tuple[int, ...]
+    """Extent of the box in each dimension."""
+    key: str
+    """Object key, relative to the step directory (``data/rank-00000-000.bin``)."""
+    offset: int
+    """Byte offset of the chunk inside the object (a multiple of :data:`ALIGNMENT`)."""
+    length: int
+    """Bytes: ``prod(shape) * itemsize``."""
+    crc32c: int
+    """CRC32C (Castagnoli) of the chunk's bytes."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "offsets": list(self.offsets),
+            "shape": list(self.shape),
+            "key": self.key,
+            "offset": self.offset,
+            "length": self.length,
+            "crc32c": self.crc32c,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    dtype: str
+    shape: tuple[int, ...]
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def np_dtype(self) -> np.dtype[Any]:
+        return DTYPES[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.np_dtype.itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    step: int
+    world_size: int
+    tensors: Mapping[str, TensorEntry]
+    """Tensor path (JSON-pointer-like, ``model/layers/0/w``) -> entry."""
+    objects: Mapping[str, int]
+    """Object key (relative to the step directory) -> size in bytes."""
+    tree: Any
+    """The state's structure, leaves encoded (see :func:`encode_tree`)."""
+    metadata: Any = None
+    """The user's JSON metadata."""
+    layout: Mapping[str, Any] = field(default_factory=dict)
+    """How the data was laid out: ``{"kind": "file-per-shard", "key_layout": "flat", ...}``."""
+    created: str = ""
+    """UTC time of the commit, ISO 8601."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Opaque fields of integrations (e.g. the PyTorch DCP plan), JSON only."""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.objects.values())
+
+    def to_json(self) -> bytes:
+        doc = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "step": self.step,
+            "world_size": self.world_size,
+            "created": self.created,
+            "layout": dict(self.layout),
+            "metadata": self.metadata,
+            "objects": dict(self.objects),
+            "tensors": {
+                path: {
+                    "dtype": t.dtype,
+                    "shape": list(t.shape),
+                    "chunks": [c.as_json() for c in t.chunks],
+                }
+                for path, t in self.tensors.items()
+            },
+            "tree": self.tree,
+            "extra": dict(self.extra),
+        }
+        return json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise errors.ManifestError(f"duplicate key {k!r} in a JSON object", field=k)
+        out[k] = v
+    return out
+
+
+def _reject_constant(name: str) -> Any:
+    raise errors.ManifestError(f"non-standard JSON constant {name}")
+
+
+def parse_manifest(data: bytes, *, expect_step: int | None = None) -> Manifest:
+    """Decode and validate a manifest; raise :class:`ManifestError` naming the bad field."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise errors.ManifestError(f"manifest is {len(data)} bytes, more than {MAX_MANIFEST_BYTES}")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise errors.ManifestError(f"manifest is not valid UTF-8 ({err})") from None
+    try:
+        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+    except RecursionError:
+        raise errors.ManifestError("manifest JSON is nested too deeply") from None
+    except json.JSONDecodeError as err:
+        raise errors.ManifestError(f"manifest is not valid JSON ({err})") from None
+    return _validate(doc, expect_step)
+
+
+def _want(cond: bool, field: str, message: str) -> None:
+    if not cond:
+        raise errors.ManifestError(message, field=field)
+
+
+def _int(v: Any, field: str, lo: int = 0, hi: int = 1 << 62) -> int:
+    _want(isinstance(v, int) and not isinstance(v, bool), field, f"expected an integer, got {v!r:.80}")
+    _want(lo <= v <= hi, field, f"{v} is out of range [{lo}, {hi}]")
+    return int(v)
+
+
+def _int_list(v: Any, field: str, n: int | None = None, hi: int = 1 << 62) -> tuple[int, ...]:
+    _want(isinstance(v, list), field, f"expected a list of integers, got {type(v).__name__}")
+    _want(len(v) <= MAX_DIMS, field, f"{len(v)} dimensions, more than {MAX_DIMS}")
+    if n is not None:
+        _want(len(v) == n, field, f"expected {n} dimensions, got {len(v)}")
+    return tuple(_int(x, f"{field}[{i}]", 0, hi) for i, x in enumerate(v))
+
+
+def _validate(doc: Any, expect_step: int | None) -> Manifest:
+    _want(isinstance(doc, dict), "$", "manifest is not a JSON object")
+    _want(doc.get("format") == FORMAT_NAME, "format", f"expected {FORMAT_NAME!r}, got {doc.get('format')!r:.80}")
+    version = _int(doc.get("version"), "version")
+    _want(version == FORMAT_VERSION, "version", f"unsupported format version {version}; this ckptio reads {FORMAT_VERSION}")
+    step = _int(doc.get("step"), "step", 0, MAX_STEP)
+    if expect_step is not None:
+        _want(step == expect_step, "step", f"manifest says step {step} but lies in {step_dir(expect_step)}")
+    world = _int(doc.get("world_size"), "world_size", 1, 1 << 24)
+
+    objects_doc = doc.get("objects")
+    _want(isinstance(objects_doc, dict), "objects", "expected an object of key -> size")
+    objects: dict[str, int] = {}
+    for key, size in objects_doc.items():
+        f = f"objects[{key!r:.80}]"
+        _want(_safe_key(key), f, "object key must be a relative key under the step directory (no '..', no absolute path)")
+        objects[key] = _int(size, f, 0, 1 << 50)
+
+    tensors_doc = doc.get("tensors")
+    _want(isinstance(tensors_doc, dict), "tensors", "expected an object of path -> tensor")
+    tensors: dict[str, TensorEntry] = {}
+    for path, t in tensors_doc.items():
+        tensors[path] = _validate_tensor(path, t, objects)
+
+    tree = doc.get("tree")
+    _check_tree(tree, tensors, "tree", 0)
+    layout = doc.get("layout", {})
+    _want(isinstance(layout, dict), "layout", "expected an object")
+    extra = doc.get("extra", {})
+    _want(isinstance(extra, dict), "extra", "expected an object")
+    created = doc.get("created", "")
+    _want(isinstance(created, str), "created", "expected a string")
+    return Manifest(
+        step=step,
+        world_size=world,
+        tensors=tensors,
+        objects=objects,
+        tree=tree,
+        metadata=doc.get("metadata"),
+        layout=layout,
+        created=created,
+        extra=extra,
+    )
+
+
+def _safe_key(key: Any) -> bool:
+    if not isinstance(key, str) or not key.startswith("data/"):
+        return False
+    try:
+        check_key(key)
+    except errors.InvalidArgumentError:
+        return False
+    return True
+
+
+def _validate_tensor(path: str, t: Any, objects: Mapping[str, int]) -> TensorEntry:
+    base = f"tensors[{path!r:.80}]"
+    _want(isinstance(t, dict), base, "expected an object")
+    dt = t.get("dtype")
+    _want(isinstance(dt, str) and dt in DTYPES, f"{base}.dtype", f"unknown dtype {dt!r:.40}; allowed: {', '.join(DTYPES)}")
+    itemsize = DTYPES[dt].itemsize
+    shape = _int_list(t.get("shape"), f"{base}.shape")
+    volume = math.prod(shape)
+    _want(volume * itemsize <= MAX_TENSOR_BYTES, f"{base}.shape", f"declares {volume * itemsize} bytes, more than the {MAX_TENSOR_BYTES}-byte limit")
+    chunks_doc = t.get("chunks")
+    _want(isinstance(chunks_doc, list), f"{base}.chunks", "expected a list")
+    chunks = []
+    covered = 0
+    for i, c in enumerate(chunks_doc):
+        f = f"{base}.chunks[{i}]"
+        _want(isinstance(c, dict), f, "expected an object")
+        offs = _int_list(c.get("offsets"), f"{f}.offsets", len(shape))
+        cshape = _int_list(c.get("shape"), f"{f}.shape", len(shape))
+        for d, (o, n, full) in enumerate(zip(offs, cshape, shape, strict=True)):
+            _want(o + n <= full, f"{f}.shape", f"dimension {d}: {o}+{n} exceeds the tensor's {full}")
+        key = c.get("key")
+        _want(_safe_key(key), f"{f}.key", f"{key!r:.80} is not a key under the step's data/ directory")
+        _want(key in objects, f"{f}.key", f"{key!r:.80} is not listed in objects")
+        offset = _int(c.get("offset"), f"{f}.offset")
+        length = _int(c.get("length"), f"{f}.length")
+        _want(length == math.prod(cshape) * itemsize, f"{f}.length", f"{length} bytes disagrees with shape {list(cshape)} of {dt} ({math.prod(cshape) * itemsize} bytes)")
+        _want(offset + length <= objects[key], f"{f}.offset", f"bytes {offset}..{offset + length} lie past the end of {key} ({objects[key]} bytes)")
+        crc = _int(c.get("crc32c"), f"{f}.crc32c", 0, 0xFFFFFFFF)
+        covered += math.prod(cshape)
+        chunks.append(Chunk(offs, cshape, key, offset, length, crc))
+    _want(covered == volume, f"{base}.chunks", f"chunks hold {covered} elements but the shape has {volume}")
+    _check_no_overlap(chunks, f"{base}.chunks")
+    return TensorEntry(dt, shape, tuple(chunks))
+
+
+def _check_no_overlap(chunks: Sequence[Chunk], field: str) -> None:
+    """With the volume check above, no overlap means the chunks tile the tensor exactly."""
+    if len(chunks) < 2:
+        return
+    # the common case: a split along one dimension, found by sorting on that dimension
+    ordered = sorted(chunks, key=lambda c: c.offsets)
+    nd = len(chunks[0].shape)
+    split = [d for d in range(nd) if len({c.offsets[d] for c in chunks}) > 1]
+    if len(split) == 1:
+        d = split[0]
+        for a, b in zip(ordered, ordered[1:], strict=False):
+            _want(a.offsets[d] + a.shape[d] <= b.offsets[d], field, f"chunks at {list(a.offsets)} and {list(b.offsets)} overlap")
+        return
+    if len(chunks) > 4096:
+        # general N-D tilings this large are not produced by ckptio; refuse rather than spend
+        # quadratic time (the volume check already holds)
+        raise errors.ManifestError(f"{len(chunks)} chunks split along several dimensions", field=field)
+    for i, a in enumerate(ordered):
+        for b in ordered[i + 1 :]:
+            if all(
+                a.offsets[k] < b.offsets[k] + b.shape[k] and b.offsets[k] < a.offsets[k] + a.shape[k]
+                for k in range(nd)
+            ):
+                raise errors.ManifestError(f"chunks at {list(a.offsets)} and {list(b.offsets)} overlap", field=field)
+
+
+# -- the state tree ---------------------------------------------------------------------------
+#
+# Encoded nodes (one-key objects, so no user key can be mistaken for a marker):
+#   {"d": {k: node}}          dict (string keys)
+#   {"l": [node, ...]}        list        {"u": [node, ...]}  tuple
+#   {"t": "path"}             tensor (an entry of "tensors")
+#   {"s": [dtype, "hex"]}     numpy scalar, exact bytes
+#   {"v": value}              JSON value: None, bool, int, finite float, str
+#   {"f": "nan"|"inf"|"-inf"} non-finite Python float
+
+_NODE_KINDS = frozenset("dlutsvf")
+
+
+def escape(key: str) -> str:
+    """JSON-pointer escaping of one path segment (``~`` -> ``~0``, ``/`` -> ``~1``)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def join_path(parent: str, key: str) -> str:
+    return f"{parent}/{escape(key)}" if parent else escape(key)
+
+
+def _check_tree(node: Any, tensors: Mapping[str, TensorEntry], field: str, depth: int) -> None:
+    _want(depth <= MAX_DEPTH, field, f"state nested deeper than {MAX_DEPTH} levels")
+    _want(isinstance(node, dict) and len(node) == 1 and next(iter(node)) in _NODE_KINDS, field, "not a valid tree node")
+    (kind, val), = node.items()
+    if kind == "d":
+        _want(isinstance(val, dict), field, "expected an object")
+        for k, v in val.items():
+            _check_tree(v, tensors, f"{field}.{k}", depth + 1)
+    elif kind in "lu":
+        _want(isinstance(val, list), field, "expected a list")
+        for i, v in enumerate(val):
+            _check_tree(v, tensors, f"{field}[{i}]", depth + 1)
+    elif kind == "t":
+        _want(isinstance(val, str) and val in tensors, field, f"tensor {val!r:.80} is not in tensors")
+    elif kind == "s":
+        _want(isinstance(val, list) and len(val) == 2 and val[0] in DTYPES and isinstance(val[1], str), field, "bad scalar")
+        try:
+            raw = bytes.fromhex(val[1])
+        except ValueError:
+            raise errors.ManifestError("scalar bytes are not hex", field=field) from None
+        _want(len(raw) == DTYPES[val[0]].itemsize, field, "scalar byte length disagrees with its dtype")
+    elif kind == "v":
+        _want(val is None or isinstance(val, bool | int | float | str), field, "expected a JSON scalar")
+    elif kind == "f":
+        _want(val in ("nan", "inf", "-inf"), field, "bad float constant")
+
+
+@dataclass(slots=True)
+class Leaf:
+    """An array leaf found while encoding a state: its path and the array."""
+
+    path: str
+    array: Any
+
+
+def encode_tree(state: Any, on_array: Any, path: str = "", depth: int = 0) -> Any:
+    """Encode ``state``; for every array leaf call ``on_array(path, leaf)`` which returns the
+    encoded node (normally ``{"t": path}``). Arrays are recognised by ``on_array`` itself
+    returning non-None; see :func:`ckptio.checkpoint` for what counts as an array."""
+    if depth > MAX_DEPTH:
+        raise errors.InvalidArgumentError(f"state nested deeper than {MAX_DEPTH} levels at {path!r}")
+    node = on_array(path, state)
+    if node is not None:
+        return node
+    if isinstance(state, Mapping):
+        out = {}
+        for k, v in state.items():
+            if not isinstance(k, str):
+                raise errors.InvalidArgumentError(
+                    f"state keys must be strings; {path or '<root>'} has key {k!r} ({type(k).__name__})"
+                )
+            out[k] = encode_tree(v, on_array, join_path(path, k), depth + 1)
+        return {"d": out}
+    if isinstance(state, list | tuple):
+        items = [encode_tree(v, on_array, join_path(path, str(i)), depth + 1) for i, v in enumerate(state)]
+        return {"u": items} if isinstance(state, tuple) else {"l": items}
+    if isinstance(state, np.generic):
+        return {"s": [dtype_name(state.dtype), np.asarray(state).astype(state.dtype.newbyteorder("<")).tobytes().hex()]}
+    if isinstance(state, float) and not math.isfinite(state):
+        return {"f": repr(state)}
+    if state is None or isinstance(state, bool | int | float | str):
+        return {"v": state}
+    raise errors.InvalidArgumentError(
+        f"cannot checkpoint {type(state).__name__} at {path or '<root>'}: state holds dicts, "
+        "lists, tuples, arrays (numpy, torch, jax), numpy scalars and JSON values"
+    )
+
+
+def decode_tree(node: Any, on_tensor: Any) -> Any:
+    """Inverse of :func:`encode_tree` for a validated tree; ``on_tensor(path)`` gives arrays."""
+    (kind, val), = node.items()
+    if kind == "d":
+        return {k: decode_tree(v, on_tensor) for k, v in val.items()}
+    if kind == "l":
+        return [decode_tree(v, on_tensor) for v in val]
+    if kind == "u":
+        return tuple(decode_tree(v, on_tensor) for v in val)
+    if kind == "t":
+        return on_tensor(val)
+    if kind == "s":
+        dt = DTYPES[val[0]]
+        return np.frombuffer(bytes.fromhex(val[1]), dtype=dt.newbyteorder("<"))[0].astype(dt)[()]
+    if kind == "f":
+        return float(val)
+    return val
+
+
+def tree_tensor_paths(node: Any) -> Iterator[str]:
+    (kind, val), = node.items()
+    if kind == "t":
+        yield val
+    elif kind == "d":
+        for v in val.values():
+            yield from tree_tensor_paths(v)
+    elif kind in "lu":
+        for v in val:
+            yield from tree_tensor_paths(v)

@@ -1,0 +1,347 @@
+"""The Store contract: the one interface every storage backend implements.
+
+Everything above it (checkpoint format, library API, runner) is written once against this
+interface and branches on :class:`Capabilities`, never on the backend's type.
+
+Sequence of calls for a checkpoint save (all ranks, then rank 0)::
+
+    w = store.open_writer("step-0000000100/data/rank-00000.bin")   # each rank
+    w.write(buf1); w.write(buf2); ...                              # queued, not copied
+    w.close()                                                      # durable + visible
+    store.publish("step-0000000100/manifest.json", data)           # rank 0, last
+
+Keys are ``/``-separated, relative to the store's root URL, never start with ``/`` and never
+contain ``..`` segments (:func:`check_key` enforces it).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, ClassVar, Self, TypeVar
+
+from ckptio import errors
+from ckptio.trace import Trace
+
+T = TypeVar("T")
+
+Buffer = Any
+"""Anything exposing the buffer protocol, or a numpy array (``collections.abc.Buffer`` is
+Python 3.12+)."""
+
+_KEY_SEGMENT = re.compile(r"^[A-Za-z0-9._=+-]+$")
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a safe relative key, else raise :class:`InvalidArgumentError`.
+
+    Safe: non-empty ``/``-separated segments of ``[A-Za-z0-9._=+-]``, none of them ``.`` or
+    ``..``, no leading ``/``. This is what keeps every read and write under the root.
+    """
+    if not isinstance(key, str) or not key:
+        raise errors.InvalidArgumentError(f"invalid key {key!r}: must be a non-empty string")
+    for seg in key.split("/"):
+        if seg in ("", ".", "..") or not _KEY_SEGMENT.match(seg):
+            raise errors.InvalidArgumentError(
+                f"invalid key {key!r}: segment {seg!r} is not allowed "
+                "(segments use [A-Za-z0-9._=+-], no empty, '.' or '..' segments, no leading '/')"
+            )
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can do natively. Callers branch on these, never on the class."""
+
+    atomic_rename: bool = False
+    """Objects can be renamed atomically (POSIX ``rename``)."""
+    range_reads: bool = True
+    """``read_into`` at any offset costs only the bytes read."""
+    durable_flush: bool = False
+    """Data can be forced to stable storage (``fsync``); object stores are durable on PUT."""
+    conditional_create: bool = False
+    """``publish(..., overwrite=False)`` is enforced atomically by the storage itself
+    (``O_EXCL``/``link``, S3 ``If-None-Match: *``). Without it the check is best-effort."""
+    multipart: bool = False
+    """Large objects are written in parts, in parallel."""
+    listing: bool = True
+    """``list(prefix)`` is supported."""
+    positional_writes: bool = False
+    """Several writers may write disjoint ranges of one object at once (``pwrite``), which
+    the ``shared-file`` (N-1) layout needs."""
+    direct_io: bool = False
+    """Reads and writes can bypass the page cache (``O_DIRECT``)."""
+
+
+class Writer(ABC):
+    """A streamed write of one object.
+
+    ``write`` queues buffers *without copying them*: the caller must keep each buffer alive
+    and unmodified until ``close`` or ``abort`` returns. ``close`` returns only when the
+    object is complete, durable (where the store can make it so) and visible under its key;
+    before that no reader can observe it. ``abort`` discards everything and leaves nothing
+    behind (no temp file, no open multipart upload). A writer used as a context manager
+    closes on success and aborts on an exception.
+    """
+
+    key: str
+
+    @abstractmethod
+    def write(self, data: Buffer) -> None:
+        """Append ``data`` (bytes, memoryview, numpy array, any C-contiguous buffer)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Finish: flush, make durable, make visible. Raises if any queued write failed."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Discard the object. Safe to call after a failed ``close``; idempotent."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes written so far (queued)."""
+        return getattr(self, "_nbytes", 0)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class Store(ABC):
+    """A place to put checkpoint objects, addressed by a root URL.
+
+    Subclasses set :attr:`schemes`, :attr:`capabilities`, and implement the abstract
+    methods. Constructor options are keyword-only and documented in the subclass docstring;
+    every backend accepts ``trace`` (a :class:`~ckptio.trace.Trace`; a private one is made
+    if omitted).
+
+    Note for implementers: every request to the storage must be reported to ``self.trace``
+    (see :meth:`Trace.request`), including retries; vendor exceptions must be translated to
+    :mod:`ckptio.errors` with ``raise ... from err``, and transient ones retried through
+    :meth:`retrying`.
+    """
+
+    schemes: ClassVar[tuple[str, ...]] = ()
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    name: ClassVar[str] = ""
+    """Short backend name used in traces and reports (``file``, ``s3+boto3``, ...)."""
+
+    def __init__(self, url: str, *, trace: Trace | None = None) -> None:
+        self.url = url
+        self.trace = trace if trace is not None else Trace()
+
+    # -- writes ---------------------------------------------------------------------------
+    @abstractmethod
+    def open_writer(self, key: str, *, size_hint: int | None = None) -> Writer:
+        """Start a streamed write of ``key`` (replacing any existing object on ``close``).
+        ``size_hint`` (bytes), when known, lets the backend preallocate or choose part sizes."""
+
+    @abstractmethod
+    def publish(self, key: str, data: bytes, *, overwrite: bool = True) -> None:
+        """Write a small object atomically and durably: the commit primitive.
+
+        Readers see either the old object (or none) or all of ``data``, never a part. With
+        ``overwrite=False``, raise :class:`~ckptio.errors.AlreadyExistsError` if ``key``
+        exists; atomically so where ``capabilities.conditional_create``.
+        """
+
+    def put(self, key: str, data: Buffer) -> None:
+        """Write a whole object through a writer (not necessarily atomic to replace)."""
+        with self.open_writer(key, size_hint=memoryview(data).nbytes) as w:
+            w.write(data)
+
+    # -- reads ----------------------------------------------------------------------------
+    @abstractmethod
+    def read_into(self, key: str, offset: int, buffer: Buffer) -> int:
+        """Fill the writable ``buffer`` with bytes of ``key`` from ``offset``.
+
+        Returns the number of bytes read, which is ``len(buffer)`` unless the object ends
+        first. Raises :class:`~ckptio.errors.NotFoundError` if ``key`` does not exist.
+        """
+
+    def get(self, key: str) -> bytes:
+        """The whole object (a helper over :meth:`size` and :meth:`read_into`)."""
+        buf = bytearray(self.size(key))
+        n = self.read_into(key, 0, buf)
+        return bytes(buf[:n])
+
+    # -- metadata -------------------------------------------------------------------------
+    @abstractmethod
+    def list(self, prefix: str = "") -> list[str]:
+        """Keys that start with ``prefix``, sorted. In-flight (unclosed) writes are absent."""
+
+    @abstractmethod
+    def size(self, key: str) -> int:
+        """Size of ``key`` in bytes; :class:`~ckptio.errors.NotFoundError` if absent."""
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.size(key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    @abstractmethod
+    def delete(self, keys: Iterable[str]) -> None:
+        """Delete ``keys``; keys that do not exist are ignored."""
+
+    def list_incomplete(self, prefix: str = "") -> list[str]:
+        """Debris of interrupted writes under ``prefix`` (temp files, open multipart uploads),
+        as opaque identifiers for :meth:`cleanup_incomplete`. Default: none."""
+        return []
+
+    def cleanup_incomplete(self, prefix: str = "", *, older_than: float = 0.0) -> int:
+        """Remove debris of interrupted writes under ``prefix`` that is older than
+        ``older_than`` seconds. Returns how many were removed. Default: nothing to do."""
+        return 0
+
+    def close(self) -> None:
+        """Release clients, thread pools and connections."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    # -- retries --------------------------------------------------------------------------
+    retry_policy: RetryPolicy
+
+    def retrying(self, op: str, key: str, nbytes: int, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (one request) with this store's :class:`RetryPolicy`, recording each
+        attempt to the trace. ``fn`` must raise :class:`~ckptio.errors.TransientStorageError`
+        (or :class:`~ckptio.errors.ThrottledError`) for failures worth retrying."""
+        policy = getattr(self, "retry_policy", None) or DEFAULT_RETRY_POLICY
+        return policy.call(fn, trace=self.trace, op=op, key=key, nbytes=nbytes, backend=self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Jittered exponential backoff ("full jitter", as the AWS SDKs do)."""
+
+    max_attempts: int = 8
+    """Attempts in all, the first included."""
+    base_delay: float = 0.05
+    """Seconds; attempt n sleeps uniform(0, min(max_delay, base_delay * 2**n))."""
+    max_delay: float = 5.0
+    """Seconds; the cap of one backoff."""
+
+    def call(
+        self,
+        fn: Callable[[], T],
+        *,
+        trace: Trace,
+        op: str,
+        key: str,
+        nbytes: int,
+        backend: str = "",
+    ) -> T:
+        attempt = 1
+        while True:
+            try:
+                with trace.request(op, key, nbytes, backend=backend, attempt=attempt) as ev:
+                    try:
+                        return fn()
+                    except errors.TransientStorageError as err:
+                        if attempt < self.max_attempts:
+                            ev.outcome = (
+                                "throttled" if isinstance(err, errors.ThrottledError) else "retry"
+                            )
+                        raise
+            except errors.TransientStorageError as err:
+                if attempt >= self.max_attempts:
+                    raise errors.RetryBudgetExceededError(
+                        f"{op} {key!r} failed {attempt} times; last error: {err}"
+                    ) from err
+                delay = random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt))
+                _sleep(delay)
+                attempt += 1
+
+
+DEFAULT_RETRY_POLICY = RetryPolicy()
+
+def _sleep(seconds: float) -> None:
+    # time.sleep; kept as one function so tests can see all backoff goes through here
+    time.sleep(seconds)
+
+
+def parse_size(value: str | int | float, *, field: str = "size") -> int:
+    """Bytes from ``4GiB``, ``8MiB``, ``2TB``, ``1.5e9``, ``4096``. Decimal units are powers
+    of 1000 (GB = 1e9 bytes), binary ones powers of 1024."""
+    if isinstance(value, bool):
+        raise errors.InvalidArgumentError(f"{field}: expected a size, got {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise errors.InvalidArgumentError(f"{field}: size must be >= 0, got {value!r}")
+        return int(value)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGTP]i?)?B?\s*", str(value))
+    if not m:
+        raise errors.InvalidArgumentError(
+            f"{field}: cannot read {value!r} as a size (examples: 4096, 8MiB, 2TB, 1.5e9)"
+        )
+    number, unit = float(m.group(1)), m.group(2) or ""
+    powers = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
+    base = 1024 if unit.endswith("i") else 1000
+    return int(number * base ** powers[unit.rstrip("i")])
+
+
+def option_bool(value: Any, *, field: str) -> bool:
+    """A boolean option that may come from a URL query string."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise errors.InvalidArgumentError(f"{field}: expected true/false, got {value!r}")
+
+
+def option_int(value: Any, *, field: str, minimum: int = 0) -> int:
+    """An integer option that may come from a URL query string."""
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise errors.InvalidArgumentError(f"{field}: expected an integer, got {value!r}") from None
+    if n < minimum:
+        raise errors.InvalidArgumentError(f"{field}: must be >= {minimum}, got {n}")
+    return n
+
+
+def as_byte_view(data: Buffer) -> memoryview:
+    """A flat unsigned-byte view of ``data`` without copying it.
+
+    Accepts bytes, bytearray, memoryview and C-contiguous numpy arrays of any dtype (also
+    those, like bfloat16, that the buffer protocol cannot describe).
+    """
+    import numpy as np
+
+    if isinstance(data, np.ndarray):
+        if not data.flags.c_contiguous:
+            raise errors.InvalidArgumentError(
+                "array is not C-contiguous; pass np.ascontiguousarray(a) (this copies it)"
+            )
+        return memoryview(data.reshape(-1).view(np.uint8))
+    view = memoryview(data)
+    if not view.c_contiguous:
+        raise errors.InvalidArgumentError("buffer is not C-contiguous")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# System packages the tests and benchmarks use (Debian). Safe to run again; needs root.
+set -euo pipefail
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+  echo "not root or no apt-get: skipping system packages (tests that need them will skip)"
+  exit 0
+fi
+pkgs=(fio)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "system packages ok: ${pkgs[*]}"
