@@ -121,6 +121,12 @@ class _Prepared:
     tensors: dict[str, _Local]
     metadata: Any
     snapshot_bytes: int = 0
+    error: BaseException | None = None
+    """Set when this rank's state could not be prepared: the rank still takes part in the
+    collective plan (so other ranks fail too instead of waiting forever), then raises."""
+
+    def metas(self) -> dict[str, list[Any]]:
+        return {p: t.meta() for p, t in self.tensors.items()}
 
 
 def _prepare(state: Any, metadata: Any, *, copy: bool) -> _Prepared:
@@ -160,6 +166,8 @@ def _prepare(state: Any, metadata: Any, *, copy: bool) -> _Prepared:
         return {"t": path}
 
     tree = fmt.encode_tree(state, on_array)
+    for t in tensors.values():
+        fmt.dtype_name(t.array.dtype)  # refuse unsupported dtypes before anything is written
     if metadata is not None:
         import json
 
@@ -306,22 +314,25 @@ def _save_collective(
     t0 = time.perf_counter()
     mkey = fmt.manifest_key(step)
     # 1. plan: rank 0 decides who writes what (replicated tensors once), refuses conflicts
-    metas = {p: t.meta() for p, t in prepared.tensors.items()}
-    gathered = comm.gather(metas, root=0)
+    offer = {"error": _error_text(prepared.error)} if prepared.error else {"metas": prepared.metas()}
+    gathered = comm.gather(offer, root=0)
     plan: dict[str, Any]
     if comm.rank == 0:
         assert gathered is not None
         try:
+            refused = [f"rank {r}: {o['error']}" for r, o in enumerate(gathered) if "error" in o]
+            if refused:
+                raise errors.SaveFailedError("; ".join(refused))
             if store.exists(mkey):
                 raise errors.AlreadyExistsError(f"{store.url}: step {step} already has a committed checkpoint ({mkey})")
-            plan = {"ok": True, "token": secrets.token_hex(4), "writers": _plan_writers(gathered)}
+            plan = {"ok": True, "token": secrets.token_hex(4), "writers": _plan_writers([o["metas"] for o in gathered])}
         except errors.CkptioError as err:
             plan = {"ok": False, "error": _error_text(err)}
     else:
         plan = {}
     plan = comm.bcast(plan, root=0)
     if not plan["ok"]:
-        raise errors.SaveFailedError(f"save of step {step} refused: {plan['error']}")
+        raise errors.SaveFailedError(f"save of step {step} refused: {plan['error']}") from prepared.error
     mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
     # 2. write this rank's shards
     try:
@@ -391,7 +402,7 @@ def _commit(
             objects.update(r["objects"])
             for path, cs in r["chunks"].items():
                 chunk_lists.setdefault(path, []).extend(cs)
-        metas: dict[str, list[Any]] = {p: t.meta() for p, t in prepared.tensors.items()}
+        metas = prepared.metas()
         doc_tensors = {}
         for path in plan["writers"]:
             meta = metas.get(path)
@@ -782,7 +793,12 @@ class Checkpointer:
         self.wait()  # one save in flight at a time; raises the previous one's failure
         background = self.async_save if blocking is None else not blocking
         t0 = time.perf_counter()
-        prepared = _prepare(state, metadata, copy=background)
+        try:
+            prepared = _prepare(state, metadata, copy=background)
+        except errors.CkptioError as err:
+            if self.comm.size == 1:
+                raise
+            prepared = _Prepared(None, {}, None, error=err)  # still join the collective
         if not background:
             result = self._persist(prepared, step, self.comm)
             return SaveHandle(step, time.perf_counter() - t0, None, result)
@@ -793,6 +809,8 @@ class Checkpointer:
         assert comm is not None
         fut = self._executor.submit(self._persist, prepared, step, comm)
         handle = SaveHandle(step, time.perf_counter() - t0, fut)
+        if prepared.error is not None:
+            handle.wait()  # the collective fails on every rank; raise here, not later
         with self._lock:
             self._pending = handle
         return handle
@@ -899,12 +917,26 @@ def delete_step(store: Store, step: int) -> None:
     store.cleanup_incomplete(prefix)
 
 
-def collect_garbage(store: Store, *, before_step: int | None = None, older_than: float = 0.0) -> list[str]:
-    """Remove debris of interrupted or losing saves; never touches a committed checkpoint's
-    objects. Steps without a manifest are removed if they are older than ``before_step``
-    (default: the newest committed step) or their objects are older than ``older_than``
-    seconds... (only ``before_step`` is judged here; ``older_than`` applies to temp files and
-    multipart uploads). Returns what was removed."""
+def collect_garbage(
+    store: Store,
+    *,
+    before_step: int | None = None,
+    older_than: float = 0.0,
+    unfinished: bool = False,
+    dry_run: bool = False,
+) -> list[str]:
+    """Remove debris of interrupted or losing saves; never touches a committed checkpoint.
+
+    Removed: objects inside a committed step that its manifest does not name (data of a
+    killed or losing attempt at the same step); every object of a step without a manifest
+    that is older than ``before_step`` (default: the newest committed step); with
+    ``unfinished``, also steps without a manifest *newer* than that (a save killed before
+    its commit; only safe when no save to this root is running); and temp files and open
+    multipart uploads older than ``older_than`` seconds. A step whose manifest is present
+    but does not validate is left alone for a person to look at. ``dry_run``: remove
+    nothing, return what would be removed. Returns the keys removed (temp files and uploads
+    are counted by :meth:`Store.list_incomplete`, not listed here).
+    """
     steps = committed_steps(store)
     newest = steps[-1] if steps else None
     limit = before_step if before_step is not None else newest
@@ -921,17 +953,20 @@ def collect_garbage(store: Store, *, before_step: int | None = None, older_than:
                 manifest = read_manifest(store, s)
             except errors.ManifestError:
                 continue  # damaged: leave it for a person to look at
+            except FileNotFoundError:
+                continue  # deleted meanwhile (retention of another process)
             prefix = fmt.step_dir(s) + "/"
             live = {prefix + k for k in manifest.objects} | {mkey}
             stray = [k for k in keys if k not in live]
-        elif limit is not None and s < limit:
+        elif unfinished or (limit is not None and s < limit):
             stray = keys
         else:
             continue
-        if stray:
+        if stray and not dry_run:
             store.delete(stray)
-            removed.extend(stray)
-    store.cleanup_incomplete("step-", older_than=older_than)
+        removed.extend(stray)
+    if not dry_run:
+        store.cleanup_incomplete("step-", older_than=older_than)
     return removed
 
 

@@ -1,0 +1,287 @@
+"""The library API on the core backends: round trips, atomicity, corruption, bad manifests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import ckptio
+from ckptio import errors
+from ckptio import format as fmt
+from ckptio.checkpoint import list_steps
+from ckptio.cli import main as cli_main
+
+
+def nested_state(seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        "model": {
+            "w32": rng.standard_normal((64, 33)).astype(np.float32),
+            "w16": rng.standard_normal((7, 5)).astype(np.float16),
+            "bf16": rng.standard_normal((3, 8)).astype(ml_dtypes.bfloat16),
+            "i8": rng.integers(-128, 127, (11,), dtype=np.int8),
+            "mask": rng.random(9) > 0.5,
+            "scalar0d": np.array(3.25, dtype=np.float64),
+            "empty": np.zeros((0, 4), dtype=np.float32),
+        },
+        "opt": [
+            {"m": rng.standard_normal(10), "count": np.int64(7)},
+            (np.float32(0.5), np.uint16(3)),
+        ],
+        "meta": {"lr": 3e-4, "name": "run/1", "tags": ["a", "b"], "none": None, "flag": True, "inf": float("inf")},
+        "step": 42,
+    }
+
+
+def assert_same(a, b, path="") -> None:
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), path
+        for k in a:
+            assert_same(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, list | tuple):
+        assert type(a) is type(b) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{path}/{i}")
+    elif isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray), path
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert a.tobytes() == b.tobytes(), path
+    elif isinstance(a, np.generic):
+        assert type(a) is type(b) and a.tobytes() == b.tobytes(), path
+    else:
+        assert a == b and type(a) is type(b), path
+
+
+@pytest.fixture(params=["file", "memory"])
+def url(request, tmp_path: Path, memory_url: str) -> str:
+    return f"file://{tmp_path}/ckpt" if request.param == "file" else memory_url
+
+
+def test_roundtrip_every_dtype_and_shape(url: str) -> None:
+    state = nested_state()
+    ckptio.save(state, url, step=1, metadata={"epoch": 3})
+    assert_same(state, ckptio.load(url))
+    assert ckptio.open_checkpoint(url).metadata == {"epoch": 3}
+    assert ckptio.verify(url) == []
+
+
+def test_large_tensor_split_into_chunks_and_partial_reads(url: str) -> None:
+    big = np.arange(300_000, dtype=np.float64).reshape(1000, 300)
+    ckptio.save({"big": big}, url, step=5, chunk_size=100_000)
+    reader = ckptio.open_checkpoint(url)
+    assert len(reader.manifest.tensors["big"].chunks) > 20
+    assert all(c.offset % fmt.ALIGNMENT == 0 for c in reader.manifest.tensors["big"].chunks)
+    assert np.array_equal(reader.read("big", np.s_[123:456, 7:9]), big[123:456, 7:9])
+    assert np.array_equal(reader.read("big", np.s_[999]), big[999])
+    assert np.array_equal(ckptio.load(url, select={"big": np.s_[10:20]})["big"], big[10:20])
+
+
+def test_newest_complete_checkpoint_and_steps(url: str) -> None:
+    with ckptio.Checkpointer(url) as ck:
+        assert ck.latest() is None
+        for step in (10, 20, 30):
+            ck.save({"x": np.full(4, step)}, step=step)
+        assert ck.steps() == [10, 20, 30]
+        assert ck.latest() == 30
+        assert int(ck.load()["x"][0]) == 30
+        assert int(ck.load(20)["x"][0]) == 20
+
+
+def test_keep_last_retention(url: str) -> None:
+    with ckptio.Checkpointer(url, keep_last=2) as ck:
+        for step in range(1, 6):
+            ck.save({"x": np.full(4, step)}, step=step)
+        assert ck.steps() == [4, 5]
+    store = ckptio.open_store(url)
+    assert all(k.startswith(("step-0000000004/", "step-0000000005/")) for k in store.list(""))
+
+
+def test_saving_a_committed_step_again_is_refused(url: str) -> None:
+    ckptio.save({"x": np.zeros(3)}, url, step=1)
+    with pytest.raises(errors.SaveFailedError, match="already has a committed checkpoint"):
+        ckptio.save({"x": np.ones(3)}, url, step=1)
+    assert np.array_equal(ckptio.load(url)["x"], np.zeros(3))
+
+
+def test_async_save_snapshots_state(url: str) -> None:
+    arr = np.zeros(100_000, dtype=np.float32)
+    with ckptio.Checkpointer(url, async_save=True) as ck:
+        handle = ck.save({"a": arr}, step=1)
+        arr += 1  # an update after save returned must not reach the checkpoint
+        result = handle.wait()
+        assert handle.blocking_seconds >= 0 and result.step == 1
+    assert np.array_equal(ckptio.load(url)["a"], np.zeros(100_000, dtype=np.float32))
+
+
+
+def test_failed_save_leaves_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"file://{tmp_path}/ckpt"
+    ckptio.save(nested_state(1), url, step=1)
+    from ckptio.backends import local
+
+    real = local._LocalWriter._pwrite
+    calls = {"n": 0}
+
+    def flaky(self, fd, view, offset):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise errors.NoSpaceError(28, "injected: no space left", self._path)
+        return real(self, fd, view, offset)
+
+    monkeypatch.setattr(local._LocalWriter, "_pwrite", flaky)
+    with pytest.raises(errors.SaveFailedError, match="no space"):
+        ckptio.save({"big": np.ones((4096, 1024))}, url, step=2, chunk_size=2**20)
+    monkeypatch.undo()
+    assert_same(nested_state(1), ckptio.load(url))
+    steps = {s.step: s for s in list_steps(ckptio.open_store(url))}
+    assert steps[1].complete and 2 not in steps or not steps[2].complete
+
+
+def test_killed_save_leaves_previous_checkpoint(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/ckpt"
+    ckptio.save({"x": np.arange(10)}, url, step=1)
+    # a child that starts a large save and is killed (SIGKILL) while writing
+    script = textwrap.dedent(
+        f"""
+        import os, signal, threading, numpy as np, ckptio
+        from ckptio.backends import local
+        real = local._LocalWriter._pwrite
+        n = {{"n": 0}}
+        def slow(self, fd, view, offset):
+            n["n"] += 1
+            if n["n"] == 3:
+                os.kill(os.getpid(), signal.SIGKILL)   # die in the middle of the data
+            return real(self, fd, view, offset)
+        local._LocalWriter._pwrite = slow
+        ckptio.save({{"x": np.ones((2048, 1024))}}, {url!r}, step=2, block_size="1MiB")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr.decode()
+    assert np.array_equal(ckptio.load(url)["x"], np.arange(10))
+    store = ckptio.open_store(url)
+    assert store.list_incomplete("") or store.list("step-0000000002/") == []
+    # gc removes the debris and never the committed checkpoint
+    ckptio.collect_garbage(store)
+    assert store.list_incomplete("") == []
+    assert [s.step for s in list_steps(store)] == [1]
+    assert ckptio.verify(url) == []
+
+
+def _data_object(root: Path, step: int) -> Path:
+    files = sorted((root / fmt.step_dir(step) / "data").rglob("*.bin"))
+    assert files
+    return files[0]
+
+
+def test_flipped_byte_is_detected_by_load_and_verify(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    ckptio.save(nested_state(), f"file://{root}", step=3)
+    obj = _data_object(root, 3)
+    data = bytearray(obj.read_bytes())
+    data[100] ^= 0x01
+    obj.write_bytes(bytes(data))
+    with pytest.raises(errors.ChecksumError, match=obj.name):
+        ckptio.load(f"file://{root}")
+    problems = ckptio.verify(f"file://{root}")
+    assert problems and obj.name in problems[0]
+    assert cli_main(["verify", f"file://{root}"]) == 1
+
+
+def test_truncated_object_is_detected(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    ckptio.save({"a": np.ones(100_000)}, f"file://{root}", step=3)
+    obj = _data_object(root, 3)
+    with open(obj, "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(errors.CorruptCheckpointError, match="truncated"):
+        ckptio.load(f"file://{root}")
+    assert any("bytes" in p for p in ckptio.verify(f"file://{root}"))
+
+
+# -- bad manifests ------------------------------------------------------------------------------
+
+
+def _rewrite_manifest(root: Path, step: int, edit) -> None:
+    path = root / fmt.manifest_key(step)
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+
+
+def _first_chunk(doc: dict) -> dict:
+    return next(iter(doc["tensors"].values()))["chunks"][0]
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: _first_chunk(d).update(key="data/../../../etc/passwd"), "key"),
+        (lambda d: _first_chunk(d).update(key="/etc/passwd"), "key"),
+        (lambda d: _first_chunk(d).update(offset=10**9), "offset"),
+        (lambda d: _first_chunk(d).update(length=_first_chunk(d)["length"] + 8), "length"),
+        (lambda d: next(iter(d["tensors"].values())).update(dtype="object"), "dtype"),
+        (lambda d: next(iter(d["tensors"].values())).update(shape=[10**12, 10**12]), "shape"),
+        (lambda d: _first_chunk(d).update(shape=[1]), "shape"),
+        (lambda d: d.update(version=99), "version"),
+        (lambda d: d["objects"].update({"../outside.bin": 10}), "objects"),
+    ],
+    ids=["traversal", "absolute", "offset-past-end", "length", "dtype", "absurd-size", "shape", "version", "object-key"],
+)
+def test_bad_manifest_refused_naming_the_field(tmp_path: Path, edit, field: str) -> None:
+    root = tmp_path / "ckpt"
+    ckptio.save({"w": np.ones((8, 8), dtype=np.float32)}, f"file://{root}", step=1)
+    _rewrite_manifest(root, 1, edit)
+    with pytest.raises(errors.ManifestError, match=field) as info:
+        ckptio.load(f"file://{root}", step=1)
+    assert info.value.field is None or field in str(info.value)
+
+
+def test_latest_skips_an_invalid_manifest(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "ckpt"
+    ckptio.save({"x": np.zeros(2)}, f"file://{root}", step=1)
+    ckptio.save({"x": np.ones(2)}, f"file://{root}", step=2)
+    (root / fmt.manifest_key(2)).write_bytes(b"\xff\xfe not json")
+    assert np.array_equal(ckptio.load(f"file://{root}")["x"], np.zeros(2))
+    assert "skipping step 2" in caplog.text
+    with pytest.raises(errors.ManifestError, match="UTF-8"):
+        ckptio.load(f"file://{root}", step=2)
+
+
+def test_unknown_scheme_and_bad_input() -> None:
+    with pytest.raises(errors.UnknownSchemeError, match="installed schemes"):
+        ckptio.load("nosuch://x")
+    with pytest.raises(errors.InvalidArgumentError, match="step"):
+        ckptio.save({"x": np.zeros(1)}, "memory://bad", step=-1)
+    with pytest.raises(errors.InvalidArgumentError, match="cannot checkpoint set"):
+        ckptio.save({"x": {1, 2}}, "memory://bad", step=1)
+    with pytest.raises(errors.InvalidArgumentError, match="keys must be strings"):
+        ckptio.save({1: np.zeros(1)}, "memory://bad", step=1)
+    with pytest.raises(errors.InvalidArgumentError, match="unknown layout"):
+        ckptio.Checkpointer("memory://bad", layout="nope")
+    with pytest.raises(errors.InvalidArgumentError, match="unknown option"):
+        ckptio.open_store("file:///tmp/x?bogus=1")
+
+
+def test_cli_ls_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"file://{tmp_path}/ckpt"
+    ckptio.save({"x": np.zeros(1000)}, url, step=7)
+    os.makedirs(tmp_path / "ckpt" / "step-0000000008" / "data")
+    (tmp_path / "ckpt" / "step-0000000008" / "data" / "rank-00000-000-x.bin").write_bytes(b"partial")
+    assert cli_main(["ls", url, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["step"], r["complete"]) for r in rows] == [(7, True), (8, False)]
+    assert cli_main(["verify", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    assert cli_main(["backends", "--json"]) == 0
+    schemes = {r["scheme"]: r for r in json.loads(capsys.readouterr().out)}
+    assert schemes["file"]["available"] and schemes["memory"]["available"]
+    assert cli_main(["verify", f"file://{tmp_path}/empty"]) == 2
