@@ -897,7 +897,7 @@ class Checkpointer:
 
     def _finish_at_exit(self) -> None:
         pending = self._pending
-        if pending is None or pending.done() and pending._future is None:
+        if pending is None:
             return
         if not pending.done():
             log.warning("interpreter exiting: waiting for the checkpoint save of step %d", pending.step)
@@ -927,15 +927,11 @@ def collect_garbage(
 ) -> list[str]:
     """Remove debris of interrupted or losing saves; never touches a committed checkpoint.
 
-    Removed: objects inside a committed step that its manifest does not name (data of a
-    killed or losing attempt at the same step); every object of a step without a manifest
-    that is older than ``before_step`` (default: the newest committed step); with
-    ``unfinished``, also steps without a manifest *newer* than that (a save killed before
-    its commit; only safe when no save to this root is running); and temp files and open
-    multipart uploads older than ``older_than`` seconds. A step whose manifest is present
-    but does not validate is left alone for a person to look at. ``dry_run``: remove
-    nothing, return what would be removed. Returns the keys removed (temp files and uploads
-    are counted by :meth:`Store.list_incomplete`, not listed here).
+    Removed: objects under a committed step that its manifest does not reference (a losing
+    concurrent save), every object of a step without a manifest that is older than
+    ``before_step`` (default: the newest committed step — a newer uncommitted step may be a
+    save in flight), and temp files / open multipart uploads older than ``older_than``
+    seconds. Returns the keys removed.
     """
     steps = committed_steps(store)
     newest = steps[-1] if steps else None
