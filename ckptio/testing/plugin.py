@@ -20,3 +20,7 @@ def memory_url() -> Iterator[str]:
     name = f"test-{uuid.uuid4().hex[:12]}"
     yield f"memory://{name}"
     memory._SPACES.pop(name, None)
+
+
+# S3 fixtures on a moto server (moto_server, s3_env, s3_client, s3_bucket): see ckptio.testing.moto
+from ckptio.testing.moto import moto_server, s3_bucket, s3_client, s3_env  # noqa: E402, F401

@@ -1,0 +1,650 @@
+"""What the four S3 backends share: AWS-style configuration, S3 limits, the one table that
+translates S3 errors into ckptio errors, secret scrubbing, and the multipart writer engine.
+
+Configuration the AWS way (:func:`resolve_aws`): credentials, region and endpoint come from the
+standard chain that botocore implements — explicit options first, then ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``, ``AWS_PROFILE``, ``~/.aws/credentials`` and
+``~/.aws/config``, then instance metadata; ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` or an
+``endpoint_url`` in the profile. The resolved values are handed explicitly to every client
+library (boto3, s3fs, pyarrow, obstore), so the same environment reaches all four backends.
+
+Errors (:func:`translate_error`): every backend funnels its vendor exceptions through one
+table, :data:`S3_ERROR_CODES`, keyed by the S3 error code normalised to upper case without
+``_`` (so botocore's ``NoSuchKey`` and Arrow's ``NO_SUCH_KEY`` meet), then by HTTP status,
+then by the kind of network failure. Transient failures become
+:class:`~ckptio.errors.TransientStorageError` / :class:`~ckptio.errors.ThrottledError`, which
+:meth:`Store.retrying` retries and traces; the client libraries' own retries are switched off
+so that every attempt is ours and is counted.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import os
+import re
+import socket
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from crc32c import crc32c
+
+from ckptio import errors
+from ckptio.store import Buffer, Store, Writer, as_byte_view, option_int, parse_size
+
+log = logging.getLogger("ckptio.backends.s3")
+
+# -- S3 limits (AWS S3 user guide, "Amazon S3 multipart upload limits") ---------------------
+MIN_PART_SIZE = 5 * 2**20
+"""Bytes; S3 refuses parts below 5 MiB except the last one of an upload."""
+MAX_PART_SIZE = 5 * 2**30
+"""Bytes; S3 refuses parts above 5 GiB."""
+MAX_PARTS = 10_000
+"""S3 limit on the number of parts of one multipart upload."""
+MAX_SINGLE_PUT = 5 * 2**30
+"""Bytes; S3 refuses a single PUT above 5 GiB."""
+DEFAULT_PART_SIZE = 8 * 2**20
+"""Bytes; 8 MiB, the low end of the 8-16 MiB part size AWS recommends: large enough that
+per-request latency is amortised, small enough that a 2-core client keeps several in flight."""
+DEFAULT_STREAMS = 8
+"""Requests in flight per store (parts of one object and of different objects together)."""
+CONNECT_TIMEOUT = 3.0
+"""Seconds to open a TCP connection; short so that an endpoint nobody listens on, or a wrong
+address, fails in seconds instead of hanging."""
+READ_TIMEOUT = 60.0
+"""Seconds without a byte from the server before a request counts as timed out (transient)."""
+
+
+# -- secrets ------------------------------------------------------------------------------
+_SECRETS: set[str] = set()
+_SECRETS_LOCK = threading.Lock()
+_SECRET_PATTERNS = [
+    re.compile(r"(?i)(X-Amz-(?:Credential|Signature|Security-Token)=)[^&\s'\"]+"),
+    re.compile(r"(?i)(Authorization:?\s*)[^\n'\"]+"),
+    re.compile(r"(?i)((?:aws_)?(?:secret_access_key|session_token|secret_key|access_key_id|access_key|token|key_id)['\"]?\s*[=:]\s*['\"]?)[^&\s,'\"}]+"),
+    re.compile(r"(Credential=)[^,\s]+"),
+    re.compile(r"(//)[^/@\s:]+:[^/@\s]+@"),
+]
+
+
+def register_secret(value: str | None) -> None:
+    """Remember ``value`` so that :func:`scrub` removes it from every text ckptio shows."""
+    if value and len(value) >= 4:
+        with _SECRETS_LOCK:
+            _SECRETS.add(value)
+
+
+def scrub(text: str) -> str:
+    """``text`` with credentials removed: every registered secret (access key ids, secret
+    keys, session tokens) and anything shaped like a signature, credential or password."""
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(r"\1***", text)
+    with _SECRETS_LOCK:
+        secrets = sorted(_SECRETS, key=len, reverse=True)
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, "***")
+    return text
+
+
+# -- configuration ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AwsSettings:
+    """Resolved AWS configuration handed to a client library. ``repr`` never shows secrets."""
+
+    region: str
+    """Region name; ``us-east-1`` when nothing says otherwise."""
+    endpoint_url: str | None
+    """``scheme://host[:port]`` or None for the AWS default endpoint."""
+    access_key_id: str | None = field(default=None, repr=False)
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    anonymous: bool = False
+    """Send unsigned requests (public buckets)."""
+    addressing_style: str = "path"
+    """``path`` (works with MinIO, Ceph RGW, moto) or ``virtual``."""
+
+    @property
+    def allow_http(self) -> bool:
+        return bool(self.endpoint_url and self.endpoint_url.startswith("http://"))
+
+    @property
+    def has_credentials(self) -> bool:
+        return bool(self.access_key_id and self.secret_access_key)
+
+
+#: Options every S3 backend accepts for its connection (beyond its own I/O options).
+AWS_OPTIONS = (
+    "endpoint_url",
+    "region",
+    "profile",
+    "access_key_id",
+    "secret_access_key",
+    "session_token",
+    "anonymous",
+    "addressing_style",
+)
+
+
+def resolve_aws(options: dict[str, Any]) -> AwsSettings:
+    """Pop the :data:`AWS_OPTIONS` from ``options`` and resolve the rest the AWS way."""
+    import botocore.session
+
+    opts = {k: options.pop(k) for k in AWS_OPTIONS if k in options}
+    from ckptio.store import option_bool
+
+    anonymous = option_bool(opts.get("anonymous", False), field="anonymous")
+    session = botocore.session.Session(profile=opts.get("profile") or None)
+    region = (
+        opts.get("region")
+        or os.environ.get("AWS_REGION")
+        or session.get_config_variable("region")
+        or "us-east-1"
+    )
+    endpoint = opts.get("endpoint_url") or _configured_endpoint(session)
+    if endpoint is not None:
+        endpoint = str(endpoint).rstrip("/")
+        if not re.match(r"^https?://[^/\s]+$", endpoint):
+            raise errors.InvalidArgumentError(
+                f"endpoint_url: expected http(s)://host[:port], got {scrub(endpoint)!r}"
+            )
+    key, secret, token = (
+        opts.get("access_key_id"),
+        opts.get("secret_access_key"),
+        opts.get("session_token"),
+    )
+    if not anonymous and not (key and secret):
+        creds = session.get_credentials()
+        if creds is not None:
+            frozen = creds.get_frozen_credentials()
+            key, secret, token = frozen.access_key, frozen.secret_key, frozen.token
+    for s in (key, secret, token):
+        register_secret(s)
+    style = str(opts.get("addressing_style", "path"))
+    if style not in ("path", "virtual"):
+        raise errors.InvalidArgumentError(
+            f"addressing_style: expected 'path' or 'virtual', got {style!r}"
+        )
+    return AwsSettings(
+        region=str(region),
+        endpoint_url=endpoint,
+        access_key_id=key,
+        secret_access_key=secret,
+        session_token=token,
+        anonymous=anonymous,
+        addressing_style=style,
+    )
+
+
+def _configured_endpoint(session: Any) -> str | None:
+    """The S3 endpoint from ``AWS_ENDPOINT_URL_S3``, ``AWS_ENDPOINT_URL`` or the profile,
+    through botocore's own resolver (the order the AWS SDKs use)."""
+    if str(os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "")).lower() == "true":
+        return None
+    try:
+        from botocore.configprovider import ConfiguredEndpointProvider
+
+        return ConfiguredEndpointProvider(
+            full_config=session.full_config,
+            scoped_config=session.get_scoped_config(),
+            client_name="s3",
+        ).provide()
+    except (ImportError, TypeError, AttributeError):  # private botocore API moved: env only
+        return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+
+
+def split_bucket(url: str) -> tuple[str, str]:
+    """``(bucket, prefix)`` from ``scheme://bucket/some/prefix``; prefix without slashes at
+    either end."""
+    rest = url.split("://", 1)[1] if "://" in url else url
+    bucket, _, prefix = rest.partition("/")
+    if not bucket or not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket):
+        raise errors.InvalidArgumentError(
+            f"{url!r}: {bucket!r} is not a valid S3 bucket name "
+            "(3-63 characters: lower-case letters, digits, '.', '-')"
+        )
+    return bucket, prefix.strip("/")
+
+
+def io_options(options: dict[str, Any]) -> tuple[int, int]:
+    """Pop ``part_size`` (bytes or "8MiB") and ``streams`` and check them against S3 limits."""
+    part_size = parse_size(options.pop("part_size", DEFAULT_PART_SIZE), field="part_size")
+    if not MIN_PART_SIZE <= part_size <= MAX_PART_SIZE:
+        raise errors.InvalidArgumentError(
+            f"part_size: {part_size} bytes is outside S3's limits "
+            f"({MIN_PART_SIZE} bytes = 5 MiB .. {MAX_PART_SIZE} bytes = 5 GiB)"
+        )
+    streams = option_int(options.pop("streams", DEFAULT_STREAMS), field="streams", minimum=1)
+    return part_size, streams
+
+
+def part_size_for(total: int | None, part_size: int) -> int:
+    """``part_size``, raised when needed so that ``total`` bytes fit in :data:`MAX_PARTS`."""
+    if total and -(-total // part_size) > MAX_PARTS:
+        part_size = -(-total // MAX_PARTS)
+        part_size = -(-part_size // 2**20) * 2**20  # whole MiB
+        if part_size > MAX_PART_SIZE:
+            raise errors.InvalidArgumentError(
+                f"object of {total} bytes exceeds S3's maximum of {MAX_PARTS} parts of 5 GiB"
+            )
+    return part_size
+
+
+def reject_unknown(name: str, options: Mapping[str, Any], valid: Iterable[str]) -> None:
+    if options:
+        raise errors.InvalidArgumentError(
+            f"{name}: unknown option(s) {sorted(options)}; valid options: {', '.join(sorted(valid))}"
+        )
+
+
+# -- checksums -------------------------------------------------------------------------------
+def crc32c_of(pieces: Iterable[memoryview]) -> int:
+    value = 0
+    for p in pieces:
+        value = crc32c(p, value)
+    return value
+
+
+def crc32c_b64(value: int) -> str:
+    """The CRC32C in the form S3 takes in ``x-amz-checksum-crc32c``: base64 of 4 big-endian
+    bytes."""
+    return base64.b64encode(value.to_bytes(4, "big")).decode("ascii")
+
+
+# -- error translation -----------------------------------------------------------------------
+S3_ERROR_CODES: Mapping[str, type[errors.CkptioError]] = MappingProxyType(
+    {
+        # missing things
+        "NOSUCHKEY": errors.NotFoundError,
+        "NOTFOUND": errors.NotFoundError,
+        "NOSUCHBUCKET": errors.NotFoundError,
+        "NOSUCHUPLOAD": errors.NotFoundError,
+        "RESOURCENOTFOUND": errors.NotFoundError,
+        # create-if-absent lost
+        "PRECONDITIONFAILED": errors.AlreadyExistsError,
+        "CONDITIONALREQUESTCONFLICT": errors.AlreadyExistsError,
+        # credentials and permissions: never retried
+        "ACCESSDENIED": errors.StoragePermissionError,
+        "INVALIDACCESSKEYID": errors.StoragePermissionError,
+        "SIGNATUREDOESNOTMATCH": errors.StoragePermissionError,
+        "EXPIREDTOKEN": errors.StoragePermissionError,
+        "INVALIDTOKEN": errors.StoragePermissionError,
+        "ACCOUNTPROBLEM": errors.StoragePermissionError,
+        "ALLACCESSDISABLED": errors.StoragePermissionError,
+        "MISSINGSECURITYHEADER": errors.StoragePermissionError,
+        "UNRECOGNIZEDCLIENT": errors.StoragePermissionError,
+        "UNRECOGNIZEDCLIENTEXCEPTION": errors.StoragePermissionError,
+        "INVALIDCLIENTTOKENID": errors.StoragePermissionError,
+        # throttling: retried, counted as throttled
+        "SLOWDOWN": errors.ThrottledError,
+        "THROTTLING": errors.ThrottledError,
+        "THROTTLINGEXCEPTION": errors.ThrottledError,
+        "REQUESTLIMITEXCEEDED": errors.ThrottledError,
+        "TOOMANYREQUESTS": errors.ThrottledError,
+        "TOOMANYREQUESTSEXCEPTION": errors.ThrottledError,
+        "REQUESTTHROTTLED": errors.ThrottledError,
+        # server trouble: retried
+        "INTERNALERROR": errors.TransientStorageError,
+        "INTERNALFAILURE": errors.TransientStorageError,
+        "SERVICEUNAVAILABLE": errors.TransientStorageError,
+        "REQUESTTIMEOUT": errors.TransientStorageError,
+        "REQUESTTIMEOUTEXCEPTION": errors.TransientStorageError,
+        "BADDIGEST": errors.TransientStorageError,  # body damaged in flight: resend
+        "XAMZCONTENTSHA256MISMATCH": errors.TransientStorageError,
+        "NETWORKCONNECTION": errors.TransientStorageError,  # Arrow's name for a reset
+        # full
+        "QUOTAEXCEEDED": errors.NoSpaceError,
+    }
+)
+"""S3 error code (upper case, ``_`` removed) -> ckptio error class. The one table."""
+
+HTTP_STATUS: Mapping[int, type[errors.CkptioError]] = MappingProxyType(
+    {
+        404: errors.NotFoundError,
+        403: errors.StoragePermissionError,
+        401: errors.StoragePermissionError,
+        412: errors.AlreadyExistsError,
+        429: errors.ThrottledError,
+        503: errors.ThrottledError,  # S3 sends 503 only as SlowDown / ServiceUnavailable
+        500: errors.TransientStorageError,
+        502: errors.TransientStorageError,
+        504: errors.TransientStorageError,
+        408: errors.TransientStorageError,
+    }
+)
+"""HTTP status -> ckptio error class, when the response carried no known code."""
+
+_RESET_WORDS = (
+    "connection reset",
+    "connection aborted",
+    "connection was closed",
+    "connection closed",
+    "remote end closed",
+    "remotedisconnected",
+    "server disconnected",
+    "broken pipe",
+    "incomplete read",
+    "incompleteread",
+    "timed out",
+    "timeout",
+    "connection error",
+    "error sending request",
+    "unexpected eof",
+    "response payload is not completed",
+    "network_connection",
+    "curl error",
+)
+_REFUSED_WORDS = ("connection refused", "couldn't connect", "could not connect", "name or service not known", "failed to resolve", "nodename nor servname", "name resolution", "connect error")
+
+
+def _chain(err: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    cur: BaseException | None = err
+    while cur is not None and len(out) < 10:
+        out.append(cur)
+        cur = cur.__cause__ or cur.__context__
+    return out
+
+
+def _norm(code: str) -> str:
+    return code.replace("_", "").replace("-", "").upper()
+
+
+def error_details(err: BaseException) -> tuple[str | None, int | None]:
+    """``(S3 error code, HTTP status)`` from any client library's exception (or None)."""
+    code: str | None = None
+    status: int | None = None
+    for e in _chain(err):
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):  # botocore ClientError (boto3, s3fs's cause)
+            code = code or response.get("Error", {}).get("Code")
+            status = status or response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        text = str(e)
+        if code is None:
+            m = (
+                re.search(r"<Code>([A-Za-z]+)</Code>", text)
+                or re.search(r"AWS Error ([A-Z_]+)", text)
+                or re.search(r"\(([A-Za-z]+)\) when calling", text)
+            )
+            if m and m.group(1) != "UNKNOWN":
+                code = m.group(1)
+        if status is None:
+            m = re.search(r"(?:HTTP status|status(?: code)?:?)\s*(\d{3})", text, re.I)
+            if m:
+                status = int(m.group(1))
+    if code and code.isdigit():
+        status, code = status or int(code), None
+    return code, status
+
+
+def translate_error(err: BaseException, *, action: str, key: str, where: str) -> errors.CkptioError:
+    """The ckptio error for a client library's exception ``err`` (call as
+    ``raise translate_error(...) from err``). The message names the action, the key and the
+    cause, and is scrubbed of credentials."""
+    if isinstance(err, errors.CkptioError):
+        return err
+    code, status = error_details(err)
+    cls: type[errors.CkptioError] | None = None
+    if code:
+        cls = S3_ERROR_CODES.get(_norm(code))
+    if cls is None and status is not None:
+        cls = HTTP_STATUS.get(status)
+    chain = _chain(err)
+    text = " | ".join(f"{type(e).__name__}: {e}" for e in chain[:3]).lower()
+    if cls is None:
+        if any(isinstance(e, FileNotFoundError) for e in chain):
+            cls = errors.NotFoundError
+        elif any(isinstance(e, PermissionError) for e in chain):
+            cls = errors.StoragePermissionError
+        elif any(isinstance(e, FileExistsError) for e in chain):
+            cls = errors.AlreadyExistsError
+        elif any(isinstance(e, ConnectionRefusedError | socket.gaierror) for e in chain) or any(
+            w in text for w in _REFUSED_WORDS
+        ):
+            cls = errors.StorageError  # nobody listens there: permanent, not retried
+            code = "endpoint unreachable"
+        elif any(
+            isinstance(e, ConnectionError | TimeoutError | socket.timeout) for e in chain
+        ) or any(w in text for w in _RESET_WORDS) or (status is not None and status >= 500):
+            cls = errors.TransientStorageError
+        else:
+            cls = errors.StorageError
+    cause = f"{type(err).__name__}: {err}"
+    if code or status:
+        cause = f"{code or ''}{' ' if code and status else ''}{f'(HTTP {status})' if status else ''}: {cause}"
+    hint = ""
+    if cls is errors.StoragePermissionError:
+        hint = " (check the credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_PROFILE)"
+    elif code and _norm(code) == "NOSUCHBUCKET":
+        hint = " (the bucket does not exist: create it or fix the URL)"
+    elif code == "endpoint unreachable":
+        hint = " (is the endpoint URL right? AWS_ENDPOINT_URL / endpoint_url)"
+    msg = scrub(f"{where}: cannot {action} {key!r}: {cause}"[:2000] + hint)
+    if issubclass(cls, OSError):
+        return cls(msg)
+    return cls(msg)
+
+
+def guard(action: str, key: str, where: str, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` and translate whatever the client library raises."""
+    try:
+        return fn()
+    except errors.CkptioError:
+        raise
+    except Exception as err:
+        raise translate_error(err, action=action, key=key, where=where) from err
+
+
+# -- the multipart writer engine -------------------------------------------------------------
+class PartSender(Protocol):
+    """What a backend provides to :class:`MultipartWriter`: one method per S3 request. Each
+    raises its client library's exceptions (translated by the engine)."""
+
+    def put_object(self, key: str, pieces: list[memoryview], nbytes: int, crc: int | None) -> None: ...
+
+    def create_upload(self, key: str) -> str: ...
+
+    def upload_part(
+        self, key: str, upload_id: str, number: int, pieces: list[memoryview], nbytes: int, crc: int | None
+    ) -> dict[str, Any]: ...
+
+    def complete_upload(self, key: str, upload_id: str, parts: list[dict[str, Any]]) -> None: ...
+
+    def abort_upload(self, key: str, upload_id: str) -> None: ...
+
+
+class MultipartWriter(Writer):
+    """Streams one object as S3 multipart upload parts, in parallel on the store's pool.
+
+    Buffers are not copied: a part is a list of slices of the caller's buffers. The upload
+    starts lazily with the first full part; an object smaller than one part is a single PUT
+    at ``close``. Each request goes through :meth:`Store.retrying` (traced, retried when
+    transient). ``abort`` — and any failure — aborts the multipart upload.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        sender: PartSender,
+        full_key: str,
+        key: str,
+        *,
+        part_size: int,
+        pool: ThreadPoolExecutor,
+        checksum: bool,
+        size_hint: int | None,
+    ) -> None:
+        self.key = key
+        self._store = store
+        self._sender = sender
+        self._full = full_key
+        self._part_size = part_size_for(size_hint, part_size)
+        self._pool = pool
+        self._checksum = checksum
+        self._pending: list[memoryview] = []
+        self._pending_bytes = 0
+        self._nbytes = 0
+        self._upload_id: str | None = None
+        self._upload_lock = threading.Lock()
+        self._futures: list[Future[dict[str, Any]]] = []
+        self._done = False
+
+    # each request, retried and traced
+    def _request(self, op: str, nbytes: int, action: str, fn: Callable[[], Any]) -> Any:
+        where = self._store.url
+
+        def attempt() -> Any:
+            return guard(action, self.key, where, fn)
+
+        return self._store.retrying(op, self.key, nbytes, attempt)
+
+    def _ensure_upload(self) -> str:
+        with self._upload_lock:
+            if self._upload_id is None:
+                self._upload_id = self._request(
+                    "create", 0, "start a multipart upload of", lambda: self._sender.create_upload(self._full)
+                )
+            return self._upload_id
+
+    def _send_part(self, number: int, pieces: list[memoryview], nbytes: int) -> dict[str, Any]:
+        upload_id = self._ensure_upload()
+        crc = crc32c_of(pieces) if self._checksum else None
+        return self._request(
+            "write",
+            nbytes,
+            f"upload part {number} of",
+            lambda: self._sender.upload_part(self._full, upload_id, number, pieces, nbytes, crc),
+        )
+
+    def write(self, data: Buffer) -> None:
+        if self._done:
+            raise errors.InvalidArgumentError(f"write to {self.key!r} after close/abort")
+        view = as_byte_view(data)
+        self._nbytes += view.nbytes
+        while view.nbytes:
+            take = min(view.nbytes, self._part_size - self._pending_bytes)
+            self._pending.append(view[:take])
+            self._pending_bytes += take
+            view = view[take:]
+            if self._pending_bytes == self._part_size:
+                self._flush_part()
+
+    def _flush_part(self) -> None:
+        number = len(self._futures) + 1
+        if number > MAX_PARTS:
+            raise errors.InvalidArgumentError(
+                f"{self.key!r}: more than {MAX_PARTS} parts of {self._part_size} bytes; "
+                "pass size_hint or a larger part_size"
+            )
+        pieces, nbytes = self._pending, self._pending_bytes
+        self._pending, self._pending_bytes = [], 0
+        self._futures.append(self._pool.submit(self._send_part, number, pieces, nbytes))
+
+    def close(self) -> None:
+        if self._done:
+            return
+        try:
+            if not self._futures:
+                pieces, nbytes = self._pending, self._pending_bytes
+                crc = crc32c_of(pieces) if self._checksum else None
+                self._request(
+                    "put", nbytes, "write", lambda: self._sender.put_object(self._full, pieces, nbytes, crc)
+                )
+            else:
+                if self._pending_bytes:
+                    self._flush_part()
+                parts = [f.result() for f in self._futures]
+                upload_id = self._ensure_upload()
+                self._request(
+                    "commit",
+                    self._nbytes,
+                    "complete the multipart upload of",
+                    lambda: self._sender.complete_upload(self._full, upload_id, parts),
+                )
+                self._upload_id = None
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+        self._pending = []
+
+    def abort(self) -> None:
+        for f in self._futures:
+            f.cancel()
+        for f in self._futures:
+            if not f.cancelled():
+                try:
+                    f.result()
+                except BaseException as err:  # the failure is reported by close(); we only wait
+                    log.debug("part of %s failed before abort: %s", self.key, scrub(str(err)))
+        self._futures = []
+        self._pending = []
+        self._done = True
+        upload_id, self._upload_id = self._upload_id, None
+        if upload_id is not None:
+            with contextlib.suppress(errors.NotFoundError):  # already gone
+                self._request(
+                    "abort", 0, "abort the multipart upload of",
+                    lambda: self._sender.abort_upload(self._full, upload_id),
+                )
+
+
+class PieceReader:
+    """A read-only file object over a list of buffers: lets a client library stream a part
+    made of several caller buffers without joining them first (no copy of the whole part)."""
+
+    def __init__(self, pieces: list[memoryview]) -> None:
+        self._pieces = pieces
+        self._len = sum(p.nbytes for p in pieces)
+        self._pos = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def read(self, n: int = -1) -> bytes | memoryview:
+        """Up to ``n`` bytes: a slice of a caller buffer (no copy) when they lie in one piece,
+        joined bytes when a read crosses pieces."""
+        if n is None or n < 0:
+            n = self._len - self._pos
+        n = min(n, self._len - self._pos)
+        if n <= 0:
+            return b""
+        out: list[memoryview] = []
+        pos, start, want = self._pos, 0, n
+        for p in self._pieces:
+            end = start + p.nbytes
+            if pos < end:
+                lo = pos - start
+                take = min(p.nbytes - lo, want)
+                out.append(p[lo : lo + take])
+                pos += take
+                want -= take
+                if not want:
+                    break
+            start = end
+        self._pos = pos
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._len}[whence]
+        self._pos = max(0, min(self._len, base + offset))
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+
+def one_buffer(pieces: list[memoryview]) -> bytes:
+    """The part as one ``bytes`` (a copy): for client libraries that take nothing else."""
+    return pieces[0].tobytes() if len(pieces) == 1 else b"".join(pieces)

@@ -1,0 +1,335 @@
+"""Amazon S3 (and S3-compatible stores) through boto3/botocore: ``s3+boto3://bucket/prefix``.
+
+Writes are S3 multipart uploads driven by ckptio itself (:class:`MultipartWriter`): parts of
+``part_size`` bytes, sent by a pool of ``streams`` threads shared by every object of the store,
+each part carrying its CRC32C (``x-amz-checksum-crc32c``, verified by S3 before it accepts the
+part), no whole-object MD5. Buffers are sliced, never joined, when a part lies inside one
+caller buffer. Reads are ranged GETs read straight into the caller's buffer.
+
+botocore's own retries are off (``total_max_attempts=1``): every attempt goes through
+:meth:`Store.retrying`, so the trace counts each retry and each 503 SlowDown.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar
+
+from ckptio import errors
+from ckptio.store import Buffer, Capabilities, Store, Writer, check_key, option_bool
+from ckptio.trace import Trace
+
+from . import _s3common as c
+
+
+class _BotoSender:
+    def __init__(self, client: Any, bucket: str, checksum: bool) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.checksum = checksum
+
+    def _crc(self, crc: int | None) -> dict[str, str]:
+        return {"ChecksumCRC32C": c.crc32c_b64(crc)} if crc is not None else {}
+
+    def put_object(self, key: str, pieces: list[memoryview], nbytes: int, crc: int | None) -> None:
+        self.client.put_object(
+            Bucket=self.bucket, Key=key, Body=c.PieceReader(pieces), ContentLength=nbytes, **self._crc(crc)
+        )
+
+    def create_upload(self, key: str) -> str:
+        extra = {"ChecksumAlgorithm": "CRC32C"} if self.checksum else {}
+        return self.client.create_multipart_upload(Bucket=self.bucket, Key=key, **extra)["UploadId"]
+
+    def upload_part(
+        self, key: str, upload_id: str, number: int, pieces: list[memoryview], nbytes: int, crc: int | None
+    ) -> dict[str, Any]:
+        resp = self.client.upload_part(
+            Bucket=self.bucket,
+            Key=key,
+            UploadId=upload_id,
+            PartNumber=number,
+            Body=c.PieceReader(pieces),
+            ContentLength=nbytes,
+            **self._crc(crc),
+        )
+        part = {"PartNumber": number, "ETag": resp["ETag"]}
+        if crc is not None:
+            part["ChecksumCRC32C"] = resp.get("ChecksumCRC32C") or c.crc32c_b64(crc)
+        return part
+
+    def complete_upload(self, key: str, upload_id: str, parts: list[dict[str, Any]]) -> None:
+        self.client.complete_multipart_upload(
+            Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+        )
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+
+
+def make_boto3_client(aws: c.AwsSettings, *, pool_connections: int) -> Any:
+    """A botocore S3 client for ``aws`` with its own retries off and short timeouts."""
+    import botocore.session
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    config = Config(
+        region_name=aws.region,
+        connect_timeout=c.CONNECT_TIMEOUT,
+        read_timeout=c.READ_TIMEOUT,
+        retries={"total_max_attempts": 1, "mode": "standard"},  # ours count every attempt
+        max_pool_connections=pool_connections,
+        # payload integrity comes from the CRC32C we send; no SHA-256 of every byte over http
+        s3={"addressing_style": aws.addressing_style, "payload_signing_enabled": False},
+        request_checksum_calculation="when_required",  # we send CRC32C ourselves
+        response_checksum_validation="when_required",  # ckptio checks CRC32C per chunk
+        signature_version=UNSIGNED if aws.anonymous else None,
+    )
+    session = botocore.session.Session()
+    return session.create_client(
+        "s3",
+        region_name=aws.region,
+        endpoint_url=aws.endpoint_url,
+        aws_access_key_id=aws.access_key_id,
+        aws_secret_access_key=aws.secret_access_key,
+        aws_session_token=aws.session_token,
+        config=config,
+    )
+
+
+class Boto3Store(Store):
+    """S3 through boto3/botocore.
+
+    URL: ``s3+boto3://bucket/prefix``. Options (keyword-only; URL query strings work too):
+
+    - ``part_size`` (bytes or ``"16MiB"``; default 8 MiB; S3 limits 5 MiB..5 GiB, raised
+      automatically so an object fits in 10,000 parts when ``size_hint`` is given);
+    - ``streams`` (int, default 8): requests in flight for the whole store;
+    - ``checksum`` (bool, default True): send CRC32C with every part and PUT;
+    - ``endpoint_url``, ``region``, ``profile``, ``access_key_id``, ``secret_access_key``,
+      ``session_token``, ``anonymous``, ``addressing_style`` (``path``/``virtual``): the AWS
+      connection; unset ones come from the environment and AWS config files as the AWS CLI
+      does (``AWS_ENDPOINT_URL`` included);
+    - ``trace``: a :class:`~ckptio.trace.Trace`.
+
+    Commit: ``publish`` is one PUT; with ``overwrite=False`` it sends ``If-None-Match: *`` so
+    S3 itself refuses a second manifest (S3 and moto support it; some S3 clones do not).
+    """
+
+    schemes: ClassVar[tuple[str, ...]] = ("s3+boto3",)
+    name: ClassVar[str] = "s3+boto3"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        atomic_rename=False,
+        range_reads=True,
+        durable_flush=True,  # an acknowledged PUT / CompleteMultipartUpload is durable
+        conditional_create=True,
+        multipart=True,
+        listing=True,
+    )
+    OPTIONS = ("part_size", "streams", "checksum", *c.AWS_OPTIONS)
+
+    def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
+        super().__init__(url, trace=trace)
+        self.bucket, self.prefix = c.split_bucket(url)
+        self.part_size, self.streams = c.io_options(options)
+        self.checksum = option_bool(options.pop("checksum", True), field="checksum")
+        self.aws = c.resolve_aws(options)
+        c.reject_unknown(self.name, options, self.OPTIONS)
+        self.client = make_boto3_client(self.aws, pool_connections=self.streams + 4)
+        self._sender = _BotoSender(self.client, self.bucket, self.checksum)
+        self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="ckptio-s3")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({c.scrub(self.url)!r}, endpoint={self.aws.endpoint_url!r})"
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _full(self, key: str) -> str:
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _full_prefix(self, prefix: str) -> str:
+        if prefix.startswith("/") or ".." in prefix.split("/"):
+            raise errors.InvalidArgumentError(f"invalid prefix {prefix!r}")
+        return f"{self.prefix}/{prefix}" if self.prefix else prefix
+
+    def _rel(self, full: str) -> str:
+        return full[len(self.prefix) + 1 :] if self.prefix else full
+
+    def _call(self, op: str, key: str, nbytes: int, action: str, fn: Any) -> Any:
+        where = f"{self.name}://{self.bucket}"
+        return self.retrying(op, key, nbytes, lambda: c.guard(action, key, where, fn))
+
+    # -- writes ---------------------------------------------------------------------------------
+    def open_writer(self, key: str, *, size_hint: int | None = None) -> Writer:
+        return c.MultipartWriter(
+            self,
+            self._sender,
+            self._full(key),
+            key,
+            part_size=self.part_size,
+            pool=self._pool,
+            checksum=self.checksum,
+            size_hint=size_hint,
+        )
+
+    def publish(self, key: str, data: bytes, *, overwrite: bool = True) -> None:
+        full = self._full(key)
+        data = bytes(data)
+        extra: dict[str, Any] = {} if overwrite else {"IfNoneMatch": "*"}
+        if self.checksum:
+            extra["ChecksumCRC32C"] = c.crc32c_b64(c.crc32c_of([memoryview(data)]))
+        attempts = [0]
+
+        def put() -> None:
+            attempts[0] += 1
+            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, **extra)
+
+        try:
+            self._call("put", key, len(data), "publish", put)
+        except errors.AlreadyExistsError:
+            # a retried create-if-absent may find its own first attempt already there
+            if attempts[0] > 1 and self._get_all(key) == data:
+                return
+            raise errors.AlreadyExistsError(
+                f"{self.name}://{self.bucket}/{full} already exists (another writer committed it)"
+            ) from None
+
+    def _get_all(self, key: str) -> bytes | None:
+        try:
+            return self.get(key)
+        except errors.NotFoundError:
+            return None
+
+    # -- reads ----------------------------------------------------------------------------------
+    def read_into(self, key: str, offset: int, buffer: Buffer) -> int:
+        full = self._full(key)
+        out = memoryview(buffer).cast("B")
+        if offset < 0:
+            raise errors.InvalidArgumentError(f"negative offset {offset} for {key!r}")
+        if out.nbytes == 0:
+            return 0
+
+        def get() -> int:
+            try:
+                resp = self.client.get_object(
+                    Bucket=self.bucket, Key=full, Range=f"bytes={offset}-{offset + out.nbytes - 1}"
+                )
+            except Exception as err:
+                code, status = c.error_details(err)
+                if code == "InvalidRange" or status == 416:
+                    return 0  # offset at or past the end
+                raise
+            expected = int(resp["ContentLength"])
+            raw = resp["Body"]._raw_stream  # urllib3 response: readinto the caller's buffer
+            n = 0
+            try:
+                while n < expected:
+                    got = raw.readinto(out[n:expected])
+                    if not got:
+                        break
+                    n += got
+            finally:
+                resp["Body"].close()
+            if n != expected:
+                raise errors.TransientStorageError(
+                    f"{self.name}: short read of {key!r}: {n} of {expected} bytes"
+                )
+            return n
+
+        return self._call("get", key, out.nbytes, "read", get)
+
+    # -- metadata -------------------------------------------------------------------------------
+    def list(self, prefix: str = "") -> list[str]:
+        full = self._full_prefix(prefix)
+
+        def run() -> list[str]:
+            keys: list[str] = []
+            token: str | None = None
+            while True:
+                kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
+                if token:
+                    kw["ContinuationToken"] = token
+                resp = self.client.list_objects_v2(**kw)
+                keys += [self._rel(o["Key"]) for o in resp.get("Contents", ())]
+                if not resp.get("IsTruncated"):
+                    return keys
+                token = resp["NextContinuationToken"]
+
+        return sorted(self._call("list", prefix, 0, "list", run))
+
+    def size(self, key: str) -> int:
+        full = self._full(key)
+        resp = self._call(
+            "head", key, 0, "stat", lambda: self.client.head_object(Bucket=self.bucket, Key=full)
+        )
+        return int(resp["ContentLength"])
+
+    def delete(self, keys: Iterable[str]) -> None:
+        fulls = [self._full(k) for k in keys]
+        for start in range(0, len(fulls), 1000):  # S3 DeleteObjects takes at most 1000 keys
+            batch = fulls[start : start + 1000]
+
+            def run(batch: list[str] = batch) -> None:
+                resp = self.client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+                )
+                failed = [e for e in resp.get("Errors", ()) if e.get("Code") != "NoSuchKey"]
+                if failed:
+                    raise errors.StorageError(
+                        f"{self.name}: cannot delete {len(failed)} object(s), first: "
+                        f"{failed[0].get('Key')!r}: {failed[0].get('Code')} {failed[0].get('Message')}"
+                    )
+
+            self._call("delete", batch[0] if len(batch) == 1 else f"{len(batch)} keys", 0, "delete", run)
+
+    # -- debris ---------------------------------------------------------------------------------
+    def _uploads(self, prefix: str) -> list[dict[str, Any]]:
+        full = self._full_prefix(prefix)
+
+        def run() -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
+            while True:
+                resp = self.client.list_multipart_uploads(**kw)
+                out += resp.get("Uploads", [])
+                if not resp.get("IsTruncated"):
+                    return out
+                kw["KeyMarker"] = resp["NextKeyMarker"]
+                kw["UploadIdMarker"] = resp["NextUploadIdMarker"]
+
+        return self._call("list", prefix, 0, "list multipart uploads under", run)
+
+    def list_incomplete(self, prefix: str = "") -> list[str]:
+        """Open multipart uploads under ``prefix`` as ``key#upload-id`` (they cost storage
+        until aborted)."""
+        return sorted(f"{self._rel(u['Key'])}#{u['UploadId']}" for u in self._uploads(prefix))
+
+    def cleanup_incomplete(self, prefix: str = "", *, older_than: float = 0.0) -> int:
+        """Abort open multipart uploads under ``prefix`` started more than ``older_than``
+        seconds ago. Returns how many were aborted."""
+        now = time.time()
+        n = 0
+        for u in self._uploads(prefix):
+            if now - u["Initiated"].timestamp() < older_than:
+                continue
+            key = self._rel(u["Key"])
+            try:
+                self._call(
+                    "abort",
+                    key,
+                    0,
+                    "abort the multipart upload of",
+                    lambda u=u: self.client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"]
+                    ),
+                )
+            except errors.NotFoundError:
+                continue
+            n += 1
+        return n
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.client.close()
