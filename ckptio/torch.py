@@ -1,0 +1,836 @@
+"""PyTorch: tensors in ckptio checkpoints, and ckptio as a ``torch.distributed.checkpoint``
+storage layer.
+
+Tensors in ``ckptio.save`` / ``ckptio.load`` (no pickle anywhere)::
+
+    ckptio.save({"model": model.state_dict()}, "s3://bucket/run", step=100)   # numpy inside
+    state = ckptio.torch.load("s3://bucket/run", device="cpu")                 # torch tensors
+
+    # optimizer state dicts have integer keys; encode() makes them storable, load() undoes it
+    with ckptio.torch.Checkpointer("file:///ckpt/run", async_save=True) as ck:
+        ck.save({"model": model.state_dict(), "optim": opt.state_dict()}, step=100)
+
+- CPU tensors of every dtype ckptio stores (``ckptio.format.DTYPES``: bool, (u)int8..64,
+  float16/32/64, complex64/128, bfloat16, float8_e4m3fn, float8_e5m2) become numpy arrays
+  *without a copy* (:func:`to_numpy`); bfloat16 and float8 go through a same-size integer view
+  because numpy has no such dtypes of its own (ml_dtypes supplies them).
+- CUDA tensors are staged through pinned (page-locked) host memory: one
+  ``torch.empty(..., pin_memory=True)`` per tensor, ``copy_(non_blocking=True)``, then the
+  device's current stream is synchronised before the array is used. Other accelerators use a
+  plain blocking ``.cpu()``.
+- ``encode`` / ``decode``: dicts with integer keys (``optimizer.state_dict()["state"]``) are
+  stored as ``{"__ckptio_items__": [[key, value], ...]}`` and restored on load.
+
+``torch.distributed.checkpoint`` over any ckptio store: :class:`StorageWriter` and
+:class:`StorageReader` (see their docstrings)::
+
+    dcp.save(state_dict, storage_writer=StorageWriter("s3://bucket/run/step-100"))
+    dcp.load(state_dict, storage_reader=StorageReader("s3://bucket/run/step-100"))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import re
+import secrets
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import ml_dtypes
+import numpy as np
+import torch
+from torch.distributed.checkpoint import storage as _dcp_storage
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    WriteItemType,
+)
+from torch.futures import Future
+
+from ckptio import checkpoint as _ck
+from ckptio import errors
+from ckptio import format as fmt
+from ckptio.registry import open_store, split_url
+from ckptio.store import Store
+
+__all__ = [
+    "Checkpointer",
+    "StorageReader",
+    "StorageWriter",
+    "decode",
+    "encode",
+    "from_numpy",
+    "load",
+    "save",
+    "to_numpy",
+    "to_torch",
+]
+
+# -- tensors <-> numpy ------------------------------------------------------------------------
+
+#: torch dtypes numpy cannot hold natively -> (same-size integer torch dtype, ml_dtypes dtype)
+_VIEWED: dict[torch.dtype, tuple[torch.dtype, Any]] = {
+    torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
+    torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
+    torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2),
+}
+_NP_TO_VIEWED: dict[np.dtype[Any], tuple[Any, torch.dtype]] = {
+    np.dtype(ml_dtypes.bfloat16): (np.int16, torch.bfloat16),
+    np.dtype(ml_dtypes.float8_e4m3fn): (np.uint8, torch.float8_e4m3fn),
+    np.dtype(ml_dtypes.float8_e5m2): (np.uint8, torch.float8_e5m2),
+}
+#: every torch dtype ckptio stores, by its ckptio (numpy) name
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    "bool": torch.bool,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "uint8": torch.uint8,
+    "uint16": torch.uint16,
+    "uint32": torch.uint32,
+    "uint64": torch.uint64,
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "complex64": torch.complex64,
+    "complex128": torch.complex128,
+    "bfloat16": torch.bfloat16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+_DTYPE_NAMES: dict[torch.dtype, str] = {dt: name for name, dt in _TORCH_DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The ckptio (manifest) name of a torch dtype; raises for dtypes ckptio does not store."""
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        raise errors.InvalidArgumentError(
+            f"torch dtype {dtype} cannot be checkpointed by ckptio; supported: "
+            + ", ".join(str(d) for d in _TORCH_DTYPES.values())
+        )
+    return name
+
+
+def _is_cuda(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda"
+
+
+def _pinned_empty(t: torch.Tensor) -> torch.Tensor:
+    """A page-locked host tensor shaped like ``t`` (DMA target of a non-blocking copy)."""
+    return torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=True)
+
+
+def _synchronize(device: torch.device) -> None:
+    torch.cuda.current_stream(device).synchronize()
+
+
+def stage_to_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in host memory. CPU tensors are returned as they are (no copy). CUDA tensors are
+    copied into pinned host memory with a non-blocking copy on the current stream, which is
+    then synchronised (so the host copy is complete when this returns); other devices use a
+    blocking ``.cpu()``."""
+    if t.device.type == "cpu" and not _is_cuda(t):
+        return t
+    if _is_cuda(t):
+        host = _pinned_empty(t)
+        host.copy_(t, non_blocking=True)
+        _synchronize(t.device)
+        return host
+    return t.cpu()
+
+
+def _check_plain(t: torch.Tensor, where: str) -> None:
+    if t.layout != torch.strided:
+        raise errors.InvalidArgumentError(
+            f"{where}: {t.layout} tensors cannot be checkpointed; convert with .to_dense()"
+        )
+    if t.is_quantized:
+        raise errors.InvalidArgumentError(f"{where}: quantized tensors cannot be checkpointed; dequantize() first")
+    if t.device.type == "meta":
+        raise errors.InvalidArgumentError(f"{where}: a tensor on the meta device has no data to save")
+    if type(t).__name__ == "DTensor":
+        raise errors.InvalidArgumentError(
+            f"{where}: a DTensor; save it with dcp.save(..., storage_writer=ckptio.torch.StorageWriter(url)) "
+            "or pass ckptio.Shard(t.to_local(), global_shape, offsets)"
+        )
+
+
+def to_numpy(obj: Any) -> np.ndarray | None:
+    """A torch tensor as a numpy array in host memory, or None if ``obj`` is not a tensor.
+
+    CPU tensors are not copied: the array shares the tensor's memory (and keeps it alive).
+    Autograd is detached; conjugate/negative bits are resolved. CUDA tensors are staged
+    through pinned memory (:func:`stage_to_host`).
+    """
+    if not isinstance(obj, torch.Tensor):
+        return None
+    _check_plain(obj, "tensor")
+    t = stage_to_host(obj.detach()).resolve_conj().resolve_neg()
+    dtype_name(t.dtype)  # refuse unsupported dtypes with the list of valid ones
+    viewed = _VIEWED.get(t.dtype)
+    if viewed is not None:
+        as_int, np_dtype = viewed
+        if t.dim() == 0:
+            t = t.reshape(1)
+            return t.view(as_int).numpy().view(np_dtype).reshape(())
+        return t.view(as_int).numpy().view(np_dtype)
+    return t.numpy()
+
+
+def from_numpy(array: np.ndarray, *, device: str | torch.device | None = None) -> torch.Tensor:
+    """A numpy array as a torch tensor; on the CPU it shares the array's memory (a read-only
+    array is copied, since torch tensors are always writable)."""
+    if not array.flags.writeable:
+        array = array.copy()
+    viewed = _NP_TO_VIEWED.get(array.dtype)
+    if viewed is not None:
+        as_int, torch_dtype = viewed
+        t = torch.from_numpy(array.reshape(-1).view(as_int)).view(torch_dtype).reshape(array.shape)
+    else:
+        t = torch.from_numpy(array)
+    if device is not None and torch.device(device).type != "cpu":
+        t = t.to(device)
+    return t
+
+
+def to_torch(state: Any, *, device: str | torch.device | None = None) -> Any:
+    """``state`` with every numpy array (not numpy scalars) replaced by a torch tensor."""
+    if isinstance(state, np.ndarray):
+        return from_numpy(state, device=device)
+    if isinstance(state, Mapping):
+        return {k: to_torch(v, device=device) for k, v in state.items()}
+    if isinstance(state, list):
+        return [to_torch(v, device=device) for v in state]
+    if isinstance(state, tuple):
+        return tuple(to_torch(v, device=device) for v in state)
+    return state
+
+
+# -- integer-keyed dicts (optimizer state) ----------------------------------------------------
+
+ITEMS_MARKER = "__ckptio_items__"
+"""A dict with a non-string key is stored as ``{ITEMS_MARKER: [[key, value], ...]}``."""
+
+
+def encode(state: Any) -> Any:
+    """``state`` made storable by ckptio: dicts with integer keys (``optimizer.state_dict()``
+    uses them) become ``{"__ckptio_items__": [[key, value], ...]}``. Tensors are kept as they
+    are (no copy). :func:`decode` is the inverse."""
+    if isinstance(state, Mapping):
+        if all(isinstance(k, str) for k in state):
+            if ITEMS_MARKER in state:
+                raise errors.InvalidArgumentError(f"state keys must not be {ITEMS_MARKER!r} (reserved)")
+            return {k: encode(v) for k, v in state.items()}
+        bad = [k for k in state if not isinstance(k, str | int) or isinstance(k, bool)]
+        if bad:
+            raise errors.InvalidArgumentError(
+                f"dict keys must be str or int; found {bad[0]!r} ({type(bad[0]).__name__})"
+            )
+        return {ITEMS_MARKER: [[k, encode(v)] for k, v in state.items()]}
+    if isinstance(state, list):
+        return [encode(v) for v in state]
+    if isinstance(state, tuple) and not isinstance(state, torch.Size):
+        return tuple(encode(v) for v in state)
+    if isinstance(state, torch.Size):
+        return tuple(int(x) for x in state)
+    return state
+
+
+def decode(state: Any) -> Any:
+    """Inverse of :func:`encode`."""
+    if isinstance(state, Mapping):
+        if set(state) == {ITEMS_MARKER}:
+            return {(k[0] if isinstance(k, list) else k): decode(v) for k, v in state[ITEMS_MARKER]}
+        return {k: decode(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [decode(v) for v in state]
+    if isinstance(state, tuple):
+        return tuple(decode(v) for v in state)
+    return state
+
+
+def save(state: Any, url: str | Store, step: int, **options: Any) -> _ck.SaveHandle:
+    """:func:`ckptio.save` of :func:`encode` (``state``): torch state dicts as they come."""
+    return _ck.save(encode(state), url, step, **options)
+
+
+def load(
+    url: str | Store,
+    step: int | None = None,
+    *,
+    device: str | torch.device | None = None,
+    select: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """:func:`ckptio.load`, with tensors as torch tensors on ``device`` (default CPU, sharing
+    the memory ckptio read into) and integer-keyed dicts restored (:func:`decode`)."""
+    return decode(to_torch(_ck.load(url, step, select=select, **options), device=device))
+
+
+class Checkpointer(_ck.Checkpointer):
+    """:class:`ckptio.Checkpointer` for torch state: ``save`` takes state dicts as they come
+    (integer keys included), ``load`` returns torch tensors on ``device``."""
+
+    def __init__(self, url: str | Store, *, device: str | torch.device | None = None, **options: Any) -> None:
+        super().__init__(url, **options)
+        self.device = device
+
+    def save(self, state: Any, step: int, **kwargs: Any) -> _ck.SaveHandle:
+        return super().save(encode(state), step, **kwargs)
+
+    def load(self, step: int | None = None, *, select: Mapping[str, Any] | None = None) -> Any:
+        return decode(to_torch(super().load(step, select=select), device=self.device))
+
+
+# -- torch.distributed.checkpoint -------------------------------------------------------------
+
+BYTES_PREFIX = "~dcp-bytes/"
+"""Manifest tensor path prefix of DCP's byte payloads (``~`` followed by ``d`` never occurs
+in an escaped tensor path, so no tensor can collide with it)."""
+DCP_EXTRA = "dcp"
+"""Key of DCP's metadata in the manifest's ``extra``."""
+
+_LAYOUTS = {"strided": torch.strided}
+_MEMORY_FORMATS = {
+    "contiguous_format": torch.contiguous_format,
+    "channels_last": torch.channels_last,
+    "preserve_format": torch.preserve_format,
+}
+
+
+def _enum_name(table: Mapping[str, Any], value: Any, what: str) -> str:
+    for name, v in table.items():
+        if v == value:
+            return name
+    raise errors.InvalidArgumentError(f"{what} {value} cannot be stored; valid: {', '.join(table)}")
+
+
+def _split_checkpoint_url(url: str, step: int | None) -> tuple[str, int]:
+    """``(root_url, step)`` from ``<root>/step-<N>`` or from ``url`` + ``step``."""
+    if step is not None:
+        return url, step
+    parts = urlsplit(url) if "://" in url else None
+    path = parts.path if parts is not None else url
+    head, _, last = path.rstrip("/").rpartition("/")
+    m = re.fullmatch(r"step-(\d{1,10})", last)
+    if m is None:
+        raise errors.InvalidArgumentError(
+            f"{url!r} does not name a step: use '<root>/step-<N>' (e.g. 'file:///ckpt/run/step-100')"
+            " or pass step=N with the root URL"
+        )
+    if parts is None:
+        return head or ".", int(m.group(1))
+    return urlunsplit((parts.scheme, parts.netloc, head, parts.query, "")), int(m.group(1))
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """Where a write item's bytes went (a WriteResult's ``storage_data``; JSON-able)."""
+
+    path: str
+    """Manifest tensor path (``escape(fqn)`` or ``~dcp-bytes/escape(fqn)``)."""
+    chunks: tuple[dict[str, Any], ...]
+    """ckptio chunks (``Chunk.as_json()``) holding it."""
+    objects: tuple[tuple[str, int], ...]
+    """Objects (relative key, bytes) those chunks live in."""
+
+
+def _metadata_to_json(md: Metadata) -> dict[str, Any]:
+    entries: dict[str, Any] = {}
+    for fqn, sm in md.state_dict_metadata.items():
+        if isinstance(sm, BytesStorageMetadata):
+            entries[fqn] = {"type": "bytes"}
+        elif isinstance(sm, TensorStorageMetadata):
+            p = sm.properties
+            entries[fqn] = {
+                "type": "tensor",
+                "dtype": dtype_name(p.dtype),
+                "size": list(sm.size),
+                "layout": _enum_name(_LAYOUTS, p.layout, "tensor layout"),
+                "memory_format": _enum_name(_MEMORY_FORMATS, p.memory_format, "memory format"),
+                "requires_grad": bool(p.requires_grad),
+                "pin_memory": bool(p.pin_memory),
+                "chunks": [[list(c.offsets), list(c.sizes)] for c in sm.chunks],
+            }
+        else:
+            raise errors.InvalidArgumentError(f"{fqn}: unknown DCP storage metadata {type(sm).__name__}")
+    planner_data: Any = None
+    if md.planner_data is not None:
+        pd = md.planner_data
+        if not (
+            isinstance(pd, Mapping)
+            and all(
+                isinstance(k, str)
+                and isinstance(v, tuple | list)
+                and all(isinstance(x, str | int) and not isinstance(x, bool) for x in v)
+                for k, v in pd.items()
+            )
+        ):
+            raise errors.InvalidArgumentError(
+                f"DCP planner_data of type {type(pd).__name__} is not a mapping of fqn -> path; "
+                "ckptio stores DCP metadata as JSON (no pickle) and cannot store it"
+            )
+        planner_data = {k: list(v) for k, v in pd.items()}
+    sm_json = None
+    if md.storage_meta is not None:
+        s = md.storage_meta
+        sm_json = {
+            "checkpoint_id": None if s.checkpoint_id is None else str(s.checkpoint_id),
+            "save_id": s.save_id,
+            "load_id": s.load_id,
+            "modules": list(s.modules),
+        }
+    return {
+        "version": md.version,
+        "state_dict_metadata": entries,
+        "planner_data": planner_data,
+        "storage_meta": sm_json,
+    }
+
+
+def _want(cond: bool, field: str, message: str) -> None:
+    if not cond:
+        raise errors.ManifestError(message, field=f"extra.dcp.{field}")
+
+
+def _metadata_from_json(doc: Any) -> Metadata:
+    """Rebuild DCP's Metadata from its JSON form, validating each field (no pickle)."""
+    _want(isinstance(doc, dict), "", "expected an object")
+    entries = doc.get("state_dict_metadata")
+    _want(isinstance(entries, dict), "state_dict_metadata", "expected an object")
+    sdm: dict[str, Any] = {}
+    for fqn, e in entries.items():
+        f = f"state_dict_metadata[{fqn!r:.80}]"
+        _want(isinstance(e, dict), f, "expected an object")
+        if e.get("type") == "bytes":
+            sdm[fqn] = BytesStorageMetadata()
+            continue
+        _want(e.get("type") == "tensor", f"{f}.type", f"expected 'tensor' or 'bytes', got {e.get('type')!r:.40}")
+        _want(e.get("dtype") in _TORCH_DTYPES, f"{f}.dtype", f"unknown dtype {e.get('dtype')!r:.40}; allowed: {', '.join(_TORCH_DTYPES)}")
+        _want(e.get("layout") in _LAYOUTS, f"{f}.layout", f"unknown layout {e.get('layout')!r:.40}")
+        _want(e.get("memory_format") in _MEMORY_FORMATS, f"{f}.memory_format", f"unknown memory format {e.get('memory_format')!r:.40}")
+        size = fmt._int_list(e.get("size"), f"extra.dcp.{f}.size")
+        chunks = []
+        cl = e.get("chunks")
+        _want(isinstance(cl, list), f"{f}.chunks", "expected a list")
+        for i, c in enumerate(cl):
+            _want(isinstance(c, list) and len(c) == 2, f"{f}.chunks[{i}]", "expected [offsets, sizes]")
+            offs = fmt._int_list(c[0], f"extra.dcp.{f}.chunks[{i}].offsets", len(size))
+            sizes = fmt._int_list(c[1], f"extra.dcp.{f}.chunks[{i}].sizes", len(size))
+            chunks.append(ChunkStorageMetadata(torch.Size(offs), torch.Size(sizes)))
+        props = TensorProperties(
+            dtype=_TORCH_DTYPES[e["dtype"]],
+            layout=_LAYOUTS[e["layout"]],
+            requires_grad=bool(e.get("requires_grad", False)),
+            memory_format=_MEMORY_FORMATS[e["memory_format"]],
+            pin_memory=bool(e.get("pin_memory", False)),
+        )
+        sdm[fqn] = TensorStorageMetadata(props, torch.Size(size), chunks)
+    pd = doc.get("planner_data")
+    planner_data = None
+    if pd is not None:
+        _want(isinstance(pd, dict), "planner_data", "expected an object")
+        planner_data = {}
+        for k, v in pd.items():
+            _want(isinstance(v, list) and all(isinstance(x, str | int) and not isinstance(x, bool) for x in v), f"planner_data[{k!r:.80}]", "expected a list of keys")
+            planner_data[k] = tuple(v)
+    smd = doc.get("storage_meta")
+    storage_meta = None
+    if smd is not None:
+        _want(isinstance(smd, dict), "storage_meta", "expected an object")
+        mods = smd.get("modules", [])
+        _want(isinstance(mods, list) and all(isinstance(m, str) for m in mods), "storage_meta.modules", "expected a list of strings")
+        storage_meta = StorageMeta(
+            checkpoint_id=smd.get("checkpoint_id"), save_id=smd.get("save_id"), load_id=smd.get("load_id"), modules=mods
+        )
+    version = doc.get("version")
+    _want(version is None or isinstance(version, str), "version", "expected a string")
+    return Metadata(state_dict_metadata=sdm, planner_data=planner_data, storage_meta=storage_meta, version=version)
+
+
+def _done(value: Any) -> Future[Any]:
+    fut: Future[Any] = Future()
+    fut.set_result(value)
+    return fut
+
+
+class StorageWriter(_dcp_storage.StorageWriter):
+    """``torch.distributed.checkpoint`` writes through any ckptio store.
+
+    ``StorageWriter("s3://bucket/run/step-100")`` or ``StorageWriter("s3://bucket/run",
+    step=100)``: the checkpoint is ckptio's step ``100`` under the root ``s3://bucket/run``
+    (``<root>/step-0000000100/``), so ``ckptio ls``, ``ckptio verify`` and
+    ``ckptio.load`` (tensors as numpy, torch-free) see it like any other. A ``checkpoint_id``
+    given to ``dcp.save`` (same forms) retargets the writer.
+
+    What happens on the calls DCP makes (``storage.py`` documents the sequence):
+
+    - ``prepare_global_plan`` (coordinator): refuses a step that is already committed unless
+      ``overwrite=True``; gives each rank its number.
+    - ``write_data`` (every rank): each write item is written raw (tensor bytes, C order, no
+      ``torch.save``) into the rank's shard objects ``data/rank-RRRRR-III-<token>.bin``,
+      4 KiB-aligned, CRC32C computed while writing. Returns when the objects are durable.
+    - ``finish`` (coordinator, after every rank succeeded): writes ckptio's manifest, the
+      commit point, atomically and last (``publish(overwrite=False)``; with
+      ``overwrite=True`` the old step is replaced atomically and its objects deleted after).
+      DCP's ``Metadata`` is stored inside it as JSON (never pickle); the manifest is
+      validated exactly as a reader will before it is published.
+
+    Until ``finish`` publishes, nothing of the step is visible; a save that fails on any rank
+    leaves only unreferenced objects (``ckptio gc`` removes them) and never touches an earlier
+    checkpoint.
+
+    What is and is not pickled: ckptio stores no pickle. ``BytesIOWriteItem`` payloads —
+    non-tensor values of the state dict (ints, floats, strings, param_groups, ...) — are
+    produced by DCP itself with ``torch.save`` (pickle) and are stored as opaque bytes with a
+    CRC32C; DCP's planner unpickles them when ``dcp.load`` asks for them (see
+    :class:`StorageReader`, ``allow_pickle``). DCP also pickles plans and results in transit
+    between ranks (its object collectives); none of that reaches storage.
+
+    Options (keyword-only): ``step``; ``overwrite`` (False); ``chunk_size`` and
+    ``max_object_size`` as in :class:`ckptio.Checkpointer`; anything else goes to the store
+    (``streams``, ``part_size``, ...).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        step: int | None = None,
+        overwrite: bool = False,
+        chunk_size: int | str = _ck.DEFAULT_CHUNK_SIZE,
+        max_object_size: int | str = _ck.DEFAULT_MAX_OBJECT_SIZE,
+        **store_options: Any,
+    ) -> None:
+        super().__init__()
+        self.overwrite = overwrite
+        self.chunk_size = _ck.parse_size(chunk_size, field="chunk_size")
+        self.max_object_size = _ck.parse_size(max_object_size, field="max_object_size")
+        self._store_options = store_options
+        self._target(url, step)
+        self.rank = 0
+        self.is_coordinator = True
+        self.save_id = uuid.uuid4().hex
+
+    def _target(self, url: str, step: int | None) -> None:
+        root, self.step = _split_checkpoint_url(str(url), step)
+        fmt.step_dir(self.step)  # validates the step
+        self.root = root
+        self.store: Store = open_store(root, **self._store_options)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return f"{self.store.url.rstrip('/')}/{fmt.step_dir(self.step)}"
+
+    # -- the DCP protocol --------------------------------------------------------------------
+    def reset(self, checkpoint_id: Any = None) -> None:
+        if checkpoint_id:
+            self._target(str(checkpoint_id), None)
+        self.save_id = uuid.uuid4().hex
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = is_coordinator
+        rank = kwargs.get("rank")
+        self.rank = int(rank) if rank is not None else (0 if is_coordinator else self.rank)
+        if kwargs.get("use_collectives", True) is False:
+            raise errors.InvalidArgumentError(
+                "ckptio's StorageWriter commits one manifest for all ranks and needs "
+                "use_collectives=True"
+            )
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        if not self.overwrite and self.store.exists(fmt.manifest_key(self.step)):
+            raise errors.AlreadyExistsError(
+                f"{self.checkpoint_id} is already a committed checkpoint; pass overwrite=True "
+                "to replace it (atomically)"
+            )
+        return [dataclasses.replace(p, storage_data={"rank": i}) for i, p in enumerate(plans)]
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[Any]]:
+        rank = plan.storage_data["rank"] if isinstance(plan.storage_data, dict) else self.rank
+        locals_: list[_ck._Local] = []
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            if item.type == WriteItemType.BYTE_IO:
+                raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+                arr = np.frombuffer(raw, dtype=np.uint8)
+                path = BYTES_PREFIX + fmt.escape(item.index.fqn)
+                locals_.append(_ck._Local(path, arr, arr.shape, (0,), replicated=False))
+                continue
+            arr = to_numpy(data)
+            assert arr is not None
+            arr = _ck.contiguous_le(arr)
+            offsets = tuple(int(x) for x in item.index.offset or ())
+            td = item.tensor_data
+            gshape = tuple(int(x) for x in td.size) if td is not None else arr.shape
+            locals_.append(_ck._Local(fmt.escape(item.index.fqn), arr, gshape, offsets or (0,) * arr.ndim, replicated=False))
+        token = secrets.token_hex(4)
+        written = _ck._write_rank(
+            self.store, self.step, rank, token, locals_,
+            key_layout="flat", chunk_size=self.chunk_size, max_object_size=self.max_object_size,
+        )
+        objects = written["objects"]
+        results = []
+        for item, local in zip(plan.items, locals_, strict=True):
+            mine = [c for c in written["chunks"].get(local.path, []) if _inside(c["offsets"], local)]
+            keys = {c["key"] for c in mine}
+            stored = _Stored(local.path, tuple(mine), tuple((k, objects[k]) for k in sorted(keys)))
+            results.append(_dcp_storage.WriteResult(index=item.index, size_in_bytes=local.array.nbytes, storage_data=stored))
+        return _done(results)
+
+    def finish(self, metadata: Metadata, results: list[list[Any]]) -> None:
+        from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
+
+        metadata.version = CURRENT_DCP_VERSION
+        metadata.storage_meta = self.storage_meta()
+        metadata.storage_data = {wr.index: wr.storage_data for rs in results for wr in rs}
+        written = sorted({fmt.step_dir(self.step) + "/" + k for rs in results for wr in rs for k, _ in wr.storage_data.objects})
+        try:
+            data = self._manifest(metadata, results)
+            mkey = fmt.manifest_key(self.step)
+            old: fmt.Manifest | None = None
+            if self.overwrite and self.store.exists(mkey):
+                old = _ck.read_manifest(self.store, self.step)
+            self.store.publish(mkey, data, overwrite=self.overwrite)
+        except BaseException:
+            _ck._discard(self.store, written)
+            raise
+        if old is not None:
+            prefix = fmt.step_dir(self.step) + "/"
+            live = {prefix + k for k in fmt.parse_manifest(data).objects}
+            _ck._discard(self.store, [prefix + k for k in old.objects if prefix + k not in live])
+
+    def _manifest(self, metadata: Metadata, results: list[list[Any]]) -> bytes:
+        chunks: dict[str, list[fmt.Chunk]] = {}
+        objects: dict[str, int] = {}
+        for rs in results:
+            for wr in rs:
+                st: _Stored = wr.storage_data
+                objects.update(dict(st.objects))
+                for c in st.chunks:
+                    chunks.setdefault(st.path, []).append(
+                        fmt.Chunk(tuple(c["offsets"]), tuple(c["shape"]), c["key"], c["offset"], c["length"], c["crc32c"])
+                    )
+        tensors: dict[str, fmt.TensorEntry] = {}
+        tree: dict[str, Any] = {}
+        for fqn, sm in metadata.state_dict_metadata.items():
+            if isinstance(sm, TensorStorageMetadata):
+                path = fmt.escape(fqn)
+                tensors[path] = fmt.TensorEntry(
+                    dtype_name(sm.properties.dtype),
+                    tuple(int(x) for x in sm.size),
+                    tuple(sorted(chunks.get(path, []), key=lambda c: c.offsets)),
+                )
+                tree[fqn] = {"t": path}
+            else:
+                path = BYTES_PREFIX + fmt.escape(fqn)
+                cs = sorted(chunks.get(path, []), key=lambda c: c.offsets)
+                tensors[path] = fmt.TensorEntry("uint8", (sum(c.length for c in cs),), tuple(cs))
+        manifest = fmt.Manifest(
+            step=self.step,
+            world_size=len(results),
+            tensors=tensors,
+            objects=objects,
+            tree={"d": tree},
+            layout={"kind": "file-per-shard", "key_layout": "flat", "writer": "torch.distributed.checkpoint"},
+            created=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            extra={DCP_EXTRA: _metadata_to_json(metadata)},
+        )
+        data = manifest.to_json()
+        fmt.parse_manifest(data, expect_step=self.step)  # never publish what load would refuse
+        return data
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return _valid_id(checkpoint_id)
+
+
+def _inside(offsets: Sequence[int], local: _ck._Local) -> bool:
+    """Is a chunk (by its global offsets) part of this local piece? (two write items of one
+    rank never share a path and box start, so the start decides)."""
+    return all(o <= c < o + n for c, o, n in zip(offsets, local.offsets, local.array.shape, strict=True))
+
+
+def _valid_id(checkpoint_id: Any) -> bool:
+    try:
+        root, _ = _split_checkpoint_url(str(checkpoint_id), None)
+        from ckptio.registry import load_backend
+
+        load_backend(split_url(root)[0])
+    except (errors.CkptioError, ValueError):
+        return False
+    return True
+
+
+class StorageReader(_dcp_storage.StorageReader):
+    """``torch.distributed.checkpoint`` reads through any ckptio store.
+
+    ``StorageReader("s3://bucket/run/step-100")``, ``StorageReader(root, step=100)``, or
+    ``StorageReader(root)`` for the newest committed checkpoint under ``root``. It reads
+    checkpoints written by :class:`StorageWriter`.
+
+    ``read_metadata`` validates the manifest and rebuilds DCP's ``Metadata`` from its JSON
+    (no pickle). ``read_data`` reads each item's box of the stored tensor — any box, which is
+    what resharding needs (a checkpoint saved by 2 ranks loads in 1, or in 8) — checking the
+    CRC32C of every chunk it reads, in ``readers`` threads, and copies it into the tensor DCP
+    resolves (any device).
+
+    ``allow_pickle`` (default True): byte payloads (the state dict's non-tensor values) are
+    pickles that DCP wrote with ``torch.save``; DCP's planner unpickles them with
+    ``torch.load(weights_only=False)`` when it asks for them. With ``allow_pickle=False`` the
+    reader refuses such items with an error instead of handing them over (use it for
+    checkpoints from storage you do not trust; tensors still load). ckptio's own
+    ``ckptio.load`` never unpickles them: it returns tensors only.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        step: int | None = None,
+        allow_pickle: bool = True,
+        readers: int = 8,
+        **store_options: Any,
+    ) -> None:
+        super().__init__()
+        self.allow_pickle = allow_pickle
+        self.readers = readers
+        self._store_options = store_options
+        self._target(str(url), step)
+        self._reader: _ck.CheckpointReader | None = None
+        self._index: dict[MetadataIndex, str] = {}
+
+    def _target(self, url: str, step: int | None) -> None:
+        try:
+            root, s = _split_checkpoint_url(url, step)
+        except errors.InvalidArgumentError:
+            root, s = url, None  # a root: the newest committed step
+        self.root = root
+        self.step: int | None = s
+        self.store: Store = open_store(root, **self._store_options)
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.store.url if self.step is None else f"{self.store.url.rstrip('/')}/{fmt.step_dir(self.step)}"
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        if checkpoint_id:
+            self._target(str(checkpoint_id), None)
+        self._reader = None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        reader = _ck.open_checkpoint(self.store, self.step)
+        doc = reader.manifest.extra.get(DCP_EXTRA)
+        if doc is None:
+            raise errors.ManifestError(
+                f"{self.store.url}/{fmt.step_dir(reader.step)} was not written by "
+                "torch.distributed.checkpoint; read it with ckptio.load / ckptio.torch.load",
+                field="extra.dcp",
+            )
+        md = _metadata_from_json(doc)
+        index: dict[MetadataIndex, str] = {}
+        for fqn, sm in md.state_dict_metadata.items():
+            if isinstance(sm, TensorStorageMetadata):
+                path = fmt.escape(fqn)
+                entry = reader.manifest.tensors.get(path)
+                _want(entry is not None and entry.shape == tuple(sm.size) and entry.dtype == dtype_name(sm.properties.dtype),
+                      f"state_dict_metadata[{fqn!r:.80}]", "disagrees with the manifest's tensor of that name")
+                for c in sm.chunks:
+                    index[MetadataIndex(fqn, c.offsets)] = path
+            else:
+                path = BYTES_PREFIX + fmt.escape(fqn)
+                _want(path in reader.manifest.tensors, f"state_dict_metadata[{fqn!r:.80}]", "its bytes are not in the manifest")
+                index[MetadataIndex(fqn)] = path
+        md.storage_data = index
+        self._reader, self._index, self.step = reader, index, reader.step
+        return md
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        if self._reader is None:  # DCP reads metadata on every rank first; tolerate re-use
+            self.read_metadata()
+        self.is_coordinator = is_coordinator
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        reader = self._reader
+        assert reader is not None, "read_metadata was not called"
+        byte_items = [r for r in plan.items if r.type == LoadItemType.BYTE_IO]
+        tensor_items = [r for r in plan.items if r.type != LoadItemType.BYTE_IO]
+        if byte_items and not self.allow_pickle:
+            raise errors.InvalidArgumentError(
+                f"{self.checkpoint_id}: {len(byte_items)} item(s) ({byte_items[0].storage_index.fqn!r}, ...) are "
+                "pickles written by DCP's torch.save; refused because allow_pickle=False"
+            )
+
+        def read_tensor(req: Any) -> tuple[Any, np.ndarray]:
+            path = self._lookup(req.storage_index)
+            start = req.storage_index.offset or ()
+            box = tuple(
+                slice(s + o, s + o + n)
+                for s, o, n in zip(start, req.storage_offsets, req.lengths, strict=True)
+            )
+            return req, reader.read(path, box)
+
+        def copy_in(req: Any, arr: np.ndarray) -> None:
+            target = planner.resolve_tensor(req).detach()
+            src = from_numpy(arr)
+            if tuple(target.shape) != tuple(src.shape):
+                raise errors.CorruptCheckpointError(
+                    f"{req.storage_index.fqn}: read {tuple(src.shape)} for a destination of {tuple(target.shape)}"
+                )
+            target.copy_(src)
+            planner.commit_tensor(req, target)
+
+        if len(tensor_items) > 1 and self.readers > 1:
+            with ThreadPoolExecutor(min(self.readers, len(tensor_items)), thread_name_prefix="ckptio-dcp-read") as pool:
+                for req, arr in pool.map(read_tensor, tensor_items):
+                    copy_in(req, arr)
+        else:
+            for req in tensor_items:
+                copy_in(*read_tensor(req))
+        for req in byte_items:
+            raw = reader.read(self._lookup(req.storage_index))
+            planner.load_bytes(req, io.BytesIO(raw.tobytes()))
+        return _done(None)
+
+    def _lookup(self, index: MetadataIndex) -> str:
+        path = self._index.get(index)
+        if path is None:
+            raise errors.NotFoundError(f"{self.checkpoint_id}: no stored item {index.fqn!r} at {index.offset}")
+        return path
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        return _valid_id(checkpoint_id)
+
