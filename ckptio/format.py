@@ -222,11 +222,13 @@ class Manifest:
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise errors.ManifestError(f"duplicate key {k!r} in a JSON object", field=k)
-        out[k] = v
+    out = dict(pairs)  # C speed; the slow search below runs only when a key repeats
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise errors.ManifestError(f"duplicate key {k!r} in a JSON object", field=k)
+            seen.add(k)
     return out
 
 
@@ -336,6 +338,14 @@ def _validate_tensor(path: str, t: Any, objects: Mapping[str, int]) -> TensorEnt
     _want(volume * itemsize <= MAX_TENSOR_BYTES, f"{base}.shape", f"declares {volume * itemsize} bytes, more than the {MAX_TENSOR_BYTES}-byte limit")
     chunks_doc = t.get("chunks")
     _want(isinstance(chunks_doc, list), f"{base}.chunks", "expected a list")
+    fast = _chunks_fast(chunks_doc, shape, itemsize, objects)
+    if fast is not None:
+        chunks, table = fast
+        covered = sum(table[:, len(shape) : 2 * len(shape)].prod(axis=1).tolist())
+        _want(covered == volume, f"{base}.chunks", f"chunks hold {covered} elements but the shape has {volume}")
+        _check_no_overlap(chunks, f"{base}.chunks", table)
+        return TensorEntry(dt, shape, tuple(chunks))
+    # slow path: the same checks one field at a time, to name the first bad field
     chunks = []
     covered = 0
     for i, c in enumerate(chunks_doc):
@@ -360,10 +370,87 @@ def _validate_tensor(path: str, t: Any, objects: Mapping[str, int]) -> TensorEnt
     return TensorEntry(dt, shape, tuple(chunks))
 
 
-def _check_no_overlap(chunks: Sequence[Chunk], field: str) -> None:
-    """With the volume check above, no overlap means the chunks tile the tensor exactly."""
+_INT_ONLY = {int}
+_STR_ONLY = {str}
+_MAX_INT = 1 << 62
+"""The bound :func:`_int` applies by default."""
+
+
+def _chunks_fast(
+    chunks_doc: list[Any], shape: tuple[int, ...], itemsize: int, objects: Mapping[str, int]
+) -> tuple[list[Chunk], np.ndarray[Any, Any]] | None:
+    """Validate a tensor's chunks in bulk (type checks at C speed, ranges with numpy).
+
+    Returns the chunks and their integer table (one row per chunk: offsets, shape, offset,
+    length, crc32c), or None when anything is off: the caller then runs the per-field checks,
+    which find and name the bad field. Accepts exactly what those checks accept.
+    """
+    nd = len(shape)
+    width = 2 * nd + 3
+    rows: list[list[Any]] = []
+    keys: list[Any] = []
+    for c in chunks_doc:
+        if type(c) is not dict:
+            return None
+        offs, cshape = c.get("offsets"), c.get("shape")
+        if type(offs) is not list or type(cshape) is not list or len(offs) != nd:
+            return None
+        row = [*offs, *cshape, c.get("offset"), c.get("length"), c.get("crc32c")]
+        if len(row) != width or set(map(type, row)) != _INT_ONLY:  # bool is not int here
+            return None
+        rows.append(row)
+        keys.append(c.get("key"))
+    if not rows:
+        return [], np.zeros((0, width), dtype=np.int64)
+    if set(map(type, keys)) != _STR_ONLY or not objects.keys() >= set(keys):
+        return None  # object keys were checked to be safe when objects was validated
+    try:
+        table = np.array(rows, dtype=np.int64)
+    except OverflowError:
+        return None
+    offs_a, shape_a = table[:, :nd], table[:, nd : 2 * nd]
+    offset_a, length_a, crc_a = table[:, -3], table[:, -2], table[:, -1]
+    sizes = np.array([objects[k] for k in keys], dtype=np.int64)
+    # stricter bounds than _int's where a sum could overflow int64 (the slow path decides
+    # those rare cases); `and` short-circuits, so each product below is of checked values
+    ok = (
+        (table >= 0).all()
+        and (table[:, : 2 * nd] < _MAX_INT // 2).all()
+        and (table[:, -3:-1] <= _MAX_INT).all()
+        and (crc_a <= 0xFFFFFFFF).all()
+        and (offs_a + shape_a <= np.array(shape, dtype=np.int64)).all()
+        and (length_a == shape_a.prod(axis=1) * itemsize).all()
+        and (offset_a <= sizes - length_a).all()
+    )
+    if not ok:
+        return None
+    chunks = [
+        Chunk(tuple(r[:nd]), tuple(r[nd : 2 * nd]), k, r[-3], r[-2], r[-1])
+        for r, k in zip(rows, keys, strict=True)
+    ]
+    return chunks, table
+
+
+def _check_no_overlap(
+    chunks: Sequence[Chunk], field: str, table: np.ndarray[Any, Any] | None = None
+) -> None:
+    """With the volume check above, no overlap means the chunks tile the tensor exactly.
+    ``table``: the chunks' integer rows from :func:`_chunks_fast` (vectorised check)."""
     if len(chunks) < 2:
         return
+    if table is not None:
+        nd = len(chunks[0].shape)
+        offs, extent = table[:, :nd], table[:, nd : 2 * nd]
+        varying = np.flatnonzero((offs != offs[0]).any(axis=0))
+        if len(varying) == 1:
+            d = int(varying[0])
+            order = np.argsort(offs[:, d], kind="stable")
+            ends = offs[order[:-1], d] + extent[order[:-1], d]
+            bad = np.flatnonzero(ends > offs[order[1:], d])
+            if len(bad):
+                a, b = chunks[int(order[bad[0]])], chunks[int(order[bad[0] + 1])]
+                raise errors.ManifestError(f"chunks at {list(a.offsets)} and {list(b.offsets)} overlap", field=field)
+            return
     # the common case: a split along one dimension, found by sorting on that dimension
     ordered = sorted(chunks, key=lambda c: c.offsets)
     nd = len(chunks[0].shape)
