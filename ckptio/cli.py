@@ -149,12 +149,91 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+# -- profiles / model (why it stalls) ---------------------------------------------------------
+
+
+def _add_profiles(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("profiles", help="storage profiles and their figures, with sources")
+    p.add_argument("names", nargs="*", help="profiles to show (default: all)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _cmd_profiles(args: argparse.Namespace) -> int:
+    from ckptio.report import profiles_table
+    from ckptio.profiles import available, load_profile
+
+    profs = [load_profile(n) for n in (args.names or available())]
+    if args.json:
+        print_json([p.as_dict() for p in profs])
+        return 0
+    console.print(profiles_table(profs))
+    console.print("[dim]* assumption (no published figure); see `ckptio profiles --json` for "
+                  "every source[/]")
+    return 0
+
+
+def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "model",
+        help="checkpoint time, binding limit, idle GPU cost and optimal interval (projected)",
+        description="Project one checkpoint's write/read time from a workload and storage "
+        "profiles (or figures given directly), say which limit binds, and what the stall "
+        "costs. Examples: `ckptio model --size 2TB --write-bandwidth 70GB/s --interval 2h`, "
+        "`ckptio model --checkpoint-seconds 300 --mtbf 24h --restart 10min`, "
+        "`ckptio model --preset gpt3-175b --gpus 992 --profile cloud-s3,abci-lustre`.",
+    )
+    w = p.add_argument_group("workload")
+    w.add_argument("--preset", help="a model preset (see `ckptio plan`)")
+    w.add_argument("--gpus", type=int, help="GPUs (ranks) of the job")
+    w.add_argument("--size", help="checkpoint size, e.g. 2TB")
+    w.add_argument("--writing-ranks", type=int, help="ranks that write (default: all GPUs)")
+    w.add_argument("--ranks-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    w.add_argument("--objects-per-rank", type=int, default=1, help="objects each rank writes")
+    w.add_argument("--key-layout", choices=("flat", "hashed"), default="flat",
+                   help="hashed spreads keys over 256 prefixes (per-prefix request limits)")
+    w.add_argument("--from", dest="from_results", nargs="+", metavar="RESULTS",
+                   help="fit a profile from measured result files/dirs and project it")
+    s = p.add_argument_group("storage")
+    s.add_argument("--profile", action="append", help="profile name(s), comma-separated or "
+                   "repeated (default with a workload: all)")
+    s.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                   help="override a profile figure, e.g. stream_bandwidth=100MB/s")
+    s.add_argument("--streams", type=int, help="streams per node (default: the profile's)")
+    s.add_argument("--part-size", help="bytes per request (default: the profile's)")
+    s.add_argument("--write-bandwidth", help="measured/assumed bandwidth, e.g. 70GB/s")
+    s.add_argument("--checkpoint-seconds", help="stall per checkpoint, e.g. 300 or 5min")
+    c = p.add_argument_group("cost and interval")
+    c.add_argument("--interval", default="2h", help="time between checkpoints (default 2h)")
+    c.add_argument("--mtbf", help="mean time between failures of the job, e.g. 24h")
+    c.add_argument("--restart", default="0", help="restart time after a failure, e.g. 10min")
+    c.add_argument("--price", type=float, default=0.0, help="price per GPU-hour")
+    c.add_argument("--async-save", action="store_true",
+                   help="asynchronous save: the stall is the snapshot (device->host copy)")
+    c.add_argument("--snapshot-bandwidth", default="25GB/s",
+                   help="device->host copy per GPU for --async-save (assumption: 25GB/s)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _cmd_model(args: argparse.Namespace) -> int:
+    from ckptio.model import run_model_cli
+    from ckptio.report import print_model
+
+    result = run_model_cli(args)
+    if args.json:
+        print_json(result)
+    else:
+        print_model(result, console)
+    return 0
+
+
 # -- main -------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, tuple[Callable[..., None], Callable[[argparse.Namespace], int]]] = {
     "backends": (_add_backends, _cmd_backends),
     "ls": (_add_ls, _cmd_ls),
     "verify": (_add_verify, _cmd_verify),
+    "profiles": (_add_profiles, _cmd_profiles),
+    "model": (_add_model, _cmd_model),
 }
 
 

@@ -1,0 +1,754 @@
+"""Why a checkpoint stalls, and what it costs: the stall, cost and interval model.
+
+Units: bytes, seconds, bandwidth in bytes/s (GB/s = 1e9 bytes/s), rates in requests/s.
+
+**Time of one checkpoint.** A checkpoint is a :class:`Workload`: ``writing_ranks`` ranks each
+write up to ``bytes_per_rank`` bytes as ``objects_per_rank`` objects, cut into data requests of
+``part_size`` bytes; ranks are packed ``ranks_per_node`` to a node, and each node drives
+``streams`` concurrent streams (connections / writer threads). Against a storage
+:class:`~ckptio.profiles.Profile`, each limit alone would take:
+
+- per-stream bandwidth: ``node_bytes / (streams_used * stream_bandwidth)``
+- request latency: ``requests_per_stream * request_latency`` (paid in series with the above
+  on each stream, so the two add: one stream's time is their sum)
+- node link: ``node_bytes / node_bandwidth``
+- aggregate bandwidth: ``total_bytes / aggregate_bandwidth``
+- request-rate limit: ``requests / (request_rate * partitions)``
+- client CPU (checksums, copies): ``node_bytes / (client_cpu_bandwidth * writers_per_node)``
+- metadata: ``objects_per_stream * 2 * metadata_latency + metadata_latency`` (create and commit
+  of each object, then the manifest), before and after the data, so it adds.
+
+The data phase takes as long as the slowest of (stream path, node link, aggregate, rate,
+CPU); metadata adds. The *binding* limit is the slowest one; the attribution splits the total
+into the parts on the critical path (their ``contribution_seconds`` sum to the total) and
+shows, for every other limit, the time it alone would need (its ``seconds``) — the slack.
+
+**Cost.** With a checkpoint every ``interval`` seconds (wall clock, start to start) and a
+blocking save, the GPUs idle ``checkpoint_seconds / interval`` of the time
+(``idle_fraction``); idle GPU-hours per day = ``gpus * 24 * idle_fraction``. With an
+asynchronous save they idle only for the snapshot (device -> host copy): ``snapshot_seconds``.
+
+**Interval.** Young (1974): ``tau = sqrt(2 * delta * M)``. Daly (2006, the higher-order form
+LLNL SCR's ``scr_ckpt_interval.py`` uses): ``tau = sqrt(2 delta M) * (1 + sqrt(delta/2M)/3 +
+(delta/2M)/9) - delta`` for ``delta < 2M``, else ``M``. Total overhead at an interval follows
+Daly's expected wall time ``T_w = M e^(R/M) (e^((tau+delta)/M) - 1) T_s / tau`` (checkpoints
++ lost work + restarts): ``overhead = T_w / T_s - 1``. ``tau`` is compute time between
+checkpoints; ``delta`` the stall per checkpoint; ``M`` the mean time between failures of the
+job; ``R`` the restart time.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ckptio import errors
+from ckptio.profiles import Profile
+from ckptio.store import parse_size
+
+# -- units ----------------------------------------------------------------------------------
+
+_DURATION_UNITS = {
+    "": 1.0, "s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "min": 60.0, "m": 60.0,
+    "h": 3600.0, "d": 86400.0,
+}
+
+
+def parse_duration(value: str | float | int, *, field: str = "duration") -> float:
+    """Seconds from ``300``, ``20ms``, ``10min``, ``2h``, ``1.5d``."""
+    if isinstance(value, bool):
+        raise errors.InvalidArgumentError(f"{field}: expected a duration, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|inf)\s*([a-z]*)\s*", value)
+        if not m or m.group(2) not in _DURATION_UNITS:
+            raise errors.InvalidArgumentError(
+                f"{field}: cannot read {value!r} as a duration (examples: 300, 20ms, 10min, 2h, 1d)"
+            )
+        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    if seconds < 0:
+        raise errors.InvalidArgumentError(f"{field}: must be >= 0, got {value!r}")
+    return seconds
+
+
+def parse_bandwidth(value: str | float | int, *, field: str = "bandwidth") -> float:
+    """Bytes/s from ``70GB/s``, ``50MB/s``, ``100Gb/s`` (bits), ``2e9``, ``inf``."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if value <= 0:
+            raise errors.InvalidArgumentError(f"{field}: must be > 0, got {value!r}")
+        return float(value)
+    text = str(value).strip()
+    if text.lower() in ("inf", "unlimited", "none"):
+        return math.inf
+    bits = re.fullmatch(r"(.*[0-9.])\s*([KMGT])b(?:ps|/s)", text)
+    if bits:
+        return parse_size(bits.group(1) + bits.group(2) + "B", field=field) / 8
+    rate = parse_size(re.sub(r"(?:/s|ps)$", "", text), field=field)
+    if rate <= 0:
+        raise errors.InvalidArgumentError(f"{field}: must be > 0, got {value!r}")
+    return float(rate)
+
+
+def parse_rate(value: str | float | int, *, field: str = "rate") -> float:
+    """Requests/s from ``3500``, ``3500/s``, ``inf``."""
+    text = str(value).strip().removesuffix("/s")
+    try:
+        rate = float(text)
+    except ValueError:
+        raise errors.InvalidArgumentError(
+            f"{field}: cannot read {value!r} as requests/s (examples: 3500, 3500/s, inf)"
+        ) from None
+    if not rate > 0:
+        raise errors.InvalidArgumentError(f"{field}: must be > 0, got {value!r}")
+    return rate
+
+
+def human_rate(bps: float) -> str:
+    """``50 MB/s``, ``70 GB/s`` (decimal units, as storage vendors quote them)."""
+    if math.isinf(bps):
+        return "unlimited"
+    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bps >= scale:
+            v = bps / scale
+            return f"{v:.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
+    return f"{bps:.0f} B/s"
+
+
+def human_seconds(s: float) -> str:
+    """``850 ms``, ``28.6 s``, ``4.8 min``, ``2.0 h``."""
+    if math.isinf(s):
+        return "inf"
+    if s < 1:
+        return f"{s * 1e3:.3g} ms"
+    if s < 120:
+        return f"{s:.3g} s"
+    if s < 7200:
+        return f"{s / 60:.3g} min"
+    return f"{s / 3600:.3g} h"
+
+
+# -- workload -------------------------------------------------------------------------------
+
+#: Client-side processing rate per writing rank (bytes/s): CRC32C at ~11 GB/s per core on this
+#: project's reference machine (REFERENCE.md, measured); copies and framing cost about as much
+#: again, so half of it is assumed.
+DEFAULT_CLIENT_CPU_BANDWIDTH = 5.5e9
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """What one checkpoint asks of the storage (one iteration of a plan)."""
+
+    total_bytes: int
+    """Bytes of one checkpoint, all ranks."""
+    writing_ranks: int
+    """Ranks that write data (replicated state is written once)."""
+    bytes_per_rank: int
+    """Bytes the busiest writing rank writes (the slowest rank sets the time)."""
+    objects_per_rank: int = 1
+    """Objects (files) the busiest writing rank writes."""
+    ranks: int = 0
+    """All ranks (GPUs) of the job; 0 = ``writing_ranks``."""
+    ranks_per_node: int = 8
+    """Ranks (GPUs) per node; writing ranks are packed onto as few nodes as this allows."""
+    name: str = ""
+    prefixes: int = 1
+    """Key prefixes the objects spread over (``flat`` layout 1, ``hashed`` up to 256): request
+    rates that apply per prefix multiply with it."""
+
+    def __post_init__(self) -> None:
+        for f in ("total_bytes", "writing_ranks", "bytes_per_rank", "objects_per_rank",
+                  "ranks_per_node", "prefixes"):
+            if getattr(self, f) < (0 if f == "total_bytes" else 1):
+                raise errors.InvalidArgumentError(f"workload: {f} must be >= 1, got "
+                                                  f"{getattr(self, f)}")
+
+    @property
+    def gpus(self) -> int:
+        return max(self.ranks, self.writing_ranks)
+
+    @property
+    def writers_per_node(self) -> int:
+        return min(self.ranks_per_node, self.writing_ranks)
+
+    @property
+    def writing_nodes(self) -> int:
+        return -(-self.writing_ranks // self.writers_per_node)
+
+    @property
+    def node_bytes(self) -> int:
+        return self.bytes_per_rank * self.writers_per_node
+
+    @classmethod
+    def from_plan(cls, plan: Any, *, ranks_per_node: int = 8, prefixes: int = 1) -> Workload:
+        """A workload from a :mod:`ckptio.workload` plan (or its JSON dict)."""
+        d = plan if isinstance(plan, Mapping) else _plan_dict(plan)
+        try:
+            writing = int(d["writing_ranks"])
+            return cls(
+                total_bytes=int(d["total_bytes"]),
+                writing_ranks=writing,
+                bytes_per_rank=int(d.get("bytes_per_rank_max") or d["total_bytes"] // writing),
+                objects_per_rank=max(1, int(d.get("objects_per_rank_max")
+                                            or -(-int(d.get("objects", writing)) // writing))),
+                ranks=int(d.get("ranks", writing)),
+                ranks_per_node=ranks_per_node,
+                name=str(d.get("preset") or d.get("name") or ""),
+                prefixes=prefixes,
+            )
+        except KeyError as err:
+            raise errors.InvalidArgumentError(f"plan lacks field {err.args[0]!r}") from None
+
+
+def _plan_dict(plan: Any) -> dict[str, Any]:
+    for attr in ("summary", "as_dict", "to_dict"):
+        fn = getattr(plan, attr, None)
+        if callable(fn):
+            d = fn()
+            if isinstance(d, Mapping):
+                return dict(d)
+    raise errors.InvalidArgumentError(f"cannot read a workload from {type(plan).__name__}")
+
+
+# -- the model ------------------------------------------------------------------------------
+
+X = "\u00d7"  # the multiplication sign, as in "8 writing nodes x 16 streams x 50 MB/s"
+
+LIMITS = (
+    "per-stream bandwidth",
+    "request latency",
+    "request-rate limit",
+    "node link",
+    "aggregate bandwidth",
+    "metadata",
+    "client CPU",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One limit's share of a checkpoint's time."""
+
+    limit: str
+    """One of :data:`LIMITS`."""
+    seconds: float
+    """Time this limit alone would impose (for stream path parts: its part of the path)."""
+    contribution_seconds: float
+    """Its part of the critical path; the contributions sum to the total time."""
+    binding: bool
+    detail: str
+    """The limit in words, with the figures that make it."""
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseEstimate:
+    """Time of one write (or read) of a checkpoint and why."""
+
+    phase: str
+    seconds: float
+    gbps: float
+    """``total_bytes / seconds / 1e9``."""
+    binding: str
+    """The binding limit (one of :data:`LIMITS`)."""
+    binding_detail: str
+    limits: list[Limit]
+    requests: int
+    throttled: bool
+    """True if the request rate binds: the service answers part of the requests with a
+    throttling error and the client retries (the estimate counts the rate, not the backoff)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def estimate(
+    workload: Workload,
+    profile: Profile,
+    *,
+    phase: str = "write",
+    streams: int | None = None,
+    part_size: int | None = None,
+    client_cpu_bandwidth: float = DEFAULT_CLIENT_CPU_BANDWIDTH,
+) -> PhaseEstimate:
+    """Time of one ``phase`` (``write`` or ``read``) of ``workload`` on ``profile``.
+
+    ``streams`` (per node) and ``part_size`` (bytes) default to the profile's.
+    """
+    if phase not in ("write", "read"):
+        raise errors.InvalidArgumentError(f"phase must be write or read, got {phase!r}")
+    w, p = workload, profile
+    streams = streams or p.streams
+    part = part_size or p.part_size
+    obj_bytes = -(-w.bytes_per_rank // w.objects_per_rank)
+    parts_per_object = max(1, -(-obj_bytes // part))
+    node_requests = w.writers_per_node * w.objects_per_rank * parts_per_object
+    node_objects = w.writers_per_node * w.objects_per_rank
+    total_requests = w.writing_ranks * w.objects_per_rank * parts_per_object
+    used = max(1, min(streams, node_requests))
+    lat, sbw = p.value("request_latency"), p.value("stream_bandwidth")
+    nbw, abw = p.value("node_bandwidth"), p.value("aggregate_bandwidth")
+    rate = p.value("write_request_rate" if phase == "write" else "read_request_rate")
+    meta = p.value("metadata_latency")
+
+    t_stream = w.node_bytes / (used * sbw)
+    t_latency = -(-node_requests // used) * lat
+    t_node = w.node_bytes / nbw
+    t_agg = w.total_bytes / abw
+    partitions = 1 if p.rate_scope == "bucket" else w.prefixes
+    t_rate = 0.0 if p.rate_scope == "none" else total_requests / (rate * partitions)
+    t_cpu = w.node_bytes / (client_cpu_bandwidth * w.writers_per_node)
+    meta_ops = 2 if phase == "write" else 1  # create + commit; a read opens (HEAD)
+    t_meta = -(-node_objects // used) * meta_ops * meta + (meta if phase == "write" else 0.0)
+
+    path = t_stream + t_latency
+    others = {
+        "node link": t_node,
+        "aggregate bandwidth": t_agg,
+        "request-rate limit": t_rate,
+        "client CPU": t_cpu,
+    }
+    slowest_other = max(others, key=lambda k: others[k])
+    data = max(path, others[slowest_other])
+    total = data + t_meta
+
+    n_w, s_used = w.writing_nodes, used
+    details = {
+        "per-stream bandwidth": f"{n_w} writing node{'s' if n_w != 1 else ''} {X} {s_used} "
+        f"stream{'s' if s_used != 1 else ''} {X} {human_rate(sbw)}",
+        "request latency": f"{-(-node_requests // used)} requests per stream {X} "
+        f"{human_seconds(lat)} ({human_size(part)} parts)",
+        "node link": f"{n_w} writing node{'s' if n_w != 1 else ''} {X} {human_rate(nbw)}",
+        "aggregate bandwidth": f"{human_rate(abw)} shared by all {w.writing_ranks} writers",
+        "request-rate limit": f"{total_requests} requests at {rate:g}/s per {p.rate_scope}"
+        + (f" {X} {partitions} prefixes" if partitions > 1 else "")
+        + (f" ({p.throttle.split(';')[0]} past it)" if p.throttle else ""),
+        "client CPU": f"{w.writers_per_node} ranks per node {X} {human_rate(client_cpu_bandwidth)} "
+        "(checksums, copies)",
+        "metadata": f"{-(-node_objects // used) * meta_ops + (1 if phase == 'write' else 0)} "
+        f"operations in series {X} {human_seconds(meta)}",
+    }
+    path_binds = path >= others[slowest_other]
+    if path_binds:
+        binding = "per-stream bandwidth" if t_stream >= t_latency else "request latency"
+        contrib = {"per-stream bandwidth": t_stream, "request latency": t_latency}
+    else:
+        binding = slowest_other
+        contrib = {slowest_other: data}
+    if t_meta > data:
+        binding = "metadata"
+    contrib["metadata"] = t_meta
+    alone = {"per-stream bandwidth": t_stream, "request latency": t_latency, "metadata": t_meta,
+             **others}
+    limits = [
+        Limit(name, alone[name], contrib.get(name, 0.0), name == binding, details[name])
+        for name in LIMITS
+    ]
+    return PhaseEstimate(
+        phase=phase,
+        seconds=total,
+        gbps=w.total_bytes / total / 1e9 if total > 0 else math.inf,
+        binding=binding,
+        binding_detail=f"{p.name}: {binding} — {details[binding]}",
+        limits=limits,
+        requests=total_requests,
+        throttled=t_rate >= path and t_rate > 0 and slowest_other == "request-rate limit",
+    )
+
+
+def human_size(n: float) -> str:
+    """Binary units (``8 MiB``); the CLI's helper, reused."""
+    from ckptio.cli import human_bytes
+
+    return human_bytes(n).replace(".0 ", " ")
+
+
+# -- cost and interval -----------------------------------------------------------------------
+
+
+def young_interval(checkpoint_seconds: float, mtbf: float) -> float:
+    """Young (1974): ``sqrt(2 * delta * M)`` seconds of compute between checkpoints."""
+    return math.sqrt(2 * checkpoint_seconds * mtbf)
+
+
+def daly_interval(checkpoint_seconds: float, mtbf: float) -> float:
+    """Daly (2006), higher-order optimum: seconds of compute between checkpoints."""
+    d, m = checkpoint_seconds, mtbf
+    if d >= 2 * m:
+        return m
+    x = d / (2 * m)
+    return math.sqrt(2 * d * m) * (1 + math.sqrt(x) / 3 + x / 9) - d
+
+
+def overhead_fraction(interval: float, checkpoint_seconds: float, mtbf: float,
+                      restart_seconds: float) -> float:
+    """Expected wall time lost per unit of useful compute (checkpoints + lost work +
+    restarts), Daly's model: ``M e^(R/M) (e^((tau+delta)/M) - 1) / tau - 1``."""
+    tau, d, m, r = interval, checkpoint_seconds, mtbf, restart_seconds
+    if tau <= 0:
+        return math.inf
+    if math.isinf(m):
+        return d / tau
+    try:
+        return m * math.exp(r / m) * math.expm1((tau + d) / m) / tau - 1
+    except OverflowError:
+        return math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """What a stall of ``checkpoint_seconds`` every ``interval`` seconds costs."""
+
+    checkpoint_seconds: float
+    """GPU stall per checkpoint: the write time (blocking save) or the snapshot time (async)."""
+    interval: float = 7200.0
+    """Seconds between checkpoint starts (wall clock)."""
+    gpus: int = 1
+    price_per_gpu_hour: float = 0.0
+    mtbf: float = math.inf
+    """Mean time between failures of the whole job, seconds."""
+    restart_seconds: float = 0.0
+
+    def report(self) -> dict[str, Any]:
+        """JSON-able figures: ``checkpoint_seconds``, ``idle_fraction``, idle GPU-hours and
+        cost per day, Young's and Daly's intervals and the total overhead at the chosen and at
+        the optimal interval (``None`` where an MTBF is needed and not given)."""
+        d, t = self.checkpoint_seconds, self.interval
+        idle = min(1.0, d / t) if t > 0 else 1.0
+        idle_h = self.gpus * 24 * idle
+        out: dict[str, Any] = {
+            "checkpoint_seconds": d,
+            "interval_seconds": t,
+            "idle_fraction": idle,
+            "idle_seconds_per_interval": min(d, t),
+            "gpus": self.gpus,
+            "idle_gpu_hours_per_day": idle_h,
+            "price_per_gpu_hour": self.price_per_gpu_hour,
+            "idle_cost_per_day": idle_h * self.price_per_gpu_hour,
+            "mtbf_seconds": None if math.isinf(self.mtbf) else self.mtbf,
+            "restart_seconds": self.restart_seconds,
+            "young_interval_seconds": None,
+            "daly_interval_seconds": None,
+            "overhead_at_interval": None,
+            "overhead_at_optimum": None,
+            "optimum_interval_seconds": None,
+        }
+        if not math.isinf(self.mtbf):
+            young = young_interval(d, self.mtbf)
+            daly = daly_interval(d, self.mtbf)
+            compute = max(t - d, 1e-9)  # compute between checkpoints at the chosen interval
+            out.update(
+                young_interval_seconds=young,
+                daly_interval_seconds=daly,
+                optimum_interval_seconds=daly + d,
+                overhead_at_interval=overhead_fraction(compute, d, self.mtbf,
+                                                       self.restart_seconds),
+                overhead_at_optimum=overhead_fraction(daly, d, self.mtbf, self.restart_seconds),
+            )
+        return out
+
+
+def cost_curve(checkpoint_seconds: float, intervals: list[float], *, gpus: int,
+               price_per_gpu_hour: float, mtbf: float = math.inf,
+               restart_seconds: float = 0.0) -> list[dict[str, float]]:
+    """Idle GPU-hours and cost per day at each interval (seconds, start to start); with an MTBF
+    the lost work and restarts are included (Daly's overhead), else only the stall."""
+    rows = []
+    for t in intervals:
+        if math.isinf(mtbf):
+            frac = min(1.0, checkpoint_seconds / t)
+        else:
+            over = overhead_fraction(max(t - checkpoint_seconds, 1e-9), checkpoint_seconds, mtbf,
+                                     restart_seconds)
+            frac = over / (1 + over)  # share of wall time not spent on useful compute
+        hours = gpus * 24 * frac
+        rows.append({"interval_seconds": t, "lost_fraction": frac,
+                     "idle_gpu_hours_per_day": hours, "cost_per_day": hours * price_per_gpu_hour})
+    return rows
+
+
+# -- calibration -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Figures of a measured target, fitted from request records (see :func:`calibrate`)."""
+
+    target: str
+    request_latency: float
+    stream_bandwidth: float
+    aggregate_bandwidth: float
+    streams: int
+    part_size: int
+    requests: int
+    emulated: bool = False
+    mock: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    def as_profile(self, *, name: str | None = None) -> Profile:
+        """A :class:`Profile` with the fitted figures; figures not measurable from one node
+        (node link, request-rate limit) are unbounded and say so."""
+        from ckptio.profiles import Figure
+
+        src = f"fitted from measured requests of {self.target} ({self.requests} requests)"
+        if self.emulated:
+            src += " — emulated target"
+        if self.mock:
+            src += " — mock target, not a performance figure"
+        unmeasured = "not measurable from one node's run (assumption: unbounded)"
+        figures = {
+            "request_latency": Figure(max(self.request_latency, 1e-6), src),
+            "stream_bandwidth": Figure(self.stream_bandwidth, src),
+            "node_bandwidth": Figure(math.inf, unmeasured),
+            "aggregate_bandwidth": Figure(self.aggregate_bandwidth, src
+                                          + " (the highest aggregate throughput seen)"),
+            "write_request_rate": Figure(math.inf, unmeasured),
+            "read_request_rate": Figure(math.inf, unmeasured),
+            "metadata_latency": Figure(max(self.request_latency, 1e-6), src
+                                       + " (assumption: as request_latency)"),
+        }
+        return Profile(
+            name=name or f"measured:{self.target}", title=f"fitted from {self.target}",
+            kind="object", figures=figures, streams=self.streams, part_size=self.part_size,
+            rate_scope="none", throttle="", sources={"streams": src, "part_size": src},
+        )
+
+
+def fit_latency_bandwidth(nbytes: list[float], seconds: list[float]) -> tuple[float, float]:
+    """Least-squares fit of ``seconds = latency + nbytes / bandwidth`` over requests.
+
+    Returns ``(latency seconds >= 0, bandwidth bytes/s)``. With one request size only, the
+    latency cannot be told from bandwidth: it is taken as the fastest request's time minus its
+    transfer at the median bandwidth, at least 0.
+    """
+    import numpy as np
+
+    x = np.asarray(nbytes, dtype=float)
+    y = np.asarray(seconds, dtype=float)
+    if len(x) == 0:
+        raise errors.InvalidArgumentError("no requests with data to fit")
+    if np.ptp(x) > 0.1 * max(x.max(), 1):
+        slope, intercept = np.polyfit(x, y, 1)
+        if slope > 0:
+            return max(float(intercept), 0.0), float(1 / slope)
+    bw = float(np.median(x / np.maximum(y, 1e-9)))
+    return max(float(y.min() - np.median(x) / bw), 0.0), bw
+
+
+# -- one call for the CLI and the report -----------------------------------------------------
+
+#: Device -> host copy rate per GPU for an asynchronous save's snapshot (bytes/s).
+#: Assumption: ~25 GB/s, a PCIe Gen4 x16 link in practice (Gen5 doubles it).
+DEFAULT_SNAPSHOT_BANDWIDTH = 25e9
+
+
+def evaluate(
+    *,
+    profiles: list[Profile] | None = None,
+    workload: Workload | None = None,
+    checkpoint_seconds: float | None = None,
+    size: int | None = None,
+    write_bandwidth: float | None = None,
+    interval: float = 7200.0,
+    mtbf: float = math.inf,
+    restart_seconds: float = 0.0,
+    gpus: int | None = None,
+    price_per_gpu_hour: float = 0.0,
+    streams: int | None = None,
+    part_size: int | None = None,
+    async_save: bool = False,
+    snapshot_bandwidth: float = DEFAULT_SNAPSHOT_BANDWIDTH,
+) -> dict[str, Any]:
+    """The model's answer as JSON-able data.
+
+    Give either figures directly (``checkpoint_seconds``, or ``size`` with
+    ``write_bandwidth``), or a ``workload`` with ``profiles``. The result has one entry per
+    target under ``targets`` and, at the top level, the first target's figures
+    (``checkpoint_seconds``, ``idle_fraction``, ``young_interval_seconds``,
+    ``daly_interval_seconds``, ...). Every figure derived from a profile is a projection.
+    """
+    targets: list[dict[str, Any]] = []
+    n_gpus = gpus or (workload.gpus if workload else 1)
+    cost_kw = dict(interval=interval, gpus=n_gpus, price_per_gpu_hour=price_per_gpu_hour,
+                   mtbf=mtbf, restart_seconds=restart_seconds)
+    if checkpoint_seconds is None and size is not None and write_bandwidth is not None:
+        checkpoint_seconds = size / write_bandwidth
+    if checkpoint_seconds is not None:
+        entry: dict[str, Any] = {"target": "given figures", "kind": "given",
+                                 **CostModel(checkpoint_seconds, **cost_kw).report()}
+        if size is not None:
+            entry["checkpoint_bytes"] = size
+            if write_bandwidth is not None:
+                entry["write_bandwidth"] = write_bandwidth
+        targets.append(entry)
+    elif workload is not None and profiles:
+        for prof in profiles:
+            w = estimate(workload, prof, phase="write", streams=streams, part_size=part_size)
+            r = estimate(workload, prof, phase="read", streams=streams, part_size=part_size)
+            stall = w.seconds
+            snapshot = workload.bytes_per_rank / snapshot_bandwidth
+            cost = CostModel(snapshot if async_save else stall, **cost_kw).report()
+            targets.append({
+                "target": prof.name,
+                "kind": "projected",
+                "profile": prof.as_dict(),
+                "write": w.as_dict(),
+                "read": r.as_dict(),
+                "write_seconds": w.seconds,
+                "read_seconds": r.seconds,
+                "binding": w.binding,
+                "binding_detail": w.binding_detail,
+                "async_save": async_save,
+                "blocking_stall_seconds": stall,
+                "snapshot_seconds": snapshot,
+                "snapshot_bandwidth": snapshot_bandwidth,
+                "async_fits_interval": stall <= interval,
+                **cost,
+            })
+    else:
+        raise errors.InvalidArgumentError(
+            "model needs figures (--checkpoint-seconds, or --size with --write-bandwidth) or a "
+            "workload (--preset/--size with --profile, or --from RESULTS)"
+        )
+    out: dict[str, Any] = {}
+    if workload is not None:
+        out["workload"] = asdict(workload)
+    out.update({k: v for k, v in targets[0].items() if k not in ("profile", "write", "read")})
+    out["targets"] = targets
+    return out
+
+
+def _profiles_from_args(names: list[str] | None, overrides: dict[str, str]) -> list[Profile]:
+    from ckptio.profiles import available, load_profile
+
+    wanted = [n.strip() for item in (names or []) for n in item.split(",") if n.strip()]
+    return [load_profile(n, overrides) for n in (wanted or available())]
+
+
+def preset_workload(preset: str, *, gpus: int | None = None, ranks_per_node: int = 8,
+                    prefixes: int = 1) -> Workload:
+    """A full-scale :class:`Workload` for a :mod:`ckptio.workload` preset."""
+    from ckptio import workload as wl
+
+    kwargs: dict[str, Any] = {}
+    if gpus:
+        kwargs["gpus"] = gpus
+    plan = wl.plan_preset(preset, **kwargs)
+    return Workload.from_plan(plan, ranks_per_node=ranks_per_node, prefixes=prefixes)
+
+
+def run_model_cli(args: Any) -> dict[str, Any]:
+    """``ckptio model``: the argparse namespace -> :func:`evaluate`'s result."""
+    from ckptio.profiles import parse_overrides
+
+    overrides = parse_overrides(args.set)
+    prefixes = 256 if args.key_layout == "hashed" else 1
+    size = parse_size(args.size, field="--size") if args.size else None
+    common: dict[str, Any] = dict(
+        interval=parse_duration(args.interval, field="--interval"),
+        mtbf=parse_duration(args.mtbf, field="--mtbf") if args.mtbf else math.inf,
+        restart_seconds=parse_duration(args.restart, field="--restart"),
+        gpus=args.gpus,
+        price_per_gpu_hour=args.price,
+        streams=args.streams,
+        part_size=parse_size(args.part_size, field="--part-size") if args.part_size else None,
+        async_save=args.async_save,
+        snapshot_bandwidth=parse_bandwidth(args.snapshot_bandwidth, field="--snapshot-bandwidth"),
+    )
+    if args.checkpoint_seconds is not None:
+        return evaluate(checkpoint_seconds=parse_duration(args.checkpoint_seconds,
+                                                          field="--checkpoint-seconds"),
+                        size=size, **common)
+    if args.write_bandwidth is not None:
+        if size is None:
+            raise errors.InvalidArgumentError("--write-bandwidth needs --size (e.g. --size 2TB)")
+        return evaluate(size=size, write_bandwidth=parse_bandwidth(args.write_bandwidth,
+                                                                   field="--write-bandwidth"),
+                        **common)
+    profiles: list[Profile] = []
+    calibrations: list[Calibration] = []
+    if args.from_results:
+        calibrations = calibrate_results(args.from_results)
+        profiles = [c.as_profile().with_overrides(overrides) for c in calibrations]
+        if args.profile:
+            profiles += _profiles_from_args(args.profile, overrides)
+    else:
+        profiles = _profiles_from_args(args.profile, overrides)
+    if args.preset:
+        workload = preset_workload(args.preset, gpus=args.gpus, ranks_per_node=args.ranks_per_node,
+                                   prefixes=prefixes)
+    elif size is not None:
+        gpus = args.gpus or 1
+        writing = args.writing_ranks or gpus
+        workload = Workload(total_bytes=size, writing_ranks=writing,
+                            bytes_per_rank=-(-size // writing),
+                            objects_per_rank=args.objects_per_rank, ranks=gpus,
+                            ranks_per_node=args.ranks_per_node, name=f"{args.size} checkpoint",
+                            prefixes=prefixes)
+    else:
+        raise errors.InvalidArgumentError(
+            "model needs a workload: --preset NAME (see `ckptio plan`), or --size with --gpus; "
+            "or figures: --checkpoint-seconds, or --size with --write-bandwidth"
+        )
+    result = evaluate(profiles=profiles, workload=workload, **common)
+    if calibrations:
+        result["calibration"] = [asdict(c) for c in calibrations]
+    return result
+
+
+def calibrate(requests: Any, runs: Any) -> list[Calibration]:
+    """Fit per-stream bandwidth, request latency and aggregate bandwidth of each measured
+    target from result tables (pyarrow tables of the results schema, :mod:`ckptio.results`).
+
+    Per target: data requests of the write phase that succeeded are fitted as ``seconds =
+    latency + nbytes / stream_bandwidth``; the aggregate is the highest ``write_gbps`` of its
+    runs; ``streams`` the most streams used; ``part_size`` the median request size.
+    """
+    import numpy as np
+
+    req = requests.to_pylist() if hasattr(requests, "to_pylist") else list(requests)
+    run_rows = runs.to_pylist() if hasattr(runs, "to_pylist") else list(runs)
+    out: list[Calibration] = []
+    for target in sorted({r["target"] for r in run_rows}):
+        rows = [r for r in req if r["target"] == target and r["phase"] == "write"
+                and r["outcome"] == "ok" and r["nbytes"] > 0]
+        mine = [r for r in run_rows if r["target"] == target]
+        if not rows:
+            continue
+        lat, bw = fit_latency_bandwidth([r["nbytes"] for r in rows],
+                                        [r["seconds"] for r in rows])
+        agg = max((r.get("write_gbps") or 0.0) for r in mine) * 1e9
+        streams = max(int(r.get("streams") or 1) for r in mine)
+        notes = []
+        if agg <= 0:
+            agg = math.inf
+            notes.append("no write throughput in the runs table; aggregate unbounded")
+        out.append(Calibration(
+            target=target,
+            request_latency=lat,
+            stream_bandwidth=bw,
+            aggregate_bandwidth=agg,
+            streams=max(1, streams),
+            part_size=int(np.median([r["nbytes"] for r in rows])),
+            requests=len(rows),
+            emulated=any(bool(r.get("emulated")) for r in mine),
+            mock=any(bool(r.get("mock")) for r in mine),
+            notes=notes,
+        ))
+    return out
+
+
+def calibrate_results(paths: list[str]) -> list[Calibration]:
+    """:func:`calibrate` over result files or directories (read with ckptio.results)."""
+    from ckptio.results import read_results
+
+    res = read_results(paths)
+    cals = calibrate(res.requests, res.runs)
+    if not cals:
+        raise errors.InvalidArgumentError(
+            f"no measured write requests in {', '.join(map(str, paths))} to fit a profile from"
+        )
+    return cals

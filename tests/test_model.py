@@ -1,0 +1,120 @@
+"""The stall / cost / interval model: the founding example and the attribution."""
+
+import json
+import math
+
+import pytest
+
+from ckptio import errors
+from ckptio.cli import main
+from ckptio.model import (
+    CostModel,
+    Workload,
+    daly_interval,
+    estimate,
+    fit_latency_bandwidth,
+    overhead_fraction,
+    parse_bandwidth,
+    parse_duration,
+    young_interval,
+)
+from ckptio.profiles import load_profile
+
+
+def _model_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    assert main(["model", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_founding_example_70_gbps(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _model_json(capsys, "--size", "2TB", "--write-bandwidth", "70GB/s", "--interval", "2h")
+    assert out["checkpoint_seconds"] == pytest.approx(28.57, abs=0.01)  # "~30 s"
+    assert out["idle_fraction"] == pytest.approx(28.57 / 7200, rel=1e-3)
+
+
+def test_founding_example_a_tenth_of_the_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _model_json(capsys, "--size", "2TB", "--write-bandwidth", "7GB/s", "--interval", "2h")
+    assert out["checkpoint_seconds"] == pytest.approx(285.7, abs=0.1)  # ~5 min every 2 h
+    assert 4.5 * 60 < out["idle_seconds_per_interval"] < 5 * 60
+
+
+def test_intervals_from_mtbf(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _model_json(capsys, "--checkpoint-seconds", "300", "--mtbf", "24h", "--restart", "10min")
+    assert out["young_interval_seconds"] == pytest.approx(math.sqrt(2 * 300 * 86400))
+    # Daly's higher-order estimate is a little below Young's for small delta/M
+    assert 0.9 * out["young_interval_seconds"] < out["daly_interval_seconds"] < out[
+        "young_interval_seconds"]
+    assert out["overhead_at_optimum"] <= out["overhead_at_interval"]
+
+
+def test_daly_overhead_is_minimal_near_daly_interval() -> None:
+    d, m, r = 300.0, 86400.0, 600.0
+    best = daly_interval(d, m)
+    for factor in (0.5, 0.8, 1.25, 2.0):
+        assert overhead_fraction(best, d, m, r) <= overhead_fraction(best * factor, d, m, r)
+    assert daly_interval(5000, 2000) == 2000  # delta >= 2M: checkpoint every M
+    assert young_interval(2, 100) == pytest.approx(20)
+
+
+def test_idle_cost_per_day() -> None:
+    rep = CostModel(checkpoint_seconds=300, interval=7200, gpus=992,
+                    price_per_gpu_hour=2.0).report()
+    assert rep["idle_gpu_hours_per_day"] == pytest.approx(992 * 24 * 300 / 7200)
+    assert rep["idle_cost_per_day"] == pytest.approx(2 * rep["idle_gpu_hours_per_day"])
+
+
+def test_per_stream_bandwidth_binds_on_s3_with_few_writers() -> None:
+    # 8 writing nodes x 16 streams x 50 MB/s = 6.4 GB/s, far below the node links
+    w = Workload(total_bytes=64 * 2**30, writing_ranks=64, bytes_per_rank=2**30, ranks=992)
+    e = estimate(w, load_profile("cloud-s3"))
+    assert e.binding == "per-stream bandwidth"
+    assert "8 writing nodes \u00d7 16 streams \u00d7 50 MB/s" in e.binding_detail
+    assert sum(lim.contribution_seconds for lim in e.limits) == pytest.approx(e.seconds)
+
+
+def test_aggregate_binds_on_abci_for_gpt3_size() -> None:
+    w = Workload(total_bytes=2 * 10**12, writing_ranks=992, bytes_per_rank=2 * 10**12 // 992,
+                 ranks=992)
+    e = estimate(w, load_profile("abci-lustre"))
+    assert e.binding == "aggregate bandwidth"
+    assert e.seconds == pytest.approx(2e12 / 70e9, rel=0.02)
+
+
+def test_request_rate_binds_and_hashed_keys_relieve_it() -> None:
+    s3 = load_profile("cloud-s3")
+    kw = dict(total_bytes=2 * 10**12, writing_ranks=992, bytes_per_rank=2 * 10**12 // 992,
+              ranks=992)
+    flat = estimate(Workload(**kw), s3)
+    hashed = estimate(Workload(**kw, prefixes=256), s3)
+    assert flat.binding == "request-rate limit" and flat.throttled
+    assert hashed.binding != "request-rate limit"
+    assert hashed.seconds < flat.seconds
+
+
+def test_async_save_stall_is_the_snapshot(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _model_json(capsys, "--size", "64GiB", "--gpus", "64", "--writing-ranks", "64",
+                      "--profile", "cloud-s3", "--async-save", "--snapshot-bandwidth", "25GB/s")
+    t = out["targets"][0]
+    assert t["checkpoint_seconds"] == pytest.approx(2**30 / 25e9)
+    assert t["blocking_stall_seconds"] > 10 * t["checkpoint_seconds"]
+
+
+def test_fit_recovers_latency_and_bandwidth() -> None:
+    sizes = [1e6, 2e6, 4e6, 8e6] * 5
+    secs = [0.05 + s / 80e6 for s in sizes]
+    lat, bw = fit_latency_bandwidth(sizes, secs)
+    assert lat == pytest.approx(0.05, rel=1e-3)
+    assert bw == pytest.approx(80e6, rel=1e-3)
+
+
+def test_units() -> None:
+    assert parse_duration("2h") == 7200 and parse_duration("10min") == 600
+    assert parse_duration("20ms") == pytest.approx(0.02)
+    assert parse_bandwidth("70GB/s") == 70e9 and parse_bandwidth("100Gb/s") == 12.5e9
+    with pytest.raises(errors.InvalidArgumentError, match="examples"):
+        parse_duration("soon")
+
+
+def test_model_without_inputs_says_what_it_needs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["model"]) == 2
+    assert "--preset" in capsys.readouterr().err
