@@ -24,6 +24,7 @@ from ckptio import errors
 from ckptio.store import (
     Buffer,
     Capabilities,
+    PositionalWriter,
     Store,
     Writer,
     as_byte_view,
@@ -88,13 +89,7 @@ class _LocalWriter(Writer):
         self._stage: mmap.mmap | None = None
         self._stage_used = 0
         self._stage_offset = 0
-        tr = store.trace
-        with tr.request("create", key, backend=store.name):
-            try:
-                os.makedirs(directory, exist_ok=True)
-                self._fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except OSError as err:
-                raise os_error(err, self._path, "create") from err
+        self._fd = store.create_file(key, self._tmp, size_hint, target=self._path)
         self._dfd = -1
         if self._direct:
             try:
@@ -243,6 +238,127 @@ class _LocalWriter(Writer):
             pass
 
 
+class _LocalPositionalWriter(PositionalWriter):
+    """One writer's handle on a shared file: blocks go out through the store's pwrite pool
+    (O_DIRECT from aligned staging blocks when the store writes direct)."""
+
+    def __init__(self, store: LocalStore, key: str, size: int, create: bool) -> None:
+        self.key = key
+        self._store = store
+        self._path = store.path_of(key)
+        self._futures: list[Future[None]] = []
+        self._done = False
+        tr = store.trace
+        if create:
+            self._fd = store.create_file(key, self._path, size, target=self._path, exclusive=False)
+            try:
+                os.ftruncate(self._fd, size)
+                if store.fsync:
+                    fsync_dir(os.path.dirname(self._path))
+            except OSError as err:
+                os.close(self._fd)
+                raise os_error(err, self._path, "size") from err
+        else:
+            with tr.request("open", key, backend=store.name):
+                try:
+                    self._fd = os.open(self._path, os.O_WRONLY)
+                except OSError as err:
+                    raise os_error(err, self._path, "open") from err
+        self._dfd = -1
+        if store.direct:
+            try:
+                self._dfd = os.open(self._path, os.O_WRONLY | _O_DIRECT)
+            except OSError as err:
+                store.direct_refused(self._path, err)
+
+    def _pwrite(self, fd: int, view: memoryview, offset: int) -> None:
+        with self._store.trace.request("write", self.key, view.nbytes, backend=self._store.name):
+            try:
+                while view:
+                    n = os.pwrite(fd, view, offset)
+                    view = view[n:]
+                    offset += n
+            except OSError as err:
+                raise os_error(err, self._path, "write") from err
+
+    def pwrite(self, offset: int, data: Buffer) -> None:
+        if self._done:
+            raise errors.InvalidArgumentError(f"pwrite to {self.key!r} after close/abort")
+        if offset < 0:
+            raise errors.InvalidArgumentError(f"negative offset {offset} for {self.key!r}")
+        view = as_byte_view(data)
+        store, block = self._store, self._store.block_size
+        direct = self._dfd >= 0 and offset % ALIGN == 0
+        for start in range(0, view.nbytes, block):
+            piece = view[start : start + block]
+            if direct:
+                self._futures.append(store.pool.submit(self._staged, piece, offset + start))
+            else:
+                self._futures.append(store.pool.submit(self._pwrite, self._fd, piece, offset + start))
+
+    def _staged(self, piece: memoryview, offset: int) -> None:
+        # O_DIRECT: copy into an aligned block, zero-pad the tail to ALIGN (the writer owns it)
+        stage = self._store.take_stage()
+        try:
+            length = -(-piece.nbytes // ALIGN) * ALIGN
+            stage[: piece.nbytes] = piece
+            stage[piece.nbytes : length] = bytes(length - piece.nbytes)
+            self._pwrite(self._dfd, memoryview(stage)[:length], offset)
+        finally:
+            self._store.give_stage(stage)
+
+    def _wait(self) -> None:
+        first: BaseException | None = None
+        for fut in self._futures:
+            try:
+                fut.result()
+            except BaseException as err:
+                first = first or err
+        self._futures.clear()
+        if first is not None:
+            raise first
+
+    def close(self) -> None:
+        if self._done:
+            return
+        store, tr = self._store, self._store.trace
+        try:
+            self._wait()
+            if store.fsync:
+                with tr.request("fsync", self.key, backend=store.name):
+                    try:
+                        os.fsync(self._fd)
+                    except OSError as err:
+                        raise os_error(err, self._path, "fsync") from err
+        except BaseException:
+            self.abort()
+            raise
+        with tr.request("close", self.key, backend=store.name):
+            self._close_fds()
+        self._done = True
+
+    def _close_fds(self) -> None:
+        for fd in (self._fd, self._dfd):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._dfd = -1
+
+    def abort(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        for fut in self._futures:
+            fut.cancel()
+        for fut in self._futures:
+            if not fut.cancelled():
+                try:
+                    fut.result()
+                except BaseException as err:  # already failing; close raised the first error
+                    log.debug("pwrite of %s failed during abort: %s", self.key, err)
+        self._futures.clear()
+        self._close_fds()
+
+
 class LocalStore(Store):
     """Files under a local directory.
 
@@ -259,7 +375,19 @@ class LocalStore(Store):
       makes saves not durable; only for measuring what fsync costs.
     - ``preallocate`` (bool, default False): ``posix_fallocate`` the size hint first, so a full
       disk fails the save at its start.
+
+    A ``file://`` root that lies on a parallel filesystem (Lustre, GPFS, BeeGFS, GlusterFS)
+    opens as :class:`~ckptio.backends.parallelfs.ParallelFSStore` (``pfs://``), which takes
+    the same options plus striping ones; see :func:`~ckptio.backends.parallelfs.detect_fs`.
     """
+
+    def __new__(cls, url: str, **options: Any) -> LocalStore:
+        if cls is LocalStore:
+            from ckptio.backends import parallelfs  # late: parallelfs subclasses LocalStore
+
+            if parallelfs.detect_fs(_path_from_url(url)).parallel:
+                return super().__new__(parallelfs.ParallelFSStore)
+        return super().__new__(cls)
 
     schemes: ClassVar[tuple[str, ...]] = ("file",)
     name: ClassVar[str] = "file"
@@ -347,6 +475,26 @@ class LocalStore(Store):
         if pool is not None:
             pool.shutdown(wait=True)
 
+    def create_file(
+        self,
+        key: str,
+        path: str,
+        size_hint: int | None,
+        *,
+        target: str,
+        exclusive: bool = True,
+    ) -> int:
+        """Create ``path`` (making its directories) and return a write descriptor; traced as
+        ``create``. Subclasses lay the file out first (Lustre striping). ``target`` is the
+        path errors name (the final one, not a temp name)."""
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else 0)
+        with self.trace.request("create", key, backend=self.name):
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                return os.open(path, flags, 0o644)
+            except OSError as err:
+                raise os_error(err, target, "create") from err
+
     # -- paths ------------------------------------------------------------------------------
     def path_of(self, key: str) -> str:
         """Absolute path of ``key`` (checked: stays under the root)."""
@@ -367,6 +515,11 @@ class LocalStore(Store):
     # -- Store ------------------------------------------------------------------------------
     def open_writer(self, key: str, *, size_hint: int | None = None) -> Writer:
         return _LocalWriter(self, key, size_hint)
+
+    def open_positional(self, key: str, size: int, *, create: bool = False) -> PositionalWriter:
+        if size < 0:
+            raise errors.InvalidArgumentError(f"negative size {size} for {key!r}")
+        return _LocalPositionalWriter(self, key, size, create)
 
     def publish(self, key: str, data: bytes, *, overwrite: bool = True) -> None:
         path = self.path_of(key)

@@ -56,8 +56,13 @@ this size (parallel CRC, finer-grained resharded loads)."""
 DEFAULT_MAX_OBJECT_SIZE = 16 * 2**30
 """Bytes: a rank's shard data is split into objects of at most this size."""
 
-LAYOUTS = ("file-per-shard",)
-"""Data layouts: ``file-per-shard`` (N-N) writes one or more objects per rank."""
+LAYOUTS = ("file-per-shard", "shared-file", "shared-file-per-node")
+"""Data layouts: ``file-per-shard`` (N-N) writes one or more objects per rank;
+``shared-file`` (N-1) has every rank ``pwrite`` its chunks into one object per checkpoint, at
+a byte range rank 0 assigns (aligned to :attr:`Store.positional_alignment`);
+``shared-file-per-node`` does the same with one object per host. The manifest format is the
+same for all (chunks name an object and a byte offset), so load and verify need no layout.
+The shared layouts need ``capabilities.positional_writes`` (file://, pfs://)."""
 
 _CHECKPOINT_OPTIONS = ("layout", "key_layout", "chunk_size", "max_object_size")
 
@@ -282,6 +287,79 @@ def _write_rank(
     return {"chunks": chunks, "objects": object_sizes}
 
 
+def _write_rank_shared(
+    store: Store,
+    step: int,
+    comm: Communicator,
+    token: str,
+    mine: Sequence[_Local],
+    *,
+    per_node: bool,
+    chunk_size: int,
+) -> dict[str, Any]:
+    """N-1: every rank calls this. Rank 0 places each rank's byte range in a shared object
+    (one per checkpoint, or per host) and creates it; each rank then pwrites its chunks.
+    Returns the chunk index and objects like :func:`_write_rank`."""
+    import socket
+
+    # 2a. each rank packs its pieces into one region (chunks 4 KiB aligned inside it)
+    packed: list[tuple[_Piece, int]] = []
+    need = 0
+    for p in (p for local in mine for p in _pieces(local, chunk_size)):
+        packed.append((p, need))
+        need = fmt.align_up(need + p.view.nbytes)
+    asks = comm.gather({"need": need, "host": socket.gethostname() if per_node else ""}, root=0)
+    # 2b. rank 0 places the regions, aligned so no two ranks share a stripe/block, and creates
+    prefix = fmt.step_dir(step) + "/"
+    placement: dict[str, Any] = {}
+    if comm.rank == 0:
+        assert asks is not None
+        align = max(fmt.ALIGNMENT, int(store.positional_alignment))
+        hosts = sorted({a["host"] for a in asks})
+        ends = {h: 0 for h in hosts}
+        ranks = []
+        for a in asks:
+            node = hosts.index(a["host"])
+            key = f"data/node-{node:05d}-{token}.bin" if per_node else f"data/shared-{token}.bin"
+            start = fmt.align_up(ends[a["host"]], align)
+            ranks.append([key, start])
+            if a["need"]:
+                ends[a["host"]] = start + a["need"]
+        files = {r[0]: ends[asks[i]["host"]] for i, r in enumerate(ranks)}
+        try:
+            for key, size in files.items():
+                store.open_positional(prefix + key, size, create=True).close()
+            placement = {"ok": True, "ranks": ranks, "files": files}
+        except Exception as err:  # every rank learns it from the bcast
+            placement = {"ok": False, "error": _error_text(err)}
+    placement = comm.bcast(placement, root=0)
+    if not placement["ok"]:
+        raise errors.SaveFailedError(f"cannot create the shared file: {placement['error']}")
+    rel, start = placement["ranks"][comm.rank]
+    chunks: dict[str, list[dict[str, Any]]] = {}
+    # 2c. this rank's pwrites
+    crcs: list[Future[int]] = []
+    if packed:
+        pool = cpu_pool()
+        writer = store.open_positional(prefix + rel, placement["files"][rel])
+        try:
+            for piece, offset in packed:
+                data = piece.view.reshape(-1).view(np.uint8)
+                crcs.append(pool.submit(crc32c, data))
+                writer.pwrite(start + offset, data)
+            writer.close()
+        except BaseException:
+            writer.abort()
+            for f in crcs:
+                f.cancel()
+            raise
+    for (piece, offset), crc in zip(packed, crcs, strict=True):
+        chunks.setdefault(piece.path, []).append(
+            fmt.Chunk(piece.offsets, piece.view.shape, rel, start + offset, piece.view.nbytes, crc.result()).as_json()
+        )
+    return {"chunks": chunks, "objects": {rel: placement["files"][rel]}}
+
+
 def _error_text(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
@@ -336,10 +414,17 @@ def _save_collective(
     mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
     # 2. write this rank's shards
     try:
-        outcome: dict[str, Any] = {"ok": True, **_write_rank(
-            store, step, comm.rank, plan["token"], mine,
-            key_layout=key_layout, chunk_size=chunk_size, max_object_size=max_object_size,
-        )}
+        if layout == "file-per-shard":
+            written = _write_rank(
+                store, step, comm.rank, plan["token"], mine,
+                key_layout=key_layout, chunk_size=chunk_size, max_object_size=max_object_size,
+            )
+        else:
+            written = _write_rank_shared(
+                store, step, comm, plan["token"], mine,
+                per_node=layout == "shared-file-per-node", chunk_size=chunk_size,
+            )
+        outcome: dict[str, Any] = {"ok": True, **written}
     except Exception as err:  # reported to every rank below, then raised
         log.debug("rank %d failed writing step %d", comm.rank, step, exc_info=True)
         outcome = {"ok": False, "error": _error_text(err)}
@@ -744,8 +829,10 @@ class Checkpointer:
       flight.
     - ``comm``: a :class:`~ckptio.dist.Communicator` (default: detected from the launcher).
       Every rank must create the Checkpointer and call ``save`` together.
-    - ``layout`` (``file-per-shard``), ``key_layout`` (``flat``/``hashed``), ``chunk_size``,
-      ``max_object_size``; any other option goes to the store (``streams``, ``part_size``, ...).
+    - ``layout`` (``file-per-shard``, ``shared-file``, ``shared-file-per-node``: see
+      :data:`LAYOUTS`), ``key_layout`` (``flat``/``hashed``; default: the store's
+      ``preferred_key_layout``), ``chunk_size``, ``max_object_size`` (file-per-shard only);
+      any other option goes to the store (``streams``, ``part_size``, ...).
     """
 
     def __init__(
@@ -756,18 +843,24 @@ class Checkpointer:
         async_save: bool = False,
         comm: Communicator | None = None,
         layout: str = "file-per-shard",
-        key_layout: str = "flat",
+        key_layout: str | None = None,
         chunk_size: int | str = DEFAULT_CHUNK_SIZE,
         max_object_size: int | str = DEFAULT_MAX_OBJECT_SIZE,
         **store_options: Any,
     ) -> None:
         if layout not in LAYOUTS:
             raise errors.InvalidArgumentError(f"unknown layout {layout!r}; valid: {', '.join(LAYOUTS)}")
-        if key_layout not in fmt.KEY_LAYOUTS:
+        if key_layout is not None and key_layout not in fmt.KEY_LAYOUTS:
             raise errors.InvalidArgumentError(f"unknown key_layout {key_layout!r}; valid: {', '.join(fmt.KEY_LAYOUTS)}")
         if keep_last is not None:
             keep_last = option_int(keep_last, field="keep_last", minimum=1)
         self.store = open_store(url, **store_options)
+        if layout != "file-per-shard" and not self.store.capabilities.positional_writes:
+            raise errors.InvalidArgumentError(
+                f"layout {layout!r} needs positional writes, which {self.store.url} "
+                f"({self.store.name}) lacks; valid here: file-per-shard"
+            )
+        key_layout = key_layout or self.store.preferred_key_layout
         self.keep_last = keep_last
         self.async_save = async_save
         self.comm: Communicator = comm if comm is not None else detect()

@@ -21,7 +21,7 @@ from functools import cache
 from importlib.metadata import entry_points
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from ckptio import errors
 from ckptio.store import Store
@@ -96,7 +96,8 @@ def split_url(url: str) -> tuple[str, str, dict[str, str]]:
     if "://" not in url:
         return "file", url, {}
     options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    bare = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+    # not urlunsplit: it drops the "//" of schemes it does not know (pfs:///x -> pfs:/x)
+    bare = f"{parts.scheme}://{parts.netloc}{parts.path}"
     return parts.scheme.lower(), bare, options
 
 

@@ -123,6 +123,52 @@ class Writer(ABC):
             self.abort()
 
 
+class PositionalWriter(ABC):
+    """Writes at byte offsets into one object that several writers share (the N-1 layout).
+
+    Sequence (see :meth:`Store.open_positional`): one participant creates the object with
+    ``create=True`` and closes that handle; then every writer (any process, any node) opens it
+    with ``create=False``, calls ``pwrite`` for its own byte ranges, and ``close``. Writers
+    must write disjoint ranges, each starting at a multiple of
+    :attr:`Store.positional_alignment`; with direct I/O a range's tail is padded with zeros
+    up to the next 4096 bytes, so that padding must belong to the same writer.
+
+    Unlike :class:`Writer`, the object is visible (at its full size, content undefined) from
+    its creation: it belongs to a checkpoint only once a committed manifest names it.
+    ``close`` returns when *this* writer's ranges are durable; ``abort`` drops this writer's
+    handle (deleting the object is the creator's business, through :meth:`Store.delete`).
+    """
+
+    key: str
+
+    @abstractmethod
+    def pwrite(self, offset: int, data: Buffer) -> None:
+        """Queue ``data`` for writing at byte ``offset`` without copying it (keep the buffer
+        alive and unchanged until ``close``/``abort`` returns)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Wait for the queued writes and make them durable. Raises if any failed."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Stop: wait out writes in flight, release the handle. Idempotent."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
 class Store(ABC):
     """A place to put checkpoint objects, addressed by a root URL.
 
@@ -160,6 +206,34 @@ class Store(ABC):
         ``overwrite=False``, raise :class:`~ckptio.errors.AlreadyExistsError` if ``key``
         exists; atomically so where ``capabilities.conditional_create``.
         """
+
+    preferred_key_layout: str = "flat"
+    """The key layout (``flat``/``hashed``, see :func:`ckptio.format.shard_key`) the checkpoint
+    layer uses here unless told otherwise: ``hashed`` spreads shard objects over 256 prefixes
+    (object-store partitions, or directories of a parallel filesystem)."""
+
+    positional_alignment: int = 4096
+    """Bytes: writers sharing one object through :meth:`open_positional` get ranges that
+    start at multiples of this (a parallel filesystem sets its stripe or block size, so no
+    two writers contend for one lock extent)."""
+
+    def open_positional(self, key: str, size: int, *, create: bool = False) -> PositionalWriter:
+        """Open ``key`` for writes at byte offsets, shared by several writers.
+
+        ``create=True`` creates (or truncates) the object at ``size`` bytes and makes its
+        directory entry durable; exactly one participant does this before the others open it
+        with ``create=False`` (which raises :class:`~ckptio.errors.NotFoundError` if it does
+        not exist). Only where ``capabilities.positional_writes``; others raise
+        :class:`~ckptio.errors.InvalidArgumentError`.
+
+        Note for implementers: report create/open/write/fsync/close to the trace like
+        ``open_writer`` does; the object must be readable by ``read_into`` from every node
+        once every writer's ``close`` has returned.
+        """
+        raise errors.InvalidArgumentError(
+            f"{self.name or type(self).__name__} cannot write one object from several writers "
+            "(no positional writes); use layout='file-per-shard'"
+        )
 
     def put(self, key: str, data: Buffer) -> None:
         """Write a whole object through a writer (not necessarily atomic to replace)."""
