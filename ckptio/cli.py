@@ -149,6 +149,63 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+# -- gc ---------------------------------------------------------------------------------------
+
+
+def _add_gc(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "gc",
+        help="remove debris of interrupted saves (temp files, open uploads, data without a "
+        "manifest); never touches a committed checkpoint",
+    )
+    p.add_argument("url", help="root URL of a run")
+    p.add_argument(
+        "--older-than",
+        default="3600",
+        metavar="SECONDS",
+        help="only remove temp files and multipart uploads older than this (default 3600, so a "
+        "save in flight is safe)",
+    )
+    p.add_argument(
+        "--unfinished",
+        action="store_true",
+        help="also remove steps newer than the newest checkpoint that have no manifest (saves "
+        "killed before their commit); only when no save to this URL is running",
+    )
+    p.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _cmd_gc(args: argparse.Namespace) -> int:
+    from ckptio.checkpoint import collect_garbage
+    from ckptio.registry import open_store
+
+    try:
+        older_than = float(args.older_than)
+    except ValueError:
+        raise errors.InvalidArgumentError(f"--older-than: expected seconds, got {args.older_than!r}") from None
+    if older_than < 0:
+        raise errors.InvalidArgumentError(f"--older-than: must be >= 0 seconds, got {older_than}")
+    with open_store(args.url) as store:
+        incomplete_before = store.list_incomplete("step-")
+        removed = collect_garbage(store, older_than=older_than, unfinished=args.unfinished, dry_run=args.dry_run)
+        incomplete_after = incomplete_before if args.dry_run else store.list_incomplete("step-")
+    incomplete = len(incomplete_before) - len(incomplete_after)
+    if args.json:
+        print_json({"url": args.url, "dry_run": args.dry_run, "removed": removed,
+                    "incomplete_removed": incomplete, "incomplete_left": len(incomplete_after)})
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    for key in removed:
+        console.print(f"{verb} {key}", highlight=False)
+    if args.dry_run:
+        tail = f"{len(incomplete_before)} temp file(s)/upload(s) exist; those older than {older_than:g} s would go"
+    else:
+        tail = f"{incomplete} temp file(s)/upload(s); {len(incomplete_after)} younger than {older_than:g} s kept"
+    console.print(f"{verb} {len(removed)} object(s) of unfinished or losing saves and {tail}", highlight=False)
+    return 0
+
+
 # -- profiles / model (why it stalls) ---------------------------------------------------------
 
 
@@ -234,6 +291,7 @@ COMMANDS: dict[str, tuple[Callable[..., None], Callable[[argparse.Namespace], in
     "verify": (_add_verify, _cmd_verify),
     "profiles": (_add_profiles, _cmd_profiles),
     "model": (_add_model, _cmd_model),
+    "gc": (_add_gc, _cmd_gc),
 }
 
 

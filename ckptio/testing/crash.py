@@ -1,0 +1,296 @@
+"""Crash harness: kill a saving process with SIGKILL at random moments, then load.
+
+A *worker* process first loads the newest checkpoint under a URL and checks it against
+:func:`expected_state` (the state is a pure function of the step, so a mix of two saves or a
+torn object cannot pass), reports what it found, and then saves step after step until it is
+killed. The parent (:class:`CrashHarness`) starts workers from a ``forkserver`` that has
+already imported numpy and ckptio (a fresh process in milliseconds instead of a second),
+sleeps a seeded random delay, sends SIGKILL, and starts the next worker, which is the fresh
+process that loads what the killed one left behind.
+
+Per trial the parent checks, from the worker's progress file (appended and flushed line by
+line; a SIGKILL loses no data already written to the kernel):
+
+- the loaded step is at least the last step whose save *returned* (durability on return) and
+  at most the last step whose save *started* (nothing invented);
+- the loaded state equals ``expected_state(step)`` exactly (every tensor, dtype and value).
+
+Used by ``tests/test_crash.py``; usable for any backend URL.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+#: Options the workers save with: small chunks and objects, so one step is several objects
+#: and a kill can land between any two of them.
+SAVE_OPTIONS: Mapping[str, Any] = {"chunk_size": 256 * 1024, "max_object_size": 768 * 1024}
+
+
+def expected_state(step: int) -> dict[str, Any]:
+    """The state saved at ``step``: about 2.3 MB in 6 tensors of 4 dtypes, every value a
+    function of the step, plus JSON leaves."""
+    import ml_dtypes
+
+    base = np.arange(256 * 1024, dtype=np.float32)
+    return {
+        "model": {
+            "w": (base * 1e-3 + step).reshape(512, 512),
+            "b": np.full(1024, step, dtype=np.int64),
+            "emb": (base[: 64 * 1024] + 2 * step).astype(ml_dtypes.bfloat16).reshape(256, 256),
+        },
+        "optim": {
+            "m": (base * 2e-3 - step).reshape(256, 1024).astype(np.float64)[:, :512].copy(),
+            "count": np.array([step, step + 1, step + 2], dtype=np.uint32),
+        },
+        "flags": np.arange(1000) % (step % 7 + 2) == 0,
+        "step": step,
+        "lr": 1.0 / (step + 1),
+        "history": [step - 1, step - 2, {"note": f"saved at step {step}"}],
+    }
+
+
+def state_mismatch(got: Any, want: Any, path: str = "") -> str | None:
+    """None if ``got`` equals ``want`` exactly (arrays: dtype, shape and bytes), else a
+    description of the first difference."""
+    if isinstance(want, np.ndarray):
+        if not isinstance(got, np.ndarray):
+            return f"{path}: expected an array, got {type(got).__name__}"
+        if got.dtype != want.dtype or got.shape != want.shape:
+            return f"{path}: {got.dtype}{got.shape} != {want.dtype}{want.shape}"
+        if got.tobytes() != want.tobytes():
+            return f"{path}: values differ"
+        return None
+    if isinstance(want, Mapping):
+        if not isinstance(got, Mapping) or set(got) != set(want):
+            return f"{path}: keys {sorted(got) if isinstance(got, Mapping) else got!r} != {sorted(want)}"
+        for k in want:
+            problem = state_mismatch(got[k], want[k], f"{path}/{k}")
+            if problem:
+                return problem
+        return None
+    if isinstance(want, list | tuple):
+        if type(got) is not type(want) or len(got) != len(want):
+            return f"{path}: {got!r:.60} != {want!r:.60}"
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            problem = state_mismatch(g, w, f"{path}/{i}")
+            if problem:
+                return problem
+        return None
+    if type(got) is not type(want) or got != want:
+        return f"{path}: {got!r:.60} != {want!r:.60}"
+    return None
+
+
+def _worker(
+    url: str,
+    mode: str,
+    progress_path: str,
+    conn: Connection,
+    env: Mapping[str, str],
+    store_options: Mapping[str, Any],
+    keep_last: int | None,
+) -> None:
+    """Load and check the newest checkpoint, report it on ``conn``, then save forever."""
+    os.environ.update(env)
+    from ckptio.checkpoint import Checkpointer
+
+    progress = open(progress_path, "a", buffering=1)  # noqa: SIM115 - lives until SIGKILL
+    try:
+        ck = Checkpointer(
+            url, keep_last=keep_last, async_save=(mode == "async"), **SAVE_OPTIONS, **store_options
+        )
+        latest = ck.latest()
+        problem = None
+        if latest is not None:
+            problem = state_mismatch(ck.load(latest), expected_state(latest))
+    except Exception as err:  # reported to the parent, which fails the test with it
+        conn.send({"latest": None, "problem": f"{type(err).__name__}: {err}"})
+        return
+    conn.send({"latest": latest, "problem": problem})
+    if problem or conn.recv() != "go":
+        return
+    step = (latest or 0) + 1
+    previous = None
+    while True:
+        progress.write(f"start {step}\n")
+        ck.save(expected_state(step), step)
+        if mode == "sync":
+            progress.write(f"committed {step}\n")
+        elif previous is not None:  # an async save returns after waiting for the previous one
+            progress.write(f"committed {previous}\n")
+        previous = step
+        step += 1
+
+
+@dataclass
+class Trial:
+    """One kill: what the killed worker had done, and what the next worker loaded."""
+
+    delay: float
+    """Seconds between the worker starting to save and SIGKILL."""
+    last_started: int | None
+    last_committed: int | None
+    loaded: int | None = None
+    debris: bool = False
+    """The kill left temp files, open uploads or data without a manifest (it landed mid-save)."""
+
+
+@dataclass
+class CrashHarness:
+    """Kill-and-reload trials against one URL (see the module docstring)."""
+
+    url: str
+    mode: str  # "sync" | "async"
+    workdir: str
+    seed: int = 0
+    max_delay: float = 0.4
+    """Seconds: each kill comes uniform(0, max_delay) after the worker starts saving."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment for the workers (e.g. the S3 endpoint and test credentials)."""
+    store_options: Mapping[str, Any] = field(default_factory=dict)
+    keep_last: int | None = 2
+    trials: list[Trial] = field(default_factory=list)
+    has_debris: Any = None
+    """Optional ``callable() -> bool`` run after each kill to classify it."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("sync", "async"):
+            raise ValueError(f"mode must be 'sync' or 'async', got {self.mode!r}")
+        self._rng = random.Random(self.seed)
+        self._ctx = _context()
+
+    def _start(self, progress: str) -> tuple[Any, Connection, dict[str, Any]]:
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(
+            target=_worker,
+            args=(self.url, self.mode, progress, child, dict(self.env), dict(self.store_options), self.keep_last),
+            daemon=True,
+        )
+        proc.start()
+        child.close()
+        if not parent.poll(60):
+            proc.kill()
+            raise TimeoutError(f"crash worker for {self.url} did not report within 60 s")
+        return proc, parent, parent.recv()
+
+    def run(self, n: int) -> list[Trial]:
+        """Run ``n`` kill trials, then one last fresh load; return the trials. Raises
+        AssertionError on the first violated guarantee."""
+        for i in range(n + 1):
+            progress = os.path.join(self.workdir, f"progress-{self.mode}-{i}.txt")
+            proc, conn, report = self._start(progress)
+            if self.trials:
+                self._check(self.trials[-1], report)
+            elif report["latest"] is not None or report["problem"]:
+                raise AssertionError(f"expected an empty store at the start, worker found {report}")
+            if i == n:
+                conn.send("stop")
+                proc.join(30)
+                break
+            conn.send("go")
+            delay = self._rng.uniform(0, self.max_delay)
+            time.sleep(delay)  # the random moment of the kill, not a synchronisation
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join(30)
+            conn.close()
+            started, committed = _read_progress(progress)
+            trial = Trial(delay, started, committed)
+            if self.has_debris is not None:
+                trial.debris = bool(self.has_debris())
+            self.trials.append(trial)
+        return self.trials
+
+    def _check(self, trial: Trial, report: Mapping[str, Any]) -> None:
+        trial.loaded = report["latest"]
+        if report["problem"]:
+            raise AssertionError(f"after a kill, step {report['latest']} loaded wrong: {report['problem']}")
+        floor = trial.last_committed
+        before = [t.loaded for t in self.trials[:-1] if t.loaded is not None]
+        floor = max([x for x in (floor, *before) if x is not None], default=None)
+        if floor is not None and (trial.loaded is None or trial.loaded < floor):
+            raise AssertionError(
+                f"a save that returned was lost: step {floor} was committed, the fresh process "
+                f"loaded {trial.loaded}"
+            )
+        ceiling = max(
+            [x for x in (trial.last_started, *(t.last_started for t in self.trials)) if x is not None],
+            default=None,
+        )
+        if trial.loaded is not None and (ceiling is None or trial.loaded > ceiling):
+            raise AssertionError(f"loaded step {trial.loaded} that no save ever started")
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "mode": self.mode,
+            "trials": len(self.trials),
+            "killed_mid_save": sum(t.debris for t in self.trials),
+            "steps_committed": max((t.loaded or 0 for t in self.trials), default=0),
+        }
+
+
+def _read_progress(path: str) -> tuple[int | None, int | None]:
+    started = committed = None
+    try:
+        with open(path) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) != 2 or not parts[1].isdigit():
+                    continue  # a line cut by the kill
+                if parts[0] == "start":
+                    started = int(parts[1])
+                elif parts[0] == "committed":
+                    committed = int(parts[1])
+    except FileNotFoundError:
+        pass
+    return started, committed
+
+
+_CTX: Any = None
+
+
+def _context() -> Any:
+    """A forkserver context whose server has imported numpy, ml_dtypes and ckptio."""
+    global _CTX
+    if _CTX is None:
+        ctx = multiprocessing.get_context("forkserver")
+        preload = ["ckptio.testing.crash", "ckptio.checkpoint", "ckptio.backends.local"]
+        try:
+            import boto3  # noqa: F401  - only to know whether to preload it
+
+            preload.append("boto3")
+        except ImportError:
+            pass
+        ctx.set_forkserver_preload(preload)
+        _CTX = ctx
+    return _CTX
+
+
+def main() -> None:
+    """``python -m ckptio.testing.crash URL [sync|async] [trials]``: run trials, print JSON."""
+    import sys
+    import tempfile
+
+    url = sys.argv[1]
+    mode = sys.argv[2] if len(sys.argv) > 2 else "sync"
+    n = int(sys.argv[3]) if len(sys.argv) > 3 else 10
+    with tempfile.TemporaryDirectory() as work:
+        h = CrashHarness(url, mode, work)
+        h.run(n)
+        print(json.dumps(h.summary()))
+
+
+if __name__ == "__main__":
+    main()
