@@ -5,7 +5,8 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   echo "not root or no apt-get: skipping system packages (tests that need them will skip)"
   exit 0
 fi
-pkgs=(fio)
+# glusterfs-*: a real GlusterFS volume for the parallel-filesystem tests (ckptio.testing.gluster)
+pkgs=(fio glusterfs-server glusterfs-client fuse3 attr)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
