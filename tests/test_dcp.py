@@ -1,0 +1,277 @@
+"""torch.distributed.checkpoint through ckptio's StorageWriter / StorageReader.
+
+Multi-rank tests run a real ``torchrun --standalone --nproc-per-node 2`` (gloo, CPU) on
+``file://`` and on ``s3://`` (a moto server started by the test); each rank holds its own
+shard of DTensors (float32 and bfloat16, one of them unevenly split), so the checkpoint is
+truly written by two ranks, and this process then loads it in one (DCP resharding).
+
+``memory://`` lives inside one process, so two torchrun ranks cannot share it; what it can
+do — ``dcp.save`` / ``dcp.load`` / ``dcp.async_save`` in a single process — is tested here
+in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402  (a BaseException)
+
+import ckptio  # noqa: E402
+from ckptio import errors  # noqa: E402
+from ckptio.torch import StorageReader, StorageWriter  # noqa: E402
+
+pytestmark = [
+    pytest.mark.torch,
+    # dcp.save/load without a process group says so with a UserWarning; that is what we want
+    pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+]
+
+SHAPES = {"w32": ((64, 8), torch.float32), "bf16": ((33, 5), torch.bfloat16)}
+
+
+def _full(name: str) -> torch.Tensor:
+    """The global value of tensor ``name`` (the same in every process)."""
+    shape, dtype = SHAPES[name]
+    g = torch.Generator().manual_seed(len(name) * 7919)
+    return torch.randn(shape, generator=g).to(dtype)
+
+
+WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import torch, torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from ckptio.torch import StorageReader, StorageWriter
+
+    SHAPES = {"w32": ((64, 8), torch.float32), "bf16": ((33, 5), torch.bfloat16)}
+
+    def full(name):
+        shape, dtype = SHAPES[name]
+        g = torch.Generator().manual_seed(len(name) * 7919)
+        return torch.randn(shape, generator=g).to(dtype)
+
+    root = sys.argv[1]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    state = {n: distribute_tensor(full(n), mesh, [Shard(0)]) for n in SHAPES}
+    state["replicated"] = torch.arange(10, dtype=torch.float32)
+    state["extra"] = {"step": 100, "note": "two ranks"}
+
+    # 1. dcp.save through ckptio, then dcp.load back into fresh DTensors on both ranks
+    dcp.save(state, storage_writer=StorageWriter(root + "/step-1"))
+    back = {n: distribute_tensor(torch.zeros(SHAPES[n][0], dtype=SHAPES[n][1]), mesh, [Shard(0)]) for n in SHAPES}
+    back["replicated"] = torch.zeros(10)
+    back["extra"] = {"step": 0, "note": ""}
+    dcp.load(back, storage_reader=StorageReader(root + "/step-1"))
+    ok = all(torch.equal(back[n].to_local(), state[n].to_local()) for n in SHAPES)
+    ok = ok and torch.equal(back["replicated"], state["replicated"]) and back["extra"] == state["extra"]
+
+    # 2. dcp.async_save through ckptio (its own gloo group for the background collectives)
+    group = dist.new_group(backend="gloo")
+    fut = dcp.async_save(state, storage_writer=StorageWriter(root, step=2), process_group=group)
+    fut.result()
+    back2 = {n: distribute_tensor(torch.zeros(SHAPES[n][0], dtype=SHAPES[n][1]), mesh, [Shard(0)]) for n in SHAPES}
+    dcp.load(back2, storage_reader=StorageReader(root, step=2))
+    ok = ok and all(torch.equal(back2[n].to_local(), state[n].to_local()) for n in SHAPES)
+    print(json.dumps({"rank": rank, "ok": bool(ok), "local_rows": state["bf16"].to_local().shape[0]}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    """
+)
+
+
+def _torchrun(tmp_path: Path, root: str, env: dict[str, str] | None = None) -> list[dict]:
+    script = tmp_path / "dcp_worker.py"
+    script.write_text(WORKER)
+    run_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), root],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=run_env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in reports) == [0, 1], proc.stdout
+    return reports
+
+
+def _check_loads_in_one_process(root: str) -> None:
+    """The 2-rank checkpoint read by 1 process: DCP reshards the shards into whole tensors;
+    ckptio.load reads the same step torch-free (numpy) and every CRC verifies."""
+    for step in (1, 2):
+        whole = {n: torch.zeros(SHAPES[n][0], dtype=SHAPES[n][1]) for n in SHAPES}
+        whole["replicated"] = torch.zeros(10)
+        dcp.load(whole, storage_reader=StorageReader(root, step=step), no_dist=True)
+        for n in SHAPES:
+            assert torch.equal(whole[n], _full(n)), n
+        assert torch.equal(whole["replicated"], torch.arange(10, dtype=torch.float32))
+        m = ckptio.open_checkpoint(root, step).manifest
+        assert m.world_size == 2
+        # each sharded tensor has a chunk from each rank: it really was written by two ranks
+        assert len(m.tensors["w32"].chunks) == 2
+        assert {c.key.split("-")[1] for c in m.tensors["bf16"].chunks} == {"00000", "00001"}
+        assert ckptio.verify(root, step) == []
+    state = ckptio.load(root, step=1)
+    np.testing.assert_array_equal(state["bf16"].view(np.int16), _full("bf16").view(torch.int16).numpy())
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_file(tmp_path: Path) -> None:
+    root = f"file://{tmp_path}/ckpt"
+    reports = _torchrun(tmp_path, root)
+    assert all(r["ok"] for r in reports), reports
+    assert sorted(r["local_rows"] for r in reports) == [16, 17]  # 33 rows split unevenly
+    _check_loads_in_one_process(root)
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_torchrun_two_ranks_s3(tmp_path: Path, s3_bucket: str, s3_env: dict[str, str]) -> None:
+    root = f"s3://{s3_bucket}/run"
+    reports = _torchrun(tmp_path, root, env=s3_env)
+    assert all(r["ok"] for r in reports), reports
+    _check_loads_in_one_process(root)
+
+
+# -- single process --------------------------------------------------------------------------
+
+
+def _state() -> dict:
+    return {
+        "model": {"w": torch.randn(128, 16), "b": torch.randn(16, dtype=torch.bfloat16)},
+        "scalar": torch.tensor(2.5),
+        "meta": {"step": 7, "lr": 0.25, "tags": ["a", "b"]},
+    }
+
+
+def _zeros_like(state: dict) -> dict:
+    return {
+        "model": {k: torch.zeros_like(v) for k, v in state["model"].items()},
+        "scalar": torch.tensor(0.0),
+        "meta": {"step": 0, "lr": 0.0, "tags": []},
+    }
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert torch.equal(a["scalar"], b["scalar"])
+    assert a["meta"] == b["meta"]
+
+
+def test_memory_single_process_save_load_async(memory_url: str) -> None:
+    state = _state()
+    dcp.save(state, storage_writer=StorageWriter(f"{memory_url}/run/step-5"), no_dist=True)
+    out = _zeros_like(state)
+    dcp.load(out, storage_reader=StorageReader(f"{memory_url}/run/step-5"), no_dist=True)
+    _assert_same(state, out)
+
+    fut = dcp.async_save(state, storage_writer=StorageWriter(f"{memory_url}/run", step=6), no_dist=True)
+    fut.result()
+    out = _zeros_like(state)
+    dcp.load(out, storage_reader=StorageReader(f"{memory_url}/run"), no_dist=True)  # newest: 6
+    _assert_same(state, out)
+    assert ckptio.Checkpointer(f"{memory_url}/run").steps() == [5, 6]
+
+
+def test_manifest_is_json_with_dcp_metadata_and_no_pickle(tmp_path: Path) -> None:
+    state = _state()
+    dcp.save(state, storage_writer=StorageWriter(str(tmp_path), step=3), no_dist=True)
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert files[-1] == "step-0000000003/manifest.json" and all(f.startswith("step-0000000003/data/rank-00000-") for f in files[:-1])
+    doc = json.loads((tmp_path / "step-0000000003/manifest.json").read_bytes())
+    md = doc["extra"]["dcp"]["state_dict_metadata"]
+    assert md["model.b"]["dtype"] == "bfloat16" and md["model.b"]["chunks"] == [[[0], [16]]]
+    assert md["meta.step"] == {"type": "bytes"}
+    # tensors are stored raw: the bytes in the object at the chunk are the tensor's own
+    chunk = doc["tensors"]["model.w"]["chunks"][0]
+    raw = (tmp_path / "step-0000000003" / chunk["key"]).read_bytes()[chunk["offset"] : chunk["offset"] + chunk["length"]]
+    assert raw == state["model"]["w"].numpy().tobytes()
+    # ckptio reads it torch-free, and without unpickling the byte items
+    loaded = ckptio.load(str(tmp_path), step=3)
+    assert set(loaded) == {"model.w", "model.b", "scalar"}
+
+
+def test_reader_refuses_pickled_items_when_asked(tmp_path: Path) -> None:
+    state = _state()
+    dcp.save(state, storage_writer=StorageWriter(str(tmp_path), step=1), no_dist=True)
+    out = _zeros_like(state)
+    with pytest.raises(CheckpointException, match="allow_pickle=False"):
+        dcp.load(out, storage_reader=StorageReader(str(tmp_path), step=1, allow_pickle=False), no_dist=True)
+    tensors_only = {"model": _zeros_like(state)["model"]}
+    dcp.load(tensors_only, storage_reader=StorageReader(str(tmp_path), step=1, allow_pickle=False), no_dist=True)
+    assert torch.equal(tensors_only["model"]["w"], state["model"]["w"])
+
+
+def test_committed_step_is_not_overwritten_unless_asked(tmp_path: Path) -> None:
+    state = _state()
+    url = f"{tmp_path}/step-1"
+    dcp.save(state, storage_writer=StorageWriter(url), no_dist=True)
+    before = (tmp_path / "step-0000000001/manifest.json").read_bytes()
+    changed = _state()
+    with pytest.raises(CheckpointException, match="already a committed checkpoint"):
+        dcp.save(changed, storage_writer=StorageWriter(url), no_dist=True)
+    assert (tmp_path / "step-0000000001/manifest.json").read_bytes() == before
+    assert ckptio.verify(str(tmp_path), 1) == []
+    dcp.save(changed, storage_writer=StorageWriter(url, overwrite=True), no_dist=True)
+    out = _zeros_like(state)
+    dcp.load(out, storage_reader=StorageReader(url), no_dist=True)
+    _assert_same(changed, out)
+    # the replaced step's objects are gone; only the new manifest's remain
+    m = ckptio.open_checkpoint(str(tmp_path), 1).manifest
+    on_disk = {p.relative_to(tmp_path / "step-0000000001").as_posix() for p in (tmp_path / "step-0000000001/data").iterdir()}
+    assert on_disk == set(m.objects)
+
+
+def test_damaged_object_is_detected_on_load(tmp_path: Path) -> None:
+    state = _state()
+    dcp.save(state, storage_writer=StorageWriter(str(tmp_path), step=1), no_dist=True)
+    m = ckptio.open_checkpoint(str(tmp_path), 1).manifest
+    chunk = m.tensors["model.w"].chunks[0]
+    path = tmp_path / "step-0000000001" / chunk.key
+    data = bytearray(path.read_bytes())
+    data[chunk.offset + 10] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointException, match="CRC32C mismatch"):
+        dcp.load(_zeros_like(state), storage_reader=StorageReader(str(tmp_path), step=1), no_dist=True)
+
+
+def test_checkpoint_id_forms_and_errors(tmp_path: Path) -> None:
+    assert StorageWriter.validate_checkpoint_id(f"file://{tmp_path}/step-12")
+    assert StorageWriter.validate_checkpoint_id("memory://x/run/step-0")
+    assert not StorageWriter.validate_checkpoint_id(f"{tmp_path}/no-step-here")
+    assert not StorageWriter.validate_checkpoint_id("nosuchscheme://b/step-1")
+    w = StorageWriter(f"file://{tmp_path}/run/step-12")
+    assert w.step == 12 and w.checkpoint_id.endswith("run/step-0000000012")
+    w.reset(f"file://{tmp_path}/run/step-13")
+    assert w.step == 13
+    with pytest.raises(errors.InvalidArgumentError, match="does not name a step"):
+        StorageWriter(f"file://{tmp_path}/run")
+    with pytest.raises(errors.ManifestError, match="not written by torch.distributed.checkpoint"):
+        ckptio.save({"w": np.zeros(3)}, str(tmp_path), step=4)
+        StorageReader(str(tmp_path), step=4).read_metadata()
+    with pytest.raises(FileNotFoundError):
+        StorageReader(str(tmp_path), step=99).read_metadata()
+
+
+def test_unsupported_dtype_is_refused_with_the_valid_list(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointException, match="cannot be checkpointed by ckptio; supported"):
+        dcp.save({"c": torch.zeros(2, dtype=torch.float8_e4m3fnuz)}, storage_writer=StorageWriter(str(tmp_path), step=1), no_dist=True)
+    assert not (tmp_path / "step-0000000001/manifest.json").exists()
