@@ -648,3 +648,201 @@ class PieceReader:
 def one_buffer(pieces: list[memoryview]) -> bytes:
     """The part as one ``bytes`` (a copy): for client libraries that take nothing else."""
     return pieces[0].tobytes() if len(pieces) == 1 else b"".join(pieces)
+
+
+def make_boto3_client(aws: AwsSettings, *, pool_connections: int = 10) -> Any:
+    """A botocore S3 client for ``aws`` with its own retries off and short timeouts."""
+    import botocore.session
+    from botocore import UNSIGNED
+    from botocore.config import Config
+
+    config = Config(
+        region_name=aws.region,
+        connect_timeout=CONNECT_TIMEOUT,
+        read_timeout=READ_TIMEOUT,
+        retries={"total_max_attempts": 1, "mode": "standard"},  # ours count every attempt
+        max_pool_connections=pool_connections,
+        # payload integrity comes from the CRC32C we send; no SHA-256 of every byte over http
+        s3={"addressing_style": aws.addressing_style, "payload_signing_enabled": False},
+        request_checksum_calculation="when_required",  # we send CRC32C ourselves
+        response_checksum_validation="when_required",  # ckptio checks CRC32C per chunk
+        signature_version=UNSIGNED if aws.anonymous else None,
+    )
+    session = botocore.session.Session()
+    return session.create_client(
+        "s3",
+        region_name=aws.region,
+        endpoint_url=aws.endpoint_url,
+        aws_access_key_id=aws.access_key_id,
+        aws_secret_access_key=aws.secret_access_key,
+        aws_session_token=aws.session_token,
+        config=config,
+    )
+
+
+class S3Base(Store):
+    """What the S3 backends share: bucket/prefix/key mapping, the I/O and AWS options,
+    requests wrapped in translation + retries + trace, and the janitor for multipart debris
+    (listing and aborting uploads goes through botocore for every backend, since pyarrow and
+    obstore do not expose those S3 calls)."""
+
+    OPTIONS: tuple[str, ...] = ("part_size", "streams", *AWS_OPTIONS)
+
+    def _setup(self, url: str, options: dict[str, Any]) -> None:
+        self.bucket, self.prefix = split_bucket(url)
+        self.part_size, self.streams = io_options(options)
+        self.aws = resolve_aws(options)
+        self._janitor_client: Any = None
+        self._janitor_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({scrub(self.url)!r}, endpoint={self.aws.endpoint_url!r})"
+
+    @property
+    def where(self) -> str:
+        return f"{self.name}://{self.bucket}"
+
+    def _full(self, key: str) -> str:
+        from ckptio.store import check_key
+
+        check_key(key)
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _full_prefix(self, prefix: str) -> str:
+        if prefix.startswith("/") or ".." in prefix.split("/"):
+            raise errors.InvalidArgumentError(f"invalid prefix {prefix!r}")
+        return f"{self.prefix}/{prefix}" if self.prefix else prefix
+
+    def _rel(self, full: str) -> str:
+        return full[len(self.prefix) + 1 :] if self.prefix else full
+
+    def _call(self, op: str, key: str, nbytes: int, action: str, fn: Callable[[], Any]) -> Any:
+        """One request: vendor errors translated, transient ones retried, each attempt traced."""
+        where = self.where
+        return self.retrying(op, key, nbytes, lambda: guard(action, key, where, fn))
+
+    # -- multipart debris --------------------------------------------------------------------
+    def _mpu_client(self) -> Any:
+        with self._janitor_lock:
+            if self._janitor_client is None:
+                self._janitor_client = make_boto3_client(self.aws)
+            return self._janitor_client
+
+    def _uploads(self, prefix: str) -> list[dict[str, Any]]:
+        full = self._full_prefix(prefix)
+        client = self._mpu_client()
+
+        def run() -> list[dict[str, Any]]:
+            out: list[dict[str, Any]] = []
+            kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
+            while True:
+                resp = client.list_multipart_uploads(**kw)
+                out += resp.get("Uploads", [])
+                if not resp.get("IsTruncated"):
+                    return out
+                kw["KeyMarker"] = resp["NextKeyMarker"]
+                kw["UploadIdMarker"] = resp["NextUploadIdMarker"]
+
+        return self._call("list", prefix, 0, "list multipart uploads under", run)
+
+    def list_incomplete(self, prefix: str = "") -> list[str]:
+        """Open multipart uploads under ``prefix`` as ``key#upload-id`` (S3 bills their parts
+        until they are aborted)."""
+        return sorted(f"{self._rel(u['Key'])}#{u['UploadId']}" for u in self._uploads(prefix))
+
+    def cleanup_incomplete(self, prefix: str = "", *, older_than: float = 0.0) -> int:
+        """Abort open multipart uploads under ``prefix`` started more than ``older_than``
+        seconds ago. Returns how many were aborted."""
+        import time
+
+        now = time.time()
+        n = 0
+        client = self._mpu_client()
+        for u in self._uploads(prefix):
+            if now - u["Initiated"].timestamp() < older_than:
+                continue
+            try:
+                self._call(
+                    "abort",
+                    self._rel(u["Key"]),
+                    0,
+                    "abort the multipart upload of",
+                    lambda u=u: client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"]
+                    ),
+                )
+            except errors.NotFoundError:
+                continue
+            n += 1
+        return n
+
+    def _abort_uploads_of(self, full: str) -> None:
+        """After a failed whole-object upload: abort what the client library may have left
+        open for exactly this key (best effort; ``cleanup_incomplete`` is the backstop)."""
+        try:
+            client = self._mpu_client()
+            resp = client.list_multipart_uploads(Bucket=self.bucket, Prefix=full)
+            for u in resp.get("Uploads", []):
+                if u["Key"] == full:
+                    client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=u["UploadId"])
+        except Exception as err:  # reported, not raised: the upload's own error is what matters
+            log.warning("could not abort leftover uploads of %s: %s", full, scrub(str(err)))
+
+    def close(self) -> None:
+        if self._janitor_client is not None:
+            self._janitor_client.close()
+            self._janitor_client = None
+
+
+class WholeObjectWriter(Writer):
+    """For client libraries that run the multipart upload themselves (s3fs, pyarrow,
+    obstore): ``write`` queues the caller's buffers (no copy); ``close`` hands them to one
+    ``upload(full_key, pieces, nbytes)`` call, which the library splits into parts and sends
+    concurrently. A failed attempt aborts whatever upload it left open and is retried whole
+    (the caller's buffers are still there), each attempt traced."""
+
+    def __init__(
+        self,
+        store: S3Base,
+        key: str,
+        full: str,
+        upload: Callable[[str, list[memoryview], int], None],
+    ) -> None:
+        self.key = key
+        self._store = store
+        self._full = full
+        self._upload = upload
+        self._pieces: list[memoryview] = []
+        self._nbytes = 0
+        self._done = False
+
+    def write(self, data: Buffer) -> None:
+        if self._done:
+            raise errors.InvalidArgumentError(f"write to {self.key!r} after close/abort")
+        view = as_byte_view(data)
+        if view.nbytes:
+            self._pieces.append(view)
+            self._nbytes += view.nbytes
+
+    def close(self) -> None:
+        if self._done:
+            return
+        pieces, nbytes, full = self._pieces, self._nbytes, self._full
+
+        def attempt() -> None:
+            try:
+                self._upload(full, pieces, nbytes)
+            except BaseException:
+                if nbytes > self._store.part_size:
+                    self._store._abort_uploads_of(full)
+                raise
+
+        try:
+            self._store._call("write", self.key, nbytes, "write", attempt)
+        finally:
+            self._done = True
+            self._pieces = []
+
+    def abort(self) -> None:
+        self._pieces = []
+        self._done = True

@@ -12,13 +12,12 @@ botocore's own retries are off (``total_max_attempts=1``): every attempt goes th
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from ckptio import errors
-from ckptio.store import Buffer, Capabilities, Store, Writer, check_key, option_bool
+from ckptio.store import Buffer, Capabilities, Writer, option_bool
 from ckptio.trace import Trace
 
 from . import _s3common as c
@@ -68,37 +67,7 @@ class _BotoSender:
         self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
 
 
-def make_boto3_client(aws: c.AwsSettings, *, pool_connections: int) -> Any:
-    """A botocore S3 client for ``aws`` with its own retries off and short timeouts."""
-    import botocore.session
-    from botocore import UNSIGNED
-    from botocore.config import Config
-
-    config = Config(
-        region_name=aws.region,
-        connect_timeout=c.CONNECT_TIMEOUT,
-        read_timeout=c.READ_TIMEOUT,
-        retries={"total_max_attempts": 1, "mode": "standard"},  # ours count every attempt
-        max_pool_connections=pool_connections,
-        # payload integrity comes from the CRC32C we send; no SHA-256 of every byte over http
-        s3={"addressing_style": aws.addressing_style, "payload_signing_enabled": False},
-        request_checksum_calculation="when_required",  # we send CRC32C ourselves
-        response_checksum_validation="when_required",  # ckptio checks CRC32C per chunk
-        signature_version=UNSIGNED if aws.anonymous else None,
-    )
-    session = botocore.session.Session()
-    return session.create_client(
-        "s3",
-        region_name=aws.region,
-        endpoint_url=aws.endpoint_url,
-        aws_access_key_id=aws.access_key_id,
-        aws_secret_access_key=aws.secret_access_key,
-        aws_session_token=aws.session_token,
-        config=config,
-    )
-
-
-class Boto3Store(Store):
+class Boto3Store(c.S3Base):
     """S3 through boto3/botocore.
 
     URL: ``s3+boto3://bucket/prefix``. Options (keyword-only; URL query strings work too):
@@ -127,38 +96,17 @@ class Boto3Store(Store):
         multipart=True,
         listing=True,
     )
-    OPTIONS = ("part_size", "streams", "checksum", *c.AWS_OPTIONS)
+    OPTIONS = ("checksum", *c.S3Base.OPTIONS)
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
         super().__init__(url, trace=trace)
-        self.bucket, self.prefix = c.split_bucket(url)
-        self.part_size, self.streams = c.io_options(options)
         self.checksum = option_bool(options.pop("checksum", True), field="checksum")
-        self.aws = c.resolve_aws(options)
+        self._setup(url, options)
         c.reject_unknown(self.name, options, self.OPTIONS)
-        self.client = make_boto3_client(self.aws, pool_connections=self.streams + 4)
+        self.client = c.make_boto3_client(self.aws, pool_connections=self.streams + 4)
+        self._janitor_client = self.client
         self._sender = _BotoSender(self.client, self.bucket, self.checksum)
         self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="ckptio-s3")
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({c.scrub(self.url)!r}, endpoint={self.aws.endpoint_url!r})"
-
-    # -- helpers ------------------------------------------------------------------------------
-    def _full(self, key: str) -> str:
-        check_key(key)
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def _full_prefix(self, prefix: str) -> str:
-        if prefix.startswith("/") or ".." in prefix.split("/"):
-            raise errors.InvalidArgumentError(f"invalid prefix {prefix!r}")
-        return f"{self.prefix}/{prefix}" if self.prefix else prefix
-
-    def _rel(self, full: str) -> str:
-        return full[len(self.prefix) + 1 :] if self.prefix else full
-
-    def _call(self, op: str, key: str, nbytes: int, action: str, fn: Any) -> Any:
-        where = f"{self.name}://{self.bucket}"
-        return self.retrying(op, key, nbytes, lambda: c.guard(action, key, where, fn))
 
     # -- writes ---------------------------------------------------------------------------------
     def open_writer(self, key: str, *, size_hint: int | None = None) -> Writer:
@@ -284,52 +232,7 @@ class Boto3Store(Store):
 
             self._call("delete", batch[0] if len(batch) == 1 else f"{len(batch)} keys", 0, "delete", run)
 
-    # -- debris ---------------------------------------------------------------------------------
-    def _uploads(self, prefix: str) -> list[dict[str, Any]]:
-        full = self._full_prefix(prefix)
-
-        def run() -> list[dict[str, Any]]:
-            out: list[dict[str, Any]] = []
-            kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
-            while True:
-                resp = self.client.list_multipart_uploads(**kw)
-                out += resp.get("Uploads", [])
-                if not resp.get("IsTruncated"):
-                    return out
-                kw["KeyMarker"] = resp["NextKeyMarker"]
-                kw["UploadIdMarker"] = resp["NextUploadIdMarker"]
-
-        return self._call("list", prefix, 0, "list multipart uploads under", run)
-
-    def list_incomplete(self, prefix: str = "") -> list[str]:
-        """Open multipart uploads under ``prefix`` as ``key#upload-id`` (they cost storage
-        until aborted)."""
-        return sorted(f"{self._rel(u['Key'])}#{u['UploadId']}" for u in self._uploads(prefix))
-
-    def cleanup_incomplete(self, prefix: str = "", *, older_than: float = 0.0) -> int:
-        """Abort open multipart uploads under ``prefix`` started more than ``older_than``
-        seconds ago. Returns how many were aborted."""
-        now = time.time()
-        n = 0
-        for u in self._uploads(prefix):
-            if now - u["Initiated"].timestamp() < older_than:
-                continue
-            key = self._rel(u["Key"])
-            try:
-                self._call(
-                    "abort",
-                    key,
-                    0,
-                    "abort the multipart upload of",
-                    lambda u=u: self.client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"]
-                    ),
-                )
-            except errors.NotFoundError:
-                continue
-            n += 1
-        return n
-
     def close(self) -> None:
         self._pool.shutdown(wait=True)
         self.client.close()
+        self._janitor_client = None

@@ -51,3 +51,15 @@ class S3StoreTests(StoreTests):
 
 class TestBoto3(S3StoreTests):
     scheme = "s3+boto3"
+
+
+class TestFsspec(S3StoreTests):
+    scheme = "s3+fsspec"
+
+
+class TestArrow(S3StoreTests):
+    scheme = "s3+arrow"
+
+
+class TestObstore(S3StoreTests):
+    scheme = "s3+obstore"

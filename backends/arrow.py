@@ -1,0 +1,165 @@
+"""S3 through Apache Arrow's C++ filesystem (``pyarrow.fs.S3FileSystem``): ``s3+arrow://``.
+
+Writes go through Arrow's output stream with ``background_writes``: Arrow copies the buffers
+into its own part buffers (forced by the API) and uploads parts from its I/O thread pool
+(resized to at least ``streams`` threads). Arrow chooses its own part size (it has no option
+for it; ``part_size`` here only decides when ckptio aborts leftover uploads) and sends no
+per-part checksum. Reads are ``read_at`` on a random-access file, copied into the caller's
+buffer. Arrow's own retries are off (``AwsStandardS3RetryStrategy(max_attempts=1)``): every
+attempt is ours, traced.
+
+``publish(overwrite=False)`` is best effort (check, then PUT): Arrow cannot send
+``If-None-Match``, so ``capabilities.conditional_create`` is False.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from ckptio import errors
+from ckptio.store import Buffer, Capabilities, Writer
+from ckptio.trace import Trace
+
+from . import _s3common as c
+
+
+class ArrowStore(c.S3Base):
+    """S3 through ``pyarrow.fs``.
+
+    URL: ``s3+arrow://bucket/prefix``. Options: ``part_size`` (bytes, default 8 MiB; see
+    module notes), ``streams`` (int, default 8: Arrow I/O threads at least), the AWS
+    connection options shared by every S3 backend (``endpoint_url``, ``region``,
+    ``profile``, ``access_key_id``, ``secret_access_key``, ``session_token``, ``anonymous``,
+    ``addressing_style``), ``trace``.
+    """
+
+    schemes: ClassVar[tuple[str, ...]] = ("s3+arrow",)
+    name: ClassVar[str] = "s3+arrow"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        atomic_rename=False,
+        range_reads=True,
+        durable_flush=True,
+        conditional_create=False,
+        multipart=True,
+        listing=True,
+    )
+
+    def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
+        import pyarrow
+        from pyarrow import fs as pafs
+
+        super().__init__(url, trace=trace)
+        self._setup(url, options)
+        c.reject_unknown(self.name, options, self.OPTIONS)
+        aws = self.aws
+        kw: dict[str, Any] = {
+            "region": aws.region,
+            "connect_timeout": c.CONNECT_TIMEOUT,
+            "request_timeout": c.READ_TIMEOUT,
+            "background_writes": True,
+            "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=1),
+            "force_virtual_addressing": aws.addressing_style == "virtual",
+        }
+        if aws.anonymous:
+            kw["anonymous"] = True
+        elif aws.has_credentials:
+            kw.update(
+                access_key=aws.access_key_id,
+                secret_key=aws.secret_access_key,
+                session_token=aws.session_token,
+            )
+        if aws.endpoint_url:
+            scheme, _, host = aws.endpoint_url.partition("://")
+            kw.update(scheme=scheme, endpoint_override=host)
+        self.fs = pafs.S3FileSystem(**kw)
+        self._pafs = pafs
+        if pyarrow.io_thread_count() < self.streams:
+            pyarrow.set_io_thread_count(self.streams)
+
+    def _path(self, full: str) -> str:
+        return f"{self.bucket}/{full}"
+
+    # -- writes -----------------------------------------------------------------------------
+    def _upload(self, full: str, pieces: list[memoryview], nbytes: int) -> None:
+        stream = self.fs.open_output_stream(self._path(full))
+        try:
+            for p in pieces:
+                stream.write(p)
+        except BaseException:
+            stream.close()  # Arrow has no abort: the caller aborts the upload left open
+            raise
+        stream.close()
+
+    def open_writer(self, key: str, *, size_hint: int | None = None) -> Writer:
+        return c.WholeObjectWriter(self, key, self._full(key), self._upload)
+
+    def publish(self, key: str, data: bytes, *, overwrite: bool = True) -> None:
+        full = self._full(key)
+        data = bytes(data)
+        if not overwrite and self.exists(key):
+            raise errors.AlreadyExistsError(f"{self.where}/{full} already exists")
+        self._call(
+            "put", key, len(data), "publish", lambda: self._upload(full, [memoryview(data)], len(data))
+        )
+
+    # -- reads ------------------------------------------------------------------------------
+    def read_into(self, key: str, offset: int, buffer: Buffer) -> int:
+        path = self._path(self._full(key))
+        out = memoryview(buffer).cast("B")
+        if offset < 0:
+            raise errors.InvalidArgumentError(f"negative offset {offset} for {key!r}")
+        if out.nbytes == 0:
+            return 0
+
+        def get() -> int:
+            with self.fs.open_input_file(path) as f:
+                size = f.size()
+                want = max(0, min(out.nbytes, size - offset))
+                if want == 0:
+                    return 0
+                buf = f.read_at(want, offset)
+            n = len(buf)
+            out[:n] = memoryview(buf)
+            if n != want:
+                raise errors.TransientStorageError(f"{self.name}: short read of {key!r}: {n} of {want} bytes")
+            return n
+
+        return self._call("get", key, out.nbytes, "read", get)
+
+    # -- metadata ---------------------------------------------------------------------------
+    def list(self, prefix: str = "") -> list[str]:
+        full = self._full_prefix(prefix)
+        directory = self._path(full.rsplit("/", 1)[0]) if "/" in full else self.bucket
+        want = self._path(full)
+        strip = len(self._path(self.prefix)) + 1 if self.prefix else len(self.bucket) + 1
+
+        def run() -> list[str]:
+            sel = self._pafs.FileSelector(directory, recursive=True, allow_not_found=True)
+            infos = self.fs.get_file_info(sel)
+            return [
+                i.path[strip:]
+                for i in infos
+                if i.type == self._pafs.FileType.File and i.path.startswith(want)
+            ]
+
+        return sorted(self._call("list", prefix, 0, "list", run))
+
+    def size(self, key: str) -> int:
+        path = self._path(self._full(key))
+        info = self._call("head", key, 0, "stat", lambda: self.fs.get_file_info(path))
+        if info.type != self._pafs.FileType.File:
+            raise errors.NotFoundError(f"{self.where}: no object {key!r}")
+        return int(info.size)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            path = self._path(self._full(key))
+
+            def run(path: str = path) -> None:
+                try:
+                    self.fs.delete_file(path)
+                except FileNotFoundError:
+                    pass
+
+            self._call("delete", key, 0, "delete", run)

@@ -1,0 +1,238 @@
+"""Any fsspec filesystem: ``s3+fsspec://bucket/prefix`` (s3fs) and ``fsspec+<proto>://path``
+(gcsfs, adlfs, memory, ... whatever fsspec knows, with their own options).
+
+Writes hand the whole object to ``fs.pipe_file`` at ``close``: for s3fs that is a multipart
+upload of ``part_size`` parts, ``streams`` at a time, aborted by s3fs on failure. fsspec's
+pipe takes one ``bytes`` object, so every object is joined once (one copy of the object,
+forced by the API: aiobotocore refuses memoryviews). Reads are
+``cat_file(start, end)`` copied into the caller's buffer.
+
+For S3, s3fs's own retries are off (``retries=1`` and botocore's ``total_max_attempts=1``):
+every attempt goes through :meth:`Store.retrying` and is traced. For other protocols retries
+are whatever that filesystem does, plus ours for errors that look transient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from ckptio import errors
+from ckptio.store import Buffer, Capabilities, Writer
+from ckptio.trace import Trace
+
+from . import _s3common as c
+
+
+class FsspecStore(c.S3Base):
+    """A store on an fsspec filesystem.
+
+    URLs: ``s3+fsspec://bucket/prefix`` (s3fs), ``fsspec+<proto>://<path>`` (e.g.
+    ``fsspec+gs://bucket/ckpt``, ``fsspec+memory://tmp/ckpt``).
+
+    Options (keyword-only; URL query strings work too):
+
+    - ``part_size`` (bytes, default 8 MiB, 5 MiB..5 GiB), ``streams`` (int, default 8): the
+      multipart upload's part size and parts in flight (s3fs);
+    - for S3, the AWS connection options of every S3 backend (``endpoint_url``, ``region``,
+      ``profile``, ``access_key_id``, ``secret_access_key``, ``session_token``, ``anonymous``,
+      ``addressing_style``), resolved the AWS way (environment, config files);
+    - for other protocols, ``storage_options`` (a dict) goes to ``fsspec.filesystem``;
+    - ``trace``.
+    """
+
+    schemes: ClassVar[tuple[str, ...]] = ("s3+fsspec", "fsspec")
+    name: ClassVar[str] = "s3+fsspec"
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        atomic_rename=False,
+        range_reads=True,
+        durable_flush=True,
+        conditional_create=True,  # s3fs sends If-None-Match: * for mode="create"
+        multipart=True,
+        listing=True,
+    )
+
+    def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
+        import fsspec
+
+        super().__init__(url, trace=trace)
+        scheme, _, rest = url.partition("://")
+        proto = scheme.split("+", 1)[1] if scheme.startswith("fsspec+") else "s3"
+        if scheme == "fsspec":
+            raise errors.InvalidArgumentError(
+                "fsspec:// needs a protocol: fsspec+<proto>://path (e.g. fsspec+gs://bucket/ckpt)"
+            )
+        self.protocol = proto
+        self._is_s3 = proto in ("s3", "s3a")
+        if self._is_s3:
+            self._setup(url.replace(scheme, "s3", 1), options)
+            c.reject_unknown(self.name, options, self.OPTIONS)
+            self.fs = _s3fs(self.aws, self.streams)
+            self.root = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
+        else:
+            storage_options = dict(options.pop("storage_options", None) or {})
+            self.part_size, self.streams = c.io_options(options)
+            c.reject_unknown(f"fsspec+{proto}", options, ("part_size", "streams", "storage_options"))
+            self.aws = c.AwsSettings(region="", endpoint_url=None)
+            self.bucket, self.prefix = rest.split("/", 1)[0], ""
+            self._janitor_client = None
+            self.fs = fsspec.filesystem(proto, **storage_options)
+            self.root = rest.strip("/")
+            self.name = f"fsspec+{proto}"  # type: ignore[misc]
+            self.capabilities = Capabilities(  # type: ignore[misc]
+                atomic_rename=False, conditional_create=False, multipart=False, listing=True
+            )
+
+    @property
+    def where(self) -> str:
+        return f"{self.name}://{self.root}"
+
+    def _path(self, full: str) -> str:
+        # full is relative to the bucket for S3; build the fsspec path
+        if self._is_s3:
+            return f"{self.bucket}/{full}"
+        return f"{self.root}/{full}" if self.root else full
+
+    def _full(self, key: str) -> str:
+        if self._is_s3:
+            return super()._full(key)
+        from ckptio.store import check_key
+
+        return check_key(key)
+
+    # -- writes -----------------------------------------------------------------------------
+    def _upload(self, full: str, pieces: list[memoryview], nbytes: int, mode: str = "overwrite") -> None:
+        data = b"".join(pieces)  # pipe_file (aiobotocore underneath) takes bytes only
+        path = self._path(full)
+        if self._is_s3:
+            self.fs.pipe_file(
+                path, data, chunksize=self.part_size, max_concurrency=self.streams, mode=mode
+            )
+        else:
+            self.fs.pipe_file(path, data)
+
+    def open_writer(self, key: str, *, size_hint: int | None = None) -> Writer:
+        return c.WholeObjectWriter(self, key, self._full(key), self._upload)
+
+    def publish(self, key: str, data: bytes, *, overwrite: bool = True) -> None:
+        full = self._full(key)
+        data = bytes(data)
+        attempts = [0]
+
+        def put() -> None:
+            attempts[0] += 1
+            if not overwrite and not self._is_s3 and self.fs.exists(self._path(full)):
+                raise errors.AlreadyExistsError(f"{self.where}/{full} already exists")
+            self._upload(full, [memoryview(data)], len(data), "overwrite" if overwrite else "create")
+
+        try:
+            self._call("put", key, len(data), "publish", put)
+        except errors.AlreadyExistsError:
+            if attempts[0] > 1 and self._get_or_none(key) == data:
+                return  # our own earlier attempt landed before its response was lost
+            raise errors.AlreadyExistsError(
+                f"{self.where}/{full} already exists (another writer committed it)"
+            ) from None
+
+    def _get_or_none(self, key: str) -> bytes | None:
+        try:
+            return self.get(key)
+        except errors.NotFoundError:
+            return None
+
+    # -- reads ------------------------------------------------------------------------------
+    def read_into(self, key: str, offset: int, buffer: Buffer) -> int:
+        path = self._path(self._full(key))
+        out = memoryview(buffer).cast("B")
+        if offset < 0:
+            raise errors.InvalidArgumentError(f"negative offset {offset} for {key!r}")
+        if out.nbytes == 0:
+            return 0
+
+        def get() -> int:
+            try:
+                data = self.fs.cat_file(path, start=offset, end=offset + out.nbytes)
+            except Exception as err:
+                code, status = c.error_details(err)
+                if code == "InvalidRange" or status == 416:
+                    self.fs.info(path)  # raises if the key is missing
+                    return 0
+                raise
+            n = len(data)
+            out[:n] = data
+            return n
+
+        return self._call("get", key, out.nbytes, "read", get)
+
+    # -- metadata ---------------------------------------------------------------------------
+    def list(self, prefix: str = "") -> list[str]:
+        if prefix.startswith("/") or ".." in prefix.split("/"):
+            raise errors.InvalidArgumentError(f"invalid prefix {prefix!r}")
+        root = self.root.strip("/")
+        want = f"{root}/{prefix}" if root else prefix
+        directory = want.rsplit("/", 1)[0] if "/" in prefix else root
+
+        def run() -> list[str]:
+            with contextlib.suppress(FileNotFoundError):
+                found = (p.lstrip("/") for p in self.fs.find(directory, withdirs=False))
+                strip = len(root) + 1 if root else 0
+                return [p[strip:] for p in found if p.startswith(want)]
+            return []
+
+        return sorted(self._call("list", prefix, 0, "list", run))
+
+    def size(self, key: str) -> int:
+        path = self._path(self._full(key))
+        info = self._call("head", key, 0, "stat", lambda: self.fs.info(path))
+        if info.get("type") == "directory":
+            raise errors.NotFoundError(f"{self.where}: no object {key!r}")
+        return int(info["size"])
+
+    def delete(self, keys: Iterable[str]) -> None:
+        paths = [self._path(self._full(k)) for k in keys]
+        if not paths:
+            return
+
+        def run() -> None:
+            if self._is_s3:
+                self.fs.rm(paths)  # DeleteObjects in batches; missing keys are fine
+                return
+            for p in paths:
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(p)
+
+        self._call("delete", paths[0] if len(paths) == 1 else f"{len(paths)} keys", 0, "delete", run)
+
+    def list_incomplete(self, prefix: str = "") -> list[str]:
+        return super().list_incomplete(prefix) if self._is_s3 else []
+
+    def cleanup_incomplete(self, prefix: str = "", *, older_than: float = 0.0) -> int:
+        return super().cleanup_incomplete(prefix, older_than=older_than) if self._is_s3 else 0
+
+
+def _s3fs(aws: c.AwsSettings, streams: int) -> Any:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(
+        key=aws.access_key_id,
+        secret=aws.secret_access_key,
+        token=aws.session_token,
+        anon=aws.anonymous,
+        endpoint_url=aws.endpoint_url,
+        client_kwargs={"region_name": aws.region},
+        config_kwargs={
+            "connect_timeout": c.CONNECT_TIMEOUT,
+            "read_timeout": c.READ_TIMEOUT,
+            "retries": {"total_max_attempts": 1, "mode": "standard"},
+            "max_pool_connections": streams + 4,
+            "s3": {"addressing_style": aws.addressing_style, "payload_signing_enabled": False},
+            "request_checksum_calculation": "when_required",
+            "response_checksum_validation": "when_required",
+        },
+        skip_instance_cache=True,
+        use_listings_cache=False,
+        max_concurrency=streams,
+    )
+    fs.retries = 1  # s3fs's own retry loop: one attempt; ours retry and count
+    return fs
