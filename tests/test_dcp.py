@@ -264,8 +264,8 @@ def test_checkpoint_id_forms_and_errors(tmp_path: Path) -> None:
     assert w.step == 13
     with pytest.raises(errors.InvalidArgumentError, match="does not name a step"):
         StorageWriter(f"file://{tmp_path}/run")
-    with pytest.raises(errors.ManifestError, match="not written by torch.distributed.checkpoint"):
-        ckptio.save({"w": np.zeros(3)}, str(tmp_path), step=4)
+    ckptio.save({"w": np.zeros(3)}, str(tmp_path), step=4)
+    with pytest.raises(errors.ManifestError, match=r"not written by torch\.distributed\.checkpoint"):
         StorageReader(str(tmp_path), step=4).read_metadata()
     with pytest.raises(FileNotFoundError):
         StorageReader(str(tmp_path), step=99).read_metadata()
