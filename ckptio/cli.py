@@ -283,6 +283,25 @@ def _cmd_model(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- plan / run / sweep (the comparison workload) ---------------------------------------------
+
+
+def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from ckptio.workload import add_workload_arguments
+
+    p = sub.add_parser("plan", help="checkpoint size, ranks, bytes/objects/requests per rank of a "
+                       "model preset and parallel layout")
+    add_workload_arguments(p)
+    p.add_argument("--part-size", help="request size to count requests at (default 8MiB)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from ckptio.workload import cmd_plan
+
+    return cmd_plan(args, console)
+
+
 # -- main -------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, tuple[Callable[..., None], Callable[[argparse.Namespace], int]]] = {
@@ -292,6 +311,7 @@ COMMANDS: dict[str, tuple[Callable[..., None], Callable[[argparse.Namespace], in
     "profiles": (_add_profiles, _cmd_profiles),
     "model": (_add_model, _cmd_model),
     "gc": (_add_gc, _cmd_gc),
+    "plan": (_add_plan, _cmd_plan),
 }
 
 

@@ -1,0 +1,389 @@
+"""Run records as Arrow tables, written as Parquet with a JSON sidecar.
+
+A result directory holds, per run, ``<run_id>.requests.parquet`` (one row per storage
+request, from every rank's trace), ``<run_id>.phases.parquet`` (one row per rank x iteration
+x phase), ``<run_id>.run.parquet`` (one row per iteration of the run, with the aggregate
+figures) and ``<run_id>.json`` (machine, versions, configuration, UTC time; credentials
+scrubbed). Several runs may share a directory; :func:`read_results` merges any set of files
+or directories, from any machine or site, into one :class:`Results` (the schemas are fixed
+here, so tables concatenate; the ``site`` column tells sites apart).
+
+Units: bytes, seconds (``start``/``end`` are epoch seconds), GB/s = 1e9 bytes/s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import secrets
+import socket
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from ckptio import errors
+
+
+def _pa() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.parquet  # the submodule, used as pyarrow.parquet
+    except ImportError as err:
+        raise errors.BackendUnavailableError(
+            "result files need pyarrow; pip install 'ckptio[report]'"
+        ) from err
+    return pyarrow
+
+
+# -- schemas ----------------------------------------------------------------------------------
+
+REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("run_id", "string"),
+    ("target", "string"),
+    ("rank", "int32"),
+    ("iteration", "int32"),
+    ("phase", "string"),
+    ("op", "string"),
+    ("key", "string"),
+    ("nbytes", "int64"),
+    ("start", "float64"),
+    ("end", "float64"),
+    ("seconds", "float64"),
+    ("attempt", "int32"),
+    ("outcome", "string"),
+    ("backend", "string"),
+    ("thread", "int64"),
+)
+"""One storage request (or retry attempt). ``phase`` is ``write`` or ``read``."""
+
+PHASE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("run_id", "string"),
+    ("target", "string"),
+    ("rank", "int32"),
+    ("iteration", "int32"),
+    ("phase", "string"),
+    ("bytes", "int64"),
+    ("seconds", "float64"),
+    ("start", "float64"),
+    ("end", "float64"),
+    ("cache", "string"),
+)
+"""One phase of one rank in one iteration: generate, write, flush, commit, read, verify.
+``cache`` says how the read phase bypassed the page cache (o_direct, fadvise, drop_caches,
+none) and is ``n/a`` elsewhere."""
+
+RUN_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("run_id", "string"),
+    ("target", "string"),
+    ("url", "string"),
+    ("backend", "string"),
+    ("preset", "string"),
+    ("scale", "float64"),
+    ("ranks", "int32"),
+    ("writing_ranks", "int32"),
+    ("iteration", "int32"),
+    ("checkpoint_bytes", "int64"),
+    ("objects", "int64"),
+    ("write_seconds", "float64"),
+    ("write_gbps", "float64"),
+    ("min_rank_write_gbps", "float64"),
+    ("read_seconds", "float64"),
+    ("read_gbps", "float64"),
+    ("min_rank_read_gbps", "float64"),
+    ("requests", "int64"),
+    ("retries", "int64"),
+    ("throttled", "int64"),
+    ("errors", "int64"),
+    ("generate_gbps", "float64"),
+    ("streams", "int32"),
+    ("part_size", "int64"),
+    ("emulated", "bool_"),
+    ("profile", "string"),
+    ("mock", "bool_"),
+    ("site", "string"),
+    ("kind", "string"),
+    ("sweep_streams", "int32"),
+    ("sweep_part_size", "int64"),
+)
+"""One iteration of a run. ``write_seconds``: the maximum over ranks from the start barrier
+to the commit (write + durable flush + commit); ``write_gbps = checkpoint_bytes /
+write_seconds / 1e9``; ``min_rank_*_gbps``: the slowest rank's own bytes over its own time
+(MLPerf Storage's metric); ``generate_gbps``: synthetic data generated per second of
+generation work (per generating thread)."""
+
+TABLES = {"requests": REQUEST_COLUMNS, "phases": PHASE_COLUMNS, "run": RUN_COLUMNS}
+
+
+def schema(name: str) -> Any:
+    """The Arrow schema of table ``requests``, ``phases`` or ``run``."""
+    pa = _pa()
+    return pa.schema([(col, getattr(pa, typ)()) for col, typ in TABLES[name]])
+
+
+def table(name: str, columns: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> Any:
+    """An Arrow table of schema ``name`` from a dict of columns or a list of row dicts.
+    Missing columns are an error (a schema that drifts would break merging)."""
+    pa = _pa()
+    sch = schema(name)
+    if isinstance(columns, Mapping):
+        cols = columns
+    else:
+        rows = list(columns)
+        cols = {c: [r.get(c) for r in rows] for c, _ in TABLES[name]}
+        for c, _ in TABLES[name]:
+            if rows and any(c not in r for r in rows):
+                raise errors.InvalidArgumentError(f"{name} row lacks column {c!r}")
+    missing = [c for c in sch.names if c not in cols]
+    if missing:
+        raise errors.InvalidArgumentError(f"{name} table lacks column(s) {missing}")
+    return pa.table({c: pa.array(cols[c], type=sch.field(c).type) for c in sch.names}, schema=sch)
+
+
+# -- identifiers, scrubbing, machine ----------------------------------------------------------
+
+
+def new_run_id(label: str, *, now: datetime | None = None) -> str:
+    """``<UTC yyyymmddTHHMMSS>-<label>-<6 hex>``; the label is reduced to ``[A-Za-z0-9.-]``."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%S")
+    clean = re.sub(r"[^A-Za-z0-9.-]+", "-", label).strip("-")[:48] or "run"
+    return f"{stamp}-{clean}-{secrets.token_hex(3)}"
+
+
+_SECRET_NAME = re.compile(
+    r"(secret|password|passwd|token|credential|signature|sig$|^key$|access.?key|session|auth|"
+    r"x-amz-security|x-amz-credential|x-amz-signature|api.?key|sas)",
+    re.IGNORECASE,
+)
+
+
+def scrub_url(url: str) -> str:
+    """``url`` without credentials: user info dropped, secret-looking query values
+    replaced by ``***``. Plain paths pass unchanged."""
+    if "://" not in url:
+        return url
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, "***" if _SECRET_NAME.search(k) else v) for k, v in pairs],
+                          safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def scrub(obj: Any) -> Any:
+    """A JSON-able copy of ``obj`` with secret-looking keys dropped and URLs scrubbed."""
+    if isinstance(obj, Mapping):
+        return {str(k): scrub(v) for k, v in obj.items()
+                if not _SECRET_NAME.search(str(k)) and str(k) not in ("env", "environ")}
+    if isinstance(obj, list | tuple):
+        return [scrub(v) for v in obj]
+    if isinstance(obj, str):
+        return scrub_url(obj) if "://" in obj else obj
+    if obj is None or isinstance(obj, bool | int | float):
+        return obj
+    return str(obj)
+
+
+def filesystem_type(path: str) -> str:
+    """The mounted filesystem type holding ``path`` (from /proc/mounts), or ``""``."""
+    try:
+        with open("/proc/mounts", encoding="utf-8") as f:
+            mounts = [line.split()[:3] for line in f if len(line.split()) >= 3]
+    except OSError:
+        return ""
+    real = os.path.realpath(path)
+    best, fstype = "", ""
+    for _dev, mnt, typ in mounts:
+        mnt = mnt.replace("\\040", " ")
+        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+            best, fstype = mnt, typ
+    return fstype
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(target_path: str | None = None) -> dict[str, Any]:
+    """Hostname, CPU, cores, memory (bytes), kernel, and the filesystem type of a file://
+    target."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 0
+    return {
+        "hostname": socket.gethostname(),
+        "cpu": _cpu_name(),
+        "cores": os.cpu_count() or 0,
+        "memory_bytes": int(memory),
+        "kernel": platform.release(),
+        "os": platform.platform(),
+        "filesystem": filesystem_type(target_path) if target_path else "",
+    }
+
+
+_VERSIONED = ("ckptio", "numpy", "pyarrow", "crc32c", "cryptography", "boto3", "botocore",
+              "s3fs", "fsspec", "obstore", "mpi4py", "torch", "moto")
+
+
+def versions() -> dict[str, str]:
+    """Python and the versions of the packages that shape a result (absent ones omitted)."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for name in _VERSIONED:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def sidecar(
+    run_id: str,
+    *,
+    config: Mapping[str, Any],
+    target_path: str | None = None,
+    emulated: bool = False,
+    profile: str = "",
+    mock: bool = False,
+    labels: Mapping[str, Any] | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON sidecar of a run (credentials scrubbed from ``config`` and ``extra``)."""
+    doc: dict[str, Any] = {
+        "run_id": run_id,
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "machine": machine_info(target_path),
+        "versions": versions(),
+        "config": scrub(dict(config)),
+        "emulated": bool(emulated),
+        "profile": profile,
+        "mock": bool(mock),
+        "labels": scrub(dict(labels or {})),
+    }
+    if extra:
+        doc.update(scrub(dict(extra)))
+    return doc
+
+
+# -- writing and reading ----------------------------------------------------------------------
+
+
+def write_run(
+    out_dir: str | os.PathLike[str],
+    *,
+    requests: Any,
+    phases: Any,
+    runs: Any,
+    sidecar: Mapping[str, Any],
+) -> list[Path]:
+    """Write the three tables (Arrow tables of :func:`schema`) and the sidecar of one run
+    under ``out_dir`` (created). Files appear complete or not at all (temp + rename).
+    Returns the paths written."""
+    pa = _pa()
+    import pyarrow.parquet as pq
+
+    run_id = str(sidecar["run_id"])
+    if not re.fullmatch(r"[A-Za-z0-9.-]+", run_id):
+        raise errors.InvalidArgumentError(f"run_id {run_id!r} must be [A-Za-z0-9.-]")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, tbl in (("requests", requests), ("phases", phases), ("run", runs)):
+        if not isinstance(tbl, pa.Table):
+            tbl = table(name, tbl)
+        tbl = tbl.select(schema(name).names).cast(schema(name))
+        path = out / f"{run_id}.{name}.parquet"
+        tmp = path.with_name(f".{path.name}.tmp")
+        pq.write_table(tbl, tmp, compression="zstd")
+        os.replace(tmp, path)
+        paths.append(path)
+    path = out / f"{run_id}.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(sidecar, indent=2, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    paths.append(path)
+    return paths
+
+
+@dataclass
+class Results:
+    """Merged result tables of any number of runs."""
+
+    requests: Any
+    phases: Any
+    runs: Any
+    sidecars: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def run_ids(self) -> list[str]:
+        return sorted(set(self.runs.column("run_id").to_pylist()))
+
+
+def _run_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found.extend(sorted(p.glob("*.run.parquet")))
+        elif p.name.endswith(".run.parquet"):
+            found.append(p)
+        elif p.suffix == ".json" or p.name.endswith((".requests.parquet", ".phases.parquet")):
+            stem = p.name.split(".")[0]
+            found.append(p.with_name(f"{stem}.run.parquet"))
+        elif not p.exists():
+            raise errors.NotFoundError(f"no result file or directory {p}")
+        else:
+            raise errors.InvalidArgumentError(
+                f"{p} is not a result file (*.run.parquet, *.requests.parquet, "
+                "*.phases.parquet, <run_id>.json) or a directory of them"
+            )
+    unique = list(dict.fromkeys(found))
+    for f in unique:
+        if not f.exists():
+            raise errors.NotFoundError(f"result file {f} is missing")
+    return unique
+
+
+def read_results(paths: Sequence[str | os.PathLike[str]]) -> Results:
+    """Read and concatenate the results of every run named by ``paths`` (files or
+    directories, scanned for ``*.run.parquet``). Missing request/phase files give empty
+    tables for that run; a missing sidecar gives no sidecar entry."""
+    pa = _pa()
+    import pyarrow.parquet as pq
+
+    files = _run_files([paths] if isinstance(paths, str | os.PathLike) else paths)
+    parts: dict[str, list[Any]] = {"requests": [], "phases": [], "run": []}
+    sidecars: list[dict[str, Any]] = []
+    for run_file in files:
+        run_id = run_file.name[: -len(".run.parquet")]
+        for name in parts:
+            f = run_file.with_name(f"{run_id}.{name}.parquet")
+            if f.exists():
+                t = pq.read_table(f)
+                parts[name].append(t.select(schema(name).names).cast(schema(name)))
+        side = run_file.with_name(f"{run_id}.json")
+        if side.exists():
+            try:
+                sidecars.append(json.loads(side.read_text(encoding="utf-8")))
+            except json.JSONDecodeError as err:
+                raise errors.InvalidArgumentError(f"{side} is not valid JSON: {err}") from None
+
+    def cat(name: str) -> Any:
+        tables = parts[name]
+        return pa.concat_tables(tables) if tables else schema(name).empty_table()
+
+    return Results(cat("requests"), cat("phases"), cat("run"), sidecars)
