@@ -159,10 +159,12 @@ class Workload:
     prefixes: int = 1
     """Key prefixes the objects spread over (``flat`` layout 1, ``hashed`` up to 256): request
     rates that apply per prefix multiply with it."""
+    object_concurrency: int = 1
+    """Objects a rank writes at once (each object's parts still go out in parallel)."""
 
     def __post_init__(self) -> None:
         for f in ("total_bytes", "writing_ranks", "bytes_per_rank", "objects_per_rank",
-                  "ranks_per_node", "prefixes"):
+                  "ranks_per_node", "prefixes", "object_concurrency"):
             if getattr(self, f) < (0 if f == "total_bytes" else 1):
                 raise errors.InvalidArgumentError(f"workload: {f} must be >= 1, got "
                                                   f"{getattr(self, f)}")
@@ -184,21 +186,27 @@ class Workload:
         return self.bytes_per_rank * self.writers_per_node
 
     @classmethod
-    def from_plan(cls, plan: Any, *, ranks_per_node: int = 8, prefixes: int = 1) -> Workload:
-        """A workload from a :mod:`ckptio.workload` plan (or its JSON dict)."""
+    def from_plan(cls, plan: Any, *, ranks_per_node: int = 8, prefixes: int = 1,
+                  object_concurrency: int = 1) -> Workload:
+        """A workload from a :class:`ckptio.workload.Plan` (or its ``summary()`` dict)."""
         d = plan if isinstance(plan, Mapping) else _plan_dict(plan)
+        objects_per_rank = d.get("objects_per_rank_max")
+        per_rank = getattr(plan, "_objects_per_rank", None)
+        if objects_per_rank is None and callable(per_rank):
+            objects_per_rank = int(per_rank()[0].max())
         try:
             writing = int(d["writing_ranks"])
             return cls(
                 total_bytes=int(d["total_bytes"]),
                 writing_ranks=writing,
                 bytes_per_rank=int(d.get("bytes_per_rank_max") or d["total_bytes"] // writing),
-                objects_per_rank=max(1, int(d.get("objects_per_rank_max")
+                objects_per_rank=max(1, int(objects_per_rank
                                             or -(-int(d.get("objects", writing)) // writing))),
                 ranks=int(d.get("ranks", writing)),
                 ranks_per_node=ranks_per_node,
                 name=str(d.get("preset") or d.get("name") or ""),
                 prefixes=prefixes,
+                object_concurrency=object_concurrency,
             )
         except KeyError as err:
             raise errors.InvalidArgumentError(f"plan lacks field {err.args[0]!r}") from None
@@ -285,24 +293,28 @@ def estimate(
     part = part_size or p.part_size
     obj_bytes = -(-w.bytes_per_rank // w.objects_per_rank)
     parts_per_object = max(1, -(-obj_bytes // part))
-    node_requests = w.writers_per_node * w.objects_per_rank * parts_per_object
-    node_objects = w.writers_per_node * w.objects_per_rank
     total_requests = w.writing_ranks * w.objects_per_rank * parts_per_object
-    used = max(1, min(streams, node_requests))
+    # objects go out in groups of object_concurrency per rank; a group's parts share the streams
+    in_flight_objects = min(w.object_concurrency, w.objects_per_rank)
+    groups = -(-w.objects_per_rank // in_flight_objects)
+    in_flight = w.writers_per_node * in_flight_objects * parts_per_object
+    used = max(1, min(streams, in_flight))
+    rounds = groups * -(-in_flight // used)  # requests each stream sends, one after another
     lat, sbw = p.value("request_latency"), p.value("stream_bandwidth")
     nbw, abw = p.value("node_bandwidth"), p.value("aggregate_bandwidth")
     rate = p.value("write_request_rate" if phase == "write" else "read_request_rate")
     meta = p.value("metadata_latency")
 
     t_stream = w.node_bytes / (used * sbw)
-    t_latency = -(-node_requests // used) * lat
+    t_latency = rounds * lat
     t_node = w.node_bytes / nbw
     t_agg = w.total_bytes / abw
     partitions = 1 if p.rate_scope == "bucket" else w.prefixes
     t_rate = 0.0 if p.rate_scope == "none" else total_requests / (rate * partitions)
     t_cpu = w.node_bytes / (client_cpu_bandwidth * w.writers_per_node)
     meta_ops = 2 if phase == "write" else 1  # create + commit; a read opens (HEAD)
-    t_meta = -(-node_objects // used) * meta_ops * meta + (meta if phase == "write" else 0.0)
+    # create and commit of each group, in series with its data; then the manifest
+    t_meta = groups * meta_ops * meta + (meta if phase == "write" else 0.0)
 
     path = t_stream + t_latency
     others = {
@@ -319,7 +331,7 @@ def estimate(
     details = {
         "per-stream bandwidth": f"{n_w} writing node{'s' if n_w != 1 else ''} {X} {s_used} "
         f"stream{'s' if s_used != 1 else ''} {X} {human_rate(sbw)}",
-        "request latency": f"{-(-node_requests // used)} requests per stream {X} "
+        "request latency": f"{rounds} requests per stream {X} "
         f"{human_seconds(lat)} ({human_size(part)} parts)",
         "node link": f"{n_w} writing node{'s' if n_w != 1 else ''} {X} {human_rate(nbw)}",
         "aggregate bandwidth": f"{human_rate(abw)} shared by all {w.writing_ranks} writers",
@@ -328,7 +340,7 @@ def estimate(
         + (f" ({p.throttle.split(';')[0]} past it)" if p.throttle else ""),
         "client CPU": f"{w.writers_per_node} ranks per node {X} {human_rate(client_cpu_bandwidth)} "
         "(checksums, copies)",
-        "metadata": f"{-(-node_objects // used) * meta_ops + (1 if phase == 'write' else 0)} "
+        "metadata": f"{groups * meta_ops + (1 if phase == 'write' else 0)} "
         f"operations in series {X} {human_seconds(meta)}",
     }
     path_binds = path >= others[slowest_other]
@@ -636,7 +648,7 @@ def preset_workload(preset: str, *, gpus: int | None = None, ranks_per_node: int
     kwargs: dict[str, Any] = {}
     if gpus:
         kwargs["gpus"] = gpus
-    plan = wl.plan_preset(preset, **kwargs)
+    plan = wl.make_plan(preset, **kwargs)
     return Workload.from_plan(plan, ranks_per_node=ranks_per_node, prefixes=prefixes)
 
 

@@ -1,0 +1,324 @@
+"""Emulate a storage profile on any store: ``shaped+<url>?profile=cloud-s3``.
+
+``shaped+memory://x?profile=cloud-s3`` or ``shaped+file:///tmp/x?profile=abci-lustre`` behaves
+like the wrapped store (the data really goes there) but takes as long as the profile says, so a
+laptop run shows the behaviour of the storage class: every data request pays the request
+latency and travels through one stream at the per-stream bandwidth, through the node link and
+the aggregate bandwidth (reservations on shared links: concurrent streams share them), and
+metadata requests pay the metadata latency. A request-rate limiter (a token bucket per key
+prefix, or per store) answers requests over the rate with :class:`~ckptio.errors.
+ThrottledError` ("503 SlowDown"), the same error the real S3 backend raises, so the retry
+path runs and the trace records ``throttled`` attempts.
+
+This is **emulation by sleeping, not a measurement**: results through it are marked
+``emulated`` (the runner and the reports show it). Emulated time replaces the wrapped store's
+own time when it is longer (the real operation runs inside the emulated window).
+
+Options (URL query or keyword), besides the wrapped store's own:
+
+- ``profile``: a profile name (``ckptio profiles``) or a ``.toml`` path. Default ``cloud-s3``.
+- ``streams``: concurrent streams (connections) of this store. Default: the profile's.
+- ``part_size``: bytes per data request (``8MiB``). Default: the profile's.
+- ``ranks``: processes sharing the aggregate bandwidth and request rates (each gets 1/ranks).
+  Default 1.
+- ``ranks_per_node``: processes sharing one node link (each gets 1/ranks_per_node). Default 1.
+- any profile figure by name (``stream_bandwidth=100MB/s``, ``request_latency=20ms``, ...).
+
+The data path: ``write`` hands buffers to the wrapped writer at once (no copy) and queues one
+emulated request per ``part_size`` bytes on the stream pool; ``close`` waits for them, then
+commits. ``read_into`` splits the buffer into ``part_size`` ranged reads run on the streams.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, ClassVar, TypeVar
+
+from ckptio import errors
+from ckptio.profiles import FIGURES, Profile, load_profile
+from ckptio.store import (
+    Buffer,
+    Capabilities,
+    Store,
+    Writer,
+    as_byte_view,
+    check_key,
+    option_int,
+    parse_size,
+)
+from ckptio.trace import Trace
+
+T = TypeVar("T")
+
+_SHAPED_OPTIONS = ("profile", "streams", "part_size", "ranks", "ranks_per_node")
+
+
+def _sleep_until(deadline: float) -> None:
+    delay = deadline - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+class _Link:
+    """A shared link of ``rate`` bytes/s: transfers reserve it first come, first served."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._free_at = 0.0
+        self._lock = threading.Lock()
+
+    def reserve(self, nbytes: int, start: float) -> float:
+        """Monotonic time at which ``nbytes`` starting no earlier than ``start`` are through."""
+        if math.isinf(self.rate):
+            return start
+        with self._lock:
+            begin = max(start, self._free_at)
+            self._free_at = begin + nbytes / self.rate
+            return self._free_at
+
+
+class _RateLimiter:
+    """Token buckets of ``rate`` requests/s (burst: one second's worth), one per scope key."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.burst = max(1.0, rate)
+        self._buckets: dict[str, tuple[float, float]] = {}  # scope -> (tokens, at)
+        self._lock = threading.Lock()
+
+    def admit(self, scope: str) -> bool:
+        if math.isinf(self.rate):
+            return True
+        now = time.monotonic()
+        with self._lock:
+            tokens, at = self._buckets.get(scope, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - at) * self.rate)
+            if tokens >= 1.0:
+                self._buckets[scope] = (tokens - 1.0, now)
+                return True
+            self._buckets[scope] = (tokens, now)
+            return False
+
+
+class _ShapedWriter(Writer):
+    def __init__(self, store: ShapedStore, key: str, size_hint: int | None) -> None:
+        self.key = key
+        self._store = store
+        self._nbytes = 0
+        self._pending = 0  # bytes not yet sent as an emulated part
+        self._parts: list[Future[None]] = []
+        self._done = False
+        self._inner: Writer = store._metadata(
+            "create", key, lambda: store.inner.open_writer(key, size_hint=size_hint)
+        )
+
+    def _send_part(self, nbytes: int) -> None:
+        s = self._store
+        self._parts.append(s._pool.submit(s._data, "write", self.key, nbytes, _noop, False))
+
+    def write(self, data: Buffer) -> None:
+        if self._done:
+            raise errors.InvalidArgumentError(f"write to {self.key!r} after close/abort")
+        n = as_byte_view(data).nbytes
+        self._inner.write(data)
+        self._nbytes += n
+        self._pending += n
+        part = self._store.part_size
+        while self._pending >= part:
+            self._send_part(part)
+            self._pending -= part
+
+    def _wait(self) -> None:
+        first: BaseException | None = None
+        for f in self._parts:
+            try:
+                f.result()
+            except BaseException as err:
+                first = first or err
+        self._parts.clear()
+        if first is not None:
+            raise first
+
+    def close(self) -> None:
+        if self._done:
+            return
+        if self._pending or (not self._parts and self._nbytes == 0):
+            self._send_part(self._pending)
+            self._pending = 0
+        try:
+            self._wait()
+            self._store._metadata("commit", self.key, self._inner.close)
+        except BaseException:
+            self.abort()
+            raise
+        self._done = True
+
+    def abort(self) -> None:
+        for f in self._parts:
+            f.cancel()
+        try:
+            self._wait()
+        except errors.CkptioError:
+            pass  # the write is being discarded; its failure is what the caller is handling
+        finally:
+            self._done = True
+            self._inner.abort()
+
+
+def _noop() -> None:
+    return None
+
+
+class ShapedStore(Store):
+    """Any store, slowed down to a storage profile (see the module docstring for options)."""
+
+    schemes: ClassVar[tuple[str, ...]] = ("shaped",)
+    name: ClassVar[str] = "shaped"
+    emulated: ClassVar[bool] = True
+    """Results through this store are emulated, never measured."""
+
+    def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
+        super().__init__(url, trace=trace)
+        if not url.startswith("shaped+") or "://" not in url:
+            raise errors.InvalidArgumentError(
+                f"shaped URL must wrap another store, e.g. shaped+memory://x?profile=cloud-s3 or "
+                f"shaped+file:///tmp/x?profile=abci-lustre; got {url!r}"
+            )
+        figures = {k: options.pop(k) for k in list(options) if k in FIGURES}
+        own = {k: options.pop(k) for k in list(options) if k in _SHAPED_OPTIONS}
+        profile = load_profile(own.get("profile", "cloud-s3"), figures)
+        if "streams" in own:
+            profile = replace(profile, streams=option_int(own["streams"], field="streams",
+                                                          minimum=1))
+        if "part_size" in own:
+            profile = replace(profile, part_size=parse_size(own["part_size"], field="part_size"))
+        self.profile: Profile = profile
+        self.ranks = option_int(own.get("ranks", 1), field="ranks", minimum=1)
+        self.ranks_per_node = option_int(own.get("ranks_per_node", 1), field="ranks_per_node",
+                                         minimum=1)
+        self.streams = profile.streams
+        self.part_size = max(1, profile.part_size)
+
+        from ckptio.registry import open_store
+
+        inner_url = url[len("shaped+"):]
+        # The wrapped store's own requests are not the emulated service's: a private trace.
+        self.inner: Store = open_store(inner_url, trace=Trace(max_events=10_000), **options)
+        self.name = f"shaped:{profile.name}+{self.inner.name}"  # type: ignore[misc]
+        # per instance: what the wrapped store can do (positional writes are not emulated)
+        self.capabilities: Capabilities = replace(  # type: ignore[misc]
+            self.inner.capabilities, positional_writes=False
+        )
+
+        self._node = _Link(profile.node_bandwidth / self.ranks_per_node)
+        self._aggregate = _Link(profile.aggregate_bandwidth / self.ranks)
+        self._write_rate = _RateLimiter(profile.write_request_rate / self.ranks)
+        self._read_rate = _RateLimiter(profile.read_request_rate / self.ranks)
+        self._pool = ThreadPoolExecutor(max_workers=self.streams,
+                                        thread_name_prefix="ckptio-shaped")
+
+    # -- emulated requests ----------------------------------------------------------------
+    def _scope(self, key: str) -> str:
+        if self.profile.rate_scope == "prefix":
+            return key.rpartition("/")[0]
+        return ""
+
+    def _admit(self, key: str, *, read: bool) -> None:
+        if self.profile.rate_scope == "none":
+            return
+        limiter = self._read_rate if read else self._write_rate
+        if not limiter.admit(self._scope(key)):
+            # the service answers after one round trip
+            time.sleep(self.profile.request_latency)
+            rate = limiter.rate * self.ranks
+            raise errors.ThrottledError(
+                f"emulated {self.profile.name}: {self.profile.throttle.split(';')[0] or 'throttled'}"
+                f" (over {rate:g} requests/s per {self.profile.rate_scope})"
+            )
+
+    def _data(self, op: str, key: str, nbytes: int, fn: Callable[[], T], read: bool) -> T:
+        """One data request of ``nbytes`` on the calling thread (one stream)."""
+
+        def attempt() -> T:
+            self._admit(key, read=read)
+            start = time.monotonic() + self.profile.request_latency
+            done = max(
+                start + nbytes / self.profile.stream_bandwidth,
+                self._node.reserve(nbytes, start),
+                self._aggregate.reserve(nbytes, start),
+            )
+            result = fn()
+            _sleep_until(done)
+            return result
+
+        return self.retrying(op, key, nbytes, attempt)
+
+    def _metadata(self, op: str, key: str, fn: Callable[[], T], *, read: bool = False) -> T:
+        def attempt() -> T:
+            if op != "commit":  # completing an upload is not rate limited separately
+                self._admit(key, read=read)
+            done = time.monotonic() + self.profile.metadata_latency
+            result = fn()
+            _sleep_until(done)
+            return result
+
+        return self.retrying(op, key, 0, attempt)
+
+    # -- the Store contract ---------------------------------------------------------------
+    def open_writer(self, key: str, *, size_hint: int | None = None) -> Writer:
+        check_key(key)
+        return _ShapedWriter(self, key, size_hint)
+
+    def publish(self, key: str, data: bytes, *, overwrite: bool = True) -> None:
+        self._metadata("put", key, lambda: self.inner.publish(key, data, overwrite=overwrite))
+
+    def read_into(self, key: str, offset: int, buffer: Buffer) -> int:
+        out = as_byte_view(buffer)
+        part = self.part_size
+        pieces = [(lo, min(part, out.nbytes - lo)) for lo in range(0, out.nbytes, part)] or [(0, 0)]
+
+        def one(lo: int, n: int) -> int:
+            return self._data("get", key, n,
+                              lambda: self.inner.read_into(key, offset + lo, out[lo:lo + n]),
+                              True)
+
+        if len(pieces) == 1 or threading.current_thread().name.startswith("ckptio-shaped"):
+            counts = [one(lo, n) for lo, n in pieces]
+        else:
+            counts = [f.result() for f in [self._pool.submit(one, lo, n) for lo, n in pieces]]
+        total = 0
+        for (_, n), got in zip(pieces, counts, strict=True):
+            total += got
+            if got < n:
+                break
+        return total
+
+    def list(self, prefix: str = "") -> list[str]:
+        return self._metadata("list", prefix or "-", lambda: self.inner.list(prefix), read=True)
+
+    def size(self, key: str) -> int:
+        return self._metadata("head", key, lambda: self.inner.size(key), read=True)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        self._metadata("delete", keys[0] if keys else "-", lambda: self.inner.delete(keys))
+
+    def list_incomplete(self, prefix: str = "") -> list[str]:
+        return self.inner.list_incomplete(prefix)
+
+    def cleanup_incomplete(self, prefix: str = "", *, older_than: float = 0.0) -> int:
+        return self.inner.cleanup_incomplete(prefix, older_than=older_than)
+
+    def drop_cache(self, key: str) -> bool:
+        """Pass the wrapped store's page-cache drop through (used by the runner's read phase)."""
+        fn = getattr(self.inner, "drop_cache", None)
+        return bool(fn(key)) if callable(fn) else False
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.inner.close()

@@ -1,0 +1,98 @@
+"""The shaped backend: emulates a profile on any store, and agrees with the model."""
+
+import time
+
+import numpy as np
+import pytest
+
+from ckptio import errors
+from ckptio.model import Workload, estimate
+from ckptio.profiles import load_profile
+from ckptio.registry import open_store
+
+# Small figures so emulated time (~0.5-1 s) dominates scheduling noise on a 2-core machine.
+FIGS = "request_latency=20ms&metadata_latency=20ms&stream_bandwidth=20MB/s"
+
+
+def _write_checkpoint(store, *, objects: int, object_bytes: int) -> float:
+    """Write ``objects`` shard objects one after another, then a manifest; seconds taken."""
+    data = np.random.default_rng(1).integers(0, 255, object_bytes, dtype=np.uint8)
+    t0 = time.monotonic()
+    for i in range(objects):
+        with store.open_writer(f"step-0000000001/data/rank-00000-{i:03d}.bin") as w:
+            for lo in range(0, object_bytes, 256 * 1024):  # the caller's buffers: 256 KiB
+                w.write(data[lo:lo + 256 * 1024])
+    store.publish("step-0000000001/manifest.json", b"{}", overwrite=False)
+    return time.monotonic() - t0
+
+
+@pytest.mark.parametrize(
+    ("extra", "binding"),
+    [("", "per-stream bandwidth"), ("&node_bandwidth=25MB/s", "node link")],
+)
+def test_shaped_run_agrees_with_the_model(extra: str, binding: str) -> None:
+    objects, object_bytes, part = 6, 2 * 2**20, 512 * 1024
+    url = f"shaped+memory://agree-{len(extra)}?profile=cloud-s3&streams=4&part_size={part}&{FIGS}{extra}"
+    store = open_store(url)
+    measured = _write_checkpoint(store, objects=objects, object_bytes=object_bytes)
+    store.close()
+
+    overrides = dict(p.split("=") for p in (FIGS + extra).split("&"))
+    profile = load_profile("cloud-s3", overrides)
+    w = Workload(total_bytes=objects * object_bytes, writing_ranks=1,
+                 bytes_per_rank=objects * object_bytes, objects_per_rank=objects,
+                 ranks_per_node=1)
+    predicted = estimate(w, profile, streams=4, part_size=part)
+    assert predicted.binding == binding
+    assert measured == pytest.approx(predicted.seconds, rel=0.20), (measured, predicted)
+
+
+def test_data_arrives_intact_and_requests_are_traced() -> None:
+    store = open_store(f"shaped+memory://intact?profile=cloud-s3&streams=3&part_size=100000&{FIGS}")
+    data = np.arange(1_000_003, dtype=np.uint8)
+    with store.open_writer("a/obj.bin") as w:
+        w.write(data)
+    buf = bytearray(len(data))
+    assert store.read_into("a/obj.bin", 0, buf) == len(data)
+    assert bytes(buf) == data.tobytes()
+    assert store.get("a/obj.bin") == data.tobytes()
+    ops = store.trace.summary()
+    assert ops["write"]["requests"] == 11 and ops["write"]["bytes"] == len(data)
+    assert ops["get"]["bytes"] >= len(data)
+    assert {e.backend for e in store.trace.events()} == {"shaped:cloud-s3+memory"}
+    assert store.emulated
+    store.close()
+
+
+def test_request_rate_limit_throttles_and_retries() -> None:
+    # 4 requests/s per prefix: a burst of 4, then 503 SlowDown answers; the retry path recovers.
+    store = open_store("shaped+memory://throttle?profile=cloud-s3&streams=8&part_size=65536"
+                       "&write_request_rate=4&request_latency=1ms&metadata_latency=1ms"
+                       "&stream_bandwidth=1GB/s")
+    data = bytes(range(256)) * 2048  # 512 KiB -> 8 parts
+    with store.open_writer("p/obj") as w:
+        w.write(data)
+    assert store.get("p/obj") == data
+    outcomes = [e.outcome for e in store.trace.events()]
+    assert "throttled" in outcomes
+    throttled = [e for e in store.trace.events() if e.outcome == "throttled"]
+    assert "SlowDown" in throttled[0].error
+    store.close()
+
+
+def test_file_store_wrapped(tmp_path) -> None:
+    store = open_store(f"shaped+file://{tmp_path}?profile=abci-lustre")
+    store.publish("x/m.json", b"{}")
+    assert store.list("x") == ["x/m.json"]
+    assert (tmp_path / "x" / "m.json").read_bytes() == b"{}"
+    store.close()
+
+
+def test_unknown_profile_lists_valid_names() -> None:
+    with pytest.raises(errors.InvalidArgumentError, match="valid: abci-lustre"):
+        open_store("shaped+memory://x?profile=nope")
+
+
+def test_shaped_needs_an_inner_url() -> None:
+    with pytest.raises(errors.InvalidArgumentError, match="wrap another store"):
+        open_store("shaped://x")
