@@ -1,0 +1,141 @@
+"""PyTorch tensors in ckptio.save / ckptio.load: every stored dtype, zero-copy on the CPU,
+CUDA staging through pinned memory (exercised on the CPU by standing in for the device),
+optimizer state (integer keys), async saves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import ckptio  # noqa: E402
+import ckptio.torch as ct  # noqa: E402
+from ckptio import errors  # noqa: E402
+from ckptio.format import DTYPES  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def _sample(dtype: torch.dtype, shape: tuple[int, ...] = (5, 3)) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    if dtype == torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_complex:
+        return torch.randn(shape, generator=g, dtype=dtype)
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 3).to(dtype)
+    return torch.randint(0, 100, shape, generator=g).to(dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Exact bit pattern (float8 has no equality op on CPU)."""
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+def test_every_ckptio_dtype_round_trips_bitwise(tmp_path: Path) -> None:
+    assert set(ct._TORCH_DTYPES) == set(DTYPES)  # torch covers every dtype the format stores
+    state = {name: _sample(dt) for name, dt in ct._TORCH_DTYPES.items()}
+    state["scalar_bf16"] = torch.tensor(1.5, dtype=torch.bfloat16)
+    state["empty"] = torch.zeros(0, 4)
+    state["strided"] = torch.arange(24.0).reshape(4, 6)[:, ::2]  # non-contiguous view
+    ckptio.save(state, str(tmp_path), step=1)
+    raw = json.loads((tmp_path / "step-0000000001/manifest.json").read_bytes())
+    assert raw["tensors"]["bfloat16"]["dtype"] == "bfloat16"
+    out = ct.load(str(tmp_path))
+    for k, v in state.items():
+        assert out[k].dtype == v.dtype and out[k].shape == v.shape, k
+        assert torch.equal(_bits(out[k]), _bits(v.contiguous())), k
+    # no pickle anywhere: the step is a JSON manifest plus raw data objects
+    files = [p.name for p in tmp_path.rglob("*") if p.is_file()]
+    assert files.count("manifest.json") == 1 and all(f.endswith(".bin") for f in files if f != "manifest.json")
+
+
+def test_cpu_tensors_are_not_copied() -> None:
+    for dt in (torch.float32, torch.bfloat16, torch.float8_e5m2, torch.int64):
+        t = _sample(dt, (64, 4))
+        a = ct.to_numpy(t)
+        assert a is not None
+        assert a.ctypes.data == t.data_ptr(), dt  # same memory
+    p = torch.nn.Parameter(torch.ones(3))
+    assert ct.to_numpy(p).ctypes.data == p.data_ptr()  # autograd detached, not copied
+    assert ct.to_numpy(torch.Size([2, 3])) is None  # torch objects that are not tensors
+    # loaded tensors share the memory ckptio read into
+    arr = np.arange(6, dtype=np.float32)
+    assert ct.from_numpy(arr).data_ptr() == arr.ctypes.data
+
+
+def test_cuda_tensors_are_staged_through_pinned_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA path without a GPU: the device test, the pinned allocation and the stream
+    synchronisation are stood in for; the copy itself is real."""
+    calls: list[tuple[str, object]] = []
+
+    def pinned_empty(t: torch.Tensor) -> torch.Tensor:
+        calls.append(("pinned_empty", (tuple(t.shape), t.dtype)))
+        return torch.empty(t.shape, dtype=t.dtype)  # pin_memory=True needs a CUDA driver
+
+    real_copy = torch.Tensor.copy_
+
+    def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+        calls.append(("copy_", non_blocking))
+        return real_copy(self, src, non_blocking=non_blocking)
+
+    monkeypatch.setattr(ct, "_is_cuda", lambda t: True)
+    monkeypatch.setattr(ct, "_pinned_empty", pinned_empty)
+    monkeypatch.setattr(ct, "_synchronize", lambda device: calls.append(("synchronize", device.type)))
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_)
+    src = _sample(torch.bfloat16, (8, 2))
+    arr = ct.to_numpy(src)
+    assert [c[0] for c in calls] == ["pinned_empty", "copy_", "synchronize"]
+    assert calls[1] == ("copy_", True)  # asynchronous DMA, then one synchronisation
+    assert arr.ctypes.data != src.data_ptr()  # a host copy, not the device tensor
+    assert torch.equal(ct.from_numpy(arr), src)
+
+
+def test_unsupported_tensors_are_refused_clearly() -> None:
+    with pytest.raises(errors.InvalidArgumentError, match="supported: "):
+        ct.to_numpy(torch.zeros(2, dtype=torch.float8_e4m3fnuz))
+    with pytest.raises(errors.InvalidArgumentError, match="to_dense"):
+        ct.to_numpy(torch.eye(3).to_sparse())
+    with pytest.raises(errors.InvalidArgumentError, match="meta device"):
+        ct.to_numpy(torch.empty(3, device="meta"))
+
+
+def test_optimizer_state_and_async_checkpointer(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(16, 4)).pow(2).mean().backward()
+        opt.step()
+    state = {"model": model.state_dict(), "optim": opt.state_dict(), "rng": torch.get_rng_state()}
+    with ct.Checkpointer(f"file://{tmp_path}", async_save=True) as ck:
+        handle = ck.save(state, step=3)
+        # the snapshot was taken: changing the live tensors now does not leak into the save
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        handle.wait()
+        back = ck.load()
+    assert set(back["optim"]["state"]) == {0, 1, 2, 3}  # integer keys restored
+    opt2 = torch.optim.AdamW(model.parameters(), lr=0.5)
+    opt2.load_state_dict(back["optim"])
+    assert opt2.param_groups[0]["lr"] == 0.01
+    for k, v in state["optim"]["state"][0].items():
+        assert torch.equal(opt2.state_dict()["state"][0][k], v), k
+    for k, v in back["model"].items():
+        assert torch.equal(v + 1.0, model.state_dict()[k]), k  # the pre-change values
+    assert torch.equal(back["rng"], state["rng"])
+
+
+def test_encode_rejects_reserved_and_odd_keys() -> None:
+    with pytest.raises(errors.InvalidArgumentError, match="reserved"):
+        ct.encode({ct.ITEMS_MARKER: 1})
+    with pytest.raises(errors.InvalidArgumentError, match="str or int"):
+        ct.encode({1.5: 1})
+    mixed = {"a": 1, 2: "b"}
+    assert ct.decode(ct.encode(mixed)) == mixed
