@@ -38,13 +38,14 @@ import numpy as np
 SAVE_OPTIONS: Mapping[str, Any] = {"chunk_size": 256 * 1024, "max_object_size": 768 * 1024}
 
 
-def expected_state(step: int) -> dict[str, Any]:
+def expected_state(step: int, big: int = 0) -> dict[str, Any]:
     """The state saved at ``step``: about 2.3 MB in 6 tensors of 4 dtypes, every value a
-    function of the step, plus JSON leaves."""
+    function of the step, plus JSON leaves; with ``big`` (bytes) one more uint8 tensor of that
+    size (to make objects large enough for multipart uploads)."""
     import ml_dtypes
 
     base = np.arange(256 * 1024, dtype=np.float32)
-    return {
+    state: dict[str, Any] = {
         "model": {
             "w": (base * 1e-3 + step).reshape(512, 512),
             "b": np.full(1024, step, dtype=np.int64),
@@ -59,6 +60,9 @@ def expected_state(step: int) -> dict[str, Any]:
         "lr": 1.0 / (step + 1),
         "history": [step - 1, step - 2, {"note": f"saved at step {step}"}],
     }
+    if big:
+        state["big"] = (np.arange(big, dtype=np.uint32) * 2654435761 + step).astype(np.uint8)
+    return state
 
 
 def state_mismatch(got: Any, want: Any, path: str = "") -> str | None:
@@ -101,6 +105,7 @@ def _worker(
     env: Mapping[str, str],
     store_options: Mapping[str, Any],
     keep_last: int | None,
+    big: int,
 ) -> None:
     """Load and check the newest checkpoint, report it on ``conn``, then save forever."""
     os.environ.update(env)
@@ -108,13 +113,12 @@ def _worker(
 
     progress = open(progress_path, "a", buffering=1)  # noqa: SIM115 - lives until SIGKILL
     try:
-        ck = Checkpointer(
-            url, keep_last=keep_last, async_save=(mode == "async"), **SAVE_OPTIONS, **store_options
-        )
+        options = {**SAVE_OPTIONS, **store_options}
+        ck = Checkpointer(url, keep_last=keep_last, async_save=(mode == "async"), **options)
         latest = ck.latest()
         problem = None
         if latest is not None:
-            problem = state_mismatch(ck.load(latest), expected_state(latest))
+            problem = state_mismatch(ck.load(latest), expected_state(latest, big))
     except Exception as err:  # reported to the parent, which fails the test with it
         conn.send({"latest": None, "problem": f"{type(err).__name__}: {err}"})
         return
@@ -125,7 +129,7 @@ def _worker(
     previous = None
     while True:
         progress.write(f"start {step}\n")
-        ck.save(expected_state(step), step)
+        ck.save(expected_state(step, big), step)
         if mode == "sync":
             progress.write(f"committed {step}\n")
         elif previous is not None:  # an async save returns after waiting for the previous one
@@ -160,6 +164,9 @@ class CrashHarness:
     env: Mapping[str, str] = field(default_factory=dict)
     """Environment for the workers (e.g. the S3 endpoint and test credentials)."""
     store_options: Mapping[str, Any] = field(default_factory=dict)
+    """Checkpointer and store options (override :data:`SAVE_OPTIONS`)."""
+    big: int = 0
+    """Bytes of the extra tensor of :func:`expected_state`."""
     keep_last: int | None = 2
     trials: list[Trial] = field(default_factory=list)
     has_debris: Any = None
@@ -175,7 +182,7 @@ class CrashHarness:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(
             target=_worker,
-            args=(self.url, self.mode, progress, child, dict(self.env), dict(self.store_options), self.keep_last),
+            args=(self.url, self.mode, progress, child, dict(self.env), dict(self.store_options), self.keep_last, self.big),
             daemon=True,
         )
         proc.start()
