@@ -246,9 +246,11 @@ def parse_manifest(data: bytes, *, expect_step: int | None = None) -> Manifest:
         raise errors.ManifestError(f"manifest is not valid UTF-8 ({err})") from None
     try:
         doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+    except errors.ManifestError:
+        raise  # a duplicate key or a non-standard constant, named by the hooks
     except RecursionError:
         raise errors.ManifestError("manifest JSON is nested too deeply") from None
-    except json.JSONDecodeError as err:
+    except ValueError as err:  # JSONDecodeError, and integers of more than 4300 digits
         raise errors.ManifestError(f"manifest is not valid JSON ({err})") from None
     return _validate(doc, expect_step)
 
