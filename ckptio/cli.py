@@ -283,6 +283,58 @@ def _cmd_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "report",
+        help="merge result files (any machines/sites) into index.html + report.md + plots",
+    )
+    p.add_argument("results", nargs="+", help="result files or directories (from run/sweep/"
+                   "compare, on any machine)")
+    p.add_argument("--out", default="ckptio-report", help="output directory (default "
+                   "ckptio-report/)")
+    _add_projection_arguments(p)
+    p.add_argument("--json", action="store_true", help="machine-readable summary")
+
+
+def _add_projection_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("full-scale projection (model)")
+    g.add_argument("--project", action="append", metavar="PRESET[:GPUS]",
+                   help="workload to project each target to (default gpt3-175b); repeatable")
+    g.add_argument("--interval", default="2h", help="checkpoint interval (default 2h)")
+    g.add_argument("--price", type=float, help="price per GPU-hour (default 2.0, an assumption)")
+    g.add_argument("--restart", default="10min", help="restart time after a failure "
+                   "(default 10min, an assumption)")
+
+
+def _projection_options(args: argparse.Namespace) -> dict[str, Any]:
+    from ckptio.model import parse_duration
+    from ckptio.report import DEFAULT_PRICE_PER_GPU_HOUR
+
+    presets = []
+    for item in args.project or []:
+        name, _, gpus = item.partition(":")
+        presets.append((name, int(gpus) if gpus else None))
+    return {
+        "presets": presets or None,
+        "interval": parse_duration(args.interval, field="--interval"),
+        "price": DEFAULT_PRICE_PER_GPU_HOUR if args.price is None else args.price,
+        "restart": parse_duration(args.restart, field="--restart"),
+    }
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from ckptio.report import build_report, comparison_table, projection_table
+
+    result = build_report(args.results, args.out, **_projection_options(args))
+    if args.json:
+        print_json(result)
+        return 0
+    console.print(comparison_table(result["summary"], "merged results"))
+    console.print(projection_table(result["projections"]))
+    console.print(f"report: {args.out}/index.html ({len(result['files'])} files)")
+    return 0
+
+
 # -- plan / run / sweep (the comparison workload) ---------------------------------------------
 
 
@@ -310,6 +362,7 @@ COMMANDS: dict[str, tuple[Callable[..., None], Callable[[argparse.Namespace], in
     "verify": (_add_verify, _cmd_verify),
     "profiles": (_add_profiles, _cmd_profiles),
     "model": (_add_model, _cmd_model),
+    "report": (_add_report, _cmd_report),
     "gc": (_add_gc, _cmd_gc),
     "plan": (_add_plan, _cmd_plan),
 }
