@@ -501,8 +501,9 @@ class Calibration:
     notes: list[str] = field(default_factory=list)
 
     def as_profile(self, *, name: str | None = None) -> Profile:
-        """A :class:`Profile` with the fitted figures; figures not measurable from one node
-        (node link, request-rate limit) are unbounded and say so."""
+        """A :class:`Profile` with the fitted figures. The run's throughput becomes the node
+        link (the run was on one node); what one node cannot measure (aggregate, request-rate
+        limits) is unbounded and says so."""
         from ckptio.profiles import Figure
 
         src = f"fitted from measured requests of {self.target} ({self.requests} requests)"
@@ -514,9 +515,10 @@ class Calibration:
         figures = {
             "request_latency": Figure(max(self.request_latency, 1e-6), src),
             "stream_bandwidth": Figure(self.stream_bandwidth, src),
-            "node_bandwidth": Figure(math.inf, unmeasured),
-            "aggregate_bandwidth": Figure(self.aggregate_bandwidth, src
-                                          + " (the highest aggregate throughput seen)"),
+            # a run on one node measures that node's path to the storage, not the aggregate
+            "node_bandwidth": Figure(self.aggregate_bandwidth, src
+                                     + " (the highest throughput seen from one node)"),
+            "aggregate_bandwidth": Figure(math.inf, unmeasured),
             "write_request_rate": Figure(math.inf, unmeasured),
             "read_request_rate": Figure(math.inf, unmeasured),
             "metadata_latency": Figure(max(self.request_latency, 1e-6), src

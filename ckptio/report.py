@@ -93,3 +93,552 @@ def print_model(result: dict[str, Any], console: Console) -> None:
                 f"{t['overhead_at_interval']:.2%} at {human_seconds(t['interval_seconds'])}, "
                 f"{t['overhead_at_optimum']:.2%} at the optimum"
             )
+
+
+# -- merged results -> report ----------------------------------------------------------------
+
+#: Colours per kind of figure, used in every plot and legend.
+KIND_STYLE = {
+    "measured": {"color": "#1f77b4", "hatch": ""},
+    "emulated": {"color": "#ff7f0e", "hatch": "//"},
+    "mock": {"color": "#9e9e9e", "hatch": "xx"},
+    "projected": {"color": "#2ca02c", "hatch": ".."},
+}
+KIND_NOTE = {
+    "measured": "measured",
+    "emulated": "emulated (shaped backend: a profile imposed by sleeping)",
+    "mock": "mock — not a performance figure",
+    "projected": "projected by the model",
+}
+
+#: Default failure rate for the cost curves: Meta research clusters, job mean time to failure
+#: 7.9 h at 1,024 GPUs (arXiv 2410.21680, secondary quote), scaled inversely with GPU count.
+REFERENCE_MTTF_SECONDS = 7.9 * 3600
+REFERENCE_MTTF_GPUS = 1024
+#: Assumption: a restart (reschedule, load the checkpoint, warm up) takes 10 minutes.
+DEFAULT_RESTART_SECONDS = 600.0
+#: Assumption: price of one GPU-hour (on-demand H100-class cloud capacity, order of magnitude).
+DEFAULT_PRICE_PER_GPU_HOUR = 2.0
+
+#: Full-scale projection used when none is asked for: GPT-3 175B as its preset lays it out.
+DEFAULT_PROJECTIONS = ("gpt3-175b",)
+
+
+def run_kind(row: dict[str, Any]) -> str:
+    """``mock``, ``emulated`` or ``measured`` for a row of the runs table."""
+    if row.get("mock"):
+        return "mock"
+    if row.get("emulated"):
+        return "emulated"
+    return "measured"
+
+
+def _targets(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per (site, target): its label, kind, and its run rows."""
+    sites = {r.get("site") or "" for r in runs}
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r.get("site") or "", r["target"]), []).append(r)
+    out = []
+    for (site, target), rows in groups.items():
+        kind = run_kind(rows[0])
+        name = f"{target} @ {site}" if len(sites) > 1 and site else target
+        tag = {"mock": "mock", "emulated": f"emulated {rows[0].get('profile') or ''}".strip(),
+               "measured": "measured"}[kind]
+        out.append({"name": name, "label": f"{name} [{tag}]", "kind": kind, "site": site,
+                    "target": target, "rows": rows, "profile": rows[0].get("profile") or "",
+                    "backend": rows[0].get("backend") or ""})
+    order = {"measured": 0, "emulated": 1, "mock": 2}
+    return sorted(out, key=lambda t: (order[t["kind"]], t["name"]))
+
+
+def _mean(values: list[float]) -> float:
+    vals = [v for v in values if v is not None and v == v and v > 0]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def _target_profile(t: dict[str, Any], requests: list[dict[str, Any]]) -> tuple[Profile | None, str]:
+    """The profile a target is projected with: its emulated profile, or figures fitted from
+    its measured requests; mock targets are not projected."""
+    from ckptio import errors
+    from ckptio.model import calibrate
+    from ckptio.profiles import load_profile
+
+    if t["kind"] == "mock":
+        return None, "mock — not projected"
+    if t["kind"] == "emulated":
+        try:
+            return load_profile(t["profile"]), f"profile {t['profile']} (emulated)"
+        except errors.InvalidArgumentError as err:  # a profile from another install: say so
+            return None, f"profile {t['profile']!r} unknown here ({err})"
+    ids = {r["run_id"] for r in t["rows"]}
+    mine = [r for r in requests if r["run_id"] in ids]
+    cals = calibrate(mine, [{**r, "target": t["target"]} for r in t["rows"]])
+    if not cals:
+        return None, "no measured requests to fit"
+    c = cals[0]
+    return c.as_profile(name=t["name"]), (
+        f"fitted: {human_seconds(c.request_latency)} latency, {human_rate(c.stream_bandwidth)} "
+        f"per stream, {human_rate(c.aggregate_bandwidth)} seen from one node"
+    )
+
+
+def projection_rows(targets: list[dict[str, Any]], requests: list[dict[str, Any]],
+                    presets: list[tuple[str, int | None]], *, interval: float,
+                    price: float, restart: float) -> list[dict[str, Any]]:
+    """Full-scale projections: for each preset and target, time, binding limit in words,
+    idle fraction and cost per day."""
+    from ckptio.model import CostModel, estimate, preset_workload
+
+    rows = []
+    for preset, gpus in presets:
+        w = preset_workload(preset, gpus=gpus)
+        mtbf = REFERENCE_MTTF_SECONDS * REFERENCE_MTTF_GPUS / w.gpus
+        for t in targets:
+            prof, how = _target_profile(t, requests)
+            if prof is None:
+                rows.append({"preset": preset, "gpus": w.gpus, "target": t["label"],
+                             "kind": t["kind"], "profile": how, "write_seconds": None,
+                             "binding_detail": how})
+                continue
+            e = estimate(w, prof)
+            cost = CostModel(e.seconds, interval=interval, gpus=w.gpus,
+                             price_per_gpu_hour=price, mtbf=mtbf,
+                             restart_seconds=restart).report()
+            rows.append({
+                "preset": preset, "gpus": w.gpus, "writing_ranks": w.writing_ranks,
+                "checkpoint_bytes": w.total_bytes, "target": t["label"], "kind": t["kind"],
+                "profile": how, "write_seconds": e.seconds, "write_gbps": e.gbps,
+                "binding": e.binding, "binding_detail": e.binding_detail, **cost,
+            })
+    return rows
+
+
+# -- plots -------------------------------------------------------------------------------------
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 10, "axes.titlesize": 12, "figure.dpi": 110})
+    return plt
+
+
+def _kind_legend(ax: Any, kinds: set[str], *, loc: str = "lower right") -> None:
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=KIND_STYLE[k]["color"], hatch=KIND_STYLE[k]["hatch"],
+                     edgecolor="black", label=KIND_NOTE[k]) for k in KIND_STYLE if k in kinds]
+    ax.legend(handles=handles, loc=loc, fontsize=8, framealpha=0.9)
+
+
+def plot_throughput(targets: list[dict[str, Any]], path: str) -> str:
+    """Bars of write and read throughput (GB/s, mean over iterations) per target."""
+    plt = _plt()
+    rows = [(t, _mean([r["write_gbps"] for r in t["rows"] if r.get("kind", "run") == "run"]
+                      or [r["write_gbps"] for r in t["rows"]]),
+             _mean([r["read_gbps"] for r in t["rows"] if r.get("kind", "run") == "run"]
+                   or [r["read_gbps"] for r in t["rows"]])) for t in targets]
+    n = len(rows)
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.9 * n))
+    for i, (t, wgb, rgb) in enumerate(rows):
+        st = KIND_STYLE[t["kind"]]
+        y = n - 1 - i
+        for dy, val, phase, alpha in ((0.2, wgb, "write", 1.0), (-0.2, rgb, "read", 0.55)):
+            if val == val:  # not NaN
+                ax.barh(y + dy, val, height=0.38, color=st["color"], hatch=st["hatch"],
+                        edgecolor="black", alpha=alpha)
+                ax.text(val, y + dy, f" {phase} {val:.3g} GB/s", va="center", fontsize=8)
+    ax.set_yticks(range(n))
+    ax.set_yticklabels([t["label"] for t, _, _ in reversed(rows)])
+    top = max([v for _, a, b in rows for v in (a, b) if v == v] or [1])
+    ax.set_xlim(0, top * 1.45)
+    ax.set_xlabel("throughput, GB/s (1e9 bytes/s); dark: write, light: read")
+    ax.set_title("Checkpoint throughput per target (this run's scale)")
+    _kind_legend(ax, {t["kind"] for t, _, _ in rows})
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+_DATA_OPS = ("write", "put", "get")
+
+
+def plot_latency(targets: list[dict[str, Any]], requests: list[dict[str, Any]], path: str) -> str | None:
+    """Distributions (box plots, log scale) of data-request latency per target and phase."""
+    plt = _plt()
+    series = []
+    for t in targets:
+        ids = {r["run_id"] for r in t["rows"]}
+        for phase in ("write", "read"):
+            vals = [r["seconds"] * 1e3 for r in requests
+                    if r["run_id"] in ids and r["phase"] == phase and r["op"] in _DATA_OPS
+                    and r["nbytes"] > 0 and r["outcome"] == "ok"]
+            if vals:
+                series.append((f"{t['label']} {phase}", vals, t["kind"]))
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.5 * len(series)))
+    series.reverse()
+    bp = ax.boxplot([s[1] for s in series], vert=False, whis=(1, 99), showfliers=False,
+                    patch_artist=True, widths=0.6)
+    for patch, (_, _, kind) in zip(bp["boxes"], series, strict=True):
+        patch.set_facecolor(KIND_STYLE[kind]["color"])
+        patch.set_hatch(KIND_STYLE[kind]["hatch"])
+    for i, (_, vals, _) in enumerate(series, start=1):
+        vals_sorted = sorted(vals)
+        p50 = vals_sorted[len(vals) // 2]
+        ax.text(max(vals_sorted[min(len(vals) - 1, int(len(vals) * 0.99))], p50), i,
+                f"  p50 {p50:.3g} ms, n={len(vals)}", va="center", fontsize=8)
+    ax.set_yticks(range(1, len(series) + 1))
+    ax.set_yticklabels([s[0] for s in series], fontsize=8)
+    ax.set_xscale("log")
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(lo, hi * 30)
+    ax.set_xlabel("request latency, ms (log scale; box: quartiles, whiskers: 1st-99th percentile)")
+    ax.set_title("Data request latency per target and phase")
+    _kind_legend(ax, {s[2] for s in series}, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_sweep(targets: list[dict[str, Any]], path: str) -> str | None:
+    """Throughput against streams (log2) for sweep results: per-stream limits show as a
+    slope, shared limits as a plateau."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    drawn = False
+    kinds = set()
+    for t in targets:
+        sweep = [r for r in t["rows"] if r.get("kind") == "sweep"]
+        for part in sorted({r.get("sweep_part_size") or r.get("part_size") or 0 for r in sweep}):
+            pts: dict[int, list[float]] = {}
+            for r in sweep:
+                if (r.get("sweep_part_size") or r.get("part_size") or 0) == part:
+                    pts.setdefault(int(r.get("sweep_streams") or r.get("streams") or 1),
+                                   []).append(r["write_gbps"])
+            if not pts:
+                continue
+            xs = sorted(pts)
+            st = KIND_STYLE[t["kind"]]
+            ax.plot(xs, [_mean(pts[x]) for x in xs], marker="o", color=st["color"],
+                    linestyle="--" if t["kind"] != "measured" else "-",
+                    label=f"{t['label']}, {human_size_short(part)} parts")
+            drawn = True
+            kinds.add(t["kind"])
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("streams (concurrent requests per rank)")
+    ax.set_ylabel("write throughput, GB/s")
+    ax.set_title("Throughput against concurrency (sweep)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def human_size_short(n: float) -> str:
+    from ckptio.model import human_size
+
+    return human_size(n)
+
+
+def plot_timeline(proj: list[dict[str, Any]], interval: float, path: str) -> str | None:
+    """GPU utilisation over one checkpoint interval per target at full scale: busy, then
+    idle while the checkpoint is written (projected)."""
+    rows = [p for p in proj if p.get("write_seconds")]
+    if not rows:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(10, 1.4 + 0.6 * len(rows)))
+    for i, p in enumerate(reversed(rows)):
+        stall = min(p["write_seconds"], interval)
+        ax.barh(i, (interval - stall) / 60, color="#4caf50", edgecolor="black")
+        ax.barh(i, stall / 60, left=(interval - stall) / 60, color="#e53935", edgecolor="black")
+        ax.text(interval / 60 * 1.01, i,
+                f"idle {human_seconds(stall)} ({stall / interval:.1%})", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([p["target"] for p in reversed(rows)], fontsize=8)
+    ax.set_xlim(0, interval / 60 * 1.28)
+    ax.set_xlabel("minutes into one checkpoint interval")
+    first = rows[0]
+    ax.set_title(f"GPU utilisation over one {human_seconds(interval)} interval — projected, "
+                 f"{first['preset']} on {first['gpus']} GPUs\n(green: training, red: GPUs idle "
+                 "while the checkpoint is written, blocking save)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_cost(proj: list[dict[str, Any]], *, price: float, restart: float, path: str) -> str | None:
+    """Lost GPU-hours and cost per day against the checkpoint interval, each target's
+    optimum (Daly) marked. Lost time = checkpoint stalls + work redone after failures +
+    restarts (projected)."""
+    from ckptio.model import cost_curve
+
+    rows = [p for p in proj if p.get("write_seconds")]
+    if not rows:
+        return None
+    plt = _plt()
+    import numpy as np
+
+    intervals = list(np.geomspace(300, 24 * 3600, 80))
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, p in enumerate(rows):
+        mtbf = p["mtbf_seconds"]
+        curve = cost_curve(p["write_seconds"], intervals, gpus=p["gpus"],
+                           price_per_gpu_hour=price, mtbf=mtbf, restart_seconds=restart)
+        c = colors[i % len(colors)]
+        opt = p["optimum_interval_seconds"]
+        best = cost_curve(p["write_seconds"], [opt], gpus=p["gpus"], price_per_gpu_hour=price,
+                          mtbf=mtbf, restart_seconds=restart)[0]
+        ax.plot([x / 3600 for x in intervals], [r["idle_gpu_hours_per_day"] for r in curve],
+                color=c, label=f"{p['target']} — optimum {human_seconds(opt)}")
+        ax.plot([opt / 3600], [best["idle_gpu_hours_per_day"]], marker="o", color=c,
+                markersize=8, markeredgecolor="black")
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ticks = [300, 900, 1800, 3600, 7200, 4 * 3600, 8 * 3600, 24 * 3600]
+    ax.set_xticks([t / 3600 for t in ticks])
+    ax.set_xticklabels(["5 min", "15 min", "30 min", "1 h", "2 h", "4 h", "8 h", "24 h"])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("checkpoint interval (log scale)")
+    ax.set_ylabel("lost GPU-hours per day (log scale)")
+    if price:
+        sec = ax.secondary_yaxis("right", functions=(lambda h: h * price, lambda c: c / price))
+        sec.set_ylabel(f"cost per day at {price:g} per GPU-hour")
+        sec.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        sec.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        sec.yaxis.set_minor_formatter(NullFormatter())
+    first = rows[0]
+    ax.set_title(f"Lost GPU time against checkpoint interval — projected, {first['preset']} on "
+                 f"{first['gpus']} GPUs\n(stalls + work redone after failures + restarts; MTBF "
+                 f"{human_seconds(first['mtbf_seconds'])}, restart {human_seconds(restart)}; "
+                 "dot: optimum)", fontsize=10)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+def summary_rows(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per target: its kind and mean figures over its plain runs (not sweeps)."""
+    out = []
+    for t in targets:
+        rows = [r for r in t["rows"] if r.get("kind", "run") != "sweep"] or t["rows"]
+        r0 = rows[0]
+        out.append({
+            "target": t["name"], "label": t["label"], "kind": t["kind"], "site": t["site"],
+            "backend": t["backend"], "profile": t["profile"], "preset": r0.get("preset"),
+            "scale": r0.get("scale"), "ranks": r0.get("ranks"),
+            "checkpoint_bytes": r0.get("checkpoint_bytes"),
+            "write_seconds": _mean([r["write_seconds"] for r in rows]),
+            "write_gbps": _mean([r["write_gbps"] for r in rows]),
+            "read_gbps": _mean([r["read_gbps"] for r in rows]),
+            "min_rank_write_gbps": _mean([r["min_rank_write_gbps"] for r in rows]),
+            "requests": sum(int(r.get("requests") or 0) for r in rows),
+            "retries": sum(int(r.get("retries") or 0) for r in rows),
+            "throttled": sum(int(r.get("throttled") or 0) for r in rows),
+            "iterations": len(rows),
+            "note": KIND_NOTE[t["kind"]],
+        })
+    return out
+
+
+def comparison_table(summary: list[dict[str, Any]], title: str = "comparison") -> Table:
+    """The comparison as a rich table (what ``ckptio compare`` prints)."""
+    from ckptio.model import human_size
+
+    table = Table(title=title)
+    for col in ("target", "kind", "size", "write", "write GB/s", "read GB/s", "requests",
+                "throttled"):
+        table.add_column(col, justify="left" if col in ("target", "kind") else "right")
+    for s in summary:
+        table.add_row(
+            s["target"], KIND_NOTE[s["kind"]] if s["kind"] != "emulated"
+            else f"emulated {s['profile']}",
+            human_size(s["checkpoint_bytes"] or 0), human_seconds(s["write_seconds"]),
+            f"{s['write_gbps']:.3g}", f"{s['read_gbps']:.3g}", str(s["requests"]),
+            str(s["throttled"]),
+        )
+    return table
+
+
+def projection_table(proj: list[dict[str, Any]]) -> Table:
+    table = Table(title="full-scale projection (model)")
+    for col in ("workload", "target", "write", "binding limit", "idle at interval",
+                "lost GPU-h/day"):
+        table.add_column(col, justify="right" if col in ("write", "idle at interval",
+                                                       "lost GPU-h/day") else "left")
+    for p in proj:
+        if not p.get("write_seconds"):
+            table.add_row(f"{p['preset']} / {p['gpus']} GPUs", p["target"], "-",
+                          p["binding_detail"], "-", "-")
+            continue
+        table.add_row(f"{p['preset']} / {p['gpus']} GPUs", p["target"],
+                      human_seconds(p["write_seconds"]), p["binding_detail"],
+                      f"{p['idle_fraction']:.2%}", f"{p['idle_gpu_hours_per_day']:,.0f}")
+    return table
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "/") for c in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def build_report(
+    paths: list[str],
+    out_dir: str,
+    *,
+    presets: list[tuple[str, int | None]] | None = None,
+    interval: float = 7200.0,
+    price: float = DEFAULT_PRICE_PER_GPU_HOUR,
+    restart: float = DEFAULT_RESTART_SECONDS,
+    title: str = "ckptio report",
+) -> dict[str, Any]:
+    """Merge result files/directories ``paths`` (from any machines or sites) into
+    ``out_dir``: ``index.html``, ``report.md`` and PNG plots. Returns what it wrote and the
+    tables (JSON-able)."""
+    import html
+    import os
+
+    from ckptio import errors
+    from ckptio.model import human_size
+    from ckptio.results import read_results
+
+    res = read_results(paths)
+    runs = res.runs.to_pylist()
+    if not runs:
+        raise errors.InvalidArgumentError(f"no runs in {', '.join(map(str, paths))}")
+    requests = res.requests.to_pylist()
+    os.makedirs(out_dir, exist_ok=True)
+    targets = _targets(runs)
+    summary = summary_rows(targets)
+    presets = presets or [(p, None) for p in DEFAULT_PROJECTIONS]
+    proj = projection_rows(targets, requests, presets, interval=interval, price=price,
+                           restart=restart)
+    first_preset = [p for p in proj if p["preset"] == presets[0][0]]
+    plots: dict[str, str | None] = {
+        "throughput": plot_throughput(targets, os.path.join(out_dir, "throughput.png")),
+        "latency": plot_latency(targets, requests, os.path.join(out_dir, "latency.png")),
+        "sweep": plot_sweep(targets, os.path.join(out_dir, "sweep.png")),
+        "timeline": plot_timeline(first_preset, interval, os.path.join(out_dir, "timeline.png")),
+        "cost": plot_cost(first_preset, price=price, restart=restart,
+                          path=os.path.join(out_dir, "cost.png")),
+    }
+    sites = sorted({t["site"] for t in targets if t["site"]})
+    captions = {
+        "throughput": "Throughput per target and phase at the scale that was run.",
+        "latency": "Distribution of data-request latency per target and phase.",
+        "sweep": "Throughput against concurrency from sweeps.",
+        "timeline": "GPU utilisation over one checkpoint interval at full scale (projected).",
+        "cost": "Lost GPU-hours and cost per day against the checkpoint interval (projected).",
+    }
+
+    # Markdown
+    md = [f"# {title}", "",
+          f"Runs: {len(runs)} from {len(targets)} target(s)"
+          + (f" at sites {', '.join(sites)}" if sites else "") + ".", "",
+          "Kinds: **measured** — real storage; **emulated** — the shaped backend imposing a "
+          "storage profile by sleeping (not the real service); **mock** — moto, tests "
+          "correctness, *not a performance figure*; **projected** — the model at full scale.",
+          "", "## Comparison (this run's scale)", ""]
+    md.append(_md_table(
+        ["target", "kind", "site", "size", "write s", "write GB/s", "read GB/s",
+         "min rank write GB/s", "requests", "retries", "throttled"],
+        [[s["target"], KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
+          s["site"], human_size(s["checkpoint_bytes"] or 0), f"{s['write_seconds']:.3g}",
+          f"{s['write_gbps']:.3g}", f"{s['read_gbps']:.3g}", f"{s['min_rank_write_gbps']:.3g}",
+          s["requests"], s["retries"], s["throttled"]] for s in summary]))
+    md += ["", "## Full-scale projection (model)", "",
+           f"Interval {human_seconds(interval)}; price {price:g} per GPU-hour (assumption); "
+           f"MTBF scaled from 7.9 h at 1,024 GPUs (arXiv 2410.21680); restart "
+           f"{human_seconds(restart)} (assumption).", ""]
+    md.append(_md_table(
+        ["workload", "target", "projected with", "write", "binding limit", "idle",
+         "idle GPU-h/day", "optimal interval (Daly)"],
+        [[f"{p['preset']} on {p['gpus']} GPUs", p["target"], p["profile"],
+          human_seconds(p["write_seconds"]) if p.get("write_seconds") else "-",
+          p["binding_detail"],
+          f"{p['idle_fraction']:.2%}" if p.get("write_seconds") else "-",
+          f"{p['idle_gpu_hours_per_day']:,.0f}" if p.get("write_seconds") else "-",
+          human_seconds(p["optimum_interval_seconds"]) if p.get("write_seconds") else "-"]
+         for p in proj]))
+    md += ["", "## Plots", ""]
+    for name, path in plots.items():
+        if path:
+            md += [f"### {captions[name]}", "", f"![{name}]({os.path.basename(path)})", ""]
+        else:
+            md += [f"### {captions[name]}", "", "_No data for this plot in these results._", ""]
+    with open(os.path.join(out_dir, "report.md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(md) + "\n")
+
+    # HTML (self-contained apart from the PNGs beside it)
+    def table_html(header: list[str], rows: list[list[Any]], kinds: list[str]) -> str:
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+        body = "".join(
+            f'<tr class="{k}">' + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>"
+            for r, k in zip(rows, kinds, strict=True))
+        return f"<table><tr>{head}</tr>{body}</table>"
+
+    comp_rows = [[s["target"], KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
+                  s["site"], human_size(s["checkpoint_bytes"] or 0), f"{s['write_gbps']:.3g}",
+                  f"{s['read_gbps']:.3g}", s["requests"], s["throttled"]] for s in summary]
+    proj_rows = [[f"{p['preset']} on {p['gpus']} GPUs", p["target"],
+                  human_seconds(p["write_seconds"]) if p.get("write_seconds") else "-",
+                  p["binding_detail"],
+                  f"{p['idle_gpu_hours_per_day']:,.0f}" if p.get("write_seconds") else "-"]
+                 for p in proj]
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'>",
+        f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;max-width:"
+        "1100px;margin:2em auto}}table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px "
+        "solid #ccc;padding:4px 8px;font-size:14px}}tr.emulated td{{background:#fff3e0}}"
+        "tr.mock td{{background:#eeeeee;color:#555}}tr.projected td{{background:#e8f5e9}}"
+        "img{{max-width:100%;border:1px solid #ddd}}</style></head><body>",
+        f"<h1>{html.escape(title)}</h1>",
+        "<p><b>measured</b>: real storage. <b>emulated</b> (orange rows): the shaped backend "
+        "imposing a storage profile by sleeping, not the real service. <b>mock</b> (grey rows):"
+        " moto, <i>not a performance figure</i>. <b>projected</b> (green): the model at full "
+        "scale.</p>",
+        "<h2>Comparison (this run's scale)</h2>",
+        table_html(["target", "kind", "site", "size", "write GB/s", "read GB/s", "requests",
+                    "throttled"], comp_rows, [s["kind"] for s in summary]),
+        "<h2>Full-scale projection (model)</h2>",
+        table_html(["workload", "target", "write", "binding limit", "idle GPU-h/day"],
+                   proj_rows, ["projected"] * len(proj_rows)),
+    ]
+    for name, path in plots.items():
+        if path:
+            parts.append(f"<h2>{html.escape(captions[name])}</h2>"
+                         f"<img src='{os.path.basename(path)}' alt='{name}'>")
+    parts.append("</body></html>")
+    with open(os.path.join(out_dir, "index.html"), "w", encoding="utf-8") as f:
+        f.write("\n".join(parts) + "\n")
+    written = [os.path.join(out_dir, n) for n in ("index.html", "report.md")]
+    written += [p for p in plots.values() if p]
+    return {"out": out_dir, "files": written, "summary": summary, "projections": proj,
+            "sites": sites}
