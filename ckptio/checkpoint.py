@@ -478,7 +478,8 @@ def _commit(
     written = [prefix + k for r in results if r.get("ok") for k in r["objects"]]
     failed = [(rank, r["error"]) for rank, r in enumerate(results) if not r.get("ok")]
     if failed:
-        _discard(store, written)
+        # a shared (N-1) object was created by rank 0 for every rank: find it by the token
+        _discard(store, sorted(set(written) | set(_attempt_keys(store, prefix, plan["token"]))))
         return {"ok": False, "error": "; ".join(f"rank {rank}: {e}" for rank, e in failed)}
     try:
         objects: dict[str, int] = {}
@@ -527,6 +528,15 @@ def _commit(
             _discard(store, written)
         return {"ok": False, "error": _error_text(err)}
     return {"ok": True, "nbytes": sum(objects.values())}
+
+
+def _attempt_keys(store: Store, prefix: str, token: str) -> list[str]:
+    """Data objects of the save attempt with ``token`` under a step's ``prefix``."""
+    try:
+        return [k for k in store.list(prefix + "data/") if f"-{token}." in k.rsplit("/", 1)[-1]]
+    except Exception as err:  # best effort, like _discard
+        log.warning("could not list data of a failed save (%s); `ckptio gc` will remove it", err)
+        return []
 
 
 def _discard(store: Store, keys: Sequence[str]) -> None:
@@ -583,6 +593,7 @@ class CheckpointReader:
         self.manifest = manifest
         self.readers = readers
         self._prefix = fmt.step_dir(step) + "/"
+        self._sizes_checked: set[str] = set()
 
     @property
     def metadata(self) -> Any:
@@ -603,6 +614,35 @@ class CheckpointReader:
                 f"(expected {chunk.crc32c:#010x}, read {got:#010x}): the object is damaged"
             )
 
+    def _check_sizes(self, keys: Iterable[str]) -> None:
+        """Raise CorruptCheckpointError unless each object's size is what the manifest says
+        (one HEAD/stat per object, once per reader)."""
+        todo = sorted(set(keys) - self._sizes_checked)
+        if not todo:
+            return
+
+        def size(key: str) -> int | None:
+            try:
+                return self.store.size(self._prefix + key)
+            except FileNotFoundError:
+                return None
+
+        if len(todo) == 1:
+            actual = [size(todo[0])]
+        else:
+            with ThreadPoolExecutor(min(self.readers, len(todo)), thread_name_prefix="ckptio-read") as pool:
+                actual = list(pool.map(size, todo))
+        for key, got in zip(todo, actual, strict=True):
+            want = self.manifest.objects[key]
+            if got is None:
+                raise errors.CorruptCheckpointError(f"{self.store.url}/{self._prefix}{key}: missing")
+            if got != want:
+                raise errors.CorruptCheckpointError(
+                    f"{self.store.url}/{self._prefix}{key}: {got} bytes, the manifest says {want}; "
+                    "refusing to load (truncated, replaced or hostile checkpoint)"
+                )
+        self._sizes_checked.update(todo)
+
     def read(self, path: str, index: Any = None) -> np.ndarray:
         """Tensor ``path`` (or the box ``index`` of it: ints and unit-step slices)."""
         return self.read_many({path: index})[path]
@@ -612,10 +652,15 @@ class CheckpointReader:
         jobs: list[tuple[fmt.Chunk, Any]] = []
         results: dict[str, np.ndarray] = {}
         finals: dict[str, list[bool]] = {}
+        unknown = [p for p in wanted if p not in self.manifest.tensors]
+        if unknown:
+            raise errors.NotFoundError(f"step {self.step} has no tensor {unknown[0]!r}")
+        # before allocating anything: the objects really hold the bytes the manifest declares
+        # (the manifest is validated so that no two chunks share bytes, so no tensor is
+        # allocated beyond what the storage holds: a hostile manifest is no memory bomb)
+        self._check_sizes({c.key for p in wanted for c in self.manifest.tensors[p].chunks})
         for path, index in wanted.items():
-            entry = self.manifest.tensors.get(path)
-            if entry is None:
-                raise errors.NotFoundError(f"step {self.step} has no tensor {path!r}")
+            entry = self.manifest.tensors[path]
             starts, stops, keep = _normalize(() if index is None else index, entry.shape, path)
             shape = tuple(b - a for a, b in zip(starts, stops, strict=True))
             out = np.zeros(shape, dtype=entry.np_dtype)  # calloc: untouched pages cost nothing

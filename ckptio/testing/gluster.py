@@ -14,6 +14,7 @@ Where root, FUSE or gluster is missing the fixture skips with the reason — exc
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -153,23 +154,22 @@ def stop_volume(vol: GlusterVolume) -> list[str]:
         deadline = time.monotonic() + 20
         while _hooks_running(vol.name) and time.monotonic() < deadline:
             time.sleep(0.2)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(vol.glusterd_pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     return problems
 
 
 def _hooks_running(volume: str) -> bool:
     mark = f"--volname={volume}".encode()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
-                    if mark in fh.read():
-                        return True
-            except OSError:
-                continue
+    with os.scandir("/proc") as entries:
+        pids = [e.name for e in entries if e.name.isdigit()]
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if mark in fh.read():
+                    return True
+        except OSError:
+            continue
     return False
 
 
