@@ -492,6 +492,7 @@ class MultipartWriter(Writer):
         self._upload_id: str | None = None
         self._upload_lock = threading.Lock()
         self._futures: list[Future[dict[str, Any]]] = []
+        self._failed: BaseException | None = None
         self._done = False
 
     # each request, retried and traced
@@ -505,14 +506,30 @@ class MultipartWriter(Writer):
 
     def _ensure_upload(self) -> str:
         with self._upload_lock:
+            if self._failed is not None:
+                raise self._failed
             if self._upload_id is None:
-                self._upload_id = self._request(
-                    "create", 0, "start a multipart upload of", lambda: self._sender.create_upload(self._full)
-                )
+                try:
+                    self._upload_id = self._request(
+                        "create", 0, "start a multipart upload of",
+                        lambda: self._sender.create_upload(self._full),
+                    )
+                except BaseException as err:
+                    self._failed = err
+                    raise
             return self._upload_id
 
     def _send_part(self, number: int, pieces: list[memoryview], nbytes: int) -> dict[str, Any]:
+        if self._failed is not None:  # another part already failed: do not spend more requests
+            raise self._failed
         upload_id = self._ensure_upload()
+        try:
+            return self._send_part_to(upload_id, number, pieces, nbytes)
+        except BaseException as err:
+            self._failed = err
+            raise
+
+    def _send_part_to(self, upload_id: str, number: int, pieces: list[memoryview], nbytes: int) -> dict[str, Any]:
         crc = crc32c_of(pieces) if self._checksum else None
         return self._request(
             "write",

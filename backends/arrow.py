@@ -14,6 +14,7 @@ attempt is ours, traced.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -157,9 +158,7 @@ class ArrowStore(c.S3Base):
             path = self._path(self._full(key))
 
             def run(path: str = path) -> None:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     self.fs.delete_file(path)
-                except FileNotFoundError:
-                    pass
 
             self._call("delete", key, 0, "delete", run)

@@ -12,6 +12,7 @@ API) and sends no per-part CRC32C (object_store offers only SHA-256 checksums). 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 from collections.abc import Iterable
 from typing import Any, ClassVar
@@ -172,9 +173,7 @@ class ObstoreStore(c.S3Base):
             return
 
         def run() -> None:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self._obs.delete(self.store, fulls)
-            except FileNotFoundError:
-                pass
 
         self._call("delete", fulls[0] if len(fulls) == 1 else f"{len(fulls)} keys", 0, "delete", run)

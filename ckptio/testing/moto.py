@@ -33,8 +33,11 @@ TEST_REGION = "us-east-1"
 
 def start_moto_server() -> tuple[Any, str]:
     """Start a ``ThreadedMotoServer`` on a free loopback port: ``(server, endpoint_url)``."""
+    import logging
+
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one log line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -108,3 +111,22 @@ def s3_bucket(moto_server: str, s3_env: dict[str, str], s3_client: Any) -> str:
     name = f"ckptio-test-{uuid.uuid4().hex[:12]}"
     s3_client.create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def fault_proxy(moto_server: str) -> Iterator[Any]:
+    """A factory: ``fault_proxy(rate=0.1, kinds=("slowdown",), seed=1)`` starts a
+    :class:`~ckptio.testing.faults.FaultProxy` in front of the moto server and returns it
+    (its ``url`` is the endpoint to use); every proxy is stopped when the test ends."""
+    from ckptio.testing.faults import FaultProxy
+
+    started: list[FaultProxy] = []
+
+    def make(**kwargs: Any) -> FaultProxy:
+        proxy = FaultProxy(moto_server, **kwargs).start()
+        started.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in started:
+        proxy.stop()
