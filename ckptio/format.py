@@ -298,6 +298,7 @@ def _validate(doc: Any, expect_step: int | None) -> Manifest:
     for path, t in tensors_doc.items():
         tensors[path] = _validate_tensor(path, t, objects)
 
+    _check_byte_ranges(tensors)
     tree = doc.get("tree")
     _check_tree(tree, tensors, "tree", 0)
     layout = doc.get("layout", {})
@@ -317,6 +318,25 @@ def _validate(doc: Any, expect_step: int | None) -> Manifest:
         created=created,
         extra=extra,
     )
+
+
+def _check_byte_ranges(tensors: Mapping[str, TensorEntry]) -> None:
+    """No two chunks share bytes of an object. With each chunk inside its object, the
+    tensors' total size is then at most the objects' total, which a reader confirms against
+    the storage before allocating: a small manifest cannot make a reader allocate terabytes
+    by pointing many chunks at the same bytes."""
+    spans = sorted(
+        (c.key, c.offset, c.offset + c.length, path)
+        for path, t in tensors.items()
+        for c in t.chunks
+        if c.length
+    )
+    for a, b in zip(spans, spans[1:], strict=False):
+        if a[0] == b[0] and a[2] > b[1]:
+            raise errors.ManifestError(
+                f"chunks of {a[3]!r:.80} and {b[3]!r:.80} share bytes {b[1]}..{min(a[2], b[2])} of {a[0]!r:.80}",
+                field="tensors",
+            )
 
 
 def _safe_key(key: Any) -> bool:
