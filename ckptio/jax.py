@@ -1,0 +1,178 @@
+"""JAX: arrays in ckptio checkpoints, and pytree save / load.
+
+::
+
+    import ckptio.jax
+    ckptio.jax.save({"params": params, "opt_state": opt_state, "step": 100}, "s3://b/run", step=100)
+    restored = ckptio.jax.load("s3://b/run", target=abstract_state)   # same pytree types back
+
+- ``to_numpy``: a ``jax.Array`` that this process can address fully becomes a numpy array;
+  on the CPU backend ``np.asarray`` hands out the device buffer itself (no copy; read-only),
+  on accelerators it is one device-to-host transfer. bfloat16 / float8 are ml_dtypes dtypes
+  in JAX already, so they need no conversion.
+- ``save``: any pytree (dicts, lists, tuples, None, NamedTuples, dataclasses and other
+  registered nodes such as optax states) is stored as plain nested dicts and lists built from
+  JAX's key paths (``DictKey`` / ``GetAttrKey`` -> dict key, ``SequenceKey`` /
+  ``FlattenedIndexKey`` -> list index). JSON values (ints, floats, strings) stay JSON.
+- ``load``: without ``target``, that plain structure with ``jax.Array`` leaves. With
+  ``target`` (a pytree of the same structure: arrays, ``jax.ShapeDtypeStruct`` or anything
+  with ``shape``/``dtype``), the target's own node types come back, every leaf is checked
+  against the target's shape and dtype, and arrays are placed with the target leaf's
+  ``sharding`` (Orbax-style restore).
+
+Not handled here: arrays sharded over several processes (``is_fully_addressable`` False) —
+save each process's shards as :class:`ckptio.Shard` leaves instead. Typed PRNG keys are
+refused; store ``jax.random.key_data(key)`` and rebuild with ``jax.random.wrap_key_data``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ckptio import checkpoint as _ck
+from ckptio import errors
+from ckptio.store import Store
+
+__all__ = ["load", "save", "to_numpy"]
+
+
+def to_numpy(obj: Any) -> np.ndarray | None:
+    """A ``jax.Array`` as a numpy array in host memory, or None if ``obj`` is not one."""
+    import jax
+
+    if not isinstance(obj, jax.Array):
+        return None
+    if jax.dtypes.issubdtype(obj.dtype, jax.dtypes.prng_key):
+        raise errors.InvalidArgumentError(
+            "typed PRNG keys cannot be checkpointed as arrays; store jax.random.key_data(key) "
+            "and restore with jax.random.wrap_key_data"
+        )
+    if not obj.is_fully_addressable:
+        raise errors.InvalidArgumentError(
+            "a jax.Array sharded across processes is not fully addressable here; save each "
+            "process's addressable shards as ckptio.Shard(shard.data, global_shape, offsets)"
+        )
+    return np.asarray(obj)
+
+
+# -- pytrees <-> plain nested containers ------------------------------------------------------
+
+
+def _entry(key: Any) -> tuple[str, Any]:
+    """("d", name) for a dict-like step of a key path, ("l", index) for a sequence-like one."""
+    import jax
+
+    tu = jax.tree_util
+    if isinstance(key, tu.DictKey):
+        k = key.key
+        if not isinstance(k, str):
+            raise errors.InvalidArgumentError(
+                f"pytree dict key {k!r} ({type(k).__name__}) is not a string; ckptio stores string keys"
+            )
+        return "d", k
+    if isinstance(key, tu.GetAttrKey):
+        return "d", key.name
+    if isinstance(key, tu.SequenceKey):
+        return "l", key.idx
+    if isinstance(key, tu.FlattenedIndexKey):
+        return "l", key.key
+    raise errors.InvalidArgumentError(f"unsupported pytree key {key!r}")
+
+
+def _plain(tree: Any) -> Any:
+    """The pytree as nested dicts / lists (lists may have gaps where a subtree was empty)."""
+    import jax
+
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    if not leaves:
+        return {}
+    if len(leaves) == 1 and leaves[0][0] == ():
+        return leaves[0][1]
+    root: dict[Any, Any] = {}
+    kinds: dict[int, str] = {}
+
+    def container(parent: dict[Any, Any], key: Any, kind: str) -> dict[Any, Any]:
+        child = parent.get(key)
+        if child is None:
+            child = parent[key] = {}
+            kinds[id(child)] = kind
+        return child
+
+    for path, leaf in leaves:
+        node = root
+        steps = [_entry(k) for k in path]
+        kinds.setdefault(id(root), steps[0][0])
+        for (_kind, key), (next_kind, _) in itertools.pairwise(steps):
+            node = container(node, key, next_kind)
+        node[steps[-1][1]] = leaf
+
+    def finish(node: dict[Any, Any]) -> Any:
+        kind = kinds[id(node)]
+        items = {k: finish(v) if isinstance(v, dict) and id(v) in kinds else v for k, v in node.items()}
+        if kind == "d":
+            return items
+        out = [None] * (max(items) + 1)
+        for i, v in items.items():
+            out[i] = v
+        return out
+
+    return finish(root)
+
+
+def _lookup(plain: Any, path: tuple[Any, ...]) -> Any:
+    node = plain
+    for k in path:
+        _kind, key = _entry(k)
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            where = "".join(f"[{_entry(p)[1]!r}]" for p in path)
+            raise errors.NotFoundError(f"the checkpoint has no leaf at {where}") from None
+    return node
+
+
+def save(tree: Any, url: str | Store, step: int, **options: Any) -> _ck.SaveHandle:
+    """Save a pytree as ``step`` under ``url`` (options as :func:`ckptio.save`)."""
+    return _ck.save(_plain(tree), url, step, **options)
+
+
+def _place(value: Any, like: Any, path: str) -> Any:
+    import jax
+
+    if not isinstance(value, np.ndarray):
+        return value
+    shape, dtype = getattr(like, "shape", None), getattr(like, "dtype", None)
+    if shape is not None and tuple(shape) != value.shape:
+        raise errors.InvalidArgumentError(f"{path}: checkpoint has shape {value.shape}, target {tuple(shape)}")
+    if dtype is not None and np.dtype(dtype) != value.dtype:
+        raise errors.InvalidArgumentError(f"{path}: checkpoint has dtype {value.dtype}, target {np.dtype(dtype)}")
+    if isinstance(like, np.ndarray):
+        return value
+    sharding = getattr(like, "sharding", None)
+    return jax.device_put(value, sharding) if sharding is not None else jax.device_put(value)
+
+
+def load(
+    url: str | Store,
+    step: int | None = None,
+    *,
+    target: Any = None,
+    select: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """Load a pytree saved by :func:`save` (step: default the newest). See the module doc."""
+    import jax
+
+    plain = _ck.load(url, step, select=select, **options)
+    if target is None:
+        return jax.tree_util.tree_map(lambda v: jax.device_put(v) if isinstance(v, np.ndarray) else v, plain)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(target)
+    out = []
+    for path, like in leaves:
+        value = _lookup(plain, path)
+        out.append(_place(value, like, jax.tree_util.keystr(path)))
+    return jax.tree_util.tree_unflatten(treedef, out)
