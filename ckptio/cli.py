@@ -354,6 +354,34 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return cmd_plan(args, console)
 
 
+def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from ckptio.runner import add_run_arguments
+
+    p = sub.add_parser("run", help="write and read back a synthetic sharded checkpoint of a "
+                       "preset on a target, on N ranks; Parquet results")
+    add_run_arguments(p)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from ckptio.runner import cmd_run
+
+    return cmd_run(args, console)
+
+
+def _add_sweep(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from ckptio.runner import add_run_arguments
+
+    p = sub.add_parser("sweep", help="throughput versus concurrency: the workload at each "
+                       "--streams x --part-size")
+    add_run_arguments(p, sweep_mode=True)
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from ckptio.runner import cmd_run
+
+    return cmd_run(args, console, sweep_mode=True)
+
+
 # -- main -------------------------------------------------------------------------------------
 
 COMMANDS: dict[str, tuple[Callable[..., None], Callable[[argparse.Namespace], int]]] = {
@@ -365,6 +393,8 @@ COMMANDS: dict[str, tuple[Callable[..., None], Callable[[argparse.Namespace], in
     "report": (_add_report, _cmd_report),
     "gc": (_add_gc, _cmd_gc),
     "plan": (_add_plan, _cmd_plan),
+    "run": (_add_run, _cmd_run),
+    "sweep": (_add_sweep, _cmd_sweep),
 }
 
 

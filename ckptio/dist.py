@@ -128,3 +128,127 @@ def torch_communicator() -> Communicator:
     from ckptio.dist_torch import TorchCommunicator
 
     return TorchCommunicator()
+
+
+# -- local processes (``--ranks N`` on one node) ----------------------------------------------
+
+
+class RankFailedError(errors.CkptioError, RuntimeError):
+    """A rank of a local-process group died or failed; the others cannot go on."""
+
+
+class LocalProcesses:
+    """Ranks as processes on this node, started by :func:`run_local` (``ckptio run --ranks N``
+    without a launcher). Rank 0 is the calling process; the others are its children, each
+    linked to rank 0 by a pipe. Messages are JSON (never pickle); collectives go through rank
+    0 (gather to and broadcast from rank 0 only), which is all the runner needs. A rank that
+    dies makes the next collective raise :class:`RankFailedError` on rank 0 (and its closed
+    pipes do the same on the others)."""
+
+    def __init__(self, rank: int, size: int, conns: list[Any]) -> None:
+        self.rank = rank
+        self.size = size
+        self._conns = conns  # rank 0: pipes to ranks 1..size-1; others: [pipe to rank 0]
+
+    def _send(self, conn: Any, obj: Any, peer: int) -> None:
+        import json
+
+        try:
+            conn.send_bytes(json.dumps(obj, separators=(",", ":")).encode())
+        except (OSError, EOFError) as err:
+            raise RankFailedError(f"rank {peer} is gone (sending from rank {self.rank}): {err}") from err
+
+    def _recv(self, conn: Any, peer: int) -> Any:
+        import json
+
+        try:
+            return json.loads(conn.recv_bytes())
+        except (OSError, EOFError) as err:
+            raise RankFailedError(f"rank {peer} died or failed (rank {self.rank} was waiting for it)") from err
+
+    def _root_only(self, root: int) -> None:
+        if root != 0:
+            raise errors.InvalidArgumentError("local-process ranks gather to and broadcast from rank 0 only")
+
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        self._root_only(root)
+        if self.rank == 0:
+            return [obj] + [self._recv(c, r) for r, c in enumerate(self._conns, start=1)]
+        self._send(self._conns[0], obj, 0)
+        return None
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        self._root_only(root)
+        if self.rank == 0:
+            for r, c in enumerate(self._conns, start=1):
+                self._send(c, obj, r)
+            return obj
+        return self._recv(self._conns[0], 0)
+
+    def barrier(self) -> None:
+        self.gather(None)
+        self.bcast(None)
+
+    def dup(self) -> LocalProcesses:
+        raise errors.InvalidArgumentError(
+            "local-process ranks have a single channel; background saves across ranks need MPI "
+            "or torch.distributed"
+        )
+
+    def close(self) -> None:
+        for c in self._conns:
+            c.close()
+
+    def __repr__(self) -> str:
+        return f"LocalProcesses(rank={self.rank}, size={self.size})"
+
+
+def _local_child(rank: int, size: int, conn: Any, target: Any, args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> None:
+    comm = LocalProcesses(rank, size, [conn])
+    try:
+        target(comm, *args, **kwargs)
+    finally:
+        comm.close()
+
+
+def run_local(size: int, target: Any, /, *args: Any, **kwargs: Any) -> Any:
+    """Run ``target(comm, *args, **kwargs)`` on ``size`` ranks of this node: rank 0 in this
+    process, ranks 1.. in fresh child processes (``spawn``: nothing of this process's threads
+    or locks is inherited). ``target`` must be a module-level function and the arguments
+    importable/picklable for the start of the children. Returns rank 0's result; raises
+    :class:`RankFailedError` if any child failed (after rank 0 finished or failed)."""
+    import multiprocessing as mp
+
+    if size < 1:
+        raise errors.InvalidArgumentError(f"ranks must be >= 1, got {size}")
+    if size == 1:
+        return target(SingleProcess(), *args, **kwargs)
+    ctx = mp.get_context("spawn")
+    conns, procs = [], []
+    try:
+        for r in range(1, size):
+            parent, child = ctx.Pipe(duplex=True)
+            p = ctx.Process(target=_local_child, args=(r, size, child, target, args, kwargs),
+                            name=f"ckptio-rank-{r}", daemon=True)
+            p.start()
+            child.close()
+            conns.append(parent)
+            procs.append(p)
+        comm = LocalProcesses(0, size, conns)
+        try:
+            result = target(comm, *args, **kwargs)
+        finally:
+            comm.close()
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    failed = [(r, p.exitcode) for r, p in enumerate(procs, start=1) if p.exitcode != 0]
+    if failed:
+        raise RankFailedError(
+            "rank(s) failed: " + ", ".join(f"rank {r} (exit code {code})" for r, code in failed)
+        )
+    return result

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from ckptio import errors
 
@@ -173,7 +173,9 @@ def scrub_url(url: str) -> str:
         pairs = parse_qsl(query, keep_blank_values=True)
         query = urlencode([(k, "***" if _SECRET_NAME.search(k) else v) for k, v in pairs],
                           safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    # not urlunsplit: it drops the "//" of schemes it does not know (memory://, pfs:///x)
+    out = f"{parts.scheme}://{netloc}{parts.path}"
+    return out + (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")
 
 
 def scrub(obj: Any) -> Any:

@@ -1,0 +1,1017 @@
+"""Run a checkpoint plan against a store, phase by phase, on every rank, and record it.
+
+Every rank (process) calls :func:`run_workload` with the same arguments. The logical ranks
+(GPUs) of the plan that write something are dealt round-robin over the processes, so 4
+processes can play the 1,024 GPUs of ``llama3-1t`` (each writes the shards of 256 of them).
+
+One iteration::
+
+    barrier                                     (all ranks)
+    write:   for each of my shard objects, in a pool of ``inflight`` workers:
+             generate synthetic data into a recycled buffer (AES-CTR keystream: incompressible
+             and unique per object, so compression and deduplication gain nothing), write it
+             through ckptio's own shard writer (CRC32C of every chunk), close = durable
+             (fsync where the store has it) and visible
+    commit:  gather chunk lists at rank 0; rank 0 validates and publishes the manifest
+             (exactly the library's commit: a ckptio checkpoint that ``ckptio verify`` reads)
+    barrier                                     write time = max over ranks, barrier to barrier
+    read:    bypass the page cache (O_DIRECT, else posix_fadvise DONTNEED, else drop_caches
+             when asked and root), barrier, read every object back into recycled buffers,
+             verify every CRC32C, barrier       read time = max over ranks
+    pause    (the compute time between checkpoints), next iteration
+
+Memory per rank is bounded by ``inflight x object_size`` plus the store's own bounded
+buffers: it does not grow with the checkpoint's size.
+
+Duration is the maximum over ranks, throughput the checkpoint's bytes over that duration;
+the slowest rank's own throughput is kept too (MLPerf Storage's metric). Every storage
+request of every rank is gathered to rank 0 and written to the requests table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import resource
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ckptio import errors
+from ckptio import format as fmt
+from ckptio import results as res
+from ckptio.checkpoint import _commit, _Local, _Prepared, _write_rank, crc32c
+from ckptio.dist import Communicator, detect
+from ckptio.registry import open_store, split_url
+from ckptio.store import Store, parse_size
+from ckptio.workload import ObjectSpec, Plan
+
+log = logging.getLogger(__name__)
+
+CACHE_MODES = ("auto", "o_direct", "fadvise", "drop_caches", "none")
+"""How the read phase bypasses the page cache. ``auto``: O_DIRECT where the store can read
+that way, else ``posix_fadvise(DONTNEED)`` of each object; stores without a local page cache
+(object stores, memory) record ``n/a``."""
+
+KEEP = ("last", "all", "none")
+"""Which iterations' checkpoints stay on the target after the run."""
+
+GEN_BLOCK = 1 << 20
+"""Bytes generated per call of the keystream (small enough to stay in cache)."""
+
+_ZEROS = bytes(GEN_BLOCK)
+
+
+# -- synthetic data ---------------------------------------------------------------------------
+
+
+class DataGenerator:
+    """Fills buffers with incompressible bytes, unique per (run, iteration, rank, object).
+
+    AES-256-CTR keystream (``cryptography``; ~4-7 GB/s per core) with a key derived from the
+    object's identity; without ``cryptography``, numpy's PCG64 (~2.8 GB/s per core). Buffers
+    must have :data:`SLACK` spare bytes after the part filled (AES ``update_into``)."""
+
+    SLACK = 16
+
+    def __init__(self, seed: str) -> None:
+        self.seed = seed.encode()
+        try:
+            from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+        except ImportError:
+            self.name = "pcg64"
+            self._cipher = None
+        else:
+            self.name = "aes-ctr"
+            self._cipher = (Cipher, algorithms, modes)
+
+    def fill(self, buf: np.ndarray, nbytes: int, ident: str) -> None:
+        """Fill ``buf[:nbytes]`` with the stream of ``ident`` (``buf`` has SLACK more bytes)."""
+        key = hashlib.blake2b(self.seed + b"/" + ident.encode(), digest_size=32).digest()
+        view = memoryview(buf)
+        if self._cipher is not None:
+            cipher, algorithms, modes = self._cipher
+            enc = cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+            for off in range(0, nbytes, GEN_BLOCK):
+                k = min(GEN_BLOCK, nbytes - off)
+                enc.update_into(_ZEROS[:k], view[off : off + k + self.SLACK])
+            return
+        bitgen = np.random.PCG64(int.from_bytes(key[:16], "little"))
+        for off in range(0, nbytes, GEN_BLOCK):
+            k = min(GEN_BLOCK, nbytes - off)
+            words = bitgen.random_raw(-(-k // 8)).view(np.uint8)
+            buf[off : off + k] = words[:k]
+
+
+class _Buffers:
+    """A fixed set of reusable buffers: what bounds a rank's memory."""
+
+    def __init__(self, count: int, size: int) -> None:
+        self.size = size
+        self._free: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
+        for _ in range(count):
+            self._free.put(np.empty(size + DataGenerator.SLACK, dtype=np.uint8))
+
+    def take(self) -> np.ndarray:
+        return self._free.get()
+
+    def give(self, buf: np.ndarray) -> None:
+        self._free.put(buf)
+
+
+# -- results of one run -----------------------------------------------------------------------
+
+
+@dataclass
+class RunSummary:
+    """What :func:`run_workload` returns (complete on rank 0; other ranks get their own
+    figures only)."""
+
+    run_id: str
+    rank: int
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    """Rows of the runs table (rank 0)."""
+    phases: list[dict[str, Any]] = field(default_factory=list)
+    """Rows of the phases table (rank 0: every rank's; others: their own)."""
+    requests: int = 0
+    """Request rows written (rank 0)."""
+    paths: list[Path] = field(default_factory=list)
+    """Result files written (rank 0, when ``out_dir`` was given)."""
+    peak_rss_bytes: list[int] = field(default_factory=list)
+    """Resident-set high-water mark of every rank's process, bytes (rank 0: all ranks)."""
+    cache: str = ""
+    """How the read phase bypassed the page cache."""
+    generator: str = ""
+    steps: list[int] = field(default_factory=list)
+    """Checkpoint steps written, one per iteration."""
+    url: str = ""
+
+
+def _peak_rss() -> int:
+    """This process's resident-set high-water mark in bytes (Linux reports KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _events_columns(events: Sequence[Any], phase: str, iteration: int, rank: int) -> dict[str, list[Any]]:
+    cols: dict[str, list[Any]] = {k: [] for k in ("rank", "iteration", "phase", "op", "key",
+                                                  "nbytes", "start", "end", "attempt",
+                                                  "outcome", "backend", "thread")}
+    for ev in events:
+        cols["rank"].append(rank)
+        cols["iteration"].append(iteration)
+        cols["phase"].append(phase)
+        cols["op"].append(ev.op)
+        cols["key"].append(ev.key)
+        cols["nbytes"].append(int(ev.nbytes))
+        cols["start"].append(float(ev.start))
+        cols["end"].append(float(ev.end))
+        cols["attempt"].append(int(ev.attempt))
+        cols["outcome"].append(ev.outcome)
+        cols["backend"].append(ev.backend)
+        cols["thread"].append(int(ev.thread))
+    return cols
+
+
+def _merge_columns(parts: Sequence[dict[str, list[Any]]]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for p in parts:
+        for k, v in p.items():
+            out.setdefault(k, []).extend(v)
+    return out
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+def _assign(plan: Plan, size: int) -> list[np.ndarray]:
+    """Logical ranks that write, dealt round-robin over ``size`` processes."""
+    writers = np.flatnonzero(plan.rank_bytes > 0)
+    return [writers[p::size] for p in range(size)]
+
+
+def _target_label(url: str, emulate: str | None) -> str:
+    scheme, bare, _ = split_url(url)
+    tail = bare.split("://", 1)[-1].rstrip("/").rsplit("/", 1)[-1] if "://" in bare else Path(bare).name
+    label = scheme if not tail else f"{scheme}-{tail}"
+    return f"{label}-{emulate}" if emulate else label
+
+
+def _local_path(store: Store) -> str | None:
+    root = getattr(store, "root", None)
+    return str(root) if isinstance(root, str) else None
+
+
+@dataclass
+class _Iter:
+    """Per-rank figures of one iteration."""
+
+    write_start: float = 0.0
+    write_done: float = 0.0
+    write_end: float = 0.0
+    read_start: float = 0.0
+    read_end: float = 0.0
+    bytes: int = 0
+    gen_seconds: float = 0.0
+    read_io_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    cache: str = "n/a"
+    objects: int = 0
+
+
+def _tensor_path(rank: int, component: str) -> str:
+    return f"rank-{rank:05d}/{component}"
+
+
+def _synthetic_prepared(plan: Plan, metadata: dict[str, Any]) -> _Prepared:
+    """The state description rank 0 commits: per writing logical rank a ``model`` (bf16) and
+    an ``optim`` (fp32) tensor, flat, holding that rank's share."""
+    tensors: dict[str, _Local] = {}
+    tree: dict[str, Any] = {}
+    for r in np.flatnonzero(plan.rank_bytes > 0):
+        r = int(r)
+        sub: dict[str, Any] = {}
+        for comp, elems, dtype in (("model", plan.model_elements[r], "bfloat16"),
+                                   ("optim", plan.optim_elements[r], "float32")):
+            if elems <= 0:
+                continue
+            path = _tensor_path(r, comp)
+            tensors[path] = _Local(path, np.empty(0, dtype=fmt.DTYPES[dtype]), (int(elems),), (0,),
+                                   replicated=False)
+            sub[comp] = {"t": path}
+        tree[f"rank-{r:05d}"] = {"d": sub}
+    return _Prepared({"d": tree}, tensors, metadata)
+
+
+class _Phase:
+    """Times one phase of one rank and collects the trace events it caused."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def __enter__(self) -> _Phase:
+        self.store.trace.clear()
+        self.start = time.time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end = time.time()
+        self.events = self.store.trace.events()
+        self.store.trace.clear()
+
+
+def run_workload(
+    url: str,
+    plan: Plan,
+    *,
+    iterations: int = 1,
+    comm: Communicator | None = None,
+    out_dir: str | os.PathLike[str] | None = None,
+    pause: float = 0.0,
+    inflight: int = 2,
+    read: bool = True,
+    cache: str = "auto",
+    keep: str = "last",
+    key_layout: str = "flat",
+    label: str | None = None,
+    site: str | None = None,
+    emulate: str | None = None,
+    mock: bool = False,
+    store_options: dict[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
+    run_id: str | None = None,
+    kind: str = "run",
+    sweep_streams: int = 0,
+    sweep_part_size: int = 0,
+    config: dict[str, Any] | None = None,
+    write_files: bool = True,
+) -> RunSummary:
+    """Run ``plan`` against ``url`` for ``iterations`` iterations on every rank of ``comm``
+    (default: detected from the launcher). Every rank calls this with the same arguments.
+
+    ``inflight``: shard objects each rank has in flight (memory per rank ~ inflight x
+    ``plan.object_size``). ``pause``: seconds between iterations. ``cache``: one of
+    :data:`CACHE_MODES`. ``keep``: one of :data:`KEEP`. ``emulate``: a profile name; the
+    target is wrapped in the shaped backend and every figure is marked emulated.
+    ``store_options`` go to the store (``streams``, ``part_size``, ...). ``progress`` (rank 0)
+    is called with bytes done. Rank 0 writes the result files under ``out_dir`` (when given
+    and ``write_files``) and returns the complete :class:`RunSummary`.
+    """
+    if iterations < 1:
+        raise errors.InvalidArgumentError(f"iterations must be >= 1, got {iterations}")
+    if inflight < 1:
+        raise errors.InvalidArgumentError(f"inflight must be >= 1, got {inflight}")
+    if cache not in CACHE_MODES:
+        raise errors.InvalidArgumentError(f"unknown cache mode {cache!r}; valid: {', '.join(CACHE_MODES)}")
+    if keep not in KEEP:
+        raise errors.InvalidArgumentError(f"unknown keep {keep!r}; valid: {', '.join(KEEP)}")
+    if key_layout not in fmt.KEY_LAYOUTS:
+        raise errors.InvalidArgumentError(f"unknown key_layout {key_layout!r}; valid: {', '.join(fmt.KEY_LAYOUTS)}")
+    if pause < 0:
+        raise errors.InvalidArgumentError(f"pause must be >= 0 seconds, got {pause}")
+    comm = comm if comm is not None else detect()
+    if comm.size > plan.ranks:
+        raise errors.InvalidArgumentError(
+            f"{comm.size} ranks exceed the plan's {plan.ranks} GPUs; use at most {plan.ranks} "
+            "ranks or more GPUs (--gpus)"
+        )
+    options = dict(store_options or {})
+    target_url = url
+    if emulate:
+        target_url = f"shaped+{url}"
+        options["profile"] = emulate
+    emulated = bool(emulate) or split_url(url)[0].startswith("shaped")
+    profile = emulate or str(options.get("profile", ""))
+    store = open_store(target_url, **options)
+    try:
+        return _run(store, url, plan, comm, iterations=iterations, out_dir=out_dir, pause=pause,
+                    inflight=inflight, read=read, cache=cache, keep=keep, key_layout=key_layout,
+                    label=label or _target_label(url, emulate), site=site, emulated=emulated,
+                    profile=profile, mock=mock, options=options, progress=progress,
+                    run_id=run_id, kind=kind, sweep_streams=sweep_streams,
+                    sweep_part_size=sweep_part_size, config=config or {},
+                    write_files=write_files)
+    finally:
+        store.close()
+
+
+def _run(
+    store: Store,
+    url: str,
+    plan: Plan,
+    comm: Communicator,
+    *,
+    iterations: int,
+    out_dir: Any,
+    pause: float,
+    inflight: int,
+    read: bool,
+    cache: str,
+    keep: str,
+    key_layout: str,
+    label: str,
+    site: str | None,
+    emulated: bool,
+    profile: str,
+    mock: bool,
+    options: dict[str, Any],
+    progress: Callable[[int], None] | None,
+    run_id: str | None,
+    kind: str,
+    sweep_streams: int,
+    sweep_part_size: int,
+    config: dict[str, Any],
+    write_files: bool,
+) -> RunSummary:
+    from ckptio.checkpoint import committed_steps
+
+    rank = comm.rank
+    mine = _assign(plan, comm.size)[rank]
+    # rank 0 names the run and picks the first free step; everyone learns both
+    first = None
+    if rank == 0:
+        try:
+            steps = committed_steps(store)
+            first = {"run_id": run_id or res.new_run_id(label),
+                     "step": (steps[-1] + 1) if steps else 0, "seed": secrets.token_hex(8)}
+        except errors.CkptioError as err:
+            first = {"error": f"{type(err).__name__}: {err}"}
+    first = comm.bcast(first, root=0)
+    if "error" in first:
+        raise errors.SaveFailedError(f"cannot start the run on {res.scrub_url(url)}: {first['error']}")
+    run_id, step0 = first["run_id"], int(first["step"])
+    gen = DataGenerator(first["seed"])
+    buffers = _Buffers(inflight, plan.object_size)
+    pool = ThreadPoolExecutor(inflight, thread_name_prefix="ckptio-runner")
+    metadata = {"workload": plan.preset.name, "scale": plan.scale, "layout": plan.layout.describe(),
+                "synthetic": True, "generator": gen.name, "run_id": run_id}
+    phase_rows: list[dict[str, Any]] = []
+    request_parts: list[dict[str, list[Any]]] = []
+    per_iter: list[_Iter] = []
+    written_steps: list[int] = []
+    my_bytes = int(plan.rank_bytes[mine].sum()) if len(mine) else 0
+
+    def row(it: int, phase: str, nbytes: int, seconds: float, start: float, end: float,
+            cache_mode: str = "n/a") -> None:
+        phase_rows.append({"run_id": run_id, "target": label, "rank": rank, "iteration": it,
+                           "phase": phase, "bytes": int(nbytes), "seconds": float(seconds),
+                           "start": float(start), "end": float(end), "cache": cache_mode})
+
+    try:
+        for it in range(iterations):
+            step = step0 + it
+            info = _Iter()
+            token = secrets.token_hex(4)
+            # -- write ------------------------------------------------------------------
+            comm.barrier()
+            gen_lock = threading.Lock()
+            outcomes: list[dict[str, Any]] = []
+
+            def write_one(spec: ObjectSpec, step: int = step, token: str = token,
+                          it: int = it, lock: threading.Lock = gen_lock,
+                          info: _Iter = info) -> dict[str, Any]:
+                buf = buffers.take()
+                try:
+                    t0 = time.perf_counter()
+                    gen.fill(buf, spec.nbytes, f"{it}/{spec.rank}/{spec.component}/{spec.index}")
+                    t1 = time.perf_counter()
+                    dtype = fmt.DTYPES[spec.dtype]
+                    arr = buf[: spec.nbytes].view(dtype)
+                    total = (int(plan.model_elements[spec.rank]) if spec.component == "model"
+                             else int(plan.optim_elements[spec.rank]))
+                    local = _Local(_tensor_path(spec.rank, spec.component), arr, (total,),
+                                   (spec.element_offset,), replicated=False)
+                    out = _write_rank(store, step, spec.rank, f"{token}-{spec.component}{spec.index:05d}",
+                                      [local], key_layout=key_layout, chunk_size=plan.object_size,
+                                      max_object_size=plan.object_size)
+                finally:
+                    buffers.give(buf)
+                with lock:
+                    info.gen_seconds += t1 - t0
+                if progress is not None:
+                    progress(spec.nbytes)
+                return out
+
+            with _Phase(store) as wphase:
+                info.write_start = wphase.start
+                specs = (s for r in mine for s in plan.rank_objects(int(r)))
+                failure: BaseException | None = None
+                try:
+                    for out in _bounded_map(pool, write_one, specs, inflight):
+                        outcomes.append(out)
+                except Exception as err:  # reported to every rank through the commit
+                    failure = err
+                info.write_done = time.time()
+            written = {"ok": failure is None}
+            if failure is None:
+                chunks: dict[str, list[Any]] = {}
+                objects: dict[str, int] = {}
+                for out in outcomes:
+                    for p, cs in out["chunks"].items():
+                        chunks.setdefault(p, []).extend(cs)
+                    objects.update(out["objects"])
+                written.update(chunks=chunks, objects=objects)
+                info.objects = len(objects)
+            else:
+                written["error"] = f"{type(failure).__name__}: {failure}"
+            info.bytes = my_bytes if failure is None else 0
+            # -- commit (rank 0) ---------------------------------------------------------
+            gathered = comm.gather(written, root=0)
+            with _Phase(store) as cphase:
+                verdict: dict[str, Any] = {}
+                if rank == 0:
+                    assert gathered is not None
+                    prepared = _synthetic_prepared(plan, metadata)
+                    plan_doc = {"writers": {p: -1 for p in prepared.tensors}}
+                    verdict = _commit(store, step, prepared, plan_doc, gathered, plan.ranks,
+                                      "file-per-shard", key_layout)
+            verdict = comm.bcast(verdict, root=0)
+            if not verdict.get("ok"):
+                raise errors.SaveFailedError(
+                    f"iteration {it} (step {step}) failed, nothing committed: {verdict.get('error')}"
+                ) from failure
+            comm.barrier()
+            info.write_end = time.time()
+            written_steps.append(step)
+            events = wphase.events + cphase.events
+            request_parts.append(_events_columns(events, "write", it, rank))
+            row(it, "generate", info.bytes, info.gen_seconds, wphase.start, info.write_done)
+            row(it, "write", info.bytes, info.write_done - wphase.start, wphase.start, info.write_done)
+            fs = [e for e in wphase.events if e.op == "fsync"]
+            row(it, "flush", info.bytes, sum(e.seconds for e in fs),
+                min((e.start for e in fs), default=info.write_done),
+                max((e.end for e in fs), default=info.write_done))
+            if rank == 0:
+                row(it, "commit", 0, cphase.end - cphase.start, cphase.start, cphase.end)
+            # -- read -------------------------------------------------------------------
+            if read:
+                mine_objects = [(k, c) for p, cs in written.get("chunks", {}).items() for c in cs
+                                for k in [c["key"]]]
+                mode = _prepare_read(store, step, [k for k, _ in mine_objects], cache)
+                info.cache = mode
+                comm.barrier()
+                vlock = threading.Lock()
+
+                def read_one(item: tuple[str, dict[str, Any]], step: int = step,
+                             lock: threading.Lock = vlock, info: _Iter = info) -> int:
+                    rel, chunk = item
+                    key = f"{fmt.step_dir(step)}/{rel}"
+                    buf = buffers.take()
+                    try:
+                        view = memoryview(buf)[chunk["offset"] : chunk["offset"] + chunk["length"]]
+                        t0 = time.perf_counter()
+                        n = store.read_into(key, chunk["offset"], view)
+                        t1 = time.perf_counter()
+                        if n != chunk["length"]:
+                            raise errors.CorruptCheckpointError(
+                                f"{res.scrub_url(store.url)}/{key}: {n} bytes read, "
+                                f"{chunk['length']} expected (truncated object)")
+                        got = crc32c(view)
+                        t2 = time.perf_counter()
+                        if got != chunk["crc32c"]:
+                            raise errors.ChecksumError(
+                                f"{res.scrub_url(store.url)}/{key}: CRC32C mismatch in bytes "
+                                f"{chunk['offset']}..{chunk['offset'] + chunk['length']} "
+                                f"(expected {chunk['crc32c']:#010x}, read {got:#010x})")
+                    finally:
+                        buffers.give(buf)
+                    with lock:
+                        info.read_io_seconds += t1 - t0
+                        info.verify_seconds += t2 - t1
+                    if progress is not None:
+                        progress(chunk["length"])
+                    return n
+
+                with _Phase(store) as rphase:
+                    rfail: BaseException | None = None
+                    try:
+                        nread = sum(_bounded_map(pool, read_one, iter(mine_objects), inflight))
+                    except Exception as err:
+                        rfail, nread = err, 0
+                    info.read_start = rphase.start
+                    rdone = time.time()
+                oks = comm.gather({"ok": rfail is None,
+                                   "error": f"{type(rfail).__name__}: {rfail}" if rfail else ""}, root=0)
+                report = comm.bcast([o["error"] for o in oks if not o["ok"]] if oks else None, root=0)
+                if report:
+                    raise errors.CorruptCheckpointError(
+                        f"iteration {it}: read-back failed: {'; '.join(report)}") from rfail
+                comm.barrier()
+                info.read_end = time.time()
+                request_parts.append(_events_columns(rphase.events, "read", it, rank))
+                row(it, "read", nread, rdone - rphase.start, rphase.start, rdone, mode)
+                row(it, "verify", nread, info.verify_seconds, rphase.start, rdone)
+            per_iter.append(info)
+            # -- retention, pause ---------------------------------------------------------
+            if keep == "none" or (keep == "last" and it < iterations - 1):
+                _delete_step(store, comm, step, list(written.get("objects", {})))
+            if pause and it < iterations - 1:
+                time.sleep(pause)
+    finally:
+        pool.shutdown(wait=True)
+
+    # -- gather to rank 0 and write the tables ----------------------------------------------
+    mine_summary = {
+        "phases": phase_rows,
+        "requests": _merge_columns(request_parts),
+        "iters": [vars(i) for i in per_iter],
+        "peak_rss": _peak_rss(),
+    }
+    everything = comm.gather(mine_summary, root=0)
+    summary = RunSummary(run_id, rank, phases=phase_rows, generator=gen.name,
+                         steps=written_steps, url=res.scrub_url(url),
+                         cache=per_iter[-1].cache if per_iter else "")
+    if rank != 0:
+        summary.peak_rss_bytes = [mine_summary["peak_rss"]]
+        return summary
+    assert everything is not None
+    all_phases = [r for e in everything for r in e["phases"]]
+    reqs = _merge_columns([e["requests"] for e in everything])
+    n = len(reqs.get("op", []))
+    reqs.update(run_id=[run_id] * n, target=[label] * n,
+                seconds=[e - s for s, e in zip(reqs.get("start", []), reqs.get("end", []), strict=True)])
+    if n == 0:
+        reqs = {c: [] for c, _ in res.REQUEST_COLUMNS}
+    runs = _run_rows(plan, everything, reqs, run_id=run_id, label=label, url=url, store=store,
+                     site=site, emulated=emulated, profile=profile, mock=mock, options=options,
+                     kind=kind, sweep_streams=sweep_streams, sweep_part_size=sweep_part_size,
+                     comm_size=comm.size)
+    summary.runs = runs
+    summary.phases = all_phases
+    summary.requests = n
+    summary.peak_rss_bytes = [int(e["peak_rss"]) for e in everything]
+    summary.tables = {"requests": reqs, "phases": all_phases, "runs": runs}  # type: ignore[attr-defined]
+    if out_dir is not None and write_files:
+        side = res.sidecar(
+            run_id,
+            config={"url": url, "preset": plan.preset.name, "scale": plan.scale,
+                    "layout": plan.layout.describe(), "gpus": plan.ranks, "ranks": comm.size,
+                    "iterations": iterations, "object_size": plan.object_size,
+                    "inflight": inflight, "cache": cache, "keep": keep, "key_layout": key_layout,
+                    "pause": pause, "store_options": options, **config},
+            target_path=_local_path(store), emulated=emulated, profile=profile, mock=mock,
+            labels={"target": label, "site": site or ""},
+            extra={"generator": gen.name, "peak_rss_bytes": summary.peak_rss_bytes,
+                   "steps": written_steps, "cache_bypass": summary.cache,
+                   "communicator": type(comm).__name__},
+        )
+        summary.paths = res.write_run(out_dir, requests=res.table("requests", reqs),
+                                      phases=res.table("phases", all_phases),
+                                      runs=res.table("run", runs), sidecar=side)
+    return summary
+
+
+def _bounded_map(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Iterator[Any],
+                 limit: int) -> Iterator[Any]:
+    """``pool.map`` that pulls at most ``limit`` items ahead (the items are lazy), yields
+    results in order, and raises the first failure after the work in flight has ended."""
+    pending: list[Any] = []
+    first: BaseException | None = None
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        while len(pending) >= limit:
+            try:
+                yield pending.pop(0).result()
+            except Exception as err:
+                first = err
+                break
+        if first is not None:
+            break
+    for fut in pending:
+        try:
+            result = fut.result()
+        except Exception as err:
+            first = first or err
+            continue
+        if first is None:
+            yield result
+    if first is not None:
+        raise first
+
+
+def _prepare_read(store: Store, step: int, keys: Sequence[str], cache: str) -> str:
+    """Make the coming reads miss the page cache; return how (a :data:`CACHE_MODES` value
+    other than auto, or ``n/a`` for stores without a local page cache)."""
+    prefix = fmt.step_dir(step) + "/"
+    has_direct = store.capabilities.direct_io and hasattr(store, "direct_read")
+    has_fadvise = callable(getattr(store, "drop_cache", None))
+    if cache == "none":
+        return "none"
+    if cache in ("auto", "o_direct") and has_direct:
+        store.direct_read = True  # type: ignore[attr-defined]
+        return "o_direct"
+    if cache == "o_direct":
+        raise errors.InvalidArgumentError(f"{store.name}:// cannot read with O_DIRECT; "
+                                          f"valid cache modes here: {_valid_modes(store)}")
+    if cache in ("auto", "fadvise") and has_fadvise:
+        ok = all(store.drop_cache(prefix + k) for k in keys)  # type: ignore[attr-defined]
+        if ok:
+            return "fadvise"
+        if cache == "fadvise":
+            return "none"
+    if cache == "drop_caches":
+        os.sync()
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("1\n")
+        except OSError as err:
+            raise errors.StoragePermissionError(
+                f"cannot drop the page cache ({err}); it needs root. Valid cache modes here: "
+                f"{_valid_modes(store)}") from err
+        return "drop_caches"
+    if cache == "fadvise":
+        raise errors.InvalidArgumentError(f"{store.name}:// has no local page cache to advise; "
+                                          f"valid cache modes here: {_valid_modes(store)}")
+    return "n/a" if not (has_direct or has_fadvise) else "none"
+
+
+def _valid_modes(store: Store) -> str:
+    modes = ["auto", "none"]
+    if store.capabilities.direct_io and hasattr(store, "direct_read"):
+        modes.append("o_direct")
+    if callable(getattr(store, "drop_cache", None)):
+        modes.append("fadvise")
+    modes.append("drop_caches (root)")
+    return ", ".join(modes)
+
+
+def _delete_step(store: Store, comm: Communicator, step: int, my_objects: Sequence[str]) -> None:
+    """Remove one iteration's checkpoint: rank 0 deletes the manifest first, then every rank
+    deletes its own objects (which also works for per-process stores such as memory://)."""
+    prefix = fmt.step_dir(step) + "/"
+    if comm.rank == 0:
+        store.delete([fmt.manifest_key(step)])
+    comm.barrier()
+    store.delete([prefix + k for k in my_objects])
+    if hasattr(store, "direct_read"):
+        store.direct_read = False  # the next write phase is buffered again
+
+
+def _gbps(nbytes: float, seconds: float) -> float:
+    return nbytes / seconds / 1e9 if seconds > 0 else 0.0
+
+
+def _run_rows(plan: Plan, everything: Sequence[dict[str, Any]], reqs: dict[str, list[Any]], *,
+              run_id: str, label: str, url: str, store: Store, site: str | None, emulated: bool,
+              profile: str, mock: bool, options: dict[str, Any], kind: str, sweep_streams: int,
+              sweep_part_size: int, comm_size: int) -> list[dict[str, Any]]:
+    import socket
+
+    rows = []
+    iterations = len(everything[0]["iters"])
+    req_iter = np.asarray(reqs.get("iteration", []), dtype=np.int64)
+    req_outcome = np.asarray(reqs.get("outcome", []), dtype=object)
+    streams = int(options.get("streams", getattr(store, "streams", 0)) or 0)
+    part = options.get("part_size", getattr(store, "part_size", getattr(store, "block_size", 0)))
+    part_size = parse_size(part, field="part_size") if part else 0
+    for it in range(iterations):
+        iters = [e["iters"][it] for e in everything]
+        total = sum(i["bytes"] for i in iters)
+        write_s = max(i["write_end"] - i["write_start"] for i in iters)
+        read_s = max((i["read_end"] - i["read_start"] for i in iters if i["read_end"]), default=0.0)
+        writers = [i for i in iters if i["bytes"] > 0]
+        min_w = min((_gbps(i["bytes"], i["write_done"] - i["write_start"]) for i in writers), default=0.0)
+        min_r = min((_gbps(i["bytes"], i["read_end"] - i["read_start"]) for i in writers
+                     if i["read_end"]), default=0.0)
+        gen_s = sum(i["gen_seconds"] for i in iters)
+        sel = req_iter == it
+        outcomes = req_outcome[sel]
+        rows.append({
+            "run_id": run_id, "target": label, "url": res.scrub_url(url), "backend": store.name,
+            "preset": plan.preset.name, "scale": float(plan.scale), "ranks": comm_size,
+            "writing_ranks": plan.writing_ranks, "iteration": it, "checkpoint_bytes": total,
+            "objects": sum(i["objects"] for i in iters),
+            "write_seconds": write_s, "write_gbps": _gbps(total, write_s),
+            "min_rank_write_gbps": min_w,
+            "read_seconds": read_s, "read_gbps": _gbps(total, read_s) if read_s else 0.0,
+            "min_rank_read_gbps": min_r,
+            "requests": int(sel.sum()), "retries": int((outcomes == "retry").sum()),
+            "throttled": int((outcomes == "throttled").sum()),
+            "errors": int((outcomes == "error").sum()),
+            "generate_gbps": _gbps(total, gen_s), "streams": streams, "part_size": part_size,
+            "emulated": emulated, "profile": profile, "mock": mock,
+            "site": site or socket.gethostname(), "kind": kind,
+            "sweep_streams": sweep_streams, "sweep_part_size": sweep_part_size,
+        })
+    return rows
+
+
+# -- sweeps -----------------------------------------------------------------------------------
+
+
+_PART_OPTION = {"file": "block_size", "pfs": "block_size"}
+"""Backends whose request-size option has another name than ``part_size``."""
+
+
+def sweep(
+    url: str,
+    plan: Plan,
+    *,
+    streams: Sequence[int],
+    part_sizes: Sequence[int | str],
+    comm: Communicator | None = None,
+    out_dir: str | os.PathLike[str] | None = None,
+    iterations: int = 1,
+    label: str | None = None,
+    progress: Callable[[int], None] | None = None,
+    **kwargs: Any,
+) -> RunSummary:
+    """Throughput versus concurrency: run ``plan`` once per (streams, part size) pair, with
+    enough shard objects in flight to keep every stream busy, and write all points as one run
+    (``kind = "sweep"``) under ``out_dir``. Other keyword arguments go to :func:`run_workload`."""
+    comm = comm if comm is not None else detect()
+    if not streams or not part_sizes:
+        raise errors.InvalidArgumentError("a sweep needs at least one streams value and one part size")
+    parts = [parse_size(p, field="part_size") for p in part_sizes]
+    if any(s < 1 for s in streams) or any(p <= 0 for p in parts):
+        raise errors.InvalidArgumentError(f"streams must be >= 1 and part sizes > 0; got {list(streams)}, {list(part_sizes)}")
+    scheme = split_url(url)[0].split("+")[-1]
+    part_option = _PART_OPTION.get(scheme, "part_size")
+    base_options = dict(kwargs.pop("store_options", None) or {})
+    run_id = None
+    merged: RunSummary | None = None
+    tables: dict[str, Any] = {"requests": [], "phases": [], "runs": []}
+    for s in streams:
+        for p in parts:
+            # enough objects in flight that s streams of p-byte requests can all be busy
+            inflight = max(kwargs.get("inflight", 2), -(-s * p // plan.object_size))
+            opts = {**base_options, "streams": s, part_option: p}
+            summary = run_workload(
+                url, plan, iterations=iterations, comm=comm, out_dir=None,
+                label=label, progress=progress, run_id=run_id, kind="sweep", sweep_streams=s,
+                sweep_part_size=p, store_options=opts,
+                **{**kwargs, "inflight": inflight},
+            )
+            run_id = summary.run_id
+            if comm.rank == 0:
+                t = summary.tables  # type: ignore[attr-defined]
+                tables["requests"].append(t["requests"])
+                tables["phases"].extend(t["phases"])
+                tables["runs"].extend(t["runs"])
+                merged = merged or summary
+                if merged is not summary:
+                    merged.runs.extend(summary.runs)
+                    merged.phases.extend(summary.phases)
+                    merged.requests += summary.requests
+                    merged.peak_rss_bytes = [max(a, b) for a, b in zip(merged.peak_rss_bytes, summary.peak_rss_bytes, strict=True)]
+    assert run_id is not None
+    if comm.rank != 0:
+        return RunSummary(run_id, comm.rank)
+    assert merged is not None
+    if out_dir is not None:
+        side = res.sidecar(run_id, config={"url": url, "preset": plan.preset.name, "scale": plan.scale,
+                                           "streams": list(streams), "part_sizes": parts,
+                                           "iterations": iterations, "ranks": comm.size,
+                                           "kind": "sweep"},
+                           emulated=any(r["emulated"] for r in merged.runs),
+                           profile=merged.runs[0]["profile"], mock=merged.runs[0]["mock"],
+                           extra={"peak_rss_bytes": merged.peak_rss_bytes})
+        merged.paths = res.write_run(
+            out_dir, requests=res.table("requests", _merge_columns(tables["requests"])),
+            phases=res.table("phases", tables["phases"]), runs=res.table("run", tables["runs"]),
+            sidecar=side)
+    return merged
+
+
+# -- entry point for local-process ranks ------------------------------------------------------
+
+
+def rank_main(comm: Communicator, url: str, plan: Plan, kwargs: dict[str, Any],
+              mode: str = "run") -> RunSummary:
+    """What every local-process rank runs (:func:`ckptio.dist.run_local` target)."""
+    if comm.rank == 0 and PROGRESS_HOOK is not None:
+        kwargs = {**kwargs, "progress": PROGRESS_HOOK}
+    if mode == "sweep":
+        return sweep(url, plan, comm=comm, **kwargs)
+    return run_workload(url, plan, comm=comm, **kwargs)
+
+
+def parse_list(text: str, *, field: str, sizes: bool = False) -> list[int]:
+    """``"1,4,16"`` -> ``[1, 4, 16]``; with ``sizes``, ``"8MiB,64MiB"`` -> bytes."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if sizes:
+            out.append(parse_size(part, field=field))
+        else:
+            try:
+                out.append(int(part))
+            except ValueError:
+                raise errors.InvalidArgumentError(f"{field}: {part!r} is not an integer") from None
+    if not out:
+        raise errors.InvalidArgumentError(f"{field}: give a comma-separated list, e.g. 1,4,16")
+    return out
+
+
+# -- command line -----------------------------------------------------------------------------
+
+PROGRESS_HOOK: Callable[[int], None] | None = None
+"""Set by the CLI in rank 0's process: called with bytes done (a callback cannot travel to
+spawned ranks, so it is looked up here)."""
+
+
+def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
+    """The options of ``ckptio run`` / ``ckptio sweep`` (argparse)."""
+    from ckptio.workload import add_workload_arguments
+
+    p.add_argument("target", help="storage URL or path (file:///mnt/nvme/ckpt, s3://bucket/x, "
+                   "memory://, ...)")
+    add_workload_arguments(p)
+    r = p.add_argument_group("run")
+    r.add_argument("--ranks", type=int, help="processes on this node (started by ckptio); under "
+                   "mpiexec/srun/torchrun the launcher's ranks are used")
+    r.add_argument("--iterations", type=int, default=1, help="checkpoints to write (default 1)")
+    r.add_argument("--pause", type=float, default=0.0, help="seconds between iterations "
+                   "(the compute time)")
+    r.add_argument("--inflight", type=int, default=2, help="shard objects in flight per rank "
+                   "(memory per rank ~ inflight x object size)")
+    r.add_argument("--no-read", action="store_true", help="skip the read-back phase")
+    r.add_argument("--cache", choices=CACHE_MODES, default="auto",
+                   help="how reads bypass the page cache (default auto)")
+    r.add_argument("--keep", choices=KEEP, default="last",
+                   help="checkpoints left on the target afterwards (default last)")
+    r.add_argument("--key-layout", choices=fmt.KEY_LAYOUTS, default="flat")
+    r.add_argument("--emulate", metavar="PROFILE", help="wrap the target in the shaped backend "
+                   "with this storage profile (results are marked emulated)")
+    r.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="store option, repeatable (e.g. direct=true)")
+    if sweep_mode:
+        r.add_argument("--streams", default="1,4,16,64", help="streams to try (default 1,4,16,64)")
+        r.add_argument("--part-size", default="8MiB,64MiB",
+                       help="request sizes to try (default 8MiB,64MiB)")
+    else:
+        r.add_argument("--streams", type=int, help="store option: concurrent streams")
+        r.add_argument("--part-size", help="store option: bytes per request/part")
+    r.add_argument("--out", default="ckptio-results", help="result directory (default "
+                   "./ckptio-results)")
+    r.add_argument("--site", help="label of this site/machine in merged reports (default: hostname)")
+    r.add_argument("--label", help="label of the target in reports")
+    r.add_argument("--json", action="store_true", help="machine-readable summary")
+
+
+def _options(args: Any, *, sweep_mode: bool) -> dict[str, Any]:
+    opts: dict[str, Any] = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise errors.InvalidArgumentError(f"--option wants KEY=VALUE, got {item!r}")
+        opts[key.strip()] = value.strip()
+    if not sweep_mode:
+        if args.streams is not None:
+            opts["streams"] = args.streams
+        if args.part_size:
+            scheme = split_url(args.target)[0].split("+")[-1]
+            opts[_PART_OPTION.get(scheme, "part_size")] = args.part_size
+    return opts
+
+
+def cmd_run(args: Any, console: Any, *, sweep_mode: bool = False) -> int:
+    """``ckptio run`` and ``ckptio sweep``."""
+    import json
+    import sys
+
+    from ckptio import dist
+    from ckptio.workload import plan_from_args
+
+    plan = plan_from_args(args)
+    opts = _options(args, sweep_mode=sweep_mode)
+    open_store(args.target, **opts).close()  # a wrong target or option fails here, once
+    kwargs: dict[str, Any] = {
+        "iterations": args.iterations, "out_dir": args.out, "label": args.label,
+        "pause": args.pause, "inflight": args.inflight, "read": not args.no_read,
+        "cache": args.cache, "keep": args.keep, "key_layout": args.key_layout,
+        "emulate": args.emulate, "site": args.site, "store_options": opts,
+        "config": {"command": "sweep" if sweep_mode else "run"},
+    }
+    if sweep_mode:
+        kwargs.pop("pause")
+        kwargs["streams"] = parse_list(args.streams, field="--streams")
+        kwargs["part_sizes"] = parse_list(args.part_size, field="--part-size", sizes=True)
+    mode = "sweep" if sweep_mode else "run"
+    launched = dist.under_mpi() or dist.under_torchrun()
+    comm = dist.detect() if launched else None
+    ranks = comm.size if comm is not None else (args.ranks or 1)
+    if comm is not None and args.ranks not in (None, comm.size):
+        raise errors.InvalidArgumentError(
+            f"--ranks {args.ranks} disagrees with the launcher's {comm.size} ranks; drop --ranks "
+            "under mpiexec/srun/torchrun")
+    if ranks > plan.ranks:
+        raise errors.InvalidArgumentError(
+            f"--ranks {ranks} exceeds the {plan.ranks} GPUs of {plan.preset.name}'s layout; use "
+            f"at most {plan.ranks} or more --gpus")
+    is_root = comm is None or comm.rank == 0
+    global PROGRESS_HOOK
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    per_rank0 = int(plan.rank_bytes[_assign(plan, ranks)[0]].sum())
+    passes = args.iterations * (1 if args.no_read else 2)
+    if sweep_mode:
+        passes *= len(kwargs["streams"]) * len(kwargs["part_sizes"])
+    progress = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                        TransferSpeedColumn(), TimeRemainingColumn(), console=console,
+                        transient=True, disable=not is_root or args.json)
+    with progress:
+        task = progress.add_task(f"{mode} {plan.preset.name} rank 0 of {ranks}", total=per_rank0 * passes)
+        PROGRESS_HOOK = (lambda n: progress.advance(task, n)) if is_root else None
+        try:
+            if comm is not None:
+                summary = rank_main(comm, args.target, plan, kwargs, mode)
+            else:
+                summary = dist.run_local(ranks, rank_main, args.target, plan, kwargs, mode)
+        finally:
+            PROGRESS_HOOK = None
+    if not is_root:
+        return 0
+    if args.json:
+        sys.stdout.write(json.dumps({"run_id": summary.run_id, "runs": summary.runs,
+                                     "paths": [str(p) for p in summary.paths],
+                                     "peak_rss_bytes": summary.peak_rss_bytes,
+                                     "cache": summary.cache, "generator": summary.generator},
+                                    indent=2) + "\n")
+    else:
+        print_summary(summary, console)
+    return 0
+
+
+def print_summary(summary: RunSummary, console: Any) -> None:
+    from rich.table import Table
+
+    from ckptio.cli import human_bytes
+
+    first = summary.runs[0] if summary.runs else {}
+    tag = " [yellow](emulated: " + first.get("profile", "") + ")[/]" if first.get("emulated") else ""
+    tag += " [yellow](mock)[/]" if first.get("mock") else ""
+    t = Table(title=f"{summary.run_id}: {first.get('preset', '')} on {first.get('url', '')}{tag}")
+    cols = ["it", "streams", "part", "size", "objects", "write s", "write GB/s", "min rank GB/s",
+            "read s", "read GB/s", "min rank GB/s", "requests", "retries", "gen GB/s"]
+    for c in cols:
+        t.add_column(c, justify="right")
+    for r in summary.runs:
+        t.add_row(str(r["iteration"]), str(r["sweep_streams"] or r["streams"] or "-"),
+                  human_bytes(r["sweep_part_size"] or r["part_size"]) if (r["sweep_part_size"] or r["part_size"]) else "-",
+                  human_bytes(r["checkpoint_bytes"]), f"{r['objects']:,}",
+                  f"{r['write_seconds']:.3f}", f"{r['write_gbps']:.3f}", f"{r['min_rank_write_gbps']:.3f}",
+                  f"{r['read_seconds']:.3f}", f"{r['read_gbps']:.3f}", f"{r['min_rank_read_gbps']:.3f}",
+                  f"{r['requests']:,}", str(r["retries"] + r["throttled"]), f"{r['generate_gbps']:.2f}")
+    console.print(t)
+    rss = ", ".join(human_bytes(b) for b in summary.peak_rss_bytes)
+    console.print(f"read cache bypass: {summary.cache or 'n/a'}; data: {summary.generator}; "
+                  f"peak RSS per rank: {rss}")
+    for p in summary.paths:
+        console.print(f"[dim]{p}[/]")

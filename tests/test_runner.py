@@ -1,0 +1,161 @@
+"""The comparison workload runner: local-process ranks, phases, Parquet results, bounded memory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyarrow")
+
+import ckptio
+from ckptio import errors
+from ckptio.checkpoint import list_steps
+from ckptio.dist import SingleProcess
+from ckptio.results import read_results
+from ckptio.runner import run_workload, sweep
+from ckptio.workload import make_plan
+
+
+def ckptio_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ckptio.cli", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def check_request_rows(out: Path, ranks: int) -> None:
+    """The result files hold a row per request, of every rank, matching the run's totals."""
+    res = read_results([out])
+    assert res.runs.num_rows == 1
+    run = res.runs.to_pylist()[0]
+    assert run["ranks"] == ranks and run["preset"] == "llama3-8b"
+    plan = make_plan("llama3-8b", scale=2e-4)
+    assert run["checkpoint_bytes"] == plan.total_bytes
+    assert run["objects"] == plan.objects
+    reqs = res.requests.to_pylist()
+    assert len(reqs) == run["requests"] > 0
+    assert {r["rank"] for r in reqs} == set(range(ranks))
+    assert {r["run_id"] for r in reqs} == {run["run_id"]}
+    # every shard object was written (closed) once and read back once
+    written = [r for r in reqs if r["phase"] == "write" and r["op"] == "commit"]
+    read = [r for r in reqs if r["phase"] == "read" and r["op"] == "get"]
+    assert len(written) == plan.objects
+    assert sum(r["nbytes"] for r in read) == plan.total_bytes
+    assert sum(r["nbytes"] for r in written) == plan.total_bytes
+    phases = res.phases.to_pylist()
+    assert {(p["rank"], p["phase"]) for p in phases} >= {
+        (r, ph) for r in range(ranks) for ph in ("generate", "write", "flush", "read", "verify")}
+    assert run["write_gbps"] > 0 and run["read_gbps"] > 0 and run["generate_gbps"] > 0
+    assert run["min_rank_write_gbps"] <= run["write_gbps"] * ranks
+    assert res.sidecars[0]["config"]["ranks"] == ranks
+
+
+def test_run_memory_on_two_local_ranks_writes_a_row_per_request(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    r = ckptio_cli("run", "memory://", "--preset", "llama3-8b", "--scale", "2e-4", "--ranks", "2",
+                   "--iterations", "1", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert len(doc["peak_rss_bytes"]) == 2
+    check_request_rows(out, 2)
+
+
+def test_run_on_files_leaves_a_checkpoint_that_verifies(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/target"
+    plan = make_plan("llama3-8b", total_size="24MiB", object_size="1MiB")
+    summary = run_workload(url, plan, iterations=2, comm=SingleProcess(), out_dir=tmp_path / "out",
+                           pause=0.01)
+    assert len(summary.runs) == 2
+    assert summary.cache in ("o_direct", "fadvise")
+    # keep=last: only the second iteration's checkpoint is left, and it is a valid one
+    reader = ckptio.open_checkpoint(url)
+    assert reader.step == summary.steps[-1] == summary.steps[0] + 1
+    assert [s.step for s in list_steps(reader.store)] == [reader.step]
+    assert reader.manifest.nbytes == plan.total_bytes
+    assert reader.manifest.metadata["workload"] == "llama3-8b"
+    assert ckptio.verify(url) == []
+    r = ckptio_cli("verify", url)
+    assert r.returncode == 0, r.stderr
+    phases = read_results([tmp_path / "out"]).phases.to_pylist()
+    assert {p["cache"] for p in phases if p["phase"] == "read"} == {summary.cache}
+    # a second run on the same target goes on at the next free step
+    again = run_workload(url, plan, comm=SingleProcess(), read=False)
+    assert again.steps == [summary.steps[-1] + 1]
+
+
+def test_data_is_incompressible_and_unique_per_object(tmp_path: Path) -> None:
+    import zlib
+
+    url = f"file://{tmp_path}/t"
+    plan = make_plan("llama3-8b", total_size="8MiB", object_size="256KiB")
+    run_workload(url, plan, comm=SingleProcess(), read=False)
+    files = sorted((tmp_path / "t").rglob("*.bin"))
+    assert len(files) == plan.objects
+    heads = [f.read_bytes()[:4096] for f in files]
+    assert len(set(heads)) == len(heads)
+    blob = files[0].read_bytes()
+    assert len(zlib.compress(blob, 6)) > 0.99 * len(blob)
+
+
+def _peak_rss(tmp_path: Path, size: str, name: str) -> list[int]:
+    r = ckptio_cli("run", f"file://{tmp_path}/{name}", "--preset", "llama3-8b",
+                   "--total-size", size, "--object-size", "4MiB", "--inflight", "2",
+                   "--ranks", "2", "--keep", "none", "--out", str(tmp_path / "out"), "--json",
+                   timeout=180)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["peak_rss_bytes"]
+
+
+def test_memory_per_rank_does_not_grow_with_checkpoint_size(tmp_path: Path) -> None:
+    small = _peak_rss(tmp_path, "48MiB", "small")
+    large = _peak_rss(tmp_path, "384MiB", "large")  # 8x larger
+    for s, big in zip(small, large, strict=True):
+        assert abs(big - s) <= 0.10 * s, (small, large)
+
+
+def test_sweep_records_one_point_per_streams_and_part_size(tmp_path: Path) -> None:
+    plan = make_plan("llama3-8b", total_size="8MiB", object_size="1MiB")
+    summary = sweep(f"file://{tmp_path}/t", plan, streams=[1, 4], part_sizes=["256KiB", "1MiB"],
+                    comm=SingleProcess(), out_dir=tmp_path / "out", read=False)
+    rows = read_results([tmp_path / "out"]).runs.to_pylist()
+    assert len(rows) == 4 and {r["kind"] for r in rows} == {"sweep"}
+    assert {(r["sweep_streams"], r["sweep_part_size"]) for r in rows} == {
+        (1, 256 * 1024), (1, 2**20), (4, 256 * 1024), (4, 2**20)}
+    assert {r["run_id"] for r in rows} == {summary.run_id}
+    assert all(r["checkpoint_bytes"] == plan.total_bytes for r in rows)
+
+
+def test_cli_sweep(tmp_path: Path) -> None:
+    r = ckptio_cli("sweep", f"file://{tmp_path}/t", "--total-size", "4MiB", "--object-size",
+                   "1MiB", "--streams", "1,2", "--part-size", "1MiB", "--no-read",
+                   "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    assert len(read_results([tmp_path / "out"]).runs) == 2
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["nosuch://x"], ["nosuch"]),
+        (["memory://", "--preset", "llama3-9b"], ["unknown preset", "llama3-8b"]),
+        (["memory://", "--scale", "0"], ["scale", "> 0"]),
+        (["memory://", "--scale", "1e-4", "--ranks", "9"], ["exceeds", "8 GPUs"]),
+        (["memory://", "--preset", "llama3-70b", "--gpus", "12"], ["multiple of", "8"]),
+        (["memory://", "--scale", "1e-4", "--iterations", "0"], ["iterations"]),
+        (["memory://", "--scale", "1e-4", "--streams", "4"], ["memory:// takes no options"]),
+    ],
+)
+def test_cli_run_wrong_input(tmp_path: Path, args: list[str], words: list[str]) -> None:
+    r = ckptio_cli("run", *args, "--out", str(tmp_path))
+    assert r.returncode == 2, r.stdout + r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
+
+
+def test_run_refuses_bad_options() -> None:
+    plan = make_plan("llama3-8b", scale=1e-5)
+    for kwargs in ({"cache": "sometimes"}, {"keep": "first"}, {"inflight": 0}, {"pause": -1.0}):
+        with pytest.raises(errors.InvalidArgumentError):
+            run_workload("memory://bad", plan, comm=SingleProcess(), **kwargs)
