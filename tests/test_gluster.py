@@ -157,3 +157,29 @@ def test_gluster_four_ranks_all_layouts_and_bricks_share_the_data(gluster_volume
         per_brick[brick] = held
     assert all(per_brick.values()), {b: len(h) for b, h in per_brick.items()}
     assert set().union(*per_brick.values()) == set(m.objects)  # every object on some brick
+
+
+@pytest.mark.mpi
+def test_lustre_four_ranks_shared_file_ranges_start_on_stripe_boundaries(tmp_path: Path) -> None:
+    """4 ranks, N-1, the Lustre code path (stand-in lfs): each rank's range starts on a
+    stripe boundary, so no two ranks write into one stripe (one OST lock extent)."""
+    log = tmp_path / "lfs.log"
+    fixtures = Path(__file__).parent / "fixtures"
+    url = f"pfs://{tmp_path}/run?fs=lustre&stripe_size=1MiB&lfs={fixtures / 'lfs'}"
+    proc = subprocess.run(
+        [*mpiexec(), "-x", f"LFS_LOG={log}", "-n", "4", sys.executable, str(WORKER), url, "shared-file"],
+        capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (call,) = [line.split(" ") for line in log.read_text().splitlines()]  # rank 0 creates it
+    assert call[:5] == ["setstripe", "-c", "1", "-S", "1048576"]
+    m = ckptio.open_checkpoint(f"pfs://{tmp_path}/run/shared-file").manifest
+    (shared,) = m.objects
+    assert call[5] == f"{tmp_path}/run/shared-file/step-0000000007/{shared}"
+    rows = 96  # per rank, as the worker saves them
+    first = {}
+    for c in m.tensors["model/w"].chunks:
+        r = c.offsets[0] // rows
+        first[r] = min(first.get(r, c.offset), c.offset)
+    assert sorted(first) == [0, 1, 2, 3]
+    assert all(off % 2**20 == 0 for off in first.values()) and len(set(first.values())) == 4
