@@ -3,6 +3,8 @@
 Fixtures:
 
 - ``memory_url``: a fresh ``memory://`` space per test.
+- ``gluster_volume`` (session): a real GlusterFS volume mounted through FUSE
+  (:mod:`ckptio.testing.gluster`); skips without root/FUSE/gluster, fails under ``CI=true``.
 """
 
 from __future__ import annotations
