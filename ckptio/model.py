@@ -212,6 +212,29 @@ class Workload:
             raise errors.InvalidArgumentError(f"plan lacks field {err.args[0]!r}") from None
 
 
+    @classmethod
+    def for_run(cls, plan: Any, *, processes: int = 1, inflight: int = 2) -> Workload:
+        """The workload a :func:`ckptio.runner.run_workload` of ``plan`` puts on the storage
+        from ``processes`` processes (each one a node of its own; the runner deals the
+        plan's writing ranks round-robin over them) with ``inflight`` objects per process."""
+        import numpy as np
+
+        writers = np.flatnonzero(plan.rank_bytes > 0)
+        objects = plan._objects_per_rank()[0]
+        shares = [writers[p::processes] for p in range(processes)]
+        busiest = max(shares, key=lambda ws: int(plan.rank_bytes[ws].sum()))
+        return cls(
+            total_bytes=int(plan.total_bytes),
+            writing_ranks=min(processes, len(writers)),
+            bytes_per_rank=int(plan.rank_bytes[busiest].sum()),
+            objects_per_rank=max(1, int(objects[busiest].sum())),
+            ranks=processes,
+            ranks_per_node=1,
+            name=f"{plan.preset.name} x{plan.scale:g} on {processes} process(es)",
+            object_concurrency=inflight,
+        )
+
+
 def _plan_dict(plan: Any) -> dict[str, Any]:
     for attr in ("summary", "as_dict", "to_dict"):
         fn = getattr(plan, attr, None)
@@ -307,14 +330,17 @@ def estimate(
 
     t_stream = w.node_bytes / (used * sbw)
     t_latency = rounds * lat
-    t_node = w.node_bytes / nbw
-    t_agg = w.total_bytes / abw
+    # a shared link carries a group's bytes after its first request's latency; groups of
+    # objects go one after another, so each pays that latency once
+    t_node = w.node_bytes / nbw + (groups * lat if not math.isinf(nbw) else 0.0)
+    t_agg = w.total_bytes / abw + (groups * lat if not math.isinf(abw) else 0.0)
     partitions = 1 if p.rate_scope == "bucket" else w.prefixes
     t_rate = 0.0 if p.rate_scope == "none" else total_requests / (rate * partitions)
     t_cpu = w.node_bytes / (client_cpu_bandwidth * w.writers_per_node)
-    meta_ops = 2 if phase == "write" else 1  # create + commit; a read opens (HEAD)
-    # create and commit of each group, in series with its data; then the manifest
-    t_meta = groups * meta_ops * meta + (meta if phase == "write" else 0.0)
+    # a write creates and commits each object (in series with its data), then the manifest;
+    # a read needs no per-object metadata (the manifest has every offset), only the manifest
+    meta_ops = 2 if phase == "write" else 0
+    t_meta = groups * meta_ops * meta + meta
 
     path = t_stream + t_latency
     others = {
@@ -340,7 +366,7 @@ def estimate(
         + (f" ({p.throttle.split(';')[0]} past it)" if p.throttle else ""),
         "client CPU": f"{w.writers_per_node} ranks per node {X} {human_rate(client_cpu_bandwidth)} "
         "(checksums, copies)",
-        "metadata": f"{groups * meta_ops + (1 if phase == 'write' else 0)} "
+        "metadata": f"{groups * meta_ops + 1} "
         f"operations in series {X} {human_seconds(meta)}",
     }
     path_binds = path >= others[slowest_other]

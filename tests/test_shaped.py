@@ -10,8 +10,9 @@ from ckptio.model import Workload, estimate
 from ckptio.profiles import load_profile
 from ckptio.registry import open_store
 
-# Small figures so emulated time (~0.5-1 s) dominates scheduling noise on a 2-core machine.
-FIGS = "request_latency=20ms&metadata_latency=20ms&stream_bandwidth=20MB/s"
+# Figures small enough to run in ~1-2 s, large enough that emulated time dominates per-request
+# CPU work and scheduling noise on a busy 2-core machine.
+FIGS = "request_latency=50ms&metadata_latency=50ms&stream_bandwidth=20MB/s"
 
 
 def _write_checkpoint(store, *, objects: int, object_bytes: int) -> float:
@@ -28,10 +29,11 @@ def _write_checkpoint(store, *, objects: int, object_bytes: int) -> float:
 
 @pytest.mark.parametrize(
     ("extra", "binding"),
-    [("", "per-stream bandwidth"), ("&node_bandwidth=25MB/s", "node link")],
+    [("&stream_bandwidth=10MB/s", "per-stream bandwidth"),
+     ("&stream_bandwidth=10MB/s&node_bandwidth=15MB/s", "node link")],
 )
 def test_shaped_run_agrees_with_the_model(extra: str, binding: str) -> None:
-    objects, object_bytes, part = 6, 2 * 2**20, 512 * 1024
+    objects, object_bytes, part = 5, 4 * 2**20, 512 * 1024
     url = f"shaped+memory://agree-{len(extra)}?profile=cloud-s3&streams=4&part_size={part}&{FIGS}{extra}"
     store = open_store(url)
     measured = _write_checkpoint(store, objects=objects, object_bytes=object_bytes)
@@ -96,3 +98,29 @@ def test_unknown_profile_lists_valid_names() -> None:
 def test_shaped_needs_an_inner_url() -> None:
     with pytest.raises(errors.InvalidArgumentError, match="wrap another store"):
         open_store("shaped://x")
+
+
+def test_runner_on_shaped_agrees_with_the_model(tmp_path) -> None:
+    """A whole `run_workload` (write, commit, read) through the shaped backend takes what the
+    model predicts for the same plan and profile, within 20%."""
+    from ckptio.dist import SingleProcess
+    from ckptio.results import read_results
+    from ckptio.runner import run_workload
+    from ckptio.workload import make_plan
+
+    figs = {"request_latency": "50ms", "metadata_latency": "50ms", "stream_bandwidth": "20MB/s"}
+    plan = make_plan("llama3-8b", total_size="16MiB", object_size="1MiB")
+    summary = run_workload("memory://agree-run", plan, comm=SingleProcess(), out_dir=tmp_path,
+                           emulate="cloud-s3", inflight=2,
+                           store_options={"streams": 8, "part_size": 256 * 1024, **figs})
+    row = summary.runs[0]
+    assert row["emulated"] and row["profile"] == "cloud-s3"
+
+    w = Workload.for_run(plan, processes=1, inflight=2)
+    profile = load_profile("cloud-s3", figs)
+    for phase in ("write", "read"):
+        predicted = estimate(w, profile, phase=phase, streams=8, part_size=256 * 1024)
+        assert row[f"{phase}_seconds"] == pytest.approx(predicted.seconds, rel=0.20), phase
+    # the result files say it is emulated
+    runs = read_results([tmp_path]).runs.to_pylist()
+    assert runs[0]["emulated"] and runs[0]["profile"] == "cloud-s3"
