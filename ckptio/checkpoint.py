@@ -479,7 +479,9 @@ def _commit(
     failed = [(rank, r["error"]) for rank, r in enumerate(results) if not r.get("ok")]
     if failed:
         # a shared (N-1) object was created by rank 0 for every rank: find it by the token
-        _discard(store, sorted(set(written) | set(_attempt_keys(store, prefix, plan["token"]))))
+        token = plan.get("token")
+        strays = _attempt_keys(store, prefix, token) if token else []
+        _discard(store, sorted(set(written) | set(strays)))
         return {"ok": False, "error": "; ".join(f"rank {rank}: {e}" for rank, e in failed)}
     try:
         objects: dict[str, int] = {}
