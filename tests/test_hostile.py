@@ -1,0 +1,428 @@
+"""Hostile checkpoints: whatever a manifest or the storage says, loading refuses it with an
+error that names the problem, never opens anything outside the root, never allocates more
+than the objects really hold, and never runs code."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ckptio
+from ckptio import errors
+from ckptio import format as fmt
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_checkpoint(root: Path, step: int = 7) -> dict:
+    """A small committed checkpoint with 2 tensors in 2 objects; returns its manifest doc."""
+    state = {
+        "w": np.arange(4096, dtype=np.float32).reshape(64, 64),
+        "b": np.arange(100, dtype=np.int16),
+        "meta": {"lr": 0.1},
+    }
+    ckptio.save(state, f"file://{root}", step=step, chunk_size=4096, max_object_size=8192)
+    return json.loads((root / fmt.manifest_key(step)).read_bytes())
+
+
+def write_manifest(root: Path, data: bytes | dict, step: int = 7) -> None:
+    raw = data if isinstance(data, bytes) else json.dumps(data).encode()
+    (root / fmt.manifest_key(step)).write_bytes(raw)
+
+
+def first_chunk(doc: dict) -> dict:
+    return doc["tensors"]["w"]["chunks"][0]
+
+
+def _set(path: str | tuple, value):
+    """A mutation that sets doc[path...] (dotted or a tuple; ints index lists) to value."""
+
+    def mutate(doc: dict) -> None:
+        parts = list(path) if isinstance(path, tuple) else [int(p) if p.isdigit() else p for p in path.split(".")]
+        node = doc
+        for p in parts[:-1]:
+            node = node[p]
+        node[parts[-1]] = value
+
+    return mutate
+
+
+def _chunk(field_, value):
+    return _set(f"tensors.w.chunks.0.{field_}", value)
+
+
+def _deep_tree(doc: dict) -> None:
+    node: dict = {"t": "w"}
+    for _ in range(200):
+        node = {"l": [node]}
+    doc["tree"] = node
+
+
+def _alias_bytes(doc: dict) -> None:
+    """The memory bomb: many chunks pointing at the same bytes declare a huge tensor."""
+    c = first_chunk(doc)
+    n = 100_000
+    doc["tensors"]["w"] = {
+        "dtype": "float32",
+        "shape": [64 * n, 16],
+        "chunks": [dict(c, offsets=[64 * i, 0], shape=[64, 16]) for i in range(n)],
+    }
+
+
+def _rename_object(old_new):
+    old, new = old_new
+
+    def mutate(doc: dict) -> None:
+        for t in doc["tensors"].values():
+            for c in t["chunks"]:
+                if c["key"] == old:
+                    c["key"] = new
+        doc["objects"][new] = doc["objects"].pop(old)
+
+    return mutate
+
+
+MUTATIONS = {
+    # name: (mutation of the JSON doc, words the error must contain)
+    "traversal_key": (_chunk("key", "data/../../../etc/passwd"), ["key"]),
+    "traversal_object": (_rename_object(("data/rank-00000-000-x.bin", "../../outside.bin")), ["objects["]),
+    "absolute_key": (_chunk("key", "/etc/passwd"), ["key"]),
+    "absolute_object": (_rename_object(("data/rank-00000-000-x.bin", "/etc/passwd")), ["objects["]),
+    "backslash_key": (_chunk("key", "data\\..\\x"), ["key"]),
+    "key_outside_data": (_chunk("key", "manifest.json"), ["key"]),
+    "key_not_listed": (_chunk("key", "data/other.bin"), ["not listed in objects"]),
+    "offset_past_end": (_chunk("offset", 1 << 40), ["offset", "past the end"]),
+    "negative_offset": (_chunk("offset", -4096), ["offset", "out of range"]),
+    "negative_length": (_chunk("length", -1), ["length"]),
+    "negative_object_size": (_set(("objects", "data/rank-00000-000-x.bin"), -1), ["objects[", "out of range"]),
+    "huge_object_size": (_set(("objects", "data/rank-00000-000-x.bin"), 1 << 60), ["objects[", "out of range"]),
+    "negative_shape": (_set("tensors.w.shape", [-64, 64]), ["shape"]),
+    "huge_shape": (_set("tensors.w.shape", [1 << 40, 1 << 40]), ["shape", "limit"]),
+    "too_many_dims": (_set("tensors.w.shape", [1] * 40), ["shape", "dimensions"]),
+    "shape_not_ints": (_set("tensors.w.shape", ["64", 64]), ["shape", "integer"]),
+    "bool_as_int": (_chunk("offset", True), ["offset", "integer"]),
+    "float_as_int": (_chunk("length", 16384.0), ["length", "integer"]),
+    "length_vs_shape": (_chunk("length", 4), ["length", "disagrees"]),
+    "chunk_outside_tensor": (_chunk("offsets", [60, 0]), ["exceeds"]),
+    "unknown_dtype_object": (_set("tensors.w.dtype", "object"), ["dtype", "allowed"]),
+    "unknown_dtype_numpy_code": (_set("tensors.w.dtype", "<f4"), ["dtype", "allowed"]),
+    "unknown_dtype_pickle": (_set("tensors.w.dtype", "O"), ["dtype", "allowed"]),
+    "dtype_not_string": (_set("tensors.w.dtype", {"__reduce__": "os.system"}), ["dtype"]),
+    "deep_tree": (_deep_tree, ["tree", "deeper than"]),
+    "tree_unknown_tensor": (_set("tree", {"t": "nope"}), ["tree", "not in tensors"]),
+    "tree_bad_node": (_set("tree", {"x": 1}), ["tree", "not a valid tree node"]),
+    "tree_two_kinds": (_set("tree", {"t": "w", "d": {}}), ["tree"]),
+    "wrong_format": (_set("format", "torch"), ["format"]),
+    "future_version": (_set("version", 2), ["version", "unsupported"]),
+    "wrong_step": (_set("step", 8), ["step"]),
+    "world_size_zero": (_set("world_size", 0), ["world_size"]),
+    "objects_not_dict": (_set("objects", ["data/x"]), ["objects"]),
+    "chunks_overlap": (
+        lambda d: d["tensors"]["w"]["chunks"].append(dict(first_chunk(d))),
+        ["chunks"],
+    ),
+    "bytes_shared_memory_bomb": (_alias_bytes, ["share bytes"]),
+}
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path):
+    root = tmp_path / "run"
+    doc = make_checkpoint(root)
+    # rename the first object to a fixed name so mutations can address it
+    first = first_chunk(doc)["key"]
+    (root / "step-0000000007" / first).rename(root / "step-0000000007" / "data/rank-00000-000-x.bin")
+    _rename_object((first, "data/rank-00000-000-x.bin"))(doc)
+    write_manifest(root, doc)
+    assert ckptio.verify(f"file://{root}") == []
+    return root, doc
+
+
+@pytest.mark.parametrize("name", sorted(MUTATIONS))
+def test_hostile_manifest_refused_naming_the_problem(ckpt, name):
+    root, doc = ckpt
+    mutate, words = MUTATIONS[name]
+    mutate(doc)
+    write_manifest(root, doc)
+    with pytest.raises(errors.ManifestError) as info:
+        ckptio.load(f"file://{root}", step=7)
+    message = str(info.value)
+    for w in words:
+        assert w in message, f"{name}: {w!r} not in {message!r}"
+    # and the newest-complete search skips it rather than crash
+    with pytest.raises(errors.NotFoundError):
+        ckptio.load(f"file://{root}")
+
+
+RAW = {
+    "invalid_utf8": (b'{"format":"ckptio","version":1,"x":"\xff\xfe"}', "UTF-8"),
+    "invalid_json": (b'{"format":"ckptio",', "not valid JSON"),
+    "not_an_object": (b"[1,2,3]", "not a JSON object"),
+    "duplicate_keys": (b'{"format":"ckptio","format":"ckptio"}', "duplicate key 'format'"),
+    "nan_constant": (b'{"format":"ckptio","version":NaN}', "NaN"),
+    "json_nesting_bomb": (b"[" * 200_000 + b"]" * 200_000, "nested too deeply"),
+    "huge_integer": (b'{"format":"ckptio","version":' + b"9" * 5000 + b"}", "not valid JSON"),
+    "empty": (b"", "not valid JSON"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RAW))
+def test_malformed_manifest_bytes_refused(ckpt, name):
+    root, _ = ckpt
+    data, words = RAW[name]
+    write_manifest(root, data)
+    with pytest.raises(errors.ManifestError, match=words.replace("(", r"\(")):
+        ckptio.load(f"file://{root}", step=7)
+
+
+def test_duplicate_key_inside_a_tensor_is_refused(ckpt):
+    root, doc = ckpt
+    text = json.dumps(doc)
+    # a second "dtype" inside the tensor: JSON parsers disagree on which wins; we refuse
+    text = text.replace('"dtype": "float32"', '"dtype": "float32", "dtype": "int8"', 1)
+    write_manifest(root, text.encode())
+    with pytest.raises(errors.ManifestError, match="duplicate key 'dtype'"):
+        ckptio.load(f"file://{root}", step=7)
+
+
+def test_oversized_manifest_refused_unread(ckpt, monkeypatch):
+    root, _ = ckpt
+    monkeypatch.setattr(fmt, "MAX_MANIFEST_BYTES", 1000)
+    with pytest.raises(errors.ManifestError, match="more than 1000"):
+        ckptio.load(f"file://{root}", step=7)
+
+
+# -- the storage lies -------------------------------------------------------------------------
+
+
+def test_object_smaller_than_declared_is_refused_before_allocating(ckpt):
+    """A validating manifest that declares a 32 TiB tensor in a 32 TiB object, while the
+    object holds 4 KiB: refused by the size check, with no allocation near the declared size
+    (tracemalloc sees numpy's allocations)."""
+    root, doc = ckpt
+    n = 1 << 45  # bytes; below MAX_TENSOR_BYTES, so the manifest itself validates
+    doc["objects"]["data/rank-00000-000-x.bin"] = n
+    doc["tensors"]["w"] = {
+        "dtype": "uint8",
+        "shape": [n],
+        "chunks": [dict(first_chunk(doc), offsets=[0], shape=[n], offset=0, length=n)],
+    }
+    write_manifest(root, doc)
+    fmt.parse_manifest(json.dumps(doc).encode(), expect_step=7)  # it does validate
+    tracemalloc.start()
+    try:
+        with pytest.raises(errors.CorruptCheckpointError, match="the manifest says 35184372088832"):
+            ckptio.load(f"file://{root}", step=7)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, f"peak allocation {peak} bytes while refusing"
+
+
+def test_truncated_object_detected(ckpt):
+    root, _ = ckpt
+    path = root / "step-0000000007" / "data/rank-00000-000-x.bin"
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(errors.CorruptCheckpointError, match="the manifest says"):
+        ckptio.load(f"file://{root}", step=7)
+
+
+def test_flipped_byte_detected_naming_object_and_range(ckpt):
+    root, _ = ckpt
+    path = root / "step-0000000007" / "data/rank-00000-000-x.bin"
+    raw = bytearray(path.read_bytes())
+    raw[5] ^= 0x40
+    path.write_bytes(bytes(raw))
+    with pytest.raises(errors.ChecksumError, match=r"rank-00000-000-x\.bin: CRC32C mismatch in bytes 0\.\.4096"):
+        ckptio.load(f"file://{root}", step=7)
+
+
+def test_symlink_leaving_the_root_is_refused(ckpt, tmp_path):
+    """The data object is replaced by a symlink to a file outside the root holding exactly
+    the right bytes: without the check the load would succeed; it is refused instead."""
+    root, _ = ckpt
+    obj = root / "step-0000000007" / "data/rank-00000-000-x.bin"
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(obj.read_bytes())
+    obj.unlink()
+    obj.symlink_to(outside)
+    with pytest.raises(errors.StoragePermissionError, match="resolves outside the root"):
+        ckptio.load(f"file://{root}", step=7)
+
+
+def test_symlinked_directory_leaving_the_root_is_refused(ckpt, tmp_path):
+    root, _ = ckpt
+    data = root / "step-0000000007" / "data"
+    elsewhere = tmp_path / "elsewhere"
+    data.rename(elsewhere)
+    data.symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(errors.StoragePermissionError, match="resolves outside the root"):
+        ckptio.load(f"file://{root}", step=7)
+
+
+def test_symlinked_manifest_leaving_the_root_is_refused(ckpt, tmp_path):
+    root, doc = ckpt
+    outside = tmp_path / "evil-manifest.json"
+    outside.write_text(json.dumps(doc))
+    m = root / fmt.manifest_key(7)
+    m.unlink()
+    m.symlink_to(outside)
+    with pytest.raises(errors.StoragePermissionError, match="resolves outside the root"):
+        ckptio.load(f"file://{root}", step=7)
+
+
+def test_load_never_opens_outside_the_root_nor_runs_code(ckpt, tmp_path):
+    """In a fresh process with an audit hook: loading hostile checkpoints (traversal keys,
+    absolute keys, a symlink out of the root, a manifest that smuggles a pickle) opens no
+    path outside the root and raises no code-execution audit event (exec, compile, pickle,
+    marshal, os.system, subprocess, ctypes, import)."""
+    root, doc = ckpt
+    secret = tmp_path / "secret.bin"
+    secret.write_bytes((root / "step-0000000007" / "data/rank-00000-000-x.bin").read_bytes())
+    cases = {}
+    for name in ("traversal_key", "absolute_key", "traversal_object", "dtype_not_string", "unknown_dtype_pickle"):
+        d = json.loads(json.dumps(doc))
+        MUTATIONS[name][0](d)
+        cases[name] = json.dumps(d)
+    # keys that would reach the secret if joined naively
+    rel = os.path.relpath(secret, root / "step-0000000007")
+    d = json.loads(json.dumps(doc))
+    _chunk("key", rel)(d)
+    cases["relative_to_secret"] = json.dumps(d)
+    d = json.loads(json.dumps(doc))
+    _chunk("key", str(secret))(d)
+    cases["absolute_secret"] = json.dumps(d)
+    import base64
+    import pickle  # only to build the hostile payload; never loaded
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    payload = base64.b64encode(pickle.dumps(Boom())).decode()
+    d = json.loads(json.dumps(doc))
+    d["metadata"] = {"__pickle__": payload}
+    d["tree"] = {"d": {"w": {"t": "w"}, "x": {"v": payload}}}
+    cases["pickle_in_metadata"] = json.dumps(d)  # valid: loads as a plain string
+    script = textwrap.dedent(
+        """
+        import json, os, sys
+        import ckptio
+        from ckptio import errors
+        root, cases_path = sys.argv[1], sys.argv[2]
+        cases = json.load(open(cases_path))
+        manifest = os.path.join(root, "step-0000000007", "manifest.json")
+        obj = os.path.join(root, "step-0000000007", "data", "rank-00000-000-x.bin")
+        good = open(manifest, "rb").read()
+        ckptio.load("file://" + root, step=7)  # warm: every lazy import is done
+        WATCH = {"open", "exec", "compile", "pickle.find_class", "marshal.loads", "marshal.load",
+                 "os.system", "os.exec", "os.posix_spawn", "subprocess.Popen", "ctypes.dlopen", "import"}
+        events, outcomes = [], {}
+        hooked = [False]
+        def hook(event, args):
+            if hooked[0] and event in WATCH:
+                # resolve at the moment of the open (the test moves files afterwards)
+                real = os.path.realpath(args[0]) if event == "open" and isinstance(args[0], str) else ""
+                events.append([event, repr(args)[:300], real])
+        sys.addaudithook(hook)
+        def run(name):
+            hooked[0] = True
+            try:
+                ckptio.load("file://" + root, step=7)
+                outcomes[name] = "loaded"
+            except errors.CkptioError as err:
+                outcomes[name] = type(err).__name__ + ": " + str(err)[:200]
+            finally:
+                hooked[0] = False
+        for name, text in cases.items():
+            with open(manifest, "w") as f:
+                f.write(text)
+            run(name)
+        with open(manifest, "wb") as f:
+            f.write(good)
+        os.rename(obj, obj + ".moved")
+        os.symlink(sys.argv[3], obj)
+        run("symlink_to_secret")
+        print(json.dumps({"events": events, "outcomes": outcomes}))
+        """
+    )
+    cases_path = tmp_path / "cases.json"
+    cases_path.write_text(json.dumps(cases))
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(root), str(cases_path), str(secret)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    outcomes = report["outcomes"]
+    assert outcomes["pickle_in_metadata"] == "loaded"  # just a string, never unpickled
+    for name, outcome in outcomes.items():
+        if name != "pickle_in_metadata":
+            assert outcome.startswith(("ManifestError", "StoragePermissionError")), (name, outcome)
+    opened = [e for e in report["events"] if e[0] == "open"]
+    real_root = os.path.realpath(root)
+    for _, args, real in opened:
+        if args.startswith("('/proc/self/mounts'"):
+            continue  # file:// reads the mount table to detect a parallel filesystem (pfs)
+        assert real.startswith(real_root + os.sep), f"opened outside the root: {args} -> {real}"
+    assert any(real.startswith(real_root) for _, _, real in opened), "the hook saw no open at all"
+    assert str(secret) not in json.dumps(report["events"])
+    code = [e for e in report["events"] if e[0] != "open"]
+    assert code == [], f"code-execution audit events during load: {code}"
+    assert not (tmp_path / "pwned").exists()
+
+
+# -- static: nothing on the load path can unpickle ---------------------------------------------
+
+LOAD_PATH = [
+    "ckptio/__init__.py",
+    "ckptio/checkpoint.py",
+    "ckptio/format.py",
+    "ckptio/store.py",
+    "ckptio/registry.py",
+    "ckptio/arrays.py",
+    "ckptio/errors.py",
+    "ckptio/trace.py",
+    "ckptio/dist.py",
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "backends").glob("*.py")),
+]
+FORBIDDEN_MODULES = {"pickle", "_pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve", "joblib"}
+FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__"}
+
+
+def test_no_code_execution_primitive_on_the_load_path():
+    """AST scan of every module a load goes through: no pickle-family import, no eval/exec/
+    compile, no np.load/torch.load, no allow_pickle=True."""
+    problems = []
+    for rel in LOAD_PATH:
+        tree = ast.parse((ROOT / rel).read_text(), rel)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [(node.module or "").split(".")[0]]
+            else:
+                names = []
+            problems += [f"{rel}:{node.lineno}: imports {n}" for n in names if n in FORBIDDEN_MODULES]
+            if isinstance(node, ast.Call):
+                f = node.func
+                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                constant = all(isinstance(a, ast.Constant) for a in node.args)
+                if isinstance(f, ast.Name) and name in FORBIDDEN_CALLS and not (name == "__import__" and constant):
+                    problems.append(f"{rel}:{node.lineno}: calls {name}()")
+                if isinstance(f, ast.Attribute) and name == "load" and isinstance(f.value, ast.Name) and f.value.id in ("np", "numpy", "torch"):
+                    problems.append(f"{rel}:{node.lineno}: calls {f.value.id}.load()")
+                for kw in node.keywords:
+                    if kw.arg == "allow_pickle" and not (isinstance(kw.value, ast.Constant) and kw.value.value is False):
+                        problems.append(f"{rel}:{node.lineno}: allow_pickle")
+    assert problems == [], problems
+    assert len(LOAD_PATH) > 12  # the backends were found
