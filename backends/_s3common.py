@@ -390,12 +390,18 @@ def translate_error(err: BaseException, *, action: str, key: str, where: str) ->
         return err
     code, status = error_details(err)
     cls: type[errors.CkptioError] | None = None
-    if code:
+    chain = _chain(err)
+    text = " | ".join(f"{type(e).__name__}: {e}" for e in chain[:3]).lower()
+    if status is None and (
+        any(isinstance(e, ConnectionRefusedError | socket.gaierror) for e in chain)
+        or any(w in text for w in _REFUSED_WORDS)
+    ):
+        cls = errors.StorageError  # nobody listens there: permanent, not retried
+        code = "endpoint unreachable"
+    elif code:
         cls = S3_ERROR_CODES.get(_norm(code))
     if cls is None and status is not None:
         cls = HTTP_STATUS.get(status)
-    chain = _chain(err)
-    text = " | ".join(f"{type(e).__name__}: {e}" for e in chain[:3]).lower()
     if cls is None:
         if any(isinstance(e, FileNotFoundError) for e in chain):
             cls = errors.NotFoundError
@@ -403,11 +409,6 @@ def translate_error(err: BaseException, *, action: str, key: str, where: str) ->
             cls = errors.StoragePermissionError
         elif any(isinstance(e, FileExistsError) for e in chain):
             cls = errors.AlreadyExistsError
-        elif any(isinstance(e, ConnectionRefusedError | socket.gaierror) for e in chain) or any(
-            w in text for w in _REFUSED_WORDS
-        ):
-            cls = errors.StorageError  # nobody listens there: permanent, not retried
-            code = "endpoint unreachable"
         elif any(
             isinstance(e, ConnectionError | TimeoutError | socket.timeout) for e in chain
         ) or any(w in text for w in _RESET_WORDS) or (status is not None and status >= 500):
@@ -850,8 +851,8 @@ class WholeObjectWriter(Writer):
             try:
                 self._upload(full, pieces, nbytes)
             except BaseException:
-                if nbytes > self._store.part_size:
-                    self._store._abort_uploads_of(full)
+                # the library may have left a multipart upload open (pyarrow always uses one)
+                self._store._abort_uploads_of(full)
                 raise
 
         try:

@@ -100,9 +100,15 @@ class ArrowStore(c.S3Base):
         data = bytes(data)
         if not overwrite and self.exists(key):
             raise errors.AlreadyExistsError(f"{self.where}/{full} already exists")
-        self._call(
-            "put", key, len(data), "publish", lambda: self._upload(full, [memoryview(data)], len(data))
-        )
+
+        def put() -> None:
+            try:
+                self._upload(full, [memoryview(data)], len(data))
+            except BaseException:
+                self._abort_uploads_of(full)  # Arrow writes even small objects as an upload
+                raise
+
+        self._call("put", key, len(data), "publish", put)
 
     # -- reads ------------------------------------------------------------------------------
     def read_into(self, key: str, offset: int, buffer: Buffer) -> int:
