@@ -15,8 +15,9 @@ gpfs        0x47504653       O_DIRECT on; N-1 ranges aligned to the filesystem b
                              (``statvfs`` ``f_bsize``), so no two nodes share a block and its
                              byte-range token; key fan-out.
 beegfs      0x19830326       N-1 ranges aligned to ``f_bsize`` (the chunk size); key fan-out.
-glusterfs   0x65735546       (FUSE, ``fuse.glusterfs`` in ``/proc/self/mounts``) buffered I/O;
-                             the volume's DHT spreads files over bricks by name hash.
+glusterfs   0x65735546       (FUSE, ``fuse.glusterfs`` in ``/proc/self/mounts``) the local
+                             store's I/O defaults; the volume's DHT spreads files over bricks
+                             by name hash.
 nfs, fuse,  (see _MAGIC)     not parallel: plain local behaviour.
 ext4, xfs,
 tmpfs
@@ -179,17 +180,18 @@ def stripe_for(nbytes: int) -> int:
 
 @dataclass(frozen=True)
 class _Defaults:
-    direct: bool
+    direct: bool | None
+    """None: LocalStore's own default."""
     fanout: bool
 
 
 _DEFAULTS: dict[str, _Defaults] = {
     "lustre": _Defaults(direct=True, fanout=True),
     "gpfs": _Defaults(direct=True, fanout=True),
-    "beegfs": _Defaults(direct=False, fanout=True),
-    "glusterfs": _Defaults(direct=False, fanout=False),
+    "beegfs": _Defaults(direct=None, fanout=True),
+    "glusterfs": _Defaults(direct=None, fanout=False),
 }
-_PLAIN = _Defaults(direct=False, fanout=False)
+_PLAIN = _Defaults(direct=None, fanout=False)
 
 
 class ParallelFSStore(LocalStore):
@@ -209,7 +211,8 @@ class ParallelFSStore(LocalStore):
       Lustre: a warning, and files get the directory's default layout.
     - ``fanout`` (bool; default on for lustre/gpfs/beegfs): spread shard files over 256
       directories (the ``hashed`` key layout).
-    - ``direct`` (bool; default on for lustre/gpfs): O_DIRECT writes, as for ``file://``.
+    - ``direct`` (bool; default on for lustre/gpfs, else ``file://``'s default): O_DIRECT
+      writes, as for ``file://``.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("pfs",)
@@ -237,9 +240,12 @@ class ParallelFSStore(LocalStore):
                 )
             self.fs = FsInfo(fs, self.fs.magic, self.fs.mount_point, self.fs.mount_type, self.fs.block_size)
         defaults = _DEFAULTS.get(self.fs.kind, _PLAIN)
-        want_direct = defaults.direct if direct is None else option_bool(direct, field="direct")
+        if direct is None and defaults.direct is not None:
+            local_options["direct"] = defaults.direct
+        elif direct is not None:
+            local_options["direct"] = option_bool(direct, field="direct")
         try:
-            super().__init__(url, trace=trace, direct=want_direct, **local_options)
+            super().__init__(url, trace=trace, **local_options)
         except errors.InvalidArgumentError as err:
             raise errors.InvalidArgumentError(
                 f"{err} (pfs:// also takes: fs, stripe_count, stripe_size, lfs, fanout)"
