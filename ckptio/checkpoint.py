@@ -317,18 +317,18 @@ def _write_rank_shared(
         align = max(fmt.ALIGNMENT, int(store.positional_alignment))
         hosts = sorted({a["host"] for a in asks})
         ends = {h: 0 for h in hosts}
-        ranks = []
+        ranks: list[tuple[str, int]] = []
         for a in asks:
             node = hosts.index(a["host"])
-            key = f"data/node-{node:05d}-{token}.bin" if per_node else f"data/shared-{token}.bin"
-            start = fmt.align_up(ends[a["host"]], align)
-            ranks.append([key, start])
+            name = f"data/node-{node:05d}-{token}.bin" if per_node else f"data/shared-{token}.bin"
+            begin = fmt.align_up(ends[a["host"]], align)
+            ranks.append((name, begin))
             if a["need"]:
-                ends[a["host"]] = start + a["need"]
-        files = {r[0]: ends[asks[i]["host"]] for i, r in enumerate(ranks)}
+                ends[a["host"]] = begin + a["need"]
+        files = {name: ends[asks[i]["host"]] for i, (name, _) in enumerate(ranks)}
         try:
-            for key, size in files.items():
-                store.open_positional(prefix + key, size, create=True).close()
+            for name, size in files.items():
+                store.open_positional(prefix + name, size, create=True).close()
             placement = {"ok": True, "ranks": ranks, "files": files}
         except Exception as err:  # every rank learns it from the bcast
             placement = {"ok": False, "error": _error_text(err)}
