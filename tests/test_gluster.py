@@ -143,7 +143,7 @@ def test_gluster_four_ranks_all_layouts_and_bricks_share_the_data(gluster_volume
     # files holding bytes (DHT "linkto" pointers after a rename are empty, mode ---------T)
     rel = os.path.relpath(gluster_root, gluster_volume.mount)
     m = ckptio.open_checkpoint(f"pfs://{gluster_root}/file-per-shard").manifest
-    assert len(m.objects) >= 12
+    assert len(m.objects) >= 20  # all on one of 2 bricks by chance: p = 2**-19
     per_brick = {}
     for brick in gluster_volume.bricks:
         d = os.path.join(brick, rel, "file-per-shard", "step-0000000007")
