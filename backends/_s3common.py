@@ -624,12 +624,16 @@ class PieceReader:
     def __len__(self) -> int:
         return self._len
 
+    MIN_READ = 2**20
+    """Bytes; reads are served in blocks of at least this size: http.client asks for 8 KiB
+    at a time and sends whatever it gets, so larger blocks cut Python calls ~100-fold."""
+
     def read(self, n: int = -1) -> bytes | memoryview:
-        """Up to ``n`` bytes: a slice of a caller buffer (no copy) when they lie in one piece,
-        joined bytes when a read crosses pieces."""
+        """At least ``n`` bytes (up to :attr:`MIN_READ`, or the rest): a slice of a caller
+        buffer (no copy) when they lie in one piece, joined bytes when a read crosses pieces."""
         if n is None or n < 0:
             n = self._len - self._pos
-        n = min(n, self._len - self._pos)
+        n = min(max(n, self.MIN_READ), self._len - self._pos)
         if n <= 0:
             return b""
         out: list[memoryview] = []

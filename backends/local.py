@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar
 
+import numpy as np
+
 from ckptio import errors
 from ckptio.store import (
     Buffer,
@@ -44,6 +46,22 @@ ALIGN = 4096
 """Bytes; O_DIRECT offset/length/address alignment that every Linux filesystem accepts."""
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+DIRECT_MIN = 1 << 20
+"""Bytes: with ``direct`` left automatic, objects smaller than this (by their size hint) are
+written through the page cache; O_DIRECT pays off for large sequential writes."""
+
+STAGE_CACHE_BYTES = 128 << 20
+"""Bytes of free staging blocks kept for reuse across stores and saves in this process
+(fresh memory costs a page fault per 4 KiB on first touch; reused memory does not)."""
+
+_stage_cache: dict[int, list[mmap.mmap]] = {}
+_stage_cache_lock = threading.Lock()
+
+
+def _address(view: memoryview) -> int:
+    """Address of the first byte of ``view`` (read-only buffers too)."""
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
 
 
 def os_error(err: OSError, path: str, action: str) -> errors.CkptioError:
@@ -89,8 +107,11 @@ class _LocalWriter(Writer):
         self._stage: mmap.mmap | None = None
         self._stage_used = 0
         self._stage_offset = 0
+        self._segments: list[tuple[int, memoryview]] = []
         self._fd = store.create_file(key, self._tmp, size_hint, target=self._path)
         self._dfd = -1
+        if store.direct_auto and size_hint is not None and size_hint < DIRECT_MIN:
+            self._direct = False  # small object: the page cache is cheaper
         if self._direct:
             try:
                 self._dfd = os.open(self._tmp, os.O_WRONLY | _O_DIRECT)
@@ -108,6 +129,8 @@ class _LocalWriter(Writer):
 
     # -- write path -------------------------------------------------------------------------
     def _pwrite(self, fd: int, view: memoryview, offset: int) -> None:
+        if self._done:
+            return  # aborted while queued: skip the write (close waits before setting _done)
         with self._store.trace.request("write", self.key, view.nbytes, backend=self._store.name):
             try:
                 while view:
@@ -125,7 +148,7 @@ class _LocalWriter(Writer):
             raise errors.InvalidArgumentError(f"write to {self.key!r} after close/abort")
         view = as_byte_view(data)
         if self._direct:
-            self._write_staged(view)
+            self._write_direct(view)
             return
         block = self._store.block_size
         for start in range(0, view.nbytes, block):
@@ -133,16 +156,30 @@ class _LocalWriter(Writer):
             self._submit(self._fd, piece, self._nbytes)
             self._nbytes += piece.nbytes
 
-    def _write_staged(self, view: memoryview) -> None:
-        # O_DIRECT needs aligned memory: copy into page-aligned staging blocks (one memcpy)
+    def _write_direct(self, view: memoryview) -> None:
+        """O_DIRECT: page-aligned memory at an aligned file offset goes to the device as it
+        is (no copy); anything else is gathered into page-aligned staging blocks, copied by
+        the I/O threads (so copies of several blocks run in parallel and overlap the I/O)."""
         block = self._store.block_size
         while view:
+            if view.nbytes >= DIRECT_MIN and _address(view) % ALIGN == 0:
+                if self._stage is not None and self._stage_used % ALIGN == 0:
+                    self._flush_stage(final=False)
+                if self._stage is None and self._nbytes % ALIGN == 0:
+                    n = view.nbytes - view.nbytes % ALIGN
+                    for start in range(0, n, block):
+                        piece = view[start : min(start + block, n)]
+                        self._submit(self._dfd, piece, self._nbytes)
+                        self._nbytes += piece.nbytes
+                    view = view[n:]
+                    continue
             if self._stage is None:
-                self._stage = self._store.take_stage()
+                self._stage = self._store.new_stage()
                 self._stage_used = 0
                 self._stage_offset = self._nbytes
+                self._segments = []
             n = min(block - self._stage_used, view.nbytes)
-            self._stage[self._stage_used : self._stage_used + n] = view[:n]
+            self._segments.append((self._stage_used, view[:n]))
             self._stage_used += n
             self._nbytes += n
             view = view[n:]
@@ -150,20 +187,34 @@ class _LocalWriter(Writer):
                 self._flush_stage(final=False)
 
     def _flush_stage(self, *, final: bool) -> None:
-        stage, used, offset = self._stage, self._stage_used, self._stage_offset
+        stage, used, offset, segments = self._stage, self._stage_used, self._stage_offset, self._segments
         assert stage is not None
         self._stage = None
+        self._segments = []
         length = -(-used // ALIGN) * ALIGN if final else used
-        if final and length > used:
-            stage[used:length] = bytes(length - used)
+        store = self._store
+        store._inflight.acquire()  # at most `streams` staged blocks queued or being written
 
         def task() -> None:
             try:
+                if self._done:
+                    return  # aborted while queued
+                dst = np.frombuffer(stage, dtype=np.uint8)
+                for pos, src in segments:  # numpy copies release the GIL
+                    np.copyto(dst[pos : pos + src.nbytes], np.frombuffer(src, dtype=np.uint8))
+                if length > used:
+                    dst[used:length] = 0
                 self._pwrite(self._dfd, memoryview(stage)[:length], offset)
             finally:
-                self._store.give_stage(stage)
+                store.recycle_stage(stage)
+                store._inflight.release()
 
-        self._futures.append(self._store.pool.submit(task))
+        try:
+            self._futures.append(store.pool.submit(task))
+        except BaseException:
+            store.recycle_stage(stage)
+            store._inflight.release()
+            raise
 
     def _wait(self) -> None:
         first: BaseException | None = None
@@ -217,19 +268,17 @@ class _LocalWriter(Writer):
     def abort(self) -> None:
         if self._done:
             return
-        self._done = True
-        for fut in self._futures:
-            fut.cancel()
-        for fut in self._futures:
-            if not fut.cancelled():
-                try:
-                    fut.result()
-                except BaseException as err:  # already failing; the first error is raised by close
-                    log.debug("write of %s failed during abort: %s", self.key, err)
+        self._done = True  # queued writes see this and skip their I/O
+        for fut in self._futures:  # not cancelled: each must run to give its staging block back
+            try:
+                fut.result()
+            except BaseException as err:  # already failing; the first error is raised by close
+                log.debug("write of %s failed during abort: %s", self.key, err)
         self._futures.clear()
         if self._stage is not None:
-            self._store.give_stage(self._stage)
+            self._store.recycle_stage(self._stage)
             self._stage = None
+        self._segments = []
         if self._fd >= 0 or self._dfd >= 0:
             self._close_fds()
         try:
@@ -367,10 +416,15 @@ class LocalStore(Store):
     - ``streams`` (int, default 8): I/O threads; blocks of one and of many objects are written
       and read concurrently.
     - ``block_size`` (size, default ``16MiB``): bytes per write request.
-    - ``direct`` (bool, default False): write through ``O_DIRECT`` from page-aligned staging
-      blocks (one memcpy, bypasses the page cache). Where the filesystem refuses O_DIRECT a
-      warning says so and buffered I/O is used.
-    - ``direct_read`` (bool, default False): read through ``O_DIRECT`` (cold reads).
+    - ``direct`` (bool, default automatic): write through ``O_DIRECT``, bypassing the page
+      cache. Page-aligned memory (ckptio's async snapshots) goes to the device without a copy;
+      other memory is copied into page-aligned staging blocks by the I/O threads (at most
+      ``streams`` blocks in use). Automatic: on for objects of at least ``DIRECT_MIN`` bytes
+      (by their size hint) wherever the filesystem accepts O_DIRECT, silently off where it
+      does not; explicitly on: a warning where the filesystem refuses it.
+    - ``direct_read`` (bool, default automatic = like ``direct``): read large ranges through
+      ``O_DIRECT`` straight into page-aligned destination memory (cold reads at device
+      speed, nothing left in the page cache); unaligned edges go through a staging block.
     - ``fsync`` (bool, default True): fsync files and directories on commit. Turning it off
       makes saves not durable; only for measuring what fsync costs.
     - ``preallocate`` (bool, default False): ``posix_fallocate`` the size hint first, so a full
@@ -409,8 +463,8 @@ class LocalStore(Store):
         trace: Trace | None = None,
         streams: int | str = 8,
         block_size: int | str = "16MiB",
-        direct: bool | str = False,
-        direct_read: bool | str = False,
+        direct: bool | str | None = None,
+        direct_read: bool | str | None = None,
         fsync: bool | str = True,
         preallocate: bool | str = False,
         **unknown: Any,
@@ -428,14 +482,18 @@ class LocalStore(Store):
             raise errors.InvalidArgumentError(
                 f"block_size must be a positive multiple of {ALIGN} bytes, got {self.block_size}"
             )
-        self.direct = option_bool(direct, field="direct") and bool(_O_DIRECT)
-        self.direct_read = option_bool(direct_read, field="direct_read") and bool(_O_DIRECT)
+        self.direct_auto = direct is None
+        """``direct`` was left automatic: small objects buffered, refusal is silent."""
+        want = True if direct is None else option_bool(direct, field="direct")
+        want_read = want if direct_read is None else option_bool(direct_read, field="direct_read")
+        self.direct = want and bool(_O_DIRECT)
+        self.direct_read = want_read and bool(_O_DIRECT)
         self.fsync = option_bool(fsync, field="fsync")
         self.preallocate = option_bool(preallocate, field="preallocate")
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self._stages: list[mmap.mmap] = []
         self._stage_sem = threading.BoundedSemaphore(self.streams * 2)
+        self._inflight = threading.BoundedSemaphore(self.streams)
         self._real_root: str | None = None
 
     # -- shared resources -------------------------------------------------------------------
@@ -447,31 +505,51 @@ class LocalStore(Store):
             return self._pool
 
     def take_stage(self) -> mmap.mmap:
-        """A page-aligned staging block; at most 2 × streams exist (bounded memory)."""
+        """A page-aligned staging block of ``block_size`` bytes; at most 2x ``streams`` are
+        taken at once per store (bounded memory); blocks until one is given back."""
         self._stage_sem.acquire()
-        with self._pool_lock:
-            if self._stages:
-                return self._stages.pop()
-        return _aligned_buffer(self.block_size)
+        try:
+            return self.new_stage()
+        except BaseException:
+            self._stage_sem.release()
+            raise
 
     def give_stage(self, stage: mmap.mmap) -> None:
-        with self._pool_lock:
-            self._stages.append(stage)
+        self.recycle_stage(stage)
         self._stage_sem.release()
 
+    def new_stage(self) -> mmap.mmap:
+        """A page-aligned block of ``block_size`` bytes, not counted against any bound. Free
+        blocks are shared by every store of the process (up to :data:`STAGE_CACHE_BYTES`),
+        so a new save does not fault in fresh memory."""
+        size = max(ALIGN, self.block_size)
+        with _stage_cache_lock:
+            free = _stage_cache.get(size)
+            if free:
+                return free.pop()
+        return _aligned_buffer(size)
+
+    def recycle_stage(self, stage: mmap.mmap) -> None:
+        with _stage_cache_lock:
+            cached = sum(len(m) for ms in _stage_cache.values() for m in ms)
+            if cached + len(stage) <= STAGE_CACHE_BYTES:
+                _stage_cache.setdefault(len(stage), []).append(stage)
+
     def direct_refused(self, path: str, err: OSError) -> None:
-        log.warning(
-            "O_DIRECT refused by the filesystem at %s (%s); using buffered I/O instead",
-            path,
-            os.strerror(err.errno or 0),
-        )
+        if self.direct_auto:
+            log.debug("O_DIRECT refused at %s (%s); buffered I/O", path, os.strerror(err.errno or 0))
+        else:
+            log.warning(
+                "O_DIRECT refused by the filesystem at %s (%s); using buffered I/O instead",
+                path,
+                os.strerror(err.errno or 0),
+            )
         self.direct = False
         self.direct_read = False
 
     def close(self) -> None:
         with self._pool_lock:
             pool, self._pool = self._pool, None
-            self._stages.clear()
         if pool is not None:
             pool.shutdown(wait=True)
 
@@ -556,13 +634,15 @@ class LocalStore(Store):
         if offset < 0:
             raise errors.InvalidArgumentError(f"negative offset {offset} for {key!r}")
         path = self._checked_read_path(key)
+        if self.direct_read and out.nbytes >= DIRECT_MIN:
+            got = self._read_direct(key, path, offset, out)
+            if got is not None:
+                return got
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         except OSError as err:
             raise os_error(err, path, "open") from err
         try:
-            if self.direct_read:
-                return self._read_direct(key, path, offset, out)
             block = self.block_size
             if out.nbytes <= block:
                 return self._pread(fd, key, path, out, offset)
@@ -594,40 +674,80 @@ class LocalStore(Store):
             ev.nbytes = got
         return got
 
-    def _read_direct(self, key: str, path: str, offset: int, out: memoryview) -> int:
+    def _read_direct(self, key: str, path: str, offset: int, out: memoryview) -> int | None:
+        """Read through O_DIRECT: where ``out`` and the file line up on pages (the usual
+        case: chunks start on pages and load buffers are page-aligned) straight into
+        ``out``; the unaligned edges (or everything, if they never line up) through staging
+        blocks. Blocks go out in parallel. None: O_DIRECT refused, read buffered."""
         try:
             dfd = os.open(path, os.O_RDONLY | _O_DIRECT | os.O_NOFOLLOW)
         except OSError as err:
+            if err.errno != errno.EINVAL:
+                raise os_error(err, path, "open") from err
             self.direct_refused(path, err)
-            return self.read_into(key, offset, out)
+            return None
         try:
-            start = offset - offset % ALIGN
             end = offset + out.nbytes
             block = self.block_size
-            got_total = 0
+            if (_address(out) - offset) % ALIGN == 0:
+                body_lo = min(end, -(-offset // ALIGN) * ALIGN)
+                body_hi = max(body_lo, end - end % ALIGN)
+            else:
+                body_lo = body_hi = end  # never lines up: all staged
+            pieces: list[tuple[int, int, bool]] = []
+            lo = offset
+            while lo < body_lo:  # staged head; each piece's aligned span fits one block
+                hi = min(body_lo, lo - lo % ALIGN + block)
+                pieces.append((lo, hi, False))
+                lo = hi
+            pieces.extend((a, min(a + block, body_hi), True) for a in range(body_lo, body_hi, block))
+            lo = max(lo, body_hi)
+            while lo < end:  # staged tail
+                hi = min(end, lo - lo % ALIGN + block)
+                pieces.append((lo, hi, False))
+                lo = hi
 
-            def one(lo: int) -> int:
-                hi = min(lo + block, -(-end // ALIGN) * ALIGN)
+            def fill(view: memoryview, pos: int) -> int:
+                got = 0
+                with self.trace.request("get", key, 0, backend=self.name) as ev:
+                    try:
+                        while got < view.nbytes:
+                            n = os.preadv(dfd, [view[got:]], pos + got)
+                            got += n
+                            if n == 0 or got % ALIGN:
+                                break  # end of file
+                    except OSError as err:
+                        raise os_error(err, path, "read") from err
+                    ev.nbytes = got
+                return got
+
+            def one(lo: int, hi: int, direct: bool) -> int:
+                if direct:
+                    return fill(out[lo - offset : hi - offset], lo)
+                alo = lo - lo % ALIGN
+                ahi = -(-hi // ALIGN) * ALIGN
                 stage = self.take_stage()
                 try:
-                    with self.trace.request("get", key, 0, backend=self.name) as ev:
-                        try:
-                            n = os.preadv(dfd, [memoryview(stage)[: hi - lo]], lo)
-                        except OSError as err:
-                            raise os_error(err, path, "read") from err
-                        ev.nbytes = n
-                    a = max(offset, lo)
-                    b = min(end, lo + n)
-                    if b > a:
-                        out[a - offset : b - offset] = memoryview(stage)[a - lo : b - lo]
-                    return max(0, b - a)
+                    got = fill(memoryview(stage)[: ahi - alo], alo)
+                    b = min(hi, alo + got)
+                    if b <= lo:
+                        return 0
+                    src = np.frombuffer(stage, dtype=np.uint8, count=b - lo, offset=lo - alo)
+                    np.copyto(np.frombuffer(out[lo - offset : b - offset], dtype=np.uint8), src)
+                    return b - lo
                 finally:
                     self.give_stage(stage)
 
-            futs = [self.pool.submit(one, lo) for lo in range(start, end, block)]
-            for f in futs:
-                got_total += f.result()
-            return got_total
+            if len(pieces) == 1:
+                counts = [one(*pieces[0])]
+            else:
+                counts = [f.result() for f in [self.pool.submit(one, *p) for p in pieces]]
+            total = 0
+            for (lo, hi, _d), c in zip(pieces, counts, strict=True):
+                total += c
+                if c < hi - lo:
+                    break
+            return total
         finally:
             os.close(dfd)
 

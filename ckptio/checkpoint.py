@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
+import mmap
 import os
 import secrets
 import threading
@@ -134,18 +135,76 @@ class _Prepared:
         return {p: t.meta() for p, t in self.tensors.items()}
 
 
-def _prepare(state: Any, metadata: Any, *, copy: bool) -> _Prepared:
-    """Walk the state: encode its structure, collect its arrays (copied if ``copy``)."""
+PAGE = 4096
+"""Bytes: snapshot and load buffers of large tensors start on a page (O_DIRECT, no copy)."""
+PAGE_ALIGNED_MIN = 1 << 20
+"""Bytes: tensors at least this large get page-aligned snapshot/load memory; smaller ones
+are packed (64-byte aligned) so many small tensors do not waste a page each."""
+
+
+def _align_for(nbytes: int) -> int:
+    return PAGE if nbytes >= PAGE_ALIGNED_MIN else 64
+
+
+class SnapshotBuffers:
+    """Host memory for async snapshots, page-aligned and kept from one save to the next.
+
+    A Checkpointer has one save in flight at a time, so when a save starts the previous
+    snapshot's memory is free again. Reusing it avoids the page fault per 4 KiB that fresh
+    memory costs (on a 2-core VM: ~3.5 GB/s to fill fresh memory vs ~12 GB/s for memory
+    already touched), and page alignment lets ``file://`` write it with O_DIRECT without a
+    copy. Holds one state's worth of memory until :meth:`release`.
+    """
+
+    def __init__(self) -> None:
+        self._arena: mmap.mmap | None = None
+
+    def views(self, sources: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Uninitialised arrays shaped like ``sources``, laid out in one arena."""
+        offsets, end = [], 0
+        for a in sources:
+            end = fmt.align_up(end, _align_for(a.nbytes))
+            offsets.append(end)
+            end += a.nbytes
+        if self._arena is None or len(self._arena) < end:
+            self._arena = None  # views of the old arena keep it alive while in use
+            self._arena = mmap.mmap(-1, max(PAGE, fmt.align_up(end, PAGE)))
+        out = []
+        for a, off in zip(sources, offsets, strict=True):
+            raw = np.frombuffer(self._arena, dtype=np.uint8, count=a.nbytes, offset=off)
+            out.append(raw.view(a.dtype).reshape(a.shape))
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self._arena is None else len(self._arena)
+
+    def release(self) -> None:
+        self._arena = None
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """``np.empty(shape, dtype)`` whose data starts on a page when it is large (so O_DIRECT
+    reads land in it without a copy)."""
+    dt = np.dtype(dtype)
+    nbytes = math.prod(shape) * dt.itemsize
+    if nbytes < PAGE_ALIGNED_MIN:
+        return np.empty(shape, dtype=dt)
+    raw = np.empty(nbytes + PAGE, dtype=np.uint8)
+    start = -raw.ctypes.data % PAGE
+    return raw[start : start + nbytes].view(dt).reshape(shape)
+
+
+def _prepare(
+    state: Any, metadata: Any, *, copy: bool, buffers: SnapshotBuffers | None = None
+) -> _Prepared:
+    """Walk the state: encode its structure, collect its arrays (copied if ``copy``, into
+    ``buffers`` when given, else into fresh page-aligned memory)."""
     tensors: dict[str, _Local] = {}
     copies: list[tuple[np.ndarray, np.ndarray]] = []
 
     def take(arr: np.ndarray) -> np.ndarray:
-        arr = contiguous_le(arr)
-        if copy:
-            dst = np.empty_like(arr)
-            copies.append((dst, arr))
-            return dst
-        return arr
+        return contiguous_le(arr)  # copied below, once the sizes of all are known
 
     def on_array(path: str, leaf: Any) -> Any:
         if isinstance(leaf, Shard):
@@ -173,6 +232,12 @@ def _prepare(state: Any, metadata: Any, *, copy: bool) -> _Prepared:
     tree = fmt.encode_tree(state, on_array)
     for t in tensors.values():
         fmt.dtype_name(t.array.dtype)  # refuse unsupported dtypes before anything is written
+    if copy and tensors:
+        locals_ = list(tensors.values())
+        dsts = (buffers or SnapshotBuffers()).views([t.array for t in locals_])
+        for t, dst in zip(locals_, dsts, strict=True):
+            copies.append((dst, t.array))
+            t.array = dst
     if metadata is not None:
         import json
 
@@ -212,12 +277,17 @@ class _Piece:
 
 
 def _pieces(local: _Local, chunk_size: int) -> list[_Piece]:
-    """Split a local tensor along dim 0 into C-contiguous pieces of about ``chunk_size``."""
+    """Split a local tensor along dim 0 into C-contiguous pieces of about ``chunk_size``;
+    where rows allow, every piece holds a whole number of pages (so pieces of page-aligned
+    memory stay page-aligned: O_DIRECT without a copy, on save and on load)."""
     arr = local.array
     if arr.ndim == 0 or arr.nbytes <= chunk_size or arr.shape[0] <= 1:
         return [_Piece(local.path, arr, local.offsets)]
     row = arr.nbytes // arr.shape[0]
     rows = max(1, chunk_size // max(row, 1))
+    per_page = PAGE // math.gcd(row, PAGE) if row else 1  # rows per whole number of pages
+    if rows >= per_page:
+        rows -= rows % per_page
     out = []
     for r in range(0, arr.shape[0], rows):
         offs = (local.offsets[0] + r, *local.offsets[1:])
@@ -665,7 +735,7 @@ class CheckpointReader:
             entry = self.manifest.tensors[path]
             starts, stops, keep = _normalize(() if index is None else index, entry.shape, path)
             shape = tuple(b - a for a, b in zip(starts, stops, strict=True))
-            out = np.zeros(shape, dtype=entry.np_dtype)  # calloc: untouched pages cost nothing
+            out = aligned_empty(shape, entry.np_dtype)  # every element is read: chunks tile it
             results[path] = out
             finals[path] = keep
             for chunk in entry.chunks:
@@ -684,7 +754,7 @@ class CheckpointReader:
             if whole and target.flags.c_contiguous:
                 self._read_chunk_into(chunk, memoryview(target.reshape(-1).view(np.uint8)))
                 return
-            tmp = np.empty(chunk.length, dtype=np.uint8)
+            tmp = aligned_empty((chunk.length,), np.uint8)
             self._read_chunk_into(chunk, memoryview(tmp))
             target[...] = tmp.view(out.dtype).reshape(chunk.shape)[src_box]
 
@@ -737,7 +807,7 @@ class CheckpointReader:
         jobs = [c for t in self.manifest.tensors.values() for c in t.chunks]
 
         def check(chunk: fmt.Chunk) -> str | None:
-            buf = np.empty(chunk.length, dtype=np.uint8)
+            buf = aligned_empty((chunk.length,), np.uint8)
             try:
                 self._read_chunk_into(chunk, memoryview(buf))
             except (errors.CorruptCheckpointError, FileNotFoundError) as err:
@@ -873,7 +943,8 @@ class Checkpointer:
     - ``async_save`` (bool): ``save`` snapshots the state (one memory copy) and returns; the
       write and commit run in a background thread. A failure is raised by the next
       ``save``/``wait``. Leaving the ``with`` block or the interpreter waits for the save in
-      flight.
+      flight. The snapshot memory (one state's worth, page-aligned) is kept for the next
+      save, so later snapshots cost one memory copy and no page faults; ``close`` frees it.
     - ``comm``: a :class:`~ckptio.dist.Communicator` (default: detected from the launcher).
       Every rank must create the Checkpointer and call ``save`` together.
     - ``layout`` (``file-per-shard``, ``shared-file``, ``shared-file-per-node``: see
@@ -919,6 +990,7 @@ class Checkpointer:
             raise errors.InvalidArgumentError("chunk_size and max_object_size must be > 0")
         self._bg_comm: Communicator | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._snapshots = SnapshotBuffers()  # async snapshots reuse this memory
         self._pending: SaveHandle | None = None
         self._lock = threading.Lock()
         _live.add(self)
@@ -934,7 +1006,7 @@ class Checkpointer:
         background = self.async_save if blocking is None else not blocking
         t0 = time.perf_counter()
         try:
-            prepared = _prepare(state, metadata, copy=background)
+            prepared = _prepare(state, metadata, copy=background, buffers=self._snapshots)
         except errors.CkptioError as err:
             if self.comm.size == 1:
                 raise
@@ -1021,6 +1093,7 @@ class Checkpointer:
             if self._executor is not None:
                 self._executor.shutdown(wait=True)
                 self._executor = None
+            self._snapshots.release()
             _live.discard(self)
 
     def __enter__(self) -> Checkpointer:

