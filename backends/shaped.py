@@ -184,7 +184,7 @@ class ShapedStore(Store):
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
         super().__init__(url, trace=trace)
-        if not url.startswith("shaped+") or "://" not in url:
+        if not url.startswith("shaped+") or len(url) <= len("shaped+"):
             raise errors.InvalidArgumentError(
                 f"shaped URL must wrap another store, e.g. shaped+memory://x?profile=cloud-s3 or "
                 f"shaped+file:///tmp/x?profile=abci-lustre; got {url!r}"

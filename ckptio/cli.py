@@ -335,6 +335,54 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="the main job: run a small scaled checkpoint against local disk, mock S3 and "
+        "emulated cloud/HPC storage; print why each stalls; write a report",
+    )
+    p.add_argument("--targets", help="comma-separated: local, mock-s3, memory, or URLs "
+                   "(default: local,mock-s3)")
+    p.add_argument("--profiles", help="storage profiles to emulate over memory:// "
+                   "(default: cloud-s3,abci-lustre; '' for none; see `ckptio profiles`)")
+    p.add_argument("--preset", default="llama3-8b", help="model preset (default llama3-8b)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--total-size", default=None, help="scale the preset to about this size "
+                      "(default 256MiB)")
+    size.add_argument("--scale", type=float, help="scale factor instead of --total-size")
+    p.add_argument("--object-size", default="16MiB", help="largest shard object (default 16MiB)")
+    p.add_argument("--iterations", type=int, default=1)
+    p.add_argument("--site", help="label of this machine/site in merged reports (default: hostname)")
+    p.add_argument("--out", default="ckptio-report", help="report directory (default "
+                   "ckptio-report/); results go to OUT/results/")
+    _add_projection_arguments(p)
+    p.add_argument("--json", action="store_true", help="machine-readable summary")
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from ckptio.compare import DEFAULT_TOTAL_SIZE, compare
+    from ckptio.report import comparison_table, projection_table
+
+    def names(text: str | None) -> list[str] | None:
+        return None if text is None else [n.strip() for n in text.split(",") if n.strip()]
+
+    quiet = args.json
+    result = compare(
+        targets=names(args.targets), profiles=names(args.profiles), preset=args.preset,
+        total_size=args.total_size or (None if args.scale else DEFAULT_TOTAL_SIZE),
+        scale=args.scale, object_size=args.object_size, iterations=args.iterations,
+        out=args.out, site=args.site, **_projection_options(args),
+        say=(lambda m: err_console.print(m, highlight=False)) if not quiet else (lambda m: None),
+    )
+    if args.json:
+        print_json(result)
+        return 0
+    console.print(comparison_table(result["summary"], "ckptio compare (this machine, small scale)"))
+    console.print(projection_table(result["projections"]))
+    console.print(f"report: {args.out}/index.html, results: {result['results_dir']}")
+    return 0
+
+
 # -- plan / run / sweep (the comparison workload) ---------------------------------------------
 
 
@@ -391,6 +439,7 @@ COMMANDS: dict[str, tuple[Callable[..., None], Callable[[argparse.Namespace], in
     "profiles": (_add_profiles, _cmd_profiles),
     "model": (_add_model, _cmd_model),
     "report": (_add_report, _cmd_report),
+    "compare": (_add_compare, _cmd_compare),
     "gc": (_add_gc, _cmd_gc),
     "plan": (_add_plan, _cmd_plan),
     "run": (_add_run, _cmd_run),

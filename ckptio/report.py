@@ -145,7 +145,7 @@ def _targets(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         name = f"{target} @ {site}" if len(sites) > 1 and site else target
         tag = {"mock": "mock", "emulated": f"emulated {rows[0].get('profile') or ''}".strip(),
                "measured": "measured"}[kind]
-        out.append({"name": name, "label": f"{name} [{tag}]", "kind": kind, "site": site,
+        out.append({"name": name, "label": f"{name} ({tag})", "kind": kind, "site": site,
                     "target": target, "rows": rows, "profile": rows[0].get("profile") or "",
                     "backend": rows[0].get("backend") or ""})
     order = {"measured": 0, "emulated": 1, "mock": 2}
@@ -284,8 +284,14 @@ def plot_latency(targets: list[dict[str, Any]], requests: list[dict[str, Any]], 
         return None
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.5 * len(series)))
     series.reverse()
-    bp = ax.boxplot([s[1] for s in series], vert=False, whis=(1, 99), showfliers=False,
-                    patch_artist=True, widths=0.6)
+    import inspect
+
+    # matplotlib >= 3.10 says orientation=, older ones vert= (deprecated since 3.11)
+    horizontal = ({"orientation": "horizontal"}
+                  if "orientation" in inspect.signature(ax.boxplot).parameters
+                  else {"vert": False})
+    bp = ax.boxplot([s[1] for s in series], whis=(1, 99), showfliers=False,
+                    patch_artist=True, widths=0.6, **horizontal)
     for patch, (_, _, kind) in zip(bp["boxes"], series, strict=True):
         patch.set_facecolor(KIND_STYLE[kind]["color"])
         patch.set_hatch(KIND_STYLE[kind]["hatch"])
@@ -471,14 +477,16 @@ def comparison_table(summary: list[dict[str, Any]], title: str = "comparison") -
     """The comparison as a rich table (what ``ckptio compare`` prints)."""
     from ckptio.model import human_size
 
-    table = Table(title=title)
+    table = Table(title=title, caption="mock: moto, not a performance figure; emulated: a "
+                  "profile imposed by sleeping (plus this machine's real CPU work)")
     for col in ("target", "kind", "size", "write", "write GB/s", "read GB/s", "requests",
                 "throttled"):
-        table.add_column(col, justify="left" if col in ("target", "kind") else "right")
+        table.add_column(col, justify="left" if col in ("target", "kind") else "right",
+                         no_wrap=col in ("target", "write GB/s", "read GB/s"))
+    short = {"measured": "measured", "mock": "mock", "emulated": "emulated"}
     for s in summary:
         table.add_row(
-            s["target"], KIND_NOTE[s["kind"]] if s["kind"] != "emulated"
-            else f"emulated {s['profile']}",
+            s["target"], short[s["kind"]],
             human_size(s["checkpoint_bytes"] or 0), human_seconds(s["write_seconds"]),
             f"{s['write_gbps']:.3g}", f"{s['read_gbps']:.3g}", str(s["requests"]),
             str(s["throttled"]),
@@ -487,11 +495,11 @@ def comparison_table(summary: list[dict[str, Any]], title: str = "comparison") -
 
 
 def projection_table(proj: list[dict[str, Any]]) -> Table:
-    table = Table(title="full-scale projection (model)")
-    for col in ("workload", "target", "write", "binding limit", "idle at interval",
-                "lost GPU-h/day"):
-        table.add_column(col, justify="right" if col in ("write", "idle at interval",
-                                                       "lost GPU-h/day") else "left")
+    table = Table(title="full-scale projection (model): why it stalls",
+                  caption="idle: share of each interval the GPUs wait for a blocking save")
+    for col in ("workload", "target", "write", "binding limit", "idle", "idle GPU-h/day"):
+        table.add_column(col, justify="right" if col in ("write", "idle", "idle GPU-h/day")
+                         else "left", no_wrap=col in ("write", "idle"))
     for p in proj:
         if not p.get("write_seconds"):
             table.add_row(f"{p['preset']} / {p['gpus']} GPUs", p["target"], "-",

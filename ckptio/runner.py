@@ -925,7 +925,12 @@ def cmd_run(args: Any, console: Any, *, sweep_mode: bool = False) -> int:
 
     plan = plan_from_args(args)
     opts = _options(args, sweep_mode=sweep_mode)
-    open_store(args.target, **opts).close()  # a wrong target or option fails here, once
+    # a wrong target or option fails here, once (through the shaped wrapper when emulating:
+    # profile figures given as --option belong to it, not to the wrapped store)
+    if args.emulate:
+        open_store(f"shaped+{args.target}", **{**opts, "profile": args.emulate}).close()
+    else:
+        open_store(args.target, **opts).close()
     kwargs: dict[str, Any] = {
         "iterations": args.iterations, "out_dir": args.out, "label": args.label,
         "pause": args.pause, "inflight": args.inflight, "read": not args.no_read,

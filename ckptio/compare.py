@@ -1,0 +1,183 @@
+"""``ckptio compare``: one small scaled checkpoint workload against several targets, then a
+report that says why each one stalls and what that costs at full scale.
+
+Default targets (a laptop needs nothing else):
+
+- ``local``: the local file system, in a temporary directory (measured);
+- ``mock-s3``: an embedded moto S3 server started and stopped here (mock — it tests the S3
+  code path, **not a performance figure**); skipped, with a clear line, when moto or boto3 is
+  not installed;
+- one emulated target per profile (default ``cloud-s3``, ``abci-lustre``): the shaped backend
+  over ``memory://`` (emulated: the profile imposed by sleeping, not the real service).
+
+Any URL can be given as a target too (``file:///mnt/lustre/x``, ``s3://bucket/prefix``): those
+are measured. Results go to ``<out>/results/`` (Parquet + JSON, mergeable with results from
+other machines by ``ckptio report``), the report to ``<out>/``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from ckptio import errors
+
+DEFAULT_TARGETS = ("local", "mock-s3")
+DEFAULT_PROFILES = ("cloud-s3", "abci-lustre")
+DEFAULT_PRESET = "llama3-8b"
+DEFAULT_TOTAL_SIZE = "256MiB"
+"""Small enough that every default target finishes in well under a minute on 2 cores."""
+DEFAULT_OBJECT_SIZE = "16MiB"
+MOCK_BUCKET = "ckptio-compare"
+SPECIAL_TARGETS = ("local", "mock-s3", "memory")
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target of a comparison."""
+
+    name: str
+    """Label in tables and plots."""
+    url: str
+    emulate: str | None = None
+    """Profile name when the target is emulated through the shaped backend."""
+    mock: bool = False
+
+
+@contextmanager
+def mock_s3_server() -> Iterator[str]:
+    """Start an embedded moto S3 server on 127.0.0.1 (port 0), point this process's AWS
+    environment at it (fake credentials), create a bucket; yield an ``s3://`` URL. Stops the
+    server and restores the environment afterwards. Raises
+    :class:`~ckptio.errors.BackendUnavailableError` when moto/boto3 are not installed."""
+    try:
+        from ckptio.testing.moto import aws_env, boto3_client, start_moto_server
+    except ImportError as err:  # pytest (test extra) is imported by the fixtures module
+        raise errors.BackendUnavailableError(
+            f"the mock S3 target needs moto[server], boto3 and pytest ({err.name} is missing); "
+            "pip install 'ckptio[s3,test]'"
+        ) from err
+    try:
+        server, endpoint = start_moto_server()
+    except ImportError as err:
+        raise errors.BackendUnavailableError(
+            f"the mock S3 target needs moto[server] ({err.name} is missing); "
+            "pip install 'ckptio[s3,test]'"
+        ) from err
+    env = aws_env(endpoint)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        client = boto3_client(endpoint)
+        client.create_bucket(Bucket=MOCK_BUCKET)
+        client.close()
+        yield f"s3://{MOCK_BUCKET}/compare"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+def resolve_targets(names: list[str], profiles: list[str], *, tmp: str) -> list[Target]:
+    """Targets from names (``local``, ``mock-s3``, ``memory`` or any URL) and profiles (each
+    emulated over ``memory://``). Unknown profiles raise an error listing the valid ones."""
+    from ckptio.profiles import load_profile
+
+    out: list[Target] = []
+    for name in names:
+        if name == "local":
+            out.append(Target("local", f"file://{os.path.join(tmp, 'local')}"))
+        elif name == "mock-s3":
+            out.append(Target("mock-s3", "", mock=True))
+        elif name == "memory":
+            out.append(Target("memory", "memory://ckptio-compare-memory"))
+        elif "://" in name or name.startswith("/"):
+            out.append(Target(name, name))
+        else:
+            raise errors.InvalidArgumentError(
+                f"unknown target {name!r}; valid: {', '.join(SPECIAL_TARGETS)}, or a URL "
+                "(file:///path, s3://bucket/prefix, ...)"
+            )
+    for prof in profiles:
+        load_profile(prof)  # fail early, listing the valid names
+        out.append(Target(prof, f"memory://ckptio-compare-{prof}", emulate=prof))
+    return out
+
+
+def compare(
+    *,
+    targets: list[str] | None = None,
+    profiles: list[str] | None = None,
+    preset: str = DEFAULT_PRESET,
+    total_size: str | None = DEFAULT_TOTAL_SIZE,
+    scale: float | None = None,
+    object_size: str = DEFAULT_OBJECT_SIZE,
+    iterations: int = 1,
+    out: str = "ckptio-report",
+    site: str | None = None,
+    presets: list[tuple[str, int | None]] | None = None,
+    interval: float = 7200.0,
+    price: float | None = None,
+    restart: float | None = None,
+    say: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run the workload against every target, write results and the report under ``out``.
+
+    Returns :func:`ckptio.report.build_report`'s result plus ``skipped`` (targets that could
+    not run, with the reason). Runs in this process (one rank writes every logical rank).
+    """
+    from ckptio.dist import SingleProcess
+    from ckptio.report import DEFAULT_PRICE_PER_GPU_HOUR, DEFAULT_RESTART_SECONDS, build_report
+    from ckptio.runner import run_workload
+    from ckptio.workload import make_plan
+
+    if iterations < 1:
+        raise errors.InvalidArgumentError(f"iterations must be >= 1, got {iterations}")
+    plan = make_plan(preset, scale=scale, total_size=None if scale is not None else total_size,
+                     object_size=object_size)
+    results_dir = os.path.join(out, "results")
+    os.makedirs(results_dir, exist_ok=True)
+    skipped: list[dict[str, str]] = []
+    run_ids: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="ckptio-compare-") as tmp:
+        chosen = resolve_targets(list(targets if targets is not None else DEFAULT_TARGETS),
+                                 list(profiles if profiles is not None else DEFAULT_PROFILES),
+                                 tmp=tmp)
+        for t in chosen:
+            with ExitStack() as stack:
+                url = t.url
+                if t.mock:
+                    try:
+                        url = stack.enter_context(mock_s3_server())
+                    except errors.BackendUnavailableError as err:
+                        say(f"skipped mock-s3: {err}")
+                        skipped.append({"target": t.name, "reason": str(err)})
+                        continue
+                kind = ("mock — not a performance figure" if t.mock else
+                        f"emulated {t.emulate}" if t.emulate else "measured")
+                say(f"running {t.name} ({kind}) ...")
+                summary = run_workload(
+                    url, plan, iterations=iterations, comm=SingleProcess(), out_dir=results_dir,
+                    label=t.name, site=site, emulate=t.emulate, mock=t.mock,
+                    config={"command": "compare", "target": t.name},
+                )
+                run_ids.append(summary.run_id)
+    if not run_ids:
+        raise errors.CkptioError("no target could run; see the lines above")
+    files = [os.path.join(results_dir, f"{rid}.run.parquet") for rid in run_ids]
+    report = build_report(
+        files, out, presets=presets, interval=interval,
+        price=DEFAULT_PRICE_PER_GPU_HOUR if price is None else price,
+        restart=DEFAULT_RESTART_SECONDS if restart is None else restart,
+        title=f"ckptio compare: {preset} scaled to {plan.total_bytes / 2**20:.0f} MiB",
+    )
+    report["skipped"] = skipped
+    report["results_dir"] = results_dir
+    return report

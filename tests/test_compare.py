@@ -1,0 +1,58 @@
+"""`ckptio compare`: runs the default kinds of target at a tiny scale and writes the report."""
+
+import json
+
+import pytest
+
+from ckptio import errors
+from ckptio.cli import main
+from ckptio.compare import compare
+
+TINY = ["--total-size", "4MiB", "--object-size", "1MiB"]
+
+
+@pytest.mark.s3
+def test_compare_runs_every_kind_of_target_and_writes_the_report(tmp_path, capsys) -> None:
+    out = tmp_path / "report"
+    argv = ["compare", *TINY, "--profiles", "cloud-s3,abci-lustre", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    kinds = {s["target"]: s["kind"] for s in result["summary"]}
+    assert kinds == {"local": "measured", "mock-s3": "mock", "cloud-s3": "emulated",
+                     "abci-lustre": "emulated"}
+    for name in ("index.html", "report.md", "throughput.png", "latency.png", "timeline.png",
+                 "cost.png"):
+        assert (out / name).stat().st_size > 0, name
+    md = (out / "report.md").read_text()
+    assert "mock — not a performance figure" in md
+    assert "emulated" in md and "projected" in md
+    # the emulated cloud target is slower than its emulated HPC neighbour, as the profiles say
+    gbps = {s["target"]: s["write_gbps"] for s in result["summary"]}
+    assert gbps["cloud-s3"] < gbps["abci-lustre"]
+    # full-scale projection names the binding limit in words, mock is not projected
+    proj = {p["target"]: p for p in result["projections"]}
+    assert "per-stream bandwidth" in proj["cloud-s3 (emulated cloud-s3)"]["binding_detail"]
+    assert proj["mock-s3 (mock)"]["write_seconds"] is None
+    assert (out / "results").is_dir()
+
+
+def test_compare_prints_the_table(tmp_path, capsys) -> None:
+    argv = ["compare", *TINY, "--targets", "local", "--profiles", "", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "local" in text and "measured" in text and "binding" in text
+
+
+def test_unknown_profile_lists_valid_names(tmp_path) -> None:
+    with pytest.raises(errors.InvalidArgumentError, match="valid: abci-lustre"):
+        compare(targets=["local"], profiles=["cloud-s9"], out=str(tmp_path), total_size="4MiB")
+
+
+def test_unknown_target_lists_valid_names(tmp_path) -> None:
+    with pytest.raises(errors.InvalidArgumentError, match="valid: local, mock-s3"):
+        compare(targets=["nvme"], profiles=[], out=str(tmp_path), total_size="4MiB")
+
+
+def test_unknown_preset_lists_valid_names(tmp_path, capsys) -> None:
+    assert main(["compare", "--preset", "gpt5", "--out", str(tmp_path)]) == 2
+    assert "llama3-8b" in capsys.readouterr().err

@@ -1,0 +1,59 @@
+"""`ckptio report`: results from different machines/sites merge into one report."""
+
+import json
+
+import pytest
+
+from ckptio.cli import main
+
+RUN = ["--preset", "llama3-8b", "--total-size", "4MiB", "--object-size", "1MiB"]
+
+
+@pytest.fixture
+def two_sites(tmp_path):
+    """One result directory written "on another machine" (--site lab, emulated cloud-s3 with
+    fast figures), one local (--site laptop, file://)."""
+    lab, here = tmp_path / "from-lab", tmp_path / "here"
+    assert main(["run", "memory://lab", *RUN, "--site", "lab", "--emulate", "cloud-s3",
+                 "--option", "request_latency=5ms", "--option", "metadata_latency=5ms",
+                 "--out", str(lab)]) == 0
+    assert main(["run", f"file://{tmp_path / 'data'}", *RUN, "--site", "laptop",
+                 "--out", str(here)]) == 0
+    return lab, here
+
+
+def test_results_from_two_sites_merge_into_one_report(two_sites, tmp_path, capsys) -> None:
+    lab, here = two_sites
+    capsys.readouterr()
+    out = tmp_path / "merged"
+    assert main(["report", str(lab), str(here), "--out", str(out), "--json",
+                 "--project", "llama3-70b"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["sites"] == ["lab", "laptop"]
+    by_site = {s["site"]: s for s in result["summary"]}
+    assert by_site["lab"]["kind"] == "emulated" and by_site["laptop"]["kind"] == "measured"
+    assert all("@" in s["target"] for s in result["summary"])  # site shown beside the target
+    md = (out / "report.md").read_text()
+    assert "@ lab" in md and "@ laptop" in md
+    html = (out / "index.html").read_text()
+    assert "throughput.png" in html and "emulated" in html
+    proj = result["projections"]
+    assert {p["preset"] for p in proj} == {"llama3-70b"}
+    assert all(p["binding_detail"] for p in proj)
+
+
+def test_model_calibrates_from_measured_results(two_sites, capsys) -> None:
+    _, here = two_sites
+    capsys.readouterr()
+    assert main(["model", "--from", str(here), "--preset", "gpt3-175b", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    cal = out["calibration"][0]
+    assert cal["stream_bandwidth"] > 0 and cal["requests"] > 0 and not cal["emulated"]
+    t = out["targets"][0]
+    assert t["write_seconds"] > 0 and t["binding"]
+    assert "fitted from measured requests" in t["profile"]["figures"]["stream_bandwidth"]["source"]
+
+
+def test_report_of_nothing_is_an_error(tmp_path, capsys) -> None:
+    assert main(["report", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+    assert "nope" in capsys.readouterr().err
