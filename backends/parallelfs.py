@@ -43,6 +43,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -106,8 +107,11 @@ _libc: ctypes.CDLL | None = None
 
 
 def statfs_type(path: str) -> int:
-    """The ``f_type`` magic of the filesystem holding ``path`` (statfs(2) through libc)."""
+    """The ``f_type`` magic of the filesystem holding ``path`` (statfs(2) through libc);
+    0 off Linux (other systems lay ``struct statfs`` out differently)."""
     global _libc
+    if not sys.platform.startswith("linux"):
+        return 0
     if _libc is None:
         _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
     buf = _StatFs()

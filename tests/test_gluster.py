@@ -83,12 +83,15 @@ def test_gluster_positional_and_direct_writes(gluster_root: str) -> None:
 def test_gluster_read_only_mount_error_names_the_path(gluster_volume: GlusterVolume, gluster_root: str, tmp_path: Path) -> None:
     ckptio.save({"x": np.ones(5)}, f"pfs://{gluster_root}", step=1)
     ro = gluster_volume.mount_again(str(tmp_path / "ro"), readonly=True)
-    name = os.path.basename(gluster_root)
-    url = f"file://{ro}/{name}"
-    assert np.array_equal(ckptio.load(url)["x"], np.ones(5))
-    with pytest.raises(errors.SaveFailedError, match=re.escape(f"{ro}/{name}/step-0000000002") + ".*Read-only file system") as info:
-        ckptio.save({"x": np.zeros(5)}, url, step=2)
-    assert isinstance(info.value.__cause__, errors.StoragePermissionError)
+    try:
+        name = os.path.basename(gluster_root)
+        url = f"file://{ro}/{name}"
+        assert np.array_equal(ckptio.load(url)["x"], np.ones(5))
+        with pytest.raises(errors.SaveFailedError, match=re.escape(f"{ro}/{name}/step-0000000002") + ".*Read-only file system") as info:
+            ckptio.save({"x": np.zeros(5)}, url, step=2)
+        assert isinstance(info.value.__cause__, errors.StoragePermissionError)
+    finally:
+        gluster_volume.unmount(ro)
 
 
 # -- 4 ranks at once ---------------------------------------------------------------------------

@@ -61,6 +61,11 @@ class GlusterVolume:
         self.extra_mounts.append(path)
         return path
 
+    def unmount(self, path: str) -> None:
+        """Unmount a mount made by :meth:`mount_again`."""
+        _run(["umount", path])
+        self.extra_mounts.remove(path)
+
 
 def unavailable_reason() -> str | None:
     """Why a volume cannot be started here, or None if it can (as far as can be told)."""
@@ -149,7 +154,7 @@ def stop_volume(vol: GlusterVolume) -> list[str]:
         except GlusterUnavailable as err:
             if "does not exist" not in str(err):
                 problems.append(str(err))
-    if vol.started_glusterd and vol.glusterd_pid:
+    if vol.started_glusterd and vol.glusterd_pid and not _other_volumes(vol.name):
         # glusterd runs hook scripts after a delete that call back into it: let them finish
         deadline = time.monotonic() + 20
         while _hooks_running(vol.name) and time.monotonic() < deadline:
@@ -157,6 +162,18 @@ def stop_volume(vol: GlusterVolume) -> list[str]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(vol.glusterd_pid, signal.SIGTERM)
     return problems
+
+
+def _other_volumes(volume: str) -> list[str]:
+    """Volumes glusterd still serves besides ``volume`` (another test session's, say): while
+    there are any, glusterd keeps running."""
+    try:
+        out = _run(["gluster", "--mode=script", "volume", "list"], timeout=30)
+    except GlusterUnavailable:
+        return []
+    if "No volumes present" in out:
+        return []
+    return [v for v in out.split() if v != volume]
 
 
 def _hooks_running(volume: str) -> bool:
