@@ -1,0 +1,112 @@
+"""AWS-style configuration reaches every S3 backend (environment, config files, explicit
+options), bad options are refused by name, and the one error table classifies what each client
+library raises."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ckptio import errors
+from ckptio.registry import open_store
+from ckptio.testing.moto import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY
+
+pytestmark = pytest.mark.s3
+
+BACKENDS = ["s3+boto3", "s3+fsspec", "s3+arrow", "s3+obstore"]
+
+
+def _clear_aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in (
+        "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE",
+    ):
+        monkeypatch.delenv(k, raising=False)
+
+
+@pytest.mark.parametrize("scheme", BACKENDS)
+def test_profile_in_aws_config_files(
+    scheme: str, s3_bucket: str, moto_server: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _clear_aws_env(monkeypatch)
+    config = tmp_path / "config"
+    config.write_text(f"[profile ckpt]\nregion = us-east-1\nendpoint_url = {moto_server}\n")
+    creds = tmp_path / "credentials"
+    creds.write_text(
+        f"[ckpt]\naws_access_key_id = {TEST_ACCESS_KEY_ID}\naws_secret_access_key = {TEST_SECRET_ACCESS_KEY}\n"
+    )
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_PROFILE", "ckpt")
+    store = open_store(f"{scheme}://{s3_bucket}/cfg")
+    assert store.aws.endpoint_url == moto_server  # type: ignore[attr-defined]
+    store.put("a.bin", b"from the profile")
+    assert store.get("a.bin") == b"from the profile"
+
+
+@pytest.mark.parametrize("scheme", BACKENDS)
+def test_explicit_options_without_environment(
+    scheme: str, s3_bucket: str, moto_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _clear_aws_env(monkeypatch)
+    store = open_store(
+        f"{scheme}://{s3_bucket}/explicit",
+        endpoint_url=moto_server,
+        region="us-east-1",
+        access_key_id=TEST_ACCESS_KEY_ID,
+        secret_access_key=TEST_SECRET_ACCESS_KEY,
+    )
+    store.put("b.bin", b"explicit")
+    assert store.get("b.bin") == b"explicit"
+    assert TEST_SECRET_ACCESS_KEY not in repr(store) and TEST_ACCESS_KEY_ID not in repr(store)
+
+
+@pytest.mark.parametrize("scheme", BACKENDS)
+def test_bad_options_are_named(scheme: str, s3_env: dict[str, str]) -> None:
+    with pytest.raises(errors.InvalidArgumentError, match="part_size"):
+        open_store(f"{scheme}://bucket/x", part_size="1MiB")
+    with pytest.raises(errors.InvalidArgumentError, match="streams"):
+        open_store(f"{scheme}://bucket/x", streams=0)
+    with pytest.raises(errors.InvalidArgumentError, match="valid options"):
+        open_store(f"{scheme}://bucket/x", colour="blue")
+    with pytest.raises(errors.InvalidArgumentError, match="bucket name"):
+        open_store(f"{scheme}://Bad_Bucket/x")
+    with pytest.raises(errors.InvalidArgumentError, match="endpoint_url"):
+        open_store(f"{scheme}://bucket/x", endpoint_url="127.0.0.1:9000")
+
+
+def test_one_error_table_for_every_library() -> None:
+    from botocore.exceptions import ClientError
+    from ckptio.backends._s3common import register_secret, translate_error
+
+    def tr(err: BaseException) -> errors.CkptioError:
+        return translate_error(err, action="write", key="k.bin", where="s3://b")
+
+    slow = ClientError({"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject")
+    assert isinstance(tr(slow), errors.ThrottledError)
+    wrapped = OSError(16, "Please reduce your request rate.")  # how s3fs re-raises it
+    wrapped.__cause__ = slow
+    assert isinstance(tr(wrapped), errors.ThrottledError)
+    arrow = OSError("When uploading part for key 'k' in bucket 'b': AWS Error SLOW_DOWN during UploadPart")
+    assert isinstance(tr(arrow), errors.ThrottledError)
+    obst = Exception("Server returned non-2xx status code: 500: <Error><Code>InternalError</Code></Error>")
+    assert type(tr(obst)) is errors.TransientStorageError
+    assert isinstance(tr(OSError("AWS Error ACCESS_DENIED during PutObject")), errors.StoragePermissionError)
+    assert isinstance(tr(ClientError({"Error": {"Code": "NoSuchKey"}}, "GetObject")), FileNotFoundError)
+    assert isinstance(tr(ClientError({"Error": {"Code": "PreconditionFailed"}}, "PutObject")), FileExistsError)
+    refused = tr(ConnectionRefusedError(111, "Connection refused"))
+    assert type(refused) is errors.StorageError and "endpoint" in str(refused)
+    assert isinstance(tr(ConnectionResetError(104, "Connection reset by peer")), errors.TransientStorageError)
+    assert isinstance(tr(TimeoutError("read timed out")), errors.TransientStorageError)
+    register_secret(TEST_SECRET_ACCESS_KEY)  # what resolving the configuration does
+    msg = str(tr(ClientError({"Error": {"Code": "AccessDenied", "Message": f"key {TEST_SECRET_ACCESS_KEY}"}}, "Put")))
+    assert TEST_SECRET_ACCESS_KEY not in msg and "credentials" in msg
+
+
+def test_scrub_removes_registered_secrets_and_signatures() -> None:
+    from ckptio.backends._s3common import register_secret, scrub
+
+    register_secret("s3cr3t-value-xyz")
+    text = scrub("url?X-Amz-Signature=abcdef&X-Amz-Credential=AKIA/2026 secret s3cr3t-value-xyz")
+    assert "abcdef" not in text and "s3cr3t-value-xyz" not in text and "AKIA/2026" not in text
