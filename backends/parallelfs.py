@@ -268,7 +268,6 @@ class ParallelFSStore(LocalStore):
         self.lfs = lfs
         self._lfs_warned = False
         self.fanout = defaults.fanout if fanout is None else option_bool(fanout, field="fanout")
-
         self.preferred_key_layout = "hashed" if self.fanout else "flat"
         self.positional_alignment = self._alignment()
 
