@@ -542,6 +542,17 @@ class StorageWriter(_dcp_storage.StorageWriter):
     def checkpoint_id(self) -> str:
         return f"{self.store.url.rstrip('/')}/{fmt.step_dir(self.step)}"
 
+    def __getstate__(self) -> dict[str, Any]:
+        # dcp.async_save(async_checkpointer_type=PROCESS) ships the writer to a worker
+        # process: the store (clients, pools, locks) is reopened there from root + options
+        state = self.__dict__.copy()
+        state.pop("store", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.store = open_store(self.root, **self._store_options)
+
     # -- the DCP protocol --------------------------------------------------------------------
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id:
@@ -579,13 +590,16 @@ class StorageWriter(_dcp_storage.StorageWriter):
             data = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
                 raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
-                arr = np.frombuffer(raw, dtype=np.uint8)
+                payload = np.frombuffer(raw, dtype=np.uint8)
                 path = BYTES_PREFIX + fmt.escape(item.index.fqn)
-                locals_.append(_ck._Local(path, arr, arr.shape, (0,), replicated=False))
+                locals_.append(_ck._Local(path, payload, payload.shape, (0,), replicated=False))
                 continue
-            arr = to_numpy(data)
-            assert arr is not None
-            arr = _ck.contiguous_le(arr)
+            host = to_numpy(data)
+            if host is None:
+                raise errors.InvalidArgumentError(
+                    f"{item.index.fqn}: the planner resolved a {type(data).__name__}, not a tensor"
+                )
+            arr = _ck.contiguous_le(host)
             offsets = tuple(int(x) for x in item.index.offset or ())
             td = item.tensor_data
             gshape = tuple(int(x) for x in td.size) if td is not None else arr.shape

@@ -275,3 +275,16 @@ def test_unsupported_dtype_is_refused_with_the_valid_list(tmp_path: Path) -> Non
     with pytest.raises(CheckpointException, match="cannot be checkpointed by ckptio; supported"):
         dcp.save({"c": torch.zeros(2, dtype=torch.float8_e4m3fnuz)}, storage_writer=StorageWriter(str(tmp_path), step=1), no_dist=True)
     assert not (tmp_path / "step-0000000001/manifest.json").exists()
+
+
+def test_writer_survives_being_sent_to_a_worker_process(tmp_path: Path) -> None:
+    """dcp.async_save(async_checkpointer_type=PROCESS) pickles the writer to hand it to its
+    worker (DCP's in-memory transport, not storage): the store is reopened on the other side."""
+    import pickle
+
+    w = pickle.loads(pickle.dumps(StorageWriter(f"file://{tmp_path}", step=2)))
+    state = _state()
+    dcp.save(state, storage_writer=w, no_dist=True)
+    out = _zeros_like(state)
+    dcp.load(out, storage_reader=StorageReader(f"file://{tmp_path}"), no_dist=True)
+    _assert_same(state, out)
