@@ -596,8 +596,11 @@ def _commit(
         store.publish(fmt.manifest_key(step), data, overwrite=False)
     except Exception as err:  # reported to every rank; the data is discarded
         log.debug("commit of step %d failed", step, exc_info=True)
-        if not isinstance(err, errors.AlreadyExistsError):
-            _discard(store, written)
+        if isinstance(err, errors.AlreadyExistsError):
+            # create-if-absent refused: another writer committed this step first; its
+            # checkpoint stands, ours (objects named by our own token) is left for gc
+            return {"ok": False, "error": f"another writer already committed step {step} ({_error_text(err)})"}
+        _discard(store, written)
         return {"ok": False, "error": _error_text(err)}
     return {"ok": True, "nbytes": sum(objects.values())}
 

@@ -301,3 +301,68 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+# -- concurrent writers -------------------------------------------------------------------------
+
+
+def _race_worker(
+    url: str,
+    step: int,
+    writer: int,
+    barrier: Any,
+    conn: Connection,
+    env: Mapping[str, str],
+    at_publish: bool,
+) -> None:
+    """Save ``expected_state(10 * step + writer)`` as ``step``, starting together with the
+    other writers (and, with ``at_publish``, also reaching the commit together)."""
+    os.environ.update(env)
+    from ckptio.checkpoint import Checkpointer
+
+    ck = Checkpointer(url, **SAVE_OPTIONS)
+    if at_publish:
+        publish = ck.store.publish
+
+        def publish_together(key: str, data: bytes, *, overwrite: bool = True) -> None:
+            if key.endswith("manifest.json"):
+                barrier.wait(60)
+            publish(key, data, overwrite=overwrite)
+
+        ck.store.publish = publish_together  # type: ignore[method-assign]
+    state = expected_state(10 * step + writer)
+    barrier.wait(60)
+    try:
+        ck.save(state, step, metadata={"writer": writer})
+    except Exception as err:  # reported to the parent
+        conn.send((type(err).__name__, str(err)))
+    else:
+        conn.send(("ok", ""))
+    ck.close()
+
+
+def race(
+    url: str, step: int, *, writers: int = 2, at_publish: bool = False, env: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """Start ``writers`` processes that save ``step`` under ``url`` at the same moment;
+    return each one's ``(outcome, message)``: ``("ok", "")`` or the error's class and text."""
+    ctx = _context()
+    barrier = ctx.Barrier(writers)
+    procs, conns = [], []
+    for w in range(writers):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(
+            target=_race_worker, args=(url, step, w, barrier, child, dict(env or {}), at_publish), daemon=True
+        )
+        p.start()
+        child.close()
+        procs.append(p)
+        conns.append(parent)
+    out = []
+    for p, conn in zip(procs, conns, strict=True):
+        if not conn.poll(120):
+            p.kill()
+            raise TimeoutError(f"writer {p.pid} of {url} did not finish within 120 s")
+        out.append(conn.recv())
+        p.join(30)
+    return out

@@ -1,0 +1,76 @@
+"""Concurrent writers to the same step: exactly one wins, the other gets a clear error, the
+committed checkpoint is entirely the winner's (never a mix), and gc removes the loser's data.
+
+Two processes (forked from a preloaded forkserver) start saving the same step at the same
+moment. ``at_publish`` rounds also hold both writers until each has written all its data and
+is about to commit, so the create-if-absent commit itself (``O_EXCL``-like ``link`` on POSIX,
+``If-None-Match: *`` on S3) decides; free rounds race from the start.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import ckptio
+from ckptio import checkpoint as ck
+from ckptio.registry import open_store
+from ckptio.testing.crash import expected_state, race, state_mismatch
+
+
+def check_round(url: str, step: int, outcomes: list[tuple[str, str]]) -> int:
+    winners = [w for w, (kind, _) in enumerate(outcomes) if kind == "ok"]
+    assert len(winners) == 1, outcomes
+    (winner,) = winners
+    for w, (kind, message) in enumerate(outcomes):
+        if w != winner:
+            assert kind == "SaveFailedError", outcomes
+            assert "already" in message and f"step {step}" in message, message
+    reader = ckptio.open_checkpoint(url, step)
+    assert reader.metadata == {"writer": winner}
+    assert reader.verify() == []
+    assert state_mismatch(reader.state(), expected_state(10 * step + winner)) is None
+    return winner
+
+
+def run_rounds(url: str, env=None, rounds: int = 3) -> dict:
+    seen = {"free": [], "at_publish": []}
+    step = 1
+    for kind in ("free", "at_publish"):
+        for _ in range(rounds):
+            outcomes = race(url, step, at_publish=(kind == "at_publish"), env=env)
+            check_round(url, step, outcomes)
+            loser = next(m for k, m in outcomes if k != "ok")
+            seen[kind].append("commit" if "nothing committed" in loser else "plan")
+            step += 1
+    # in the at_publish rounds both writers reached the commit: the storage decided
+    assert seen["at_publish"] == ["commit"] * rounds, seen
+    # the losers' data is debris; gc removes it and leaves every committed step intact
+    with open_store(url) as store:
+        before = {s: ck.open_checkpoint(store, s).manifest for s in ck.committed_steps(store)}
+        removed = ck.collect_garbage(store)
+        assert removed, "the losers' data should have been left for gc"
+        assert all("/data/" in k for k in removed)
+        for s, m in before.items():
+            assert ck.open_checkpoint(store, s).manifest == m
+            assert ck.open_checkpoint(store, s).verify() == []
+        assert ck.collect_garbage(store, unfinished=True, dry_run=True) == []
+    return seen
+
+
+def test_two_writers_same_step_file(tmp_path):
+    print(run_rounds(f"file://{tmp_path}/run"))
+
+
+@pytest.mark.s3
+def test_two_writers_same_step_s3(s3_bucket, s3_env):
+    print(run_rounds(f"s3://{s3_bucket}/run", env=s3_env, rounds=2))
+
+
+def test_second_save_of_a_committed_step_is_refused_and_harmless(tmp_path):
+    url = f"file://{tmp_path}/run"
+    ckptio.save(expected_state(1), url, step=1)
+    with pytest.raises(ckptio.errors.SaveFailedError, match="step 1 already has a committed checkpoint"):
+        ckptio.save(expected_state(2), url, step=1)
+    assert state_mismatch(ckptio.load(url, 1), expected_state(1)) is None
+    with open_store(url) as store:
+        assert ck.collect_garbage(store, unfinished=True, dry_run=True) == []
