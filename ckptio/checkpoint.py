@@ -936,6 +936,15 @@ def _wait_at_exit() -> None:
         ck._finish_at_exit()
 
 
+# At interpreter exit, concurrent.futures stops accepting work (its hook runs in
+# threading._shutdown, before atexit); a save still in flight would then fail. Hooks of
+# threading._register_atexit run in reverse order, so this one, registered after
+# concurrent.futures.thread was imported, waits for the save while the pools still work.
+_register_thread_atexit = getattr(threading, "_register_atexit", None)
+if _register_thread_atexit is not None:
+    _register_thread_atexit(_wait_at_exit)
+
+
 class Checkpointer:
     """Saves and loads the checkpoints of one run under ``url``.
 
@@ -1112,7 +1121,8 @@ class Checkpointer:
             log.error("checkpoint save in flight failed while leaving the Checkpointer: %s", err)
 
     def _finish_at_exit(self) -> None:
-        pending = self._pending
+        with self._lock:
+            pending, self._pending = self._pending, None
         if pending is None:
             return
         if not pending.done():

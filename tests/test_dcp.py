@@ -288,3 +288,20 @@ def test_writer_survives_being_sent_to_a_worker_process(tmp_path: Path) -> None:
     out = _zeros_like(state)
     dcp.load(out, storage_reader=StorageReader(f"file://{tmp_path}"), no_dist=True)
     _assert_same(state, out)
+
+
+def test_failed_save_commits_nothing_and_keeps_the_previous_step(memory_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = _state()
+    dcp.save(state, storage_writer=StorageWriter(memory_url, step=1), no_dist=True)
+    writer = StorageWriter(memory_url, step=2)
+
+    def broken(key: str, *, size_hint: int | None = None) -> None:
+        raise errors.NoSpaceError(f"{key}: no space left (injected)")
+
+    monkeypatch.setattr(writer.store, "open_writer", broken)
+    with pytest.raises(CheckpointException, match="no space left"):
+        dcp.save(_state(), storage_writer=writer, no_dist=True)
+    assert ckptio.Checkpointer(memory_url).steps() == [1]
+    out = _zeros_like(state)
+    dcp.load(out, storage_reader=StorageReader(memory_url), no_dist=True)
+    _assert_same(state, out)
