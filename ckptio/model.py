@@ -291,6 +291,8 @@ class PhaseEstimate:
     throttled: bool
     """True if the request rate binds: the service answers part of the requests with a
     throttling error and the client retries (the estimate counts the rate, not the backoff)."""
+    remedy: str = ""
+    """What would move the binding limit, in words."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -385,9 +387,30 @@ def estimate(
         Limit(name, alone[name], contrib.get(name, 0.0), name == binding, details[name])
         for name in LIMITS
     ]
+    # what would fix it: the next limit is what the binding one could be relieved down to
+    next_limit = max([v for k, v in others.items() if k != binding] + [1e-9])
+    if binding == "per-stream bandwidth":
+        need = math.ceil(used * path / max(next_limit, t_meta, 1e-3))  # path ~ 1/streams
+        remedy = (f"more concurrent streams per node: ~{need} (now {used}) until the next "
+                  f"limit, or async save (stall {human_seconds(w.bytes_per_rank / 25e9)})")
+    elif binding == "request latency":
+        remedy = "larger parts (fewer requests per stream) or more concurrent streams"
+    elif binding == "request-rate limit":
+        remedy = ("spread keys over more prefixes (key_layout='hashed'), or larger parts/"
+                  "objects (fewer requests)")
+    elif binding == "node link":
+        remedy = "spread the writing over more nodes (shard the optimizer state), or async save"
+    elif binding == "aggregate bandwidth":
+        remedy = ("async save (the stall becomes the snapshot), or a faster tier to absorb the "
+                  "burst (node-local NVMe, then drain)")
+    elif binding == "metadata":
+        remedy = "fewer, larger objects (object size), or more objects in flight per rank"
+    else:
+        remedy = "more client threads for checksums and copies, or async save"
     return PhaseEstimate(
         phase=phase,
         seconds=total,
+        remedy=remedy,
         gbps=w.total_bytes / total / 1e9 if total > 0 else math.inf,
         binding=binding,
         binding_detail=f"{p.name}: {binding} — {details[binding]}",

@@ -76,6 +76,10 @@ def print_model(result: dict[str, Any], console: Console) -> None:
             f"{t['idle_cost_per_day']:,.0f}" if t["price_per_gpu_hour"] else "-",
         )
     console.print(table)
+    for t in targets:
+        if t.get("write", {}).get("remedy"):
+            console.print(f"{t['target']}: what would fix it: {t['write']['remedy']}",
+                          highlight=False)
     first = targets[0]
     if first.get("async_save"):
         for t in targets:
@@ -188,7 +192,7 @@ def projection_rows(targets: list[dict[str, Any]], requests: list[dict[str, Any]
                     price: float, restart: float) -> list[dict[str, Any]]:
     """Full-scale projections: for each preset and target, time, binding limit in words,
     idle fraction and cost per day."""
-    from ckptio.model import CostModel, estimate, preset_workload
+    from ckptio.model import DEFAULT_SNAPSHOT_BANDWIDTH, CostModel, estimate, preset_workload
 
     rows = []
     for preset, gpus in presets:
@@ -209,7 +213,12 @@ def projection_rows(targets: list[dict[str, Any]], requests: list[dict[str, Any]
                 "preset": preset, "gpus": w.gpus, "writing_ranks": w.writing_ranks,
                 "checkpoint_bytes": w.total_bytes, "target": t["label"], "kind": t["kind"],
                 "profile": how, "write_seconds": e.seconds, "write_gbps": e.gbps,
-                "binding": e.binding, "binding_detail": e.binding_detail, **cost,
+                "binding": e.binding, "binding_detail": e.binding_detail,
+                "remedy": e.remedy, **cost,
+                # async save: GPUs wait only for the device->host snapshot (assumed 25 GB/s
+                # per GPU), if the background write finishes within the interval
+                "async_stall_seconds": w.bytes_per_rank / DEFAULT_SNAPSHOT_BANDWIDTH,
+                "async_fits_interval": e.seconds <= interval,
             })
     return rows
 
@@ -321,6 +330,9 @@ def plot_sweep(targets: list[dict[str, Any]], path: str) -> str | None:
     fig, ax = plt.subplots(figsize=(8, 4.8))
     drawn = False
     kinds = set()
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    all_streams: set[int] = set()
+    n_series = 0
     for t in targets:
         sweep = [r for r in t["rows"] if r.get("kind") == "sweep"]
         for part in sorted({r.get("sweep_part_size") or r.get("part_size") or 0 for r in sweep}):
@@ -332,19 +344,24 @@ def plot_sweep(targets: list[dict[str, Any]], path: str) -> str | None:
             if not pts:
                 continue
             xs = sorted(pts)
-            st = KIND_STYLE[t["kind"]]
-            ax.plot(xs, [_mean(pts[x]) for x in xs], marker="o", color=st["color"],
-                    linestyle="--" if t["kind"] != "measured" else "-",
+            all_streams.update(xs)
+            ax.plot(xs, [_mean(pts[x]) for x in xs], marker="o",
+                    color=colors[n_series % len(colors)],
+                    linestyle={"measured": "-", "emulated": "--", "mock": ":"}[t["kind"]],
                     label=f"{t['label']}, {human_size_short(part)} parts")
+            n_series += 1
             drawn = True
             kinds.add(t["kind"])
     if not drawn:
         plt.close(fig)
         return None
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("streams (concurrent requests per rank)")
+    ax.set_xticks(sorted(all_streams))
+    ax.set_xticklabels([str(x) for x in sorted(all_streams)])
+    ax.set_xlabel("streams (concurrent requests per rank; log scale)")
+    ax.set_title("Throughput against concurrency (sweep)\n(solid: measured, dashed: emulated, "
+                 "dotted: mock — not a performance figure)", fontsize=10)
     ax.set_ylabel("write throughput, GB/s")
-    ax.set_title("Throughput against concurrency (sweep)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -587,14 +604,21 @@ def build_report(
            f"{human_seconds(restart)} (assumption).", ""]
     md.append(_md_table(
         ["workload", "target", "projected with", "write", "binding limit", "idle",
-         "idle GPU-h/day", "optimal interval (Daly)"],
+         "idle GPU-h/day", "optimal interval (Daly)", "stall with async save"],
         [[f"{p['preset']} on {p['gpus']} GPUs", p["target"], p["profile"],
           human_seconds(p["write_seconds"]) if p.get("write_seconds") else "-",
           p["binding_detail"],
           f"{p['idle_fraction']:.2%}" if p.get("write_seconds") else "-",
           f"{p['idle_gpu_hours_per_day']:,.0f}" if p.get("write_seconds") else "-",
-          human_seconds(p["optimum_interval_seconds"]) if p.get("write_seconds") else "-"]
+          human_seconds(p["optimum_interval_seconds"]) if p.get("write_seconds") else "-",
+          (human_seconds(p["async_stall_seconds"]) + ("" if p["async_fits_interval"] else
+                                                      " (write outlasts the interval)"))
+          if p.get("write_seconds") else "-"]
          for p in proj]))
+    md += ["", "Async save: the GPUs wait only for the snapshot to host memory (assumed 25 GB/s "
+           "per GPU); the write goes on in the background.", "", "What would fix it:", ""]
+    md += [f"- {p['target']}: {p['remedy']}" for p in proj if p.get("remedy")]
+    md += [""]
     md += ["", "## Plots", ""]
     for name, path in plots.items():
         if path:
