@@ -468,6 +468,16 @@ def _metadata_from_json(doc: Any) -> Metadata:
     return Metadata(state_dict_metadata=sdm, planner_data=planner_data, storage_meta=storage_meta, version=version)
 
 
+def _reopen(store: Store | None, old_root: str | None, root: str, options: Mapping[str, Any]) -> Store:
+    """The store for ``root``: the current one if the root is unchanged (a ``checkpoint_id``
+    naming another step of the same run), else a new one (the old one is closed)."""
+    if store is not None and old_root == root:
+        return store
+    if store is not None:
+        store.close()
+    return open_store(root, **options)
+
+
 def _done(value: Any) -> Future[Any]:
     fut: Future[Any] = Future()
     fut.set_result(value)
@@ -535,8 +545,8 @@ class StorageWriter(_dcp_storage.StorageWriter):
     def _target(self, url: str, step: int | None) -> None:
         root, self.step = _split_checkpoint_url(str(url), step)
         fmt.step_dir(self.step)  # validates the step
+        self.store: Store = _reopen(getattr(self, "store", None), getattr(self, "root", None), root, self._store_options)
         self.root = root
-        self.store: Store = open_store(root, **self._store_options)
 
     @property
     def checkpoint_id(self) -> str:
@@ -745,9 +755,9 @@ class StorageReader(_dcp_storage.StorageReader):
             root, s = _split_checkpoint_url(url, step)
         except errors.InvalidArgumentError:
             root, s = url, None  # a root: the newest committed step
+        self.store: Store = _reopen(getattr(self, "store", None), getattr(self, "root", None), root, self._store_options)
         self.root = root
         self.step: int | None = s
-        self.store: Store = open_store(root, **self._store_options)
 
     @property
     def checkpoint_id(self) -> str:
