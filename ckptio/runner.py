@@ -20,6 +20,13 @@ One iteration::
              verify every CRC32C, barrier       read time = max over ranks
     pause    (the compute time between checkpoints), next iteration
 
+Phases recorded per rank: ``generate`` (seconds inside the data generator, summed over the
+worker threads), ``write`` (wall time from the start barrier until this rank's last object
+is durable and visible), ``flush`` (seconds spent in fsync requests, summed, from the trace;
+0 where the store is durable on close without fsync), ``commit`` (rank 0: validating and
+publishing the manifest), ``read`` (wall time of this rank's read-back, with how the page
+cache was bypassed) and ``verify`` (seconds computing CRC32C, summed over threads).
+
 Memory per rank is bounded by ``inflight x object_size`` plus the store's own bounded
 buffers: it does not grow with the checkpoint's size.
 
@@ -154,6 +161,8 @@ class RunSummary:
     steps: list[int] = field(default_factory=list)
     """Checkpoint steps written, one per iteration."""
     url: str = ""
+    tables: dict[str, Any] = field(default_factory=dict)
+    """Rank 0: the three tables as columns/rows, before writing (sweeps merge them)."""
 
 
 def _peak_rss() -> int:
@@ -328,6 +337,7 @@ def run_workload(
     if emulate:
         target_url = f"shaped+{url}"
         options["profile"] = emulate
+        options.setdefault("ranks", comm.size)  # the processes share aggregate limits
     emulated = bool(emulate) or split_url(url)[0].startswith("shaped")
     profile = emulate or str(options.get("profile", ""))
     store = open_store(target_url, **options)
@@ -588,7 +598,7 @@ def _run(
     summary.phases = all_phases
     summary.requests = n
     summary.peak_rss_bytes = [int(e["peak_rss"]) for e in everything]
-    summary.tables = {"requests": reqs, "phases": all_phases, "runs": runs}  # type: ignore[attr-defined]
+    summary.tables = {"requests": reqs, "phases": all_phases, "runs": runs}
     if out_dir is not None and write_files:
         side = res.sidecar(
             run_id,
@@ -652,11 +662,12 @@ def _prepare_read(store: Store, step: int, keys: Sequence[str], cache: str) -> s
         raise errors.InvalidArgumentError(f"{store.name}:// cannot read with O_DIRECT; "
                                           f"valid cache modes here: {_valid_modes(store)}")
     if cache in ("auto", "fadvise") and has_fadvise:
-        ok = all(store.drop_cache(prefix + k) for k in keys)  # type: ignore[attr-defined]
-        if ok:
+        done = [store.drop_cache(prefix + k) for k in keys]  # type: ignore[attr-defined]
+        if done and all(done):
             return "fadvise"
-        if cache == "fadvise":
-            return "none"
+        if any(done):
+            return "none"  # only some objects could be dropped: the reads are not all cold
+        has_fadvise = False  # e.g. an emulated store over memory: no page cache to drop
     if cache == "drop_caches":
         os.sync()
         try:
@@ -747,6 +758,9 @@ def _run_rows(plan: Plan, everything: Sequence[dict[str, Any]], reqs: dict[str, 
 # -- sweeps -----------------------------------------------------------------------------------
 
 
+DEFAULT_SWEEP_MEMORY = 2 * 2**30
+"""Bytes of shard objects a rank may hold in flight during a sweep point."""
+
 _PART_OPTION = {"file": "block_size", "pfs": "block_size"}
 """Backends whose request-size option has another name than ``part_size``."""
 
@@ -776,32 +790,40 @@ def sweep(
     scheme = split_url(url)[0].split("+")[-1]
     part_option = _PART_OPTION.get(scheme, "part_size")
     base_options = dict(kwargs.pop("store_options", None) or {})
+    keep = kwargs.pop("keep", "last")
+    max_memory = parse_size(kwargs.pop("max_memory", DEFAULT_SWEEP_MEMORY), field="max_memory")
+    points = [(s, p) for s in streams for p in parts]
     run_id = None
     merged: RunSummary | None = None
     tables: dict[str, Any] = {"requests": [], "phases": [], "runs": []}
-    for s in streams:
-        for p in parts:
-            # enough objects in flight that s streams of p-byte requests can all be busy
-            inflight = max(kwargs.get("inflight", 2), -(-s * p // plan.object_size))
-            opts = {**base_options, "streams": s, part_option: p}
-            summary = run_workload(
-                url, plan, iterations=iterations, comm=comm, out_dir=None,
-                label=label, progress=progress, run_id=run_id, kind="sweep", sweep_streams=s,
-                sweep_part_size=p, store_options=opts,
-                **{**kwargs, "inflight": inflight},
-            )
-            run_id = summary.run_id
-            if comm.rank == 0:
-                t = summary.tables  # type: ignore[attr-defined]
-                tables["requests"].append(t["requests"])
-                tables["phases"].extend(t["phases"])
-                tables["runs"].extend(t["runs"])
-                merged = merged or summary
-                if merged is not summary:
-                    merged.runs.extend(summary.runs)
-                    merged.phases.extend(summary.phases)
-                    merged.requests += summary.requests
-                    merged.peak_rss_bytes = [max(a, b) for a, b in zip(merged.peak_rss_bytes, summary.peak_rss_bytes, strict=True)]
+    for n, (s, p) in enumerate(points):
+        # enough objects in flight that s streams of p-byte requests can all be busy, within
+        # the memory budget (a client needs streams x part size in flight to use them all)
+        want = max(kwargs.get("inflight", 2), -(-s * p // plan.object_size))
+        inflight = max(1, min(want, max_memory // plan.object_size))
+        if inflight < want and comm.rank == 0:
+            log.warning("sweep point streams=%d part_size=%d wants %d objects in flight; "
+                        "capped at %d by max_memory=%d bytes", s, p, want, inflight, max_memory)
+        opts = {**base_options, "streams": s, part_option: p}
+        summary = run_workload(
+            url, plan, iterations=iterations, comm=comm, out_dir=None,
+            label=label, progress=progress, run_id=run_id, kind="sweep", sweep_streams=s,
+            sweep_part_size=p, store_options=opts,
+            keep=keep if n == len(points) - 1 else "none",
+            **{**kwargs, "inflight": inflight},
+        )
+        run_id = summary.run_id
+        if comm.rank == 0:
+            t = summary.tables
+            tables["requests"].append(t["requests"])
+            tables["phases"].extend(t["phases"])
+            tables["runs"].extend(t["runs"])
+            merged = merged or summary
+            if merged is not summary:
+                merged.runs.extend(summary.runs)
+                merged.phases.extend(summary.phases)
+                merged.requests += summary.requests
+                merged.peak_rss_bytes = [max(a, b) for a, b in zip(merged.peak_rss_bytes, summary.peak_rss_bytes, strict=True)]
     assert run_id is not None
     if comm.rank != 0:
         return RunSummary(run_id, comm.rank)
@@ -1003,20 +1025,23 @@ def print_summary(summary: RunSummary, console: Any) -> None:
     tag = " [yellow](emulated: " + first.get("profile", "") + ")[/]" if first.get("emulated") else ""
     tag += " [yellow](mock)[/]" if first.get("mock") else ""
     t = Table(title=f"{summary.run_id}: {first.get('preset', '')} on {first.get('url', '')}{tag}")
-    cols = ["it", "streams", "part", "size", "objects", "write s", "write GB/s", "min rank GB/s",
-            "read s", "read GB/s", "min rank GB/s", "requests", "retries", "gen GB/s"]
+    is_sweep = any(r["kind"] == "sweep" for r in summary.runs)
+    cols = ["it", *(["streams", "part"] if is_sweep else []), "size", "write s", "GB/s",
+            "slowest rank", "read s", "GB/s", "slowest rank", "requests", "retries"]
     for c in cols:
         t.add_column(c, justify="right")
     for r in summary.runs:
-        t.add_row(str(r["iteration"]), str(r["sweep_streams"] or r["streams"] or "-"),
-                  human_bytes(r["sweep_part_size"] or r["part_size"]) if (r["sweep_part_size"] or r["part_size"]) else "-",
-                  human_bytes(r["checkpoint_bytes"]), f"{r['objects']:,}",
-                  f"{r['write_seconds']:.3f}", f"{r['write_gbps']:.3f}", f"{r['min_rank_write_gbps']:.3f}",
-                  f"{r['read_seconds']:.3f}", f"{r['read_gbps']:.3f}", f"{r['min_rank_read_gbps']:.3f}",
-                  f"{r['requests']:,}", str(r["retries"] + r["throttled"]), f"{r['generate_gbps']:.2f}")
+        point = [str(r["sweep_streams"]), human_bytes(r["sweep_part_size"])] if is_sweep else []
+        t.add_row(str(r["iteration"]), *point, human_bytes(r["checkpoint_bytes"]),
+                  f"{r['write_seconds']:.2f}", f"{r['write_gbps']:.3f}",
+                  f"{r['min_rank_write_gbps']:.3f}", f"{r['read_seconds']:.2f}",
+                  f"{r['read_gbps']:.3f}", f"{r['min_rank_read_gbps']:.3f}",
+                  f"{r['requests']:,}", str(r["retries"] + r["throttled"]))
     console.print(t)
     rss = ", ".join(human_bytes(b) for b in summary.peak_rss_bytes)
-    console.print(f"read cache bypass: {summary.cache or 'n/a'}; data: {summary.generator}; "
-                  f"peak RSS per rank: {rss}")
+    gen = ", ".join(f"{r['generate_gbps']:.2f}" for r in summary.runs)
+    console.print(f"GB/s = 1e9 bytes/s; slowest rank: its own bytes over its own time. "
+                  f"Read cache bypass: {summary.cache or 'n/a'}. Data: {summary.generator}, "
+                  f"generated at {gen} GB/s per thread. Peak RSS per rank: {rss}.")
     for p in summary.paths:
         console.print(f"[dim]{p}[/]")

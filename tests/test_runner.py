@@ -159,3 +159,26 @@ def test_run_refuses_bad_options() -> None:
     for kwargs in ({"cache": "sometimes"}, {"keep": "first"}, {"inflight": 0}, {"pause": -1.0}):
         with pytest.raises(errors.InvalidArgumentError):
             run_workload("memory://bad", plan, comm=SingleProcess(), **kwargs)
+
+
+def test_emulated_run_is_marked_emulated(tmp_path: Path) -> None:
+    plan = make_plan("llama3-8b", total_size="2MiB", object_size="1MiB")
+    summary = run_workload("memory://emu", plan, comm=SingleProcess(), emulate="cloud-s3",
+                           out_dir=tmp_path)
+    run = read_results([tmp_path]).runs.to_pylist()[0]
+    assert run["emulated"] is True and run["profile"] == "cloud-s3"
+    assert "cloud-s3" in run["target"]
+    assert summary.cache == "n/a"
+
+
+def test_a_failing_target_commits_nothing_and_says_why(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    plan = make_plan("llama3-8b", total_size="2MiB", object_size="1MiB")
+    with pytest.raises(errors.CkptioError) as info:
+        run_workload(f"file://{blocker}/ckpt", plan, comm=SingleProcess())
+    assert str(blocker) in str(info.value)
+    r = ckptio_cli("run", f"file://{blocker}/ckpt", "--total-size", "2MiB", "--ranks", "2",
+                   "--out", str(tmp_path / "out"))
+    assert r.returncode == 2 and str(blocker) in r.stderr, r.stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.parquet"))
