@@ -305,3 +305,40 @@ def test_failed_save_commits_nothing_and_keeps_the_previous_step(memory_url: str
     out = _zeros_like(state)
     dcp.load(out, storage_reader=StorageReader(memory_url), no_dist=True)
     _assert_same(state, out)
+
+
+AUDIT = textwrap.dedent(
+    """
+    import sys, warnings
+    from fractions import Fraction  # an object only a pickle can carry
+    warnings.filterwarnings("ignore")
+    import torch, torch.distributed.checkpoint as dcp
+    import ckptio.torch
+    from ckptio.torch import StorageReader, StorageWriter
+    root = sys.argv[1]
+    dcp.save({"w": torch.ones(4), "meta": {"ratio": Fraction(1, 3)}}, storage_writer=StorageWriter(root, step=1), no_dist=True)
+    events = []
+    sys.addaudithook(lambda name, args: events.append(name) if name == "pickle.find_class" else None)
+    def count(fn):
+        events.clear(); fn(); return len(events)
+    w = {"w": torch.zeros(4)}
+    print("tensors", count(lambda: dcp.load(w, storage_reader=StorageReader(root, step=1), no_dist=True)))
+    print("ckptio", count(lambda: ckptio.torch.load(root, step=1)))
+    both = {"w": torch.zeros(4), "meta": {"ratio": None}}
+    print("bytes", count(lambda: dcp.load(both, storage_reader=StorageReader(root, step=1), no_dist=True)))
+    assert both["meta"]["ratio"] == Fraction(1, 3) and bool((w["w"] == 1).all())
+    """
+)
+
+
+def test_only_dcp_byte_items_are_ever_unpickled(tmp_path: Path) -> None:
+    """Audit hook on ``pickle.find_class`` in a fresh process: loading tensors through the
+    StorageReader, or the step through ckptio.torch.load, unpickles nothing; only DCP's own
+    byte items (non-tensor values) are unpickled, by DCP's planner, when dcp.load asks."""
+    script = tmp_path / "audit.py"
+    script.write_text(AUDIT)
+    proc = subprocess.run([sys.executable, str(script), f"file://{tmp_path}/ck"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    counts = dict(line.split() for line in proc.stdout.splitlines())
+    assert counts["tensors"] == "0" and counts["ckptio"] == "0"
+    assert int(counts["bytes"]) > 0  # the hook does see DCP's torch.load of the byte items
