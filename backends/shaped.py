@@ -31,6 +31,7 @@ commits. ``read_into`` splits the buffer into ``part_size`` ranged reads run on 
 
 from __future__ import annotations
 
+import builtins
 import math
 import threading
 import time
@@ -298,7 +299,7 @@ class ShapedStore(Store):
                 break
         return total
 
-    def list(self, prefix: str = "") -> list[str]:
+    def list(self, prefix: str = "") -> builtins.list[str]:
         return self._metadata("list", prefix or "-", lambda: self.inner.list(prefix), read=True)
 
     def size(self, key: str) -> int:
@@ -308,7 +309,7 @@ class ShapedStore(Store):
         keys = list(keys)
         self._metadata("delete", keys[0] if keys else "-", lambda: self.inner.delete(keys))
 
-    def list_incomplete(self, prefix: str = "") -> list[str]:
+    def list_incomplete(self, prefix: str = "") -> builtins.list[str]:
         return self.inner.list_incomplete(prefix)
 
     def cleanup_incomplete(self, prefix: str = "", *, older_than: float = 0.0) -> int:

@@ -635,7 +635,7 @@ def evaluate(
     """
     targets: list[dict[str, Any]] = []
     n_gpus = gpus or (workload.gpus if workload else 1)
-    cost_kw = dict(interval=interval, gpus=n_gpus, price_per_gpu_hour=price_per_gpu_hour,
+    cost_kw: dict[str, Any] = dict(interval=interval, gpus=n_gpus, price_per_gpu_hour=price_per_gpu_hour,
                    mtbf=mtbf, restart_seconds=restart_seconds)
     if checkpoint_seconds is None and size is not None and write_bandwidth is not None:
         checkpoint_seconds = size / write_bandwidth
@@ -777,7 +777,7 @@ def calibrate(requests: Any, runs: Any) -> list[Calibration]:
     out: list[Calibration] = []
     for target in sorted({r["target"] for r in run_rows}):
         rows = [r for r in req if r["target"] == target and r["phase"] == "write"
-                and r["outcome"] == "ok" and r["nbytes"] > 0]
+                and r["op"] in ("write", "put") and r["outcome"] == "ok" and r["nbytes"] > 0]
         mine = [r for r in run_rows if r["target"] == target]
         if not rows:
             continue
