@@ -360,6 +360,8 @@ def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from ckptio.compare import DEFAULT_TOTAL_SIZE, compare
     from ckptio.report import comparison_table, projection_table
 
@@ -372,7 +374,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         total_size=args.total_size or (None if args.scale else DEFAULT_TOTAL_SIZE),
         scale=args.scale, object_size=args.object_size, iterations=args.iterations,
         out=args.out, site=args.site, **_projection_options(args),
-        say=(lambda m: err_console.print(m, highlight=False)) if not quiet else (lambda m: None),
+        say=(lambda m: err_console.print(escape(m), highlight=False)) if not quiet
+        else (lambda m: None),
     )
     if args.json:
         print_json(result)

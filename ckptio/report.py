@@ -499,7 +499,7 @@ def comparison_table(summary: list[dict[str, Any]], title: str = "comparison") -
     for col in ("target", "kind", "size", "write", "write GB/s", "read GB/s", "requests",
                 "throttled"):
         table.add_column(col, justify="left" if col in ("target", "kind") else "right",
-                         no_wrap=col in ("target", "write GB/s", "read GB/s"))
+                         no_wrap=col in ("target", "write", "write GB/s", "read GB/s"))
     short = {"measured": "measured", "mock": "mock", "emulated": "emulated"}
     for s in summary:
         table.add_row(
