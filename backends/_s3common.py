@@ -108,6 +108,10 @@ class AwsSettings:
     """Send unsigned requests (public buckets)."""
     addressing_style: str = "path"
     """``path`` (works with MinIO, Ceph RGW, moto) or ``virtual``."""
+    connect_timeout: float = CONNECT_TIMEOUT
+    """Seconds to open a connection."""
+    read_timeout: float = READ_TIMEOUT
+    """Seconds without a byte from the server before a request times out (then retried)."""
 
     @property
     def allow_http(self) -> bool:
@@ -128,6 +132,8 @@ AWS_OPTIONS = (
     "session_token",
     "anonymous",
     "addressing_style",
+    "connect_timeout",
+    "read_timeout",
 )
 
 
@@ -170,7 +176,19 @@ def resolve_aws(options: dict[str, Any]) -> AwsSettings:
         raise errors.InvalidArgumentError(
             f"addressing_style: expected 'path' or 'virtual', got {style!r}"
         )
+    timeouts = {}
+    for name in ("connect_timeout", "read_timeout"):
+        if name in opts:
+            try:
+                timeouts[name] = float(opts[name])
+            except (TypeError, ValueError):
+                raise errors.InvalidArgumentError(
+                    f"{name}: expected seconds, got {opts[name]!r}"
+                ) from None
+            if timeouts[name] <= 0:
+                raise errors.InvalidArgumentError(f"{name}: must be > 0 seconds, got {opts[name]!r}")
     return AwsSettings(
+        **timeouts,
         region=str(region),
         endpoint_url=endpoint,
         access_key_id=key,
@@ -680,8 +698,8 @@ def make_boto3_client(aws: AwsSettings, *, pool_connections: int = 10) -> Any:
 
     config = Config(
         region_name=aws.region,
-        connect_timeout=CONNECT_TIMEOUT,
-        read_timeout=READ_TIMEOUT,
+        connect_timeout=aws.connect_timeout,
+        read_timeout=aws.read_timeout,
         retries={"total_max_attempts": 1, "mode": "standard"},  # ours count every attempt
         max_pool_connections=pool_connections,
         # payload integrity comes from the CRC32C we send; no SHA-256 of every byte over http

@@ -32,7 +32,7 @@ class ArrowStore(c.S3Base):
     module notes), ``streams`` (int, default 8: Arrow I/O threads at least), the AWS
     connection options shared by every S3 backend (``endpoint_url``, ``region``,
     ``profile``, ``access_key_id``, ``secret_access_key``, ``session_token``, ``anonymous``,
-    ``addressing_style``), ``trace``.
+    ``addressing_style``, ``connect_timeout``, ``read_timeout``), ``trace``.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+arrow",)
@@ -56,8 +56,8 @@ class ArrowStore(c.S3Base):
         aws = self.aws
         kw: dict[str, Any] = {
             "region": aws.region,
-            "connect_timeout": c.CONNECT_TIMEOUT,
-            "request_timeout": c.READ_TIMEOUT,
+            "connect_timeout": aws.connect_timeout,
+            "request_timeout": aws.read_timeout,
             "background_writes": True,
             "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=1),
             "force_virtual_addressing": aws.addressing_style == "virtual",

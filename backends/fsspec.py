@@ -37,7 +37,7 @@ class FsspecStore(c.S3Base):
       multipart upload's part size and parts in flight (s3fs);
     - for S3, the AWS connection options of every S3 backend (``endpoint_url``, ``region``,
       ``profile``, ``access_key_id``, ``secret_access_key``, ``session_token``, ``anonymous``,
-      ``addressing_style``), resolved the AWS way (environment, config files);
+      ``addressing_style``, ``connect_timeout``, ``read_timeout``), resolved the AWS way (environment, config files);
     - for other protocols, ``storage_options`` (a dict) goes to ``fsspec.filesystem``;
     - ``trace``.
     """
@@ -222,8 +222,8 @@ def _s3fs(aws: c.AwsSettings, streams: int) -> Any:
         endpoint_url=aws.endpoint_url,
         client_kwargs={"region_name": aws.region},
         config_kwargs={
-            "connect_timeout": c.CONNECT_TIMEOUT,
-            "read_timeout": c.READ_TIMEOUT,
+            "connect_timeout": aws.connect_timeout,
+            "read_timeout": aws.read_timeout,
             "retries": {"total_max_attempts": 1, "mode": "standard"},
             "max_pool_connections": streams + 4,
             "s3": {"addressing_style": aws.addressing_style, "payload_signing_enabled": False},

@@ -30,7 +30,7 @@ class ObstoreStore(c.S3Base):
     URL: ``s3+obstore://bucket/prefix``. Options: ``part_size`` (bytes, default 8 MiB,
     5 MiB..5 GiB), ``streams`` (int, default 8), the AWS connection options shared by every S3
     backend (``endpoint_url``, ``region``, ``profile``, ``access_key_id``,
-    ``secret_access_key``, ``session_token``, ``anonymous``, ``addressing_style``), ``trace``.
+    ``secret_access_key``, ``session_token``, ``anonymous``, ``addressing_style``, ``connect_timeout``, ``read_timeout``), ``trace``.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+obstore",)
@@ -71,8 +71,8 @@ class ObstoreStore(c.S3Base):
             self.bucket,
             config=config,
             client_options={
-                "connect_timeout": datetime.timedelta(seconds=c.CONNECT_TIMEOUT),
-                "timeout": datetime.timedelta(seconds=c.READ_TIMEOUT),
+                "connect_timeout": datetime.timedelta(seconds=aws.connect_timeout),
+                "timeout": datetime.timedelta(seconds=aws.read_timeout),
                 "allow_http": aws.allow_http,
             },
             retry_config={"max_retries": 0, "retry_timeout": datetime.timedelta(seconds=1)},

@@ -77,7 +77,7 @@ class Boto3Store(c.S3Base):
     - ``streams`` (int, default 8): requests in flight for the whole store;
     - ``checksum`` (bool, default True): send CRC32C with every part and PUT;
     - ``endpoint_url``, ``region``, ``profile``, ``access_key_id``, ``secret_access_key``,
-      ``session_token``, ``anonymous``, ``addressing_style`` (``path``/``virtual``): the AWS
+      ``session_token``, ``anonymous``, ``addressing_style`` (``path``/``virtual``), ``connect_timeout`` / ``read_timeout`` (seconds): the AWS
       connection; unset ones come from the environment and AWS config files as the AWS CLI
       does (``AWS_ENDPOINT_URL`` included);
     - ``trace``: a :class:`~ckptio.trace.Trace`.

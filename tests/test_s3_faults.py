@@ -148,3 +148,16 @@ def test_wrong_credentials_are_one_clear_error(
     assert "credentials" in str(info.value)
     assert [e.attempt for e in store.trace.events()] == [1]
     _secrets_absent(str(info.value) + repr(store), s3_env)
+
+
+@pytest.mark.parametrize("scheme", BACKENDS)
+def test_slow_responses_past_the_read_timeout_are_retried(
+    scheme: str, s3_bucket: str, fault_proxy: Any
+) -> None:
+    # the first two requests stall longer than the client waits: timeouts, then retries
+    proxy = fault_proxy(rate=1.0, kinds=("slow",), slow_seconds=2.0, max_faults=2)
+    store = _store(scheme, s3_bucket, proxy.url, read_timeout=0.5)
+    store.put("slow.bin", b"s" * 1000)
+    assert store.get("slow.bin") == b"s" * 1000
+    retried = [e for e in store.trace.events() if e.outcome == "retry"]
+    assert retried and all("TransientStorageError" in e.error for e in retried)

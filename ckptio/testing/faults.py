@@ -100,7 +100,7 @@ class FaultProxy:
         class Handler(_ProxyHandler):
             owner = proxy
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server = _QuietServer(("127.0.0.1", 0), Handler)
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="ckptio-fault-proxy", daemon=True)
@@ -153,6 +153,15 @@ class FaultProxy:
             self._counts["faults"] += 1
             self._counts[kind] += 1
             return kind
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client that gave up (timeout) or an injected drop: expected, not worth a traceback
+        import sys
+
+        if not isinstance(sys.exc_info()[1], OSError):
+            super().handle_error(request, client_address)
 
 
 class _ProxyHandler(BaseHTTPRequestHandler):
