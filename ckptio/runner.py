@@ -104,7 +104,7 @@ class DataGenerator:
     def fill(self, buf: np.ndarray, nbytes: int, ident: str) -> None:
         """Fill ``buf[:nbytes]`` with the stream of ``ident`` (``buf`` has SLACK more bytes)."""
         key = hashlib.blake2b(self.seed + b"/" + ident.encode(), digest_size=32).digest()
-        view = memoryview(buf)
+        view = buf.data
         if self._cipher is not None:
             cipher, algorithms, modes = self._cipher
             enc = cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
@@ -245,8 +245,7 @@ def _synthetic_prepared(plan: Plan, metadata: dict[str, Any]) -> _Prepared:
     an ``optim`` (fp32) tensor, flat, holding that rank's share."""
     tensors: dict[str, _Local] = {}
     tree: dict[str, Any] = {}
-    for r in np.flatnonzero(plan.rank_bytes > 0):
-        r = int(r)
+    for r in np.flatnonzero(plan.rank_bytes > 0).tolist():
         sub: dict[str, Any] = {}
         for comp, elems, dtype in (("model", plan.model_elements[r], "bfloat16"),
                                    ("optim", plan.optim_elements[r], "float32")):
@@ -460,7 +459,7 @@ def _run(
                 except Exception as err:  # reported to every rank through the commit
                     failure = err
                 info.write_done = time.time()
-            written = {"ok": failure is None}
+            written: dict[str, Any] = {"ok": failure is None}
             if failure is None:
                 chunks: dict[str, list[Any]] = {}
                 objects: dict[str, int] = {}
@@ -516,7 +515,7 @@ def _run(
                     key = f"{fmt.step_dir(step)}/{rel}"
                     buf = buffers.take()
                     try:
-                        view = memoryview(buf)[chunk["offset"] : chunk["offset"] + chunk["length"]]
+                        view = buf.data[chunk["offset"] : chunk["offset"] + chunk["length"]]
                         t0 = time.perf_counter()
                         n = store.read_into(key, chunk["offset"], view)
                         t1 = time.perf_counter()
@@ -569,7 +568,7 @@ def _run(
         pool.shutdown(wait=True)
 
     # -- gather to rank 0 and write the tables ----------------------------------------------
-    mine_summary = {
+    mine_summary: dict[str, Any] = {
         "phases": phase_rows,
         "requests": _merge_columns(request_parts),
         "iters": [vars(i) for i in per_iter],

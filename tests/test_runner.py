@@ -182,3 +182,23 @@ def test_a_failing_target_commits_nothing_and_says_why(tmp_path: Path) -> None:
                    "--out", str(tmp_path / "out"))
     assert r.returncode == 2 and str(blocker) in r.stderr, r.stderr
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.parquet"))
+
+
+@pytest.mark.s3
+def test_run_on_mock_s3_records_requests_and_leaks_no_credentials(s3_bucket: str, tmp_path: Path) -> None:
+    from ckptio.testing.moto import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY
+
+    url = f"s3://{s3_bucket}/run1"
+    plan = make_plan("llama3-8b", total_size="12MiB", object_size="1MiB")
+    summary = run_workload(url, plan, comm=SingleProcess(), out_dir=tmp_path, mock=True,
+                           store_options={"part_size": "5MiB"})
+    res = read_results([tmp_path])
+    run = res.runs.to_pylist()[0]
+    assert run["mock"] is True and run["backend"].startswith("s3")
+    assert run["checkpoint_bytes"] == plan.total_bytes and run["errors"] == 0
+    assert res.requests.num_rows == run["requests"] > plan.objects
+    assert summary.cache == "n/a"
+    assert ckptio.verify(url) == []
+    for f in tmp_path.iterdir():
+        blob = f.read_bytes()
+        assert TEST_SECRET_ACCESS_KEY.encode() not in blob and TEST_ACCESS_KEY_ID.encode() not in blob
