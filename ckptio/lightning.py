@@ -48,7 +48,7 @@ from ckptio.dist import SingleProcess
 try:  # pytorch-lightning's plugins subclass lightning_fabric's CheckpointIO
     from lightning_fabric.plugins import CheckpointIO
 except ImportError:  # the unified "lightning" package
-    from lightning.fabric.plugins import CheckpointIO
+    from lightning.fabric.plugins import CheckpointIO  # type: ignore[no-redef]
 
 __all__ = ["CkptioCheckpointIO"]
 
