@@ -76,6 +76,23 @@ def print_model(result: dict[str, Any], console: Console) -> None:
             f"{t['idle_cost_per_day']:,.0f}" if t["price_per_gpu_hour"] else "-",
         )
     console.print(table)
+    projected = [t for t in targets if "write" in t]
+    if projected:
+        from ckptio.model import LIMITS
+
+        att = Table(title="write time by limit: alone / on the critical path (bold: binding)")
+        att.add_column("limit")
+        for t in projected:
+            att.add_column(t["target"], justify="right")
+        for name in LIMITS:
+            cells = []
+            for t in projected:
+                lim = next(x for x in t["write"]["limits"] if x["limit"] == name)
+                cell = (f"{human_seconds(lim['seconds'])} / "
+                        f"{human_seconds(lim['contribution_seconds'])}")
+                cells.append(f"[bold]{cell}[/]" if lim["binding"] else cell)
+            att.add_row(name, *cells)
+        console.print(att)
     for t in targets:
         if t.get("write", {}).get("remedy"):
             console.print(f"{t['target']}: what would fix it: {t['write']['remedy']}",
