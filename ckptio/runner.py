@@ -384,6 +384,9 @@ def _run(
 
     rank = comm.rank
     mine = _assign(plan, comm.size)[rank]
+    _valid_cache(store, cache)  # the same verdict on every rank, before any collective
+    if rank == 0 and out_dir is not None and write_files:
+        res.schema("run")  # load pyarrow now, so the peak RSS measured below includes it
     # rank 0 names the run and picks the first free step; everyone learns both
     first = None
     if rank == 0:
@@ -683,6 +686,15 @@ def _prepare_read(store: Store, step: int, keys: Sequence[str], cache: str) -> s
     return "n/a" if not (has_direct or has_fadvise) else "none"
 
 
+def _valid_cache(store: Store, cache: str) -> None:
+    if cache == "o_direct" and not (store.capabilities.direct_io and hasattr(store, "direct_read")):
+        raise errors.InvalidArgumentError(f"{store.name}:// cannot read with O_DIRECT; "
+                                          f"valid cache modes here: {_valid_modes(store)}")
+    if cache == "fadvise" and not callable(getattr(store, "drop_cache", None)):
+        raise errors.InvalidArgumentError(f"{store.name}:// has no local page cache to advise; "
+                                          f"valid cache modes here: {_valid_modes(store)}")
+
+
 def _valid_modes(store: Store) -> str:
     modes = ["auto", "none"]
     if store.capabilities.direct_io and hasattr(store, "direct_read"):
@@ -697,10 +709,16 @@ def _delete_step(store: Store, comm: Communicator, step: int, my_objects: Sequen
     """Remove one iteration's checkpoint: rank 0 deletes the manifest first, then every rank
     deletes its own objects (which also works for per-process stores such as memory://)."""
     prefix = fmt.step_dir(step) + "/"
-    if comm.rank == 0:
-        store.delete([fmt.manifest_key(step)])
+    try:
+        if comm.rank == 0:
+            store.delete([fmt.manifest_key(step)])
+    except errors.CkptioError as err:  # retention is best effort; a run never hangs on it
+        log.warning("could not delete the manifest of step %d: %s", step, err)
     comm.barrier()
-    store.delete([prefix + k for k in my_objects])
+    try:
+        store.delete([prefix + k for k in my_objects])
+    except errors.CkptioError as err:
+        log.warning("could not delete the objects of step %d: %s (`ckptio gc` removes them)", step, err)
     if hasattr(store, "direct_read"):
         store.direct_read = False  # the next write phase is buffered again
 
