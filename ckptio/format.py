@@ -13,6 +13,7 @@ ever addressed, and no allocation exceeds the validated sizes.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import math
@@ -237,7 +238,20 @@ def _reject_constant(name: str) -> Any:
 
 
 def parse_manifest(data: bytes, *, expect_step: int | None = None) -> Manifest:
-    """Decode and validate a manifest; raise :class:`ManifestError` naming the bad field."""
+    """Decode and validate a manifest; raise :class:`ManifestError` naming the bad field.
+
+    The cyclic garbage collector is paused meanwhile: a manifest is millions of small
+    acyclic objects, and the collections their creation triggers cost ~40% of the time."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _parse_manifest(data, expect_step)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _parse_manifest(data: bytes, expect_step: int | None) -> Manifest:
     if len(data) > MAX_MANIFEST_BYTES:
         raise errors.ManifestError(f"manifest is {len(data)} bytes, more than {MAX_MANIFEST_BYTES}")
     try:
@@ -325,6 +339,21 @@ def _check_byte_ranges(tensors: Mapping[str, TensorEntry]) -> None:
     tensors' total size is then at most the objects' total, which a reader confirms against
     the storage before allocating: a small manifest cannot make a reader allocate terabytes
     by pointing many chunks at the same bytes."""
+    # bulk check first (numpy sort); the exact search below runs only to name a clash
+    codes: dict[str, int] = {}
+    rows = [
+        (codes.setdefault(c.key, len(codes)), c.offset, c.offset + c.length)
+        for t in tensors.values()
+        for c in t.chunks
+        if c.length
+    ]
+    if len(rows) < 2:
+        return
+    table = np.array(rows, dtype=np.int64)
+    order = np.lexsort((table[:, 2], table[:, 1], table[:, 0]))
+    a, b = table[order[:-1]], table[order[1:]]
+    if not ((a[:, 0] == b[:, 0]) & (a[:, 2] > b[:, 1])).any():
+        return
     spans = sorted(
         (c.key, c.offset, c.offset + c.length, path)
         for path, t in tensors.items()
@@ -447,10 +476,30 @@ def _chunks_fast(
     if not ok:
         return None
     chunks = [
-        Chunk(tuple(r[:nd]), tuple(r[nd : 2 * nd]), k, r[-3], r[-2], r[-1])
+        _new_chunk(tuple(r[:nd]), tuple(r[nd : 2 * nd]), k, r[-3], r[-2], r[-1])
         for r, k in zip(rows, keys, strict=True)
     ]
     return chunks, table
+
+
+_CHUNK_SETTERS = tuple(Chunk.__dict__[f].__set__ for f in ("offsets", "shape", "key", "offset", "length", "crc32c"))
+
+
+def _new_chunk(
+    offsets: tuple[int, ...], shape: tuple[int, ...], key: str, offset: int, length: int, crc: int,
+    _new: Any = object.__new__, _s: tuple[Any, ...] = _CHUNK_SETTERS,
+) -> Chunk:
+    """``Chunk(...)`` of validated values, ~3x faster than the frozen dataclass's
+    ``__init__`` (which goes through ``object.__setattr__`` per field): the slot
+    descriptors are called directly. Equal to, and hashes like, ``Chunk(...)``."""
+    c = _new(Chunk)
+    _s[0](c, offsets)
+    _s[1](c, shape)
+    _s[2](c, key)
+    _s[3](c, offset)
+    _s[4](c, length)
+    _s[5](c, crc)
+    return c
 
 
 def _check_no_overlap(

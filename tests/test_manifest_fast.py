@@ -109,3 +109,19 @@ def test_duplicate_json_keys_are_refused():
     data = json.dumps(_doc()).encode().replace(b'"world_size": 1', b'"world_size": 1, "world_size": 2')
     with pytest.raises(errors.ManifestError, match="duplicate key 'world_size'"):
         fmt.parse_manifest(data)
+
+
+def test_chunks_sharing_object_bytes_are_refused():
+    doc = _doc()
+    doc["tensors"]["w1"]["chunks"][0]["offset"] = doc["tensors"]["w0"]["chunks"][0]["offset"] + 8
+    with pytest.raises(errors.ManifestError, match="share bytes"):
+        fmt.parse_manifest(json.dumps(doc).encode())
+
+
+def test_bulk_built_chunks_equal_and_hash_like_constructed_ones():
+    m = fmt.parse_manifest(json.dumps(_doc()).encode())
+    c = m.tensors["w2"].chunks[1]
+    twin = fmt.Chunk(c.offsets, c.shape, c.key, c.offset, c.length, c.crc32c)
+    assert c == twin and hash(c) == hash(twin) and repr(c) == repr(twin)
+    with pytest.raises(AttributeError):
+        c.offset = 0  # still frozen
