@@ -178,6 +178,15 @@ def _mean(values: list[float]) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
+def _finite(x: float) -> float | None:
+    """``None`` for NaN/inf, so JSON output stays valid."""
+    return x if isinstance(x, int | float) and math.isfinite(x) else None
+
+
+def _g(x: float | None, fmt: str = ".3g") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
 def _target_profile(t: dict[str, Any], requests: list[dict[str, Any]]) -> tuple[Profile | None, str]:
     """The profile a target is projected with: its emulated profile, or figures fitted from
     its measured requests; mock targets are not projected."""
@@ -494,10 +503,10 @@ def summary_rows(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "backend": t["backend"], "profile": t["profile"], "preset": r0.get("preset"),
             "scale": r0.get("scale"), "ranks": r0.get("ranks"),
             "checkpoint_bytes": r0.get("checkpoint_bytes"),
-            "write_seconds": _mean([r["write_seconds"] for r in rows]),
-            "write_gbps": _mean([r["write_gbps"] for r in rows]),
-            "read_gbps": _mean([r["read_gbps"] for r in rows]),
-            "min_rank_write_gbps": _mean([r["min_rank_write_gbps"] for r in rows]),
+            "write_seconds": _finite(_mean([r["write_seconds"] for r in rows])),
+            "write_gbps": _finite(_mean([r["write_gbps"] for r in rows])),
+            "read_gbps": _finite(_mean([r["read_gbps"] for r in rows])),
+            "min_rank_write_gbps": _finite(_mean([r["min_rank_write_gbps"] for r in rows])),
             "requests": sum(int(r.get("requests") or 0) for r in rows),
             "retries": sum(int(r.get("retries") or 0) for r in rows),
             "throttled": sum(int(r.get("throttled") or 0) for r in rows),
@@ -521,8 +530,9 @@ def comparison_table(summary: list[dict[str, Any]], title: str = "comparison") -
     for s in summary:
         table.add_row(
             s["target"], short[s["kind"]],
-            human_size(s["checkpoint_bytes"] or 0), human_seconds(s["write_seconds"]),
-            f"{s['write_gbps']:.3g}", f"{s['read_gbps']:.3g}", str(s["requests"]),
+            human_size(s["checkpoint_bytes"] or 0),
+            "-" if s["write_seconds"] is None else human_seconds(s["write_seconds"]),
+            _g(s["write_gbps"]), _g(s["read_gbps"]), str(s["requests"]),
             str(s["throttled"]),
         )
     return table
@@ -612,8 +622,8 @@ def build_report(
         ["target", "kind", "site", "size", "write s", "write GB/s", "read GB/s",
          "min rank write GB/s", "requests", "retries", "throttled"],
         [[s["target"], KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
-          s["site"], human_size(s["checkpoint_bytes"] or 0), f"{s['write_seconds']:.3g}",
-          f"{s['write_gbps']:.3g}", f"{s['read_gbps']:.3g}", f"{s['min_rank_write_gbps']:.3g}",
+          s["site"], human_size(s["checkpoint_bytes"] or 0), _g(s["write_seconds"]),
+          _g(s["write_gbps"]), _g(s["read_gbps"]), _g(s["min_rank_write_gbps"]),
           s["requests"], s["retries"], s["throttled"]] for s in summary]))
     md += ["", "## Full-scale projection (model)", "",
            f"Interval {human_seconds(interval)}; price {price:g} per GPU-hour (assumption); "
@@ -654,8 +664,8 @@ def build_report(
         return f"<table><tr>{head}</tr>{body}</table>"
 
     comp_rows = [[s["target"], KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
-                  s["site"], human_size(s["checkpoint_bytes"] or 0), f"{s['write_gbps']:.3g}",
-                  f"{s['read_gbps']:.3g}", s["requests"], s["throttled"]] for s in summary]
+                  s["site"], human_size(s["checkpoint_bytes"] or 0), _g(s["write_gbps"]),
+                  _g(s["read_gbps"]), s["requests"], s["throttled"]] for s in summary]
     proj_rows = [[f"{p['preset']} on {p['gpus']} GPUs", p["target"],
                   human_seconds(p["write_seconds"]) if p.get("write_seconds") else "-",
                   p["binding_detail"],

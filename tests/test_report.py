@@ -6,6 +6,11 @@ import pytest
 
 from ckptio.cli import main
 
+
+def _no_nan(token: str) -> None:
+    raise AssertionError(f"not valid JSON: {token}")
+
+
 RUN = ["--preset", "llama3-8b", "--total-size", "4MiB", "--object-size", "1MiB"]
 
 
@@ -28,7 +33,7 @@ def test_results_from_two_sites_merge_into_one_report(two_sites, tmp_path, capsy
     out = tmp_path / "merged"
     assert main(["report", str(lab), str(here), "--out", str(out), "--json",
                  "--project", "llama3-70b"]) == 0
-    result = json.loads(capsys.readouterr().out)
+    result = json.loads(capsys.readouterr().out, parse_constant=_no_nan)  # strict JSON
     assert result["sites"] == ["lab", "laptop"]
     by_site = {s["site"]: s for s in result["summary"]}
     assert by_site["lab"]["kind"] == "emulated" and by_site["laptop"]["kind"] == "measured"
