@@ -646,6 +646,25 @@ def build_report(
            "per GPU); the write goes on in the background.", "", "What would fix it:", ""]
     md += [f"- {p['target']}: {p['remedy']}" for p in proj if p.get("remedy")]
     md += [""]
+    used = sorted({t["profile"] for t in targets if t["kind"] == "emulated" and t["profile"]})
+    if used:
+        from ckptio.profiles import load_profile
+
+        md += ["", "## Profiles emulated and projected with", ""]
+        for name in used:
+            try:
+                prof = load_profile(name)
+            except errors.InvalidArgumentError as err:
+                md += [f"- {name}: not known here ({err})"]
+                continue
+            md += [f"### {prof.name}: {prof.title}", ""]
+            md.append(_md_table(["figure", "value", "source"], [
+                [k, _fig(f.value, FIGURES[k]) + (" *" if f.assumption else ""), f.source]
+                for k, f in prof.figures.items()]))
+            md += ["", "\\* an assumption, not a published figure."]
+            md += ["", f"Streams per node {prof.streams} ({prof.sources.get('streams', '')}); "
+                   f"part size {human_size(prof.part_size)}; past the rate limit: "
+                   f"{prof.throttle or 'n/a'}.", ""]
     md += ["", "## Plots", ""]
     for name, path in plots.items():
         if path:
