@@ -1,0 +1,549 @@
+#!/usr/bin/env python
+"""ckptio against its peers on one local disk: the same bytes, the same directory, alternating,
+several rounds; prints medians and the ratios between them and writes JSON + Markdown.
+
+::
+
+    python benchmarks/run.py --size 3GiB --rounds 5 --dir /var/tmp/ckptio-bench
+
+Cases (every write is durable: fsynced before its clock stops):
+
+- ``fio-write`` / ``fio-read``: fio sequential write / read, O_DIRECT, bs 4 MiB, 2 jobs,
+  iodepth 16 (libaio, else io_uring), fio's defaults otherwise (it preallocates files);
+  ``fio-write-nofalloc`` is the same write with ``--fallocate=none`` (new files written as
+  ckptio writes them). fio's own bandwidth figure is used (its start-up is not counted).
+- ``torch-dcp``: ``torch.distributed.checkpoint.save`` with
+  ``FileSystemWriter(thread_count=4, sync_files=True)``.
+- ``safetensors``: ``safetensors.torch.save_file`` + fsync; ``safetensors-load``: cold
+  ``load_file``.
+- ``torch-save``: ``torch.save`` + fsync.
+- ``ckptio-sync``: ``ckptio.save(state, "file://...", step)`` (defaults).
+- ``ckptio-async``: one ``Checkpointer(async_save=True)`` across rounds, as in training:
+  ``blocking`` is what ``save`` held the caller, ``seconds`` until committed.
+- ``ckptio-load``: cold ``ckptio.load`` (page cache dropped first), every CRC32C checked.
+- ``memcpy``: one single-threaded copy of the state into memory already touched: the
+  reference for the async blocking time. ``memcpy-fresh`` copies into new memory.
+- ``manifest-100k``: ``parse_manifest`` (JSON + validation) of a 100,000-chunk manifest.
+
+The state is ``--tensors`` float32 tensors of random (incompressible) bytes, sizes varying
+around their mean, plus a few small ones; torch peers see the same memory
+(``torch.from_numpy``). Peers that are not installed are skipped and listed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import _common as cm
+
+import ckptio
+from ckptio import format as fmt
+from ckptio.cli import human_bytes
+from ckptio.store import parse_size
+
+ROW = 4096
+"""float32 elements per row of the large tensors (a hidden size)."""
+
+
+# -- the state --------------------------------------------------------------------------------
+
+
+def make_state(nbytes: int, tensors: int, seed: int = 0) -> dict[str, Any]:
+    """About ``nbytes`` of float32 tensors (random bits), ``tensors`` large ones of 0.5-1.5x
+    the mean size, plus small biases; a flat dict (what every peer accepts)."""
+    rng = np.random.default_rng(seed)
+    row_bytes = ROW * 4
+    weights = np.linspace(0.5, 1.5, tensors)
+    rng.shuffle(weights)
+    rows = np.maximum(1, (weights / weights.sum() * nbytes / row_bytes).astype(np.int64))
+    state: dict[str, Any] = {}
+    for i, r in enumerate(rows.tolist()):
+        words = rng.integers(0, 2**63, size=r * ROW // 2, dtype=np.uint64)
+        state[f"layers.{i}.weight"] = words.view(np.float32).reshape(r, ROW)
+        state[f"layers.{i}.bias"] = rng.standard_normal(ROW, dtype=np.float32)
+    return state
+
+
+def state_nbytes(state: dict[str, Any]) -> int:
+    return sum(a.nbytes for a in state.values())
+
+
+# -- cases ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Ctx:
+    state: dict[str, Any]
+    nbytes: int
+    directory: str
+    caches: cm.CacheDropper
+    fio_engine: str | None
+    round: int = 0
+    _torch_state: dict[str, Any] | None = None
+    _memcpy_dst: dict[str, np.ndarray] | None = None
+    _checkpointer: Any = None
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    @property
+    def torch_state(self) -> dict[str, Any]:
+        if self._torch_state is None:
+            import torch
+
+            self._torch_state = {k: torch.from_numpy(v) for k, v in self.state.items()}
+        return self._torch_state
+
+
+@dataclass
+class Case:
+    name: str
+    kind: str  # "write", "read", "memory", "cpu"
+    run: Callable[[Ctx], cm.Sample]
+    needs: tuple[str, ...] = ()
+    """Importable modules or executables ("exe:fio") the case needs."""
+    after: str | None = None
+    """A read case runs right after this write case (it reads what that wrote)."""
+    output: str | None = None
+    """What a write case leaves for its read case (removed when that case does not run)."""
+
+
+def _have(need: str) -> bool:
+    if need.startswith("exe:"):
+        return shutil.which(need[4:]) is not None
+    import importlib.util
+
+    return importlib.util.find_spec(need) is not None
+
+
+def _fio(ctx: Ctx, rw: str, *extra: str) -> cm.Sample:
+    assert ctx.fio_engine is not None
+    per_job = max(4 << 20, ctx.nbytes // 2 // (4 << 20) * (4 << 20))
+    cmd = [
+        "fio", "--name=ckptio-bench", f"--directory={ctx.path('fio')}", f"--rw={rw}", "--bs=4M",
+        "--numjobs=2", "--iodepth=16", f"--ioengine={ctx.fio_engine}", "--direct=1",
+        f"--size={per_job}", "--end_fsync=1", "--group_reporting", "--output-format=json", *extra,
+    ]
+    os.makedirs(ctx.path("fio"), exist_ok=True)
+    with cm.timed() as t:
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"fio failed: {out.stderr.strip() or out.stdout.strip()}")
+    job = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]
+    side = "read" if rw == "read" else "write"
+    bw = job[side]["bw_bytes"]
+    moved = job[side]["io_bytes"]
+    return cm.Sample(moved / bw, t["cpu_seconds"], {"bytes": moved, "wall_with_startup": t["seconds"]})
+
+
+def case_fio_write(ctx: Ctx) -> cm.Sample:
+    cm.remove(ctx.path("fio"))
+    return _fio(ctx, "write")
+
+
+def case_fio_write_nofalloc(ctx: Ctx) -> cm.Sample:
+    cm.remove(ctx.path("fio"))
+    return _fio(ctx, "write", "--fallocate=none")
+
+
+def case_fio_read(ctx: Ctx) -> cm.Sample:
+    try:
+        return _fio(ctx, "read")
+    finally:
+        cm.remove(ctx.path("fio"))
+
+
+def case_dcp(ctx: Ctx) -> cm.Sample:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    path = ctx.path("dcp")
+    cm.remove(path)
+    with cm.timed() as t:
+        writer = FileSystemWriter(path, thread_count=4, sync_files=True)
+        dcp.save(ctx.torch_state, storage_writer=writer, no_dist=True)
+        cm.fsync_path(path)
+    written = cm.tree_bytes(path)
+    cm.remove(path)
+    return cm.Sample(t["seconds"], t["cpu_seconds"], {"bytes": written})
+
+
+def case_safetensors(ctx: Ctx) -> cm.Sample:
+    from safetensors.torch import save_file
+
+    path = ctx.path("state.safetensors")
+    cm.remove(path)
+    with cm.timed() as t:
+        save_file(ctx.torch_state, path)
+        cm.fsync_path(path)
+        cm.fsync_path(ctx.directory)
+    return cm.Sample(t["seconds"], t["cpu_seconds"], {"bytes": cm.tree_bytes(path)})
+
+
+def case_safetensors_load(ctx: Ctx) -> cm.Sample:
+    from safetensors.torch import load_file
+
+    path = ctx.path("state.safetensors")
+    try:
+        ctx.caches.drop()
+        with cm.timed() as t:
+            loaded = load_file(path)
+        del loaded
+        return cm.Sample(t["seconds"], t["cpu_seconds"])
+    finally:
+        cm.remove(path)
+
+
+def case_torch_save(ctx: Ctx) -> cm.Sample:
+    import torch
+
+    path = ctx.path("state.pt")
+    cm.remove(path)
+    with cm.timed() as t:
+        with open(path, "wb") as f:
+            torch.save(ctx.torch_state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        cm.fsync_path(ctx.directory)
+    written = cm.tree_bytes(path)
+    cm.remove(path)
+    return cm.Sample(t["seconds"], t["cpu_seconds"], {"bytes": written})
+
+
+def _ckptio_url(ctx: Ctx, name: str) -> str:
+    return "file://" + ctx.path(name)
+
+
+def case_ckptio_sync(ctx: Ctx) -> cm.Sample:
+    cm.remove(ctx.path("ckptio"))
+    with cm.timed() as t:
+        ckptio.save(ctx.state, _ckptio_url(ctx, "ckptio"), step=ctx.round + 1)
+    return cm.Sample(t["seconds"], t["cpu_seconds"], {"bytes": cm.tree_bytes(ctx.path("ckptio"))})
+
+
+def case_ckptio_load(ctx: Ctx) -> cm.Sample:
+    try:
+        ctx.caches.drop()
+        with cm.timed() as t:
+            loaded = ckptio.load(_ckptio_url(ctx, "ckptio"))
+        if ctx.round == 0:  # check the bytes once, outside the clock
+            bad = [k for k, v in ctx.state.items() if not np.array_equal(loaded[k].view(np.uint32), v.view(np.uint32))]
+            if bad:
+                raise RuntimeError(f"ckptio.load returned different bytes for {bad[:3]}")
+        del loaded
+        return cm.Sample(t["seconds"], t["cpu_seconds"])
+    finally:
+        cm.remove(ctx.path("ckptio"))
+
+
+def case_ckptio_async(ctx: Ctx) -> cm.Sample:
+    if ctx._checkpointer is None:
+        ctx._checkpointer = ckptio.Checkpointer(_ckptio_url(ctx, "ckptio-async"), async_save=True)
+    ck = ctx._checkpointer
+    with cm.timed() as t:
+        handle = ck.save(ctx.state, step=ctx.round + 1)
+        handle.wait()
+    blocking = handle.blocking_seconds
+    for step in ck.steps():
+        ckptio.checkpoint.delete_step(ck.store, step)
+    return cm.Sample(t["seconds"], t["cpu_seconds"], {"blocking": blocking})
+
+
+def case_memcpy(ctx: Ctx) -> cm.Sample:
+    if ctx._memcpy_dst is None:
+        ctx._memcpy_dst = {k: np.empty_like(v) for k, v in ctx.state.items()}
+        for k, v in ctx.state.items():
+            np.copyto(ctx._memcpy_dst[k], v)  # touch every page once, outside the clock
+    with cm.timed() as t:
+        for k, v in ctx.state.items():
+            np.copyto(ctx._memcpy_dst[k], v)
+    return cm.Sample(t["seconds"], t["cpu_seconds"])
+
+
+def case_memcpy_fresh(ctx: Ctx) -> cm.Sample:
+    with cm.timed() as t:
+        dst = {k: np.empty_like(v) for k, v in ctx.state.items()}
+        for k, v in ctx.state.items():
+            np.copyto(dst[k], v)
+    del dst
+    return cm.Sample(t["seconds"], t["cpu_seconds"])
+
+
+def manifest_100k() -> bytes:
+    """A manifest of 100,000 chunks: 1,000 tensors of 100 chunks, 100 objects."""
+    per, rows = 100, 64
+    objects = {f"data/rank-{r:05d}-000-0000abcd.bin": 1 << 40 for r in range(per)}
+    tensors = {}
+    for t in range(1000):
+        chunks = tuple(
+            fmt.Chunk((c * rows, 0), (rows, 1024), f"data/rank-{c:05d}-000-0000abcd.bin", t * rows * 4096, rows * 4096, 0x12345678)
+            for c in range(per)
+        )
+        tensors[f"model/layers/{t}/w"] = fmt.TensorEntry("float32", (rows * per, 1024), chunks)
+    tree = {"d": {p: {"t": p} for p in tensors}}
+    return fmt.Manifest(step=1, world_size=per, tensors=tensors, objects=objects, tree=tree).to_json()
+
+
+def case_manifest(ctx: Ctx) -> cm.Sample:
+    data = manifest_100k()
+    with cm.timed() as t:
+        m = fmt.parse_manifest(data, expect_step=1)
+    chunks = sum(len(e.chunks) for e in m.tensors.values())
+    return cm.Sample(t["seconds"], t["cpu_seconds"], {"chunks": chunks, "manifest_bytes": len(data)})
+
+
+CASES: list[Case] = [
+    Case("memcpy", "memory", case_memcpy),
+    Case("memcpy-fresh", "memory", case_memcpy_fresh),
+    Case("fio-write", "write", case_fio_write, ("exe:fio",), output="fio"),
+    Case("fio-read", "read", case_fio_read, ("exe:fio",), after="fio-write"),
+    Case("fio-write-nofalloc", "write", case_fio_write_nofalloc, ("exe:fio",), output="fio"),
+    Case("torch-dcp", "write", case_dcp, ("torch",)),
+    Case("safetensors", "write", case_safetensors, ("torch", "safetensors"), output="state.safetensors"),
+    Case("safetensors-load", "read", case_safetensors_load, ("torch", "safetensors"), after="safetensors"),
+    Case("torch-save", "write", case_torch_save, ("torch",)),
+    Case("ckptio-sync", "write", case_ckptio_sync, output="ckptio"),
+    Case("ckptio-load", "read", case_ckptio_load, after="ckptio-sync"),
+    Case("ckptio-async", "write", case_ckptio_async),
+    Case("manifest-100k", "cpu", case_manifest),
+]
+BY_NAME = {c.name: c for c in CASES}
+
+
+# -- targets ----------------------------------------------------------------------------------
+
+# (label, numerator case, denominator case, what to compare, target); ratio = speed of the
+# first over the second (time of the second / time of the first), unless "time" says the
+# ratio is of times (lower is better)
+TARGETS: list[tuple[str, str, str, str, float]] = [
+    ("durable save vs fio O_DIRECT seq write", "ckptio-sync", "fio-write", "speed", 0.90),
+    ("durable save vs fio write, no preallocation", "ckptio-sync", "fio-write-nofalloc", "speed", 0.90),
+    ("durable save vs torch DCP", "ckptio-sync", "torch-dcp", "speed", 1.5),
+    ("durable save vs safetensors + fsync", "ckptio-sync", "safetensors", "speed", 1.2),
+    ("durable save vs torch.save + fsync", "ckptio-sync", "torch-save", "speed", 3.0),
+    ("cold load vs fio O_DIRECT seq read", "ckptio-load", "fio-read", "speed", 0.90),
+    ("cold load vs safetensors load_file (cold)", "ckptio-load", "safetensors-load", "speed", 1.0),
+    ("async blocking / one memcpy of the state", "ckptio-async:blocking", "memcpy", "time", 1.5),
+    ("async blocking / sync save time", "ckptio-async:blocking", "ckptio-sync", "time", 0.10),
+]
+
+
+# -- running ----------------------------------------------------------------------------------
+
+
+def plan(selected: list[str], rounds: int) -> list[list[str]]:
+    """Per round, the order of cases: write cases rotate (alternation), each read case right
+    after the write that produced its data."""
+    writes = [n for n in selected if BY_NAME[n].after is None and BY_NAME[n].kind == "write"]
+    reads = {BY_NAME[n].after: n for n in selected if BY_NAME[n].after}
+    fixed = [n for n in selected if BY_NAME[n].kind in ("memory", "cpu")]
+    order = []
+    for r in range(rounds):
+        k = r % len(writes) if writes else 0
+        rotated = writes[k:] + writes[:k]
+        seq = list(fixed)
+        for w in rotated:
+            seq.append(w)
+            if w in reads:
+                seq.append(reads[w])
+        order.append(seq)
+    return order
+
+
+def pick_fio_engine() -> str | None:
+    if shutil.which("fio") is None:
+        return None
+    for engine in ("libaio", "io_uring"):
+        out = subprocess.run(["fio", f"--enghelp={engine}"], capture_output=True, text=True, check=False)
+        if out.returncode == 0:
+            return engine
+    return "psync"
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    nbytes_target = parse_size(args.size, field="--size")
+    os.makedirs(args.dir, exist_ok=True)
+    wanted = [c.name for c in CASES]
+    if args.only:
+        wanted = [n for n in args.only.split(",") if n]
+    unknown = [n for n in wanted + (args.skip.split(",") if args.skip else []) if n and n not in BY_NAME]
+    if unknown:
+        raise SystemExit(f"unknown case(s) {unknown}; valid: {', '.join(BY_NAME)}")
+    skipped: dict[str, str] = {}
+    selected = []
+    for name in wanted:
+        case = BY_NAME[name]
+        if args.skip and name in args.skip.split(","):
+            skipped[name] = "--skip"
+            continue
+        missing = [n for n in case.needs if not _have(n)]
+        if missing:
+            skipped[name] = "not installed: " + ", ".join(m.removeprefix("exe:") for m in missing)
+            continue
+        if case.after and case.after not in wanted:
+            skipped[name] = f"needs {case.after}"
+            continue
+        selected.append(name)
+    print(f"building a {human_bytes(nbytes_target)} state ...", file=sys.stderr, flush=True)
+    state = make_state(nbytes_target, args.tensors)
+    caches = cm.CacheDropper(args.dir, allow_global=args.cache_drop == "auto")
+    ctx = Ctx(state, state_nbytes(state), os.path.abspath(args.dir), caches, pick_fio_engine())
+    samples: dict[str, list[cm.Sample]] = {n: [] for n in selected}
+    started = time.perf_counter()
+    if args.warmup and selected:
+        # one untimed ckptio save: thread pools, imports and the first touch of memory are
+        # paid here for every case alike (each peer's first call is warm in the same way)
+        print("warm-up ...", file=sys.stderr, flush=True)
+        ckptio.save(state, "file://" + ctx.path("warmup"), step=0)
+        cm.remove(ctx.path("warmup"))
+    for r, seq in enumerate(plan(selected, args.rounds)):
+        ctx.round = r
+        for name in seq:
+            ctx.caches.drop()
+            gc.collect()
+            case = BY_NAME[name]
+            s = case.run(ctx)
+            samples[name].append(s)
+            if case.output and not any(BY_NAME[n].after == name for n in selected):
+                cm.remove(ctx.path(case.output))
+            shown = f" (blocking {s.extra['blocking']:.3f} s)" if "blocking" in s.extra else ""
+            print(f"round {r + 1}/{args.rounds} {name:20s} {s.seconds:8.3f} s  {cm.gbps(ctx.nbytes, s.seconds):6.2f} GB/s{shown}", file=sys.stderr, flush=True)
+    if ctx._checkpointer is not None:
+        ctx._checkpointer.close()
+    cm.remove(ctx.path("ckptio-async"))
+    return summarize(args, ctx, samples, skipped, time.perf_counter() - started)
+
+
+def _median_of(samples: dict[str, list[cm.Sample]], ref: str) -> float | None:
+    name, _, field = ref.partition(":")
+    if name not in samples or not samples[name]:
+        return None
+    xs = [s.extra[field] if field else s.seconds for s in samples[name]]
+    return cm.median(xs)
+
+
+def summarize(args: argparse.Namespace, ctx: Ctx, samples: dict[str, list[cm.Sample]], skipped: dict[str, str], wall: float) -> dict[str, Any]:
+    rows = []
+    for name, ss in samples.items():
+        case = BY_NAME[name]
+        med = cm.median([s.seconds for s in ss])
+        row: dict[str, Any] = {
+            "case": name,
+            "kind": case.kind,
+            "rounds": len(ss),
+            "median_seconds": med,
+            "min_seconds": min(s.seconds for s in ss),
+            "max_seconds": max(s.seconds for s in ss),
+            "median_cpu_seconds": cm.median([s.cpu_seconds for s in ss]),
+            "seconds": [s.seconds for s in ss],
+        }
+        if case.kind in ("write", "read", "memory"):
+            row["gbps"] = cm.gbps(ctx.nbytes, med)
+        if name == "ckptio-async":
+            bl = [s.extra["blocking"] for s in ss]
+            row["blocking_seconds"] = bl
+            row["median_blocking_seconds"] = cm.median(bl)
+            row["first_blocking_seconds"] = bl[0]
+        if name == "manifest-100k":
+            row["chunks"] = ss[0].extra["chunks"]
+        rows.append(row)
+    targets = []
+    for label, num, den, how, target in TARGETS:
+        a, b = _median_of(samples, num), _median_of(samples, den)
+        if a is None or b is None:
+            continue
+        ratio = b / a if how == "speed" else a / b
+        ok = ratio >= target if how == "speed" else ratio <= target
+        targets.append({"target": label, "of": num, "against": den, "ratio": ratio, "goal": (">=" if how == "speed" else "<=") + f" {target}", "met": ok})
+    if "manifest-100k" in samples:
+        m = _median_of(samples, "manifest-100k")
+        assert m is not None
+        targets.append({"target": "manifest of 100,000 chunks loads", "of": "manifest-100k", "against": "1 s", "ratio": m, "goal": "<= 1.0 s", "met": m <= 1.0})
+    return {
+        "benchmark": "ckptio local peers",
+        "command": " ".join(["python", "benchmarks/run.py", *sys.argv[1:]]),
+        "config": {"size_bytes": ctx.nbytes, "tensors": len(ctx.state), "rounds": args.rounds, "fio_engine": ctx.fio_engine, "cache_drop": ctx.caches.method, "warmup": args.warmup},
+        "machine": cm.machine_info(ctx.directory),
+        "wall_seconds": wall,
+        "cases": rows,
+        "targets": targets,
+        "skipped": skipped,
+        "notes": [
+            "medians over rounds; GB/s = 1e9 bytes/s of the state's bytes",
+            "fio figures are fio's own bandwidth (its start-up excluded); fio-write preallocates its files (fio default), fio-write-nofalloc does not",
+            "ratios: speed ratios (peer time / ckptio time) or time ratios as the goal says, all from this run",
+        ],
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    cfg = result["config"]
+    lines = [
+        f"Run {result['machine']['utc']} on {result['machine']['cpus']} CPUs, "
+        f"{human_bytes(cfg['size_bytes'])} state in {cfg['tensors']} tensors, {cfg['rounds']} rounds, "
+        f"page cache dropped with {cfg['cache_drop']}; `{result['command']}`",
+        "",
+        "| case | median s | GB/s | min-max s | CPU s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in result["cases"]:
+        g = f"{row['gbps']:.2f}" if "gbps" in row else ""
+        name = row["case"]
+        if "median_blocking_seconds" in row:
+            name += f" (blocking {row['median_blocking_seconds']:.3f} s, first save {row['first_blocking_seconds']:.3f} s)"
+        lines.append(f"| {name} | {row['median_seconds']:.3f} | {g} | {row['min_seconds']:.3f}-{row['max_seconds']:.3f} | {row['median_cpu_seconds']:.2f} |")
+    lines += ["", "| target | ratio | goal | met |", "|---|---:|---|---|"]
+    for t in result["targets"]:
+        unit = " s" if t["against"] == "1 s" else "x"
+        lines.append(f"| {t['target']} | {t['ratio']:.2f}{unit} | {t['goal']} | {'yes' if t['met'] else '**no**'} |")
+    if result["skipped"]:
+        lines += ["", "Skipped: " + "; ".join(f"{k} ({v})" for k, v in result["skipped"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", default="3GiB", help="bytes of state (default 3GiB)")
+    p.add_argument("--rounds", type=int, default=5, help="rounds; medians are reported (default 5)")
+    p.add_argument("--tensors", type=int, default=24, help="large tensors in the state (default 24)")
+    p.add_argument("--dir", default="/var/tmp/ckptio-bench", help="scratch directory on the disk under test")
+    p.add_argument("--only", default="", help=f"comma-separated cases; valid: {', '.join(BY_NAME)}")
+    p.add_argument("--skip", default="", help="comma-separated cases to leave out")
+    p.add_argument("--no-warmup", dest="warmup", action="store_false", help="no untimed warm-up save")
+    p.add_argument(
+        "--cache-drop", choices=("auto", "fadvise"), default="auto",
+        help="auto: drop the whole page cache where permitted (root), else fadvise; fadvise: "
+        "only this benchmark's files (posix_fadvise DONTNEED, which the kernel may honour in part)",
+    )
+    p.add_argument("--json", default="benchmarks/results/latest.json", help="write the result document here ('' for none)")
+    p.add_argument("--markdown", default="benchmarks/results/latest.md", help="write the Markdown table here ('' for none)")
+    args = p.parse_args(argv)
+    if args.rounds < 1 or args.tensors < 1:
+        p.error("--rounds and --tensors must be >= 1")
+    result = run(args)
+    md = markdown(result)
+    print(md)
+    for path, text in ((args.json, json.dumps(result, indent=1)), (args.markdown, md)):
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

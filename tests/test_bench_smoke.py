@@ -1,0 +1,40 @@
+"""A tiny run of the peer benchmark (benchmarks/run.py): it runs end to end, checks what it
+loads, and writes its result document. Timings are not asserted; peers that are not installed
+are skipped by the benchmark itself and listed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_benchmark_runs_and_writes_its_tables(tmp_path):
+    out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
+    cases = "memcpy,fio-write,fio-read,ckptio-sync,ckptio-load,ckptio-async"
+    proc = subprocess.run(
+        [
+            sys.executable, os.path.join(ROOT, "benchmarks", "run.py"),
+            "--size", "4MiB", "--tensors", "3", "--rounds", "2", "--only", cases,
+            "--dir", str(tmp_path / "scratch"), "--json", str(out_json), "--markdown", str(out_md),
+            "--cache-drop", "fadvise", "--no-warmup",
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out_json.read_text())
+    ran = {row["case"] for row in doc["cases"]}
+    assert {"memcpy", "ckptio-sync", "ckptio-load", "ckptio-async"} <= ran
+    assert ran | set(doc["skipped"]) == set(cases.split(","))
+    for row in doc["cases"]:
+        assert row["rounds"] == 2 and len(row["seconds"]) == 2 and row["median_seconds"] > 0
+    async_row = next(r for r in doc["cases"] if r["case"] == "ckptio-async")
+    assert 0 < async_row["median_blocking_seconds"] <= async_row["median_seconds"]
+    assert any(t["of"] == "ckptio-async:blocking" for t in doc["targets"])
+    assert doc["config"]["size_bytes"] >= 3 * 2**20 and doc["machine"]["versions"]["ckptio"]
+    md = out_md.read_text()
+    assert "| ckptio-sync |" in md and "| target |" in md
+    assert not os.listdir(tmp_path / "scratch")  # every case cleans up after itself
