@@ -113,8 +113,9 @@ RUN_COLUMNS: tuple[tuple[str, str], ...] = (
 """One iteration of a run. ``write_seconds``: the maximum over ranks from the start barrier
 to the commit (write + durable flush + commit); ``write_gbps = checkpoint_bytes /
 write_seconds / 1e9``; ``min_rank_*_gbps``: the slowest rank's own bytes over its own time
-(MLPerf Storage's metric); ``generate_gbps``: synthetic data generated per second of
-generation work (per generating thread)."""
+(MLPerf Storage's metric); ``generate_gbps``: synthetic data generated per CPU second of
+generation work (throughput per core; compare it with write_gbps / cores to see whether
+generation could limit a run)."""
 
 TABLES = {"requests": REQUEST_COLUMNS, "phases": PHASE_COLUMNS, "run": RUN_COLUMNS}
 

@@ -20,8 +20,8 @@ One iteration::
              verify every CRC32C, barrier       read time = max over ranks
     pause    (the compute time between checkpoints), next iteration
 
-Phases recorded per rank: ``generate`` (seconds inside the data generator, summed over the
-worker threads), ``write`` (wall time from the start barrier until this rank's last object
+Phases recorded per rank: ``generate`` (CPU seconds of the data generator, summed over the
+worker threads: ``bytes / seconds`` is the generation throughput per core), ``write`` (wall time from the start barrier until this rank's last object
 is durable and visible), ``flush`` (seconds spent in fsync requests, summed, from the trace;
 0 where the store is durable on close without fsync), ``commit`` (rank 0: validating and
 publishing the manifest), ``read`` (wall time of this rank's read-back, with how the page
@@ -432,9 +432,9 @@ def _run(
                           info: _Iter = info) -> dict[str, Any]:
                 buf = buffers.take()
                 try:
-                    t0 = time.perf_counter()
+                    t0 = time.thread_time()  # CPU seconds: the cost per core, not the wait
                     gen.fill(buf, spec.nbytes, f"{it}/{spec.rank}/{spec.component}/{spec.index}")
-                    t1 = time.perf_counter()
+                    t1 = time.thread_time()
                     dtype = fmt.DTYPES[spec.dtype]
                     arr = buf[: spec.nbytes].view(dtype)
                     total = (int(plan.model_elements[spec.rank]) if spec.component == "model"
@@ -1059,6 +1059,6 @@ def print_summary(summary: RunSummary, console: Any) -> None:
     gen = ", ".join(f"{r['generate_gbps']:.2f}" for r in summary.runs)
     console.print(f"GB/s = 1e9 bytes/s; slowest rank: its own bytes over its own time. "
                   f"Read cache bypass: {summary.cache or 'n/a'}. Data: {summary.generator}, "
-                  f"generated at {gen} GB/s per thread. Peak RSS per rank: {rss}.")
+                  f"generated at {gen} GB/s per core. Peak RSS per rank: {rss}.")
     for p in summary.paths:
         console.print(f"[dim]{p}[/]")
