@@ -218,3 +218,30 @@ def test_gc_human_output_and_bad_option(tmp_path, capsys):
     assert "removed 0 object(s)" in capsys.readouterr().out
     assert main(["gc", url, "--older-than", "soon"]) == 2
     assert "--older-than" in capsys.readouterr().err
+
+
+def test_retention_removes_debris_of_killed_saves(tmp_path):
+    """What a SIGKILL leaves (a temp file, data of a step without a manifest, a losing
+    attempt's data in a committed step) is gone after the next committed save with
+    keep_last; the kept checkpoints are untouched."""
+    url = f"file://{tmp_path}/run"
+    opts = {"chunk_size": 65536, "max_object_size": 200_000}
+    with ck.Checkpointer(url, keep_last=2, **opts) as c:
+        c.save(expected_state(1), 1)
+        c.save(expected_state(2), 2)
+    with open_store(url) as store:
+        store.put("step-0000000002/data/rank-00000-000-deadbeef.bin", b"x" * 100)  # earlier attempt
+        store.put("step-0000000003/data/rank-00000-000-0badf00d.bin", b"y" * 100)  # killed save
+        w = store.open_writer("step-0000000003/data/rank-00000-001-0badf00d.bin")
+        w.write(b"partial")
+        w._wait()  # a temp file, as a SIGKILL mid-write leaves it
+        assert store.list_incomplete("step-")
+    with ck.Checkpointer(url, keep_last=2, **opts) as c:
+        c.save(expected_state(3), 3)  # the restarted job saves step 3 again (new token)
+    with open_store(url) as store:
+        assert ck.committed_steps(store) == [2, 3]
+        assert store.list_incomplete("step-") == []
+        assert ck.collect_garbage(store, unfinished=True, dry_run=True) == []
+        for step in (2, 3):
+            assert ck.open_checkpoint(store, step).verify() == []
+            assert state_mismatch(ck.load(store, step), expected_state(step)) is None
