@@ -208,7 +208,7 @@ def _assign(plan: Plan, size: int) -> list[np.ndarray]:
 
 
 def _target_label(url: str, emulate: str | None) -> str:
-    scheme, bare, _ = split_url(url)
+    scheme, bare, _ = split_url(res.scrub_url(url))  # never a credential in a label
     tail = bare.split("://", 1)[-1].rstrip("/").rsplit("/", 1)[-1] if "://" in bare else Path(bare).name
     label = scheme if not tail else f"{scheme}-{tail}"
     return f"{label}-{emulate}" if emulate else label

@@ -202,3 +202,12 @@ def test_run_on_mock_s3_records_requests_and_leaks_no_credentials(s3_bucket: str
     for f in tmp_path.iterdir():
         blob = f.read_bytes()
         assert TEST_SECRET_ACCESS_KEY.encode() not in blob and TEST_ACCESS_KEY_ID.encode() not in blob
+
+
+def test_credentials_in_the_url_never_reach_result_files(tmp_path: Path) -> None:
+    plan = make_plan("llama3-8b", total_size="1MiB", object_size="1MiB")
+    summary = run_workload("memory://user:hunter2@space", plan,
+                           comm=SingleProcess(), out_dir=tmp_path, read=False)
+    assert "hunter" not in summary.run_id
+    for f in tmp_path.iterdir():
+        assert b"hunter" not in f.read_bytes(), f
