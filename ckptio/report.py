@@ -228,7 +228,7 @@ def projection_rows(targets: list[dict[str, Any]], requests: list[dict[str, Any]
             prof, how = _target_profile(t, requests)
             if prof is None:
                 rows.append({"preset": preset, "gpus": w.gpus, "target": t["label"],
-                             "kind": t["kind"], "profile": how, "write_seconds": None,
+                             "name": t["name"], "kind": t["kind"], "profile": how, "write_seconds": None,
                              "binding_detail": how})
                 continue
             e = estimate(w, prof)
@@ -237,7 +237,8 @@ def projection_rows(targets: list[dict[str, Any]], requests: list[dict[str, Any]
                              restart_seconds=restart).report()
             rows.append({
                 "preset": preset, "gpus": w.gpus, "writing_ranks": w.writing_ranks,
-                "checkpoint_bytes": w.total_bytes, "target": t["label"], "kind": t["kind"],
+                "checkpoint_bytes": w.total_bytes, "target": t["label"], "name": t["name"],
+                "kind": t["kind"],
                 "profile": how, "write_seconds": e.seconds, "write_gbps": e.gbps,
                 "binding": e.binding, "binding_detail": e.binding_detail,
                 "remedy": e.remedy, **cost,
@@ -520,38 +521,54 @@ def comparison_table(summary: list[dict[str, Any]], title: str = "comparison") -
     """The comparison as a rich table (what ``ckptio compare`` prints)."""
     from ckptio.model import human_size
 
+    sizes = {s["checkpoint_bytes"] for s in summary}
+    if len(sizes) == 1:
+        title = f"{title}: {human_size(sizes.pop() or 0)} checkpoint"
     table = Table(title=title, caption="mock: moto, not a performance figure; emulated: a "
                   "profile imposed by sleeping (plus this machine's real CPU work)")
-    for col in ("target", "kind", "size", "write", "write GB/s", "read GB/s", "requests",
-                "throttled"):
+    cols = ["target", "kind", "write", "write GB/s", "read GB/s", "reqs", "throttled"]
+    if len(sizes) > 1:
+        cols.insert(2, "size")
+    for col in cols:
         table.add_column(col, justify="left" if col in ("target", "kind") else "right",
-                         no_wrap=col in ("target", "write", "write GB/s", "read GB/s"))
-    short = {"measured": "measured", "mock": "mock", "emulated": "emulated"}
+                         no_wrap=True)
     for s in summary:
-        table.add_row(
-            s["target"], short[s["kind"]],
-            human_size(s["checkpoint_bytes"] or 0),
-            "-" if s["write_seconds"] is None else human_seconds(s["write_seconds"]),
-            _g(s["write_gbps"]), _g(s["read_gbps"]), str(s["requests"]),
-            str(s["throttled"]),
-        )
+        cells = {
+            "target": s["target"], "kind": s["kind"],
+            "size": human_size(s["checkpoint_bytes"] or 0),
+            "write": "-" if s["write_seconds"] is None else human_seconds(s["write_seconds"]),
+            "write GB/s": _g(s["write_gbps"]), "read GB/s": _g(s["read_gbps"]),
+            "reqs": str(s["requests"]), "throttled": str(s["throttled"]),
+        }
+        table.add_row(*[cells[c] for c in cols])
     return table
 
 
 def projection_table(proj: list[dict[str, Any]]) -> Table:
-    table = Table(title="full-scale projection (model): why it stalls",
+    """Full-scale projections as a rich table: time, the binding limit in words, idle cost."""
+    workloads = list(dict.fromkeys(f"{p['preset']} on {p['gpus']} GPUs" for p in proj))
+    one = len(workloads) == 1
+    title = "full-scale projection (model): why it stalls"
+    table = Table(title=f"{title} — {workloads[0]}" if one else title,
                   caption="idle: share of each interval the GPUs wait for a blocking save")
-    for col in ("workload", "target", "write", "binding limit", "idle", "idle GPU-h/day"):
-        table.add_column(col, justify="right" if col in ("write", "idle", "idle GPU-h/day")
-                         else "left", no_wrap=col in ("write", "idle"))
+    cols = ([] if one else ["workload"]) + ["target", "write", "binding limit", "idle",
+                                            "GPU-h/day idle"]
+    for col in cols:
+        table.add_column(col, justify="right" if col in ("write", "idle", "GPU-h/day idle")
+                         else "left", no_wrap=col in ("target", "write", "idle"),
+                         ratio=3 if col == "binding limit" else None)
     for p in proj:
-        if not p.get("write_seconds"):
-            table.add_row(f"{p['preset']} / {p['gpus']} GPUs", p["target"], "-",
-                          p["binding_detail"], "-", "-")
-            continue
-        table.add_row(f"{p['preset']} / {p['gpus']} GPUs", p["target"],
-                      human_seconds(p["write_seconds"]), p["binding_detail"],
-                      f"{p['idle_fraction']:.2%}", f"{p['idle_gpu_hours_per_day']:,.0f}")
+        done = bool(p.get("write_seconds"))
+        cells = {
+            "workload": f"{p['preset']} / {p['gpus']} GPUs",
+            "target": f"{p['name']} ({p['kind']})" if p.get("name") else p["target"],
+            "write": human_seconds(p["write_seconds"]) if done else "-",
+            "binding limit": p["binding_detail"].split(": ", 1)[-1] if done
+            else p["binding_detail"],
+            "idle": f"{p['idle_fraction']:.2%}" if done else "-",
+            "GPU-h/day idle": f"{p['idle_gpu_hours_per_day']:,.0f}" if done else "-",
+        }
+        table.add_row(*[cells[c] for c in cols])
     return table
 
 
