@@ -492,6 +492,14 @@ def plot_cost(proj: list[dict[str, Any]], *, price: float, restart: float, path:
 
 # -- the report ------------------------------------------------------------------------------
 
+_CSS = (
+    "body{font-family:sans-serif;max-width:1100px;margin:2em auto}"
+    "table{border-collapse:collapse;margin:1em 0}"
+    "td,th{border:1px solid #ccc;padding:4px 8px;font-size:14px}"
+    "tr.emulated td{background:#fff3e0}tr.mock td{background:#eeeeee;color:#555}"
+    "tr.projected td{background:#e8f5e9}img{max-width:100%;border:1px solid #ddd}"
+)
+
 
 def summary_rows(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per target: its kind and mean figures over its plain runs (not sweeps)."""
@@ -705,15 +713,13 @@ def build_report(
     proj_rows = [[f"{p['preset']} on {p['gpus']} GPUs", p["target"],
                   human_seconds(p["write_seconds"]) if p.get("write_seconds") else "-",
                   p["binding_detail"],
-                  f"{p['idle_gpu_hours_per_day']:,.0f}" if p.get("write_seconds") else "-"]
+                  f"{p['idle_fraction']:.2%}" if p.get("write_seconds") else "-",
+                  f"{p['idle_gpu_hours_per_day']:,.0f}" if p.get("write_seconds") else "-",
+                  p.get("remedy", "")]
                  for p in proj]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>{html.escape(title)}</title><style>body{{font-family:sans-serif;max-width:"
-        "1100px;margin:2em auto}}table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px "
-        "solid #ccc;padding:4px 8px;font-size:14px}}tr.emulated td{{background:#fff3e0}}"
-        "tr.mock td{{background:#eeeeee;color:#555}}tr.projected td{{background:#e8f5e9}}"
-        "img{{max-width:100%;border:1px solid #ddd}}</style></head><body>",
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
         f"<h1>{html.escape(title)}</h1>",
         "<p><b>measured</b>: real storage. <b>emulated</b> (orange rows): the shaped backend "
         "imposing a storage profile by sleeping, not the real service. <b>mock</b> (grey rows):"
@@ -723,7 +729,11 @@ def build_report(
         table_html(["target", "kind", "site", "size", "write GB/s", "read GB/s", "requests",
                     "throttled"], comp_rows, [s["kind"] for s in summary]),
         "<h2>Full-scale projection (model)</h2>",
-        table_html(["workload", "target", "write", "binding limit", "idle GPU-h/day"],
+        f"<p>Interval {human_seconds(interval)}, price {price:g} per GPU-hour (assumption), "
+        f"restart {human_seconds(restart)} (assumption); report.md has every profile figure "
+        "with its source.</p>",
+        table_html(["workload", "target", "write", "binding limit", "idle",
+                    "idle GPU-h/day", "what would fix it"],
                    proj_rows, ["projected"] * len(proj_rows)),
     ]
     for name, path in plots.items():
