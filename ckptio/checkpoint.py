@@ -308,8 +308,11 @@ def _write_rank(
     key_layout: str,
     chunk_size: int,
     max_object_size: int,
+    first_index: int = 0,
 ) -> dict[str, Any]:
-    """Write this rank's tensors into shard objects. Returns the chunk index and objects."""
+    """Write this rank's tensors into shard objects, numbered from ``first_index`` (callers
+    that write a rank's objects in several calls, like the runner, keep the numbers apart).
+    Returns the chunk index and objects."""
     pieces = [p for local in mine for p in _pieces(local, chunk_size)]
     # assign pieces to objects
     objects: list[list[tuple[_Piece, int]]] = [[]]
@@ -324,7 +327,7 @@ def _write_rank(
     object_sizes: dict[str, int] = {}
     prefix = fmt.step_dir(step) + "/"
     pool = cpu_pool()
-    for index, members in enumerate(objects):
+    for index, members in enumerate(objects, start=first_index):
         if not members:
             continue
         key = fmt.shard_key(step, rank, index, key_layout=key_layout).replace(".bin", f"-{token}.bin")

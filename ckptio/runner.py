@@ -441,9 +441,9 @@ def _run(
                              else int(plan.optim_elements[spec.rank]))
                     local = _Local(_tensor_path(spec.rank, spec.component), arr, (total,),
                                    (spec.element_offset,), replicated=False)
-                    out = _write_rank(store, step, spec.rank, f"{token}-{spec.component}{spec.index:05d}",
-                                      [local], key_layout=key_layout, chunk_size=plan.object_size,
-                                      max_object_size=plan.object_size)
+                    out = _write_rank(store, step, spec.rank, token, [local],
+                                      key_layout=key_layout, chunk_size=plan.object_size,
+                                      max_object_size=plan.object_size, first_index=spec.number)
                 finally:
                     buffers.give(buf)
                 with lock:

@@ -294,6 +294,8 @@ class ObjectSpec:
     element_offset: int
     """First element of the component held by this object."""
     nbytes: int
+    number: int = 0
+    """Index of the object among all of the rank's objects (its name in the key)."""
 
 
 @dataclass(frozen=True)
@@ -361,10 +363,12 @@ class Plan:
              int(self.model_bytes[rank]), self.preset.precision.weights),
             ("optim", "float32", int(self.optim_bytes[rank]), 4),
         )
+        number = 0
         for component, dtype, nbytes, itemsize in specs:
             for index, start in enumerate(range(0, nbytes, self.object_size)):
                 n = min(self.object_size, nbytes - start)
-                yield ObjectSpec(rank, component, index, dtype, start // itemsize, n)
+                yield ObjectSpec(rank, component, index, dtype, start // itemsize, n, number)
+                number += 1
 
     def summary(self, part_size: int = DEFAULT_PART_SIZE) -> dict[str, Any]:
         """Totals for people and machines (``ckptio plan --json``). Bytes are bytes."""
