@@ -211,3 +211,15 @@ def test_credentials_in_the_url_never_reach_result_files(tmp_path: Path) -> None
     assert "hunter" not in summary.run_id
     for f in tmp_path.iterdir():
         assert b"hunter" not in f.read_bytes(), f
+
+
+def test_hashed_key_layout_spreads_objects_over_prefixes(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/t"
+    plan = make_plan("llama3-8b", total_size="16MiB", object_size="256KiB")
+    run_workload(url, plan, comm=SingleProcess(), read=False, key_layout="hashed")
+    reader = ckptio.open_checkpoint(url)
+    prefixes = {k.split("/")[1] for k in reader.manifest.objects}
+    assert len(reader.manifest.objects) == plan.objects
+    assert len(prefixes) > plan.writing_ranks  # per object, not per rank
+    assert reader.manifest.layout["key_layout"] == "hashed"
+    assert ckptio.verify(url) == []
