@@ -62,3 +62,16 @@ def test_model_calibrates_from_measured_results(two_sites, capsys) -> None:
 def test_report_of_nothing_is_an_error(tmp_path, capsys) -> None:
     assert main(["report", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_sweep_results_give_the_concurrency_plot(tmp_path, capsys) -> None:
+    sweep_dir = tmp_path / "sweep"
+    assert main(["sweep", "memory://sweep", *RUN, "--emulate", "cloud-s3", "--streams", "1,4",
+                 "--part-size", "512KiB", "--option", "request_latency=5ms",
+                 "--option", "metadata_latency=5ms", "--out", str(sweep_dir)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "r"
+    assert main(["report", str(sweep_dir), "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert str(out / "sweep.png") in result["files"]
+    assert "sweep.png" in (out / "report.md").read_text()
