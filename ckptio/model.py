@@ -691,8 +691,14 @@ def _profiles_from_args(names: list[str] | None, overrides: dict[str, str]) -> l
     return [load_profile(n, overrides) for n in (wanted or available())]
 
 
+#: Objects each rank writes at once in projections: what ckptio's runner does by default
+#: (``--inflight 2``), so a projection and a run of the same plan describe the same client.
+DEFAULT_OBJECT_CONCURRENCY = 2
+
+
 def preset_workload(preset: str, *, gpus: int | None = None, ranks_per_node: int = 8,
-                    prefixes: int = 1) -> Workload:
+                    prefixes: int = 1,
+                    object_concurrency: int = DEFAULT_OBJECT_CONCURRENCY) -> Workload:
     """A full-scale :class:`Workload` for a :mod:`ckptio.workload` preset."""
     from ckptio import workload as wl
 
@@ -700,7 +706,8 @@ def preset_workload(preset: str, *, gpus: int | None = None, ranks_per_node: int
     if gpus:
         kwargs["gpus"] = gpus
     plan = wl.make_plan(preset, **kwargs)
-    return Workload.from_plan(plan, ranks_per_node=ranks_per_node, prefixes=prefixes)
+    return Workload.from_plan(plan, ranks_per_node=ranks_per_node, prefixes=prefixes,
+                              object_concurrency=object_concurrency)
 
 
 def run_model_cli(args: Any) -> dict[str, Any]:
