@@ -145,7 +145,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     else:
         err_console.print(f"[red]DAMAGED[/] step {step}: {len(problems)} problem(s)")
         for p in problems:
-            err_console.print(f"  - {p}")
+            err_console.print(f"  - {escape(p)}", highlight=False)
     return 0 if ok else 1
 
 
@@ -441,8 +441,8 @@ COMMANDS: dict[str, tuple[Callable[..., None], Callable[[argparse.Namespace], in
     "verify": (_add_verify, _cmd_verify),
     "profiles": (_add_profiles, _cmd_profiles),
     "model": (_add_model, _cmd_model),
-    "report": (_add_report, _cmd_report),
     "compare": (_add_compare, _cmd_compare),
+    "report": (_add_report, _cmd_report),
     "gc": (_add_gc, _cmd_gc),
     "plan": (_add_plan, _cmd_plan),
     "run": (_add_run, _cmd_run),
@@ -479,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except errors.CkptioError as err:
-        err_console.print(f"[red]error:[/] {err}", highlight=False)
+        err_console.print(f"[red]error:[/] {escape(str(err))}", highlight=False)
         return 2
     except KeyboardInterrupt:
         err_console.print("interrupted")
