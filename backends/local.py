@@ -51,9 +51,11 @@ DIRECT_MIN = 1 << 20
 """Bytes: with ``direct`` left automatic, objects smaller than this (by their size hint) are
 written through the page cache; O_DIRECT pays off for large sequential writes."""
 
-STAGE_CACHE_BYTES = 128 << 20
+STAGE_CACHE_BYTES = 160 << 20
 """Bytes of free staging blocks kept for reuse across stores and saves in this process
-(fresh memory costs a page fault per 4 KiB on first touch; reused memory does not)."""
+(fresh memory costs a page fault per 4 KiB on first touch; reused memory does not): the
+``streams`` (8) blocks in flight plus one being filled by each of two concurrent writers,
+at the default 16 MiB block size."""
 
 _stage_cache: dict[int, list[mmap.mmap]] = {}
 _stage_cache_lock = threading.Lock()

@@ -296,6 +296,10 @@ def _pieces(local: _Local, chunk_size: int) -> list[_Piece]:
 
 
 _ZEROS = memoryview(bytes(fmt.ALIGNMENT))
+PARALLEL_OBJECTS = 2
+"""Shard objects a rank writes at the same time (when it has enough data)."""
+PARALLEL_OBJECTS_MIN = 256 * 2**20
+"""Bytes: below this a rank writes one object at a time."""
 
 
 def _write_rank(
@@ -309,11 +313,20 @@ def _write_rank(
     chunk_size: int,
     max_object_size: int,
     first_index: int = 0,
+    parallel: int = 1,
 ) -> dict[str, Any]:
     """Write this rank's tensors into shard objects, numbered from ``first_index`` (callers
     that write a rank's objects in several calls, like the runner, keep the numbers apart).
-    Returns the chunk index and objects."""
+    ``parallel``: a rank's data of at least :data:`PARALLEL_OBJECTS_MIN` bytes is spread over
+    about this many objects, written at the same time (a local filesystem serialises direct
+    writes to one file; object stores take more streams). Returns the chunk index and
+    objects."""
     pieces = [p for local in mine for p in _pieces(local, chunk_size)]
+    total_bytes = sum(p.view.nbytes for p in pieces)
+    if parallel > 1 and total_bytes >= PARALLEL_OBJECTS_MIN:
+        # each object then gets at least total/parallel bytes, so there are at most `parallel`
+        largest = max(p.view.nbytes for p in pieces)
+        max_object_size = min(max_object_size, -(-total_bytes // parallel) + fmt.align_up(largest))
     # assign pieces to objects
     objects: list[list[tuple[_Piece, int]]] = [[]]
     sizes = [0]
@@ -327,9 +340,8 @@ def _write_rank(
     object_sizes: dict[str, int] = {}
     prefix = fmt.step_dir(step) + "/"
     pool = cpu_pool()
-    for index, members in enumerate(objects, start=first_index):
-        if not members:
-            continue
+
+    def write_object(index: int, members: list[tuple[_Piece, int]]) -> tuple[str, int, list[int]]:
         key = fmt.shard_key(step, rank, index, key_layout=key_layout).replace(".bin", f"-{token}.bin")
         total = members[-1][1] + members[-1][0].view.nbytes
         crcs: list[Future[int]] = []
@@ -349,13 +361,28 @@ def _write_rank(
             for f in crcs:
                 f.cancel()
             raise
-        rel = key[len(prefix) :]
+        return key[len(prefix) :], total, [crc.result() for crc in crcs]
+
+    todo = [(index, members) for index, members in enumerate(objects, start=first_index) if members]
+    if len(todo) > 1 and parallel > 1:
+        with ThreadPoolExecutor(min(parallel, len(todo)), thread_name_prefix="ckptio-object") as ex:
+            futs = [ex.submit(write_object, index, members) for index, members in todo]
+            first: BaseException | None = None
+            for f in futs:
+                try:
+                    f.result()
+                except BaseException as err:
+                    first = first or err
+            if first is not None:
+                raise first
+            done = [f.result() for f in futs]
+    else:
+        done = [write_object(index, members) for index, members in todo]
+    for (_index, members), (rel, total, crcs) in zip(todo, done, strict=True):
         object_sizes[rel] = total
         for (piece, offset), crc in zip(members, crcs, strict=True):
             chunks.setdefault(piece.path, []).append(
-                fmt.Chunk(
-                    piece.offsets, piece.view.shape, rel, offset, piece.view.nbytes, crc.result()
-                ).as_json()
+                fmt.Chunk(piece.offsets, piece.view.shape, rel, offset, piece.view.nbytes, crc).as_json()
             )
     return {"chunks": chunks, "objects": object_sizes}
 
@@ -491,6 +518,7 @@ def _save_collective(
             written = _write_rank(
                 store, step, comm.rank, plan["token"], mine,
                 key_layout=key_layout, chunk_size=chunk_size, max_object_size=max_object_size,
+                parallel=PARALLEL_OBJECTS,
             )
         else:
             written = _write_rank_shared(

@@ -167,3 +167,19 @@ def test_large_checkpoint_round_trips_through_direct_io(tmp_path):
     box = ckptio.load(url, select={"a": np.s_[123:456, 7:900]})["a"]
     assert np.array_equal(box, state["a"][123:456, 7:900])
     assert os.listdir(tmp_path) == ["step-0000000003"]
+
+
+def test_a_large_rank_is_written_as_parallel_objects(tmp_path, monkeypatch):
+    from ckptio import checkpoint as ck
+
+    monkeypatch.setattr(ck, "PARALLEL_OBJECTS_MIN", MiB)
+    rng = np.random.default_rng(8)
+    state = {f"w{i}": rng.standard_normal((256, 1024)).astype(np.float32) for i in range(4)}  # 4 MiB
+    url = "file://" + str(tmp_path)
+    ckptio.save(state, url, step=1, chunk_size="512KiB")
+    reader = ckptio.open_checkpoint(url)
+    assert len(reader.manifest.objects) == ck.PARALLEL_OBJECTS
+    got = reader.state()
+    for k, v in state.items():
+        assert np.array_equal(got[k], v)
+    assert reader.verify() == []
