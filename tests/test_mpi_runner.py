@@ -22,7 +22,15 @@ RUN = ["-m", "ckptio.cli", "run", "memory://", "--preset", "llama3-8b", "--scale
        "--iterations", "1", "--json"]
 
 
-def _check(out: Path, stdout: str, ranks: int, communicator: str) -> None:
+def _check(out: Path, proc: subprocess.CompletedProcess[str], ranks: int, communicator: str) -> None:
+    try:
+        _check_results(out, proc.stdout, ranks, communicator)
+    except (AssertionError, ValueError) as err:
+        raise AssertionError(f"{err}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n"
+                             f"{proc.stderr[-4000:]}") from err
+
+
+def _check_results(out: Path, stdout: str, ranks: int, communicator: str) -> None:
     doc = json.loads(stdout)  # only rank 0 prints
     assert len(doc["peak_rss_bytes"]) == ranks
     res = read_results([out])
@@ -51,7 +59,7 @@ def test_run_under_mpiexec_two_ranks(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=180, env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    _check(out, proc.stdout, 2, "MPICommunicator")
+    _check(out, proc, 2, "MPICommunicator")
 
 
 @pytest.mark.torch
@@ -66,4 +74,4 @@ def test_run_under_torchrun_two_ranks(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=240, env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    _check(out, proc.stdout, 2, "TorchCommunicator")
+    _check(out, proc, 2, "TorchCommunicator")

@@ -155,11 +155,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60)
 
 
-def test_cli_plan_json_for_every_preset() -> None:
+def test_cli_plan_json_for_every_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    from ckptio.cli import main
+
     for name in PRESETS:
-        r = _cli("plan", "--preset", name, "--json")
-        assert r.returncode == 0, r.stderr
-        doc = json.loads(r.stdout)
+        assert main(["plan", "--preset", name, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
         for key in ("total_bytes", "ranks", "writing_ranks", "bytes_per_rank_max", "objects"):
             assert key in doc
         assert doc["total_bytes"] == make_plan(name).total_bytes
