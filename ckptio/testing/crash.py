@@ -112,6 +112,7 @@ def _worker(
     from ckptio.checkpoint import Checkpointer
 
     progress = open(progress_path, "a", buffering=1)  # noqa: SIM115 - lives until SIGKILL
+    latest = None
     try:
         options = {**SAVE_OPTIONS, **store_options}
         ck = Checkpointer(url, keep_last=keep_last, async_save=(mode == "async"), **options)
@@ -120,7 +121,7 @@ def _worker(
         if latest is not None:
             problem = state_mismatch(ck.load(latest), expected_state(latest, big))
     except Exception as err:  # reported to the parent, which fails the test with it
-        conn.send({"latest": None, "problem": f"{type(err).__name__}: {err}"})
+        conn.send({"latest": latest, "problem": f"{type(err).__name__}: {err}"})
         return
     conn.send({"latest": latest, "problem": problem})
     if problem or conn.recv() != "go":
