@@ -161,6 +161,8 @@ class RunSummary:
     steps: list[int] = field(default_factory=list)
     """Checkpoint steps written, one per iteration."""
     url: str = ""
+    target_path: str | None = None
+    """The local directory of a file-like target (for the sidecar's filesystem type)."""
     tables: dict[str, Any] = field(default_factory=dict)
     """Rank 0: the three tables as columns/rows, before writing (sweeps merge them)."""
 
@@ -579,7 +581,7 @@ def _run(
     }
     everything = comm.gather(mine_summary, root=0)
     summary = RunSummary(run_id, rank, phases=phase_rows, generator=gen.name,
-                         steps=written_steps, url=res.scrub_url(url),
+                         steps=written_steps, url=res.scrub_url(url), target_path=_local_path(store),
                          cache=per_iter[-1].cache if per_iter else "")
     if rank != 0:
         summary.peak_rss_bytes = [mine_summary["peak_rss"]]
@@ -850,7 +852,7 @@ def sweep(
                                            "streams": list(streams), "part_sizes": parts,
                                            "iterations": iterations, "ranks": comm.size,
                                            "kind": "sweep"},
-                           emulated=any(r["emulated"] for r in merged.runs),
+                           target_path=merged.target_path, emulated=any(r["emulated"] for r in merged.runs),
                            profile=merged.runs[0]["profile"], mock=merged.runs[0]["mock"],
                            extra={"peak_rss_bytes": merged.peak_rss_bytes})
         merged.paths = res.write_run(

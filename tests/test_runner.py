@@ -78,6 +78,7 @@ def test_run_on_files_leaves_a_checkpoint_that_verifies(tmp_path: Path) -> None:
     assert ckptio.verify(url) == []
     r = ckptio_cli("verify", url)
     assert r.returncode == 0, r.stderr
+    assert read_results([tmp_path / "out"]).sidecars[0]["machine"]["filesystem"]
     phases = read_results([tmp_path / "out"]).phases.to_pylist()
     assert {p["cache"] for p in phases if p["phase"] == "read"} == {summary.cache}
     # a second run on the same target goes on at the next free step
@@ -119,7 +120,9 @@ def test_sweep_records_one_point_per_streams_and_part_size(tmp_path: Path) -> No
     plan = make_plan("llama3-8b", total_size="8MiB", object_size="1MiB")
     summary = sweep(f"file://{tmp_path}/t", plan, streams=[1, 4], part_sizes=["256KiB", "1MiB"],
                     comm=SingleProcess(), out_dir=tmp_path / "out", read=False)
-    rows = read_results([tmp_path / "out"]).runs.to_pylist()
+    merged = read_results([tmp_path / "out"])
+    rows = merged.runs.to_pylist()
+    assert merged.sidecars[0]["machine"]["filesystem"]  # statfs type of the file:// target
     assert len(rows) == 4 and {r["kind"] for r in rows} == {"sweep"}
     assert {(r["sweep_streams"], r["sweep_part_size"]) for r in rows} == {
         (1, 256 * 1024), (1, 2**20), (4, 256 * 1024), (4, 2**20)}
