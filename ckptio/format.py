@@ -581,7 +581,7 @@ def _check_tree(node: Any, tensors: Mapping[str, TensorEntry], field: str, depth
     elif kind == "t":
         _want(isinstance(val, str) and val in tensors, field, f"tensor {val!r:.80} is not in tensors")
     elif kind == "s":
-        _want(isinstance(val, list) and len(val) == 2 and val[0] in DTYPES and isinstance(val[1], str), field, "bad scalar")
+        _want(isinstance(val, list) and len(val) == 2 and isinstance(val[0], str) and val[0] in DTYPES and isinstance(val[1], str), field, "bad scalar")
         try:
             raw = bytes.fromhex(val[1])
         except ValueError:

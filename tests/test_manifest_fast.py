@@ -125,3 +125,10 @@ def test_bulk_built_chunks_equal_and_hash_like_constructed_ones():
     assert c == twin and hash(c) == hash(twin) and repr(c) == repr(twin)
     with pytest.raises(AttributeError):
         c.offset = 0  # still frozen
+
+
+def test_a_scalar_node_with_a_non_string_dtype_is_a_manifest_error():
+    doc = _doc()
+    doc["tree"]["d"]["x"] = {"s": [[], "05"]}
+    with pytest.raises(errors.ManifestError, match="bad scalar"):
+        fmt.parse_manifest(json.dumps(doc).encode())
