@@ -1160,6 +1160,13 @@ class Checkpointer:
             log.warning("interpreter exiting: waiting for the checkpoint save of step %d", pending.step)
         try:
             pending.wait()
+        except KeyboardInterrupt:
+            msg = (
+                f"ckptio: interrupted while waiting for the background save of step {pending.step}; "
+                f"it may not be committed (check with `ckptio ls {self.store.url}`)"
+            )
+            log.error(msg)
+            print(msg, file=__import__("sys").stderr, flush=True)
         except BaseException as err:
             msg = f"ckptio: the background save of step {pending.step} FAILED and was not committed: {err}"
             log.error(msg)
