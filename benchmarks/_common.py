@@ -132,12 +132,14 @@ class Sample:
     """Wall seconds of the timed part."""
     cpu_seconds: float
     """User + system CPU seconds of this process and its children during the timed part."""
+    sys_seconds: float = 0.0
+    """The system (kernel) part of ``cpu_seconds``: page faults, copies into the page cache."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
 def timed() -> Iterator[dict[str, float]]:
-    """Yields a dict that gets ``seconds`` (wall) and ``cpu_seconds`` on exit."""
+    """Yields a dict that gets ``seconds`` (wall), ``cpu_seconds`` and ``sys_seconds`` on exit."""
     out: dict[str, float] = {}
     t0, c0 = time.perf_counter(), os.times()
     try:
@@ -148,6 +150,7 @@ def timed() -> Iterator[dict[str, float]]:
         out["cpu_seconds"] = (c1.user - c0.user) + (c1.system - c0.system) + (
             c1.children_user - c0.children_user
         ) + (c1.children_system - c0.children_system)
+        out["sys_seconds"] = (c1.system - c0.system) + (c1.children_system - c0.children_system)
 
 
 def median(xs: list[float]) -> float:

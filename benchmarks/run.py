@@ -94,7 +94,6 @@ class Ctx:
     fio_engine: str | None
     round: int = 0
     _torch_state: dict[str, Any] | None = None
-    _memcpy_dst: dict[str, np.ndarray] | None = None
     _checkpointer: Any = None
 
     def path(self, name: str) -> str:
@@ -147,7 +146,7 @@ def _fio(ctx: Ctx, rw: str, *extra: str) -> cm.Sample:
     side = "read" if rw == "read" else "write"
     bw = job[side]["bw_bytes"]
     moved = job[side]["io_bytes"]
-    return cm.Sample(moved / bw, t["cpu_seconds"], {"bytes": moved, "wall_with_startup": t["seconds"]})
+    return cm.Sample(moved / bw, t["cpu_seconds"], t["sys_seconds"], {"bytes": moved, "wall_with_startup": t["seconds"]})
 
 
 def case_fio_write(ctx: Ctx) -> cm.Sample:
@@ -179,7 +178,7 @@ def case_dcp(ctx: Ctx) -> cm.Sample:
         cm.fsync_path(path)
     written = cm.tree_bytes(path)
     cm.remove(path)
-    return cm.Sample(t["seconds"], t["cpu_seconds"], {"bytes": written})
+    return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {"bytes": written})
 
 
 def case_safetensors(ctx: Ctx) -> cm.Sample:
@@ -191,7 +190,7 @@ def case_safetensors(ctx: Ctx) -> cm.Sample:
         save_file(ctx.torch_state, path)
         cm.fsync_path(path)
         cm.fsync_path(ctx.directory)
-    return cm.Sample(t["seconds"], t["cpu_seconds"], {"bytes": cm.tree_bytes(path)})
+    return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {"bytes": cm.tree_bytes(path)})
 
 
 def case_safetensors_load(ctx: Ctx) -> cm.Sample:
@@ -203,7 +202,7 @@ def case_safetensors_load(ctx: Ctx) -> cm.Sample:
         with cm.timed() as t:
             loaded = load_file(path)
         del loaded
-        return cm.Sample(t["seconds"], t["cpu_seconds"])
+        return cm.Sample(t["seconds"], t["cpu_seconds"], sys_seconds=t["sys_seconds"])
     finally:
         cm.remove(path)
 
@@ -221,7 +220,7 @@ def case_torch_save(ctx: Ctx) -> cm.Sample:
         cm.fsync_path(ctx.directory)
     written = cm.tree_bytes(path)
     cm.remove(path)
-    return cm.Sample(t["seconds"], t["cpu_seconds"], {"bytes": written})
+    return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {"bytes": written})
 
 
 def _ckptio_url(ctx: Ctx, name: str) -> str:
@@ -232,7 +231,7 @@ def case_ckptio_sync(ctx: Ctx) -> cm.Sample:
     cm.remove(ctx.path("ckptio"))
     with cm.timed() as t:
         ckptio.save(ctx.state, _ckptio_url(ctx, "ckptio"), step=ctx.round + 1)
-    return cm.Sample(t["seconds"], t["cpu_seconds"], {"bytes": cm.tree_bytes(ctx.path("ckptio"))})
+    return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {"bytes": cm.tree_bytes(ctx.path("ckptio"))})
 
 
 def case_ckptio_load(ctx: Ctx) -> cm.Sample:
@@ -245,7 +244,7 @@ def case_ckptio_load(ctx: Ctx) -> cm.Sample:
             if bad:
                 raise RuntimeError(f"ckptio.load returned different bytes for {bad[:3]}")
         del loaded
-        return cm.Sample(t["seconds"], t["cpu_seconds"])
+        return cm.Sample(t["seconds"], t["cpu_seconds"], sys_seconds=t["sys_seconds"])
     finally:
         cm.remove(ctx.path("ckptio"))
 
@@ -260,18 +259,18 @@ def case_ckptio_async(ctx: Ctx) -> cm.Sample:
     blocking = handle.blocking_seconds
     for step in ck.steps():
         ckptio.checkpoint.delete_step(ck.store, step)
-    return cm.Sample(t["seconds"], t["cpu_seconds"], {"blocking": blocking})
+    return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {"blocking": blocking})
 
 
 def case_memcpy(ctx: Ctx) -> cm.Sample:
-    if ctx._memcpy_dst is None:
-        ctx._memcpy_dst = {k: np.empty_like(v) for k, v in ctx.state.items()}
-        for k, v in ctx.state.items():
-            np.copyto(ctx._memcpy_dst[k], v)  # touch every page once, outside the clock
+    dst = {k: np.empty_like(v) for k, v in ctx.state.items()}
+    for k, v in ctx.state.items():
+        np.copyto(dst[k], v)  # touch every page once, outside the clock
     with cm.timed() as t:
         for k, v in ctx.state.items():
-            np.copyto(ctx._memcpy_dst[k], v)
-    return cm.Sample(t["seconds"], t["cpu_seconds"])
+            np.copyto(dst[k], v)
+    del dst  # not kept: the peers' memory needs stay as they would be alone
+    return cm.Sample(t["seconds"], t["cpu_seconds"], sys_seconds=t["sys_seconds"])
 
 
 def case_memcpy_fresh(ctx: Ctx) -> cm.Sample:
@@ -280,7 +279,7 @@ def case_memcpy_fresh(ctx: Ctx) -> cm.Sample:
         for k, v in ctx.state.items():
             np.copyto(dst[k], v)
     del dst
-    return cm.Sample(t["seconds"], t["cpu_seconds"])
+    return cm.Sample(t["seconds"], t["cpu_seconds"], sys_seconds=t["sys_seconds"])
 
 
 def manifest_100k() -> bytes:
@@ -303,7 +302,7 @@ def case_manifest(ctx: Ctx) -> cm.Sample:
     with cm.timed() as t:
         m = fmt.parse_manifest(data, expect_step=1)
     chunks = sum(len(e.chunks) for e in m.tensors.values())
-    return cm.Sample(t["seconds"], t["cpu_seconds"], {"chunks": chunks, "manifest_bytes": len(data)})
+    return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {"chunks": chunks, "manifest_bytes": len(data)})
 
 
 CASES: list[Case] = [
@@ -449,6 +448,7 @@ def summarize(args: argparse.Namespace, ctx: Ctx, samples: dict[str, list[cm.Sam
             "min_seconds": min(s.seconds for s in ss),
             "max_seconds": max(s.seconds for s in ss),
             "median_cpu_seconds": cm.median([s.cpu_seconds for s in ss]),
+            "median_sys_seconds": cm.median([s.sys_seconds for s in ss]),
             "seconds": [s.seconds for s in ss],
         }
         if case.kind in ("write", "read", "memory"):
@@ -497,7 +497,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{human_bytes(cfg['size_bytes'])} state in {cfg['tensors']} tensors, {cfg['rounds']} rounds, "
         f"page cache dropped with {cfg['cache_drop']}; `{result['command']}`",
         "",
-        "| case | median s | GB/s | min-max s | CPU s |",
+        "| case | median s | GB/s | min-max s | CPU s (sys) |",
         "|---|---:|---:|---:|---:|",
     ]
     for row in result["cases"]:
@@ -505,7 +505,7 @@ def markdown(result: dict[str, Any]) -> str:
         name = row["case"]
         if "median_blocking_seconds" in row:
             name += f" (blocking {row['median_blocking_seconds']:.3f} s, first save {row['first_blocking_seconds']:.3f} s)"
-        lines.append(f"| {name} | {row['median_seconds']:.3f} | {g} | {row['min_seconds']:.3f}-{row['max_seconds']:.3f} | {row['median_cpu_seconds']:.2f} |")
+        lines.append(f"| {name} | {row['median_seconds']:.3f} | {g} | {row['min_seconds']:.3f}-{row['max_seconds']:.3f} | {row['median_cpu_seconds']:.2f} ({row['median_sys_seconds']:.2f}) |")
     lines += ["", "| target | ratio | goal | met |", "|---|---:|---|---|"]
     for t in result["targets"]:
         unit = " s" if t["against"] == "1 s" else "x"
