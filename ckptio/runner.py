@@ -229,6 +229,7 @@ class _Iter:
     write_done: float = 0.0
     write_end: float = 0.0
     read_start: float = 0.0
+    read_done: float = 0.0
     read_end: float = 0.0
     bytes: int = 0
     gen_seconds: float = 0.0
@@ -551,7 +552,7 @@ def _run(
                     except Exception as err:
                         rfail, nread = err, 0
                     info.read_start = rphase.start
-                    rdone = time.time()
+                    rdone = info.read_done = time.time()
                 oks = comm.gather({"ok": rfail is None,
                                    "error": f"{type(rfail).__name__}: {rfail}" if rfail else ""}, root=0)
                 report = comm.bcast([o["error"] for o in oks if not o["ok"]] if oks else None, root=0)
@@ -749,7 +750,7 @@ def _run_rows(plan: Plan, everything: Sequence[dict[str, Any]], reqs: dict[str, 
         read_s = max((i["read_end"] - i["read_start"] for i in iters if i["read_end"]), default=0.0)
         writers = [i for i in iters if i["bytes"] > 0]
         min_w = min((_gbps(i["bytes"], i["write_done"] - i["write_start"]) for i in writers), default=0.0)
-        min_r = min((_gbps(i["bytes"], i["read_end"] - i["read_start"]) for i in writers
+        min_r = min((_gbps(i["bytes"], i["read_done"] - i["read_start"]) for i in writers
                      if i["read_end"]), default=0.0)
         gen_s = sum(i["gen_seconds"] for i in iters)
         sel = req_iter == it
