@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -229,3 +230,52 @@ def test_hashed_key_layout_spreads_objects_over_prefixes(tmp_path: Path) -> None
     assert len(prefixes) > plan.writing_ranks  # per object, not per rank
     assert reader.manifest.layout["key_layout"] == "hashed"
     assert ckptio.verify(url) == []
+
+
+def _collectives(comm: Any, fail_rank: int = -1) -> Any:
+    """Runs on every local-process rank (module level: spawned ranks import it)."""
+    if comm.rank == fail_rank:
+        raise RuntimeError("this rank fails on purpose")
+    ranks = comm.gather({"rank": comm.rank, "size": comm.size})
+    comm.barrier()
+    token = comm.bcast("from-0" if comm.rank == 0 else None)
+    assert token == "from-0"
+    return ranks
+
+
+def test_local_process_ranks_gather_and_broadcast() -> None:
+    from ckptio.dist import run_local
+
+    got = run_local(3, _collectives)
+    assert got == [{"rank": r, "size": 3} for r in range(3)]
+
+
+def test_a_dead_local_rank_is_reported_not_waited_for() -> None:
+    from ckptio.dist import RankFailedError, run_local
+
+    with pytest.raises(RankFailedError, match="rank 2"):
+        run_local(3, _collectives, fail_rank=2)
+
+
+def test_read_back_detects_damaged_data(tmp_path: Path) -> None:
+    """The read phase checks every CRC32C: a store that returns a flipped byte fails the run,
+    naming the object."""
+    from ckptio.backends.memory import MemoryStore
+
+    from ckptio.runner import _run
+
+    class Flipping(MemoryStore):
+        def read_into(self, key: str, offset: int, buffer: Any) -> int:
+            n = super().read_into(key, offset, buffer)
+            view = memoryview(buffer).cast("B")
+            view[0] ^= 0xFF
+            return n
+
+    plan = make_plan("llama3-8b", total_size="2MiB", object_size="1MiB")
+    store = Flipping("memory://flip")
+    with pytest.raises(errors.CorruptCheckpointError, match=r"rank-00000-000-.*CRC32C mismatch"):
+        _run(store, "memory://flip", plan, SingleProcess(), iterations=1, out_dir=None, pause=0.0,
+             inflight=2, read=True, cache="auto", keep="last", key_layout="flat", label="flip",
+             site=None, emulated=False, profile="", mock=False, options={}, progress=None,
+             run_id=None, kind="run", sweep_streams=0, sweep_part_size=0, config={},
+             write_files=False)
