@@ -398,6 +398,7 @@ class Plan:
             "bytes_per_rank_max": int(writing.max()),
             "object_size": self.object_size,
             "objects": self.objects,
+            "objects_per_rank_max": int(self._objects_per_rank()[0].max()),
             "part_size": part_size,
             "requests": self.requests(part_size),
             "published_bytes": self.preset.published_bytes,
