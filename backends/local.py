@@ -61,6 +61,14 @@ _stage_cache: dict[int, list[mmap.mmap]] = {}
 _stage_cache_lock = threading.Lock()
 
 
+class _DirectRefused(Exception):
+    """An O_DIRECT read was refused (EINVAL) although the open succeeded."""
+
+    def __init__(self, err: OSError) -> None:
+        super().__init__(str(err))
+        self.err = err
+
+
 def _address(view: memoryview) -> int:
     """Address of the first byte of ``view`` (read-only buffers too)."""
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
@@ -136,7 +144,16 @@ class _LocalWriter(Writer):
         with self._store.trace.request("write", self.key, view.nbytes, backend=self._store.name):
             try:
                 while view:
-                    n = os.pwrite(fd, view, offset)
+                    try:
+                        n = os.pwrite(fd, view, offset)
+                    except OSError as err:
+                        if err.errno != errno.EINVAL or fd != self._dfd or fd < 0:
+                            raise
+                        # the filesystem opened O_DIRECT but refuses this request (alignment
+                        # rules stricter than a page): write it through the page cache
+                        log.debug("O_DIRECT write refused for %s (%s); buffered", self._path, err)
+                        fd = self._fd
+                        continue
                     view = view[n:]
                     offset += n
             except OSError as err:
@@ -719,6 +736,8 @@ class LocalStore(Store):
                             if n == 0 or got % ALIGN:
                                 break  # end of file
                     except OSError as err:
+                        if err.errno == errno.EINVAL:
+                            raise _DirectRefused(err) from err
                         raise os_error(err, path, "read") from err
                     ev.nbytes = got
                 return got
@@ -740,10 +759,18 @@ class LocalStore(Store):
                 finally:
                     self.give_stage(stage)
 
-            if len(pieces) == 1:
-                counts = [one(*pieces[0])]
-            else:
-                counts = [f.result() for f in [self.pool.submit(one, *p) for p in pieces]]
+            futs: list[Future[int]] = []
+            try:
+                if len(pieces) == 1:
+                    counts = [one(*pieces[0])]
+                else:
+                    futs = [self.pool.submit(one, *p) for p in pieces]
+                    counts = [f.result() for f in futs]
+            except _DirectRefused as refused:
+                for f in futs:
+                    f.exception()  # let every piece finish before the buffered retry
+                self.direct_refused(path, refused.err)
+                return None
             total = 0
             for (lo, hi, _d), c in zip(pieces, counts, strict=True):
                 total += c

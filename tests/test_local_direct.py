@@ -10,9 +10,9 @@ import os
 
 import numpy as np
 import pytest
+from ckptio.backends.local import ALIGN, LocalStore
 
 import ckptio
-from ckptio.backends.local import ALIGN, LocalStore
 from ckptio.checkpoint import SnapshotBuffers, _Local, _pieces, aligned_empty
 
 MiB = 1 << 20
@@ -183,3 +183,37 @@ def test_a_large_rank_is_written_as_parallel_objects(tmp_path, monkeypatch):
     for k, v in state.items():
         assert np.array_equal(got[k], v)
     assert reader.verify() == []
+
+
+def _refuse_direct(monkeypatch, name):
+    import fcntl
+
+    from ckptio.backends import local
+
+    real = getattr(os, name)
+
+    def fake(fd, *args):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & local._O_DIRECT:
+            raise OSError(22, "Invalid argument")
+        return real(fd, *args)
+
+    monkeypatch.setattr(local.os, name, fake)
+
+
+def test_direct_writes_the_filesystem_refuses_go_through_the_page_cache(store, monkeypatch):
+    _refuse_direct(monkeypatch, "pwrite")
+    data = _aligned_copy(_random(3 * MiB + 11, 12))
+    with store.open_writer("obj") as w:
+        w.write(data)
+    assert _read_file(store, "obj") == data.tobytes()
+
+
+def test_direct_reads_the_filesystem_refuses_are_read_buffered(store, monkeypatch):
+    data = _random(3 * MiB, 13)
+    with store.open_writer("obj") as w:
+        w.write(data)
+    _refuse_direct(monkeypatch, "preadv")
+    dst = aligned_empty((3 * MiB,), np.uint8)
+    assert store.read_into("obj", 0, dst) == 3 * MiB
+    assert np.array_equal(dst, data)
+    assert not store.direct_read  # remembered: later reads go buffered at once
