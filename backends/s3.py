@@ -1,4 +1,6 @@
-"""Amazon S3 (and S3-compatible stores) through boto3/botocore: ``s3+boto3://bucket/prefix``.
+"""Amazon S3 (and S3-compatible stores) through boto3/botocore: ``s3+boto3://bucket/prefix``,
+and plain ``s3://`` (the backend that measured fastest and cheapest in
+``benchmarks/s3_peers.py``; see the README).
 
 Writes are S3 multipart uploads driven by ckptio itself (:class:`MultipartWriter`): parts of
 ``part_size`` bytes, sent by a pool of ``streams`` threads shared by every object of the store,
@@ -86,7 +88,7 @@ class Boto3Store(c.S3Base):
     S3 itself refuses a second manifest (S3 and moto support it; some S3 clones do not).
     """
 
-    schemes: ClassVar[tuple[str, ...]] = ("s3+boto3",)
+    schemes: ClassVar[tuple[str, ...]] = ("s3+boto3", "s3")
     name: ClassVar[str] = "s3+boto3"
     capabilities: ClassVar[Capabilities] = Capabilities(
         atomic_rename=False,

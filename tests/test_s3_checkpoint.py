@@ -72,3 +72,14 @@ def test_a_second_manifest_for_the_same_step_is_refused(s3_bucket: str) -> None:
         ckptio.save({"x": np.arange(10) + 1}, url, step=1)
     assert "exist" in str(info.value).lower()
     assert np.array_equal(ckptio.load(url)["x"], np.arange(10))
+
+
+def test_hashed_key_layout_on_s3(s3_bucket: str, s3_client: Any) -> None:
+    url = f"s3://{s3_bucket}/run3"
+    state = {"a": np.arange(1000, dtype=np.float32), "b": np.ones((64, 64))}
+    ckptio.save(state, url, step=5, key_layout="hashed")
+    keys = [o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    data = [k for k in keys if "/data/" in k]
+    assert data and all(len(k.split("/data/")[1].split("/")[0]) == 2 for k in data), keys
+    back = ckptio.load(url)
+    assert np.array_equal(back["a"], state["a"]) and np.array_equal(back["b"], state["b"])
