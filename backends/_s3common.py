@@ -801,16 +801,11 @@ class S3Base(Store):
         for u in self._uploads(prefix):
             if now - u["Initiated"].timestamp() < older_than:
                 continue
+            def abort(u: dict[str, Any] = u) -> None:
+                client.abort_multipart_upload(Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"])
+
             try:
-                self._call(
-                    "abort",
-                    self._rel(u["Key"]),
-                    0,
-                    "abort the multipart upload of",
-                    lambda u=u: client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"]
-                    ),
-                )
+                self._call("abort", self._rel(u["Key"]), 0, "abort the multipart upload of", abort)
             except errors.NotFoundError:
                 continue
             n += 1

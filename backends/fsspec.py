@@ -14,6 +14,7 @@ are whatever that filesystem does, plus ours for errors that look transient.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 from collections.abc import Iterable
 from typing import Any, ClassVar
@@ -204,7 +205,7 @@ class FsspecStore(c.S3Base):
 
         self._call("delete", paths[0] if len(paths) == 1 else f"{len(paths)} keys", 0, "delete", run)
 
-    def list_incomplete(self, prefix: str = "") -> list[str]:
+    def list_incomplete(self, prefix: str = "") -> builtins.list[str]:
         return super().list_incomplete(prefix) if self._is_s3 else []
 
     def cleanup_incomplete(self, prefix: str = "", *, older_than: float = 0.0) -> int:

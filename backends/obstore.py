@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from ckptio import errors
 from ckptio.store import Buffer, Capabilities, Writer
@@ -69,7 +69,7 @@ class ObstoreStore(c.S3Base):
         self._obs = obstore
         self.store = S3Store(
             self.bucket,
-            config=config,
+            config=config,  # type: ignore[arg-type]  # a TypedDict built key by key
             client_options={
                 "connect_timeout": datetime.timedelta(seconds=aws.connect_timeout),
                 "timeout": datetime.timedelta(seconds=aws.read_timeout),
@@ -79,7 +79,13 @@ class ObstoreStore(c.S3Base):
         )
 
     # -- writes -----------------------------------------------------------------------------
-    def _upload(self, full: str, pieces: list[memoryview], nbytes: int, mode: str = "overwrite") -> None:
+    def _upload(
+        self,
+        full: str,
+        pieces: list[memoryview],
+        nbytes: int,
+        mode: Literal["create", "overwrite"] = "overwrite",
+    ) -> None:
         data: Any = pieces[0] if len(pieces) == 1 else iter(pieces)
         if not pieces:
             data = b""

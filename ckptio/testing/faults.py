@@ -109,7 +109,7 @@ class FaultProxy:
         self._timer.daemon = True
         self._timer.start()
         host, port = server.server_address[:2]
-        self.url = f"http://{host}:{port}"
+        self.url = f"http://{host!s}:{port}"
         return self
 
     def stop(self) -> None:
