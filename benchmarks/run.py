@@ -160,10 +160,7 @@ def case_fio_write_nofalloc(ctx: Ctx) -> cm.Sample:
 
 
 def case_fio_read(ctx: Ctx) -> cm.Sample:
-    try:
-        return _fio(ctx, "read")
-    finally:
-        cm.remove(ctx.path("fio"))
+    return _fio(ctx, "read")
 
 
 def case_dcp(ctx: Ctx) -> cm.Sample:
@@ -198,16 +195,13 @@ def case_safetensors_load(ctx: Ctx) -> cm.Sample:
     from safetensors.torch import load_file
 
     path = ctx.path("state.safetensors")
-    try:
-        ctx.caches.drop()
-        with cm.timed() as t:
-            loaded = load_file(path)  # mmap-backed: bytes are read when first touched...
-            for v in loaded.values():  # ...so touch one byte per page, as a user's first use does
-                v.reshape(-1).view(torch.uint8)[::4096].max()
-        del loaded
-        return cm.Sample(t["seconds"], t["cpu_seconds"], sys_seconds=t["sys_seconds"])
-    finally:
-        cm.remove(path)
+    ctx.caches.drop()
+    with cm.timed() as t:
+        loaded = load_file(path)  # mmap-backed: bytes are read when first touched...
+        for v in loaded.values():  # ...so touch one byte per page, as a user's first use does
+            v.reshape(-1).view(torch.uint8)[::4096].max()
+    del loaded
+    return cm.Sample(t["seconds"], t["cpu_seconds"], sys_seconds=t["sys_seconds"])
 
 
 def case_torch_save(ctx: Ctx) -> cm.Sample:
@@ -238,18 +232,29 @@ def case_ckptio_sync(ctx: Ctx) -> cm.Sample:
 
 
 def case_ckptio_load(ctx: Ctx) -> cm.Sample:
-    try:
-        ctx.caches.drop()
-        with cm.timed() as t:
-            loaded = ckptio.load(_ckptio_url(ctx, "ckptio"))
-        if ctx.round == 0:  # check the bytes once, outside the clock
-            bad = [k for k, v in ctx.state.items() if not np.array_equal(loaded[k].view(np.uint32), v.view(np.uint32))]
-            if bad:
-                raise RuntimeError(f"ckptio.load returned different bytes for {bad[:3]}")
-        del loaded
-        return cm.Sample(t["seconds"], t["cpu_seconds"], sys_seconds=t["sys_seconds"])
-    finally:
-        cm.remove(ctx.path("ckptio"))
+    ctx.caches.drop()
+    with cm.timed() as t:
+        loaded = ckptio.load(_ckptio_url(ctx, "ckptio"))
+    if ctx.round == 0:  # check the bytes once, outside the clock
+        bad = [k for k, v in ctx.state.items() if not np.array_equal(loaded[k].view(np.uint32), v.view(np.uint32))]
+        if bad:
+            raise RuntimeError(f"ckptio.load returned different bytes for {bad[:3]}")
+    del loaded
+    return cm.Sample(t["seconds"], t["cpu_seconds"], sys_seconds=t["sys_seconds"])
+
+
+def case_ckptio_load_warm_memory(ctx: Ctx) -> cm.Sample:
+    """Diagnostic: the same cold load, but the process touched and freed as much memory just
+    before (untimed), so the arrays it allocates get pages the kernel still holds instead of
+    pages handed back to a VM's host. Not a target: it shows what fresh memory costs."""
+    ctx.caches.drop()
+    warm = np.empty(ctx.nbytes, dtype=np.uint8)
+    warm.fill(1)
+    del warm
+    with cm.timed() as t:
+        loaded = ckptio.load(_ckptio_url(ctx, "ckptio"))
+    del loaded
+    return cm.Sample(t["seconds"], t["cpu_seconds"], sys_seconds=t["sys_seconds"])
 
 
 def case_ckptio_async(ctx: Ctx) -> cm.Sample:
@@ -320,6 +325,7 @@ CASES: list[Case] = [
     Case("torch-save", "write", case_torch_save, ("torch",)),
     Case("ckptio-sync", "write", case_ckptio_sync, output="ckptio"),
     Case("ckptio-load", "read", case_ckptio_load, after="ckptio-sync"),
+    Case("ckptio-load-warm-memory", "read", case_ckptio_load_warm_memory, after="ckptio-sync"),
     Case("ckptio-async", "write", case_ckptio_async),
     Case("manifest-100k", "cpu", case_manifest),
 ]
@@ -351,7 +357,11 @@ def plan(selected: list[str], rounds: int) -> list[list[str]]:
     """Per round, the order of cases: write cases rotate (alternation), each read case right
     after the write that produced its data."""
     writes = [n for n in selected if BY_NAME[n].after is None and BY_NAME[n].kind == "write"]
-    reads = {BY_NAME[n].after: n for n in selected if BY_NAME[n].after}
+    reads: dict[str, list[str]] = {}
+    for n in selected:
+        after = BY_NAME[n].after
+        if after:
+            reads.setdefault(after, []).append(n)
     fixed = [n for n in selected if BY_NAME[n].kind in ("memory", "cpu")]
     order = []
     for r in range(rounds):
@@ -360,8 +370,7 @@ def plan(selected: list[str], rounds: int) -> list[list[str]]:
         seq = list(fixed)
         for w in rotated:
             seq.append(w)
-            if w in reads:
-                seq.append(reads[w])
+            seq.extend(reads.get(w, []))
         order.append(seq)
     return order
 
@@ -414,14 +423,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cm.remove(ctx.path("warmup"))
     for r, seq in enumerate(plan(selected, args.rounds)):
         ctx.round = r
-        for name in seq:
+        for i, name in enumerate(seq):
             ctx.caches.drop()
             gc.collect()
             case = BY_NAME[name]
             s = case.run(ctx)
             samples[name].append(s)
-            if case.output and not any(BY_NAME[n].after == name for n in selected):
-                cm.remove(ctx.path(case.output))
+            producer = BY_NAME[case.after or name]
+            following = seq[i + 1] if i + 1 < len(seq) else None
+            if producer.output and (following is None or BY_NAME[following].after != producer.name):
+                cm.remove(ctx.path(producer.output))  # its last reader is done
             shown = f" (blocking {s.extra['blocking']:.3f} s)" if "blocking" in s.extra else ""
             print(f"round {r + 1}/{args.rounds} {name:20s} {s.seconds:8.3f} s  {cm.gbps(ctx.nbytes, s.seconds):6.2f} GB/s{shown}", file=sys.stderr, flush=True)
     if ctx._checkpointer is not None:
