@@ -169,3 +169,22 @@ def test_slow_responses_past_the_read_timeout_are_retried(
     assert store.get("slow.bin") == b"s" * 1000
     retried = [e for e in store.trace.events() if e.outcome == "retry"]
     assert retried and all("TransientStorageError" in e.error for e in retried)
+
+
+def test_faults_on_every_request_fail_within_the_budget(
+    s3_bucket: str, s3_client: Any, fault_proxy: Any
+) -> None:
+    proxy = fault_proxy(rate=1.0, kinds=("slowdown", "internal", "drop"), seed=2)
+    store = _store("s3", s3_bucket, proxy.url)
+    with pytest.raises(Exception) as info:
+        ckptio.save(_state(), store, step=3)
+    chain, err = [], info.value
+    while err is not None:
+        chain.append(err)
+        err = err.__cause__ or err.__context__
+    text = " ".join(f"{type(e).__name__}: {e}" for e in chain)
+    assert "RetryBudgetExceededError" in text and "failed 8 times" in text, text
+    attempts = [e.attempt for e in store.trace.events()]
+    assert max(attempts) == FAST_RETRIES.max_attempts  # the budget, and not one attempt more
+    assert not s3_client.list_objects_v2(Bucket=s3_bucket).get("Contents")
+    assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
