@@ -25,10 +25,12 @@ from ckptio import format as fmt
 from ckptio.registry import open_store
 from ckptio.testing.crash import CrashHarness, expected_state, state_mismatch
 
-#: kill trials per mode: file:// 2 x 15 + s3:// 2 x 11 = 52 >= 50 in CI (a kill on moto costs
-#: about 1 s, on a local disk 0.3 s); CKPTIO_CRASH_SCALE=4 runs four times as many
+#: kill trials: file:// 16 sync + 16 async, s3:// 9 sync (multipart) + 11 async = 52 >= 50 in
+#: CI (a kill costs about 0.3 s on a local disk, 1-2 s on moto); CKPTIO_CRASH_SCALE=4 runs
+#: four times as many
 SCALE = int(os.environ.get("CKPTIO_CRASH_SCALE", "1"))
-TRIALS = {"file": 15 * SCALE, "s3": 11 * SCALE}
+TRIALS = {("file", "sync"): 16 * SCALE, ("file", "async"): 16 * SCALE,
+          ("s3", "sync"): 9 * SCALE, ("s3", "async"): 11 * SCALE}
 
 
 def debris_probe(url: str, seen: list | None = None):
@@ -87,7 +89,7 @@ def run_and_check(
         url, mode, str(workdir), seed=seed, max_delay=max_delay, env=env or {},
         has_debris=debris_probe(url, seen), **kw,
     )
-    n = TRIALS[url.split(":", 1)[0]]
+    n = TRIALS[url.split(":", 1)[0], mode]
     trials = harness.run(n)
     summary = harness.summary()
     print(json.dumps(summary))

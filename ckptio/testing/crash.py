@@ -120,6 +120,16 @@ def _worker(
         problem = None
         if latest is not None:
             problem = state_mismatch(ck.load(latest), expected_state(latest, big))
+        # a manifest is published atomically: none may ever be torn (latest() would skip it)
+        from ckptio.checkpoint import read_manifest
+
+        for s in ck.steps():
+            try:
+                read_manifest(ck.store, s)
+            except FileNotFoundError:
+                continue  # deleted by retention meanwhile
+            except Exception as err:  # any failure here is the finding
+                problem = problem or f"step {s}: manifest does not validate: {err}"
     except Exception as err:  # reported to the parent, which fails the test with it
         conn.send({"latest": latest, "problem": f"{type(err).__name__}: {err}"})
         return
