@@ -1062,6 +1062,6 @@ def print_summary(summary: RunSummary, console: Any) -> None:
     gen = ", ".join(f"{r['generate_gbps']:.2f}" for r in summary.runs)
     console.print(f"GB/s = 1e9 bytes/s; slowest rank: its own bytes over its own time. "
                   f"Read cache bypass: {summary.cache or 'n/a'}. Data: {summary.generator}, "
-                  f"generated at {gen} GB/s per core. Peak RSS per rank: {rss}.")
+                  f"generated at {gen} GB/s per core. Peak RSS per rank: {rss}.", highlight=False)
     for p in summary.paths:
-        console.print(f"[dim]{p}[/]")
+        console.print(f"[dim]{p}[/]", highlight=False)
