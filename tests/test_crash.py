@@ -265,3 +265,21 @@ def test_gc_cli_entry_point(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["removed"] == ["step-0000000000/data/rank-00000-000-0badf00d.bin"]
+
+
+@pytest.mark.s3
+def test_retention_aborts_open_multipart_uploads_of_killed_saves(s3_bucket, s3_client, s3_env):
+    url = f"s3://{s3_bucket}/run"
+    with ck.Checkpointer(url, keep_last=2) as c:
+        c.save(expected_state(1), 1)
+    with open_store(url, part_size="5MiB") as store:
+        w = store.open_writer("step-0000000002/data/rank-00000-000-0badf00d.bin")
+        w.write(bytes(6 * 2**20))  # one full part: the upload is started, never completed
+        for f in w._futures:  # the part was sent (by the writer's pool)
+            f.result()
+        uploads = s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
+        assert uploads, "the killed write should have left an open multipart upload"
+    with ck.Checkpointer(url, keep_last=2) as c:
+        c.save(expected_state(2), 2)  # the restarted job saves step 2 again
+    assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
+    assert state_mismatch(ck.load(url, 2), expected_state(2)) is None
