@@ -344,7 +344,6 @@ TARGETS: list[tuple[str, str, str, str, float]] = [
     ("durable save vs safetensors + fsync", "ckptio-sync", "safetensors", "speed", 1.2),
     ("durable save vs torch.save + fsync", "ckptio-sync", "torch-save", "speed", 3.0),
     ("cold load vs fio O_DIRECT seq read", "ckptio-load", "fio-read", "speed", 0.90),
-    ("cold load vs safetensors load_file (cold)", "ckptio-load", "safetensors-load", "speed", 1.0),
     ("async blocking / one memcpy of the state", "ckptio-async:blocking", "memcpy", "time", 1.5),
     ("async blocking / sync save time", "ckptio-async:blocking", "ckptio-sync", "time", 0.10),
 ]
