@@ -553,6 +553,10 @@ def _run(
                         rfail, nread = err, 0
                     info.read_start = rphase.start
                     rdone = info.read_done = time.time()
+                if mode == "o_direct" and not getattr(store, "direct_read", False):
+                    # the filesystem refused O_DIRECT during the reads and the store fell back
+                    # to buffered reads: they may have come from the page cache; say so
+                    mode = info.cache = "none"
                 oks = comm.gather({"ok": rfail is None,
                                    "error": f"{type(rfail).__name__}: {rfail}" if rfail else ""}, root=0)
                 report = comm.bcast([o["error"] for o in oks if not o["ok"]] if oks else None, root=0)
