@@ -74,3 +74,44 @@ def test_second_save_of_a_committed_step_is_refused_and_harmless(tmp_path):
     assert state_mismatch(ckptio.load(url, 1), expected_state(1)) is None
     with open_store(url) as store:
         assert ck.collect_garbage(store, unfinished=True, dry_run=True) == []
+
+
+def test_default_gc_during_a_save_leaves_it_alone(tmp_path):
+    """`ckptio gc URL` (default settings) while a save is under way — its data objects
+    written, a young temp file beside them, the manifest not yet published — removes nothing
+    of it; the save then commits and verifies."""
+    import threading
+
+    from ckptio.backends.local import LocalStore
+
+    from ckptio.cli import main
+
+    release = threading.Event()
+    at_commit = threading.Event()
+
+    class HeldStore(LocalStore):
+        def publish(self, key, data, *, overwrite=True):
+            at_commit.set()  # every data object is written; the commit waits
+            assert release.wait(30)
+            super().publish(key, data, overwrite=overwrite)
+
+    url = f"file://{tmp_path}/run"
+    ckptio.save(expected_state(1), url, step=1)
+    opts = {"chunk_size": 256 * 1024, "max_object_size": 768 * 1024}
+    with ckptio.Checkpointer(HeldStore(f"{tmp_path}/run"), async_save=True, **opts) as c:
+        handle = c.save(expected_state(2), 2)
+        assert at_commit.wait(30)
+        with open_store(url) as store:
+            w = store.open_writer("step-0000000002/data/rank-00001-000-00000000.bin")
+            w.write(b"another rank, still writing")
+            w._wait()
+            before = store.list("step-0000000002/") + store.list_incomplete("step-0000000002/")
+            assert store.list("step-0000000002/") and store.list_incomplete("step-0000000002/")
+        assert main(["gc", url]) == 0
+        with open_store(url) as store:
+            assert store.list("step-0000000002/") + store.list_incomplete("step-0000000002/") == before
+        w.abort()
+        release.set()
+        handle.wait()
+    assert ckptio.verify(url, 2) == []
+    assert state_mismatch(ckptio.load(url), expected_state(2)) is None
