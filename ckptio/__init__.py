@@ -3,41 +3,64 @@
 One API to save and load sharded checkpoints on local disks, parallel filesystems and object
 storage; a suite that runs the same checkpoint workload against each and explains the
 difference. See README.md.
+
+The public names below are imported on first use (PEP 562), so ``import ckptio`` and CLI
+commands that need no array machinery (``ckptio plan``, ``ckptio model``) start fast.
 """
 
-from ckptio.checkpoint import (
-    CheckpointReader,
-    Checkpointer,
-    SaveHandle,
-    SaveResult,
-    Shard,
-    collect_garbage,
-    load,
-    open_checkpoint,
-    save,
-    verify,
-)
-from ckptio.errors import CkptioError
-from ckptio.registry import open_store
-from ckptio.store import Capabilities, Store, Writer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Capabilities",
-    "CheckpointReader",
-    "Checkpointer",
-    "CkptioError",
-    "SaveHandle",
-    "SaveResult",
-    "Shard",
-    "Store",
-    "Writer",
-    "__version__",
-    "collect_garbage",
-    "load",
-    "open_checkpoint",
-    "open_store",
-    "save",
-    "verify",
-]
+_EXPORTS = {
+    "CheckpointReader": "ckptio.checkpoint",
+    "Checkpointer": "ckptio.checkpoint",
+    "SaveHandle": "ckptio.checkpoint",
+    "SaveResult": "ckptio.checkpoint",
+    "Shard": "ckptio.checkpoint",
+    "collect_garbage": "ckptio.checkpoint",
+    "load": "ckptio.checkpoint",
+    "open_checkpoint": "ckptio.checkpoint",
+    "save": "ckptio.checkpoint",
+    "verify": "ckptio.checkpoint",
+    "CkptioError": "ckptio.errors",
+    "open_store": "ckptio.registry",
+    "Capabilities": "ckptio.store",
+    "Store": "ckptio.store",
+    "Writer": "ckptio.store",
+}
+
+__all__ = [*sorted(_EXPORTS), "__version__"]
+
+if TYPE_CHECKING:
+    from ckptio.checkpoint import (
+        CheckpointReader,
+        Checkpointer,
+        SaveHandle,
+        SaveResult,
+        Shard,
+        collect_garbage,
+        load,
+        open_checkpoint,
+        save,
+        verify,
+    )
+    from ckptio.errors import CkptioError
+    from ckptio.registry import open_store
+    from ckptio.store import Capabilities, Store, Writer
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ckptio' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

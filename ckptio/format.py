@@ -22,7 +22,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from ckptio import errors
@@ -48,29 +47,44 @@ MAX_STEP = 10**10 - 1
 
 _STEP_DIR = re.compile(r"^step-(\d{10})$")
 
-#: dtype name -> numpy dtype. Nothing else is ever interpreted as a dtype on load.
-DTYPES: Mapping[str, np.dtype[Any]] = {
-    name: np.dtype(dt)
-    for name, dt in {
-        "bool": np.bool_,
-        "int8": np.int8,
-        "int16": np.int16,
-        "int32": np.int32,
-        "int64": np.int64,
-        "uint8": np.uint8,
-        "uint16": np.uint16,
-        "uint32": np.uint32,
-        "uint64": np.uint64,
-        "float16": np.float16,
-        "float32": np.float32,
-        "float64": np.float64,
-        "complex64": np.complex64,
-        "complex128": np.complex128,
-        "bfloat16": ml_dtypes.bfloat16,
-        "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
-        "float8_e5m2": ml_dtypes.float8_e5m2,
-    }.items()
-}
+_NUMPY_DTYPES = (
+    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+    "float16", "float32", "float64", "complex64", "complex128",
+)
+_ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+class _DtypeTable(Mapping[str, "np.dtype[Any]"]):
+    """dtype name -> numpy dtype; the allow-list. Nothing else is ever interpreted as a dtype
+    on load. ml_dtypes (bfloat16, float8) costs ~0.5 s to import, so the table is built on
+    first use: commands that never touch arrays (``ckptio plan``, ``model``) start fast."""
+
+    _table: dict[str, np.dtype[Any]] | None = None
+
+    def _load(self) -> dict[str, np.dtype[Any]]:
+        if self._table is None:
+            import ml_dtypes
+
+            table = {name: np.dtype(name) for name in _NUMPY_DTYPES}
+            table.update({name: np.dtype(getattr(ml_dtypes, name)) for name in _ML_DTYPES})
+            type(self)._table = table
+            return table
+        return self._table
+
+    def __getitem__(self, name: str) -> np.dtype[Any]:
+        return self._load()[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in _NUMPY_DTYPES or name in _ML_DTYPES
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((*_NUMPY_DTYPES, *_ML_DTYPES))
+
+    def __len__(self) -> int:
+        return len(_NUMPY_DTYPES) + len(_ML_DTYPES)
+
+
+DTYPES: Mapping[str, np.dtype[Any]] = _DtypeTable()
 
 
 def dtype_name(dtype: np.dtype[Any]) -> str:
