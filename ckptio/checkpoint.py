@@ -387,29 +387,43 @@ def _write_rank(
     return {"chunks": chunks, "objects": object_sizes}
 
 
-def _write_rank_shared(
-    store: Store,
-    step: int,
-    comm: Communicator,
-    token: str,
-    mine: Sequence[_Local],
-    *,
-    per_node: bool,
-    chunk_size: int,
-) -> dict[str, Any]:
-    """N-1: every rank calls this. Rank 0 places each rank's byte range in a shared object
-    (one per checkpoint, or per host) and creates it; each rank then pwrites its chunks.
-    Returns the chunk index and objects like :func:`_write_rank`."""
+def _pack(sizes: Iterable[int]) -> tuple[list[int], int]:
+    """Offsets (bytes) of consecutive pieces of ``sizes`` bytes in one region, each starting
+    on a :data:`ckptio.format.ALIGNMENT` boundary, and the region's size in bytes (a multiple
+    of it, so a direct write's zero-padded tail stays inside the region)."""
+    offsets: list[int] = []
+    need = 0
+    for n in sizes:
+        offsets.append(need)
+        need = fmt.align_up(need + int(n))
+    return offsets, need
+
+
+@dataclass(frozen=True)
+class SharedRegion:
+    """This rank's byte range in a shared (N-1) object, as rank 0 placed it."""
+
+    key: str
+    """The object, relative to the step directory (``data/shared-<token>.bin``)."""
+    start: int
+    """Bytes: where this rank's region begins (a multiple of the store's
+    ``positional_alignment``)."""
+    size: int
+    """Bytes: the size of the whole object."""
+    owner: bool
+    """True on the lowest rank placed in this object (one rank per object says so)."""
+
+
+def _place_shared(store: Store, step: int, comm: Communicator, token: str, need: int, *,
+                  per_node: bool) -> SharedRegion:
+    """N-1 placement, collective: every rank asks for ``need`` bytes; rank 0 places the
+    regions one after another in one object per checkpoint (or per host with ``per_node``),
+    each aligned to ``store.positional_alignment`` so no two ranks share a stripe/block, and
+    creates the objects at their full size. Raises :class:`SaveFailedError` on every rank if
+    the creation failed."""
     import socket
 
-    # 2a. each rank packs its pieces into one region (chunks 4 KiB aligned inside it)
-    packed: list[tuple[_Piece, int]] = []
-    need = 0
-    for p in (p for local in mine for p in _pieces(local, chunk_size)):
-        packed.append((p, need))
-        need = fmt.align_up(need + p.view.nbytes)
-    asks = comm.gather({"need": need, "host": socket.gethostname() if per_node else ""}, root=0)
-    # 2b. rank 0 places the regions, aligned so no two ranks share a stripe/block, and creates
+    asks = comm.gather({"need": int(need), "host": socket.gethostname() if per_node else ""}, root=0)
     prefix = fmt.step_dir(step) + "/"
     placement: dict[str, Any] = {}
     if comm.rank == 0:
@@ -436,28 +450,59 @@ def _write_rank_shared(
     if not placement["ok"]:
         raise errors.SaveFailedError(f"cannot create the shared file: {placement['error']}")
     rel, start = placement["ranks"][comm.rank]
-    chunks: dict[str, list[dict[str, Any]]] = {}
-    # 2c. this rank's pwrites
+    owner = next(i for i, (name, _) in enumerate(placement["ranks"]) if name == rel) == comm.rank
+    return SharedRegion(rel, int(start), int(placement["files"][rel]), owner)
+
+
+def _pwrite_pieces(store: Store, step: int, region: SharedRegion,
+                   placed: Sequence[tuple[_Piece, int]]) -> dict[str, list[dict[str, Any]]]:
+    """Open the shared object of ``region``, pwrite each piece at ``region.start`` + its
+    offset (CRC32C computed alongside) and close: the pieces are durable when this returns.
+    Returns the chunk index (tensor path -> chunk JSON). The pieces' memory must stay
+    unchanged until then."""
+    prefix = fmt.step_dir(step) + "/"
     crcs: list[Future[int]] = []
-    if packed:
+    if placed:
         pool = cpu_pool()
-        writer = store.open_positional(prefix + rel, placement["files"][rel])
+        writer = store.open_positional(prefix + region.key, region.size)
         try:
-            for piece, offset in packed:
+            for piece, offset in placed:
                 data = piece.view.reshape(-1).view(np.uint8)
                 crcs.append(pool.submit(crc32c, data))
-                writer.pwrite(start + offset, data)
+                writer.pwrite(region.start + offset, data)
             writer.close()
         except BaseException:
             writer.abort()
             for f in crcs:
                 f.cancel()
             raise
-    for (piece, offset), crc in zip(packed, crcs, strict=True):
+    chunks: dict[str, list[dict[str, Any]]] = {}
+    for (piece, offset), crc in zip(placed, crcs, strict=True):
         chunks.setdefault(piece.path, []).append(
-            fmt.Chunk(piece.offsets, piece.view.shape, rel, start + offset, piece.view.nbytes, crc.result()).as_json()
+            fmt.Chunk(piece.offsets, piece.view.shape, region.key, region.start + offset,
+                      piece.view.nbytes, crc.result()).as_json()
         )
-    return {"chunks": chunks, "objects": {rel: placement["files"][rel]}}
+    return chunks
+
+
+def _write_rank_shared(
+    store: Store,
+    step: int,
+    comm: Communicator,
+    token: str,
+    mine: Sequence[_Local],
+    *,
+    per_node: bool,
+    chunk_size: int,
+) -> dict[str, Any]:
+    """N-1: every rank calls this. Rank 0 places each rank's byte range in a shared object
+    (one per checkpoint, or per host) and creates it; each rank then pwrites its chunks.
+    Returns the chunk index and objects like :func:`_write_rank`."""
+    pieces = [p for local in mine for p in _pieces(local, chunk_size)]
+    offsets, need = _pack(p.view.nbytes for p in pieces)
+    region = _place_shared(store, step, comm, token, need, per_node=per_node)
+    chunks = _pwrite_pieces(store, step, region, list(zip(pieces, offsets, strict=True)))
+    return {"chunks": chunks, "objects": {region.key: region.size}}
 
 
 def _error_text(err: BaseException) -> str:
