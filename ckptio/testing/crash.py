@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+import ml_dtypes  # imported here so the forkserver preloads it (about 1 s per import)
 import numpy as np
 
 #: Options the workers save with: small chunks and objects, so one step is several objects
@@ -42,8 +43,6 @@ def expected_state(step: int, big: int = 0) -> dict[str, Any]:
     """The state saved at ``step``: about 2.3 MB in 6 tensors of 4 dtypes, every value a
     function of the step, plus JSON leaves; with ``big`` (bytes) one more uint8 tensor of that
     size (to make objects large enough for multipart uploads)."""
-    import ml_dtypes
-
     base = np.arange(256 * 1024, dtype=np.float32)
     state: dict[str, Any] = {
         "model": {
@@ -171,7 +170,8 @@ class CrashHarness:
     workdir: str
     seed: int = 0
     max_delay: float = 0.4
-    """Seconds: each kill comes uniform(0, max_delay) after the worker starts saving."""
+    """Seconds: each kill comes uniform(0, max_delay) after the worker starts saving (the
+    window doubles, up to 16x, after a trial in which no save completed)."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Environment for the workers (e.g. the S3 endpoint and test credentials)."""
     store_options: Mapping[str, Any] = field(default_factory=dict)
@@ -187,6 +187,7 @@ class CrashHarness:
         if self.mode not in ("sync", "async"):
             raise ValueError(f"mode must be 'sync' or 'async', got {self.mode!r}")
         self._rng = random.Random(self.seed)
+        self._stretch = 1.0
         self._ctx = _context()
 
     def _start(self, progress: str) -> tuple[Any, Connection, dict[str, Any]]:
@@ -218,13 +219,16 @@ class CrashHarness:
                 proc.join(30)
                 break
             conn.send("go")
-            delay = self._rng.uniform(0, self.max_delay)
+            delay = self._rng.uniform(0, self.max_delay * self._stretch)
             time.sleep(delay)  # the random moment of the kill, not a synchronisation
             os.kill(proc.pid, signal.SIGKILL)
             proc.join(30)
             conn.close()
             started, committed = _read_progress(progress)
             trial = Trial(delay, started, committed)
+            # on a slow machine no save may finish within max_delay: stretch the window (up
+            # to 16x) until saves commit again, so the trials keep exercising later steps
+            self._stretch = 1.0 if committed is not None else min(self._stretch * 2, 16.0)
             if self.has_debris is not None:
                 trial.debris = bool(self.has_debris())
             self.trials.append(trial)
