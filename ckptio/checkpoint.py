@@ -296,6 +296,11 @@ def _pieces(local: _Local, chunk_size: int) -> list[_Piece]:
 
 
 _ZEROS = memoryview(bytes(fmt.ALIGNMENT))
+COALESCE_CHUNK_BYTES = 1 << 20
+"""Bytes: chunks smaller than this that lie next to each other in an object are loaded with
+one request per up to :data:`COALESCE_REQUEST_BYTES` (many small tensors: no per-chunk
+request)."""
+COALESCE_REQUEST_BYTES = 16 << 20
 PARALLEL_OBJECTS = 2
 """Shard objects a rank writes at the same time (when it has enough data)."""
 PARALLEL_OBJECTS_MIN = 256 * 2**20
@@ -751,14 +756,18 @@ class CheckpointReader:
         return self.manifest.metadata
 
     def _read_chunk_into(self, chunk: fmt.Chunk, out: memoryview) -> None:
+        n = self.store.read_into(self._prefix + chunk.key, chunk.offset, out)
+        self._check_chunk(chunk, n, out)
+
+    def _check_chunk(self, chunk: fmt.Chunk, n: int, data: Any) -> None:
+        """Raise unless ``n`` (bytes read) is the chunk's length and ``data`` its CRC32C."""
         key = self._prefix + chunk.key
-        n = self.store.read_into(key, chunk.offset, out)
         if n != chunk.length:
             raise errors.CorruptCheckpointError(
                 f"{self.store.url}/{key}: bytes {chunk.offset}..{chunk.offset + chunk.length} "
                 f"requested, object ends after {chunk.offset + n} (truncated object)"
             )
-        got = crc32c(out)
+        got = crc32c(data)
         if got != chunk.crc32c:
             raise errors.ChecksumError(
                 f"{self.store.url}/{key}: CRC32C mismatch in bytes {chunk.offset}..{chunk.offset + chunk.length} "
@@ -812,9 +821,23 @@ class CheckpointReader:
         self._check_sizes({c.key for p in wanted for c in self.manifest.tensors[p].chunks})
         for path, index in wanted.items():
             entry = self.manifest.tensors[path]
+            if index is None and entry.chunks and math.prod(entry.shape):
+                # the whole tensor: chunks split along dim 0 (how ckptio writes them) land on
+                # contiguous rows of the output, with no box arithmetic per chunk
+                out = aligned_empty(entry.shape, entry.np_dtype)
+                results[path] = out
+                rows = [c for c in entry.chunks if c.shape[1:] == entry.shape[1:]]
+                if len(rows) == len(entry.chunks) and all(not any(c.offsets[1:]) for c in rows):
+                    flat = out.reshape(entry.shape[0], -1) if out.ndim else out.reshape(1, -1)
+                    for c in rows:
+                        o = c.offsets[0] if c.offsets else 0
+                        n = c.shape[0] if c.shape else 1
+                        jobs.append((c, flat[o : o + n].reshape(-1).view(np.uint8)))
+                    continue
+                index = ()
             starts, stops, keep = _normalize(() if index is None else index, entry.shape, path)
             shape = tuple(b - a for a, b in zip(starts, stops, strict=True))
-            out = aligned_empty(shape, entry.np_dtype)  # every element is read: chunks tile it
+            out = results[path] if path in results else aligned_empty(shape, entry.np_dtype)  # every element is read: chunks tile it
             results[path] = out
             finals[path] = keep
             for chunk in entry.chunks:
@@ -824,25 +847,77 @@ class CheckpointReader:
                     continue  # nothing of this chunk is wanted
                 jobs.append((chunk, (out, starts, lo, hi)))
 
-        def run(job: tuple[fmt.Chunk, Any]) -> None:
-            chunk, (out, starts, lo, hi) = job
+        def place(job: tuple[fmt.Chunk, Any]) -> tuple[np.ndarray, tuple[slice, ...], bool]:
+            chunk, where = job
+            if isinstance(where, np.ndarray):  # a whole chunk onto contiguous output bytes
+                return where, (), True
+            out, starts, lo, hi = where
             dst_box = tuple(slice(l - s, h - s) for l, h, s in zip(lo, hi, starts, strict=True))
             src_box = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, chunk.offsets, strict=True))
             target = out[dst_box] if dst_box else out  # out[()] would be a scalar, not a view
             whole = all(b.start == 0 and b.stop == n for b, n in zip(src_box, chunk.shape, strict=True))
-            if whole and target.flags.c_contiguous:
+            return target, src_box, whole and target.flags.c_contiguous
+
+        def run(job: tuple[fmt.Chunk, Any]) -> None:
+            chunk = job[0]
+            target, src_box, direct = place(job)
+            if direct:
                 self._read_chunk_into(chunk, memoryview(target.reshape(-1).view(np.uint8)))
                 return
             tmp = aligned_empty((chunk.length,), np.uint8)
             self._read_chunk_into(chunk, memoryview(tmp))
-            target[...] = tmp.view(out.dtype).reshape(chunk.shape)[src_box]
+            target[...] = tmp.view(target.dtype).reshape(chunk.shape)[src_box]
 
-        if len(jobs) <= 1:
-            for job in jobs:
-                run(job)
+        def run_group(group: list[tuple[fmt.Chunk, Any]]) -> None:
+            # neighbouring small chunks of one object: one request, then copy each out
+            start = group[0][0].offset
+            end = max(c.offset + c.length for c, _ in group)
+            buf = aligned_empty((end - start,), np.uint8)
+            n = self.store.read_into(self._prefix + group[0][0].key, start, memoryview(buf))
+            for job in group:
+                chunk = job[0]
+                a = chunk.offset - start
+                data = buf[a : a + chunk.length]
+                self._check_chunk(chunk, max(0, min(n - a, chunk.length)), data)
+                target, src_box, direct = place(job)
+                if direct:
+                    np.copyto(target.reshape(-1).view(np.uint8), data)
+                else:
+                    target[...] = data.view(target.dtype).reshape(chunk.shape)[src_box]
+
+        tasks: list[tuple[Any, Any]] = []
+        small: dict[str, list[tuple[fmt.Chunk, Any]]] = {}
+        for job in jobs:
+            if job[0].length < COALESCE_CHUNK_BYTES:
+                small.setdefault(job[0].key, []).append(job)
+            else:
+                tasks.append((run, job))
+        for group_jobs in small.values():
+            group_jobs.sort(key=lambda j: j[0].offset)
+            group: list[tuple[fmt.Chunk, Any]] = []
+            g_start = g_end = 0
+            for job in group_jobs:
+                c = job[0]
+                if group and (
+                    c.offset < g_end  # never, chunks do not share bytes; but stay exact
+                    or c.offset - g_end > fmt.ALIGNMENT
+                    or c.offset + c.length - g_start > COALESCE_REQUEST_BYTES
+                ):
+                    tasks.append((run_group, group))
+                    group = []
+                if not group:
+                    g_start = c.offset
+                group.append(job)
+                g_end = max(g_end, c.offset + c.length)
+            if group:
+                tasks.append((run_group, group))
+
+        if len(tasks) <= 1:
+            for fn, arg in tasks:
+                fn(arg)
         else:
-            with ThreadPoolExecutor(min(self.readers, len(jobs)), thread_name_prefix="ckptio-read") as pool:
-                futs = [pool.submit(run, j) for j in jobs]
+            with ThreadPoolExecutor(min(self.readers, len(tasks)), thread_name_prefix="ckptio-read") as pool:
+                futs = [pool.submit(fn, arg) for fn, arg in tasks]
                 first: BaseException | None = None
                 for f in futs:
                     try:

@@ -403,7 +403,8 @@ def _validate_tensor(path: str, t: Any, objects: Mapping[str, int]) -> TensorEnt
     _want(volume * itemsize <= MAX_TENSOR_BYTES, f"{base}.shape", f"declares {volume * itemsize} bytes, more than the {MAX_TENSOR_BYTES}-byte limit")
     chunks_doc = t.get("chunks")
     _want(isinstance(chunks_doc, list), f"{base}.chunks", "expected a list")
-    fast = _chunks_fast(chunks_doc, shape, itemsize, objects)
+    # bulk checks pay off for many chunks; a tensor of a few is checked field by field
+    fast = _chunks_fast(chunks_doc, shape, itemsize, objects) if len(chunks_doc) >= _BULK_MIN else None
     if fast is not None:
         chunks, table = fast
         covered = sum(table[:, len(shape) : 2 * len(shape)].prod(axis=1).tolist())
@@ -435,6 +436,8 @@ def _validate_tensor(path: str, t: Any, objects: Mapping[str, int]) -> TensorEnt
     return TensorEntry(dt, shape, tuple(chunks))
 
 
+_BULK_MIN = 16
+"""Chunks of one tensor from which they are validated in bulk (numpy) rather than one by one."""
 _INT_ONLY = {int}
 _STR_ONLY = {str}
 _MAX_INT = 1 << 62

@@ -13,7 +13,7 @@ from ckptio import errors
 from ckptio import format as fmt
 
 
-def _doc(ntensors: int = 3, per: int = 5, rows: int = 8) -> dict[str, Any]:
+def _doc(ntensors: int = 3, per: int = 20, rows: int = 8) -> dict[str, Any]:
     objects = {f"data/rank-{r:05d}-000-ab.bin": 1 << 30 for r in range(per)}
     tensors = {}
     for t in range(ntensors):
@@ -132,3 +132,11 @@ def test_a_scalar_node_with_a_non_string_dtype_is_a_manifest_error():
     doc["tree"]["d"]["x"] = {"s": [[], "05"]}
     with pytest.raises(errors.ManifestError, match="bad scalar"):
         fmt.parse_manifest(json.dumps(doc).encode())
+
+
+def test_the_bulk_path_is_the_one_exercised_above(monkeypatch):
+    calls = []
+    real = fmt._chunks_fast
+    monkeypatch.setattr(fmt, "_chunks_fast", lambda *a: calls.append(1) or real(*a))
+    fmt.parse_manifest(json.dumps(_doc()).encode())
+    assert calls and fmt._BULK_MIN <= 20
