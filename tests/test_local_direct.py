@@ -217,3 +217,21 @@ def test_direct_reads_the_filesystem_refuses_are_read_buffered(store, monkeypatc
     assert store.read_into("obj", 0, dst) == 3 * MiB
     assert np.array_equal(dst, data)
     assert not store.direct_read  # remembered: later reads go buffered at once
+
+
+def test_many_small_tensors_load_with_few_requests(tmp_path):
+    from ckptio.trace import Trace
+
+    rng = np.random.default_rng(21)
+    state = {f"layers/{i}/w": rng.standard_normal(1000 + i) for i in range(300)}
+    url = "file://" + str(tmp_path)
+    ckptio.save(state, url, step=1)
+    trace = Trace()
+    store = LocalStore(str(tmp_path), trace=trace)
+    got = ckptio.load(store)
+    for k, v in state.items():
+        assert np.array_equal(got[k], v)
+    data_reads = [e for e in trace.events() if e.op == "get" and "/data/" in e.key]
+    assert 0 < len(data_reads) < 30  # 300 chunks, coalesced into requests of up to 16 MiB
+    part = ckptio.load(store, select={"layers/7/w": np.s_[10:20]})["layers/7/w"]
+    assert np.array_equal(part, state["layers/7/w"][10:20])
