@@ -109,13 +109,21 @@ RUN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("kind", "string"),
     ("sweep_streams", "int32"),
     ("sweep_part_size", "int64"),
+    ("layout", "string"),
 )
 """One iteration of a run. ``write_seconds``: the maximum over ranks from the start barrier
 to the commit (write + durable flush + commit); ``write_gbps = checkpoint_bytes /
 write_seconds / 1e9``; ``min_rank_*_gbps``: the slowest rank's own bytes over its own time
 (MLPerf Storage's metric); ``generate_gbps``: synthetic data generated per CPU second of
 generation work (throughput per core; compare it with write_gbps / cores to see whether
-generation could limit a run)."""
+generation could limit a run). ``layout``: how the checkpoint was laid out on the target
+(``file-per-shard``, ``shared-file``, ``shared-file-per-node``; see
+:data:`ckptio.checkpoint.LAYOUTS`)."""
+
+ADDED_COLUMNS: dict[str, dict[str, Any]] = {"run": {"layout": "file-per-shard"}}
+"""Columns added to a table after result files were first written, with the value that
+files written before them imply (the runner wrote only file-per-shard checkpoints before
+it had a layout); :func:`read_results` fills them in, so old files stay readable."""
 
 TABLES = {"requests": REQUEST_COLUMNS, "phases": PHASE_COLUMNS, "run": RUN_COLUMNS}
 
@@ -377,6 +385,9 @@ def read_results(paths: Sequence[str | os.PathLike[str]]) -> Results:
             f = run_file.with_name(f"{run_id}.{name}.parquet")
             if f.exists():
                 t = pq.read_table(f)
+                for col, value in ADDED_COLUMNS.get(name, {}).items():
+                    if col not in t.column_names:
+                        t = t.append_column(col, pa.array([value] * t.num_rows, type=schema(name).field(col).type))
                 parts[name].append(t.select(schema(name).names).cast(schema(name)))
         side = run_file.with_name(f"{run_id}.json")
         if side.exists():

@@ -30,6 +30,17 @@ cache was bypassed) and ``verify`` (seconds computing CRC32C, summed over thread
 Memory per rank is bounded by ``inflight x object_size`` plus the store's own bounded
 buffers: it does not grow with the checkpoint's size.
 
+Checkpoint layouts (``layout``, :data:`ckptio.checkpoint.LAYOUTS`): ``file-per-shard`` (N-N,
+the default) writes each shard object as its own object, as above. ``shared-file`` (N-1) and
+``shared-file-per-node`` use the library's N-1 code (:func:`ckptio.checkpoint._place_shared`,
+``_pwrite_pieces``): at the start of the write phase rank 0 places every process's byte range
+(all its shard objects packed, 4 KiB aligned, the range aligned to the store's
+``positional_alignment``) in one object per checkpoint (or per host) and creates it; each
+process then generates its objects into the same ring of buffers and pwrites each at its
+place, through its own handle on the shared object that is closed (durable) before the buffer
+is reused. So memory stays bounded, at the cost of one open/fsync/close of the shared object
+per shard object (the library's save, which holds all its data, opens it once per rank).
+
 Duration is the maximum over ranks, throughput the checkpoint's bytes over that duration;
 the slowest rank's own throughput is kept too (MLPerf Storage's metric). Every storage
 request of every rank is gathered to rank 0 and written to the requests table.
@@ -56,7 +67,19 @@ import numpy as np
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio import results as res
-from ckptio.checkpoint import _commit, _Local, _Prepared, _write_rank, crc32c
+from ckptio.checkpoint import (
+    LAYOUTS,
+    SharedRegion,
+    _commit,
+    _Local,
+    _pack,
+    _Piece,
+    _place_shared,
+    _Prepared,
+    _pwrite_pieces,
+    _write_rank,
+    crc32c,
+)
 from ckptio.dist import Communicator, detect
 from ckptio.registry import open_store, split_url
 from ckptio.store import Store, parse_size
@@ -304,6 +327,7 @@ def run_workload(
     sweep_part_size: int = 0,
     config: dict[str, Any] | None = None,
     write_files: bool = True,
+    layout: str = "file-per-shard",
 ) -> RunSummary:
     """Run ``plan`` against ``url`` for ``iterations`` iterations on every rank of ``comm``
     (default: detected from the launcher). Every rank calls this with the same arguments.
@@ -313,8 +337,9 @@ def run_workload(
     :data:`CACHE_MODES`. ``keep``: one of :data:`KEEP`. ``emulate``: a profile name; the
     target is wrapped in the shaped backend and every figure is marked emulated.
     ``store_options`` go to the store (``streams``, ``part_size``, ...). ``progress`` (rank 0)
-    is called with bytes done. Rank 0 writes the result files under ``out_dir`` (when given
-    and ``write_files``) and returns the complete :class:`RunSummary`.
+    is called with bytes done. ``layout``: one of :data:`ckptio.checkpoint.LAYOUTS` (the
+    shared ones need a store with positional writes). Rank 0 writes the result files under
+    ``out_dir`` (when given and ``write_files``) and returns the complete :class:`RunSummary`.
     """
     if iterations < 1:
         raise errors.InvalidArgumentError(f"iterations must be >= 1, got {iterations}")
@@ -328,6 +353,8 @@ def run_workload(
         raise errors.InvalidArgumentError(f"unknown key_layout {key_layout!r}; valid: {', '.join(fmt.KEY_LAYOUTS)}")
     if pause < 0:
         raise errors.InvalidArgumentError(f"pause must be >= 0 seconds, got {pause}")
+    if layout not in LAYOUTS:
+        raise errors.InvalidArgumentError(f"unknown layout {layout!r}; valid: {', '.join(LAYOUTS)}")
     comm = comm if comm is not None else detect()
     if comm.size > plan.ranks:
         raise errors.InvalidArgumentError(
@@ -344,15 +371,29 @@ def run_workload(
     profile = emulate or str(options.get("profile", ""))
     store = open_store(target_url, **options)
     try:
+        check_layout(store, layout, url)  # the same verdict on every rank, before any collective
         return _run(store, url, plan, comm, iterations=iterations, out_dir=out_dir, pause=pause,
                     inflight=inflight, read=read, cache=cache, keep=keep, key_layout=key_layout,
                     label=label or _target_label(url, emulate), site=site, emulated=emulated,
                     profile=profile, mock=mock, options=options, progress=progress,
                     run_id=run_id, kind=kind, sweep_streams=sweep_streams,
                     sweep_part_size=sweep_part_size, config=config or {},
-                    write_files=write_files)
+                    write_files=write_files, layout=layout)
     finally:
         store.close()
+
+
+def check_layout(store: Store, layout: str, url: str) -> None:
+    """Raise :class:`~ckptio.errors.InvalidArgumentError` unless ``store`` can hold a
+    checkpoint of ``layout`` (the shared layouts need ``capabilities.positional_writes``)."""
+    if layout not in LAYOUTS:
+        raise errors.InvalidArgumentError(f"unknown layout {layout!r}; valid: {', '.join(LAYOUTS)}")
+    if layout != "file-per-shard" and not store.capabilities.positional_writes:
+        raise errors.InvalidArgumentError(
+            f"layout {layout!r} needs positional writes (several writers in one object), which "
+            f"the {store.name} store at {res.scrub_url(url)} does not offer; valid layouts "
+            "there: file-per-shard (shared-file and shared-file-per-node need a filesystem "
+            "target: file://, pfs://)")
 
 
 def _run(
@@ -382,6 +423,7 @@ def _run(
     sweep_part_size: int,
     config: dict[str, Any],
     write_files: bool,
+    layout: str = "file-per-shard",
 ) -> RunSummary:
     from ckptio.checkpoint import committed_steps
 
@@ -430,9 +472,12 @@ def _run(
             gen_lock = threading.Lock()
             outcomes: list[dict[str, Any]] = []
 
-            def write_one(spec: ObjectSpec, step: int = step, token: str = token,
-                          it: int = it, lock: threading.Lock = gen_lock,
+            region: SharedRegion | None = None  # N-1: this process's range, placed below
+
+            def write_one(item: tuple[ObjectSpec, int, SharedRegion | None], step: int = step,
+                          token: str = token, it: int = it, lock: threading.Lock = gen_lock,
                           info: _Iter = info) -> dict[str, Any]:
+                spec, offset, shared = item
                 buf = buffers.take()
                 try:
                     t0 = time.thread_time()  # CPU seconds: the cost per core, not the wait
@@ -444,9 +489,14 @@ def _run(
                              else int(plan.optim_elements[spec.rank]))
                     local = _Local(_tensor_path(spec.rank, spec.component), arr, (total,),
                                    (spec.element_offset,), replicated=False)
-                    out = _write_rank(store, step, spec.rank, token, [local],
-                                      key_layout=key_layout, chunk_size=plan.object_size,
-                                      max_object_size=plan.object_size, first_index=spec.number)
+                    if shared is None:
+                        out = _write_rank(store, step, spec.rank, token, [local],
+                                          key_layout=key_layout, chunk_size=plan.object_size,
+                                          max_object_size=plan.object_size, first_index=spec.number)
+                    else:  # N-1: this object's place in the shared object, durable on return
+                        piece = _Piece(local.path, arr, local.offsets)
+                        out = {"chunks": _pwrite_pieces(store, step, shared, [(piece, offset)]),
+                               "objects": {shared.key: shared.size}}
                 finally:
                     buffers.give(buf)
                 with lock:
@@ -455,17 +505,28 @@ def _run(
                     progress(spec.nbytes)
                 return out
 
+            def my_specs() -> Iterator[ObjectSpec]:
+                return (s for r in mine for s in plan.rank_objects(int(r)))
+
             with _Phase(store) as wphase:
                 info.write_start = wphase.start
-                specs = (s for r in mine for s in plan.rank_objects(int(r)))
                 failure: BaseException | None = None
                 try:
-                    for out in _bounded_map(pool, write_one, specs, inflight):
+                    if layout == "file-per-shard":
+                        items: Iterator[tuple[ObjectSpec, int, SharedRegion | None]] = (
+                            (s, 0, None) for s in my_specs())
+                    else:  # collective: every process takes part, even one with no data
+                        offsets, need = _pack(s.nbytes for s in my_specs())
+                        region = _place_shared(store, step, comm, token, need,
+                                               per_node=layout == "shared-file-per-node")
+                        items = ((s, o, region) for s, o in zip(my_specs(), offsets, strict=True))
+                    for out in _bounded_map(pool, write_one, items, inflight):
                         outcomes.append(out)
                 except Exception as err:  # reported to every rank through the commit
                     failure = err
                 info.write_done = time.time()
             written: dict[str, Any] = {"ok": failure is None}
+            owned: dict[str, int] = {}  # objects this process counts and deletes
             if failure is None:
                 chunks: dict[str, list[Any]] = {}
                 objects: dict[str, int] = {}
@@ -474,7 +535,9 @@ def _run(
                         chunks.setdefault(p, []).extend(cs)
                     objects.update(out["objects"])
                 written.update(chunks=chunks, objects=objects)
-                info.objects = len(objects)
+                # a shared object counts (and is deleted) once: by the lowest rank placed in it
+                owned = objects if region is None else (objects if region.owner else {})
+                info.objects = len(owned)
             else:
                 written["error"] = f"{type(failure).__name__}: {failure}"
             info.bytes = my_bytes if failure is None else 0
@@ -485,9 +548,10 @@ def _run(
                 if rank == 0:
                     assert gathered is not None
                     prepared = _synthetic_prepared(plan, metadata)
-                    plan_doc = {"writers": {p: -1 for p in prepared.tensors}}
+                    # the token names rank 0's shared object: a failed commit finds it by it
+                    plan_doc = {"writers": {p: -1 for p in prepared.tensors}, "token": token}
                     verdict = _commit(store, step, prepared, plan_doc, gathered, plan.ranks,
-                                      "file-per-shard", key_layout)
+                                      layout, key_layout)
             verdict = comm.bcast(verdict, root=0)
             if not verdict.get("ok"):
                 raise errors.SaveFailedError(
@@ -510,7 +574,7 @@ def _run(
             if read:
                 mine_objects = [(k, c) for p, cs in written.get("chunks", {}).items() for c in cs
                                 for k in [c["key"]]]
-                mode = _prepare_read(store, step, [k for k, _ in mine_objects], cache)
+                mode = _prepare_read(store, step, list(dict.fromkeys(k for k, _ in mine_objects)), cache)
                 info.cache = mode
                 comm.barrier()
                 vlock = threading.Lock()
@@ -521,7 +585,7 @@ def _run(
                     key = f"{fmt.step_dir(step)}/{rel}"
                     buf = buffers.take()
                     try:
-                        view = buf.data[chunk["offset"] : chunk["offset"] + chunk["length"]]
+                        view = buf.data[: chunk["length"]]  # offset: in the object, not the buffer
                         t0 = time.perf_counter()
                         n = store.read_into(key, chunk["offset"], view)
                         t1 = time.perf_counter()
@@ -571,7 +635,7 @@ def _run(
             per_iter.append(info)
             # -- retention, pause ---------------------------------------------------------
             if keep == "none" or (keep == "last" and it < iterations - 1):
-                _delete_step(store, comm, step, list(written.get("objects", {})))
+                _delete_step(store, comm, step, list(owned))
             if pause and it < iterations - 1:
                 time.sleep(pause)
     finally:
@@ -602,7 +666,7 @@ def _run(
     runs = _run_rows(plan, everything, reqs, run_id=run_id, label=label, url=url, store=store,
                      site=site, emulated=emulated, profile=profile, mock=mock, options=options,
                      kind=kind, sweep_streams=sweep_streams, sweep_part_size=sweep_part_size,
-                     comm_size=comm.size)
+                     comm_size=comm.size, layout=layout)
     summary.runs = runs
     summary.phases = all_phases
     summary.requests = n
@@ -615,6 +679,7 @@ def _run(
                     "layout": plan.layout.describe(), "gpus": plan.ranks, "ranks": comm.size,
                     "iterations": iterations, "object_size": plan.object_size,
                     "inflight": inflight, "cache": cache, "keep": keep, "key_layout": key_layout,
+                    "checkpoint_layout": layout,
                     "pause": pause, "store_options": options, **config},
             target_path=_local_path(store), emulated=emulated, profile=profile, mock=mock,
             labels={"target": label, "site": site or ""},
@@ -737,7 +802,7 @@ def _gbps(nbytes: float, seconds: float) -> float:
 def _run_rows(plan: Plan, everything: Sequence[dict[str, Any]], reqs: dict[str, list[Any]], *,
               run_id: str, label: str, url: str, store: Store, site: str | None, emulated: bool,
               profile: str, mock: bool, options: dict[str, Any], kind: str, sweep_streams: int,
-              sweep_part_size: int, comm_size: int) -> list[dict[str, Any]]:
+              sweep_part_size: int, comm_size: int, layout: str) -> list[dict[str, Any]]:
     import socket
 
     rows = []
@@ -775,6 +840,7 @@ def _run_rows(plan: Plan, everything: Sequence[dict[str, Any]], reqs: dict[str, 
             "emulated": emulated, "profile": profile, "mock": mock,
             "site": site or socket.gethostname(), "kind": kind,
             "sweep_streams": sweep_streams, "sweep_part_size": sweep_part_size,
+            "layout": layout,
         })
     return rows
 
@@ -800,11 +866,13 @@ def sweep(
     iterations: int = 1,
     label: str | None = None,
     progress: Callable[[int], None] | None = None,
+    layout: str = "file-per-shard",
     **kwargs: Any,
 ) -> RunSummary:
     """Throughput versus concurrency: run ``plan`` once per (streams, part size) pair, with
     enough shard objects in flight to keep every stream busy, and write all points as one run
-    (``kind = "sweep"``) under ``out_dir``. Other keyword arguments go to :func:`run_workload`."""
+    (``kind = "sweep"``) under ``out_dir``. ``layout``: the checkpoint layout of every point
+    (:data:`ckptio.checkpoint.LAYOUTS`). Other keyword arguments go to :func:`run_workload`."""
     comm = comm if comm is not None else detect()
     if not streams or not part_sizes:
         raise errors.InvalidArgumentError("a sweep needs at least one streams value and one part size")
@@ -832,7 +900,7 @@ def sweep(
         summary = run_workload(
             url, plan, iterations=iterations, comm=comm, out_dir=None,
             label=label, progress=progress, run_id=run_id, kind="sweep", sweep_streams=s,
-            sweep_part_size=p, store_options=opts,
+            sweep_part_size=p, store_options=opts, layout=layout,
             keep=keep if n == len(points) - 1 else "none",
             **{**kwargs, "inflight": inflight},
         )
@@ -856,7 +924,8 @@ def sweep(
         side = res.sidecar(run_id, config={"url": url, "preset": plan.preset.name, "scale": plan.scale,
                                            "streams": list(streams), "part_sizes": parts,
                                            "iterations": iterations, "ranks": comm.size,
-                                           "kind": "sweep"},
+                                           "kind": "sweep",
+                                           "checkpoint_layout": layout},
                            target_path=merged.target_path, emulated=any(r["emulated"] for r in merged.runs),
                            profile=merged.runs[0]["profile"], mock=merged.runs[0]["mock"],
                            extra={"peak_rss_bytes": merged.peak_rss_bytes})
@@ -927,6 +996,10 @@ def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
     r.add_argument("--keep", choices=KEEP, default="last",
                    help="checkpoints left on the target afterwards (default last)")
     r.add_argument("--key-layout", choices=fmt.KEY_LAYOUTS, default="flat")
+    r.add_argument("--layout", choices=LAYOUTS, default="file-per-shard",
+                   help="checkpoint layout: file-per-shard (N-N, default), shared-file (N-1: one "
+                   "object per checkpoint, ranks pwrite their ranges), shared-file-per-node "
+                   "(one per host); the shared ones need file:// or pfs://")
     r.add_argument("--emulate", metavar="PROFILE", help="wrap the target in the shaped backend "
                    "with this storage profile (results are marked emulated)")
     r.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
@@ -974,15 +1047,19 @@ def cmd_run(args: Any, console: Any, *, sweep_mode: bool = False) -> int:
     # a wrong target or option fails here, once (through the shaped wrapper when emulating:
     # profile figures given as --option belong to it, not to the wrapped store)
     if args.emulate:
-        open_store(f"shaped+{args.target}", **{**opts, "profile": args.emulate}).close()
+        probe = open_store(f"shaped+{args.target}", **{**opts, "profile": args.emulate})
     else:
-        open_store(args.target, **opts).close()
+        probe = open_store(args.target, **opts)
+    try:
+        check_layout(probe, args.layout, args.target)
+    finally:
+        probe.close()
     kwargs: dict[str, Any] = {
         "iterations": args.iterations, "out_dir": args.out, "label": args.label,
         "pause": args.pause, "inflight": args.inflight, "read": not args.no_read,
         "cache": args.cache, "keep": args.keep, "key_layout": args.key_layout,
         "emulate": args.emulate, "site": args.site, "store_options": opts,
-        "config": {"command": "sweep" if sweep_mode else "run"},
+        "config": {"command": "sweep" if sweep_mode else "run"}, "layout": args.layout,
     }
     if sweep_mode:
         kwargs.pop("pause")
@@ -1064,7 +1141,8 @@ def print_summary(summary: RunSummary, console: Any) -> None:
     console.print(t)
     rss = ", ".join(human_bytes(b) for b in summary.peak_rss_bytes)
     gen = ", ".join(f"{r['generate_gbps']:.2f}" for r in summary.runs)
-    console.print(f"GB/s = 1e9 bytes/s; slowest rank: its own bytes over its own time. "
+    console.print(f"Layout: {first.get('layout', 'file-per-shard')}. "
+                  f"GB/s = 1e9 bytes/s; slowest rank: its own bytes over its own time. "
                   f"Read cache bypass: {summary.cache or 'n/a'}. Data: {summary.generator}, "
                   f"generated at {gen} GB/s per core. Peak RSS per rank: {rss}.", highlight=False)
     for p in summary.paths:
