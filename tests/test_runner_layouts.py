@@ -226,3 +226,22 @@ def test_layout_old_result_files_without_the_column_read_as_file_per_shard(tmp_p
     merged = read_results([tmp_path / "old", tmp_path / "new"])
     layouts = {r["backend"]: r["layout"] for r in merged.runs.to_pylist()}
     assert layouts == {"memory": "file-per-shard", "file": "shared-file"}
+
+
+def _layout_peak_rss(tmp_path: Path, size: str, name: str) -> list[int]:
+    r = subprocess.run([sys.executable, "-m", "ckptio.cli", "run", f"file://{tmp_path}/{name}",
+                        "--preset", "llama3-8b", "--total-size", size, "--object-size", "4MiB",
+                        "--inflight", "2", "--ranks", "2", "--keep", "none", "--layout",
+                        "shared-file", "--out", str(tmp_path / "out"), "--json"],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert [(row["layout"], row["objects"]) for row in doc["runs"]] == [("shared-file", 1)]
+    return doc["peak_rss_bytes"]
+
+
+def test_layout_shared_file_memory_per_rank_does_not_grow_with_checkpoint_size(tmp_path: Path) -> None:
+    small = _layout_peak_rss(tmp_path, "48MiB", "small")
+    large = _layout_peak_rss(tmp_path, "384MiB", "large")  # 8x larger, one shared file too
+    for s, big in zip(small, large, strict=True):
+        assert abs(big - s) <= 0.10 * s, (small, large)
