@@ -89,6 +89,10 @@ DTYPES: Mapping[str, np.dtype[Any]] = _DtypeTable()
 
 def dtype_name(dtype: np.dtype[Any]) -> str:
     """The manifest name of a numpy dtype; raises for dtypes ckptio does not store."""
+    if type(dtype) in _DTYPE_TYPES:  # a native-order dtype object: one dict lookup
+        known = _NAME_OF.get(dtype)
+        if known is not None:
+            return known
     dt = np.dtype(dtype)
     name = dt.name
     if name not in DTYPES or DTYPES[name] != dt.newbyteorder("="):
@@ -96,6 +100,10 @@ def dtype_name(dtype: np.dtype[Any]) -> str:
             f"dtype {dt} cannot be checkpointed; supported: {', '.join(DTYPES)}"
         )
     return name
+
+
+_NAME_OF: dict[np.dtype[Any], str] = {dt: name for name, dt in DTYPES.items()}
+_DTYPE_TYPES = frozenset(type(dt) for dt in DTYPES.values())
 
 
 # -- naming -----------------------------------------------------------------------------------
@@ -403,7 +411,14 @@ def _validate_tensor(path: str, t: Any, objects: Mapping[str, int]) -> TensorEnt
     _want(volume * itemsize <= MAX_TENSOR_BYTES, f"{base}.shape", f"declares {volume * itemsize} bytes, more than the {MAX_TENSOR_BYTES}-byte limit")
     chunks_doc = t.get("chunks")
     _want(isinstance(chunks_doc, list), f"{base}.chunks", "expected a list")
-    # bulk checks pay off for many chunks; a tensor of a few is checked field by field
+    # bulk checks pay off for many chunks; a tensor of a few gets a plain-Python pass
+    if len(chunks_doc) < _BULK_MIN:
+        few = _chunks_few(chunks_doc, shape, itemsize, objects)
+        if few is not None:
+            chunks_few, covered_few = few
+            _want(covered_few == volume, f"{base}.chunks", f"chunks hold {covered_few} elements but the shape has {volume}")
+            _check_no_overlap(chunks_few, f"{base}.chunks")
+            return TensorEntry(dt, shape, tuple(chunks_few))
     fast = _chunks_fast(chunks_doc, shape, itemsize, objects) if len(chunks_doc) >= _BULK_MIN else None
     if fast is not None:
         chunks, table = fast
@@ -442,6 +457,37 @@ _INT_ONLY = {int}
 _STR_ONLY = {str}
 _MAX_INT = 1 << 62
 """The bound :func:`_int` applies by default."""
+
+
+def _chunks_few(
+    chunks_doc: list[Any], shape: tuple[int, ...], itemsize: int, objects: Mapping[str, int]
+) -> tuple[list[Chunk], int] | None:
+    """The checks of :func:`_chunks_fast` in plain Python, for tensors of a few chunks (where
+    numpy's per-call cost dominates). Returns the chunks and the elements they cover, or None
+    when anything is off (the per-field checks then name it)."""
+    nd = len(shape)
+    out: list[Chunk] = []
+    covered = 0
+    for c in chunks_doc:
+        if type(c) is not dict:
+            return None
+        offs, cshape, key = c.get("offsets"), c.get("shape"), c.get("key")
+        offset, length, crc = c.get("offset"), c.get("length"), c.get("crc32c")
+        if type(offs) is not list or type(cshape) is not list or len(offs) != nd or len(cshape) != nd:
+            return None
+        row = [*offs, *cshape, offset, length, crc]
+        if set(map(type, row)) != _INT_ONLY or type(key) is not str or key not in objects:
+            return None
+        if min(row) < 0 or max(row) > _MAX_INT or crc > 0xFFFFFFFF:
+            return None
+        if any(o + n > full for o, n, full in zip(offs, cshape, shape, strict=True)):
+            return None
+        elements = math.prod(cshape)
+        if length != elements * itemsize or offset + length > objects[key]:
+            return None
+        out.append(_new_chunk(tuple(offs), tuple(cshape), key, offset, length, crc))
+        covered += elements
+    return out, covered
 
 
 def _chunks_fast(

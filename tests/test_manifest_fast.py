@@ -7,6 +7,7 @@ import copy
 import json
 from typing import Any
 
+import numpy as np
 import pytest
 
 from ckptio import errors
@@ -44,6 +45,7 @@ def _outcome(doc: Any) -> Any:
 def _slow_outcome(doc: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     with monkeypatch.context() as m:
         m.setattr(fmt, "_chunks_fast", lambda *a, **k: None)
+        m.setattr(fmt, "_chunks_few", lambda *a, **k: None)
         return _outcome(doc)
 
 
@@ -80,16 +82,18 @@ MUTATIONS = [
 ]
 
 
+@pytest.mark.parametrize("per", [3, 20])  # plain-Python pass / numpy pass
 @pytest.mark.parametrize(("field", "value"), MUTATIONS)
-def test_bulk_validation_refuses_what_the_field_checks_refuse(field, value, monkeypatch):
-    doc = _set(_doc(), field, value)
+def test_bulk_validation_refuses_what_the_field_checks_refuse(field, value, per, monkeypatch):
+    doc = _set(_doc(per=per), field, value)
     fast, slow = _outcome(doc), _slow_outcome(doc, monkeypatch)
     assert fast == slow
     assert fast[0] == "error"
 
 
-def test_bulk_validation_accepts_what_the_field_checks_accept(monkeypatch):
-    doc = _doc()
+@pytest.mark.parametrize("per", [1, 3, 20])
+def test_bulk_validation_accepts_what_the_field_checks_accept(per, monkeypatch):
+    doc = _doc(per=per)
     fast = _outcome(doc)
     assert fast[0] == "ok"
     assert fast == _slow_outcome(doc, monkeypatch)
@@ -140,3 +144,20 @@ def test_the_bulk_path_is_the_one_exercised_above(monkeypatch):
     monkeypatch.setattr(fmt, "_chunks_fast", lambda *a: calls.append(1) or real(*a))
     fmt.parse_manifest(json.dumps(_doc()).encode())
     assert calls and fmt._BULK_MIN <= 20
+
+
+def test_few_chunk_overlap_is_refused_by_both_paths(monkeypatch):
+    doc = _doc(per=3)
+    chunks = doc["tensors"]["w0"]["chunks"]
+    chunks[1]["offsets"] = [chunks[0]["offsets"][0] + 1, 0]
+    chunks[2]["offsets"] = [0, 0]
+    fast, slow = _outcome(doc), _slow_outcome(doc, monkeypatch)
+    assert fast == slow and fast[0] == "error"
+
+
+def test_dtype_names_of_native_and_foreign_dtypes():
+    assert fmt.dtype_name(np.dtype(np.float32)) == "float32"
+    assert fmt.dtype_name(np.float32) == "float32"
+    assert fmt.dtype_name(np.dtype(">f4")) == "float32"  # byte order is the writer's business
+    with pytest.raises(errors.InvalidArgumentError):
+        fmt.dtype_name(np.dtype("U3"))
