@@ -296,6 +296,15 @@ def _pieces(local: _Local, chunk_size: int) -> list[_Piece]:
 
 
 _ZEROS = memoryview(bytes(fmt.ALIGNMENT))
+CRC_BATCH_BYTES = 8 << 20
+"""Bytes: small pieces are checksummed in batches of about this size (one task, not one per
+piece); a larger piece is a batch of its own."""
+
+
+def _crc_many(datas: Sequence[np.ndarray]) -> list[int]:
+    return [crc32c(d) for d in datas]
+
+
 COALESCE_CHUNK_BYTES = 1 << 20
 """Bytes: chunks smaller than this that lie next to each other in an object are loaded with
 one request per up to :data:`COALESCE_REQUEST_BYTES` (many small tensors: no per-chunk
@@ -349,7 +358,9 @@ def _write_rank(
     def write_object(index: int, members: list[tuple[_Piece, int]]) -> tuple[str, int, list[int]]:
         key = fmt.shard_key(step, rank, index, key_layout=key_layout).replace(".bin", f"-{token}.bin")
         total = members[-1][1] + members[-1][0].view.nbytes
-        crcs: list[Future[int]] = []
+        crcs: list[Future[list[int]]] = []  # one CRC job per large piece or batch of small ones
+        batch: list[np.ndarray] = []
+        batch_bytes = 0
         writer = store.open_writer(key, size_hint=total)
         try:
             pos = 0
@@ -357,16 +368,22 @@ def _write_rank(
                 if offset > pos:
                     writer.write(_ZEROS[: offset - pos])
                 data = piece.view.reshape(-1).view(np.uint8)
-                crcs.append(pool.submit(crc32c, data))
+                batch.append(data)
+                batch_bytes += data.nbytes
+                if batch_bytes >= CRC_BATCH_BYTES:
+                    crcs.append(pool.submit(_crc_many, batch))
+                    batch, batch_bytes = [], 0
                 writer.write(data)
                 pos = offset + data.nbytes
+            if batch:
+                crcs.append(pool.submit(_crc_many, batch))
             writer.close()
         except BaseException:
             writer.abort()
             for f in crcs:
                 f.cancel()
             raise
-        return key[len(prefix) :], total, [crc.result() for crc in crcs]
+        return key[len(prefix) :], total, [crc for job in crcs for crc in job.result()]
 
     todo = [(index, members) for index, members in enumerate(objects, start=first_index) if members]
     if len(todo) > 1 and parallel > 1:
