@@ -171,16 +171,24 @@ class Boto3Store(c.S3Base):
                     return 0  # offset at or past the end
                 raise
             expected = int(resp["ContentLength"])
-            raw = resp["Body"]._raw_stream  # urllib3 response: readinto the caller's buffer
+            raw = resp["Body"]._raw_stream  # the urllib3 response
+            # urllib3 2's readinto reads into a temporary and copies; http.client's (under it)
+            # receives straight into the caller's buffer. Use it when nothing decodes the body.
+            fp = getattr(raw, "_fp", None)
+            direct = fp is not None and hasattr(fp, "readinto") and not raw.headers.get("Content-Encoding")
+            reader = fp if direct else raw
             n = 0
             try:
                 while n < expected:
-                    got = raw.readinto(out[n:expected])
+                    got = reader.readinto(out[n:expected])
                     if not got:
                         break
                     n += got
             finally:
-                resp["Body"].close()
+                if n == expected and direct:
+                    raw.release_conn()  # fully read: the connection goes back to the pool
+                else:
+                    resp["Body"].close()
             if n != expected:
                 raise errors.TransientStorageError(
                     f"{self.name}: short read of {key!r}: {n} of {expected} bytes"
