@@ -245,3 +245,20 @@ def test_layout_shared_file_memory_per_rank_does_not_grow_with_checkpoint_size(t
     large = _layout_peak_rss(tmp_path, "384MiB", "large")  # 8x larger, one shared file too
     for s, big in zip(small, large, strict=True):
         assert abs(big - s) <= 0.10 * s, (small, large)
+
+
+def test_layout_gluster_runner_shared_file_and_per_node_two_ranks(gluster_volume: Any,
+                                                                  tmp_path: Path) -> None:
+    """The runner's N-1 layouts on the real GlusterFS volume (FUSE; file:// opens as pfs
+    there), two local-process ranks each."""
+    import uuid
+
+    for layout in ("shared-file", "shared-file-per-node"):
+        root = Path(gluster_volume.mount) / f"runner-{uuid.uuid4().hex[:10]}"
+        out = tmp_path / layout
+        r = subprocess.run([sys.executable, *RUN[:3], f"file://{root}", *RUN[3:], "--ranks", "2",
+                            "--layout", layout, "--out", str(out)],
+                           capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert [row["backend"] for row in json.loads(r.stdout)["runs"]] == ["pfs"]
+        check_shared_checkpoint(root, out, 2, layout)
