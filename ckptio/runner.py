@@ -232,11 +232,14 @@ def _assign(plan: Plan, size: int) -> list[np.ndarray]:
     return [writers[p::size] for p in range(size)]
 
 
-def _target_label(url: str, emulate: str | None) -> str:
+def _target_label(url: str, emulate: str | None, layout: str = "file-per-shard") -> str:
+    """The default target label; a shared (N-1) layout is part of it, so reports, which
+    group runs by target, keep N-1 and N-N runs of one target apart."""
     scheme, bare, _ = split_url(res.scrub_url(url))  # never a credential in a label
     tail = bare.split("://", 1)[-1].rstrip("/").rsplit("/", 1)[-1] if "://" in bare else Path(bare).name
     label = scheme if not tail else f"{scheme}-{tail}"
-    return f"{label}-{emulate}" if emulate else label
+    label = f"{label}-{emulate}" if emulate else label
+    return label if layout == "file-per-shard" else f"{label}-{layout}"
 
 
 def _local_path(store: Store) -> str | None:
@@ -374,7 +377,7 @@ def run_workload(
         check_layout(store, layout, url)  # the same verdict on every rank, before any collective
         return _run(store, url, plan, comm, iterations=iterations, out_dir=out_dir, pause=pause,
                     inflight=inflight, read=read, cache=cache, keep=keep, key_layout=key_layout,
-                    label=label or _target_label(url, emulate), site=site, emulated=emulated,
+                    label=label or _target_label(url, emulate, layout), site=site, emulated=emulated,
                     profile=profile, mock=mock, options=options, progress=progress,
                     run_id=run_id, kind=kind, sweep_streams=sweep_streams,
                     sweep_part_size=sweep_part_size, config=config or {},

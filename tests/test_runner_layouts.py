@@ -91,6 +91,8 @@ def test_layout_shared_file_cli_two_local_ranks(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(r.stdout)
     assert [row["layout"] for row in doc["runs"]] == ["shared-file"]
+    # the default label names the layout: reports group runs by target, N-1 apart from N-N
+    assert [row["target"] for row in doc["runs"]] == ["file-ckpt-shared-file"]
     check_shared_checkpoint(root, out, 2)
 
 
