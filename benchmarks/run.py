@@ -413,6 +413,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     caches = cm.CacheDropper(args.dir, allow_global=args.cache_drop == "auto")
     ctx = Ctx(state, state_nbytes(state), os.path.abspath(args.dir), caches, pick_fio_engine())
     samples: dict[str, list[cm.Sample]] = {n: [] for n in selected}
+    failed: dict[str, str] = {}
     started = time.perf_counter()
     if args.warmup and selected:
         # one untimed ckptio save: thread pools, imports and the first touch of memory are
@@ -423,13 +424,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for r, seq in enumerate(plan(selected, args.rounds)):
         ctx.round = r
         for i, name in enumerate(seq):
-            ctx.caches.drop()
-            gc.collect()
             case = BY_NAME[name]
-            s = case.run(ctx)
-            samples[name].append(s)
             producer = BY_NAME[case.after or name]
             following = seq[i + 1] if i + 1 < len(seq) else None
+            if name in failed or producer.name in failed:
+                continue
+            ctx.caches.drop()
+            gc.collect()
+            try:
+                s = case.run(ctx)
+            except Exception as err:  # a failing peer is reported, the other cases still run
+                failed[name] = f"{type(err).__name__}: {err}"[:300]
+                print(f"round {r + 1}/{args.rounds} {name}: FAILED {failed[name]}", file=sys.stderr, flush=True)
+                if producer.output:
+                    cm.remove(ctx.path(producer.output))
+                continue
+            samples[name].append(s)
             if producer.output and (following is None or BY_NAME[following].after != producer.name):
                 cm.remove(ctx.path(producer.output))  # its last reader is done
             shown = f" (blocking {s.extra['blocking']:.3f} s)" if "blocking" in s.extra else ""
@@ -437,6 +447,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if ctx._checkpointer is not None:
         ctx._checkpointer.close()
     cm.remove(ctx.path("ckptio-async"))
+    for name, why in failed.items():
+        skipped[name] = f"failed: {why}"
+        if not samples[name]:
+            del samples[name]
     return summarize(args, ctx, samples, skipped, time.perf_counter() - started)
 
 
@@ -488,7 +502,7 @@ def summarize(args: argparse.Namespace, ctx: Ctx, samples: dict[str, list[cm.Sam
         targets.append({"target": "manifest of 100,000 chunks loads", "of": "manifest-100k", "against": "1 s", "ratio": m, "goal": "<= 1.0 s", "met": m <= 1.0})
     return {
         "benchmark": "ckptio local peers",
-        "command": " ".join(["python", "benchmarks/run.py", *sys.argv[1:]]),
+        "command": " ".join(["python", "benchmarks/run.py", *args.argv]),
         "config": {"size_bytes": ctx.nbytes, "tensors": len(ctx.state), "rounds": args.rounds, "fio_engine": ctx.fio_engine, "cache_drop": ctx.caches.method, "warmup": args.warmup},
         "machine": cm.machine_info(ctx.directory),
         "wall_seconds": wall,
@@ -545,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default="benchmarks/results/latest.json", help="write the result document here ('' for none)")
     p.add_argument("--markdown", default="benchmarks/results/latest.md", help="write the Markdown table here ('' for none)")
     args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.rounds < 1 or args.tensors < 1:
         p.error("--rounds and --tensors must be >= 1")
     result = run(args)
