@@ -4,6 +4,11 @@ Writes go to a temp file beside the target (``.<name>.ckptio-tmp-<hex>``), in la
 from a thread pool (``os.pwrite`` releases the GIL, so blocks of one object are written in
 parallel), are fsynced, renamed into place, and the directory is fsynced: on return from
 ``close`` the object is durable and visible, and no reader ever sees a partial file.
+
+Large objects are written and read with ``O_DIRECT`` where the filesystem accepts it (the
+default; ``direct=0`` turns it off): no page-cache copy, no dirty pages for fsync to flush,
+cold reads at device speed. Page-aligned memory goes to the device as it is; other memory
+passes through page-aligned staging blocks that the I/O threads fill.
 """
 
 from __future__ import annotations
