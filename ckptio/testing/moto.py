@@ -10,6 +10,12 @@ Fixtures (registered by the ckptio pytest plugin):
 - ``s3_bucket`` (function): moto reset through ``/moto-api/reset``, then a fresh bucket;
   yields its name. Uses ``s3_env``.
 - ``s3_client``: a boto3 client on the server (out-of-band checks: list_multipart_uploads...).
+- ``fault_proxy``: a factory of :class:`~ckptio.testing.faults.FaultProxy` in front of the
+  server (503 SlowDown, 500, dropped connections, slow responses at a chosen rate); pass its
+  ``url`` as ``endpoint_url``.
+
+Wrong credentials: ``POST <endpoint>/moto-api/reset-auth`` with body ``0`` makes moto check
+keys against its IAM (any fixture key is then refused), ``inf`` turns that off again.
 
 The credentials are fake (moto accepts any) and distinctive, so tests can grep every output
 for them: :data:`TEST_ACCESS_KEY_ID`, :data:`TEST_SECRET_ACCESS_KEY`.
