@@ -110,3 +110,42 @@ def test_scrub_removes_registered_secrets_and_signatures() -> None:
     register_secret("s3cr3t-value-xyz")
     text = scrub("url?X-Amz-Signature=abcdef&X-Amz-Credential=AKIA/2026 secret s3cr3t-value-xyz")
     assert "abcdef" not in text and "s3cr3t-value-xyz" not in text and "AKIA/2026" not in text
+
+
+def test_boto3_sends_crc32c_with_every_part_and_no_md5(s3_bucket: str, s3_env: dict[str, str]) -> None:
+    import os
+
+    from ckptio.backends._s3common import crc32c_b64
+    from crc32c import crc32c
+
+    store = open_store(f"s3+boto3://{s3_bucket}/crc", part_size="5MiB")
+    sent: list[dict[str, str]] = []
+
+    def capture(request: Any, **kwargs: Any) -> None:
+        sent.append(
+            {k.lower(): v.decode() if isinstance(v, bytes) else str(v) for k, v in request.headers.items()}
+        )
+
+    store.client.meta.events.register("before-send.s3.UploadPart", capture)  # type: ignore[attr-defined]
+    store.client.meta.events.register("before-send.s3.PutObject", capture)  # type: ignore[attr-defined]
+    data = os.urandom(11 * 2**20)
+    store.put("parts.bin", data)
+    store.put("small.bin", data[:1000])
+    part = 5 * 2**20
+    expected = [crc32c_b64(crc32c(data[i : i + part])) for i in range(0, len(data), part)]
+    expected.append(crc32c_b64(crc32c(data[:1000])))
+    assert sorted(h.get("x-amz-checksum-crc32c", "") for h in sent) == sorted(expected)
+    assert not any("content-md5" in h for h in sent)
+    assert store.get("parts.bin") == data
+
+
+def test_part_size_grows_to_fit_10000_parts() -> None:
+    from ckptio.backends._s3common import MAX_PARTS, MIN_PART_SIZE, part_size_for
+
+    assert part_size_for(None, MIN_PART_SIZE) == MIN_PART_SIZE
+    assert part_size_for(10 * 2**30, 8 * 2**20) == 8 * 2**20
+    big = 200 * 2**30  # 200 GiB in 8 MiB parts would be 25,600 parts
+    grown = part_size_for(big, 8 * 2**20)
+    assert -(-big // grown) <= MAX_PARTS and grown % 2**20 == 0
+    with pytest.raises(errors.InvalidArgumentError, match="10000 parts"):
+        part_size_for(60 * 2**40, 8 * 2**20)  # beyond 10,000 x 5 GiB
