@@ -55,18 +55,18 @@ def mock_s3_server() -> Iterator[str]:
     server and restores the environment afterwards. Raises
     :class:`~ckptio.errors.BackendUnavailableError` when moto/boto3 are not installed."""
     try:
-        from ckptio.testing.moto import aws_env, boto3_client, start_moto_server
-    except ImportError as err:  # pytest (test extra) is imported by the fixtures module
+        from ckptio.testing.motoserver import aws_env, boto3_client, start_moto_server
+    except ImportError as err:
         raise errors.BackendUnavailableError(
-            f"the mock S3 target needs moto[server], boto3 and pytest ({err.name} is missing); "
-            "pip install 'ckptio[s3,test]'"
+            f"the mock S3 target needs moto[server] and boto3 ({err.name} is missing); "
+            "pip install 'ckptio[all]'"
         ) from err
     try:
         server, endpoint = start_moto_server()
     except ImportError as err:
         raise errors.BackendUnavailableError(
             f"the mock S3 target needs moto[server] ({err.name} is missing); "
-            "pip install 'ckptio[s3,test]'"
+            "pip install 'ckptio[all]'"
         ) from err
     env = aws_env(endpoint)
     saved = {k: os.environ.get(k) for k in env}
