@@ -340,7 +340,7 @@ def plot_latency(targets: list[dict[str, Any]], requests: list[dict[str, Any]], 
     ax.set_yticklabels([s[0] for s in series], fontsize=8)
     ax.set_xscale("log")
     lo, hi = ax.get_xlim()
-    ax.set_xlim(lo, hi * 30)
+    ax.set_xlim(lo, hi * 2000)
     ax.set_xlabel("request latency, ms (log scale; box: quartiles, whiskers: 1st-99th percentile)")
     ax.set_title("Data request latency per target and phase")
     _kind_legend(ax, {s[2] for s in series}, loc="upper right")
