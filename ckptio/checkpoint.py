@@ -196,7 +196,12 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     nbytes = math.prod(shape) * dt.itemsize
     if nbytes < PAGE_ALIGNED_MIN:
         return np.empty(shape, dtype=dt)
-    buf = mmap.mmap(-1, fmt.align_up(nbytes, PAGE))
+    try:
+        buf = mmap.mmap(-1, fmt.align_up(nbytes, PAGE))
+    except OSError:  # e.g. the per-process limit on mappings (vm.max_map_count)
+        raw = np.empty(nbytes + PAGE, dtype=np.uint8)
+        start = -raw.ctypes.data % PAGE
+        return raw[start : start + nbytes].view(dt).reshape(shape)
     return np.frombuffer(buf, dtype=np.uint8, count=nbytes).view(dt).reshape(shape)
 
 

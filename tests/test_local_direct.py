@@ -235,3 +235,16 @@ def test_many_small_tensors_load_with_few_requests(tmp_path):
     assert 0 < len(data_reads) < 30  # 300 chunks, coalesced into requests of up to 16 MiB
     part = ckptio.load(store, select={"w7": np.s_[10:20]})["w7"]
     assert np.array_equal(part, state["w7"][10:20])
+
+
+def test_aligned_empty_falls_back_when_no_mapping_is_left(monkeypatch):
+    from ckptio import checkpoint as ck
+
+    def refuse(*a, **k):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(ck.mmap, "mmap", refuse)
+    a = aligned_empty((2, MiB), np.float32)
+    assert a.shape == (2, MiB) and a.ctypes.data % 4096 == 0
+    a[:] = 1.5
+    assert float(a.sum()) == 1.5 * 2 * MiB
