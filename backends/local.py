@@ -13,6 +13,7 @@ passes through page-aligned staging blocks that the I/O threads fill.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import mmap
@@ -305,10 +306,8 @@ class _LocalWriter(Writer):
         self._segments = []
         if self._fd >= 0 or self._dfd >= 0:
             self._close_fds()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self._tmp)
-        except FileNotFoundError:
-            pass
 
 
 class _LocalPositionalWriter(PositionalWriter):
@@ -647,10 +646,8 @@ class LocalStore(Store):
                 if self.fsync:
                     fsync_dir(directory)
             except OSError as err:
-                try:
+                with contextlib.suppress(OSError):
                     os.unlink(tmp)
-                except OSError:
-                    pass
                 raise os_error(err, path, "publish") from err
 
     def read_into(self, key: str, offset: int, buffer: Buffer) -> int:

@@ -870,7 +870,7 @@ class CheckpointReader:
             for chunk in entry.chunks:
                 lo = [max(a, o) for a, o in zip(starts, chunk.offsets, strict=True)]
                 hi = [min(b, o + n) for b, o, n in zip(stops, chunk.offsets, chunk.shape, strict=True)]
-                if math.prod(shape) == 0 or any(h <= l for l, h in zip(lo, hi, strict=True)):
+                if math.prod(shape) == 0 or any(h <= a for a, h in zip(lo, hi, strict=True)):
                     continue  # nothing of this chunk is wanted
                 jobs.append((chunk, (out, starts, lo, hi)))
 
@@ -879,8 +879,8 @@ class CheckpointReader:
             if isinstance(where, np.ndarray):  # a whole chunk onto contiguous output bytes
                 return where, (), True
             out, starts, lo, hi = where
-            dst_box = tuple(slice(l - s, h - s) for l, h, s in zip(lo, hi, starts, strict=True))
-            src_box = tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, chunk.offsets, strict=True))
+            dst_box = tuple(slice(a - s, h - s) for a, h, s in zip(lo, hi, starts, strict=True))
+            src_box = tuple(slice(a - o, h - o) for a, h, o in zip(lo, hi, chunk.offsets, strict=True))
             target = out[dst_box] if dst_box else out  # out[()] would be a scalar, not a view
             whole = all(b.start == 0 and b.stop == n for b, n in zip(src_box, chunk.shape, strict=True))
             return target, src_box, whole and target.flags.c_contiguous

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -382,7 +383,7 @@ def _check_byte_ranges(tensors: Mapping[str, TensorEntry]) -> None:
         for c in t.chunks
         if c.length
     )
-    for a, b in zip(spans, spans[1:], strict=False):
+    for a, b in itertools.pairwise(spans):
         if a[0] == b[0] and a[2] > b[1]:
             raise errors.ManifestError(
                 f"chunks of {a[3]!r:.80} and {b[3]!r:.80} share bytes {b[1]}..{min(a[2], b[2])} of {a[0]!r:.80}",
@@ -591,7 +592,7 @@ def _check_no_overlap(
     split = [d for d in range(nd) if len({c.offsets[d] for c in chunks}) > 1]
     if len(split) == 1:
         d = split[0]
-        for a, b in zip(ordered, ordered[1:], strict=False):
+        for a, b in itertools.pairwise(ordered):
             _want(a.offsets[d] + a.shape[d] <= b.offsets[d], field, f"chunks at {list(a.offsets)} and {list(b.offsets)} overlap")
         return
     if len(chunks) > 4096:
