@@ -30,12 +30,12 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from crc32c import crc32c
 
 from ckptio import errors
-from ckptio.store import Buffer, Store, Writer, as_byte_view, option_int, parse_size
+from ckptio.store import Buffer, Capabilities, Store, Writer, as_byte_view, option_int, parse_size
 
 log = logging.getLogger("ckptio.backends.s3")
 
@@ -120,6 +120,22 @@ class AwsSettings:
     @property
     def has_credentials(self) -> bool:
         return bool(self.access_key_id and self.secret_access_key)
+
+    def signing(
+        self, *, anonymous: tuple[str, Any], key: str, secret: str, token: str
+    ) -> dict[str, Any]:
+        """How a client library should sign requests, as its own option names: the one
+        option ``anonymous`` (name, value) for unsigned requests; else the resolved access
+        key, secret key and (when there is one) session token under the names ``key``,
+        ``secret``, ``token``; empty when nothing was resolved (the library looks itself)."""
+        if self.anonymous:
+            return dict([anonymous])
+        if not self.has_credentials:
+            return {}
+        out = {key: self.access_key_id, secret: self.secret_access_key}
+        if self.session_token:
+            out[token] = self.session_token
+        return out
 
 
 #: Options every S3 backend accepts for its connection (beyond its own I/O options).
@@ -690,6 +706,22 @@ def one_buffer(pieces: list[memoryview]) -> bytes:
     return pieces[0].tobytes() if len(pieces) == 1 else b"".join(pieces)
 
 
+def botocore_config(aws: AwsSettings, *, pool_connections: int) -> dict[str, Any]:
+    """The ``botocore.config.Config`` options every botocore client of ckptio gets (boto3's,
+    and s3fs's through ``config_kwargs``): botocore's retries off, ``aws``'s timeouts and
+    addressing style, at most ``pool_connections`` connections, no extra checksums."""
+    return {
+        "connect_timeout": aws.connect_timeout,
+        "read_timeout": aws.read_timeout,
+        "retries": {"total_max_attempts": 1, "mode": "standard"},  # ours count every attempt
+        "max_pool_connections": pool_connections,
+        # payload integrity comes from the CRC32C we send; no SHA-256 of every byte over http
+        "s3": {"addressing_style": aws.addressing_style, "payload_signing_enabled": False},
+        "request_checksum_calculation": "when_required",  # we send CRC32C ourselves
+        "response_checksum_validation": "when_required",  # ckptio checks CRC32C per chunk
+    }
+
+
 def make_boto3_client(aws: AwsSettings, *, pool_connections: int = 10) -> Any:
     """A botocore S3 client for ``aws`` with its own retries off and short timeouts."""
     import botocore.session
@@ -698,15 +730,8 @@ def make_boto3_client(aws: AwsSettings, *, pool_connections: int = 10) -> Any:
 
     config = Config(
         region_name=aws.region,
-        connect_timeout=aws.connect_timeout,
-        read_timeout=aws.read_timeout,
-        retries={"total_max_attempts": 1, "mode": "standard"},  # ours count every attempt
-        max_pool_connections=pool_connections,
-        # payload integrity comes from the CRC32C we send; no SHA-256 of every byte over http
-        s3={"addressing_style": aws.addressing_style, "payload_signing_enabled": False},
-        request_checksum_calculation="when_required",  # we send CRC32C ourselves
-        response_checksum_validation="when_required",  # ckptio checks CRC32C per chunk
         signature_version=UNSIGNED if aws.anonymous else None,
+        **botocore_config(aws, pool_connections=pool_connections),
     )
     session = botocore.session.Session()
     return session.create_client(
@@ -720,18 +745,54 @@ def make_boto3_client(aws: AwsSettings, *, pool_connections: int = 10) -> Any:
     )
 
 
+S3_CAPABILITIES = Capabilities(
+    atomic_rename=False,
+    range_reads=True,
+    durable_flush=True,  # an acknowledged PUT / CompleteMultipartUpload is durable
+    conditional_create=True,  # If-None-Match: * (a backend that cannot send it says so)
+    multipart=True,
+    listing=True,
+)
+"""What S3 offers through every backend that can send every request S3 has."""
+
+
+def check_prefix(prefix: str) -> str:
+    """``prefix`` if it is a relative listing prefix (no leading ``/``, no ``..`` segment)."""
+    if prefix.startswith("/") or ".." in prefix.split("/"):
+        raise errors.InvalidArgumentError(f"invalid prefix {prefix!r}")
+    return prefix
+
+
+def batch_label(names: list[str]) -> str:
+    """What a request on several objects reports as its key: the one name, or ``N keys``."""
+    return names[0] if len(names) == 1 else f"{len(names)} keys"
+
+
+def copy_into(out: memoryview, data: Any) -> int:
+    """Copy ``data`` (bytes or any buffer a client library returns) to the front of ``out``;
+    returns its length in bytes."""
+    view = memoryview(data)
+    n = view.nbytes
+    out[:n] = view
+    return n
+
+
 class S3Base(Store):
     """What the S3 backends share: bucket/prefix/key mapping, the I/O and AWS options,
-    requests wrapped in translation + retries + trace, and the janitor for multipart debris
-    (listing and aborting uploads goes through botocore for every backend, since pyarrow and
-    obstore do not expose those S3 calls)."""
+    requests wrapped in translation + retries + trace, the shape of ``publish`` and
+    ``read_into``, and the janitor for multipart debris (listing and aborting uploads goes
+    through botocore for every backend, since pyarrow and obstore do not expose those S3
+    calls)."""
 
     OPTIONS: tuple[str, ...] = ("part_size", "streams", *AWS_OPTIONS)
 
     def _setup(self, url: str, options: dict[str, Any]) -> None:
+        """Take the bucket and prefix from ``url`` and pop the I/O and AWS options; any
+        option left over is an error naming the valid ones (:attr:`OPTIONS`)."""
         self.bucket, self.prefix = split_bucket(url)
         self.part_size, self.streams = io_options(options)
         self.aws = resolve_aws(options)
+        reject_unknown(self.name, options, self.OPTIONS)
         self._janitor_client: Any = None
         self._janitor_lock = threading.Lock()
 
@@ -749,8 +810,7 @@ class S3Base(Store):
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _full_prefix(self, prefix: str) -> str:
-        if prefix.startswith("/") or ".." in prefix.split("/"):
-            raise errors.InvalidArgumentError(f"invalid prefix {prefix!r}")
+        check_prefix(prefix)
         return f"{self.prefix}/{prefix}" if self.prefix else prefix
 
     def _rel(self, full: str) -> str:
@@ -760,6 +820,66 @@ class S3Base(Store):
         """One request: vendor errors translated, transient ones retried, each attempt traced."""
         where = self.where
         return self.retrying(op, key, nbytes, lambda: guard(action, key, where, fn))
+
+    # -- commit ------------------------------------------------------------------------------
+    def publish(self, key: str, data: bytes, *, overwrite: bool = True) -> None:
+        """Write ``data`` as ``key`` in one request, retried and traced. With
+        ``overwrite=False`` the request is a create-if-absent; when it is refused after a
+        retry and what is stored is exactly ``data``, it was our own earlier attempt (landed,
+        response lost) and the publish succeeded; otherwise :class:`AlreadyExistsError`."""
+        full = self._full(key)
+        data = bytes(data)
+        request = self._publish_request(full, data, overwrite=overwrite)
+        attempts = 0
+
+        def put() -> None:
+            nonlocal attempts
+            attempts += 1
+            request()
+
+        try:
+            self._call("put", key, len(data), "publish", put)
+        except errors.AlreadyExistsError:
+            if attempts > 1 and self._get_or_none(key) == data:
+                return  # our own earlier attempt landed before its response was lost
+            raise errors.AlreadyExistsError(
+                f"{self.where}/{full} already exists (another writer committed it)"
+            ) from None
+
+    def _publish_request(self, full: str, data: bytes, *, overwrite: bool) -> Callable[[], None]:
+        """One attempt of :meth:`publish`: store ``data`` as ``full``; with ``overwrite=False``
+        raise (or let the library raise) an already-exists error when ``full`` exists."""
+        raise NotImplementedError
+
+    def _get_or_none(self, key: str) -> bytes | None:
+        try:
+            return self.get(key)
+        except errors.NotFoundError:
+            return None
+
+    # -- reads -------------------------------------------------------------------------------
+    def read_into(self, key: str, offset: int, buffer: Buffer) -> int:
+        """Read up to ``len(buffer)`` bytes of ``key`` from byte ``offset`` straight into
+        ``buffer``, in one ranged request (retried and traced); returns the bytes read, 0 at or
+        past the end of the object."""
+        full = self._full(key)
+        out = memoryview(buffer).cast("B")
+        if offset < 0:
+            raise errors.InvalidArgumentError(f"negative offset {offset} for {key!r}")
+        if out.nbytes == 0:
+            return 0
+        return self._call("get", key, out.nbytes, "read", lambda: self._read_range(key, full, offset, out))
+
+    def _read_range(self, key: str, full: str, offset: int, out: memoryview) -> int:
+        """One attempt of :meth:`read_into` (``out`` is not empty, ``offset`` >= 0)."""
+        raise NotImplementedError
+
+    def _check_read(self, key: str, n: int, want: int) -> int:
+        """``n``, when it is the ``want`` bytes the server said it sends; a short read (the
+        connection ended early) is transient."""
+        if n != want:
+            raise errors.TransientStorageError(f"{self.name}: short read of {key!r}: {n} of {want} bytes")
+        return n
 
     # -- multipart debris --------------------------------------------------------------------
     def _mpu_client(self) -> Any:
@@ -829,24 +949,46 @@ class S3Base(Store):
             self._janitor_client = None
 
 
+class WholeObjectStore(S3Base):
+    """An S3 backend whose client library runs the multipart upload itself (s3fs, pyarrow,
+    obstore): it provides ``_upload``; writers are :class:`WholeObjectWriter` and one attempt
+    of ``publish`` is one ``_upload``."""
+
+    def _upload(
+        self, full: str, pieces: list[memoryview], nbytes: int, mode: Literal["create", "overwrite"] = "overwrite"
+    ) -> None:
+        """Store the ``nbytes`` bytes of ``pieces`` as ``full`` (``mode="create"``: only if
+        absent, where the library can say so)."""
+        raise NotImplementedError
+
+    def _upload_or_abort(self, full: str, pieces: list[memoryview], nbytes: int) -> None:
+        """``_upload``; when it fails, abort the multipart upload the library may have left
+        open (pyarrow always uses one) before the error goes on."""
+        try:
+            self._upload(full, pieces, nbytes)
+        except BaseException:
+            self._abort_uploads_of(full)
+            raise
+
+    def open_writer(self, key: str, *, size_hint: int | None = None) -> Writer:
+        return WholeObjectWriter(self, key, self._full(key))
+
+    def _publish_request(self, full: str, data: bytes, *, overwrite: bool) -> Callable[[], None]:
+        mode: Literal["create", "overwrite"] = "overwrite" if overwrite else "create"
+        return lambda: self._upload(full, [memoryview(data)], len(data), mode)
+
+
 class WholeObjectWriter(Writer):
     """For client libraries that run the multipart upload themselves (s3fs, pyarrow,
     obstore): ``write`` queues the caller's buffers (no copy); ``close`` hands them to one
-    ``upload(full_key, pieces, nbytes)`` call, which the library splits into parts and sends
-    concurrently. A failed attempt aborts whatever upload it left open and is retried whole
-    (the caller's buffers are still there), each attempt traced."""
+    ``store._upload(full_key, pieces, nbytes)`` call, which the library splits into parts and
+    sends concurrently. A failed attempt aborts whatever upload it left open and is retried
+    whole (the caller's buffers are still there), each attempt traced."""
 
-    def __init__(
-        self,
-        store: S3Base,
-        key: str,
-        full: str,
-        upload: Callable[[str, list[memoryview], int], None],
-    ) -> None:
+    def __init__(self, store: WholeObjectStore, key: str, full: str) -> None:
         self.key = key
         self._store = store
         self._full = full
-        self._upload = upload
         self._pieces: list[memoryview] = []
         self._nbytes = 0
         self._done = False
@@ -863,17 +1005,10 @@ class WholeObjectWriter(Writer):
         if self._done:
             return
         pieces, nbytes, full = self._pieces, self._nbytes, self._full
-
-        def attempt() -> None:
-            try:
-                self._upload(full, pieces, nbytes)
-            except BaseException:
-                # the library may have left a multipart upload open (pyarrow always uses one)
-                self._store._abort_uploads_of(full)
-                raise
-
         try:
-            self._store._call("write", self.key, nbytes, "write", attempt)
+            self._store._call(
+                "write", self.key, nbytes, "write", lambda: self._store._upload_or_abort(full, pieces, nbytes)
+            )
         finally:
             self._done = True
             self._pieces = []

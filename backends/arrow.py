@@ -15,17 +15,18 @@ attempt is ours, traced.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from ckptio import errors
-from ckptio.store import Buffer, Capabilities, Writer
+from ckptio.store import Capabilities
 from ckptio.trace import Trace
 
 from . import _s3common as c
 
 
-class ArrowStore(c.S3Base):
+class ArrowStore(c.WholeObjectStore):
     """S3 through ``pyarrow.fs``.
 
     URL: ``s3+arrow://bucket/prefix``. Options: ``part_size`` (bytes, default 8 MiB; see
@@ -37,14 +38,7 @@ class ArrowStore(c.S3Base):
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+arrow",)
     name: ClassVar[str] = "s3+arrow"
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        atomic_rename=False,
-        range_reads=True,
-        durable_flush=True,
-        conditional_create=False,
-        multipart=True,
-        listing=True,
-    )
+    capabilities: ClassVar[Capabilities] = dataclasses.replace(c.S3_CAPABILITIES, conditional_create=False)
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
         import pyarrow
@@ -52,7 +46,6 @@ class ArrowStore(c.S3Base):
 
         super().__init__(url, trace=trace)
         self._setup(url, options)
-        c.reject_unknown(self.name, options, self.OPTIONS)
         aws = self.aws
         kw: dict[str, Any] = {
             "region": aws.region,
@@ -62,14 +55,11 @@ class ArrowStore(c.S3Base):
             "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=1),
             "force_virtual_addressing": aws.addressing_style == "virtual",
         }
-        if aws.anonymous:
-            kw["anonymous"] = True
-        elif aws.has_credentials:
-            kw.update(
-                access_key=aws.access_key_id,
-                secret_key=aws.secret_access_key,
-                session_token=aws.session_token,
+        kw.update(
+            aws.signing(
+                anonymous=("anonymous", True), key="access_key", secret="secret_key", token="session_token"
             )
+        )
         if aws.endpoint_url:
             scheme, _, host = aws.endpoint_url.partition("://")
             kw.update(scheme=scheme, endpoint_override=host)
@@ -82,7 +72,12 @@ class ArrowStore(c.S3Base):
         return f"{self.bucket}/{full}"
 
     # -- writes -----------------------------------------------------------------------------
-    def _upload(self, full: str, pieces: list[memoryview], nbytes: int) -> None:
+    def _upload(
+        self, full: str, pieces: list[memoryview], nbytes: int, mode: Literal["create", "overwrite"] = "overwrite"
+    ) -> None:
+        """Arrow has no conditional write: ``mode="create"`` is refused (publish checks first)."""
+        if mode != "overwrite":
+            raise errors.InvalidArgumentError(f"{self.name} cannot create {full!r} only if absent")
         stream = self.fs.open_output_stream(self._path(full))
         try:
             for p in pieces:
@@ -92,47 +87,27 @@ class ArrowStore(c.S3Base):
             raise
         stream.close()
 
-    def open_writer(self, key: str, *, size_hint: int | None = None) -> Writer:
-        return c.WholeObjectWriter(self, key, self._full(key), self._upload)
-
     def publish(self, key: str, data: bytes, *, overwrite: bool = True) -> None:
+        """Best effort without ``overwrite``: check, then PUT (Arrow cannot send
+        ``If-None-Match``). Each attempt aborts the upload it leaves open on failure (Arrow
+        writes even small objects as a multipart upload)."""
         full = self._full(key)
         data = bytes(data)
         if not overwrite and self.exists(key):
             raise errors.AlreadyExistsError(f"{self.where}/{full} already exists")
-
-        def put() -> None:
-            try:
-                self._upload(full, [memoryview(data)], len(data))
-            except BaseException:
-                self._abort_uploads_of(full)  # Arrow writes even small objects as an upload
-                raise
-
-        self._call("put", key, len(data), "publish", put)
+        self._call(
+            "put", key, len(data), "publish", lambda: self._upload_or_abort(full, [memoryview(data)], len(data))
+        )
 
     # -- reads ------------------------------------------------------------------------------
-    def read_into(self, key: str, offset: int, buffer: Buffer) -> int:
-        path = self._path(self._full(key))
-        out = memoryview(buffer).cast("B")
-        if offset < 0:
-            raise errors.InvalidArgumentError(f"negative offset {offset} for {key!r}")
-        if out.nbytes == 0:
-            return 0
-
-        def get() -> int:
-            with self.fs.open_input_file(path) as f:
-                size = f.size()
-                want = max(0, min(out.nbytes, size - offset))
-                if want == 0:
-                    return 0
-                buf = f.read_at(want, offset)
-            n = len(buf)
-            out[:n] = memoryview(buf)
-            if n != want:
-                raise errors.TransientStorageError(f"{self.name}: short read of {key!r}: {n} of {want} bytes")
-            return n
-
-        return self._call("get", key, out.nbytes, "read", get)
+    def _read_range(self, key: str, full: str, offset: int, out: memoryview) -> int:
+        with self.fs.open_input_file(self._path(full)) as f:
+            size = f.size()
+            want = max(0, min(out.nbytes, size - offset))
+            if want == 0:
+                return 0
+            buf = f.read_at(want, offset)
+        return self._check_read(key, c.copy_into(out, buf), want)
 
     # -- metadata ---------------------------------------------------------------------------
     def list(self, prefix: str = "") -> list[str]:

@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-from collections.abc import Iterable
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, Literal
 
 from ckptio import errors
-from ckptio.store import Buffer, Capabilities, Writer
+from ckptio.store import Capabilities
 from ckptio.trace import Trace
 
 from . import _s3common as c
 
 
-class FsspecStore(c.S3Base):
+class FsspecStore(c.WholeObjectStore):
     """A store on an fsspec filesystem.
 
     URLs: ``s3+fsspec://bucket/prefix`` (s3fs), ``fsspec+<proto>://<path>`` (e.g.
@@ -45,14 +45,7 @@ class FsspecStore(c.S3Base):
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+fsspec", "fsspec")
     name: ClassVar[str] = "s3+fsspec"
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        atomic_rename=False,
-        range_reads=True,
-        durable_flush=True,
-        conditional_create=True,  # s3fs sends If-None-Match: * for mode="create"
-        multipart=True,
-        listing=True,
-    )
+    capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES  # s3fs: If-None-Match for "create"
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
         import fsspec
@@ -68,7 +61,6 @@ class FsspecStore(c.S3Base):
         self._is_s3 = proto in ("s3", "s3a")
         if self._is_s3:
             self._setup(url.replace(scheme, "s3", 1), options)
-            c.reject_unknown(self.name, options, self.OPTIONS)
             self.fs = _s3fs(self.aws, self.streams)
             self.root = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
         else:
@@ -103,8 +95,10 @@ class FsspecStore(c.S3Base):
         return check_key(key)
 
     # -- writes -----------------------------------------------------------------------------
-    def _upload(self, full: str, pieces: list[memoryview], nbytes: int, mode: str = "overwrite") -> None:
-        data = b"".join(pieces)  # pipe_file (aiobotocore underneath) takes bytes only
+    def _upload(
+        self, full: str, pieces: list[memoryview], nbytes: int, mode: Literal["create", "overwrite"] = "overwrite"
+    ) -> None:
+        data = c.one_buffer(pieces)  # pipe_file (aiobotocore underneath) takes bytes only
         path = self._path(full)
         if self._is_s3:
             self.fs.pipe_file(
@@ -113,63 +107,34 @@ class FsspecStore(c.S3Base):
         else:
             self.fs.pipe_file(path, data)
 
-    def open_writer(self, key: str, *, size_hint: int | None = None) -> Writer:
-        return c.WholeObjectWriter(self, key, self._full(key), self._upload)
+    def _publish_request(self, full: str, data: bytes, *, overwrite: bool) -> Callable[[], None]:
+        upload = super()._publish_request(full, data, overwrite=overwrite)
+        if overwrite or self._is_s3:
+            return upload
 
-    def publish(self, key: str, data: bytes, *, overwrite: bool = True) -> None:
-        full = self._full(key)
-        data = bytes(data)
-        attempts = [0]
-
-        def put() -> None:
-            attempts[0] += 1
-            if not overwrite and not self._is_s3 and self.fs.exists(self._path(full)):
+        def check_then_upload() -> None:  # no conditional write outside S3: best effort
+            if self.fs.exists(self._path(full)):
                 raise errors.AlreadyExistsError(f"{self.where}/{full} already exists")
-            self._upload(full, [memoryview(data)], len(data), "overwrite" if overwrite else "create")
+            upload()
 
-        try:
-            self._call("put", key, len(data), "publish", put)
-        except errors.AlreadyExistsError:
-            if attempts[0] > 1 and self._get_or_none(key) == data:
-                return  # our own earlier attempt landed before its response was lost
-            raise errors.AlreadyExistsError(
-                f"{self.where}/{full} already exists (another writer committed it)"
-            ) from None
-
-    def _get_or_none(self, key: str) -> bytes | None:
-        try:
-            return self.get(key)
-        except errors.NotFoundError:
-            return None
+        return check_then_upload
 
     # -- reads ------------------------------------------------------------------------------
-    def read_into(self, key: str, offset: int, buffer: Buffer) -> int:
-        path = self._path(self._full(key))
-        out = memoryview(buffer).cast("B")
-        if offset < 0:
-            raise errors.InvalidArgumentError(f"negative offset {offset} for {key!r}")
-        if out.nbytes == 0:
-            return 0
-
-        def get() -> int:
-            try:
-                data = self.fs.cat_file(path, start=offset, end=offset + out.nbytes)
-            except Exception as err:
-                code, status = c.error_details(err)
-                if code == "InvalidRange" or status == 416:
-                    self.fs.info(path)  # raises if the key is missing
-                    return 0
-                raise
-            n = len(data)
-            out[:n] = data
-            return n
-
-        return self._call("get", key, out.nbytes, "read", get)
+    def _read_range(self, key: str, full: str, offset: int, out: memoryview) -> int:
+        path = self._path(full)
+        try:
+            data = self.fs.cat_file(path, start=offset, end=offset + out.nbytes)
+        except Exception as err:
+            code, status = c.error_details(err)
+            if code == "InvalidRange" or status == 416:
+                self.fs.info(path)  # raises if the key is missing
+                return 0
+            raise
+        return c.copy_into(out, data)
 
     # -- metadata ---------------------------------------------------------------------------
     def list(self, prefix: str = "") -> list[str]:
-        if prefix.startswith("/") or ".." in prefix.split("/"):
-            raise errors.InvalidArgumentError(f"invalid prefix {prefix!r}")
+        c.check_prefix(prefix)
         root = self.root.strip("/")
         want = f"{root}/{prefix}" if root else prefix
         directory = want.rsplit("/", 1)[0] if "/" in prefix else root
@@ -203,7 +168,7 @@ class FsspecStore(c.S3Base):
                 with contextlib.suppress(FileNotFoundError):
                     self.fs.rm_file(p)
 
-        self._call("delete", paths[0] if len(paths) == 1 else f"{len(paths)} keys", 0, "delete", run)
+        self._call("delete", c.batch_label(paths), 0, "delete", run)
 
     def list_incomplete(self, prefix: str = "") -> builtins.list[str]:
         return super().list_incomplete(prefix) if self._is_s3 else []
@@ -222,15 +187,7 @@ def _s3fs(aws: c.AwsSettings, streams: int) -> Any:
         anon=aws.anonymous,
         endpoint_url=aws.endpoint_url,
         client_kwargs={"region_name": aws.region},
-        config_kwargs={
-            "connect_timeout": aws.connect_timeout,
-            "read_timeout": aws.read_timeout,
-            "retries": {"total_max_attempts": 1, "mode": "standard"},
-            "max_pool_connections": streams + 4,
-            "s3": {"addressing_style": aws.addressing_style, "payload_signing_enabled": False},
-            "request_checksum_calculation": "when_required",
-            "response_checksum_validation": "when_required",
-        },
+        config_kwargs=c.botocore_config(aws, pool_connections=streams + 4),
         skip_instance_cache=True,
         use_listings_cache=False,
         max_concurrency=streams,

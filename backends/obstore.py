@@ -17,14 +17,13 @@ import datetime
 from collections.abc import Iterable
 from typing import Any, ClassVar, Literal
 
-from ckptio import errors
-from ckptio.store import Buffer, Capabilities, Writer
+from ckptio.store import Capabilities
 from ckptio.trace import Trace
 
 from . import _s3common as c
 
 
-class ObstoreStore(c.S3Base):
+class ObstoreStore(c.WholeObjectStore):
     """S3 through obstore.
 
     URL: ``s3+obstore://bucket/prefix``. Options: ``part_size`` (bytes, default 8 MiB,
@@ -35,14 +34,7 @@ class ObstoreStore(c.S3Base):
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+obstore",)
     name: ClassVar[str] = "s3+obstore"
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        atomic_rename=False,
-        range_reads=True,
-        durable_flush=True,
-        conditional_create=True,
-        multipart=True,
-        listing=True,
-    )
+    capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
         import obstore
@@ -50,20 +42,20 @@ class ObstoreStore(c.S3Base):
 
         super().__init__(url, trace=trace)
         self._setup(url, options)
-        c.reject_unknown(self.name, options, self.OPTIONS)
         aws = self.aws
         config: dict[str, Any] = {
             "region": aws.region,
             "virtual_hosted_style_request": aws.addressing_style == "virtual",
             "conditional_put": "etag",  # If-None-Match: * for mode="create"
         }
-        if aws.anonymous:
-            config["skip_signature"] = True
-        elif aws.has_credentials:
-            config["access_key_id"] = aws.access_key_id
-            config["secret_access_key"] = aws.secret_access_key
-            if aws.session_token:
-                config["session_token"] = aws.session_token
+        config.update(
+            aws.signing(
+                anonymous=("skip_signature", True),
+                key="access_key_id",
+                secret="secret_access_key",
+                token="session_token",
+            )
+        )
         if aws.endpoint_url:
             config["endpoint"] = aws.endpoint_url
         self._obs = obstore
@@ -99,60 +91,20 @@ class ObstoreStore(c.S3Base):
             max_concurrency=self.streams,
         )
 
-    def open_writer(self, key: str, *, size_hint: int | None = None) -> Writer:
-        return c.WholeObjectWriter(self, key, self._full(key), self._upload)
-
-    def publish(self, key: str, data: bytes, *, overwrite: bool = True) -> None:
-        full = self._full(key)
-        data = bytes(data)
-        attempts = [0]
-
-        def put() -> None:
-            attempts[0] += 1
-            self._upload(full, [memoryview(data)], len(data), "overwrite" if overwrite else "create")
-
-        try:
-            self._call("put", key, len(data), "publish", put)
-        except errors.AlreadyExistsError:
-            if attempts[0] > 1 and self._get_or_none(key) == data:
-                return  # our own earlier attempt landed before its response was lost
-            raise errors.AlreadyExistsError(
-                f"{self.where}/{full} already exists (another writer committed it)"
-            ) from None
-
-    def _get_or_none(self, key: str) -> bytes | None:
-        try:
-            return self.get(key)
-        except errors.NotFoundError:
-            return None
-
     # -- reads ------------------------------------------------------------------------------
-    def read_into(self, key: str, offset: int, buffer: Buffer) -> int:
-        full = self._full(key)
-        out = memoryview(buffer).cast("B")
-        if offset < 0:
-            raise errors.InvalidArgumentError(f"negative offset {offset} for {key!r}")
-        if out.nbytes == 0:
-            return 0
-
-        def get() -> int:
-            try:
-                data = self._obs.get_range(self.store, full, start=offset, length=out.nbytes)
-            except Exception as err:
-                text = str(err)
-                if "range" in text.lower() and "not" not in type(err).__name__.lower():
-                    size = self._obs.head(self.store, full)["size"]  # raises if missing
-                    if offset >= size:
-                        return 0
-                    data = self._obs.get_range(self.store, full, start=offset, end=size)
-                else:
-                    raise
-            view = memoryview(data)
-            n = view.nbytes
-            out[:n] = view
-            return n
-
-        return self._call("get", key, out.nbytes, "read", get)
+    def _read_range(self, key: str, full: str, offset: int, out: memoryview) -> int:
+        try:
+            data = self._obs.get_range(self.store, full, start=offset, length=out.nbytes)
+        except Exception as err:
+            text = str(err)
+            if "range" in text.lower() and "not" not in type(err).__name__.lower():
+                size = self._obs.head(self.store, full)["size"]  # raises if missing
+                if offset >= size:
+                    return 0
+                data = self._obs.get_range(self.store, full, start=offset, end=size)
+            else:
+                raise
+        return c.copy_into(out, data)
 
     # -- metadata ---------------------------------------------------------------------------
     def list(self, prefix: str = "") -> list[str]:
@@ -182,4 +134,4 @@ class ObstoreStore(c.S3Base):
             with contextlib.suppress(FileNotFoundError):
                 self._obs.delete(self.store, fulls)
 
-        self._call("delete", fulls[0] if len(fulls) == 1 else f"{len(fulls)} keys", 0, "delete", run)
+        self._call("delete", c.batch_label(fulls), 0, "delete", run)

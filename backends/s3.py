@@ -14,12 +14,12 @@ botocore's own retries are off (``total_max_attempts=1``): every attempt goes th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from ckptio import errors
-from ckptio.store import Buffer, Capabilities, Writer, option_bool
+from ckptio.store import Capabilities, Writer, option_bool
 from ckptio.trace import Trace
 
 from . import _s3common as c
@@ -90,21 +90,13 @@ class Boto3Store(c.S3Base):
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+boto3", "s3")
     name: ClassVar[str] = "s3+boto3"
-    capabilities: ClassVar[Capabilities] = Capabilities(
-        atomic_rename=False,
-        range_reads=True,
-        durable_flush=True,  # an acknowledged PUT / CompleteMultipartUpload is durable
-        conditional_create=True,
-        multipart=True,
-        listing=True,
-    )
+    capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES
     OPTIONS = ("checksum", *c.S3Base.OPTIONS)
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
         super().__init__(url, trace=trace)
         self.checksum = option_bool(options.pop("checksum", True), field="checksum")
         self._setup(url, options)
-        c.reject_unknown(self.name, options, self.OPTIONS)
         self.client = c.make_boto3_client(self.aws, pool_connections=self.streams + 4)
         self._janitor_client = self.client
         self._sender = _BotoSender(self.client, self.bucket, self.checksum)
@@ -123,79 +115,44 @@ class Boto3Store(c.S3Base):
             size_hint=size_hint,
         )
 
-    def publish(self, key: str, data: bytes, *, overwrite: bool = True) -> None:
-        full = self._full(key)
-        data = bytes(data)
+    def _publish_request(self, full: str, data: bytes, *, overwrite: bool) -> Callable[[], None]:
+        """One PUT; ``If-None-Match: *`` when not overwriting; CRC32C computed once."""
         extra: dict[str, Any] = {} if overwrite else {"IfNoneMatch": "*"}
         if self.checksum:
             extra["ChecksumCRC32C"] = c.crc32c_b64(c.crc32c_of([memoryview(data)]))
-        attempts = [0]
-
-        def put() -> None:
-            attempts[0] += 1
-            self.client.put_object(Bucket=self.bucket, Key=full, Body=data, **extra)
-
-        try:
-            self._call("put", key, len(data), "publish", put)
-        except errors.AlreadyExistsError:
-            # a retried create-if-absent may find its own first attempt already there
-            if attempts[0] > 1 and self._get_all(key) == data:
-                return
-            raise errors.AlreadyExistsError(
-                f"{self.name}://{self.bucket}/{full} already exists (another writer committed it)"
-            ) from None
-
-    def _get_all(self, key: str) -> bytes | None:
-        try:
-            return self.get(key)
-        except errors.NotFoundError:
-            return None
+        return lambda: self.client.put_object(Bucket=self.bucket, Key=full, Body=data, **extra)
 
     # -- reads ----------------------------------------------------------------------------------
-    def read_into(self, key: str, offset: int, buffer: Buffer) -> int:
-        full = self._full(key)
-        out = memoryview(buffer).cast("B")
-        if offset < 0:
-            raise errors.InvalidArgumentError(f"negative offset {offset} for {key!r}")
-        if out.nbytes == 0:
-            return 0
-
-        def get() -> int:
-            try:
-                resp = self.client.get_object(
-                    Bucket=self.bucket, Key=full, Range=f"bytes={offset}-{offset + out.nbytes - 1}"
-                )
-            except Exception as err:
-                code, status = c.error_details(err)
-                if code == "InvalidRange" or status == 416:
-                    return 0  # offset at or past the end
-                raise
-            expected = int(resp["ContentLength"])
-            raw = resp["Body"]._raw_stream  # the urllib3 response
-            # urllib3 2's readinto reads into a temporary and copies; http.client's (under it)
-            # receives straight into the caller's buffer. Use it when nothing decodes the body.
-            fp = getattr(raw, "_fp", None)
-            direct = fp is not None and hasattr(fp, "readinto") and not raw.headers.get("Content-Encoding")
-            reader = fp if direct else raw
-            n = 0
-            try:
-                while n < expected:
-                    got = reader.readinto(out[n:expected])
-                    if not got:
-                        break
-                    n += got
-            finally:
-                if n == expected and direct:
-                    raw.release_conn()  # fully read: the connection goes back to the pool
-                else:
-                    resp["Body"].close()
-            if n != expected:
-                raise errors.TransientStorageError(
-                    f"{self.name}: short read of {key!r}: {n} of {expected} bytes"
-                )
-            return n
-
-        return self._call("get", key, out.nbytes, "read", get)
+    def _read_range(self, key: str, full: str, offset: int, out: memoryview) -> int:
+        try:
+            resp = self.client.get_object(
+                Bucket=self.bucket, Key=full, Range=f"bytes={offset}-{offset + out.nbytes - 1}"
+            )
+        except Exception as err:
+            code, status = c.error_details(err)
+            if code == "InvalidRange" or status == 416:
+                return 0  # offset at or past the end
+            raise
+        expected = int(resp["ContentLength"])
+        raw = resp["Body"]._raw_stream  # the urllib3 response
+        # urllib3 2's readinto reads into a temporary and copies; http.client's (under it)
+        # receives straight into the caller's buffer. Use it when nothing decodes the body.
+        fp = getattr(raw, "_fp", None)
+        direct = fp is not None and hasattr(fp, "readinto") and not raw.headers.get("Content-Encoding")
+        reader = fp if direct else raw
+        n = 0
+        try:
+            while n < expected:
+                got = reader.readinto(out[n:expected])
+                if not got:
+                    break
+                n += got
+        finally:
+            if n == expected and direct:
+                raw.release_conn()  # fully read: the connection goes back to the pool
+            else:
+                resp["Body"].close()
+        return self._check_read(key, n, expected)
 
     # -- metadata -------------------------------------------------------------------------------
     def list(self, prefix: str = "") -> list[str]:
@@ -240,7 +197,7 @@ class Boto3Store(c.S3Base):
                         f"{failed[0].get('Key')!r}: {failed[0].get('Code')} {failed[0].get('Message')}"
                     )
 
-            self._call("delete", batch[0] if len(batch) == 1 else f"{len(batch)} keys", 0, "delete", run)
+            self._call("delete", c.batch_label(batch), 0, "delete", run)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
