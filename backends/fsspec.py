@@ -181,10 +181,7 @@ def _s3fs(aws: c.AwsSettings, streams: int) -> Any:
     import s3fs
 
     fs = s3fs.S3FileSystem(
-        key=aws.access_key_id,
-        secret=aws.secret_access_key,
-        token=aws.session_token,
-        anon=aws.anonymous,
+        **aws.signing(anonymous=("anon", True), key="key", secret="secret", token="token"),
         endpoint_url=aws.endpoint_url,
         client_kwargs={"region_name": aws.region},
         config_kwargs=c.botocore_config(aws, pool_connections=streams + 4),
