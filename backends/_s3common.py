@@ -813,6 +813,11 @@ class S3Base(Store):
         check_prefix(prefix)
         return f"{self.prefix}/{prefix}" if self.prefix else prefix
 
+    def _path(self, full: str) -> str:
+        """``bucket/full``: the path path-based libraries take, and what messages show after
+        ``name://``."""
+        return f"{self.bucket}/{full}"
+
     def _rel(self, full: str) -> str:
         return full[len(self.prefix) + 1 :] if self.prefix else full
 
@@ -843,7 +848,7 @@ class S3Base(Store):
             if attempts > 1 and self._get_or_none(key) == data:
                 return  # our own earlier attempt landed before its response was lost
             raise errors.AlreadyExistsError(
-                f"{self.where}/{full} already exists (another writer committed it)"
+                f"{self.name}://{self._path(full)} already exists (another writer committed it)"
             ) from None
 
     def _publish_request(self, full: str, data: bytes, *, overwrite: bool) -> Callable[[], None]:

@@ -68,9 +68,6 @@ class ArrowStore(c.WholeObjectStore):
         if pyarrow.io_thread_count() < self.streams:
             pyarrow.set_io_thread_count(self.streams)
 
-    def _path(self, full: str) -> str:
-        return f"{self.bucket}/{full}"
-
     # -- writes -----------------------------------------------------------------------------
     def _upload(
         self, full: str, pieces: list[memoryview], nbytes: int, mode: Literal["create", "overwrite"] = "overwrite"
@@ -94,7 +91,7 @@ class ArrowStore(c.WholeObjectStore):
         full = self._full(key)
         data = bytes(data)
         if not overwrite and self.exists(key):
-            raise errors.AlreadyExistsError(f"{self.where}/{full} already exists")
+            raise errors.AlreadyExistsError(f"{self.name}://{self._path(full)} already exists")
         self._call(
             "put", key, len(data), "publish", lambda: self._upload_or_abort(full, [memoryview(data)], len(data))
         )
