@@ -412,6 +412,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     state = make_state(nbytes_target, args.tensors)
     caches = cm.CacheDropper(args.dir, allow_global=args.cache_drop == "auto")
     ctx = Ctx(state, state_nbytes(state), os.path.abspath(args.dir), caches, pick_fio_engine())
+    args.started_utc = cm.utc_now()
     samples: dict[str, list[cm.Sample]] = {n: [] for n in selected}
     failed: dict[str, str] = {}
     started = time.perf_counter()
@@ -503,6 +504,7 @@ def summarize(args: argparse.Namespace, ctx: Ctx, samples: dict[str, list[cm.Sam
     return {
         "benchmark": "ckptio local peers",
         "command": " ".join(["python", "benchmarks/run.py", *args.argv]),
+        "started_utc": args.started_utc,
         "config": {"size_bytes": ctx.nbytes, "tensors": len(ctx.state), "rounds": args.rounds, "fio_engine": ctx.fio_engine, "cache_drop": ctx.caches.method, "warmup": args.warmup},
         "machine": cm.machine_info(ctx.directory),
         "wall_seconds": wall,
@@ -520,7 +522,7 @@ def summarize(args: argparse.Namespace, ctx: Ctx, samples: dict[str, list[cm.Sam
 def markdown(result: dict[str, Any]) -> str:
     cfg = result["config"]
     lines = [
-        f"Run {result['machine']['utc']} on {result['machine']['cpus']} CPUs, "
+        f"Run {result['started_utc']} to {result['machine']['utc']} on {result['machine']['cpus']} CPUs, "
         f"{human_bytes(cfg['size_bytes'])} state in {cfg['tensors']} tensors, {cfg['rounds']} rounds, "
         f"page cache dropped with {cfg['cache_drop']}; `{result['command']}`",
         "",
