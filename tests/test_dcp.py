@@ -87,7 +87,10 @@ WORKER = textwrap.dedent(
     back2 = {n: distribute_tensor(torch.zeros(SHAPES[n][0], dtype=SHAPES[n][1]), mesh, [Shard(0)]) for n in SHAPES}
     dcp.load(back2, storage_reader=StorageReader(root, step=2))
     ok = ok and all(torch.equal(back2[n].to_local(), state[n].to_local()) for n in SHAPES)
-    print(json.dumps({"rank": rank, "ok": bool(ok), "local_rows": state["bf16"].to_local().shape[0]}), flush=True)
+    # one file per rank: the two ranks' stdout lines can interleave under torchrun
+    report = {"rank": rank, "ok": bool(ok), "local_rows": state["bf16"].to_local().shape[0]}
+    with open(f"report-{rank}.json", "w") as f:
+        json.dump(report, f)
     dist.barrier()
     dist.destroy_process_group()
     """
@@ -107,7 +110,7 @@ def _torchrun(tmp_path: Path, root: str, env: dict[str, str] | None = None) -> l
         cwd=tmp_path,
     )
     assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("report-*.json"))]
     assert sorted(r["rank"] for r in reports) == [0, 1], proc.stdout
     return reports
 
