@@ -1,5 +1,7 @@
 """What the four S3 backends share: AWS-style configuration, S3 limits, the one table that
-translates S3 errors into ckptio errors, secret scrubbing, and the multipart writer engine.
+translates S3 errors into ckptio errors, secret scrubbing, the multipart writer engine, and the
+store base classes (:class:`S3Base`: ``publish``, ``read_into``, multipart debris;
+:class:`WholeObjectStore`: writers for libraries that upload whole objects).
 
 Configuration the AWS way (:func:`resolve_aws`): credentials, region and endpoint come from the
 standard chain that botocore implements — explicit options first, then ``AWS_ACCESS_KEY_ID`` /

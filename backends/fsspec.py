@@ -170,6 +170,10 @@ class FsspecStore(c.WholeObjectStore):
 
         self._call("delete", c.batch_label(paths), 0, "delete", run)
 
+    def _abort_uploads_of(self, full: str) -> None:
+        if self._is_s3:  # other filesystems have no S3 multipart uploads to abort
+            super()._abort_uploads_of(full)
+
     def list_incomplete(self, prefix: str = "") -> builtins.list[str]:
         return super().list_incomplete(prefix) if self._is_s3 else []
 
