@@ -36,14 +36,15 @@ import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import crc32c as _crc32c
 import numpy as np
 
-from ckptio import errors, format as fmt
+from ckptio import errors
+from ckptio import format as fmt
 from ckptio.arrays import as_host_array, contiguous_le
 from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.registry import open_store
@@ -102,7 +103,7 @@ class Shard:
 
 
 @dataclass
-class _Local:
+class LocalTensor:
     """A tensor (or shard of one) this rank offers to save."""
 
     path: str
@@ -122,9 +123,9 @@ class _Local:
 
 
 @dataclass
-class _Prepared:
+class PreparedState:
     tree: Any
-    tensors: dict[str, _Local]
+    tensors: dict[str, LocalTensor]
     metadata: Any
     snapshot_bytes: int = 0
     error: BaseException | None = None
@@ -207,10 +208,10 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 
 def _prepare(
     state: Any, metadata: Any, *, copy: bool, buffers: SnapshotBuffers | None = None
-) -> _Prepared:
+) -> PreparedState:
     """Walk the state: encode its structure, collect its arrays (copied if ``copy``, into
     ``buffers`` when given, else into fresh page-aligned memory)."""
-    tensors: dict[str, _Local] = {}
+    tensors: dict[str, LocalTensor] = {}
     copies: list[tuple[np.ndarray, np.ndarray]] = []
 
     def take(arr: np.ndarray) -> np.ndarray:
@@ -229,14 +230,14 @@ def _prepare(
                     f"Shard at {path!r}: box at offsets {offs} of shape {arr.shape} does not fit "
                     f"the global shape {gshape}"
                 )
-            tensors[path] = _Local(path, take(arr), gshape, offs, replicated=False)
+            tensors[path] = LocalTensor(path, take(arr), gshape, offs, replicated=False)
             return {"t": path}
         if isinstance(leaf, np.generic):
             return None
         arr = as_host_array(leaf)
         if arr is None:
             return None
-        tensors[path] = _Local(path, take(arr), arr.shape, (0,) * arr.ndim, replicated=True)
+        tensors[path] = LocalTensor(path, take(arr), arr.shape, (0,) * arr.ndim, replicated=True)
         return {"t": path}
 
     tree = fmt.encode_tree(state, on_array)
@@ -256,7 +257,7 @@ def _prepare(
         except (TypeError, ValueError) as err:
             raise errors.InvalidArgumentError(f"metadata must be JSON values: {err}") from None
     nbytes = _parallel_copy(copies)
-    return _Prepared(tree, tensors, metadata, snapshot_bytes=nbytes)
+    return PreparedState(tree, tensors, metadata, snapshot_bytes=nbytes)
 
 
 def _parallel_copy(copies: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
@@ -280,19 +281,19 @@ def _parallel_copy(copies: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
 
 
 @dataclass
-class _Piece:
+class Piece:
     path: str
     view: np.ndarray  # C-contiguous slice of the local array
     offsets: tuple[int, ...]  # in the global tensor
 
 
-def _pieces(local: _Local, chunk_size: int) -> list[_Piece]:
+def _pieces(local: LocalTensor, chunk_size: int) -> list[Piece]:
     """Split a local tensor along dim 0 into C-contiguous pieces of about ``chunk_size``;
     where rows allow, every piece holds a whole number of pages (so pieces of page-aligned
     memory stay page-aligned: O_DIRECT without a copy, on save and on load)."""
     arr = local.array
     if arr.ndim == 0 or arr.nbytes <= chunk_size or arr.shape[0] <= 1:
-        return [_Piece(local.path, arr, local.offsets)]
+        return [Piece(local.path, arr, local.offsets)]
     row = arr.nbytes // arr.shape[0]
     rows = max(1, chunk_size // max(row, 1))
     per_page = PAGE // math.gcd(row, PAGE) if row else 1  # rows per whole number of pages
@@ -301,7 +302,7 @@ def _pieces(local: _Local, chunk_size: int) -> list[_Piece]:
     out = []
     for r in range(0, arr.shape[0], rows):
         offs = (local.offsets[0] + r, *local.offsets[1:])
-        out.append(_Piece(local.path, arr[r : r + rows], offs))
+        out.append(Piece(local.path, arr[r : r + rows], offs))
     return out
 
 
@@ -326,12 +327,12 @@ PARALLEL_OBJECTS_MIN = 256 * 2**20
 """Bytes: below this a rank writes one object at a time."""
 
 
-def _write_rank(
+def write_rank_shards(
     store: Store,
     step: int,
     rank: int,
     token: str,
-    mine: Sequence[_Local],
+    mine: Sequence[LocalTensor],
     *,
     key_layout: str,
     chunk_size: int,
@@ -352,7 +353,7 @@ def _write_rank(
         largest = max(p.view.nbytes for p in pieces)
         max_object_size = min(max_object_size, -(-total_bytes // parallel) + fmt.align_up(largest))
     # assign pieces to objects
-    objects: list[list[tuple[_Piece, int]]] = [[]]
+    objects: list[list[tuple[Piece, int]]] = [[]]
     sizes = [0]
     for p in pieces:
         if sizes[-1] and sizes[-1] + p.view.nbytes > max_object_size:
@@ -365,7 +366,7 @@ def _write_rank(
     prefix = fmt.step_dir(step) + "/"
     pool = cpu_pool()
 
-    def write_object(index: int, members: list[tuple[_Piece, int]]) -> tuple[str, int, list[int]]:
+    def write_object(index: int, members: list[tuple[Piece, int]]) -> tuple[str, int, list[int]]:
         key = fmt.shard_key(step, rank, index, key_layout=key_layout).replace(".bin", f"-{token}.bin")
         total = members[-1][1] + members[-1][0].view.nbytes
         crcs: list[Future[list[int]]] = []  # one CRC job per large piece or batch of small ones
@@ -419,7 +420,7 @@ def _write_rank(
     return {"chunks": chunks, "objects": object_sizes}
 
 
-def _pack(sizes: Iterable[int]) -> tuple[list[int], int]:
+def pack_pieces(sizes: Iterable[int]) -> tuple[list[int], int]:
     """Offsets (bytes) of consecutive pieces of ``sizes`` bytes in one region, each starting
     on a :data:`ckptio.format.ALIGNMENT` boundary, and the region's size in bytes (a multiple
     of it, so a direct write's zero-padded tail stays inside the region)."""
@@ -446,7 +447,7 @@ class SharedRegion:
     """True on the lowest rank placed in this object (one rank per object says so)."""
 
 
-def _place_shared(store: Store, step: int, comm: Communicator, token: str, need: int, *,
+def place_shared_region(store: Store, step: int, comm: Communicator, token: str, need: int, *,
                   per_node: bool) -> SharedRegion:
     """N-1 placement, collective: every rank asks for ``need`` bytes; rank 0 places the
     regions one after another in one object per checkpoint (or per host with ``per_node``),
@@ -486,8 +487,8 @@ def _place_shared(store: Store, step: int, comm: Communicator, token: str, need:
     return SharedRegion(rel, int(start), int(placement["files"][rel]), owner)
 
 
-def _pwrite_pieces(store: Store, step: int, region: SharedRegion,
-                   placed: Sequence[tuple[_Piece, int]]) -> dict[str, list[dict[str, Any]]]:
+def pwrite_pieces(store: Store, step: int, region: SharedRegion,
+                   placed: Sequence[tuple[Piece, int]]) -> dict[str, list[dict[str, Any]]]:
     """Open the shared object of ``region``, pwrite each piece at ``region.start`` + its
     offset (CRC32C computed alongside) and close: the pieces are durable when this returns.
     Returns the chunk index (tensor path -> chunk JSON). The pieces' memory must stay
@@ -522,18 +523,18 @@ def _write_rank_shared(
     step: int,
     comm: Communicator,
     token: str,
-    mine: Sequence[_Local],
+    mine: Sequence[LocalTensor],
     *,
     per_node: bool,
     chunk_size: int,
 ) -> dict[str, Any]:
     """N-1: every rank calls this. Rank 0 places each rank's byte range in a shared object
     (one per checkpoint, or per host) and creates it; each rank then pwrites its chunks.
-    Returns the chunk index and objects like :func:`_write_rank`."""
+    Returns the chunk index and objects like :func:`write_rank_shards`."""
     pieces = [p for local in mine for p in _pieces(local, chunk_size)]
-    offsets, need = _pack(p.view.nbytes for p in pieces)
-    region = _place_shared(store, step, comm, token, need, per_node=per_node)
-    chunks = _pwrite_pieces(store, step, region, list(zip(pieces, offsets, strict=True)))
+    offsets, need = pack_pieces(p.view.nbytes for p in pieces)
+    region = place_shared_region(store, step, comm, token, need, per_node=per_node)
+    chunks = pwrite_pieces(store, step, region, list(zip(pieces, offsets, strict=True)))
     return {"chunks": chunks, "objects": {region.key: region.size}}
 
 
@@ -556,7 +557,7 @@ class SaveResult:
 
 def _save_collective(
     store: Store,
-    prepared: _Prepared,
+    prepared: PreparedState,
     step: int,
     comm: Communicator,
     *,
@@ -592,7 +593,7 @@ def _save_collective(
     # 2. write this rank's shards
     try:
         if layout == "file-per-shard":
-            written = _write_rank(
+            written = write_rank_shards(
                 store, step, comm.rank, plan["token"], mine,
                 key_layout=key_layout, chunk_size=chunk_size, max_object_size=max_object_size,
                 parallel=PARALLEL_OBJECTS,
@@ -614,7 +615,7 @@ def _save_collective(
     verdict: dict[str, Any] = {}
     if comm.rank == 0:
         assert results is not None
-        verdict = _commit(store, step, prepared, plan, results, comm.size, layout, key_layout)
+        verdict = commit_step(store, step, prepared, plan, results, comm.size, layout, key_layout)
     verdict = comm.bcast(verdict, root=0)
     if not verdict["ok"]:
         raise errors.SaveFailedError(f"save of step {step} failed, nothing committed: {verdict['error']}") from local_error
@@ -642,10 +643,10 @@ def _plan_writers(gathered: Sequence[Mapping[str, list[Any]]]) -> dict[str, int]
     return writers
 
 
-def _commit(
+def commit_step(
     store: Store,
     step: int,
-    prepared: _Prepared,
+    prepared: PreparedState,
     plan: Mapping[str, Any],
     results: Sequence[Mapping[str, Any]],
     world_size: int,
@@ -659,7 +660,7 @@ def _commit(
         # a shared (N-1) object was created by rank 0 for every rank: find it by the token
         token = plan.get("token")
         strays = _attempt_keys(store, prefix, token) if token else []
-        _discard(store, sorted(set(written) | set(strays)))
+        discard_objects(store, sorted(set(written) | set(strays)))
         return {"ok": False, "error": "; ".join(f"rank {rank}: {e}" for rank, e in failed)}
     try:
         objects: dict[str, int] = {}
@@ -708,7 +709,7 @@ def _commit(
             # create-if-absent refused: another writer committed this step first; its
             # checkpoint stands, ours (objects named by our own token) is left for gc
             return {"ok": False, "error": f"another writer already committed step {step} ({_error_text(err)})"}
-        _discard(store, written)
+        discard_objects(store, written)
         return {"ok": False, "error": _error_text(err)}
     return {"ok": True, "nbytes": sum(objects.values())}
 
@@ -717,12 +718,12 @@ def _attempt_keys(store: Store, prefix: str, token: str) -> list[str]:
     """Data objects of the save attempt with ``token`` under a step's ``prefix``."""
     try:
         return [k for k in store.list(prefix + "data/") if f"-{token}." in k.rsplit("/", 1)[-1]]
-    except Exception as err:  # best effort, like _discard
+    except Exception as err:  # best effort, like discard_objects
         log.warning("could not list data of a failed save (%s); `ckptio gc` will remove it", err)
         return []
 
 
-def _discard(store: Store, keys: Sequence[str]) -> None:
+def discard_objects(store: Store, keys: Sequence[str]) -> None:
     try:
         store.delete(keys)
     except Exception as err:  # best effort: what remains is garbage that gc removes
@@ -1200,7 +1201,7 @@ class Checkpointer:
         except errors.CkptioError as err:
             if self.comm.size == 1:
                 raise
-            prepared = _Prepared(None, {}, None, error=err)  # still join the collective
+            prepared = PreparedState(None, {}, None, error=err)  # still join the collective
         if not background:
             result = self._persist(prepared, step, self.comm)
             return SaveHandle(step, time.perf_counter() - t0, None, result)
@@ -1217,7 +1218,7 @@ class Checkpointer:
             self._pending = handle
         return handle
 
-    def _persist(self, prepared: _Prepared, step: int, comm: Communicator) -> SaveResult:
+    def _persist(self, prepared: PreparedState, step: int, comm: Communicator) -> SaveResult:
         result = _save_collective(
             self.store,
             prepared,

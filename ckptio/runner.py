@@ -32,8 +32,8 @@ buffers: it does not grow with the checkpoint's size.
 
 Checkpoint layouts (``layout``, :data:`ckptio.checkpoint.LAYOUTS`): ``file-per-shard`` (N-N,
 the default) writes each shard object as its own object, as above. ``shared-file`` (N-1) and
-``shared-file-per-node`` use the library's N-1 code (:func:`ckptio.checkpoint._place_shared`,
-``_pwrite_pieces``): at the start of the write phase rank 0 places every process's byte range
+``shared-file-per-node`` use the library's N-1 code (:func:`ckptio.checkpoint.place_shared_region`,
+``pwrite_pieces``): at the start of the write phase rank 0 places every process's byte range
 (all its shard objects packed, 4 KiB aligned, the range aligned to the store's
 ``positional_alignment``) in one object per checkpoint (or per host) and creates it; each
 process then generates its objects into the same ring of buffers and pwrites each at its
@@ -69,16 +69,16 @@ from ckptio import format as fmt
 from ckptio import results as res
 from ckptio.checkpoint import (
     LAYOUTS,
+    LocalTensor,
+    Piece,
+    PreparedState,
     SharedRegion,
-    _commit,
-    _Local,
-    _pack,
-    _Piece,
-    _place_shared,
-    _Prepared,
-    _pwrite_pieces,
-    _write_rank,
+    commit_step,
     crc32c,
+    pack_pieces,
+    place_shared_region,
+    pwrite_pieces,
+    write_rank_shards,
 )
 from ckptio.dist import Communicator, detect
 from ckptio.registry import open_store, split_url
@@ -269,10 +269,10 @@ def _tensor_path(rank: int, component: str) -> str:
     return f"rank-{rank:05d}/{component}"
 
 
-def _synthetic_prepared(plan: Plan, metadata: dict[str, Any]) -> _Prepared:
+def _synthetic_prepared(plan: Plan, metadata: dict[str, Any]) -> PreparedState:
     """The state description rank 0 commits: per writing logical rank a ``model`` (bf16) and
     an ``optim`` (fp32) tensor, flat, holding that rank's share."""
-    tensors: dict[str, _Local] = {}
+    tensors: dict[str, LocalTensor] = {}
     tree: dict[str, Any] = {}
     for r in np.flatnonzero(plan.rank_bytes > 0).tolist():
         sub: dict[str, Any] = {}
@@ -281,11 +281,11 @@ def _synthetic_prepared(plan: Plan, metadata: dict[str, Any]) -> _Prepared:
             if elems <= 0:
                 continue
             path = _tensor_path(r, comp)
-            tensors[path] = _Local(path, np.empty(0, dtype=fmt.DTYPES[dtype]), (int(elems),), (0,),
+            tensors[path] = LocalTensor(path, np.empty(0, dtype=fmt.DTYPES[dtype]), (int(elems),), (0,),
                                    replicated=False)
             sub[comp] = {"t": path}
         tree[f"rank-{r:05d}"] = {"d": sub}
-    return _Prepared({"d": tree}, tensors, metadata)
+    return PreparedState({"d": tree}, tensors, metadata)
 
 
 class _Phase:
@@ -490,15 +490,15 @@ def _run(
                     arr = buf[: spec.nbytes].view(dtype)
                     total = (int(plan.model_elements[spec.rank]) if spec.component == "model"
                              else int(plan.optim_elements[spec.rank]))
-                    local = _Local(_tensor_path(spec.rank, spec.component), arr, (total,),
+                    local = LocalTensor(_tensor_path(spec.rank, spec.component), arr, (total,),
                                    (spec.element_offset,), replicated=False)
                     if shared is None:
-                        out = _write_rank(store, step, spec.rank, token, [local],
+                        out = write_rank_shards(store, step, spec.rank, token, [local],
                                           key_layout=key_layout, chunk_size=plan.object_size,
                                           max_object_size=plan.object_size, first_index=spec.number)
                     else:  # N-1: this object's place in the shared object, durable on return
-                        piece = _Piece(local.path, arr, local.offsets)
-                        out = {"chunks": _pwrite_pieces(store, step, shared, [(piece, offset)]),
+                        piece = Piece(local.path, arr, local.offsets)
+                        out = {"chunks": pwrite_pieces(store, step, shared, [(piece, offset)]),
                                "objects": {shared.key: shared.size}}
                 finally:
                     buffers.give(buf)
@@ -519,8 +519,8 @@ def _run(
                         items: Iterator[tuple[ObjectSpec, int, SharedRegion | None]] = (
                             (s, 0, None) for s in my_specs())
                     else:  # collective: every process takes part, even one with no data
-                        offsets, need = _pack(s.nbytes for s in my_specs())
-                        region = _place_shared(store, step, comm, token, need,
+                        offsets, need = pack_pieces(s.nbytes for s in my_specs())
+                        region = place_shared_region(store, step, comm, token, need,
                                                per_node=layout == "shared-file-per-node")
                         items = ((s, o, region) for s, o in zip(my_specs(), offsets, strict=True))
                     for out in _bounded_map(pool, write_one, items, inflight):
@@ -553,7 +553,7 @@ def _run(
                     prepared = _synthetic_prepared(plan, metadata)
                     # the token names rank 0's shared object: a failed commit finds it by it
                     plan_doc = {"writers": {p: -1 for p in prepared.tensors}, "token": token}
-                    verdict = _commit(store, step, prepared, plan_doc, gathered, plan.ranks,
+                    verdict = commit_step(store, step, prepared, plan_doc, gathered, plan.ranks,
                                       layout, key_layout)
             verdict = comm.bcast(verdict, root=0)
             if not verdict.get("ok"):

@@ -595,14 +595,14 @@ class StorageWriter(_dcp_storage.StorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[Any]]:
         rank = plan.storage_data["rank"] if isinstance(plan.storage_data, dict) else self.rank
-        locals_: list[_ck._Local] = []
+        locals_: list[_ck.LocalTensor] = []
         for item in plan.items:
             data = planner.resolve_data(item)
             if item.type == WriteItemType.BYTE_IO:
                 raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
                 payload = np.frombuffer(raw, dtype=np.uint8)
                 path = BYTES_PREFIX + fmt.escape(item.index.fqn)
-                locals_.append(_ck._Local(path, payload, payload.shape, (0,), replicated=False))
+                locals_.append(_ck.LocalTensor(path, payload, payload.shape, (0,), replicated=False))
                 continue
             host = to_numpy(data)
             if host is None:
@@ -613,9 +613,9 @@ class StorageWriter(_dcp_storage.StorageWriter):
             offsets = tuple(int(x) for x in item.index.offset or ())
             td = item.tensor_data
             gshape = tuple(int(x) for x in td.size) if td is not None else arr.shape
-            locals_.append(_ck._Local(fmt.escape(item.index.fqn), arr, gshape, offsets or (0,) * arr.ndim, replicated=False))
+            locals_.append(_ck.LocalTensor(fmt.escape(item.index.fqn), arr, gshape, offsets or (0,) * arr.ndim, replicated=False))
         token = secrets.token_hex(4)
-        written = _ck._write_rank(
+        written = _ck.write_rank_shards(
             self.store, self.step, rank, token, locals_,
             key_layout="flat", chunk_size=self.chunk_size, max_object_size=self.max_object_size,
         )
@@ -643,12 +643,12 @@ class StorageWriter(_dcp_storage.StorageWriter):
                 old = _ck.read_manifest(self.store, self.step)
             self.store.publish(mkey, data, overwrite=self.overwrite)
         except BaseException:
-            _ck._discard(self.store, written)
+            _ck.discard_objects(self.store, written)
             raise
         if old is not None:
             prefix = fmt.step_dir(self.step) + "/"
             live = {prefix + k for k in fmt.parse_manifest(data).objects}
-            _ck._discard(self.store, [prefix + k for k in old.objects if prefix + k not in live])
+            _ck.discard_objects(self.store, [prefix + k for k in old.objects if prefix + k not in live])
 
     def _manifest(self, metadata: Metadata, results: list[list[Any]]) -> bytes:
         chunks: dict[str, list[fmt.Chunk]] = {}
@@ -695,7 +695,7 @@ class StorageWriter(_dcp_storage.StorageWriter):
         return _valid_id(checkpoint_id)
 
 
-def _inside(offsets: Sequence[int], local: _ck._Local) -> bool:
+def _inside(offsets: Sequence[int], local: _ck.LocalTensor) -> bool:
     """Is a chunk (by its global offsets) part of this local piece? (two write items of one
     rank never share a path and box start, so the start decides)."""
     return all(o <= c < o + n for c, o, n in zip(offsets, local.offsets, local.array.shape, strict=True))

@@ -13,7 +13,7 @@ import pytest
 from ckptio.backends.local import ALIGN, LocalStore
 
 import ckptio
-from ckptio.checkpoint import SnapshotBuffers, _Local, _pieces, aligned_empty
+from ckptio.checkpoint import LocalTensor, SnapshotBuffers, _pieces, aligned_empty
 
 MiB = 1 << 20
 
@@ -118,7 +118,7 @@ def test_aligned_empty_is_page_aligned_for_large_arrays():
 
 def test_pieces_hold_whole_pages_when_rows_allow():
     arr = np.zeros((1000, 300), dtype=np.float32)  # 1200-byte rows
-    pieces = _pieces(_Local("w", arr, arr.shape, (0, 0), True), 400_000)
+    pieces = _pieces(LocalTensor("w", arr, arr.shape, (0, 0), True), 400_000)
     assert sum(p.view.shape[0] for p in pieces) == 1000
     assert all(p.view.nbytes % 4096 == 0 for p in pieces[:-1])
     assert [p.offsets[0] for p in pieces] == list(np.cumsum([0] + [p.view.shape[0] for p in pieces[:-1]]))
