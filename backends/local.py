@@ -40,6 +40,7 @@ from ckptio.store import (
     option_bool,
     option_int,
     parse_size,
+    wait_all,
 )
 from ckptio.trace import Trace
 
@@ -242,15 +243,8 @@ class _LocalWriter(Writer):
             raise
 
     def _wait(self) -> None:
-        first: BaseException | None = None
-        for fut in self._futures:
-            try:
-                fut.result()
-            except BaseException as err:
-                first = first or err
-        self._futures.clear()
-        if first is not None:
-            raise first
+        futures, self._futures = self._futures, []
+        wait_all(futures)
 
     def close(self) -> None:
         if self._done:
@@ -380,15 +374,8 @@ class _LocalPositionalWriter(PositionalWriter):
             self._store.give_stage(stage)
 
     def _wait(self) -> None:
-        first: BaseException | None = None
-        for fut in self._futures:
-            try:
-                fut.result()
-            except BaseException as err:
-                first = first or err
-        self._futures.clear()
-        if first is not None:
-            raise first
+        futures, self._futures = self._futures, []
+        wait_all(futures)
 
     def close(self) -> None:
         if self._done:

@@ -51,6 +51,7 @@ from ckptio.store import (
     check_key,
     option_int,
     parse_size,
+    wait_all,
 )
 from ckptio.trace import Trace
 
@@ -135,15 +136,8 @@ class _ShapedWriter(Writer):
             self._pending -= part
 
     def _wait(self) -> None:
-        first: BaseException | None = None
-        for f in self._parts:
-            try:
-                f.result()
-            except BaseException as err:
-                first = first or err
-        self._parts.clear()
-        if first is not None:
-            raise first
+        parts, self._parts = self._parts, []
+        wait_all(parts)
 
     def close(self) -> None:
         if self._done:

@@ -48,7 +48,7 @@ from ckptio import format as fmt
 from ckptio.arrays import as_host_array, contiguous_le
 from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.registry import open_store
-from ckptio.store import Store, option_int, parse_size
+from ckptio.store import Store, option_int, parse_size, wait_all
 
 log = logging.getLogger(__name__)
 
@@ -399,16 +399,7 @@ def write_rank_shards(
     todo = [(index, members) for index, members in enumerate(objects, start=first_index) if members]
     if len(todo) > 1 and parallel > 1:
         with ThreadPoolExecutor(min(parallel, len(todo)), thread_name_prefix="ckptio-object") as ex:
-            futs = [ex.submit(write_object, index, members) for index, members in todo]
-            first: BaseException | None = None
-            for f in futs:
-                try:
-                    f.result()
-                except BaseException as err:
-                    first = first or err
-            if first is not None:
-                raise first
-            done = [f.result() for f in futs]
+            done = wait_all([ex.submit(write_object, index, members) for index, members in todo])
     else:
         done = [write_object(index, members) for index, members in todo]
     for (_index, members), (rel, total, crcs) in zip(todo, done, strict=True):
@@ -945,15 +936,7 @@ class CheckpointReader:
                 fn(arg)
         else:
             with ThreadPoolExecutor(min(self.readers, len(tasks)), thread_name_prefix="ckptio-read") as pool:
-                futs = [pool.submit(fn, arg) for fn, arg in tasks]
-                first: BaseException | None = None
-                for f in futs:
-                    try:
-                        f.result()
-                    except BaseException as err:
-                        first = first or err
-                if first is not None:
-                    raise first
+                wait_all([pool.submit(fn, arg) for fn, arg in tasks])
         for path, keep in finals.items():
             if not all(keep):
                 results[path] = results[path].reshape(

@@ -285,7 +285,7 @@ class Store(ABC):
         ``older_than`` seconds. Returns how many were removed. Default: nothing to do."""
         return 0
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027  (optional: stores without resources keep it)
         """Release clients, thread pools and connections."""
 
     def __enter__(self) -> Self:
@@ -419,3 +419,18 @@ def as_byte_view(data: Buffer) -> memoryview:
     if not view.c_contiguous:
         raise errors.InvalidArgumentError("buffer is not C-contiguous")
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def wait_all(futures: Iterable[Any]) -> list[Any]:
+    """Wait for every future (never leaving one running behind an error), then return their
+    results in order, or raise the first error. The one way ckptio joins parallel requests."""
+    results: list[Any] = []
+    first: BaseException | None = None
+    for fut in futures:
+        try:
+            results.append(fut.result())
+        except BaseException as err:
+            first = first or err
+    if first is not None:
+        raise first
+    return results
