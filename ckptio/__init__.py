@@ -33,12 +33,29 @@ _EXPORTS = {
     "Writer": "ckptio.store",
 }
 
-__all__ = [*sorted(_EXPORTS), "__version__"]
+__all__ = [
+    "Capabilities",
+    "CheckpointReader",
+    "Checkpointer",
+    "CkptioError",
+    "SaveHandle",
+    "SaveResult",
+    "Shard",
+    "Store",
+    "Writer",
+    "__version__",
+    "collect_garbage",
+    "load",
+    "open_checkpoint",
+    "open_store",
+    "save",
+    "verify",
+]
 
 if TYPE_CHECKING:
     from ckptio.checkpoint import (
-        CheckpointReader,
         Checkpointer,
+        CheckpointReader,
         SaveHandle,
         SaveResult,
         Shard,

@@ -217,8 +217,8 @@ def _add_profiles(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _cmd_profiles(args: argparse.Namespace) -> int:
-    from ckptio.report import profiles_table
     from ckptio.profiles import available, load_profile
+    from ckptio.report import profiles_table
 
     profs = [load_profile(n) for n in (args.names or available())]
     if args.json:

@@ -142,7 +142,7 @@ def test_failed_save_leaves_previous_checkpoint(tmp_path: Path, monkeypatch: pyt
     monkeypatch.undo()
     assert_same(nested_state(1), ckptio.load(url))
     steps = {s.step: s for s in list_steps(ckptio.open_store(url))}
-    assert steps[1].complete and 2 not in steps or not steps[2].complete
+    assert (steps[1].complete and 2 not in steps) or not steps[2].complete
 
 
 def test_killed_save_leaves_previous_checkpoint(tmp_path: Path) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from ckptio.backends.local import LocalStore
 from ckptio.backends.memory import MemoryStore
+
 from ckptio.store import Store
 from ckptio.testing.store_tests import StoreTests
 

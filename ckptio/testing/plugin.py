@@ -24,8 +24,10 @@ def memory_url() -> Iterator[str]:
     memory._SPACES.pop(name, None)
 
 
+# A GlusterFS volume through FUSE for the session (gluster_volume): see ckptio.testing.gluster;
 # S3 fixtures on a moto server (moto_server, s3_env, s3_client, s3_bucket, fault_proxy): see
 # ckptio.testing.moto
+from ckptio.testing.gluster import gluster_volume  # noqa: E402, F401
 from ckptio.testing.moto import (  # noqa: E402, F401
     fault_proxy,
     moto_server,
@@ -33,6 +35,3 @@ from ckptio.testing.moto import (  # noqa: E402, F401
     s3_client,
     s3_env,
 )
-
-# A GlusterFS volume through FUSE for the session (gluster_volume): see ckptio.testing.gluster
-from ckptio.testing.gluster import gluster_volume  # noqa: E402, F401
