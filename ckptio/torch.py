@@ -25,7 +25,7 @@ Tensors in ``ckptio.save`` / ``ckptio.load`` (no pickle anywhere)::
 :class:`StorageReader` (see their docstrings)::
 
     dcp.save(state_dict, storage_writer=StorageWriter("s3://bucket/run/step-100"))
-    dcp.load(state_dict, storage_reader=StorageReader("s3://bucket/run/step-100"))
+    dcp.load(state_dict, storage_reader=StorageReader("s3://bucket/run/step-100", allow_pickle=True))
 """
 
 from __future__ import annotations
@@ -725,12 +725,12 @@ class StorageReader(_dcp_storage.StorageReader):
     CRC32C of every chunk it reads, in ``readers`` threads, and copies it into the tensor DCP
     resolves (any device).
 
-    ``allow_pickle`` (default True): byte payloads (the state dict's non-tensor values) are
-    pickles that DCP wrote with ``torch.save``; DCP's planner unpickles them with
-    ``torch.load(weights_only=False)`` when it asks for them. With ``allow_pickle=False`` the
-    reader refuses such items with an error instead of handing them over (use it for
-    checkpoints from storage you do not trust; tensors still load). ckptio's own
-    ``ckptio.load`` never unpickles them: it returns tensors only.
+    ``allow_pickle`` (default False): byte payloads (the state dict's non-tensor values) are
+    pickles that DCP wrote with ``torch.save``, and DCP's planner would unpickle them (which
+    can run code). By default the reader refuses such items with an error naming them, so
+    loading a checkpoint never runs code; tensors load either way. Pass ``allow_pickle=True``
+    only for checkpoints from storage you trust. ckptio's own ``ckptio.load`` never unpickles
+    them: it returns tensors only.
     """
 
     def __init__(
@@ -738,7 +738,7 @@ class StorageReader(_dcp_storage.StorageReader):
         url: str,
         *,
         step: int | None = None,
-        allow_pickle: bool = True,
+        allow_pickle: bool = False,
         readers: int = 8,
         **store_options: Any,
     ) -> None:
@@ -814,7 +814,9 @@ class StorageReader(_dcp_storage.StorageReader):
         if byte_items and not self.allow_pickle:
             raise errors.InvalidArgumentError(
                 f"{self.checkpoint_id}: {len(byte_items)} item(s) ({byte_items[0].storage_index.fqn!r}, ...) are "
-                "pickles written by DCP's torch.save; refused because allow_pickle=False"
+                "pickles written by DCP's torch.save; refused because allow_pickle=False (loading them "
+                "can run code): pass "
+                "StorageReader(..., allow_pickle=True) for a checkpoint from storage you trust"
             )
 
         def read_tensor(req: Any) -> tuple[Any, np.ndarray]:

@@ -76,7 +76,7 @@ WORKER = textwrap.dedent(
     back = {n: distribute_tensor(torch.zeros(SHAPES[n][0], dtype=SHAPES[n][1]), mesh, [Shard(0)]) for n in SHAPES}
     back["replicated"] = torch.zeros(10)
     back["extra"] = {"step": 0, "note": ""}
-    dcp.load(back, storage_reader=StorageReader(root + "/step-1"))
+    dcp.load(back, storage_reader=StorageReader(root + "/step-1", allow_pickle=True))
     ok = all(torch.equal(back[n].to_local(), state[n].to_local()) for n in SHAPES)
     ok = ok and torch.equal(back["replicated"], state["replicated"]) and back["extra"] == state["extra"]
 
@@ -85,7 +85,7 @@ WORKER = textwrap.dedent(
     fut = dcp.async_save(state, storage_writer=StorageWriter(root, step=2), process_group=group)
     fut.result()
     back2 = {n: distribute_tensor(torch.zeros(SHAPES[n][0], dtype=SHAPES[n][1]), mesh, [Shard(0)]) for n in SHAPES}
-    dcp.load(back2, storage_reader=StorageReader(root, step=2))
+    dcp.load(back2, storage_reader=StorageReader(root, step=2, allow_pickle=True))
     ok = ok and all(torch.equal(back2[n].to_local(), state[n].to_local()) for n in SHAPES)
     # one file per rank: the two ranks' stdout lines can interleave under torchrun
     report = {"rank": rank, "ok": bool(ok), "local_rows": state["bf16"].to_local().shape[0]}
@@ -121,7 +121,7 @@ def _check_loads_in_one_process(root: str) -> None:
     for step in (1, 2):
         whole = {n: torch.zeros(SHAPES[n][0], dtype=SHAPES[n][1]) for n in SHAPES}
         whole["replicated"] = torch.zeros(10)
-        dcp.load(whole, storage_reader=StorageReader(root, step=step), no_dist=True)
+        dcp.load(whole, storage_reader=StorageReader(root, step=step, allow_pickle=True), no_dist=True)
         for n in SHAPES:
             assert torch.equal(whole[n], _full(n)), n
         assert torch.equal(whole["replicated"], torch.arange(10, dtype=torch.float32))
@@ -183,13 +183,13 @@ def test_memory_single_process_save_load_async(memory_url: str) -> None:
     state = _state()
     dcp.save(state, storage_writer=StorageWriter(f"{memory_url}/run/step-5"), no_dist=True)
     out = _zeros_like(state)
-    dcp.load(out, storage_reader=StorageReader(f"{memory_url}/run/step-5"), no_dist=True)
+    dcp.load(out, storage_reader=StorageReader(f"{memory_url}/run/step-5", allow_pickle=True), no_dist=True)
     _assert_same(state, out)
 
     fut = dcp.async_save(state, storage_writer=StorageWriter(f"{memory_url}/run", step=6), no_dist=True)
     fut.result()
     out = _zeros_like(state)
-    dcp.load(out, storage_reader=StorageReader(f"{memory_url}/run"), no_dist=True)  # newest: 6
+    dcp.load(out, storage_reader=StorageReader(f"{memory_url}/run", allow_pickle=True), no_dist=True)  # newest: 6
     _assert_same(state, out)
     assert ckptio.Checkpointer(f"{memory_url}/run").steps() == [5, 6]
 
@@ -235,7 +235,7 @@ def test_committed_step_is_not_overwritten_unless_asked(tmp_path: Path) -> None:
     assert ckptio.verify(str(tmp_path), 1) == []
     dcp.save(changed, storage_writer=StorageWriter(url, overwrite=True), no_dist=True)
     out = _zeros_like(state)
-    dcp.load(out, storage_reader=StorageReader(url), no_dist=True)
+    dcp.load(out, storage_reader=StorageReader(url, allow_pickle=True), no_dist=True)
     _assert_same(changed, out)
     # the replaced step's objects are gone; only the new manifest's remain
     m = ckptio.open_checkpoint(str(tmp_path), 1).manifest
@@ -253,7 +253,7 @@ def test_damaged_object_is_detected_on_load(tmp_path: Path) -> None:
     data[chunk.offset + 10] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointException, match="CRC32C mismatch"):
-        dcp.load(_zeros_like(state), storage_reader=StorageReader(str(tmp_path), step=1), no_dist=True)
+        dcp.load(_zeros_like(state), storage_reader=StorageReader(str(tmp_path), step=1, allow_pickle=True), no_dist=True)
 
 
 def test_checkpoint_id_forms_and_errors(tmp_path: Path) -> None:
@@ -289,7 +289,7 @@ def test_writer_survives_being_sent_to_a_worker_process(tmp_path: Path) -> None:
     state = _state()
     dcp.save(state, storage_writer=w, no_dist=True)
     out = _zeros_like(state)
-    dcp.load(out, storage_reader=StorageReader(f"file://{tmp_path}"), no_dist=True)
+    dcp.load(out, storage_reader=StorageReader(f"file://{tmp_path}", allow_pickle=True), no_dist=True)
     _assert_same(state, out)
 
 
@@ -306,7 +306,7 @@ def test_failed_save_commits_nothing_and_keeps_the_previous_step(memory_url: str
         dcp.save(_state(), storage_writer=writer, no_dist=True)
     assert ckptio.Checkpointer(memory_url).steps() == [1]
     out = _zeros_like(state)
-    dcp.load(out, storage_reader=StorageReader(memory_url), no_dist=True)
+    dcp.load(out, storage_reader=StorageReader(memory_url, allow_pickle=True), no_dist=True)
     _assert_same(state, out)
 
 
@@ -325,10 +325,10 @@ AUDIT = textwrap.dedent(
     def count(fn):
         events.clear(); fn(); return len(events)
     w = {"w": torch.zeros(4)}
-    print("tensors", count(lambda: dcp.load(w, storage_reader=StorageReader(root, step=1), no_dist=True)))
+    print("tensors", count(lambda: dcp.load(w, storage_reader=StorageReader(root, step=1, allow_pickle=True), no_dist=True)))
     print("ckptio", count(lambda: ckptio.torch.load(root, step=1)))
     both = {"w": torch.zeros(4), "meta": {"ratio": None}}
-    print("bytes", count(lambda: dcp.load(both, storage_reader=StorageReader(root, step=1), no_dist=True)))
+    print("bytes", count(lambda: dcp.load(both, storage_reader=StorageReader(root, step=1, allow_pickle=True), no_dist=True)))
     assert both["meta"]["ratio"] == Fraction(1, 3) and bool((w["w"] == 1).all())
     """
 )
