@@ -78,7 +78,31 @@ class Capabilities:
     """Reads and writes can bypass the page cache (``O_DIRECT``)."""
 
 
-class Writer(ABC):
+class _CloseOrAbort(ABC):
+    """Used as a context manager: ``close`` on success, ``abort`` on an exception."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @abstractmethod
+    def abort(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class Writer(_CloseOrAbort):
     """A streamed write of one object.
 
     ``write`` queues buffers *without copying them*: the caller must keep each buffer alive
@@ -108,22 +132,8 @@ class Writer(ABC):
         """Bytes written so far (queued)."""
         return getattr(self, "_nbytes", 0)
 
-    def __enter__(self) -> Self:
-        return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-
-
-class PositionalWriter(ABC):
+class PositionalWriter(_CloseOrAbort):
     """Writes at byte offsets into one object that several writers share (the N-1 layout).
 
     Sequence (see :meth:`Store.open_positional`): one participant creates the object with
@@ -153,20 +163,6 @@ class PositionalWriter(ABC):
     @abstractmethod
     def abort(self) -> None:
         """Stop: wait out writes in flight, release the handle. Idempotent."""
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
 
 class Store(ABC):
