@@ -123,6 +123,16 @@ def detect() -> Communicator:
     return comm
 
 
+def shutdown() -> None:
+    """Release the communicator :func:`detect` set up (a torch process group it started is
+    destroyed after a last barrier); the next :func:`detect` starts afresh."""
+    global _DETECTED
+    comm, _DETECTED = _DETECTED, None
+    close = getattr(comm, "close", None)
+    if close is not None:
+        close()
+
+
 def torch_communicator() -> Communicator:
     """A communicator over torch.distributed's default group (gloo if not initialised)."""
     from ckptio.dist_torch import TorchCommunicator

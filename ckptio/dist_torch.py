@@ -17,8 +17,11 @@ class TorchCommunicator:
             raise errors.BackendUnavailableError(
                 "torchrun ranks need torch; pip install 'ckptio[torch]'"
             ) from err
+        #: True when this object started the default group, so :meth:`close` ends it.
+        self.owns_group = False
         if not tdist.is_initialized():
             tdist.init_process_group(backend="gloo")
+            self.owns_group = True
         self._dist = tdist
         self.group = group
         self.rank = int(tdist.get_rank(group))
@@ -39,6 +42,16 @@ class TorchCommunicator:
 
     def dup(self) -> TorchCommunicator:
         return TorchCommunicator(self._dist.new_group(backend="gloo"))
+
+    def close(self) -> None:
+        """End the process group this communicator started (a no-op otherwise). Every rank
+        waits for the others first: a gloo rank that exits while its peers still talk to it,
+        or whose group outlives the interpreter, can abort in C++ ("terminate called without
+        an active exception") and fail the whole torchrun job."""
+        if self.owns_group and self._dist.is_initialized():
+            self._dist.barrier()
+            self._dist.destroy_process_group()
+            self.owns_group = False
 
     def __repr__(self) -> str:
         return f"TorchCommunicator(rank={self.rank}, size={self.size})"

@@ -1107,6 +1107,8 @@ def cmd_run(args: Any, console: Any, *, sweep_mode: bool = False) -> int:
                 summary = dist.run_local(ranks, rank_main, args.target, plan, kwargs, mode)
         finally:
             PROGRESS_HOOK = None
+    if comm is not None:  # on success only: a last barrier after a failure could hang
+        dist.shutdown()
     if not is_root:
         return 0
     if args.json:

@@ -75,3 +75,36 @@ def test_run_under_torchrun_two_ranks(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _check(out, proc, 2, "TorchCommunicator")
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                    reason="torch is not installed (CI installs torch==2.13.0)")
+def test_shutdown_ends_only_the_group_ckptio_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gloo group left alive at interpreter exit can abort a torchrun rank in C++; the runner
+    ends the group it started, and leaves alone one the training script started."""
+    import socket
+
+    import torch.distributed as tdist
+
+    from ckptio import dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(k, v)
+    assert dist.under_torchrun() and not tdist.is_initialized()
+    comm = dist.detect()
+    assert type(comm).__name__ == "TorchCommunicator" and tdist.is_initialized()
+    dist.shutdown()
+    assert not tdist.is_initialized()
+
+    tdist.init_process_group(backend="gloo")  # the caller's own group
+    try:
+        dist.detect()
+        dist.shutdown()
+        assert tdist.is_initialized()
+    finally:
+        tdist.destroy_process_group()
