@@ -95,6 +95,7 @@ def test_shutdown_ends_only_the_group_ckptio_started(monkeypatch: pytest.MonkeyP
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(port)}.items():
         monkeypatch.setenv(k, v)
+    monkeypatch.setattr(dist, "_DETECTED", None)  # what earlier tests detected (one process)
     assert dist.under_torchrun() and not tdist.is_initialized()
     comm = dist.detect()
     assert type(comm).__name__ == "TorchCommunicator" and tdist.is_initialized()
