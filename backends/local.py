@@ -68,6 +68,15 @@ _stage_cache: dict[int, list[mmap.mmap]] = {}
 _stage_cache_lock = threading.Lock()
 
 
+def _reset_stage_cache_lock() -> None:  # a forked child: another thread may have held it
+    global _stage_cache_lock
+    _stage_cache_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_stage_cache_lock)
+
+
 class _DirectRefused(Exception):
     """An O_DIRECT read was refused (EINVAL) although the open succeeded."""
 
@@ -556,6 +565,15 @@ class LocalStore(Store):
             )
         self.direct = False
         self.direct_read = False
+
+    fork_safe = True
+
+    def after_fork(self) -> None:
+        super().after_fork()
+        self._pool = None  # its threads did not survive the fork
+        self._pool_lock = threading.Lock()
+        self._stage_sem = threading.BoundedSemaphore(self.streams * 2)
+        self._inflight = threading.BoundedSemaphore(self.streams)
 
     def close(self) -> None:
         with self._pool_lock:

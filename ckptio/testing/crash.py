@@ -114,7 +114,8 @@ def _worker(
     latest = None
     try:
         options = {**SAVE_OPTIONS, **store_options}
-        ck = Checkpointer(url, keep_last=keep_last, async_save=(mode == "async"), **options)
+        ck = Checkpointer(url, keep_last=keep_last, async_save=mode != "sync",
+                          snapshot="fork" if mode == "fork" else "copy", **options)
         latest = ck.latest()
         problem = None
         if latest is not None:
@@ -166,7 +167,7 @@ class CrashHarness:
     """Kill-and-reload trials against one URL (see the module docstring)."""
 
     url: str
-    mode: str  # "sync" | "async"
+    mode: str  # "sync" | "async" | "fork" (async, snapshot="fork")
     workdir: str
     seed: int = 0
     max_delay: float = 0.4
@@ -184,8 +185,8 @@ class CrashHarness:
     """Optional ``callable() -> bool`` run after each kill to classify it."""
 
     def __post_init__(self) -> None:
-        if self.mode not in ("sync", "async"):
-            raise ValueError(f"mode must be 'sync' or 'async', got {self.mode!r}")
+        if self.mode not in ("sync", "async", "fork"):
+            raise ValueError(f"mode must be 'sync', 'async' or 'fork', got {self.mode!r}")
         self._rng = random.Random(self.seed)
         self._stretch = 1.0
         self._ctx = _context()
@@ -301,7 +302,7 @@ def _context() -> Any:
 
 
 def main() -> None:
-    """``python -m ckptio.testing.crash URL [sync|async] [trials]``: run trials, print JSON."""
+    """``python -m ckptio.testing.crash URL [sync|async|fork] [trials]``: run trials, print JSON."""
     import sys
     import tempfile
 

@@ -1,0 +1,162 @@
+"""Copy-on-write snapshots: a save's writes run in a child process forked at ``save``.
+
+``Checkpointer(async_save=True, snapshot="fork")`` does not copy the state. ``save`` forks;
+the child's memory is the state as it was at that instant (the kernel shares the pages and
+copies one only when the parent writes to it), so ``save`` holds the caller for the time of a
+fork (page tables, not data) instead of a memory copy of the state. The parent's background
+thread then runs the collective plan, hands the child what to write, and commits what the
+child reports. The cost moves, it does not vanish: while the child writes, the first write
+by the training process to each 4 KiB page of the state is a page fault and a page copy, and
+the memory the state occupies can double.
+
+Hand-written because no library offers it: ``multiprocessing`` forks with a pickled payload
+and its own machinery, where this needs the state left untouched in the child and nothing
+run there but ckptio's writer. What the child runs is kept small and fork-safe: it resets the
+thread pools and locks it uses (see :meth:`ckptio.store.Store.after_fork`), imports nothing,
+talks to the parent through two pipes in JSON (never pickle), and leaves with ``os._exit``
+(no atexit handlers, no destructors of the parent's objects, no collective).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ckptio import errors
+
+
+def _read_line(fd: int) -> bytes:
+    """One message: bytes up to a newline (JSON as ``json.dumps`` writes it has none), or
+    what came before end of file. Messages are delimited, not ended by closing the pipe: a
+    process the trainer forks meanwhile (a DataLoader worker) inherits the pipe's ends, so
+    end of file could come much later."""
+    parts = []
+    while True:
+        b = os.read(fd, 1 << 16)
+        if not b:
+            return b"".join(parts)
+        parts.append(b)
+        if b.endswith(b"\n"):
+            return b"".join(parts)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = str(sig)
+        return f"killed by {name}"
+    return f"exit status {os.waitstatus_to_exitcode(status)}"
+
+
+ORPHAN_POLL_SECONDS = 0.05
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    """In the child: stop at once when the parent dies (SIGKILL, OOM): nobody would commit
+    what it writes, and a restarted job must not meet a writer left over from the old one.
+    Polled, not PR_SET_PDEATHSIG, which fires when the forking *thread* ends."""
+    while os.getppid() == parent:
+        time.sleep(ORPHAN_POLL_SECONDS)
+    os._exit(75)
+
+
+class ForkedWriter:
+    """A child process forked now, which waits for its orders and then runs ``work(orders)``.
+
+    In the parent: :meth:`run` sends the orders (a JSON value) and returns the child's result
+    (the JSON value ``work`` returned), or raises :class:`~ckptio.errors.SaveFailedError` with
+    the child's error; :meth:`cancel` ends the child without work. Exactly one of them must
+    be called.
+    """
+
+    def __init__(self, work: Callable[[Any], Mapping[str, Any]], *, after_fork: Callable[[], None]) -> None:
+        if not hasattr(os, "fork"):
+            raise errors.InvalidArgumentError("snapshot='fork' needs os.fork (Linux, macOS)")
+        parent = os.getpid()
+        orders_r, orders_w = os.pipe()
+        result_r, result_w = os.pipe()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns when a process with threads forks: the child here runs only
+            # ckptio's writer, after resetting the pools and locks it uses
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: never returns
+            code = 70
+            try:
+                os.close(orders_w)
+                os.close(result_r)
+                threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
+                after_fork()
+                orders = json.loads(_read_line(orders_r) or b"null")
+                if orders is not None:
+                    try:
+                        out: dict[str, Any] = {"ok": True, "result": dict(work(orders))}
+                    except BaseException as err:
+                        out = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+                    _write_all(result_w, json.dumps(out, allow_nan=False).encode() + b"\n")
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(orders_r)
+        os.close(result_w)
+        self.pid = pid
+        self._orders: int | None = orders_w
+        self._result: int | None = result_r
+        self._status: int | None = None
+
+    def run(self, orders: Any) -> dict[str, Any]:
+        """Send ``orders``; wait for the child; its result, or its error raised here."""
+        try:
+            assert self._orders is not None, "ForkedWriter used twice"
+            self._send(json.dumps(orders, allow_nan=False).encode())
+            data = _read_line(self._result) if self._result is not None else b""
+        finally:
+            status = self._reap()
+        if not data:
+            raise errors.SaveFailedError(
+                f"the forked snapshot writer (pid {self.pid}) ended without a result: {_describe(status)}"
+            )
+        out = json.loads(data)
+        if not out.get("ok"):
+            raise errors.SaveFailedError(f"the forked snapshot writer failed: {out.get('error')}")
+        return dict(out["result"])
+
+    def cancel(self) -> None:
+        """End the child without work (the save was refused before writing); a no-op after
+        :meth:`run`."""
+        self._reap()
+
+    def _send(self, message: bytes) -> None:
+        if self._orders is None:
+            return
+        try:
+            _write_all(self._orders, message + b"\n")
+        except BrokenPipeError:
+            pass  # the child is gone; waitpid says how
+        finally:
+            os.close(self._orders)
+            self._orders = None
+
+    def _reap(self) -> int:
+        self._send(b"null")  # no work (unless orders went already)
+        if self._result is not None:
+            os.close(self._result)
+            self._result = None
+        if self._status is None:
+            _, self._status = os.waitpid(self.pid, 0)
+        return self._status
