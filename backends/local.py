@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ckptio import errors
+from ckptio.arrays import private_pages
 from ckptio.store import (
     Buffer,
     Capabilities,
@@ -108,7 +109,7 @@ def os_error(err: OSError, path: str, action: str) -> errors.CkptioError:
 
 def _aligned_buffer(size: int) -> mmap.mmap:
     """Page-aligned anonymous memory (what O_DIRECT needs), ``size`` rounded up to ALIGN."""
-    return mmap.mmap(-1, max(ALIGN, -(-size // ALIGN) * ALIGN))
+    return private_pages(max(ALIGN, -(-size // ALIGN) * ALIGN))
 
 
 def fsync_dir(path: str) -> None:

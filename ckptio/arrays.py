@@ -9,6 +9,7 @@ unless the state holds their arrays.
 from __future__ import annotations
 
 import importlib
+import mmap
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,16 @@ ADAPTERS: dict[str, str] = {
 }
 
 _loaded: dict[str, Callable[[Any], np.ndarray | None]] = {}
+
+
+def private_pages(nbytes: int) -> mmap.mmap:
+    """``nbytes`` (a multiple of the page size) of page-aligned, zero-filled anonymous memory,
+    mapped private: a forked process gets its own copy-on-write view of it, never memory it
+    shares with its parent (``mmap.mmap(-1, n)`` alone maps it shared)."""
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    if not flags:  # Windows
+        return mmap.mmap(-1, nbytes)
+    return mmap.mmap(-1, nbytes, flags=flags)
 
 
 def as_host_array(obj: Any) -> np.ndarray | None:

@@ -34,7 +34,7 @@ import secrets
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -45,9 +45,9 @@ import numpy as np
 
 from ckptio import errors
 from ckptio import format as fmt
-from ckptio.arrays import as_host_array, contiguous_le
+from ckptio.arrays import as_host_array, contiguous_le, private_pages
 from ckptio.dist import Communicator, SingleProcess, detect
-from ckptio.forked import ForkedWriter
+from ckptio.forked import SMAPS, ForkedWriter, in_ranges, unforkable_ranges
 from ckptio.registry import open_store
 from ckptio.store import Store, option_int, parse_size, wait_all
 
@@ -183,7 +183,7 @@ class SnapshotBuffers:
             end += a.nbytes
         if self._arena is None or len(self._arena) < end:
             self._arena = None  # views of the old arena keep it alive while in use
-            self._arena = mmap.mmap(-1, max(PAGE, fmt.align_up(end, PAGE)))
+            self._arena = private_pages(max(PAGE, fmt.align_up(end, PAGE)))
         out = []
         for a, off in zip(sources, offsets, strict=True):
             raw = np.frombuffer(self._arena, dtype=np.uint8, count=a.nbytes, offset=off)
@@ -212,7 +212,7 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     if nbytes < PAGE_ALIGNED_MIN:
         return np.empty(shape, dtype=dt)
     try:
-        buf = mmap.mmap(-1, fmt.align_up(nbytes, PAGE))
+        buf = private_pages(fmt.align_up(nbytes, PAGE))
     except OSError:  # e.g. the per-process limit on mappings (vm.max_map_count)
         raw = np.empty(nbytes + PAGE, dtype=np.uint8)
         start = -raw.ctypes.data % PAGE
@@ -221,10 +221,15 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 
 
 def _prepare(
-    state: Any, metadata: Any, *, copy: bool, buffers: SnapshotBuffers | None = None
+    state: Any,
+    metadata: Any,
+    *,
+    copy: bool | Callable[[np.ndarray], bool],
+    buffers: SnapshotBuffers | None = None,
 ) -> PreparedState:
-    """Walk the state: encode its structure, collect its arrays (copied if ``copy``, into
-    ``buffers`` when given, else into fresh page-aligned memory)."""
+    """Walk the state: encode its structure, collect its arrays (copied if ``copy``, or those
+    for which ``copy(array)`` is true, into ``buffers`` when given, else into fresh
+    page-aligned memory)."""
     tensors: dict[str, LocalTensor] = {}
     copies: list[tuple[np.ndarray, np.ndarray]] = []
 
@@ -258,7 +263,7 @@ def _prepare(
     for t in tensors.values():
         fmt.dtype_name(t.array.dtype)  # refuse unsupported dtypes before anything is written
     if copy and tensors:
-        locals_ = list(tensors.values())
+        locals_ = [t for t in tensors.values() if copy is True or copy(t.array)]
         dsts = (buffers or SnapshotBuffers()).views([t.array for t in locals_])
         for t, dst in zip(locals_, dsts, strict=True):
             copies.append((dst, t.array))
@@ -1206,6 +1211,8 @@ class Checkpointer:
         if snapshot == "fork":
             why = (
                 "this platform has no os.fork" if not hasattr(os, "fork")
+                else f"this platform has no {SMAPS} (Linux) to tell private memory from shared"
+                if not os.path.exists(SMAPS)
                 else f"{self.store.url} ({self.store.name}) cannot write from a forked process"
                 if not self.store.fork_safe
                 else f"layout {layout!r} coordinates ranks while writing" if layout != "file-per-shard"
@@ -1246,7 +1253,8 @@ class Checkpointer:
         fork = background and self.snapshot == "fork"
         t0 = time.perf_counter()
         try:
-            prepared = _prepare(state, metadata, copy=background and not fork, buffers=self._snapshots)
+            prepared = _prepare(state, metadata, copy=self._fork_copies() if fork else background,
+                                buffers=self._snapshots)
         except errors.CkptioError as err:
             if self.comm.size == 1:
                 raise
@@ -1272,6 +1280,13 @@ class Checkpointer:
         with self._lock:
             self._pending = handle
         return handle
+
+    @staticmethod
+    def _fork_copies() -> Callable[[np.ndarray], bool]:
+        """Which arrays a fork would not snapshot (shared or not-inherited memory): those are
+        copied before the fork, the rest is left to copy-on-write."""
+        ranges = unforkable_ranges()
+        return lambda array: in_ranges(array, ranges)
 
     def _fork_writer(self, prepared: PreparedState, step: int) -> ForkedWriter:
         """Fork the child that will write this rank's shards of ``prepared`` (see

@@ -19,6 +19,7 @@ talks to the parent through two pipes in JSON (never pickle), and leaves with ``
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import signal
@@ -28,7 +29,52 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from ckptio import errors
+
+SMAPS = "/proc/self/smaps"
+
+
+def unforkable_ranges(smaps: str = SMAPS) -> list[tuple[int, int]]:
+    """Address ranges, sorted and merged, that a forked child does not get as a copy-on-write
+    snapshot: shared mappings (``MAP_SHARED``, ``/dev/shm``, a torch tensor after
+    ``share_memory_()``), where the parent's later writes show through, and mappings marked
+    ``MADV_DONTFORK`` (CUDA's pinned host memory), which the child does not have at all. Read
+    from the ``VmFlags`` of ``/proc/self/smaps`` (``sh``, ``dc``); Linux only (raises
+    :class:`~ckptio.errors.InvalidArgumentError` where it is missing)."""
+    try:
+        with open(smaps) as f:
+            text = f.read()
+    except OSError as err:
+        raise errors.InvalidArgumentError(
+            f"snapshot='fork' needs {smaps} to tell private memory from shared ({err.strerror}); use snapshot='copy'"
+        ) from err
+    out: list[tuple[int, int]] = []
+    span: tuple[int, int] | None = None
+    for line in text.splitlines():
+        if line.startswith("VmFlags:"):
+            flags = line.split()[1:]
+            if span is not None and ("sh" in flags or "dc" in flags):
+                if out and out[-1][1] >= span[0]:
+                    out[-1] = (out[-1][0], max(out[-1][1], span[1]))
+                else:
+                    out.append(span)
+            span = None
+        elif line[:1] in "0123456789abcdef" and "-" in line.split(" ", 1)[0]:
+            lo, hi = line.split(" ", 1)[0].split("-")
+            span = (int(lo, 16), int(hi, 16))
+    return out
+
+
+def in_ranges(array: np.ndarray, ranges: list[tuple[int, int]]) -> bool:
+    """Whether any byte of ``array``'s data lies in one of ``ranges`` (sorted, disjoint)."""
+    if array.nbytes == 0 or not ranges:
+        return False
+    lo = int(array.ctypes.data)
+    hi = lo + array.nbytes
+    i = bisect.bisect_right(ranges, (lo, float("inf"))) - 1
+    return (i >= 0 and ranges[i][1] > lo) or (i + 1 < len(ranges) and ranges[i + 1][0] < hi)
 
 
 def _read_line(fd: int) -> bytes:

@@ -367,3 +367,67 @@ def test_fork_writer_stops_when_its_parent_is_killed(tmp_path):
         time.sleep(0.02)  # reparented to init (or a subreaper), which reaps it once it exits
     stat = Path(f"/proc/{child}/stat")
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_fork_snapshot_copies_shared_memory_first(tmp_path):
+    """Memory the child would share with the trainer (MAP_SHARED: /dev/shm, torch's
+    share_memory_) is no snapshot after a fork: such arrays are copied before it."""
+    import mmap
+
+    shared = np.frombuffer(mmap.mmap(-1, 1 << 22), dtype=np.float32)  # mmap(-1, n) is MAP_SHARED
+    shared[:] = 1
+    private = ckptio.checkpoint.aligned_empty((1 << 20,), np.float32)
+    private[:] = 2
+    url = f"file://{tmp_path}/run"
+    with ckptio.Checkpointer(url, async_save=True, snapshot="fork") as ck:
+        handle = ck.save({"shared": shared, "private": private}, 1)
+        shared[:] = -1  # visible to the child if it read the shared pages themselves
+        private[:] = -2
+        handle.wait()
+    back = ckptio.load(url, 1)
+    assert np.all(back["shared"] == 1) and np.all(back["private"] == 2)
+
+
+def test_unforkable_ranges_from_smaps(tmp_path):
+    from ckptio.forked import in_ranges, unforkable_ranges
+
+    smaps = tmp_path / "smaps"
+    smaps.write_text(textwrap.dedent(
+        """\
+        00001000-00003000 rw-p 00000000 00:00 0
+        Size:                  8 kB
+        VmFlags: rd wr mr mw me ac
+        00003000-00005000 rw-s 00000000 00:01 7                          /dev/zero (deleted)
+        Size:                  8 kB
+        VmFlags: rd wr sh mr mw me ms
+        00005000-00006000 rw-p 00000000 00:00 0
+        VmFlags: rd wr mr mw me dc ac
+        7f0000000000-7f0000001000 r--p 00000000 08:01 42                 /usr/lib/libc.so.6
+        VmFlags: rd mr mw me
+        """
+    ))
+    ranges = unforkable_ranges(str(smaps))
+    assert ranges == [(0x3000, 0x6000)]  # shared and don't-fork, merged
+
+    class At:  # an array-like at an address, as in_ranges sees one
+        def __init__(self, addr, n):
+            self.nbytes, self.ctypes = n, type("C", (), {"data": addr})()
+
+    assert not in_ranges(At(0x1000, 0x2000), ranges)
+    assert in_ranges(At(0x2fff, 2), ranges) and in_ranges(At(0x5fff, 1), ranges)
+    assert not in_ranges(At(0x6000, 0x100), ranges) and not in_ranges(At(0x3000, 0), ranges)
+    # ckptio's own buffers are private memory: a fork snapshots them
+    assert not in_ranges(ckptio.checkpoint.aligned_empty((1 << 20,), np.float32), unforkable_ranges())
+    with pytest.raises(errors.InvalidArgumentError, match="snapshot='copy'"):
+        unforkable_ranges(str(tmp_path / "missing"))
+
+
+def test_fork_snapshot_of_torch_shared_memory_tensor(tmp_path):
+    torch = pytest.importorskip("torch")
+    t = torch.ones(1 << 20).share_memory_()  # what DataLoader workers and Hogwild use
+    url = f"file://{tmp_path}/run"
+    with ckptio.Checkpointer(url, async_save=True, snapshot="fork") as ck:
+        handle = ck.save({"t": t}, 1)
+        t.fill_(-1)
+        handle.wait()
+    assert np.all(ckptio.load(url, 1)["t"] == 1)
