@@ -20,6 +20,9 @@ Cases (every write is durable: fsynced before its clock stops):
 - ``ckptio-sync``: ``ckptio.save(state, "file://...", step)`` (defaults).
 - ``ckptio-async``: one ``Checkpointer(async_save=True)`` across rounds, as in training:
   ``blocking`` is what ``save`` held the caller, ``seconds`` until committed.
+- ``ckptio-async-fork``: the same with ``snapshot="fork"`` (a copy-on-write child process
+  writes); also times writing every page of the state while the child writes, after it
+  ended, and with no snapshot: the cost the fork moves out of ``save`` into the training step.
 - ``ckptio-load``: cold ``ckptio.load`` (page cache dropped first), every CRC32C checked.
 - ``memcpy``: one single-threaded copy of the state into memory already touched: the
   reference for the async blocking time. ``memcpy-fresh`` copies into new memory.
@@ -95,6 +98,7 @@ class Ctx:
     round: int = 0
     _torch_state: dict[str, Any] | None = None
     _checkpointer: Any = None
+    _fork_checkpointer: Any = None
 
     def path(self, name: str) -> str:
         return os.path.join(self.directory, name)
@@ -270,6 +274,45 @@ def case_ckptio_async(ctx: Ctx) -> cm.Sample:
     return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {"blocking": blocking})
 
 
+def touch_pages(state: dict[str, np.ndarray]) -> float:
+    """Seconds to write one byte of every 4 KiB page of the state (values unchanged): what a
+    training step's first writes to the state pay per page after a fork snapshot, without the
+    step's own arithmetic."""
+    with cm.timed() as t:
+        for v in state.values():
+            b = v.reshape(-1).view(np.uint8)[::4096]
+            np.add(b, 0, out=b)
+    return t["seconds"]
+
+
+def case_ckptio_async_fork(ctx: Ctx) -> cm.Sample:
+    """``Checkpointer(async_save=True, snapshot="fork")``: ``blocking`` is the fork, ``seconds``
+    until committed. The cost moved out of ``save`` is timed too, by writing one byte of every
+    page of the state: ``touch_plain`` with no snapshot; ``touch_after`` once the child has
+    ended (a fault per page, or per 2 MiB where numpy's memory is on transparent huge pages;
+    no copy); ``touch_during`` while the child writes (a fault and a 4 KiB copy per page;
+    this splits huge pages, so it is timed on a fresh copy of the state, untimed to make)."""
+    if ctx._fork_checkpointer is None:
+        ctx._fork_checkpointer = ckptio.Checkpointer(
+            _ckptio_url(ctx, "ckptio-async-fork"), async_save=True, snapshot="fork")
+    ck = ctx._fork_checkpointer
+    plain = touch_pages(ctx.state)
+    with cm.timed() as t:
+        handle = ck.save(ctx.state, step=2 * ctx.round + 1)
+        handle.wait()
+    after = touch_pages(ctx.state)
+    scratch = {k: v.copy() for k, v in ctx.state.items()}
+    pending = ck.save(scratch, step=2 * ctx.round + 2)
+    during = touch_pages(scratch)
+    pending.wait()
+    del scratch
+    for step in ck.steps():
+        ckptio.checkpoint.delete_step(ck.store, step)
+    return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {
+        "blocking": handle.blocking_seconds, "touch_during": during, "touch_after": after,
+        "touch_plain": plain})
+
+
 def case_memcpy(ctx: Ctx) -> cm.Sample:
     dst = {k: np.empty_like(v) for k, v in ctx.state.items()}
     for k, v in ctx.state.items():
@@ -327,6 +370,7 @@ CASES: list[Case] = [
     Case("ckptio-load", "read", case_ckptio_load, after="ckptio-sync"),
     Case("ckptio-load-warm-memory", "read", case_ckptio_load_warm_memory, after="ckptio-sync"),
     Case("ckptio-async", "write", case_ckptio_async),
+    Case("ckptio-async-fork", "write", case_ckptio_async_fork),
     Case("manifest-100k", "cpu", case_manifest),
 ]
 BY_NAME = {c.name: c for c in CASES}
@@ -346,6 +390,8 @@ TARGETS: list[tuple[str, str, str, str, float]] = [
     ("cold load vs fio O_DIRECT seq read", "ckptio-load", "fio-read", "speed", 0.90),
     ("async blocking / one memcpy of the state", "ckptio-async:blocking", "memcpy", "time", 1.5),
     ("async blocking / sync save time", "ckptio-async:blocking", "ckptio-sync", "time", 0.10),
+    ("async blocking, snapshot=fork / one memcpy", "ckptio-async-fork:blocking", "memcpy", "time", 1.5),
+    ("async blocking, snapshot=fork / sync save time", "ckptio-async-fork:blocking", "ckptio-sync", "time", 0.10),
 ]
 
 
@@ -445,9 +491,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 cm.remove(ctx.path(producer.output))  # its last reader is done
             shown = f" (blocking {s.extra['blocking']:.3f} s)" if "blocking" in s.extra else ""
             print(f"round {r + 1}/{args.rounds} {name:20s} {s.seconds:8.3f} s  {cm.gbps(ctx.nbytes, s.seconds):6.2f} GB/s{shown}", file=sys.stderr, flush=True)
-    if ctx._checkpointer is not None:
-        ctx._checkpointer.close()
+    for ck in (ctx._checkpointer, ctx._fork_checkpointer):
+        if ck is not None:
+            ck.close()
     cm.remove(ctx.path("ckptio-async"))
+    cm.remove(ctx.path("ckptio-async-fork"))
     for name, why in failed.items():
         skipped[name] = f"failed: {why}"
         if not samples[name]:
@@ -481,11 +529,14 @@ def summarize(args: argparse.Namespace, ctx: Ctx, samples: dict[str, list[cm.Sam
         }
         if case.kind in ("write", "read", "memory"):
             row["gbps"] = cm.gbps(ctx.nbytes, med)
-        if name == "ckptio-async":
+        if name in ("ckptio-async", "ckptio-async-fork"):
             bl = [s.extra["blocking"] for s in ss]
             row["blocking_seconds"] = bl
             row["median_blocking_seconds"] = cm.median(bl)
             row["first_blocking_seconds"] = bl[0]
+        for extra in ("touch_during", "touch_after", "touch_plain"):
+            if extra in ss[0].extra:
+                row[f"median_{extra}_seconds"] = cm.median([s.extra[extra] for s in ss])
         if name == "manifest-100k":
             row["chunks"] = ss[0].extra["chunks"]
         rows.append(row)
@@ -533,7 +584,12 @@ def markdown(result: dict[str, Any]) -> str:
         g = f"{row['gbps']:.2f}" if "gbps" in row else ""
         name = row["case"]
         if "median_blocking_seconds" in row:
-            name += f" (blocking {row['median_blocking_seconds']:.3f} s, first save {row['first_blocking_seconds']:.3f} s)"
+            name += f" (blocking {row['median_blocking_seconds']:.3f} s, first save {row['first_blocking_seconds']:.3f} s"
+            if "median_touch_during_seconds" in row:
+                name += (f"; then writing every page of the state took {row['median_touch_during_seconds']:.3f} s "
+                         f"while the child wrote, {row['median_touch_after_seconds']:.3f} s after it ended, "
+                         f"{row['median_touch_plain_seconds']:.3f} s with no snapshot")
+            name += ")"
         lines.append(f"| {name} | {row['median_seconds']:.3f} | {g} | {row['min_seconds']:.3f}-{row['max_seconds']:.3f} | {row['median_cpu_seconds']:.2f} ({row['median_sys_seconds']:.2f}) |")
     lines += ["", "| target | ratio | goal | met |", "|---|---:|---|---|"]
     for t in result["targets"]:
