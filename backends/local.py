@@ -69,13 +69,22 @@ _stage_cache: dict[int, list[mmap.mmap]] = {}
 _stage_cache_lock = threading.Lock()
 
 
-def _reset_stage_cache_lock() -> None:  # a forked child: another thread may have held it
-    global _stage_cache_lock
-    _stage_cache_lock = threading.Lock()
+_not_inherited: list[object] = []
+"""In a forked child: the parent's cached staging blocks, which the child does not have
+(``MADV_DONTFORK``). Kept referenced so they are never unmapped there: their addresses may
+hold the child's own mappings later."""
+
+
+def _reset_stage_cache() -> None:
+    """In a forked child: the cache starts empty (its blocks were not inherited); its lock may
+    have been held by a thread that did not survive the fork."""
+    global _stage_cache, _stage_cache_lock
+    _not_inherited.append(_stage_cache)
+    _stage_cache, _stage_cache_lock = {}, threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_stage_cache_lock)
+    os.register_at_fork(after_in_child=_reset_stage_cache)
 
 
 class _DirectRefused(Exception):
@@ -109,7 +118,7 @@ def os_error(err: OSError, path: str, action: str) -> errors.CkptioError:
 
 def _aligned_buffer(size: int) -> mmap.mmap:
     """Page-aligned anonymous memory (what O_DIRECT needs), ``size`` rounded up to ALIGN."""
-    return private_pages(max(ALIGN, -(-size // ALIGN) * ALIGN))
+    return private_pages(max(ALIGN, -(-size // ALIGN) * ALIGN), inherit=False)
 
 
 def fsync_dir(path: str) -> None:

@@ -26,14 +26,22 @@ ADAPTERS: dict[str, str] = {
 _loaded: dict[str, Callable[[Any], np.ndarray | None]] = {}
 
 
-def private_pages(nbytes: int) -> mmap.mmap:
+def private_pages(nbytes: int, *, inherit: bool = True) -> mmap.mmap:
     """``nbytes`` (a multiple of the page size) of page-aligned, zero-filled anonymous memory,
     mapped private: a forked process gets its own copy-on-write view of it, never memory it
-    shares with its parent (``mmap.mmap(-1, n)`` alone maps it shared)."""
+    shares with its parent (``mmap.mmap(-1, n)`` alone maps it shared).
+
+    ``inherit=False`` (ckptio's own scratch memory: staging blocks, copy snapshots): forked
+    processes do not get it at all (``MADV_DONTFORK``). So a fork (a DataLoader worker, a
+    ``snapshot="fork"`` writer) neither write-protects it, which would cost a page fault per
+    4 KiB at its next use, nor hands the child buffers the parent keeps using."""
     flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
     if not flags:  # Windows
         return mmap.mmap(-1, nbytes)
-    return mmap.mmap(-1, nbytes, flags=flags)
+    m = mmap.mmap(-1, nbytes, flags=flags)
+    if not inherit and hasattr(mmap, "MADV_DONTFORK"):
+        m.madvise(mmap.MADV_DONTFORK)
+    return m
 
 
 def as_host_array(obj: Any) -> np.ndarray | None:

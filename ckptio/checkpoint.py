@@ -171,8 +171,13 @@ class SnapshotBuffers:
     copy. Holds one state's worth of memory until :meth:`release`.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, inherit: bool = True) -> None:
         self._arena: mmap.mmap | None = None
+        self.inherit = inherit
+        """False: forked processes do not get this memory (see :func:`private_pages`); a
+        ``snapshot="fork"`` Checkpointer keeps it inherited (its child writes copies from it)."""
+        if not inherit:
+            _not_inherited_buffers.add(self)
 
     def views(self, sources: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Uninitialised arrays shaped like ``sources``, laid out in one arena."""
@@ -183,7 +188,7 @@ class SnapshotBuffers:
             end += a.nbytes
         if self._arena is None or len(self._arena) < end:
             self._arena = None  # views of the old arena keep it alive while in use
-            self._arena = private_pages(max(PAGE, fmt.align_up(end, PAGE)))
+            self._arena = private_pages(max(PAGE, fmt.align_up(end, PAGE)), inherit=self.inherit)
         out = []
         for a, off in zip(sources, offsets, strict=True):
             raw = np.frombuffer(self._arena, dtype=np.uint8, count=a.nbytes, offset=off)
@@ -196,6 +201,23 @@ class SnapshotBuffers:
 
     def release(self) -> None:
         self._arena = None
+
+
+_not_inherited_buffers: weakref.WeakSet[SnapshotBuffers] = weakref.WeakSet()
+_gone_in_child: list[object] = []
+
+
+def _drop_uninherited_arenas() -> None:
+    """In a forked child: arenas that were not inherited are forgotten (kept referenced, never
+    unmapped: their addresses may hold the child's own mappings later)."""
+    for buffers in list(_not_inherited_buffers):
+        if buffers._arena is not None:
+            _gone_in_child.append(buffers._arena)
+            buffers._arena = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_uninherited_arenas)
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
@@ -1236,7 +1258,8 @@ class Checkpointer:
             raise errors.InvalidArgumentError("chunk_size and max_object_size must be > 0")
         self._bg_comm: Communicator | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._snapshots = SnapshotBuffers()  # async snapshots reuse this memory
+        # async snapshots reuse this memory; a fork's child must see the copies it holds
+        self._snapshots = SnapshotBuffers(inherit=snapshot == "fork")
         self._pending: SaveHandle | None = None
         self._lock = threading.Lock()
         _live.add(self)
