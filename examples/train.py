@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-last", type=int, default=2)
     ap.add_argument("--log", type=Path, help="append one JSON line per step: step, loss (float.hex)")
     ap.add_argument("--no-sync-probe", action="store_true", help="do not measure a synchronous save")
+    ap.add_argument("--snapshot", choices=("copy", "fork"), default="copy",
+                    help="how async saves snapshot the state: a memory copy, or a forked "
+                    "copy-on-write writer (file:// and pfs:// only)")
     args = ap.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     nparams = sum(p.numel() for p in model.parameters())
 
-    ck = ct.Checkpointer(args.url, async_save=True, keep_last=args.keep_last)
+    ck = ct.Checkpointer(args.url, async_save=True, keep_last=args.keep_last, snapshot=args.snapshot)
     probe = None if args.no_sync_probe else ct.Checkpointer(args.url.rstrip("/") + "-sync", keep_last=1)
     start = 0
     latest = ck.latest()
