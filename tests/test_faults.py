@@ -9,9 +9,14 @@ What is real and what is injected:
 - ENOSPC: a real 4 MiB tmpfs (``mount -t tmpfs``, needs root; skipped with a reason
   otherwise).
 - EFBIG: a real file-size limit (``RLIMIT_FSIZE``) in a child process.
-- EIO: *injected*: ``os.pwrite`` / ``os.fsync`` / ``os.preadv`` replaced in the test process
-  by functions that raise ``OSError(EIO)`` (no device-mapper ``error`` target is available
-  in this container; the OS-error translation path is the same).
+- EIO: real, from the kernel: the saves and loads go through a FUSE passthrough filesystem
+  (``ckptio.testing.faultyfs``, a separate server process) switched to fail writes, fsyncs
+  or reads of data objects with EIO (needs root and ``/dev/fuse``; skipped with a reason
+  otherwise, failed under ``CI=true``). The older *injected* EIO tests remain: they replace
+  ``os.pwrite`` / ``os.fsync`` / ``os.preadv`` in the test process by functions that raise
+  ``OSError(EIO)``, and run where FUSE is unavailable (no device-mapper ``error`` target is
+  available in this container).
+- The failing manifest publish: ``LocalStore.publish`` replaced (injected).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import ckptio
 from ckptio import errors
 from ckptio.registry import open_store
 from ckptio.store import RetryPolicy
+from ckptio.testing import faultyfs
 from ckptio.testing.crash import expected_state, state_mismatch
 
 FAST_RETRIES = RetryPolicy(max_attempts=8, base_delay=0.01, max_delay=0.1)
@@ -264,6 +270,72 @@ def test_eio_while_loading_injected(tmp_path, monkeypatch):
         ckptio.load(url)
     monkeypatch.undo()
     assert state_mismatch(ckptio.load(url), expected_state(1)) is None
+
+
+# -- local disk, real EIO from a FUSE filesystem ------------------------------------------------
+
+
+@pytest.fixture
+def faulty_disk(tmp_path):
+    """A FUSE passthrough mount (``ckptio.testing.faultyfs``) that fails chosen operations
+    with a real EIO from the kernel; skips without /dev/fuse or root, fails under CI=true."""
+    fs = faultyfs.start_or_skip(tmp_path)
+    try:
+        yield fs
+    finally:
+        fs.stop()
+
+
+def _step_files(fs: faultyfs.FaultyFS, step: int) -> list[str]:
+    """Files of ``step`` in the backing directory (temp files included)."""
+    root = Path(fs.backing) / "run" / f"step-{step:010d}"
+    return sorted(str(p) for p in root.rglob("*") if p.is_file()) if root.exists() else []
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("direct", ["0", "1"])
+@pytest.mark.parametrize("op", ["write", "fsync"])
+def test_eio_while_saving_from_a_faulty_filesystem(faulty_disk, op, direct):
+    """The kernel answers EIO to every write (or fsync) of a data object: the save fails
+    naming the object and the error, commits nothing, and step 1 still loads and verifies;
+    with the faults off the same save succeeds."""
+    url = f"file://{faulty_disk.mountpoint}/run?direct={direct}"
+    ckptio.save(expected_state(1), url, step=1)
+    with faulty_disk.faults([op], match="/data/"), pytest.raises(errors.SaveFailedError) as info:
+        ckptio.save(expected_state(2), url, step=2)
+    text = str(info.value)
+    assert "Input/output error" in text and "nothing committed" in text, text
+    assert f"cannot {op} {faulty_disk.mountpoint}/run/step-0000000002/data/" in text, text
+    cause = info.value.__cause__
+    assert isinstance(cause, errors.StorageError) and cause.errno == errno.EIO, repr(cause)
+    assert ckptio.Checkpointer(url).steps() == [1]
+    with open_store(url) as store:
+        assert store.list_incomplete("step-") == []
+        assert [k for k in store.list("step-") if "step-0000000002" in k] == []
+    assert _step_files(faulty_disk, 2) == []  # temp files removed too
+    assert state_mismatch(ckptio.load(url), expected_state(1)) is None
+    assert ckptio.verify(url, 1) == []
+    ckptio.save(expected_state(2), url, step=2)  # faults off: the disk works again
+    assert state_mismatch(ckptio.load(url, 2), expected_state(2)) is None
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("direct", ["0", "1"])
+def test_eio_while_loading_from_a_faulty_filesystem(faulty_disk, direct):
+    """The kernel answers EIO to reads of data objects (the manifest reads fine): the load
+    fails naming the object and the error; with the faults off it loads and verifies."""
+    url = f"file://{faulty_disk.mountpoint}/run?direct={direct}"
+    ckptio.save(expected_state(1), url, step=1)
+    data = f"{faulty_disk.mountpoint}/run/step-0000000001/data/"
+    with faulty_disk.faults(["read"], match="/data/"):
+        with pytest.raises(errors.StorageError) as info:
+            ckptio.load(url)
+        assert ckptio.Checkpointer(url).steps() == [1]  # listing still works
+    text = str(info.value)
+    assert f"cannot read {data}" in text and "Input/output error" in text, text
+    assert info.value.errno == errno.EIO
+    assert state_mismatch(ckptio.load(url), expected_state(1)) is None
+    assert ckptio.verify(url, 1) == []
 
 
 def test_failed_manifest_publish_leaves_no_data(tmp_path, monkeypatch):
