@@ -601,29 +601,7 @@ def _save_collective(
 ) -> SaveResult:
     """Plan, write, gather, commit: every rank calls this; rank 0 publishes the manifest.
     With ``forked`` (file-per-shard only), that child process writes this rank's shards from
-    its copy-on-write snapshot; see :mod:`ckptio.forked`."""
-    try:
-        return _save_collective_inner(
-            store, prepared, step, comm, layout=layout, key_layout=key_layout,
-            chunk_size=chunk_size, max_object_size=max_object_size, forked=forked,
-        )
-    finally:
-        if forked is not None:
-            forked.cancel()  # a no-op once it ran; ends the child if the save stopped before
-
-
-def _save_collective_inner(
-    store: Store,
-    prepared: PreparedState,
-    step: int,
-    comm: Communicator,
-    *,
-    layout: str,
-    key_layout: str,
-    chunk_size: int,
-    max_object_size: int,
-    forked: ForkedWriter | None,
-) -> SaveResult:
+    its copy-on-write snapshot (see :mod:`ckptio.forked`); the caller ends it afterwards."""
     t0 = time.perf_counter()
     mkey = fmt.manifest_key(step)
     # 1. plan: rank 0 decides who writes what (replicated tensors once), refuses conflicts
@@ -1329,17 +1307,21 @@ class Checkpointer:
     def _persist(
         self, prepared: PreparedState, step: int, comm: Communicator, forked: ForkedWriter | None = None
     ) -> SaveResult:
-        result = _save_collective(
-            self.store,
-            prepared,
-            step,
-            comm,
-            layout=self.layout,
-            key_layout=self.key_layout,
-            chunk_size=self.chunk_size,
-            max_object_size=self.max_object_size,
-            forked=forked,
-        )
+        try:
+            result = _save_collective(
+                self.store,
+                prepared,
+                step,
+                comm,
+                layout=self.layout,
+                key_layout=self.key_layout,
+                chunk_size=self.chunk_size,
+                max_object_size=self.max_object_size,
+                forked=forked,
+            )
+        finally:
+            if forked is not None:
+                forked.cancel()  # a no-op once it ran; ends the child if the save stopped before
         if comm.rank == 0 and self.keep_last is not None:
             self._retain(step)
         return result

@@ -438,6 +438,7 @@ def test_scratch_memory_is_not_inherited_by_forks(tmp_path):
     (a DataLoader worker) does not write-protect it, so the next snapshot pays no page faults.
     A fork snapshot's copies (of shared memory) must reach its child: those are inherited."""
     from ckptio.backends.local import _aligned_buffer
+
     from ckptio.checkpoint import SnapshotBuffers
     from ckptio.forked import in_ranges, unforkable_ranges
 
