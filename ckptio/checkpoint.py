@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import crc32c as _crc32c
 import numpy as np
@@ -47,7 +47,7 @@ from ckptio import errors
 from ckptio import format as fmt
 from ckptio.arrays import as_host_array, contiguous_le, private_pages
 from ckptio.dist import Communicator, SingleProcess, detect
-from ckptio.forked import SMAPS, ForkedWriter, in_ranges, unforkable_ranges
+from ckptio.forked import SMAPS, ForkedWriter, PageReleaser, in_ranges, unforkable_ranges
 from ckptio.registry import open_store
 from ckptio.store import Store, option_int, parse_size, wait_all
 
@@ -68,6 +68,9 @@ same for all (chunks name an object and a byte offset), so load and verify need 
 The shared layouts need ``capabilities.positional_writes`` (file://, pfs://)."""
 
 _CHECKPOINT_OPTIONS = ("layout", "key_layout", "chunk_size", "max_object_size")
+
+FORK_OBJECT_BYTES = 256 << 20
+"""Bytes: the largest shard object a fork snapshot's child writes (see :meth:`Checkpointer._fork_writer`)."""
 
 SNAPSHOTS = ("copy", "fork")
 """How an async save takes its snapshot: ``copy`` (one memory copy into reused buffers) or
@@ -368,6 +371,15 @@ PARALLEL_OBJECTS_MIN = 256 * 2**20
 """Bytes: below this a rank writes one object at a time."""
 
 
+class WriteProgress(Protocol):
+    """What :func:`write_rank_shards` reports as it goes (a fork snapshot's child gives back
+    the memory of what it has written: :class:`ckptio.forked.PageReleaser`)."""
+
+    def expect(self, views: Sequence[np.ndarray]) -> None: ...
+
+    def written(self, views: Sequence[np.ndarray]) -> None: ...
+
+
 def write_rank_shards(
     store: Store,
     step: int,
@@ -380,14 +392,18 @@ def write_rank_shards(
     max_object_size: int,
     first_index: int = 0,
     parallel: int = 1,
+    progress: WriteProgress | None = None,
 ) -> dict[str, Any]:
     """Write this rank's tensors into shard objects, numbered from ``first_index`` (callers
     that write a rank's objects in several calls, like the runner, keep the numbers apart).
     ``parallel``: a rank's data of at least :data:`PARALLEL_OBJECTS_MIN` bytes is spread over
     about this many objects, written at the same time (a local filesystem serialises direct
-    writes to one file; object stores take more streams). Returns the chunk index and
-    objects."""
+    writes to one file; object stores take more streams). ``progress`` hears of every piece
+    of memory to be written, then of each object's pieces once that object is durable and
+    checksummed. Returns the chunk index and objects."""
     pieces = [p for local in mine for p in _pieces(local, chunk_size)]
+    if progress is not None:
+        progress.expect([p.view for p in pieces])
     total_bytes = sum(p.view.nbytes for p in pieces)
     if parallel > 1 and total_bytes >= PARALLEL_OBJECTS_MIN:
         # each object then gets at least total/parallel bytes, so there are at most `parallel`
@@ -435,7 +451,10 @@ def write_rank_shards(
             for f in crcs:
                 f.cancel()
             raise
-        return key[len(prefix) :], total, [crc for job in crcs for crc in job.result()]
+        crc_values = [crc for job in crcs for crc in job.result()]
+        if progress is not None:
+            progress.written([piece.view for piece, _ in members])
+        return key[len(prefix) :], total, crc_values
 
     todo = [(index, members) for index, members in enumerate(objects, start=first_index) if members]
     if len(todo) > 1 and parallel > 1:
@@ -1296,10 +1315,13 @@ class Checkpointer:
         key_layout, chunk_size, max_object_size = self.key_layout, self.chunk_size, self.max_object_size
 
         def work(orders: Mapping[str, Any]) -> dict[str, Any]:
+            # objects of at most FORK_OBJECT_BYTES: the memory of each is given back to the
+            # parent (its pages become the parent's alone) as soon as it is durable
             return write_rank_shards(
                 store, step, rank, orders["token"], [tensors[p] for p in orders["paths"]],
-                key_layout=key_layout, chunk_size=chunk_size, max_object_size=max_object_size,
-                parallel=PARALLEL_OBJECTS,
+                key_layout=key_layout, chunk_size=chunk_size,
+                max_object_size=min(max_object_size, FORK_OBJECT_BYTES),
+                parallel=PARALLEL_OBJECTS, progress=PageReleaser(),
             )
 
         return ForkedWriter(work, after_fork=store.after_fork)

@@ -20,13 +20,15 @@ talks to the parent through two pipes in JSON (never pickle), and leaves with ``
 from __future__ import annotations
 
 import bisect
+import ctypes
 import json
+import mmap
 import os
 import signal
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -109,6 +111,82 @@ def _describe(status: int) -> str:
     return f"exit status {os.waitstatus_to_exitcode(status)}"
 
 
+PAGE = mmap.PAGESIZE
+
+_in_child = False
+"""True in a fork snapshot's child (where :class:`PageReleaser` may give memory back)."""
+
+try:  # resolved here, in the parent: the dynamic loader's lock may be held at fork time
+    _madvise = ctypes.CDLL(None, use_errno=True).madvise
+    _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    _madvise.restype = ctypes.c_int
+except (OSError, AttributeError):  # not Linux/macOS libc: nothing is given back
+    _madvise = None
+
+
+class PageReleaser:
+    """In a fork snapshot's child only: gives back the memory of pieces once they are written
+    (``MADV_DONTNEED`` on the child's own mapping; the parent's pages are untouched). A page
+    the child no longer maps is the parent's alone again, so the parent's next write to it is
+    a fault without a copy: an optimizer step that overlaps the save copies only what has not
+    been written yet.
+
+    A page is given back only when it lies wholly inside a written piece and no piece still
+    to be written overlaps it: arrays may share memory (tied weights, views), and the child
+    reads a page it has given back as zeros.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lo = np.empty(0, dtype=np.int64)
+        self._hi = np.empty(0, dtype=np.int64)
+        self._pending = np.empty(0, dtype=bool)
+        self._where: dict[tuple[int, int], list[int]] = {}
+
+    @staticmethod
+    def _span(view: np.ndarray) -> tuple[int, int]:
+        lo = int(view.ctypes.data)
+        return lo, lo + view.nbytes
+
+    def expect(self, views: Sequence[np.ndarray]) -> None:
+        spans = [self._span(v) for v in views]
+        with self._lock:
+            base = len(self._lo)
+            self._lo = np.concatenate([self._lo, np.array([a for a, _ in spans], dtype=np.int64)])
+            self._hi = np.concatenate([self._hi, np.array([b for _, b in spans], dtype=np.int64)])
+            self._pending = np.concatenate([self._pending, np.ones(len(spans), dtype=bool)])
+            for i, span in enumerate(spans, start=base):
+                self._where.setdefault(span, []).append(i)
+
+    def written(self, views: Sequence[np.ndarray]) -> None:
+        if not _in_child:
+            raise RuntimeError("PageReleaser gives memory back only in a fork snapshot's child")
+        spans = [self._span(v) for v in views]
+        free: list[tuple[int, int]] = []
+        with self._lock:
+            for span in spans:
+                slots = self._where.get(span)
+                if slots:
+                    self._pending[slots.pop()] = False
+            for lo, hi in spans:
+                lo, hi = -(-lo // PAGE) * PAGE, hi // PAGE * PAGE
+                if hi <= lo:
+                    continue
+                busy = self._pending & (self._lo < hi) & (self._hi > lo)
+                cur = lo
+                for b_lo, b_hi in sorted(zip(self._lo[busy].tolist(), self._hi[busy].tolist(), strict=True)):
+                    if b_lo // PAGE * PAGE > cur:
+                        free.append((cur, min(b_lo // PAGE * PAGE, hi)))
+                    cur = max(cur, -(-b_hi // PAGE) * PAGE)
+                    if cur >= hi:
+                        break
+                if cur < hi:
+                    free.append((cur, hi))
+        if _madvise is not None:
+            for lo, hi in free:
+                _madvise(lo, hi - lo, mmap.MADV_DONTNEED)  # an optimisation: failure is harmless
+
+
 ORPHAN_POLL_SECONDS = 0.05
 
 
@@ -142,6 +220,8 @@ class ForkedWriter:
             warnings.simplefilter("ignore", DeprecationWarning)
             pid = os.fork()
         if pid == 0:  # the child: never returns
+            global _in_child
+            _in_child = True
             code = 70
             try:
                 os.close(orders_w)

@@ -21,6 +21,7 @@ from ckptio.backends.local import LocalStore
 import ckptio
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio.checkpoint import aligned_empty
 from ckptio.testing.crash import expected_state, state_mismatch
 
 
@@ -376,7 +377,7 @@ def test_fork_snapshot_copies_shared_memory_first(tmp_path):
 
     shared = np.frombuffer(mmap.mmap(-1, 1 << 22), dtype=np.float32)  # mmap(-1, n) is MAP_SHARED
     shared[:] = 1
-    private = ckptio.checkpoint.aligned_empty((1 << 20,), np.float32)
+    private = aligned_empty((1 << 20,), np.float32)
     private[:] = 2
     url = f"file://{tmp_path}/run"
     with ckptio.Checkpointer(url, async_save=True, snapshot="fork") as ck:
@@ -417,7 +418,7 @@ def test_unforkable_ranges_from_smaps(tmp_path):
     assert in_ranges(At(0x2fff, 2), ranges) and in_ranges(At(0x5fff, 1), ranges)
     assert not in_ranges(At(0x6000, 0x100), ranges) and not in_ranges(At(0x3000, 0), ranges)
     # ckptio's own buffers are private memory: a fork snapshots them
-    assert not in_ranges(ckptio.checkpoint.aligned_empty((1 << 20,), np.float32), unforkable_ranges())
+    assert not in_ranges(aligned_empty((1 << 20,), np.float32), unforkable_ranges())
     with pytest.raises(errors.InvalidArgumentError, match="snapshot='copy'"):
         unforkable_ranges(str(tmp_path / "missing"))
 
@@ -452,3 +453,85 @@ def test_scratch_memory_is_not_inherited_by_forks(tmp_path):
     for snapshot, inherited in (("copy", False), ("fork", True)):
         with ckptio.Checkpointer(f"file://{tmp_path}/{snapshot}", async_save=True, snapshot=snapshot) as ck:
             assert ck._snapshots.inherit is inherited
+
+
+def test_page_releaser_gives_back_only_pages_nothing_pending_needs(monkeypatch):
+    """Wholly written pages are given back; pages a piece still to be written shares (tied
+    weights, views, a neighbour within the page) are kept; never outside a fork's child."""
+    from ckptio import forked
+
+    given: list[tuple[int, int]] = []
+    monkeypatch.setattr(forked, "_madvise", lambda addr, n, advice: given.append((addr, n)))
+    P = forked.PAGE
+    buf = aligned_empty((256 * P,), np.uint8)  # page-aligned (>= 1 MiB)
+    base = int(buf.ctypes.data)
+    a, b = buf[: 6 * P + 100], buf[6 * P + 100 : 10 * P]  # b shares page 6 with a
+    tied = buf[2 * P : 3 * P]  # another tensor over a's memory (tied weights)
+    rel = forked.PageReleaser()
+    rel.expect([a, b, tied])
+    with pytest.raises(RuntimeError, match="only in a fork snapshot's child"):
+        rel.written([a])
+    monkeypatch.setattr(forked, "_in_child", True)
+    rel.written([a])
+    assert given == [(base, 2 * P), (base + 3 * P, 3 * P)]  # not page 2 (tied), not 6 (b)
+    given.clear()
+    rel.written([tied])
+    assert given == [(base + 2 * P, P)]
+    given.clear()
+    rel.written([b])
+    assert given == [(base + 7 * P, 3 * P)]  # page 6 is only partly b's
+
+
+def test_fork_child_gives_written_memory_back_while_it_writes(tmp_path):
+    """While the child still writes, the pages it has written are the parent's alone again
+    (Shared -> Private in /proc/self/smaps): a write to them is a fault, not a page copy."""
+    import time
+
+    from ckptio.arrays import private_pages
+
+    gate = tmp_path / "go"
+
+    class LastObjectWaits(LocalStore):  # the child writes objects 0..6, then waits
+        def open_writer(self, key, *, size_hint=None):
+            if "-007-" in key.rsplit("/", 1)[-1]:
+                while not gate.exists():
+                    time.sleep(0.01)
+            return super().open_writer(key, size_hint=size_hint)
+
+    n = 64 << 20
+    w = np.frombuffer(private_pages(n), dtype=np.float32)
+    w[:] = np.arange(w.size, dtype=np.float32)
+    addr = int(w.ctypes.data)
+
+    def shared_kib() -> int:  # Shared_Clean + Shared_Dirty of the mapping holding w
+        text = Path("/proc/self/smaps").read_text().splitlines()
+        for i, line in enumerate(text):
+            head = line.split(" ", 1)[0]
+            if "-" in head and line[:1] in "0123456789abcdef":
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                if lo <= addr < hi:
+                    total = 0
+                    for entry in text[i + 1 :]:
+                        if entry.startswith("VmFlags"):
+                            return total
+                        if entry.startswith(("Shared_Clean:", "Shared_Dirty:")):
+                            total += int(entry.split()[1])
+        raise AssertionError("mapping not found")
+
+    # buffered writes: an O_DIRECT write pins the pages, and the kernel then unshares them in
+    # the child by itself (a copy there); the page cache path only reads them
+    store = LastObjectWaits(str(tmp_path / "run"), direct=False)
+    with ckptio.Checkpointer(store, async_save=True, snapshot="fork", max_object_size="8MiB",
+                            chunk_size="8MiB") as ck:
+        handle = ck.save({"w": w}, 1)
+        try:
+            deadline = time.monotonic() + 30
+            while shared_kib() > (n >> 10) - (48 << 10) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert shared_kib() <= (n >> 10) - (48 << 10), "written pages still shared with the child"
+            w[:] = -1  # the training step, while the last object is still to be written
+        finally:
+            gate.touch()
+        handle.wait()
+    back = ckptio.load(f"file://{tmp_path}/run", 1)["w"]
+    assert np.array_equal(back, np.arange(w.size, dtype=np.float32))
