@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_benchmark_runs_and_writes_its_tables(tmp_path):
     out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
-    cases = "memcpy,fio-write,fio-read,ckptio-sync,ckptio-load,ckptio-async"
+    cases = "memcpy,fio-write,fio-read,ckptio-sync,ckptio-load,ckptio-async,ckptio-async-fork"
     proc = subprocess.run(
         [
             sys.executable, os.path.join(ROOT, "benchmarks", "run.py"),
@@ -27,14 +27,30 @@ def test_benchmark_runs_and_writes_its_tables(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out_json.read_text())
     ran = {row["case"] for row in doc["cases"]}
-    assert {"memcpy", "ckptio-sync", "ckptio-load", "ckptio-async"} <= ran
+    assert {"memcpy", "ckptio-sync", "ckptio-load", "ckptio-async", "ckptio-async-fork"} <= ran
     assert ran | set(doc["skipped"]) == set(cases.split(","))
     for row in doc["cases"]:
         assert row["rounds"] == 2 and len(row["seconds"]) == 2 and row["median_seconds"] > 0
     async_row = next(r for r in doc["cases"] if r["case"] == "ckptio-async")
     assert 0 < async_row["median_blocking_seconds"] <= async_row["median_seconds"]
     assert any(t["of"] == "ckptio-async:blocking" for t in doc["targets"])
+    fork_row = next(r for r in doc["cases"] if r["case"] == "ckptio-async-fork")
+    assert fork_row["median_touch_during_seconds"] > 0 and fork_row["median_touch_after_seconds"] > 0
     assert doc["config"]["size_bytes"] >= 3 * 2**20 and doc["machine"]["versions"]["ckptio"]
     md = out_md.read_text()
     assert "| ckptio-sync |" in md and "| target |" in md
     assert not os.listdir(tmp_path / "scratch")  # every case cleans up after itself
+
+
+def test_fork_overlap_benchmark_runs(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "fork_overlap.py"), "--size", "8MiB",
+         "--tensors", "2", "--rounds", "1", "--dir", str(tmp_path / "scratch")],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    assert [r.split(" | ")[0][2:] for r in rows[1:]] == [
+        "no snapshot", "0% into the write", "25% into the write", "50% into the write",
+        "75% into the write", "after the write"]
+    assert not (tmp_path / "scratch").exists()
