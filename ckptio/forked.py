@@ -6,8 +6,9 @@ copies one only when the parent writes to it), so ``save`` holds the caller for 
 fork (page tables, not data) instead of a memory copy of the state. The parent's background
 thread then runs the collective plan, hands the child what to write, and commits what the
 child reports. The cost moves, it does not vanish: while the child writes, the first write
-by the training process to each 4 KiB page of the state is a page fault and a page copy, and
-the memory the state occupies can double.
+by the training process to each 4 KiB page of the state the child has not written yet is a
+page fault and a page copy (pages it has written, it gives back: :class:`PageReleaser`), and
+the memory the state occupies can grow by as much as the state.
 
 Hand-written because no library offers it: ``multiprocessing`` forks with a pickled payload
 and its own machinery, where this needs the state left untouched in the child and nothing
