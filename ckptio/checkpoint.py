@@ -1187,8 +1187,9 @@ class Checkpointer:
     - ``snapshot`` (``copy``, ``fork``; async saves only): ``fork`` takes the snapshot by
       forking a child process that writes the shards from its copy-on-write view of the
       state, so ``save`` holds the caller for a fork (page tables) instead of a memory copy;
-      while the child writes, the caller's first write to each page of the state pays a page
-      copy, and the state's memory can double. Needs ``os.fork``, a store that is
+      while the child writes, the caller's first write to each page it has not written yet
+      pays a page copy (written pages it gives back: a fault only), and the state's memory
+      can double. Arrays in shared memory are copied first. Needs ``os.fork``, a store that is
       ``fork_safe`` (``file://``, ``pfs://``) and the ``file-per-shard`` layout; see
       :mod:`ckptio.forked`.
     - ``comm``: a :class:`~ckptio.dist.Communicator` (default: detected from the launcher).
