@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ckptio import errors
-from ckptio.arrays import private_pages
+from ckptio.arrays import not_inherited, private_pages
 from ckptio.store import (
     Buffer,
     Capabilities,
@@ -69,17 +69,11 @@ _stage_cache: dict[int, list[mmap.mmap]] = {}
 _stage_cache_lock = threading.Lock()
 
 
-_not_inherited: list[object] = []
-"""In a forked child: the parent's cached staging blocks, which the child does not have
-(``MADV_DONTFORK``). Kept referenced so they are never unmapped there: their addresses may
-hold the child's own mappings later."""
-
-
 def _reset_stage_cache() -> None:
     """In a forked child: the cache starts empty (its blocks were not inherited); its lock may
     have been held by a thread that did not survive the fork."""
     global _stage_cache, _stage_cache_lock
-    _not_inherited.append(_stage_cache)
+    not_inherited.append(_stage_cache)
     _stage_cache, _stage_cache_lock = {}, threading.Lock()
 
 

@@ -140,7 +140,7 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
         for _ in range(a.repeat):
             view = memoryview(bytearray(size))
             with ThreadPoolExecutor(a.streams) as pool:
-                got += sum(pool.map(lambda r: store.read_into(SOURCE_KEY, r[0], view[r[0] : r[0] + r[1]]), ranges))
+                got += sum(pool.map(lambda r, v=view: store.read_into(SOURCE_KEY, r[0], v[r[0] : r[0] + r[1]]), ranges))
         store.close()
         return got
     if client == "boto3-transfer":

@@ -26,6 +26,12 @@ ADAPTERS: dict[str, str] = {
 _loaded: dict[str, Callable[[Any], np.ndarray | None]] = {}
 
 
+not_inherited: list[object] = []
+"""In a forked child: ckptio's memory maps that were not inherited (``inherit=False``), which
+the child forgot. Kept referenced so they are never unmapped there: their addresses may hold
+the child's own mappings later."""
+
+
 def private_pages(nbytes: int, *, inherit: bool = True) -> mmap.mmap:
     """``nbytes`` (a multiple of the page size) of page-aligned, zero-filled anonymous memory,
     mapped private: a forked process gets its own copy-on-write view of it, never memory it

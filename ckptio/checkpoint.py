@@ -45,7 +45,7 @@ import numpy as np
 
 from ckptio import errors
 from ckptio import format as fmt
-from ckptio.arrays import as_host_array, contiguous_le, private_pages
+from ckptio.arrays import as_host_array, contiguous_le, not_inherited, private_pages
 from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.forked import SMAPS, ForkedWriter, PageReleaser, in_ranges, unforkable_ranges
 from ckptio.registry import open_store
@@ -207,15 +207,14 @@ class SnapshotBuffers:
 
 
 _not_inherited_buffers: weakref.WeakSet[SnapshotBuffers] = weakref.WeakSet()
-_gone_in_child: list[object] = []
 
 
 def _drop_uninherited_arenas() -> None:
-    """In a forked child: arenas that were not inherited are forgotten (kept referenced, never
-    unmapped: their addresses may hold the child's own mappings later)."""
+    """In a forked child: arenas that were not inherited are forgotten (see
+    :data:`ckptio.arrays.not_inherited`)."""
     for buffers in list(_not_inherited_buffers):
         if buffers._arena is not None:
-            _gone_in_child.append(buffers._arena)
+            not_inherited.append(buffers._arena)
             buffers._arena = None
 
 

@@ -4,7 +4,8 @@ storage layer.
 Tensors in ``ckptio.save`` / ``ckptio.load`` (no pickle anywhere)::
 
     ckptio.save({"model": model.state_dict()}, "s3://bucket/run", step=100)   # numpy inside
-    state = ckptio.torch.load("s3://bucket/run", device="cpu")                 # torch tensors
+    from ckptio import torch as ct
+    state = ct.load("s3://bucket/run", device="cpu")     # ckptio's loader: torch tensors, no pickle
 
     # optimizer state dicts have integer keys; encode() makes them storable, load() undoes it
     with ckptio.torch.Checkpointer("file:///ckpt/run", async_save=True) as ck:

@@ -45,6 +45,17 @@ def _check_results(out: Path, stdout: str, ranks: int, communicator: str) -> Non
     assert res.sidecars[0]["communicator"] == communicator
 
 
+def _launch(cmd: list[str], out: Path, env: dict[str, str], communicator: str) -> None:
+    """Run the 2-rank command under its launcher, writing to ``out``, and check the results."""
+    proc = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    _check(out, proc, 2, communicator)
+
+
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                                 reason="torch is not installed (CI installs torch==2.13.0)")
+
+
 @pytest.mark.mpi
 def test_run_under_mpiexec_two_ranks(tmp_path: Path) -> None:
     exe = shutil.which("mpiexec", path=os.path.dirname(sys.executable)) or shutil.which("mpiexec")
@@ -53,33 +64,21 @@ def test_run_under_mpiexec_two_ranks(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     out = tmp_path / "out"
     env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-    proc = subprocess.run(
-        [exe, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "2",
-         sys.executable, *RUN, "--out", str(out)],
-        capture_output=True, text=True, timeout=180, env=env,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    _check(out, proc, 2, "MPICommunicator")
+    _launch([exe, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "2",
+             sys.executable, *RUN], out, env, "MPICommunicator")
 
 
 @pytest.mark.torch
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                    reason="torch is not installed (CI installs torch==2.13.0)")
+@needs_torch
 def test_run_under_torchrun_two_ranks(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "PMIX"))}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--standalone", *RUN, "--out", str(out)],
-        capture_output=True, text=True, timeout=240, env=env,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    _check(out, proc, 2, "TorchCommunicator")
+    _launch([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+             "--standalone", *RUN], out, env, "TorchCommunicator")
 
 
 @pytest.mark.torch
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                    reason="torch is not installed (CI installs torch==2.13.0)")
+@needs_torch
 def test_shutdown_ends_only_the_group_ckptio_started(monkeypatch: pytest.MonkeyPatch) -> None:
     """A gloo group left alive at interpreter exit can abort a torchrun rank in C++; the runner
     ends the group it started, and leaves alone one the training script started."""
