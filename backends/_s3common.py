@@ -114,6 +114,9 @@ class AwsSettings:
     """Seconds to open a connection."""
     read_timeout: float = READ_TIMEOUT
     """Seconds without a byte from the server before a request times out (then retried)."""
+    session: Any = field(default=None, repr=False, compare=False)
+    """The botocore session that resolved these settings; :func:`make_boto3_client` creates
+    its clients from it, so botocore's handlers and data files are set up once per store."""
 
     @property
     def allow_http(self) -> bool:
@@ -214,6 +217,7 @@ def resolve_aws(options: dict[str, Any]) -> AwsSettings:
         session_token=token,
         anonymous=anonymous,
         addressing_style=style,
+        session=session,
     )
 
 
@@ -735,7 +739,7 @@ def make_boto3_client(aws: AwsSettings, *, pool_connections: int = 10) -> Any:
         signature_version=UNSIGNED if aws.anonymous else None,
         **botocore_config(aws, pool_connections=pool_connections),
     )
-    session = botocore.session.Session()
+    session = aws.session or botocore.session.Session()
     return session.create_client(
         "s3",
         region_name=aws.region,
