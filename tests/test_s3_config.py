@@ -45,6 +45,26 @@ def test_profile_in_aws_config_files(
     assert store.get("a.bin") == b"from the profile"
 
 
+def test_profile_option_settings_reach_the_boto3_client(
+    s3_bucket: str, moto_server: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``profile=`` (not ``AWS_PROFILE``): the client is made from the session that resolved
+    the profile, so the profile's settings that ckptio does not set itself still apply."""
+    _clear_aws_env(monkeypatch)
+    config = tmp_path / "config"
+    config.write_text(f"[profile ckpt]\nregion = us-east-1\nendpoint_url = {moto_server}\nrequest_min_compression_size_bytes = 12345\n")
+    creds = tmp_path / "credentials"
+    creds.write_text(
+        f"[ckpt]\naws_access_key_id = {TEST_ACCESS_KEY_ID}\naws_secret_access_key = {TEST_SECRET_ACCESS_KEY}\n"
+    )
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    store = open_store(f"s3+boto3://{s3_bucket}/profile", profile="ckpt")
+    assert store.client.meta.config.request_min_compression_size_bytes == 12345  # type: ignore[attr-defined]
+    store.put("c.bin", b"profile option")
+    assert store.get("c.bin") == b"profile option"
+
+
 @pytest.mark.parametrize("scheme", BACKENDS)
 def test_explicit_options_without_environment(
     scheme: str, s3_bucket: str, moto_server: str, monkeypatch: pytest.MonkeyPatch
