@@ -116,6 +116,26 @@ def test_aligned_empty_is_page_aligned_for_large_arrays():
     assert a.ctypes.data % 4096 == 0
 
 
+def test_save_from_aligned_empty_arrays_needs_no_staging(tmp_path, monkeypatch):
+    """State allocated with ``ckptio.aligned_empty`` goes to the disk as it is; numpy's own
+    arrays (16 bytes past a page) go through staging blocks."""
+    import ckptio
+
+    staged: list[int] = []
+    new_stage = LocalStore.new_stage
+    monkeypatch.setattr(LocalStore, "new_stage", lambda self: staged.append(1) or new_stage(self))
+    a = ckptio.aligned_empty((4, MiB), np.float32)
+    a[...] = np.arange(4 * MiB, dtype=np.float32).reshape(4, MiB)
+    ckptio.save({"a": a}, LocalStore(str(tmp_path / "aligned"), direct=True), step=1)
+    assert staged == []
+    b = np.array(a)  # numpy's allocation
+    assert b.ctypes.data % 4096
+    ckptio.save({"b": b}, LocalStore(str(tmp_path / "numpy"), direct=True), step=1)
+    assert staged
+    assert np.array_equal(ckptio.load(f"file://{tmp_path}/aligned")["a"], a)
+    assert np.array_equal(ckptio.load(f"file://{tmp_path}/numpy")["b"], a)
+
+
 def test_pieces_hold_whole_pages_when_rows_allow():
     arr = np.zeros((1000, 300), dtype=np.float32)  # 1200-byte rows
     pieces = _pieces(LocalTensor("w", arr, arr.shape, (0, 0), True), 400_000)
