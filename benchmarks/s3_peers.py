@@ -13,7 +13,10 @@ that first loads the payload into memory (not timed), then times the upload: wal
 (``time.perf_counter``) and CPU seconds of the client process including its threads and
 children (``resource.getrusage`` SELF + CHILDREN, user + sys; s5cmd runs as a child). Clients
 alternate in a rotated order each round; the table shows medians over the rounds.
-GB = 1e9 bytes.
+GB = 1e9 bytes. ``--op read`` times downloads of one object instead (``--repeat N`` per
+process): ckptio's backends and s3torchconnector into fresh, untouched page-aligned memory
+(what ``ckptio.load`` allocates), boto3's TransferManager into a ``BytesIO``, s5cmd into a
+file in /dev/shm.
 
 Caveat: moto accepts data at roughly 100 MB/s on loopback whatever the client, and shares
 this machine's cores with the client, so wall throughput here mostly measures moto; CPU

@@ -25,19 +25,25 @@ def _clear_aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(k, raising=False)
 
 
-@pytest.mark.parametrize("scheme", BACKENDS)
-def test_profile_in_aws_config_files(
-    scheme: str, s3_bucket: str, moto_server: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _profile_files(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, moto_server: str, extra: str = "") -> None:
+    """A clean environment plus AWS config and credentials files with a profile ``ckpt``
+    that points at moto (``extra``: more lines for the profile's config)."""
     _clear_aws_env(monkeypatch)
     config = tmp_path / "config"
-    config.write_text(f"[profile ckpt]\nregion = us-east-1\nendpoint_url = {moto_server}\n")
+    config.write_text(f"[profile ckpt]\nregion = us-east-1\nendpoint_url = {moto_server}\n{extra}")
     creds = tmp_path / "credentials"
     creds.write_text(
         f"[ckpt]\naws_access_key_id = {TEST_ACCESS_KEY_ID}\naws_secret_access_key = {TEST_SECRET_ACCESS_KEY}\n"
     )
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+
+
+@pytest.mark.parametrize("scheme", BACKENDS)
+def test_profile_in_aws_config_files(
+    scheme: str, s3_bucket: str, moto_server: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _profile_files(tmp_path, monkeypatch, moto_server)
     monkeypatch.setenv("AWS_PROFILE", "ckpt")
     store = open_store(f"{scheme}://{s3_bucket}/cfg")
     assert store.aws.endpoint_url == moto_server  # type: ignore[attr-defined]
@@ -50,15 +56,7 @@ def test_profile_option_settings_reach_the_boto3_client(
 ) -> None:
     """``profile=`` (not ``AWS_PROFILE``): the client is made from the session that resolved
     the profile, so the profile's settings that ckptio does not set itself still apply."""
-    _clear_aws_env(monkeypatch)
-    config = tmp_path / "config"
-    config.write_text(f"[profile ckpt]\nregion = us-east-1\nendpoint_url = {moto_server}\nrequest_min_compression_size_bytes = 12345\n")
-    creds = tmp_path / "credentials"
-    creds.write_text(
-        f"[ckpt]\naws_access_key_id = {TEST_ACCESS_KEY_ID}\naws_secret_access_key = {TEST_SECRET_ACCESS_KEY}\n"
-    )
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    _profile_files(tmp_path, monkeypatch, moto_server, "request_min_compression_size_bytes = 12345\n")
     store = open_store(f"s3+boto3://{s3_bucket}/profile", profile="ckpt")
     assert store.client.meta.config.request_min_compression_size_bytes == 12345  # type: ignore[attr-defined]
     store.put("c.bin", b"profile option")
