@@ -108,8 +108,9 @@ class Ctx:
     def aligned_state(self) -> dict[str, Any]:
         """The same state in page-aligned memory (made once, untimed): what a job restarted
         from a ckptio checkpoint holds (``ckptio.load`` returns page-aligned arrays), what
-        ``ckptio.aligned_empty`` allocates, and what async snapshots write from. numpy's own large arrays start
-        16 bytes past a page, which the disk (512-byte DMA alignment) cannot take directly."""
+        ``ckptio.aligned_empty`` allocates, and what async snapshots write from. numpy's own
+        large arrays do not start on a page, which the disk (512-byte DMA alignment) cannot
+        take directly."""
         if self._aligned_state is None:
             from ckptio.checkpoint import aligned_empty
 

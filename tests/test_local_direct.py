@@ -118,7 +118,7 @@ def test_aligned_empty_is_page_aligned_for_large_arrays():
 
 def test_save_from_aligned_empty_arrays_needs_no_staging(tmp_path, monkeypatch):
     """State allocated with ``ckptio.aligned_empty`` goes to the disk as it is; numpy's own
-    arrays (16 bytes past a page) go through staging blocks."""
+    arrays (not on a page) go through staging blocks."""
     import ckptio
 
     staged: list[int] = []
