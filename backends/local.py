@@ -513,11 +513,15 @@ class LocalStore(Store):
         self.direct_read = want_read and bool(_O_DIRECT)
         self.fsync = option_bool(fsync, field="fsync")
         self.preallocate = option_bool(preallocate, field="preallocate")
+        self._fresh_concurrency()
+        self._real_root: str | None = None
+
+    def _fresh_concurrency(self) -> None:
+        """The I/O pool (created on first use) and the locks and bounds around it."""
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._stage_sem = threading.BoundedSemaphore(self.streams * 2)
         self._inflight = threading.BoundedSemaphore(self.streams)
-        self._real_root: str | None = None
 
     # -- shared resources -------------------------------------------------------------------
     @property
@@ -574,10 +578,7 @@ class LocalStore(Store):
 
     def after_fork(self) -> None:
         super().after_fork()
-        self._pool = None  # its threads did not survive the fork
-        self._pool_lock = threading.Lock()
-        self._stage_sem = threading.BoundedSemaphore(self.streams * 2)
-        self._inflight = threading.BoundedSemaphore(self.streams)
+        self._fresh_concurrency()  # the pool's threads did not survive the fork, nor its locks' holders
 
     def close(self) -> None:
         with self._pool_lock:

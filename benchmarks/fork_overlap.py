@@ -30,14 +30,6 @@ import ckptio
 from ckptio.store import parse_size
 
 
-def touch_pages(state: dict[str, np.ndarray]) -> float:
-    t0 = time.perf_counter()
-    for v in state.values():
-        b = v.reshape(-1).view(np.uint8)[::4096]
-        np.add(b, 0, out=b)
-    return time.perf_counter() - t0
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default="1GiB")
@@ -58,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         st = fresh()
         step += 1
         save_seconds = ck.save(st, step).wait().seconds  # the write's length, to place the touches
-        results["no snapshot"] = [touch_pages(fresh()) for _ in range(a.rounds)]
+        results["no snapshot"] = [cm.touch_pages(fresh()) for _ in range(a.rounds)]
         for frac in (0.0, 0.25, 0.5, 0.75):
             label = f"{frac:.0%} into the write"
             for _ in range(a.rounds):
@@ -66,13 +58,13 @@ def main(argv: list[str] | None = None) -> int:
                 step += 1
                 handle = ck.save(st, step)
                 time.sleep(frac * save_seconds)
-                results.setdefault(label, []).append(touch_pages(st))
+                results.setdefault(label, []).append(cm.touch_pages(st))
                 handle.wait()
         for _ in range(a.rounds):
             st = fresh()
             step += 1
             ck.save(st, step).wait()
-            results.setdefault("after the write", []).append(touch_pages(st))
+            results.setdefault("after the write", []).append(cm.touch_pages(st))
     shutil.rmtree(a.dir, ignore_errors=True)
     size = n * 4 * a.tensors
     print(f"state {size / 2**30:.2f} GiB in {a.tensors} tensors; one fork save takes {save_seconds:.2f} s; "

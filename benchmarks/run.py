@@ -305,17 +305,6 @@ def case_ckptio_async(ctx: Ctx) -> cm.Sample:
     return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {"blocking": blocking})
 
 
-def touch_pages(state: dict[str, np.ndarray]) -> float:
-    """Seconds to write one byte of every 4 KiB page of the state (values unchanged): what a
-    training step's first writes to the state pay per page after a fork snapshot, without the
-    step's own arithmetic."""
-    with cm.timed() as t:
-        for v in state.values():
-            b = v.reshape(-1).view(np.uint8)[::4096]
-            np.add(b, 0, out=b)
-    return t["seconds"]
-
-
 def case_ckptio_async_fork(ctx: Ctx) -> cm.Sample:
     """``Checkpointer(async_save=True, snapshot="fork")``: ``blocking`` is the fork, ``seconds``
     until committed. The cost moved out of ``save`` is timed too, by writing one byte of every
@@ -327,14 +316,14 @@ def case_ckptio_async_fork(ctx: Ctx) -> cm.Sample:
         ctx._fork_checkpointer = ckptio.Checkpointer(
             _ckptio_url(ctx, "ckptio-async-fork"), async_save=True, snapshot="fork")
     ck = ctx._fork_checkpointer
-    plain = touch_pages(ctx.state)
+    plain = cm.touch_pages(ctx.state)
     with cm.timed() as t:
         handle = ck.save(ctx.state, step=2 * ctx.round + 1)
         handle.wait()
-    after = touch_pages(ctx.state)
+    after = cm.touch_pages(ctx.state)
     scratch = {k: v.copy() for k, v in ctx.state.items()}
     pending = ck.save(scratch, step=2 * ctx.round + 2)
-    during = touch_pages(scratch)
+    during = cm.touch_pages(scratch)
     pending.wait()
     del scratch
     for step in ck.steps():
