@@ -6,6 +6,7 @@ while a background save runs its own (MPI, 2 ranks)."""
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import shutil
 import subprocess
@@ -499,17 +500,22 @@ def test_fork_child_gives_written_memory_back_while_it_writes(tmp_path):
             return super().open_writer(key, size_hint=size_hint)
 
     n = 64 << 20
-    w = np.frombuffer(private_pages(n), dtype=np.float32)
+    mem = private_pages(n)
+    # a flag its neighbours lack, so the kernel does not merge this mapping with adjacent
+    # anonymous memory (whose pages the child shares too) into one smaps entry
+    mem.madvise(mmap.MADV_DONTDUMP)
+    w = np.frombuffer(mem, dtype=np.float32)
     w[:] = np.arange(w.size, dtype=np.float32)
     addr = int(w.ctypes.data)
 
-    def shared_kib() -> int:  # Shared_Clean + Shared_Dirty of the mapping holding w
+    def shared_kib() -> int:  # Shared_Clean + Shared_Dirty of w's own mapping
         text = Path("/proc/self/smaps").read_text().splitlines()
         for i, line in enumerate(text):
             head = line.split(" ", 1)[0]
             if "-" in head and line[:1] in "0123456789abcdef":
                 lo, hi = (int(x, 16) for x in head.split("-"))
                 if lo <= addr < hi:
+                    assert (lo, hi) == (addr, addr + n), "w's mapping merged with its neighbours"
                     total = 0
                     for entry in text[i + 1 :]:
                         if entry.startswith("VmFlags"):
