@@ -11,9 +11,12 @@ from __future__ import annotations
 import importlib
 import mmap
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from ckptio import errors
 
 #: type-module prefix -> "module:function" turning such an object into a numpy array (or None
 #: when the object is not an array after all). Integrations add entries.
@@ -23,7 +26,25 @@ ADAPTERS: dict[str, str] = {
     "jaxlib": "ckptio.jax:to_numpy",
 }
 
-_loaded: dict[str, Callable[[Any], np.ndarray | None]] = {}
+#: type-module prefix -> "module:function" turning such an array into a :class:`Target` that a
+#: load fills in place (or None when the object is not an array after all)
+TARGETS: dict[str, str] = {
+    "torch": "ckptio.torch:to_target",
+}
+
+_loaded: dict[str, Callable[..., Any]] = {}
+
+
+@dataclass(slots=True)
+class Target:
+    """An array that a load fills in place (``ckptio.load(..., into=state)``)."""
+
+    leaf: Any
+    """The caller's object, returned in the loaded state."""
+    view: np.ndarray
+    """Writable host memory the bytes are read into: the leaf's own memory where it has some."""
+    finish: Callable[[], object] | None = None
+    """Run once ``view`` holds the bytes, to move them into the leaf (e.g. onto a GPU)."""
 
 
 not_inherited: list[object] = []
@@ -57,15 +78,39 @@ def as_host_array(obj: Any) -> np.ndarray | None:
     """
     if isinstance(obj, np.ndarray):
         return obj
+    fn = _adapter(obj, ADAPTERS)
+    return None if fn is None else fn(obj)
+
+
+def as_target(obj: Any, path: str) -> Target | None:
+    """``obj`` (found at ``path`` of a load's ``into=`` state) as a :class:`Target`, or None
+    if it is not an array. Arrays that cannot be written in place are refused by name."""
+    if isinstance(obj, np.ndarray):
+        if not obj.flags.writeable:
+            raise errors.InvalidArgumentError(f"into= at {path!r}: a read-only numpy array cannot be filled in place")
+        return Target(obj, obj)
+    fn = _adapter(obj, TARGETS)
+    if fn is not None:
+        return fn(obj, path)
+    if isinstance(obj, np.generic) or as_host_array(obj) is None:
+        return None
+    raise errors.InvalidArgumentError(
+        f"into= at {path!r}: a {type(obj).__module__}.{type(obj).__qualname__} cannot be filled in "
+        "place (JAX arrays are immutable: use ckptio.jax.load(url, target=...)); load without into="
+    )
+
+
+def _adapter(obj: Any, table: dict[str, str]) -> Callable[..., Any] | None:
+    """The function ``table`` names for the module of ``obj``'s type, imported on first use."""
     module = type(obj).__module__
-    for prefix, target in ADAPTERS.items():
+    for prefix, target in table.items():
         if module == prefix or module.startswith(prefix + "."):
             fn = _loaded.get(target)
             if fn is None:
                 mod_name, _, attr = target.partition(":")
                 fn = getattr(importlib.import_module(mod_name), attr)
                 _loaded[target] = fn
-            return fn(obj)
+            return fn
     return None
 
 

@@ -45,7 +45,14 @@ import numpy as np
 
 from ckptio import errors
 from ckptio import format as fmt
-from ckptio.arrays import as_host_array, contiguous_le, not_inherited, private_pages
+from ckptio.arrays import (
+    Target,
+    as_host_array,
+    as_target,
+    contiguous_le,
+    not_inherited,
+    private_pages,
+)
 from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.forked import SMAPS, ForkedWriter, PageReleaser, in_ranges, unforkable_ranges
 from ckptio.registry import open_store
@@ -895,11 +902,26 @@ class CheckpointReader:
         """Tensor ``path`` (or the box ``index`` of it: ints and unit-step slices)."""
         return self.read_many({path: index})[path]
 
-    def read_many(self, wanted: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Several tensors (or boxes of them), their chunks read in parallel."""
+    def read_many(
+        self, wanted: Mapping[str, Any], *, into: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Several tensors (or boxes of them), their chunks read in parallel. ``into`` maps
+        some of those paths to writable arrays of the result's shape and dtype (checked by
+        the caller), which are filled in place and returned instead of new arrays."""
         jobs: list[tuple[fmt.Chunk, Any]] = []
         results: dict[str, np.ndarray] = {}
         finals: dict[str, list[bool]] = {}
+        into = into or {}
+        copy_back: list[tuple[np.ndarray, str]] = []  # destinations read through a new array
+
+        def destination(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+            dest = into.get(path)
+            if dest is None:
+                return aligned_empty(shape, dtype)
+            if dest.flags.c_contiguous:
+                return dest.reshape(shape)  # a view: only unit dims of an int index differ
+            copy_back.append((dest, path))  # strided (a transposed view): read, then copy
+            return aligned_empty(shape, dtype)
         unknown = [p for p in wanted if p not in self.manifest.tensors]
         if unknown:
             raise errors.NotFoundError(f"step {self.step} has no tensor {unknown[0]!r}")
@@ -912,7 +934,7 @@ class CheckpointReader:
             if index is None and entry.chunks and math.prod(entry.shape):
                 # the whole tensor: chunks split along dim 0 (how ckptio writes them) land on
                 # contiguous rows of the output, with no box arithmetic per chunk
-                out = aligned_empty(entry.shape, entry.np_dtype)
+                out = destination(path, entry.shape, entry.np_dtype)
                 results[path] = out
                 rows = [c for c in entry.chunks if c.shape[1:] == entry.shape[1:]]
                 if len(rows) == len(entry.chunks) and all(not any(c.offsets[1:]) for c in rows):
@@ -925,7 +947,7 @@ class CheckpointReader:
                 index = ()
             starts, stops, keep = _normalize(() if index is None else index, entry.shape, path)
             shape = tuple(b - a for a, b in zip(starts, stops, strict=True))
-            out = results[path] if path in results else aligned_empty(shape, entry.np_dtype)  # every element is read: chunks tile it
+            out = results[path] if path in results else destination(path, shape, entry.np_dtype)  # every element is read: chunks tile it
             results[path] = out
             finals[path] = keep
             for chunk in entry.chunks:
@@ -1011,11 +1033,17 @@ class CheckpointReader:
                 results[path] = results[path].reshape(
                     tuple(n for n, k in zip(results[path].shape, keep, strict=True) if k)
                 )
+        for dest, path in copy_back:
+            np.copyto(dest, results[path])
+        for path, dest in into.items():
+            results[path] = dest
         return results
 
-    def state(self, select: Mapping[str, Any] | None = None) -> Any:
+    def state(self, select: Mapping[str, Any] | None = None, *, into: Any = None) -> Any:
         """The saved structure with every tensor read (``select``: path -> index, to read
-        only a box of some tensors; other tensors are read whole)."""
+        only a box of some tensors; other tensors are read whole).
+
+        ``into``: a state whose arrays are filled in place (see :func:`ckptio.load`)."""
         select = dict(select or {})
         unknown = set(select) - set(self.manifest.tensors)
         if unknown:
@@ -1023,8 +1051,43 @@ class CheckpointReader:
                 f"step {self.step} has no tensor(s) {sorted(unknown)}; it has {sorted(self.manifest.tensors)[:20]}"
             )
         paths = list(fmt.tree_tensor_paths(self.manifest.tree))
-        arrays = self.read_many({p: select.get(p) for p in paths})
-        return fmt.decode_tree(self.manifest.tree, arrays.__getitem__)
+        targets = self._targets(into, select) if into is not None else {}
+        arrays = self.read_many({p: select.get(p) for p in paths}, into={p: t.view for p, t in targets.items()})
+        for t in targets.values():
+            if t.finish is not None:
+                t.finish()
+        return fmt.decode_tree(self.manifest.tree, lambda p: targets[p].leaf if p in targets else arrays[p])
+
+    def _targets(self, into: Any, select: Mapping[str, Any]) -> dict[str, Target]:
+        """The arrays of ``into`` by tensor path, each checked against what will be read."""
+        targets: dict[str, Target] = {}
+
+        def on_array(path: str, leaf: Any) -> Any:
+            if isinstance(leaf, np.generic):
+                return None
+            target = as_target(leaf, path)
+            if target is None:
+                return None
+            entry = self.manifest.tensors.get(path)
+            if entry is None:
+                raise errors.NotFoundError(
+                    f"into= holds an array at {path!r}, but step {self.step} has no tensor {path!r}"
+                )
+            shape = entry.shape
+            if path in select:
+                starts, stops, keep = _normalize(select[path], entry.shape, path)
+                shape = tuple(b - a for a, b, k in zip(starts, stops, keep, strict=True) if k)
+            got = target.view
+            if got.shape != shape or got.dtype != entry.np_dtype:
+                raise errors.InvalidArgumentError(
+                    f"into= at {path!r} is {got.dtype} {tuple(got.shape)}; step {self.step} holds "
+                    f"{entry.np_dtype} {shape}" + (f" (select={select[path]!r})" if path in select else "")
+                )
+            targets[path] = target
+            return {"t": path}
+
+        fmt.encode_tree(into, on_array)
+        return targets
 
     def verify(self) -> list[str]:
         """Re-read every object and check sizes and every chunk's CRC. Returns the problems
@@ -1391,9 +1454,10 @@ class Checkpointer:
     def open(self, step: int | None = None) -> CheckpointReader:
         return open_checkpoint(self.store, step)
 
-    def load(self, step: int | None = None, *, select: Mapping[str, Any] | None = None) -> Any:
-        """The state of ``step`` (default: the newest complete checkpoint)."""
-        return self.open(step).state(select)
+    def load(self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None) -> Any:
+        """The state of ``step`` (default: the newest complete checkpoint); ``select`` and
+        ``into`` as for :func:`load`."""
+        return self.open(step).state(select, into=into)
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -1526,14 +1590,25 @@ def load(
     step: int | None = None,
     *,
     select: Mapping[str, Any] | None = None,
+    into: Any = None,
     **options: Any,
 ) -> Any:
     """Load the checkpoint of ``step`` (default: the newest complete one) under ``url``.
 
     ``select`` maps tensor paths (``"model/w"``) to indexes (``np.s_[0:512, :]``) to read only
     those boxes: resharding to a different number of ranks.
+
+    ``into`` is a state (the one being resumed, say) whose arrays are filled in place, as
+    torch DCP's ``load`` does: numpy arrays and torch tensors (CUDA ones through pinned host
+    memory). Each must have the dtype and shape the checkpoint holds at its path (the box's
+    shape where ``select`` names the path); a mismatch, or an array at a path the checkpoint
+    lacks, is an error before anything is read. The returned state holds those same objects;
+    tensors that ``into`` lacks come back as new arrays. No second copy of the state is
+    allocated, which on Linux also saves the kernel zeroing fresh pages for it. If the load
+    fails (a damaged chunk, say), it raises and the arrays of ``into`` may hold part of the
+    checkpoint.
     """
-    return open_checkpoint(url, step, **options).state(select)
+    return open_checkpoint(url, step, **options).state(select, into=into)
 
 
 def verify(url: str | Store, step: int | None = None, **options: Any) -> list[str]:

@@ -69,6 +69,7 @@ from torch.futures import Future
 from ckptio import checkpoint as _ck
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio.arrays import Target
 from ckptio.registry import open_store, split_url
 from ckptio.store import Store
 
@@ -188,6 +189,11 @@ def to_numpy(obj: Any) -> np.ndarray | None:
     _check_plain(obj, "tensor")
     t = stage_to_host(obj.detach()).resolve_conj().resolve_neg()
     dtype_name(t.dtype)  # refuse unsupported dtypes with the list of valid ones
+    return _numpy_view(t)
+
+
+def _numpy_view(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor as a numpy array sharing its memory (bfloat16 and float8 as ml_dtypes)."""
     viewed = _VIEWED.get(t.dtype)
     if viewed is not None:
         as_int, np_dtype = viewed
@@ -196,6 +202,24 @@ def to_numpy(obj: Any) -> np.ndarray | None:
             return t.view(as_int).numpy().view(np_dtype).reshape(())
         return t.view(as_int).numpy().view(np_dtype)
     return t.numpy()
+
+
+def to_target(obj: Any, path: str) -> Target | None:
+    """A tensor that ``ckptio.load(..., into=state)`` fills in place, or None if ``obj`` is not
+    a tensor. CPU tensors are read into their own memory; others (CUDA) through host memory
+    (pinned for CUDA), then copied to the device."""
+    if not isinstance(obj, torch.Tensor):
+        return None
+    where = f"into= at {path!r}"
+    _check_plain(obj, where)
+    if obj.is_conj() or obj.is_neg():
+        raise errors.InvalidArgumentError(f"{where}: a conjugate or negative view cannot be filled in place")
+    dtype_name(obj.dtype)
+    t = obj.detach()  # the same memory, without autograd
+    if not _is_cuda(t) and t.device.type == "cpu":
+        return Target(obj, _numpy_view(t))
+    host = _pinned_empty(t) if _is_cuda(t) else torch.empty(t.shape, dtype=t.dtype)
+    return Target(obj, _numpy_view(host), lambda: t.copy_(host))
 
 
 def from_numpy(array: np.ndarray, *, device: str | torch.device | None = None) -> torch.Tensor:
@@ -281,11 +305,15 @@ def load(
     *,
     device: str | torch.device | None = None,
     select: Mapping[str, Any] | None = None,
+    into: Any = None,
     **options: Any,
 ) -> Any:
     """:func:`ckptio.load`, with tensors as torch tensors on ``device`` (default CPU, sharing
-    the memory ckptio read into) and integer-keyed dicts restored (:func:`decode`)."""
-    return decode(to_torch(_ck.load(url, step, select=select, **options), device=device))
+    the memory ckptio read into) and integer-keyed dicts restored (:func:`decode`). ``into``:
+    a state dict (``model.state_dict()``, integer keys included) whose tensors are filled
+    in place."""
+    into = None if into is None else encode(into)
+    return decode(to_torch(_ck.load(url, step, select=select, into=into, **options), device=device))
 
 
 class Checkpointer(_ck.Checkpointer):
@@ -299,8 +327,9 @@ class Checkpointer(_ck.Checkpointer):
     def save(self, state: Any, step: int, **kwargs: Any) -> _ck.SaveHandle:
         return super().save(encode(state), step, **kwargs)
 
-    def load(self, step: int | None = None, *, select: Mapping[str, Any] | None = None) -> Any:
-        return decode(to_torch(super().load(step, select=select), device=self.device))
+    def load(self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None) -> Any:
+        into = None if into is None else encode(into)
+        return decode(to_torch(super().load(step, select=select, into=into), device=self.device))
 
 
 # -- torch.distributed.checkpoint -------------------------------------------------------------

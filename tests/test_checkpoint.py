@@ -84,6 +84,53 @@ def test_large_tensor_split_into_chunks_and_partial_reads(url: str) -> None:
     assert np.array_equal(ckptio.load(url, select={"big": np.s_[10:20]})["big"], big[10:20])
 
 
+def test_load_into_fills_the_callers_arrays_in_place(url: str) -> None:
+    state = nested_state()
+    state["big"] = np.random.default_rng(1).standard_normal((1024, 520))  # 4 MiB in 5 chunks
+    ckptio.save(state, url, step=1, chunk_size=1 << 20)
+    raw = np.zeros(1024 * 520 + 1)
+    into = {
+        "big": raw[1:].reshape(1024, 520),  # 8 bytes past numpy's start: never on a page
+        "model": {
+            "w32": np.zeros((33, 64), np.float32).T,  # strided: read, then copied in
+            "bf16": np.zeros((3, 8), ml_dtypes.bfloat16),
+            "scalar0d": np.zeros((), np.float64),
+            "empty": np.zeros((0, 4), np.float32),
+        },
+        "opt": [{"m": np.zeros(10)}],
+    }
+    got = ckptio.load(url, into=into)
+    assert got["big"] is into["big"] and got["opt"][0]["m"] is into["opt"][0]["m"]
+    assert all(got["model"][k] is v for k, v in into["model"].items())
+    assert_same(state, got)  # what into= lacks comes back new, as from a plain load
+    # a box of a tensor into an array of the box's shape
+    row = np.zeros(520)
+    assert ckptio.load(url, select={"big": np.s_[7]}, into={"big": row})["big"] is row
+    assert np.array_equal(row, state["big"][7])
+    with ckptio.Checkpointer(url) as ck:
+        m = np.zeros(10)
+        assert ck.load(into={"opt": [{"m": m}]})["opt"][0]["m"] is m
+        assert np.array_equal(m, state["opt"][0]["m"])
+
+
+def test_load_into_refuses_arrays_that_do_not_fit_before_reading(url: str) -> None:
+    ckptio.save({"a": np.arange(6.0), "b": np.ones((2, 3), np.float32)}, url, step=1)
+    read_only = np.zeros((2, 3), np.float32)
+    read_only.flags.writeable = False
+    cases = [
+        ({"b": np.zeros((3, 2), np.float32)}, errors.InvalidArgumentError,
+         r"into= at 'b' is float32 \(3, 2\); step 1 holds float32 \(2, 3\)"),
+        ({"b": np.zeros((2, 3), np.float64)}, errors.InvalidArgumentError, r"'b' is float64"),
+        ({"c": np.zeros(2)}, errors.NotFoundError, r"array at 'c', but step 1 has no tensor 'c'"),
+        ({"b": read_only}, errors.InvalidArgumentError, r"'b': a read-only numpy array"),
+    ]
+    for bad, error, message in cases:
+        keep = np.zeros(6)
+        with pytest.raises(error, match=message):
+            ckptio.load(url, into={"a": keep, **bad})
+        assert not keep.any()  # refused before anything was read
+
+
 def test_newest_complete_checkpoint_and_steps(url: str) -> None:
     with ckptio.Checkpointer(url) as ck:
         assert ck.latest() is None
@@ -194,6 +241,19 @@ def test_flipped_byte_is_detected_by_load_and_verify(tmp_path: Path) -> None:
     problems = ckptio.verify(f"file://{root}")
     assert problems and obj.name in problems[0]
     assert cli_main(["verify", f"file://{root}"]) == 1
+
+
+def test_load_into_a_damaged_checkpoint_raises(tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    state = nested_state()
+    ckptio.save(state, f"file://{root}", step=3)
+    obj = _data_object(root, 3)
+    data = bytearray(obj.read_bytes())
+    data[100] ^= 0x01
+    obj.write_bytes(bytes(data))
+    into = {"model": {"w32": np.zeros((64, 33), np.float32)}}
+    with pytest.raises(errors.ChecksumError, match=obj.name):
+        ckptio.load(f"file://{root}", into=into)
 
 
 def test_truncated_object_is_detected(tmp_path: Path) -> None:

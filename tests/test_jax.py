@@ -74,6 +74,9 @@ def test_target_mismatch_is_named(memory_url: str) -> None:
         cj.load(memory_url, target={"w": jax.ShapeDtypeStruct((2, 4), jnp.float32)})
     with pytest.raises(errors.NotFoundError, match="no leaf at"):
         cj.load(memory_url, target={"v": jax.ShapeDtypeStruct((4, 2), jnp.float32)})
+    # jax arrays are immutable: a load cannot fill them in place, and says what to use
+    with pytest.raises(errors.InvalidArgumentError, match=r"into= at 'w': .*immutable: use ckptio.jax.load"):
+        ckptio.load(memory_url, into={"w": jnp.zeros((4, 2))})
 
 
 def test_cpu_arrays_are_not_copied_and_keys_are_refused() -> None:

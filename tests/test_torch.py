@@ -95,6 +95,52 @@ def test_cuda_tensors_are_staged_through_pinned_memory(monkeypatch: pytest.Monke
     assert torch.equal(ct.from_numpy(arr), src)
 
 
+def test_load_into_a_state_dict_fills_its_tensors_in_place(tmp_path: Path) -> None:
+    def trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
+        model[1].register_buffer("scale", torch.randn(3).to(torch.bfloat16))
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        model(torch.randn(16, 4)).pow(2).mean().backward()
+        opt.step()
+        return model, opt
+
+    model, opt = trained(0)
+    ct.save({"model": model.state_dict(), "optim": opt.state_dict()}, str(tmp_path), step=1)
+    model2, opt2 = trained(1)  # the resumed job: same shapes, other values
+    into = {"model": model2.state_dict(), "optim": opt2.state_dict()}  # optimizer: int keys
+    before = {k: v.data_ptr() for k, v in into["model"].items()}
+    out = ct.load(str(tmp_path), into=into)
+    for k, v in model.state_dict().items():
+        assert torch.equal(model2.state_dict()[k], v), k  # the parameters themselves
+        assert model2.state_dict()[k].data_ptr() == before[k], k
+        assert out["model"][k] is into["model"][k], k
+    for i, s in opt.state_dict()["state"].items():
+        for k, v in s.items():
+            assert torch.equal(opt2.state_dict()["state"][i][k], v), (i, k)
+    assert out["optim"]["param_groups"] == opt.state_dict()["param_groups"]
+
+
+def test_load_into_cuda_tensors_goes_through_pinned_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA path without a GPU, as above: the device test and the pinned allocation are
+    stood in for; the read into host memory and the copy onto the tensor are real."""
+    src = _sample(torch.bfloat16, (8, 2))
+    ckptio.save({"w": src}, str(tmp_path), step=1)
+    calls: list[tuple[int, ...]] = []
+
+    def pinned_empty(t: torch.Tensor) -> torch.Tensor:
+        calls.append(tuple(t.shape))
+        return torch.empty(t.shape, dtype=t.dtype)
+
+    monkeypatch.setattr(ct, "_is_cuda", lambda t: True)
+    monkeypatch.setattr(ct, "_pinned_empty", pinned_empty)
+    dest = torch.zeros(8, 2, dtype=torch.bfloat16)
+    assert ct.load(str(tmp_path), into={"w": dest})["w"] is dest
+    assert calls == [(8, 2)] and torch.equal(dest, src)
+
+
 def test_unsupported_tensors_are_refused_clearly() -> None:
     with pytest.raises(errors.InvalidArgumentError, match="supported: "):
         ct.to_numpy(torch.zeros(2, dtype=torch.float8_e4m3fnuz))
