@@ -1051,22 +1051,28 @@ class CheckpointReader:
                 f"step {self.step} has no tensor(s) {sorted(unknown)}; it has {sorted(self.manifest.tensors)[:20]}"
             )
         paths = list(fmt.tree_tensor_paths(self.manifest.tree))
-        targets = self._targets(into, select) if into is not None else {}
-        arrays = self.read_many({p: select.get(p) for p in paths}, into={p: t.view for p, t in targets.items()})
+        boxes: dict[str, Any] = {}  # the boxes that Shard leaves of into= name
+        targets = self._targets(into, select, boxes) if into is not None else {}
+        arrays = self.read_many(
+            {p: boxes.get(p, select.get(p)) for p in paths}, into={p: t.view for p, t in targets.items()}
+        )
         for t in targets.values():
             if t.finish is not None:
                 t.finish()
         return fmt.decode_tree(self.manifest.tree, lambda p: targets[p].leaf if p in targets else arrays[p])
 
-    def _targets(self, into: Any, select: Mapping[str, Any]) -> dict[str, Target]:
-        """The arrays of ``into`` by tensor path, each checked against what will be read."""
+    def _targets(self, into: Any, select: Mapping[str, Any], boxes: dict[str, Any]) -> dict[str, Target]:
+        """The arrays of ``into`` by tensor path, each checked against what will be read;
+        the box each :class:`Shard` leaf names goes into ``boxes``."""
         targets: dict[str, Target] = {}
 
         def on_array(path: str, leaf: Any) -> Any:
             if isinstance(leaf, np.generic):
                 return None
-            target = as_target(leaf, path)
+            target = as_target(leaf.array if isinstance(leaf, Shard) else leaf, path)
             if target is None:
+                if isinstance(leaf, Shard):
+                    raise errors.InvalidArgumentError(f"into= at {path!r}: the Shard does not hold an array")
                 return None
             entry = self.manifest.tensors.get(path)
             if entry is None:
@@ -1074,7 +1080,11 @@ class CheckpointReader:
                     f"into= holds an array at {path!r}, but step {self.step} has no tensor {path!r}"
                 )
             shape = entry.shape
-            if path in select:
+            if isinstance(leaf, Shard):
+                target.leaf = leaf
+                boxes[path] = self._shard_box(path, leaf, target.view.shape, entry.shape, select)
+                shape = target.view.shape
+            elif path in select:
                 starts, stops, keep = _normalize(select[path], entry.shape, path)
                 shape = tuple(b - a for a, b, k in zip(starts, stops, keep, strict=True) if k)
             got = target.view
@@ -1088,6 +1098,26 @@ class CheckpointReader:
 
         fmt.encode_tree(into, on_array)
         return targets
+
+    def _shard_box(
+        self, path: str, shard: Shard, shape: tuple[int, ...], stored: tuple[int, ...], select: Mapping[str, Any]
+    ) -> tuple[slice, ...]:
+        """The box of the stored tensor that ``shard`` (an ``into=`` leaf) is to hold."""
+        if path in select:
+            raise errors.InvalidArgumentError(
+                f"into= at {path!r} is a Shard, which names its own box; do not select {path!r} as well"
+            )
+        gshape = tuple(int(x) for x in shard.global_shape)
+        offsets = tuple(int(x) for x in shard.offsets)
+        if gshape != stored:
+            raise errors.InvalidArgumentError(
+                f"into= at {path!r} is a Shard of a tensor of shape {gshape}; step {self.step} holds {stored}"
+            )
+        if len(offsets) != len(shape) or any(o < 0 or o + n > g for o, n, g in zip(offsets, shape, gshape, strict=True)):
+            raise errors.InvalidArgumentError(
+                f"into= at {path!r}: a box of shape {shape} at offsets {offsets} does not fit the shape {gshape}"
+            )
+        return tuple(slice(o, o + n) for o, n in zip(offsets, shape, strict=True))
 
     def verify(self) -> list[str]:
         """Re-read every object and check sizes and every chunk's CRC. Returns the problems
@@ -1601,8 +1631,9 @@ def load(
     ``into`` is a state (the one being resumed, say) whose arrays are filled in place, as
     torch DCP's ``load`` does: numpy arrays and torch tensors (CUDA ones through pinned host
     memory). Each must have the dtype and shape the checkpoint holds at its path (the box's
-    shape where ``select`` names the path); a mismatch, or an array at a path the checkpoint
-    lacks, is an error before anything is read. The returned state holds those same objects;
+    shape where ``select`` names the path); a :class:`Shard` leaf receives the box of the
+    stored tensor that it names (a rank restoring its own shards). A mismatch, or an array at
+    a path the checkpoint lacks, is an error before anything is read. The returned state holds those same objects;
     tensors that ``into`` lacks come back as new arrays. No second copy of the state is
     allocated, which on Linux also saves the kernel zeroing fresh pages for it. If the load
     fails (a damaged chunk, say), it raises and the arrays of ``into`` may hold part of the

@@ -111,6 +111,13 @@ def test_load_into_fills_the_callers_arrays_in_place(url: str) -> None:
         m = np.zeros(10)
         assert ck.load(into={"opt": [{"m": m}]})["opt"][0]["m"] is m
         assert np.array_equal(m, state["opt"][0]["m"])
+    # a rank's shard: the box it names, as saved from Shard leaves
+    lower = ckptio.Shard(np.zeros((512, 520)), global_shape=(1024, 520), offsets=(512, 0))
+    assert ckptio.load(url, into={"big": lower})["big"] is lower
+    assert np.array_equal(lower.array, state["big"][512:])
+    bad = ckptio.Shard(np.zeros((512, 520)), global_shape=(1024, 520), offsets=(600, 0))
+    with pytest.raises(errors.InvalidArgumentError, match=r"at offsets \(600, 0\) does not fit"):
+        ckptio.load(url, into={"big": bad})
 
 
 def test_load_into_refuses_arrays_that_do_not_fit_before_reading(url: str) -> None:
