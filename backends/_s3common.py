@@ -37,6 +37,7 @@ from typing import Any, Literal, Protocol
 from crc32c import crc32c
 
 from ckptio import errors
+from ckptio.arrays import prefault
 from ckptio.store import Buffer, Capabilities, Store, Writer, as_byte_view, option_int, parse_size
 
 log = logging.getLogger("ckptio.backends.s3")
@@ -879,6 +880,7 @@ class S3Base(Store):
             raise errors.InvalidArgumentError(f"negative offset {offset} for {key!r}")
         if out.nbytes == 0:
             return 0
+        prefault(out)  # the body is copied in: map its pages in one call, not one fault each
         return self._call("get", key, out.nbytes, "read", lambda: self._read_range(key, full, offset, out))
 
     def _read_range(self, key: str, full: str, offset: int, out: memoryview) -> int:

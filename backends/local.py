@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ckptio import errors
-from ckptio.arrays import not_inherited, private_pages
+from ckptio.arrays import address, not_inherited, private_pages
 from ckptio.store import (
     Buffer,
     Capabilities,
@@ -87,11 +87,6 @@ class _DirectRefused(Exception):
     def __init__(self, err: OSError) -> None:
         super().__init__(str(err))
         self.err = err
-
-
-def _address(view: memoryview) -> int:
-    """Address of the first byte of ``view`` (read-only buffers too)."""
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
 
 
 def os_error(err: OSError, path: str, action: str) -> errors.CkptioError:
@@ -201,7 +196,7 @@ class _LocalWriter(Writer):
         the I/O threads (so copies of several blocks run in parallel and overlap the I/O)."""
         block = self._store.block_size
         while view:
-            if view.nbytes >= DIRECT_MIN and _address(view) % ALIGN == 0:
+            if view.nbytes >= DIRECT_MIN and address(view) % ALIGN == 0:
                 if self._stage is not None and self._stage_used % ALIGN == 0:
                     self._flush_stage(final=False)
                 if self._stage is None and self._nbytes % ALIGN == 0:
@@ -720,7 +715,7 @@ class LocalStore(Store):
         try:
             end = offset + out.nbytes
             block = self.block_size
-            if (_address(out) - offset) % ALIGN == 0:
+            if (address(out) - offset) % ALIGN == 0:
                 body_lo = min(end, -(-offset // ALIGN) * ALIGN)
                 body_hi = max(body_lo, end - end % ALIGN)
             else:

@@ -56,10 +56,12 @@ WRITE_BLOCK = 64 * 2**20
 
 
 # -- worker side: one upload, timed ------------------------------------------------------------
-def _cpu() -> float:
+def _cpu() -> tuple[float, float]:
+    """(user + sys, sys) CPU seconds of this process, its threads and its children."""
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    sys_s = me.ru_stime + kids.ru_stime
+    return me.ru_utime + kids.ru_utime + sys_s, sys_s
 
 
 def _upload(client: str, a: argparse.Namespace, data: Any) -> None:
@@ -243,8 +245,8 @@ def worker(a: argparse.Namespace) -> None:
     else:
         _upload(a.worker, a, data)
         nbytes = len(data)
-    wall, cpu = time.perf_counter() - wall0, _cpu() - cpu0
-    print(json.dumps({"client": a.worker, "bytes": nbytes, "wall_s": wall, "cpu_s": cpu}))
+    wall, (cpu, sys_s) = time.perf_counter() - wall0, _cpu()
+    print(json.dumps({"client": a.worker, "bytes": nbytes, "wall_s": wall, "cpu_s": cpu - cpu0[0], "sys_s": sys_s - cpu0[1]}))
 
 
 # -- driver side ----------------------------------------------------------------------------
@@ -360,7 +362,7 @@ def main(argv: list[str] | None = None) -> int:
                     results[client].append(rec)
                     print(
                         f"  round {rnd} {client:20s} {rec['bytes'] / rec['wall_s'] / 1e9:6.3f} GB/s "
-                        f"{rec['cpu_s'] / (rec['bytes'] / 1e9):6.2f} CPU s/GB",
+                        f"{rec['cpu_s'] / (rec['bytes'] / 1e9):6.2f} CPU s/GB ({rec['sys_s'] / (rec['bytes'] / 1e9):.2f} sys)",
                         file=sys.stderr,
                     )
                     if a.op == "write":
@@ -378,7 +380,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         gbps = statistics.median(r["bytes"] / r["wall_s"] / 1e9 for r in recs)
         cpu = statistics.median(r["cpu_s"] / (r["bytes"] / 1e9) for r in recs)
-        rows.append({"client": client, "rounds": len(recs), "wall_GBps": gbps, "cpu_s_per_GB": cpu})
+        sys_cpu = statistics.median(r["sys_s"] / (r["bytes"] / 1e9) for r in recs)
+        rows.append({"client": client, "rounds": len(recs), "wall_GBps": gbps, "cpu_s_per_GB": cpu,
+                     "sys_s_per_GB": sys_cpu})
     meta = {
         "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
@@ -395,12 +399,12 @@ def main(argv: list[str] | None = None) -> int:
     what = "download" if a.op == "read" else "upload"
     print(f"\nS3 {what} of {size / 2**20:.0f} MiB {'from' if a.op == 'read' else 'to'} moto, part {a.part_size / 2**20:.0f} MiB, "
           f"{a.streams} streams, {a.repeat} per process, median of {a.rounds} rounds ({meta['date_utc']})")
-    print(f"{'client':22s} {'wall GB/s':>10s} {'CPU s/GB':>9s} rounds")
+    print(f"{'client':22s} {'wall GB/s':>10s} {'CPU s/GB':>9s} {'of it sys':>9s} rounds")
     for r in rows:
         if "error" in r:
-            print(f"{r['client']:22s} {'-':>10s} {'-':>9s} {r['rounds']}  ({r['error']})")
+            print(f"{r['client']:22s} {'-':>10s} {'-':>9s} {'-':>9s} {r['rounds']}  ({r['error']})")
         else:
-            print(f"{r['client']:22s} {r['wall_GBps']:10.3f} {r['cpu_s_per_GB']:9.2f} {r['rounds']}")
+            print(f"{r['client']:22s} {r['wall_GBps']:10.3f} {r['cpu_s_per_GB']:9.2f} {r['sys_s_per_GB']:9.2f} {r['rounds']}")
     if a.json:
         with open(a.json, "w") as out:
             json.dump({"meta": meta, "rows": rows, "runs": results}, out, indent=1)

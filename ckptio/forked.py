@@ -21,7 +21,6 @@ talks to the parent through two pipes in JSON (never pickle), and leaves with ``
 from __future__ import annotations
 
 import bisect
-import ctypes
 import json
 import mmap
 import os
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from ckptio import errors
+from ckptio.arrays import madvise
 
 SMAPS = "/proc/self/smaps"
 
@@ -117,13 +117,6 @@ PAGE = mmap.PAGESIZE
 _in_child = False
 """True in a fork snapshot's child (where :class:`PageReleaser` may give memory back)."""
 
-try:  # resolved here, in the parent: the dynamic loader's lock may be held at fork time
-    _madvise = ctypes.CDLL(None, use_errno=True).madvise
-    _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    _madvise.restype = ctypes.c_int
-except (OSError, AttributeError):  # not Linux/macOS libc: nothing is given back
-    _madvise = None
-
 
 class PageReleaser:
     """In a fork snapshot's child only: gives back the memory of pieces once they are written
@@ -183,9 +176,9 @@ class PageReleaser:
                         break
                 if cur < hi:
                     free.append((cur, hi))
-        if _madvise is not None:
+        if madvise is not None:  # else nothing is given back
             for lo, hi in free:
-                _madvise(lo, hi - lo, mmap.MADV_DONTNEED)  # an optimisation: failure is harmless
+                madvise(lo, hi - lo, mmap.MADV_DONTNEED)  # an optimisation: failure is harmless
 
 
 ORPHAN_POLL_SECONDS = 0.05

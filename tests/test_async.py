@@ -462,7 +462,7 @@ def test_page_releaser_gives_back_only_pages_nothing_pending_needs(monkeypatch):
     from ckptio import forked
 
     given: list[tuple[int, int]] = []
-    monkeypatch.setattr(forked, "_madvise", lambda addr, n, advice: given.append((addr, n)))
+    monkeypatch.setattr(forked, "madvise", lambda addr, n, advice: given.append((addr, n)))
     P = forked.PAGE
     buf = aligned_empty((256 * P,), np.uint8)  # page-aligned (>= 1 MiB)
     base = int(buf.ctypes.data)
