@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import mmap
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+from _smaps import mapping_kib
 
 from ckptio import arrays
 from ckptio.arrays import PAGE, PREFAULT_MIN, prefault, private_pages
@@ -16,18 +16,7 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MA
 
 
 def _rss_bytes(addr: int, n: int) -> int:
-    """Resident bytes of the mapping that starts at ``addr`` and is ``n`` bytes long."""
-    text = Path("/proc/self/smaps").read_text().splitlines()
-    for i, line in enumerate(text):
-        head = line.split(" ", 1)[0]
-        if "-" in head and line[:1] in "0123456789abcdef":
-            lo, hi = (int(x, 16) for x in head.split("-"))
-            if lo <= addr < hi:
-                assert (lo, hi) == (addr, addr + n), "the mapping merged with its neighbours"
-                for entry in text[i + 1 :]:
-                    if entry.startswith("Rss:"):
-                        return int(entry.split()[1]) * 1024
-    raise AssertionError("mapping not found")
+    return mapping_kib(addr, n, "Rss") * 1024
 
 
 @linux_only

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _smaps import mapping_kib
 from ckptio.backends.local import LocalStore
 
 import ckptio
@@ -508,21 +509,8 @@ def test_fork_child_gives_written_memory_back_while_it_writes(tmp_path):
     w[:] = np.arange(w.size, dtype=np.float32)
     addr = int(w.ctypes.data)
 
-    def shared_kib() -> int:  # Shared_Clean + Shared_Dirty of w's own mapping
-        text = Path("/proc/self/smaps").read_text().splitlines()
-        for i, line in enumerate(text):
-            head = line.split(" ", 1)[0]
-            if "-" in head and line[:1] in "0123456789abcdef":
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                if lo <= addr < hi:
-                    assert (lo, hi) == (addr, addr + n), "w's mapping merged with its neighbours"
-                    total = 0
-                    for entry in text[i + 1 :]:
-                        if entry.startswith("VmFlags"):
-                            return total
-                        if entry.startswith(("Shared_Clean:", "Shared_Dirty:")):
-                            total += int(entry.split()[1])
-        raise AssertionError("mapping not found")
+    def shared_kib() -> int:  # of w's own mapping
+        return mapping_kib(addr, n, "Shared_Clean", "Shared_Dirty")
 
     # buffered writes: an O_DIRECT write pins the pages, and the kernel then unshares them in
     # the child by itself (a copy there); the page cache path only reads them

@@ -1,0 +1,26 @@
+"""/proc/self/smaps figures of one memory mapping (Linux), for tests of page handling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def mapping_kib(addr: int, nbytes: int, *fields: str) -> int:
+    """The sum of ``fields`` (``"Rss"``, ``"Shared_Clean"``, ...), in KiB, of the mapping that
+    starts at ``addr`` and is ``nbytes`` long. Fails if the kernel merged it with neighbours
+    (give it a flag they lack, such as ``MADV_DONTDUMP``) or if there is no such mapping."""
+    text = Path("/proc/self/smaps").read_text().splitlines()
+    wanted = tuple(f"{f}:" for f in fields)
+    for i, line in enumerate(text):
+        head = line.split(" ", 1)[0]
+        if "-" in head and line[:1] in "0123456789abcdef":
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            if lo <= addr < hi:
+                assert (lo, hi) == (addr, addr + nbytes), "the mapping merged with its neighbours"
+                total = 0
+                for entry in text[i + 1 :]:
+                    if entry.startswith("VmFlags"):
+                        return total
+                    if entry.startswith(wanted):
+                        total += int(entry.split()[1])
+    raise AssertionError("mapping not found")
