@@ -80,7 +80,7 @@ def _receive(raw: Any, expected: int, out: memoryview) -> tuple[int, int]:
     # receives straight into the caller's buffer. Use it when nothing decodes the body.
     fp = getattr(raw, "_fp", None)
     direct = fp is not None and hasattr(fp, "readinto") and not raw.headers.get("Content-Encoding")
-    reader = fp if direct else raw
+    reader: Any = fp if direct else raw
     n = 0
     try:
         while n < expected:
@@ -106,7 +106,7 @@ def _without_url(err: Exception) -> Exception:
     err.args = (_QUERY.sub("?...", str(err)),)
     kwargs = getattr(err, "kwargs", None)
     if isinstance(kwargs, dict):
-        err.kwargs = {k: _QUERY.sub("?...", v) if isinstance(v, str) else type(v).__name__
+        err.kwargs = {k: _QUERY.sub("?...", v) if isinstance(v, str) else type(v).__name__  # type: ignore[attr-defined]
                       for k, v in kwargs.items()}
     err.__cause__ = err.__context__ = None
     return err
