@@ -112,6 +112,26 @@ def _without_url(err: Exception) -> Exception:
     return err
 
 
+def _service_error(status: int, raw: Any) -> Exception:
+    """botocore's ``ClientError`` for an S3 error answer of ``status`` (its code read from
+    the XML body), so that ckptio translates it as any other: 503 SlowDown throttled, 500
+    transient."""
+    from botocore.exceptions import ClientError
+
+    try:
+        body = raw.read(64 * 1024)
+    finally:
+        raw.close()
+    code = re.search(rb"<Code>([^<]{1,100})</Code>", body or b"")
+    message = re.search(rb"<Message>([^<]{1,500})</Message>", body or b"")
+    return ClientError(
+        {"Error": {"Code": code.group(1).decode() if code else str(status),
+                   "Message": message.group(1).decode(errors="replace") if message else ""},
+         "ResponseMetadata": {"HTTPStatusCode": status}},
+        "GetObject",
+    )
+
+
 class _PresignedGets:
     """Ranged GETs sent as presigned (SigV4 query-signed) URLs through the botocore client's
     own HTTP session, bypassing botocore's per-request machinery.
@@ -124,10 +144,11 @@ class _PresignedGets:
     client), sent by botocore's ``URLLib3Session`` (same proxies, TLS verification, timeouts
     and connection pool), and kept for :attr:`REUSE` seconds of its :attr:`EXPIRES`.
 
-    Only success is handled here: 2xx bodies are received into the caller's buffer, 416 means
-    past the end. Any other answer (an expired or refused signature included) returns None,
-    and the caller repeats the request through ``get_object``, whose error botocore parses
-    and ckptio translates as for every other request. URLs carry a signature and the access
+    2xx bodies are received into the caller's buffer, 416 means past the end, and a 5xx
+    answer (503 SlowDown, 500) raises botocore's ``ClientError`` with the S3 error code, so
+    the retry policy backs off and counts it as for any request. Any other answer (an
+    expired or refused signature, a missing object) returns None, and the caller repeats the
+    request through ``get_object``, whose error botocore parses and ckptio translates. URLs carry a signature and the access
     key id; they are never logged or put in an error message."""
 
     EXPIRES = 900
@@ -158,7 +179,7 @@ class _PresignedGets:
 
     def get(self, full: str, rng: str, out: memoryview) -> tuple[int, int] | None:
         """``(bytes read, bytes sent)`` of the range ``rng`` of ``full`` received into
-        ``out``, ``(0, 0)`` past the end, None for any other answer."""
+        ``out``, ``(0, 0)`` past the end; raises on 5xx; None for any other answer."""
         request = self._prepared("GET", self._url(full), {"Range": rng}, None, True)
         try:
             resp = self._session.send(request)
@@ -167,6 +188,8 @@ class _PresignedGets:
         raw = resp.raw
         if resp.status_code in (200, 206):
             return _receive(raw, int(resp.headers["Content-Length"]), out)
+        if resp.status_code >= 500:  # the service's own trouble: an error, retried as any
+            raise _service_error(resp.status_code, raw)
         raw.close()
         if resp.status_code == 416:
             return 0, 0

@@ -106,3 +106,23 @@ def test_a_failed_send_shows_no_signature_or_key(s3_env: dict[str, str], monkeyp
         assert secret not in shown
     assert "pre/obj.bin" in store._presigned._urls  # it was the presigned GET that failed
     store.close()
+
+
+@pytest.mark.parametrize(("kind", "error"), [("slowdown", errors.ThrottledError),
+                                             ("internal", errors.TransientStorageError)])
+def test_service_errors_are_retried_not_sent_again_through_get_object(
+    s3_bucket: str, fault_proxy: Any, monkeypatch: pytest.MonkeyPatch, kind: str, error: type
+) -> None:
+    proxy = fault_proxy(rate=1.0, kinds=(kind,), seed=3)
+    proxy.max_faults = 0
+    store = open_store(f"s3+boto3://{s3_bucket}/pre", endpoint_url=proxy.url)
+    with store.open_writer("obj.bin") as w:
+        w.write(DATA)
+    calls = _no_get_object(store, monkeypatch)
+    proxy.max_faults = proxy.stats().get("faults", 0) + 1  # the next request fails, once
+    buf = bytearray(1000)
+    assert store.read_into("obj.bin", 5, buf) == 1000 and bytes(buf) == DATA[5:1005]
+    assert calls == []
+    outcomes = [e.outcome for e in store.trace.events() if e.op == "get"]
+    assert outcomes[-2] == ("throttled" if error is errors.ThrottledError else "retry")
+    store.close()
