@@ -139,7 +139,9 @@ class _PresignedGets:
     Why by hand: a ``get_object`` call costs ~4 ms of client CPU on this project's VM (event
     hooks, endpoint rules, signing, response parsing, user agent), which at 8 MiB ranges is
     most of the client CPU of a download; a GET of a presigned URL kept per object costs
-    ~1.6 ms (``benchmarks/s3_peers.py --op read``; README, "Object storage"). The URL is
+    ~1.4 ms (``benchmarks/s3_request_cpu.py``; the effect on whole downloads: README,
+    "Object storage"). No library sends botocore-configured ranged GETs without botocore's
+    per-request pipeline. The URL is
     made by botocore (same endpoint, addressing style, region and credentials as the
     client), sent by botocore's ``URLLib3Session`` (same proxies, TLS verification, timeouts
     and connection pool), and kept for :attr:`REUSE` seconds of its :attr:`EXPIRES`.
@@ -148,8 +150,9 @@ class _PresignedGets:
     answer (503 SlowDown, 500) raises botocore's ``ClientError`` with the S3 error code, so
     the retry policy backs off and counts it as for any request. Any other answer (an
     expired or refused signature, a missing object) returns None, and the caller repeats the
-    request through ``get_object``, whose error botocore parses and ckptio translates. URLs carry a signature and the access
-    key id; they are never logged or put in an error message."""
+    request through ``get_object``, whose error botocore parses and ckptio translates. URLs
+    carry a signature and the access key id; they are never logged or put in an error
+    message."""
 
     EXPIRES = 900
     REUSE = 300.0
