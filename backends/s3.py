@@ -265,9 +265,9 @@ class Boto3Store(c.S3Base):
     def _read_range(self, key: str, full: str, offset: int, out: memoryview) -> int:
         rng = f"bytes={offset}-{offset + out.nbytes - 1}"
         if self._presigned is not None:
-            n = self._presigned.get(full, rng, out)
-            if n is not None:
-                return self._check_read(key, *n)
+            got = self._presigned.get(full, rng, out)
+            if got is not None:
+                return self._check_read(key, *got)
         try:
             resp = self.client.get_object(Bucket=self.bucket, Key=full, Range=rng)
         except Exception as err:

@@ -103,8 +103,12 @@ def prefault(view: memoryview) -> None:
     (``MADV_POPULATE_WRITE``); elsewhere, or when the kernel refuses, nothing happens.
 
     A copy into fresh memory (a socket's bytes, a staging block) otherwise takes one page
-    fault per 4 KiB page. Measured on this project's VM: filling 1 GiB of fresh memory cost
-    0.68 s of kernel CPU page by page, 0.37 s populated first. Reads by DMA (``O_DIRECT``)
+    fault per 4 KiB page. Measured on this project's VM on 2026-12-02: filling 1 GiB of
+    fresh memory cost 0.68 s of kernel CPU page by page, 0.37 s populated first; on
+    2026-12-03, when the VM's host was slow to back fresh pages, touching 3 GiB took
+    3.4-5.8 s either way (the host's work, which no advice changes). On S3 downloads at 64 MiB
+    ranges it cut ``s3+boto3``'s kernel CPU from 0.90 to 0.59 s/GB (README, "Object
+    storage"). Reads by DMA (``O_DIRECT``)
     gain nothing: the kernel maps their pages in bulk already. Pages already mapped cost
     only a walk of the page table."""
     global _prefault_works
