@@ -13,11 +13,13 @@ ever addressed, and no allocation exceeds the validated sizes.
 
 from __future__ import annotations
 
+import collections
 import gc
 import hashlib
 import itertools
 import json
 import math
+import operator
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -363,19 +365,17 @@ def _check_byte_ranges(tensors: Mapping[str, TensorEntry]) -> None:
     the storage before allocating: a small manifest cannot make a reader allocate terabytes
     by pointing many chunks at the same bytes."""
     # bulk check first (numpy sort); the exact search below runs only to name a clash
-    codes: dict[str, int] = {}
-    rows = [
-        (codes.setdefault(c.key, len(codes)), c.offset, c.offset + c.length)
-        for t in tensors.values()
-        for c in t.chunks
-        if c.length
-    ]
-    if len(rows) < 2:
+    every = list(itertools.chain.from_iterable(t.chunks for t in tensors.values()))
+    if len(every) < 2:
         return
-    table = np.array(rows, dtype=np.int64)
-    order = np.lexsort((table[:, 2], table[:, 1], table[:, 0]))
-    a, b = table[order[:-1]], table[order[1:]]
-    if not ((a[:, 0] == b[:, 0]) & (a[:, 2] > b[:, 1])).any():
+    codes: dict[str, int] = {}  # a number per object key (the first chunk's index), at C speed
+    keys = map(codes.setdefault, map(_KEY, every), itertools.count())
+    table = np.array([list(keys), list(map(_OFFSET, every)), list(map(_LENGTH, every))], dtype=np.int64)
+    table = table[:, table[2] > 0]  # empty chunks hold no bytes
+    table[2] += table[1]  # end of the byte range
+    order = np.lexsort((table[2], table[1], table[0]))
+    lo, hi = table[:, order[:-1]], table[:, order[1:]]
+    if not ((lo[0] == hi[0]) & (lo[2] > hi[1])).any():
         return
     spans = sorted(
         (c.key, c.offset, c.offset + c.length, path)
@@ -389,6 +389,9 @@ def _check_byte_ranges(tensors: Mapping[str, TensorEntry]) -> None:
                 f"chunks of {a[3]!r:.80} and {b[3]!r:.80} share bytes {b[1]}..{min(a[2], b[2])} of {a[0]!r:.80}",
                 field="tensors",
             )
+
+
+_KEY, _OFFSET, _LENGTH = (operator.attrgetter(f) for f in ("key", "offset", "length"))
 
 
 def _safe_key(key: Any) -> bool:
@@ -422,10 +425,9 @@ def _validate_tensor(path: str, t: Any, objects: Mapping[str, int]) -> TensorEnt
             return TensorEntry(dt, shape, tuple(chunks_few))
     fast = _chunks_fast(chunks_doc, shape, itemsize, objects) if len(chunks_doc) >= _BULK_MIN else None
     if fast is not None:
-        chunks, table = fast
-        covered = sum(table[:, len(shape) : 2 * len(shape)].prod(axis=1).tolist())
+        chunks, covered, flat_offsets, flat_extents = fast
         _want(covered == volume, f"{base}.chunks", f"chunks hold {covered} elements but the shape has {volume}")
-        _check_no_overlap(chunks, f"{base}.chunks", table)
+        _check_no_overlap(chunks, f"{base}.chunks", (flat_offsets, flat_extents))
         return TensorEntry(dt, shape, tuple(chunks))
     # slow path: the same checks one field at a time, to name the first bad field
     chunks = []
@@ -453,7 +455,7 @@ def _validate_tensor(path: str, t: Any, objects: Mapping[str, int]) -> TensorEnt
 
 
 _BULK_MIN = 16
-"""Chunks of one tensor from which they are validated in bulk (numpy) rather than one by one."""
+"""Chunks of one tensor from which they are validated column by column rather than one by one."""
 _INT_ONLY = {int}
 _STR_ONLY = {str}
 _MAX_INT = 1 << 62
@@ -493,59 +495,60 @@ def _chunks_few(
 
 def _chunks_fast(
     chunks_doc: list[Any], shape: tuple[int, ...], itemsize: int, objects: Mapping[str, int]
-) -> tuple[list[Chunk], np.ndarray[Any, Any]] | None:
-    """Validate a tensor's chunks in bulk (type checks at C speed, ranges with numpy).
+) -> tuple[list[Chunk], int, list[int], list[int]] | None:
+    """Validate a tensor's chunks column by column: every check is a ``map`` over builtins
+    and :mod:`operator` functions (C speed, no Python frame per chunk; Python integers, so
+    exact and with no overflow), and the :class:`Chunk` objects are filled field by field
+    through their slot descriptors.
 
-    Returns the chunks and their integer table (one row per chunk: offsets, shape, offset,
-    length, crc32c), or None when anything is off: the caller then runs the per-field checks,
+    Returns the chunks, the elements they cover, and their offsets and extents flattened
+    (row by row), or None when anything is off: the caller then runs the per-field checks,
     which find and name the bad field. Accepts exactly what those checks accept.
     """
-    nd = len(shape)
-    width = 2 * nd + 3
-    rows: list[list[Any]] = []
-    keys: list[Any] = []
-    for c in chunks_doc:
-        if type(c) is not dict:
-            return None
-        offs, cshape = c.get("offsets"), c.get("shape")
-        if type(offs) is not list or type(cshape) is not list or len(offs) != nd:
-            return None
-        row = [*offs, *cshape, c.get("offset"), c.get("length"), c.get("crc32c")]
-        if len(row) != width or set(map(type, row)) != _INT_ONLY:  # bool is not int here
-            return None
-        rows.append(row)
-        keys.append(c.get("key"))
-    if not rows:
-        return [], np.zeros((0, width), dtype=np.int64)
+    nd, n = len(shape), len(chunks_doc)
+    if not n:
+        return [], 0, [], []
+    if set(map(type, chunks_doc)) != _DICT_ONLY:
+        return None
+    try:
+        columns = list(zip(*map(_CHUNK_FIELDS, chunks_doc), strict=True))
+    except KeyError:
+        return None  # a field is missing
+    offs_col, shape_col, keys, offset_col, length_col, crc_col = columns
+    if set(map(type, offs_col)) | set(map(type, shape_col)) != _LIST_ONLY:
+        return None
+    if set(map(len, offs_col)) | set(map(len, shape_col)) != {nd}:
+        return None
+    offs = list(itertools.chain.from_iterable(offs_col))
+    ext = list(itertools.chain.from_iterable(shape_col))
+    if set(map(type, itertools.chain(offs, ext, offset_col, length_col, crc_col))) != _INT_ONLY:
+        return None  # bool is not int here
+    if min(itertools.chain(offs, ext, offset_col, length_col, crc_col)) < 0:
+        return None
+    if max(itertools.chain(offs, ext, offset_col, length_col)) > _MAX_INT or max(crc_col) > 0xFFFFFFFF:
+        return None
     if set(map(type, keys)) != _STR_ONLY or not objects.keys() >= set(keys):
         return None  # object keys were checked to be safe when objects was validated
-    try:
-        table = np.array(rows, dtype=np.int64)
-    except OverflowError:
+    elements = [1] * n
+    for d, full in enumerate(shape):
+        if max(map(operator.add, offs[d::nd], ext[d::nd])) > full:
+            return None
+        elements = list(map(operator.mul, elements, ext[d::nd]))
+    if tuple(map(operator.mul, elements, itertools.repeat(itemsize, n))) != length_col:
         return None
-    offs_a, shape_a = table[:, :nd], table[:, nd : 2 * nd]
-    offset_a, length_a, crc_a = table[:, -3], table[:, -2], table[:, -1]
-    sizes = np.array([objects[k] for k in keys], dtype=np.int64)
-    # stricter bounds than _int's where a sum could overflow int64 (the slow path decides
-    # those rare cases); `and` short-circuits, so each product below is of checked values
-    ok = (
-        (table >= 0).all()
-        and (table[:, : 2 * nd] < _MAX_INT // 2).all()
-        and (table[:, -3:-1] <= _MAX_INT).all()
-        and (crc_a <= 0xFFFFFFFF).all()
-        and (offs_a + shape_a <= np.array(shape, dtype=np.int64)).all()
-        and (length_a == shape_a.prod(axis=1) * itemsize).all()
-        and (offset_a <= sizes - length_a).all()
-    )
-    if not ok:
+    ends = map(operator.add, offset_col, length_col)
+    if not all(map(operator.le, ends, map(objects.__getitem__, keys))):
         return None
-    chunks = [
-        _new_chunk(tuple(r[:nd]), tuple(r[nd : 2 * nd]), k, r[-3], r[-2], r[-1])
-        for r, k in zip(rows, keys, strict=True)
-    ]
-    return chunks, table
+    chunks = list(map(object.__new__, itertools.repeat(Chunk, n)))
+    values = (map(tuple, offs_col), map(tuple, shape_col), keys, offset_col, length_col, crc_col)
+    for setter, column in zip(_CHUNK_SETTERS, values, strict=True):
+        collections.deque(map(setter, chunks, column), maxlen=0)  # runs the map at C speed
+    return chunks, sum(elements), offs, ext
 
 
+_CHUNK_FIELDS = operator.itemgetter("offsets", "shape", "key", "offset", "length", "crc32c")
+_DICT_ONLY = {dict}
+_LIST_ONLY = {list}
 _CHUNK_SETTERS = tuple(Chunk.__dict__[f].__set__ for f in ("offsets", "shape", "key", "offset", "length", "crc32c"))
 
 
@@ -567,23 +570,26 @@ def _new_chunk(
 
 
 def _check_no_overlap(
-    chunks: Sequence[Chunk], field: str, table: np.ndarray[Any, Any] | None = None
+    chunks: Sequence[Chunk], field: str, columns: tuple[list[int], list[int]] | None = None
 ) -> None:
     """With the volume check above, no overlap means the chunks tile the tensor exactly.
-    ``table``: the chunks' integer rows from :func:`_chunks_fast` (vectorised check)."""
+    ``columns``: the chunks' offsets and extents flattened, from :func:`_chunks_fast` (the
+    one-dimension split is then checked at C speed)."""
     if len(chunks) < 2:
         return
-    if table is not None:
+    if columns is not None:
+        offs, ext = columns
         nd = len(chunks[0].shape)
-        offs, extent = table[:, :nd], table[:, nd : 2 * nd]
-        varying = np.flatnonzero((offs != offs[0]).any(axis=0))
+        varying = [d for d in range(nd) if len(set(offs[d::nd])) > 1]
         if len(varying) == 1:
-            d = int(varying[0])
-            order = np.argsort(offs[:, d], kind="stable")
-            ends = offs[order[:-1], d] + extent[order[:-1], d]
-            bad = np.flatnonzero(ends > offs[order[1:], d])
-            if len(bad):
-                a, b = chunks[int(order[bad[0]])], chunks[int(order[bad[0] + 1])]
+            d = varying[0]
+            starts = offs[d::nd]
+            order = sorted(range(len(starts)), key=starts.__getitem__)  # stable
+            ends = list(map(operator.add, starts, ext[d::nd]))
+            clash = map(operator.gt, map(ends.__getitem__, order[:-1]), map(starts.__getitem__, order[1:]))
+            bad = next(itertools.compress(itertools.count(), clash), None)
+            if bad is not None:
+                a, b = chunks[order[bad]], chunks[order[bad + 1]]
                 raise errors.ManifestError(f"chunks at {list(a.offsets)} and {list(b.offsets)} overlap", field=field)
             return
     # the common case: a split along one dimension, found by sorting on that dimension
