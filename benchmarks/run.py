@@ -526,8 +526,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             following = seq[i + 1] if i + 1 < len(seq) else None
             if name in failed or producer.name in failed:
                 continue
-            ctx.caches.drop()
             gc.collect()
+            time.sleep(args.settle)  # let the previous case's aftermath pass (see --settle)
+            ctx.caches.drop()
             try:
                 s = case.run(ctx)
             except Exception as err:  # a failing peer is reported, the other cases still run
@@ -616,7 +617,7 @@ def summarize(args: argparse.Namespace, ctx: Ctx, samples: dict[str, list[cm.Sam
         "benchmark": "ckptio local peers",
         "command": " ".join(["python", "benchmarks/run.py", *args.argv]),
         "started_utc": args.started_utc,
-        "config": {"size_bytes": ctx.nbytes, "tensors": len(ctx.state), "rounds": args.rounds, "fio_engine": ctx.fio_engine, "cache_drop": ctx.caches.method, "warmup": args.warmup},
+        "config": {"size_bytes": ctx.nbytes, "tensors": len(ctx.state), "rounds": args.rounds, "settle_seconds": args.settle, "fio_engine": ctx.fio_engine, "cache_drop": ctx.caches.method, "warmup": args.warmup},
         "machine": cm.machine_info(ctx.directory),
         "wall_seconds": wall,
         "cases": rows,
@@ -670,6 +671,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default="", help=f"comma-separated cases; valid: {', '.join(BY_NAME)}")
     p.add_argument("--skip", default="", help="comma-separated cases to leave out")
     p.add_argument("--no-warmup", dest="warmup", action="store_false", help="no untimed warm-up save")
+    p.add_argument(
+        "--settle", type=float, default=3.0,
+        help="seconds of idle before each case (default 3): memory a case freed is handed back "
+        "to a VM's host about 2 s later (virtio-balloon free page reporting), which would "
+        "otherwise slow whichever case runs next",
+    )
     p.add_argument(
         "--cache-drop", choices=("auto", "fadvise"), default="auto",
         help="auto: drop the whole page cache where permitted (root), else fadvise; fadvise: "

@@ -20,7 +20,7 @@ def test_benchmark_runs_and_writes_its_tables(tmp_path):
             sys.executable, os.path.join(ROOT, "benchmarks", "run.py"),
             "--size", "4MiB", "--tensors", "3", "--rounds", "2", "--only", cases,
             "--dir", str(tmp_path / "scratch"), "--json", str(out_json), "--markdown", str(out_md),
-            "--cache-drop", "fadvise", "--no-warmup",
+            "--cache-drop", "fadvise", "--no-warmup", "--settle", "0",
         ],
         capture_output=True, text=True, timeout=120, check=False,
     )
