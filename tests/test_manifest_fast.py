@@ -1,4 +1,4 @@
-"""The bulk (numpy) manifest validation accepts and refuses exactly what the per-field checks
+"""The bulk (column-wise) manifest validation accepts and refuses exactly what the per-field checks
 do, and names the same field when it refuses."""
 
 from __future__ import annotations
