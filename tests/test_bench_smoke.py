@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,8 +40,13 @@ def test_benchmark_runs_and_writes_its_tables(tmp_path):
     fork_row = next(r for r in doc["cases"] if r["case"] == "ckptio-async-fork")
     assert fork_row["median_touch_during_seconds"] > 0 and fork_row["median_touch_after_seconds"] > 0
     assert doc["config"]["size_bytes"] >= 3 * 2**20 and doc["machine"]["versions"]["ckptio"]
+    # the per-round ratio pairs each round's samples of the two cases
+    rows = {row["case"]: row for row in doc["cases"]}
+    t = next(t for t in doc["targets"] if t["of"] == "ckptio-async:blocking" and t["against"] == "memcpy")
+    per_round = [b / m for b, m in zip(rows["ckptio-async"]["blocking_seconds"], rows["memcpy"]["seconds"], strict=True)]
+    assert t["paired_ratio"] == pytest.approx(statistics.median(per_round))
     md = out_md.read_text()
-    assert "| ckptio-sync |" in md and "| target |" in md
+    assert "| ckptio-sync |" in md and "| target |" in md and "median of per-round ratios" in md
     assert not os.listdir(tmp_path / "scratch")  # every case cleans up after itself
 
 
