@@ -24,3 +24,18 @@ def mapping_kib(addr: int, nbytes: int, *fields: str) -> int:
                     if entry.startswith(wanted):
                         total += int(entry.split()[1])
     raise AssertionError("mapping not found")
+
+
+def mapping_flags(addr: int) -> set[str]:
+    """The ``VmFlags`` (``hg``: MADV_HUGEPAGE, ``dc``: MADV_DONTFORK, ...) of the mapping that
+    holds ``addr``."""
+    text = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(text):
+        head = line.split(" ", 1)[0]
+        if "-" in head and line[:1] in "0123456789abcdef":
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            if lo <= addr < hi:
+                for entry in text[i + 1 :]:
+                    if entry.startswith("VmFlags:"):
+                        return set(entry.split()[1:])
+    raise AssertionError("mapping not found")

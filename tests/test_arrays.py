@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import mmap
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
-from _smaps import mapping_kib
+from _smaps import mapping_flags, mapping_kib
 
 from ckptio import arrays
 from ckptio.arrays import PAGE, PREFAULT_MIN, prefault, private_pages
@@ -43,3 +44,18 @@ def test_prefault_is_harmless_where_the_kernel_refuses() -> None:
     read_only = mmap.mmap(-1, 2 * PREFAULT_MIN, prot=mmap.PROT_READ)
     prefault(memoryview(read_only))  # the kernel refuses (EFAULT): nothing is raised
     assert not any(read_only[:: PAGE])
+
+
+@pytest.mark.skipif(not Path("/sys/kernel/mm/transparent_hugepage").exists(), reason="no transparent huge pages")
+def test_staging_blocks_ask_for_huge_pages_and_other_scratch_memory_does_not() -> None:
+    """Staging blocks are reused for every O_DIRECT transfer, so they are on huge pages (few,
+    large device requests); memory touched once (snapshots, load buffers) keeps 4 KiB pages,
+    whose first touch is cheaper."""
+    from ckptio.backends.local import _aligned_buffer
+
+    stage = _aligned_buffer(4 << 20)
+    flags = mapping_flags(int(np.frombuffer(stage, dtype=np.uint8).ctypes.data))
+    assert {"hg", "dc"} <= flags  # MADV_HUGEPAGE, and not inherited by forks (MADV_DONTFORK)
+    plain = private_pages(4 << 20)
+    plain.madvise(mmap.MADV_DONTDUMP)  # its own mapping, not merged with the stage's
+    assert "hg" not in mapping_flags(int(np.frombuffer(plain, dtype=np.uint8).ctypes.data))
