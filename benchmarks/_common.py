@@ -137,17 +137,79 @@ class Sample:
     sys_seconds: float = 0.0
     """The system (kernel) part of ``cpu_seconds``: page faults, copies into the page cache."""
     extra: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, float] = field(default_factory=dict)
+    """Machine-wide counters over the timed part (see :func:`machine_counters`)."""
+
+    @classmethod
+    def of(cls, t: Mapping[str, Any], *, seconds: float | None = None, **extra: Any) -> Sample:
+        """The sample of one :func:`timed` block; ``seconds`` replaces its wall time where
+        the tool timed itself (fio's own bandwidth)."""
+        return cls(t["seconds"] if seconds is None else seconds, t["cpu_seconds"],
+                   t["sys_seconds"], extra, t.get("machine", {}))
+
+
+_CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+_VMSTAT_FIELDS = (
+    "pgfault", "thp_fault_alloc", "thp_fault_fallback", "compact_stall", "pgscan_direct",
+    "pgscan_kswapd", "allocstall_normal", "allocstall_movable", "thp_split_pmd",
+)
+
+
+_device_stat: str | None = None
+
+
+def watch_device(directory: str) -> str | None:
+    """Make :func:`machine_counters` also count the requests of the block device that holds
+    ``directory`` (its ``/sys/dev/block/MAJ:MIN/stat``); the path, or None where there is none."""
+    global _device_stat
+    st = os.stat(directory)
+    path = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat"
+    _device_stat = path if os.path.exists(path) else None
+    return _device_stat
+
+
+def machine_counters() -> dict[str, float]:
+    """Machine-wide counters that say what else a case's time went to (Linux; empty
+    elsewhere): CPU seconds of all CPUs by state from ``/proc/stat`` (``steal`` is time the VM's
+    host gave to others, ``iowait`` idle time with I/O pending); from ``/proc/vmstat`` page
+    faults, transparent-huge-page faults, compaction stalls and direct reclaim; and the
+    requests the watched device completed (:func:`watch_device`), whose mean size shows how the
+    block layer split the transfers (it splits a transfer from scattered memory into more,
+    smaller requests)."""
+    out: dict[str, float] = {}
+    if _device_stat:
+        with contextlib.suppress(OSError, ValueError, IndexError), open(_device_stat) as f:
+            d = [int(x) for x in f.read().split()]
+            out.update({"disk_reads": d[0], "disk_read_bytes": d[2] * 512,
+                        "disk_writes": d[4], "disk_write_bytes": d[6] * 512})
+    try:
+        with open("/proc/stat") as f:
+            ticks = f.readline().split()[1:]
+        hz = os.sysconf("SC_CLK_TCK")
+        out.update({f"cpu_{k}": int(v) / hz for k, v in zip(_CPU_FIELDS, ticks, strict=False)})
+        with open("/proc/vmstat") as f:
+            for line in f:
+                k, _, v = line.partition(" ")
+                if k in _VMSTAT_FIELDS:
+                    out[k] = int(v)
+    except (OSError, ValueError):
+        pass
+    return out
 
 
 @contextlib.contextmanager
-def timed() -> Iterator[dict[str, float]]:
-    """Yields a dict that gets ``seconds`` (wall), ``cpu_seconds`` and ``sys_seconds`` on exit."""
-    out: dict[str, float] = {}
+def timed() -> Iterator[dict[str, Any]]:
+    """Yields a dict that gets ``seconds`` (wall), ``cpu_seconds`` and ``sys_seconds`` on exit,
+    and ``machine``: the change in :func:`machine_counters` over the timed part."""
+    out: dict[str, Any] = {}
+    m0 = machine_counters()
     t0, c0 = time.perf_counter(), os.times()
     try:
         yield out
     finally:
         c1 = os.times()
+        m1 = machine_counters()
+        out["machine"] = {k: round(m1[k] - v, 3) for k, v in m0.items() if k in m1}
         out["seconds"] = time.perf_counter() - t0
         out["cpu_seconds"] = (c1.user - c0.user) + (c1.system - c0.system) + (
             c1.children_user - c0.children_user

@@ -102,7 +102,6 @@ class Ctx:
     _torch_state: dict[str, Any] | None = None
     _aligned_state: dict[str, Any] | None = None
     _into_state: dict[str, Any] | None = None
-    _checkpointer: Any = None
     _fork_checkpointer: Any = None
 
     def path(self, name: str) -> str:
@@ -184,7 +183,7 @@ def _fio(ctx: Ctx, rw: str, *extra: str) -> cm.Sample:
     side = "read" if rw == "read" else "write"
     bw = job[side]["bw_bytes"]
     moved = job[side]["io_bytes"]
-    return cm.Sample(moved / bw, t["cpu_seconds"], t["sys_seconds"], {"bytes": moved, "wall_with_startup": t["seconds"]})
+    return cm.Sample.of(t, seconds=moved / bw, bytes=moved, wall_with_startup=t["seconds"])
 
 
 def case_fio_write(ctx: Ctx) -> cm.Sample:
@@ -213,7 +212,7 @@ def case_dcp(ctx: Ctx) -> cm.Sample:
         cm.fsync_path(path)
     written = cm.tree_bytes(path)
     cm.remove(path)
-    return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {"bytes": written})
+    return cm.Sample.of(t, bytes=written)
 
 
 def case_safetensors(ctx: Ctx) -> cm.Sample:
@@ -225,7 +224,7 @@ def case_safetensors(ctx: Ctx) -> cm.Sample:
         save_file(ctx.torch_state, path)
         cm.fsync_path(path)
         cm.fsync_path(ctx.directory)
-    return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {"bytes": cm.tree_bytes(path)})
+    return cm.Sample.of(t, bytes=cm.tree_bytes(path))
 
 
 def case_safetensors_load(ctx: Ctx) -> cm.Sample:
@@ -239,7 +238,7 @@ def case_safetensors_load(ctx: Ctx) -> cm.Sample:
         for v in loaded.values():  # ...so touch one byte per page, as a user's first use does
             v.reshape(-1).view(torch.uint8)[::4096].max()
     del loaded
-    return cm.Sample(t["seconds"], t["cpu_seconds"], sys_seconds=t["sys_seconds"])
+    return cm.Sample.of(t)
 
 
 def case_torch_save(ctx: Ctx) -> cm.Sample:
@@ -255,7 +254,7 @@ def case_torch_save(ctx: Ctx) -> cm.Sample:
         cm.fsync_path(ctx.directory)
     written = cm.tree_bytes(path)
     cm.remove(path)
-    return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {"bytes": written})
+    return cm.Sample.of(t, bytes=written)
 
 
 def _ckptio_url(ctx: Ctx, name: str) -> str:
@@ -266,7 +265,7 @@ def case_ckptio_sync(ctx: Ctx) -> cm.Sample:
     cm.remove(ctx.path("ckptio"))
     with cm.timed() as t:
         ckptio.save(ctx.state, _ckptio_url(ctx, "ckptio"), step=ctx.round + 1)
-    return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {"bytes": cm.tree_bytes(ctx.path("ckptio"))})
+    return cm.Sample.of(t, bytes=cm.tree_bytes(ctx.path("ckptio")))
 
 
 def _free_case_memory(ctx: Ctx) -> None:
@@ -291,7 +290,7 @@ def case_ckptio_sync_aligned(ctx: Ctx) -> cm.Sample:
     out = {"bytes": cm.tree_bytes(ctx.path("ckptio-aligned"))}
     cm.remove(ctx.path("ckptio-aligned"))
     _free_case_memory(ctx)
-    return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], out)
+    return cm.Sample.of(t, **out)
 
 
 def case_ckptio_load(ctx: Ctx) -> cm.Sample:
@@ -303,7 +302,7 @@ def case_ckptio_load(ctx: Ctx) -> cm.Sample:
         if bad:
             raise RuntimeError(f"ckptio.load returned different bytes for {bad[:3]}")
     del loaded
-    return cm.Sample(t["seconds"], t["cpu_seconds"], sys_seconds=t["sys_seconds"])
+    return cm.Sample.of(t)
 
 
 def case_ckptio_load_into(ctx: Ctx) -> cm.Sample:
@@ -316,7 +315,7 @@ def case_ckptio_load_into(ctx: Ctx) -> cm.Sample:
         if bad:
             raise RuntimeError(f"ckptio.load(into=) left different bytes in {bad[:3]}")
     _free_case_memory(ctx)
-    return cm.Sample(t["seconds"], t["cpu_seconds"], sys_seconds=t["sys_seconds"])
+    return cm.Sample.of(t)
 
 
 def case_ckptio_load_warm_memory(ctx: Ctx) -> cm.Sample:
@@ -330,20 +329,28 @@ def case_ckptio_load_warm_memory(ctx: Ctx) -> cm.Sample:
     with cm.timed() as t:
         loaded = ckptio.load(_ckptio_url(ctx, "ckptio"))
     del loaded
-    return cm.Sample(t["seconds"], t["cpu_seconds"], sys_seconds=t["sys_seconds"])
+    return cm.Sample.of(t)
 
 
 def case_ckptio_async(ctx: Ctx) -> cm.Sample:
-    if ctx._checkpointer is None:
-        ctx._checkpointer = ckptio.Checkpointer(_ckptio_url(ctx, "ckptio-async"), async_save=True)
-    ck = ctx._checkpointer
-    with cm.timed() as t:
-        handle = ck.save(ctx.state, step=ctx.round + 1)
-        handle.wait()
-    blocking = handle.blocking_seconds
-    for step in ck.steps():
-        ckptio.checkpoint.delete_step(ck.store, step)
-    return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {"blocking": blocking})
+    """``Checkpointer(async_save=True)`` (copy snapshot): ``blocking`` is the copy, ``seconds``
+    until committed. The timed save is the Checkpointer's second, as most of a training job's
+    are: its first, untimed (its blocking time is kept as ``first_blocking``), allocates the
+    snapshot memory that later saves reuse. The Checkpointer is closed after the case, which
+    frees that memory, so the other cases run in a process that holds the state alone (a job
+    restarted from a checkpoint holds no snapshot). On this project's VM a process holding
+    those 3 GiB more paid 7-12x more kernel time per page fault for the rest of its life:
+    a cold load took 13 s of kernel CPU instead of 1.8 s (README, "What the runs of
+    2026-12-03 added")."""
+    with ckptio.Checkpointer(_ckptio_url(ctx, "ckptio-async"), async_save=True) as ck:
+        first = ck.save(ctx.state, step=2 * ctx.round + 1)
+        first.wait()
+        with cm.timed() as t:
+            handle = ck.save(ctx.state, step=2 * ctx.round + 2)
+            handle.wait()
+        for step in ck.steps():
+            ckptio.checkpoint.delete_step(ck.store, step)
+    return cm.Sample.of(t, blocking=handle.blocking_seconds, first_blocking=first.blocking_seconds)
 
 
 def case_ckptio_async_fork(ctx: Ctx) -> cm.Sample:
@@ -369,9 +376,8 @@ def case_ckptio_async_fork(ctx: Ctx) -> cm.Sample:
     del scratch
     for step in ck.steps():
         ckptio.checkpoint.delete_step(ck.store, step)
-    return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {
-        "blocking": handle.blocking_seconds, "touch_during": during, "touch_after": after,
-        "touch_plain": plain})
+    return cm.Sample.of(t, blocking=handle.blocking_seconds, touch_during=during, touch_after=after,
+                        touch_plain=plain)
 
 
 def case_memcpy(ctx: Ctx) -> cm.Sample:
@@ -382,7 +388,7 @@ def case_memcpy(ctx: Ctx) -> cm.Sample:
         for k, v in ctx.state.items():
             np.copyto(dst[k], v)
     del dst  # not kept: the peers' memory needs stay as they would be alone
-    return cm.Sample(t["seconds"], t["cpu_seconds"], sys_seconds=t["sys_seconds"])
+    return cm.Sample.of(t)
 
 
 def case_memcpy_fresh(ctx: Ctx) -> cm.Sample:
@@ -391,7 +397,7 @@ def case_memcpy_fresh(ctx: Ctx) -> cm.Sample:
         for k, v in ctx.state.items():
             np.copyto(dst[k], v)
     del dst
-    return cm.Sample(t["seconds"], t["cpu_seconds"], sys_seconds=t["sys_seconds"])
+    return cm.Sample.of(t)
 
 
 def manifest_100k() -> bytes:
@@ -414,7 +420,7 @@ def case_manifest(ctx: Ctx) -> cm.Sample:
     with cm.timed() as t:
         m = fmt.parse_manifest(data, expect_step=1)
     chunks = sum(len(e.chunks) for e in m.tensors.values())
-    return cm.Sample(t["seconds"], t["cpu_seconds"], t["sys_seconds"], {"chunks": chunks, "manifest_bytes": len(data)})
+    return cm.Sample.of(t, chunks=chunks, manifest_bytes=len(data))
 
 
 CASES: list[Case] = [
@@ -522,6 +528,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"building a {human_bytes(nbytes_target)} state ...", file=sys.stderr, flush=True)
     state = make_state(nbytes_target, args.tensors)
     caches = cm.CacheDropper(args.dir, allow_global=args.cache_drop == "auto")
+    cm.watch_device(args.dir)
     ctx = Ctx(state, state_nbytes(state), os.path.abspath(args.dir), caches, pick_fio_engine())
     args.started_utc = cm.utc_now()
     samples: dict[str, list[cm.Sample]] = {n: [] for n in selected}
@@ -556,10 +563,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if producer.output and (following is None or BY_NAME[following].after != producer.name):
                 cm.remove(ctx.path(producer.output))  # its last reader is done
             shown = f" (blocking {s.extra['blocking']:.3f} s)" if "blocking" in s.extra else ""
+            if s.machine:
+                m = s.machine
+                shown += (f"  [machine: user {m.get('cpu_user', 0):.2f} sys {m.get('cpu_system', 0):.2f}"
+                          f" steal {m.get('cpu_steal', 0):.2f} s")
+                for side in ("read", "write"):
+                    if m.get(f"disk_{side}s"):
+                        shown += f"; {side}s of {m[f'disk_{side}_bytes'] / m[f'disk_{side}s'] / 1024:.0f} KiB"
+                shown += "]"
             print(f"round {r + 1}/{args.rounds} {name:20s} {s.seconds:8.3f} s  {cm.gbps(ctx.nbytes, s.seconds):6.2f} GB/s{shown}", file=sys.stderr, flush=True)
-    for ck in (ctx._checkpointer, ctx._fork_checkpointer):
-        if ck is not None:
-            ck.close()
+    if ctx._fork_checkpointer is not None:
+        ctx._fork_checkpointer.close()
     cm.remove(ctx.path("ckptio-async"))
     cm.remove(ctx.path("ckptio-async-fork"))
     for name, why in failed.items():
@@ -604,12 +618,15 @@ def summarize(args: argparse.Namespace, ctx: Ctx, samples: dict[str, list[cm.Sam
             bl = [s.extra["blocking"] for s in ss]
             row["blocking_seconds"] = bl
             row["median_blocking_seconds"] = cm.median(bl)
-            row["first_blocking_seconds"] = bl[0]
+            row["first_blocking_seconds"] = ss[0].extra.get("first_blocking", bl[0])
         for extra in ("touch_during", "touch_after", "touch_plain"):
             if extra in ss[0].extra:
                 row[f"median_{extra}_seconds"] = cm.median([s.extra[extra] for s in ss])
         if name == "manifest-100k":
             row["chunks"] = ss[0].extra["chunks"]
+        if ss[0].machine:  # what the whole machine did meanwhile: steal, faults, compaction
+            row["median_machine"] = {k: cm.median([s.machine.get(k, 0) for s in ss]) for k in ss[0].machine}
+            row["machine"] = [s.machine for s in ss]
         rows.append(row)
     targets = []
     for label, num, den, how, target in TARGETS:
