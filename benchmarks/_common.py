@@ -155,6 +155,15 @@ _VMSTAT_FIELDS = (
 )
 
 
+def free_huge_pages() -> int:
+    """Free hugetlb pages of the default size (``HugePages_Free``; 0 where there are none)."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("HugePages_Free:"):
+                return int(line.split()[1])
+    return 0
+
+
 _device_stat: str | None = None
 
 

@@ -161,6 +161,8 @@ class Case:
 def _have(need: str) -> bool:
     if need.startswith("exe:"):
         return shutil.which(need[4:]) is not None
+    if need == "hugepages":
+        return cm.free_huge_pages() >= FIO_HUGE_PAGES
     import importlib.util
 
     return importlib.util.find_spec(need) is not None
@@ -198,6 +200,24 @@ def case_fio_write_nofalloc(ctx: Ctx) -> cm.Sample:
 
 def case_fio_read(ctx: Ctx) -> cm.Sample:
     return _fio(ctx, "read")
+
+
+FIO_HUGE_PAGES = 2 * 16 * 2 + 8
+"""2 MiB hugetlb pages the ``-hugepages`` fio cases need: 2 jobs x 16 buffers of 4 MiB, and
+some slack for fio's own rounding."""
+
+
+def case_fio_write_hugepages(ctx: Ctx) -> cm.Sample:
+    """fio's write with its buffers on hugetlb pages (``--iomem=shmhuge``): physically
+    contiguous, so each 4 MiB transfer reaches the device as one request. fio's default
+    buffers are 4 KiB pages as scattered as free memory happens to be; this is the disk's
+    limit without that handicap."""
+    cm.remove(ctx.path("fio"))
+    return _fio(ctx, "write", "--iomem=shmhuge")
+
+
+def case_fio_read_hugepages(ctx: Ctx) -> cm.Sample:
+    return _fio(ctx, "read", "--iomem=shmhuge")
 
 
 def case_dcp(ctx: Ctx) -> cm.Sample:
@@ -270,11 +290,10 @@ def case_ckptio_sync(ctx: Ctx) -> cm.Sample:
 
 def _free_case_memory(ctx: Ctx) -> None:
     """Free the aligned copy and the ``into=`` arrays after the case that used them; the
-    next round makes them again, untimed. So between cases the process holds what a
-    training job holds, the state and one async snapshot, not five copies of the state. On
-    this project's VM the paths that copy memory slowed with the resident set (9 GiB held by
-    another process took the staged save from ~2.5 to 3.2 s, fio unchanged); the README's
-    "What the runs of 2026-12-03 added" has the measurements."""
+    next round makes them again, untimed. So between cases the process holds the state
+    alone, as a job restarted from a checkpoint does, not several copies of it: on this
+    project's VM page faults grew dearer while the process held more (see
+    :func:`case_ckptio_async`)."""
     ctx._aligned_state = None
     ctx._into_state = None
 
@@ -339,9 +358,9 @@ def case_ckptio_async(ctx: Ctx) -> cm.Sample:
     snapshot memory that later saves reuse. The Checkpointer is closed after the case, which
     frees that memory, so the other cases run in a process that holds the state alone (a job
     restarted from a checkpoint holds no snapshot). On this project's VM a process holding
-    those 3 GiB more paid 7-12x more kernel time per page fault for the rest of its life:
-    a cold load took 13 s of kernel CPU instead of 1.8 s (README, "What the runs of
-    2026-12-03 added")."""
+    those 3 GiB more paid 7-12x more kernel time per page fault for as long as it held them:
+    a cold load took 13 s of kernel CPU instead of 1.8 s (README, "Performance", cold
+    load)."""
     with ckptio.Checkpointer(_ckptio_url(ctx, "ckptio-async"), async_save=True) as ck:
         first = ck.save(ctx.state, step=2 * ctx.round + 1)
         first.wait()
@@ -429,6 +448,8 @@ CASES: list[Case] = [
     Case("fio-write", "write", case_fio_write, ("exe:fio",), output="fio"),
     Case("fio-read", "read", case_fio_read, ("exe:fio",), after="fio-write"),
     Case("fio-write-nofalloc", "write", case_fio_write_nofalloc, ("exe:fio",), output="fio"),
+    Case("fio-write-hugepages", "write", case_fio_write_hugepages, ("exe:fio", "hugepages"), output="fio"),
+    Case("fio-read-hugepages", "read", case_fio_read_hugepages, ("exe:fio", "hugepages"), after="fio-write-hugepages"),
     Case("torch-dcp", "write", case_dcp, ("torch",)),
     Case("safetensors", "write", case_safetensors, ("torch", "safetensors"), output="state.safetensors"),
     Case("safetensors-load", "read", case_safetensors_load, ("torch", "safetensors"), after="safetensors"),
@@ -454,11 +475,14 @@ TARGETS: list[tuple[str, str, str, str, float]] = [
     ("durable save vs fio O_DIRECT seq write", "ckptio-sync", "fio-write", "speed", 0.90),
     ("durable save vs fio write, no preallocation", "ckptio-sync", "fio-write-nofalloc", "speed", 0.90),
     ("durable save from page-aligned memory vs fio write (diagnostic)", "ckptio-sync-aligned", "fio-write", "speed", 0.90),
+    ("durable save vs fio write from hugetlb buffers (diagnostic)", "ckptio-sync", "fio-write-hugepages", "speed", 0.90),
     ("durable save vs torch DCP", "ckptio-sync", "torch-dcp", "speed", 1.5),
     ("durable save vs safetensors + fsync", "ckptio-sync", "safetensors", "speed", 1.2),
     ("durable save vs torch.save + fsync", "ckptio-sync", "torch-save", "speed", 3.0),
     ("cold load vs fio O_DIRECT seq read", "ckptio-load", "fio-read", "speed", 0.90),
     ("cold load in place (into=) vs fio O_DIRECT seq read", "ckptio-load-into", "fio-read", "speed", 0.90),
+    ("cold load vs fio read into hugetlb buffers (diagnostic)", "ckptio-load", "fio-read-hugepages", "speed", 0.90),
+    ("cold load in place (into=) vs fio read into hugetlb buffers (diagnostic)", "ckptio-load-into", "fio-read-hugepages", "speed", 0.90),
     ("async blocking / one memcpy of the state", "ckptio-async:blocking", "memcpy", "time", 1.5),
     ("async blocking / sync save time", "ckptio-async:blocking", "ckptio-sync", "time", 0.10),
     ("async blocking, snapshot=fork / one memcpy", "ckptio-async-fork:blocking", "memcpy", "time", 1.5),
@@ -519,7 +543,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             continue
         missing = [n for n in case.needs if not _have(n)]
         if missing:
-            skipped[name] = "not installed: " + ", ".join(m.removeprefix("exe:") for m in missing)
+            skipped[name] = "; ".join(
+                f"needs {FIO_HUGE_PAGES} free 2 MiB hugetlb pages (as root: echo {FIO_HUGE_PAGES} > /proc/sys/vm/nr_hugepages)"
+                if m == "hugepages" else "not installed: " + m.removeprefix("exe:") for m in missing)
             continue
         if case.after and case.after not in wanted:
             skipped[name] = f"needs {case.after}"

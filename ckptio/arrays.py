@@ -76,7 +76,7 @@ def private_pages(nbytes: int, *, inherit: bool = True, huge: bool = False) -> m
     depends on how fragmented free memory was when they were first touched: staged saves and
     loads ran at 0.7-1.8 MiB per device request from 4 KiB blocks and at 3.5-4 MiB from huge
     ones, and an in-place load of 3 GiB took 2.8-3.3 s against 1.9-2.2 s
-    (``benchmarks/README.md``). The first touch of a huge page costs more (zeroing 2 MiB, and
+    (README, "Performance"). The first touch of a huge page costs more (zeroing 2 MiB, and
     compaction where free memory is fragmented), so it pays only for memory that is reused."""
     flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
     if not flags:  # Windows

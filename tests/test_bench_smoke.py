@@ -17,7 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_benchmark_runs_and_writes_its_tables(tmp_path):
     out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
-    cases = "memcpy,fio-write,fio-read,ckptio-sync,ckptio-load,ckptio-async,ckptio-async-fork"
+    cases = ("memcpy,fio-write,fio-read,fio-write-hugepages,fio-read-hugepages,ckptio-sync,ckptio-load,"
+             "ckptio-async,ckptio-async-fork")
     proc = subprocess.run(
         [
             sys.executable, os.path.join(ROOT, "benchmarks", "run.py"),
@@ -34,8 +35,15 @@ def test_benchmark_runs_and_writes_its_tables(tmp_path):
     assert ran | set(doc["skipped"]) == set(cases.split(","))
     for row in doc["cases"]:
         assert row["rounds"] == 2 and len(row["seconds"]) == 2 and row["median_seconds"] > 0
+    for name in ("fio-write-hugepages", "fio-read-hugepages"):  # run where hugetlb pages are reserved
+        assert name in ran or "nr_hugepages" in doc["skipped"][name] or "fio" in doc["skipped"][name]
     async_row = next(r for r in doc["cases"] if r["case"] == "ckptio-async")
     assert 0 < async_row["median_blocking_seconds"] <= async_row["median_seconds"]
+    assert async_row["first_blocking_seconds"] > 0  # the untimed first save's, kept apart
+    if sys.platform.startswith("linux"):  # what the machine did during each round
+        sync_row = next(r for r in doc["cases"] if r["case"] == "ckptio-sync")
+        assert len(sync_row["machine"]) == 2 and "cpu_steal" in sync_row["median_machine"]
+        assert all(m["pgfault"] >= 0 and m["cpu_user"] >= 0 for m in sync_row["machine"])
     assert any(t["of"] == "ckptio-async:blocking" for t in doc["targets"])
     fork_row = next(r for r in doc["cases"] if r["case"] == "ckptio-async-fork")
     assert fork_row["median_touch_during_seconds"] > 0 and fork_row["median_touch_after_seconds"] > 0
