@@ -74,7 +74,7 @@ def private_pages(nbytes: int, *, inherit: bool = True, huge: bool = False) -> m
     project's virtio disk), so a 4 MiB transfer from scattered 4 KiB pages is split into
     requests of about 1 MiB, from huge pages it goes as one. How scattered 4 KiB pages are
     depends on how fragmented free memory was when they were first touched: staged saves and
-    loads ran at 0.7-1.8 MiB per device request from 4 KiB blocks and at 3.5-4 MiB from huge
+    loads ran at 0.6-1.8 MiB per device request from 4 KiB blocks and at 3.1-3.9 MiB from huge
     ones, and an in-place load of 3 GiB took 2.8-3.3 s against 1.9-2.2 s
     (README, "Performance"). The first touch of a huge page costs more (zeroing 2 MiB, and
     compaction where free memory is fragmented), so it pays only for memory that is reused."""
