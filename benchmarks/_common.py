@@ -191,7 +191,7 @@ def machine_counters() -> dict[str, float]:
             d = [int(x) for x in f.read().split()]
             out.update({"disk_reads": d[0], "disk_read_bytes": d[2] * 512,
                         "disk_writes": d[4], "disk_write_bytes": d[6] * 512})
-    try:
+    with contextlib.suppress(OSError, ValueError):
         with open("/proc/stat") as f:
             ticks = f.readline().split()[1:]
         hz = os.sysconf("SC_CLK_TCK")
@@ -201,8 +201,6 @@ def machine_counters() -> dict[str, float]:
                 k, _, v = line.partition(" ")
                 if k in _VMSTAT_FIELDS:
                     out[k] = int(v)
-    except (OSError, ValueError):
-        pass
     return out
 
 

@@ -43,7 +43,7 @@ def test_benchmark_runs_and_writes_its_tables(tmp_path):
     if sys.platform.startswith("linux"):  # what the machine did during each round
         sync_row = next(r for r in doc["cases"] if r["case"] == "ckptio-sync")
         assert len(sync_row["machine"]) == 2 and "cpu_steal" in sync_row["median_machine"]
-        assert all(m["pgfault"] >= 0 and m["cpu_user"] >= 0 for m in sync_row["machine"])
+        assert all({"cpu_user", "cpu_system", "cpu_steal", "pgfault"} <= set(m) for m in sync_row["machine"])
     assert any(t["of"] == "ckptio-async:blocking" for t in doc["targets"])
     fork_row = next(r for r in doc["cases"] if r["case"] == "ckptio-async-fork")
     assert fork_row["median_touch_during_seconds"] > 0 and fork_row["median_touch_after_seconds"] > 0
