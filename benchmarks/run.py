@@ -28,7 +28,8 @@ Cases (every write is durable: fsynced before its clock stops):
   (``ckptio.load(url, into=state)``, as torch DCP loads and a resumed job restores): numpy's
   own arrays, written once before the first round.
 - ``memcpy``: one single-threaded copy of the state into memory already touched: the
-  reference for the async blocking time. ``memcpy-fresh`` copies into new memory.
+  reference for the async blocking time. ``memcpy-fresh`` copies into new memory of 4 KiB
+  pages (as ``ckptio.load`` allocates), ``memcpy-fresh-numpy`` into numpy's new memory.
 - ``manifest-100k``: ``parse_manifest`` (JSON + validation) of a 100,000-chunk manifest.
 
 The state is ``--tensors`` float32 tensors of random (incompressible) bytes, sizes varying
@@ -410,13 +411,27 @@ def case_memcpy(ctx: Ctx) -> cm.Sample:
     return cm.Sample.of(t)
 
 
-def case_memcpy_fresh(ctx: Ctx) -> cm.Sample:
+def _memcpy_fresh(ctx: Ctx, alloc: Callable[[np.ndarray], np.ndarray]) -> cm.Sample:
     with cm.timed() as t:
-        dst = {k: np.empty_like(v) for k, v in ctx.state.items()}
+        dst = {k: alloc(v) for k, v in ctx.state.items()}
         for k, v in ctx.state.items():
             np.copyto(dst[k], v)
     del dst
     return cm.Sample.of(t)
+
+
+def case_memcpy_fresh(ctx: Ctx) -> cm.Sample:
+    """A copy into new memory of 4 KiB pages, as ``ckptio.load`` allocates its arrays
+    (``aligned_empty``): what the cold load's page faults cost, without its I/O."""
+    from ckptio.checkpoint import aligned_empty
+
+    return _memcpy_fresh(ctx, lambda v: aligned_empty(v.shape, v.dtype))
+
+
+def case_memcpy_fresh_numpy(ctx: Ctx) -> cm.Sample:
+    """A copy into new memory as numpy allocates it (``np.empty_like``: on Linux, large
+    arrays are advised to transparent huge pages), as a load into numpy's arrays pays."""
+    return _memcpy_fresh(ctx, np.empty_like)
 
 
 def manifest_100k() -> bytes:
@@ -445,6 +460,7 @@ def case_manifest(ctx: Ctx) -> cm.Sample:
 CASES: list[Case] = [
     Case("memcpy", "memory", case_memcpy),
     Case("memcpy-fresh", "memory", case_memcpy_fresh),
+    Case("memcpy-fresh-numpy", "memory", case_memcpy_fresh_numpy),
     Case("fio-write", "write", case_fio_write, ("exe:fio",), output="fio"),
     Case("fio-read", "read", case_fio_read, ("exe:fio",), after="fio-write"),
     Case("fio-write-nofalloc", "write", case_fio_write_nofalloc, ("exe:fio",), output="fio"),
