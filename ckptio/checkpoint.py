@@ -242,7 +242,9 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     for transparent huge pages (``MADV_HUGEPAGE``), and where the kernel compacts memory on
     such faults (``defrag=madvise``, the usual default) or a VM's host has reclaimed freed
     memory, filling fresh 2 MiB pages was ~3x slower than 4 KiB pages in our measurements
-    (a cold 1 GiB load: 0.5 vs 1.4 GB/s, 2.3 vs 0.3 s of kernel CPU)."""
+    (a cold 1 GiB load: 0.5 vs 1.4 GB/s, 2.3 vs 0.3 s of kernel CPU), and 4-5x on 2026-12-03
+    (copying 3 GiB into new memory: 9.6-14.0 s into numpy's, 2.1-2.6 s into these;
+    ``memcpy-fresh-numpy`` and ``memcpy-fresh`` in ``benchmarks/run.py``)."""
     dt = np.dtype(dtype)
     nbytes = math.prod(shape) * dt.itemsize
     if nbytes < PAGE_ALIGNED_MIN:
