@@ -12,21 +12,24 @@ Cases (every write is durable: fsynced before its clock stops):
   iodepth 16 (libaio, else io_uring), fio's defaults otherwise (it preallocates files);
   ``fio-write-nofalloc`` is the same write with ``--fallocate=none`` (new files written as
   ckptio writes them). fio's own bandwidth figure is used (its start-up is not counted).
+  ``fio-write-hugepages`` / ``fio-read-hugepages`` (diagnostic): the same with buffers on
+  hugetlb pages (``--iomem=shmhuge``), the disk's limit; they run where enough are reserved.
 - ``torch-dcp``: ``torch.distributed.checkpoint.save`` with
   ``FileSystemWriter(thread_count=4, sync_files=True)``.
 - ``safetensors``: ``safetensors.torch.save_file`` + fsync; ``safetensors-load``: cold
   ``load_file`` (mmap-backed) and a touch of every page, which is when its bytes are read.
 - ``torch-save``: ``torch.save`` + fsync.
 - ``ckptio-sync``: ``ckptio.save(state, "file://...", step)`` (defaults).
-- ``ckptio-async``: one ``Checkpointer(async_save=True)`` across rounds, as in training:
-  ``blocking`` is what ``save`` held the caller, ``seconds`` until committed.
+- ``ckptio-async``: ``Checkpointer(async_save=True)``, its second save timed (the first,
+  untimed, allocates the snapshot memory): ``blocking`` is what ``save`` held the caller,
+  ``seconds`` until committed; the Checkpointer is closed after the case.
 - ``ckptio-async-fork``: the same with ``snapshot="fork"`` (a copy-on-write child process
   writes); also times writing every page of the state while the child writes, after it
   ended, and with no snapshot: the cost the fork moves out of ``save`` into the training step.
 - ``ckptio-load``: cold ``ckptio.load`` (page cache dropped first), every CRC32C checked.
 - ``ckptio-load-into``: the same load into arrays the process already holds
   (``ckptio.load(url, into=state)``, as torch DCP loads and a resumed job restores): numpy's
-  own arrays, written once before the first round.
+  own arrays, made and written untimed before the case and freed after it.
 - ``memcpy``: one single-threaded copy of the state into memory already touched: the
   reference for the async blocking time. ``memcpy-fresh`` copies into new memory of 4 KiB
   pages (as ``ckptio.load`` allocates), ``memcpy-fresh-numpy`` into numpy's new memory.
