@@ -13,7 +13,6 @@ ever addressed, and no allocation exceeds the validated sizes.
 
 from __future__ import annotations
 
-import collections
 import gc
 import hashlib
 import itertools
@@ -23,8 +22,9 @@ import operator
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
 
 from ckptio import errors
@@ -156,22 +156,28 @@ def align_up(n: int, alignment: int = ALIGNMENT) -> int:
 # -- the manifest -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Chunk:
+_U62 = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
+_DIMS = Annotated[tuple[_U62, ...], msgspec.Meta(max_length=MAX_DIMS)]
+_U32 = Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)]
+# Chunks and tensor entries are msgspec structs: their annotations are the manifest's type and
+# range checks, which msgspec applies at C speed as it builds them (see _decode_fast).
+
+
+class Chunk(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     """One stored piece of a tensor: a box of the global tensor, stored contiguously
     (C order) at ``offset`` in object ``key``."""
 
-    offsets: tuple[int, ...]
+    offsets: _DIMS
     """Start of the box in each dimension of the global tensor."""
-    shape: tuple[int, ...]
+    shape: _DIMS
     """Extent of the box in each dimension."""
     key: str
     """Object key, relative to the step directory (``data/rank-00000-000.bin``)."""
-    offset: int
+    offset: _U62
     """Byte offset of the chunk inside the object (a multiple of :data:`ALIGNMENT`)."""
-    length: int
+    length: _U62
     """Bytes: ``prod(shape) * itemsize``."""
-    crc32c: int
+    crc32c: _U32
     """CRC32C (Castagnoli) of the chunk's bytes."""
 
     def as_json(self) -> dict[str, Any]:
@@ -185,10 +191,9 @@ class Chunk:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class TensorEntry:
+class TensorEntry(msgspec.Struct, frozen=True, gc=False, forbid_unknown_fields=True):
     dtype: str
-    shape: tuple[int, ...]
+    shape: _DIMS
     chunks: tuple[Chunk, ...]
 
     @property
@@ -283,15 +288,71 @@ def _parse_manifest(data: bytes, expect_step: int | None) -> Manifest:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         raise errors.ManifestError(f"manifest is not valid UTF-8 ({err})") from None
+    fast = _decode_fast(data)
+    if fast is not None:
+        manifest = _validate(fast[0], expect_step, fast[1])
+        if manifest is not None:
+            return manifest
+    # json's decoding, for the per-field checks that find a bad field and name it
+    manifest = _validate(_decode(text), expect_step)
+    assert manifest is not None
+    return manifest
+
+
+def _decode(text: str) -> Any:
+    """JSON as the format reads it: duplicate keys and non-standard constants refused."""
     try:
-        doc = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except errors.ManifestError:
         raise  # a duplicate key or a non-standard constant, named by the hooks
     except RecursionError:
         raise errors.ManifestError("manifest JSON is nested too deeply") from None
     except ValueError as err:  # JSONDecodeError, and integers of more than 4300 digits
         raise errors.ManifestError(f"manifest is not valid JSON ({err})") from None
-    return _validate(doc, expect_step)
+
+
+def _decode_fast(data: bytes) -> tuple[dict[str, Any], dict[str, TensorEntry]] | None:
+    """The manifest decoded ~4x faster than by :func:`_decode` where it is as ckptio writes
+    it: msgspec builds the tensor entries straight from the JSON, checking every field's type
+    and range, and the other top-level values are decoded by :func:`_decode`.
+
+    msgspec keeps the last of duplicate keys, which the format refuses (msgspec/msgspec#648),
+    so the keys are counted: the JSON's (:func:`_key_count`) must equal those decoded, or a
+    key was repeated. Returns the other values and the entries, or None for json's decoding:
+    where anything is off, or the text has escapes or whitespace after a string."""
+    if b"\\" in data:
+        return None
+    try:
+        top = _TOP_DECODER.decode(data)
+        entries = _TENSORS_DECODER.decode(top.pop("tensors"))
+    except (msgspec.DecodeError, KeyError):  # ValidationError is a DecodeError
+        return None
+    counts = [_key_count(data), *map(_key_count, top.values())]
+    if None in counts:
+        return None
+    chunks = sum(map(len, map(_CHUNKS, entries.values())))
+    decoded = len(top) + 1 + len(entries) * (1 + len(TensorEntry.__struct_fields__)) + chunks * len(Chunk.__struct_fields__)
+    if counts[0] != decoded + sum(c or 0 for c in counts[1:]):
+        return None  # a repeated key: json's decoding names it
+    return {k: _decode(bytes(v).decode("utf-8")) for k, v in top.items()}, entries
+
+
+def _key_count(text: Any) -> int | None:
+    """The keys in a JSON text without escapes: the strings followed by ``:`` (with no
+    escapes, quotes alternate between opening and closing a string). None where a string is
+    followed by anything but ``: , ] }`` (whitespace), which this count cannot tell apart."""
+    a = np.frombuffer(text, np.uint8)
+    ends = np.flatnonzero(a == ord('"'))[1::2] + 1
+    after = a[ends[ends < len(a)]]  # a text that is a string ends with its closing quote
+    if not _AFTER_STRING[after].all():
+        return None
+    return int(np.count_nonzero(after == ord(":")))
+
+
+_AFTER_STRING = np.zeros(256, bool)
+_AFTER_STRING[list(b":,]}")] = True
+_TOP_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_TENSORS_DECODER = msgspec.json.Decoder(dict[str, TensorEntry])
 
 
 def _want(cond: bool, field: str, message: str) -> None:
@@ -313,7 +374,9 @@ def _int_list(v: Any, field: str, n: int | None = None, hi: int = 1 << 62) -> tu
     return tuple(_int(x, f"{field}[{i}]", 0, hi) for i, x in enumerate(v))
 
 
-def _validate(doc: Any, expect_step: int | None) -> Manifest:
+def _validate(doc: Any, expect_step: int | None, entries: dict[str, TensorEntry] | None = None) -> Manifest | None:
+    """The checks of a decoded manifest. ``entries``: the tensors as :func:`_decode_fast`
+    built them (else they are in ``doc``); None is returned if their checks fail."""
     _want(isinstance(doc, dict), "$", "manifest is not a JSON object")
     _want(doc.get("format") == FORMAT_NAME, "format", f"expected {FORMAT_NAME!r}, got {doc.get('format')!r:.80}")
     version = _int(doc.get("version"), "version")
@@ -331,13 +394,20 @@ def _validate(doc: Any, expect_step: int | None) -> Manifest:
         _want(_safe_key(key), f, "object key must be a relative key under the step directory (no '..', no absolute path)")
         objects[key] = _int(size, f, 0, 1 << 50)
 
-    tensors_doc = doc.get("tensors")
-    _want(isinstance(tensors_doc, dict), "tensors", "expected an object of path -> tensor")
-    tensors: dict[str, TensorEntry] = {}
-    for path, t in tensors_doc.items():
-        tensors[path] = _validate_tensor(path, t, objects)
-
-    _check_byte_ranges(tensors)
+    if entries is not None:
+        tensors = _tensors_checked(entries, objects)
+        if tensors is None:
+            return None  # the caller checks json's decoding field by field
+    else:
+        tensors_doc = doc.get("tensors")
+        _want(isinstance(tensors_doc, dict), "tensors", "expected an object of path -> tensor")
+        try:
+            tensors = _tensors_checked(msgspec.convert(tensors_doc, dict[str, TensorEntry]), objects)
+        except msgspec.ValidationError:
+            tensors = None
+        if tensors is None:  # something is off: the per-field checks find it and name the field
+            tensors = {path: _validate_tensor(path, t, objects) for path, t in tensors_doc.items()}
+            _check_byte_ranges(tensors)
     tree = doc.get("tree")
     _check_tree(tree, tensors, "tree", 0)
     layout = doc.get("layout", {})
@@ -364,18 +434,12 @@ def _check_byte_ranges(tensors: Mapping[str, TensorEntry]) -> None:
     tensors' total size is then at most the objects' total, which a reader confirms against
     the storage before allocating: a small manifest cannot make a reader allocate terabytes
     by pointing many chunks at the same bytes."""
-    # bulk check first (numpy sort); the exact search below runs only to name a clash
     every = list(itertools.chain.from_iterable(t.chunks for t in tensors.values()))
-    if len(every) < 2:
-        return
     codes: dict[str, int] = {}  # a number per object key (the first chunk's index), at C speed
-    keys = map(codes.setdefault, map(_KEY, every), itertools.count())
-    table = np.array([list(keys), list(map(_OFFSET, every)), list(map(_LENGTH, every))], dtype=np.int64)
-    table = table[:, table[2] > 0]  # empty chunks hold no bytes
-    table[2] += table[1]  # end of the byte range
-    order = np.lexsort((table[2], table[1], table[0]))
-    lo, hi = table[:, order[:-1]], table[:, order[1:]]
-    if not ((lo[0] == hi[0]) & (lo[2] > hi[1])).any():
+    keys = np.fromiter(map(codes.setdefault, map(_KEY, every), itertools.count()), np.int64, len(every))
+    starts = np.fromiter(map(_OFFSET, every), np.int64, len(every))
+    lengths = np.fromiter(map(_LENGTH, every), np.int64, len(every))
+    if not _ranges_clash(keys, starts, lengths):
         return
     spans = sorted(
         (c.key, c.offset, c.offset + c.length, path)
@@ -389,6 +453,18 @@ def _check_byte_ranges(tensors: Mapping[str, TensorEntry]) -> None:
                 f"chunks of {a[3]!r:.80} and {b[3]!r:.80} share bytes {b[1]}..{min(a[2], b[2])} of {a[0]!r:.80}",
                 field="tensors",
             )
+
+
+def _ranges_clash(keys: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> bool:
+    """Whether two byte ranges (object number, start, length; each inside its object, so no
+    sum overflows) share a byte: one sort, then neighbours compared."""
+    if len(keys) < 2:
+        return False
+    held = lengths > 0  # empty chunks hold no bytes
+    keys, starts, ends = keys[held], starts[held], starts[held] + lengths[held]
+    order = np.lexsort((ends, starts, keys))
+    keys, starts, ends = keys[order], starts[order], ends[order]
+    return bool(((keys[:-1] == keys[1:]) & (ends[:-1] > starts[1:])).any())
 
 
 _KEY, _OFFSET, _LENGTH = (operator.attrgetter(f) for f in ("key", "offset", "length"))
@@ -405,6 +481,7 @@ def _safe_key(key: Any) -> bool:
 
 
 def _validate_tensor(path: str, t: Any, objects: Mapping[str, int]) -> TensorEntry:
+    """One tensor's entry, checked field by field (the path that names a bad field)."""
     base = f"tensors[{path!r:.80}]"
     _want(isinstance(t, dict), base, "expected an object")
     dt = t.get("dtype")
@@ -415,21 +492,6 @@ def _validate_tensor(path: str, t: Any, objects: Mapping[str, int]) -> TensorEnt
     _want(volume * itemsize <= MAX_TENSOR_BYTES, f"{base}.shape", f"declares {volume * itemsize} bytes, more than the {MAX_TENSOR_BYTES}-byte limit")
     chunks_doc = t.get("chunks")
     _want(isinstance(chunks_doc, list), f"{base}.chunks", "expected a list")
-    # bulk checks pay off for many chunks; a tensor of a few gets a plain-Python pass
-    if len(chunks_doc) < _BULK_MIN:
-        few = _chunks_few(chunks_doc, shape, itemsize, objects)
-        if few is not None:
-            chunks_few, covered_few = few
-            _want(covered_few == volume, f"{base}.chunks", f"chunks hold {covered_few} elements but the shape has {volume}")
-            _check_no_overlap(chunks_few, f"{base}.chunks")
-            return TensorEntry(dt, shape, tuple(chunks_few))
-    fast = _chunks_fast(chunks_doc, shape, itemsize, objects) if len(chunks_doc) >= _BULK_MIN else None
-    if fast is not None:
-        chunks, covered, flat_offsets, flat_extents = fast
-        _want(covered == volume, f"{base}.chunks", f"chunks hold {covered} elements but the shape has {volume}")
-        _check_no_overlap(chunks, f"{base}.chunks", (flat_offsets, flat_extents))
-        return TensorEntry(dt, shape, tuple(chunks))
-    # slow path: the same checks one field at a time, to name the first bad field
     chunks = []
     covered = 0
     for i, c in enumerate(chunks_doc):
@@ -454,144 +516,104 @@ def _validate_tensor(path: str, t: Any, objects: Mapping[str, int]) -> TensorEnt
     return TensorEntry(dt, shape, tuple(chunks))
 
 
-_BULK_MIN = 16
-"""Chunks of one tensor from which they are validated column by column rather than one by one."""
-_INT_ONLY = {int}
-_STR_ONLY = {str}
+def _tensors_checked(tensors: dict[str, TensorEntry], objects: Mapping[str, int]) -> dict[str, TensorEntry] | None:
+    """The rest of the checks of :func:`_validate_tensor` and :func:`_check_byte_ranges`, in
+    bulk, on entries msgspec built (so every field's type and range is checked): those
+    across fields, on numpy columns of all chunks at once.
+
+    Returns the entries, or None when anything is off: the caller then runs the per-field
+    checks, which find and name the bad field. Accepts only what those checks accept (it
+    may refuse more, in cases no writer produces: the per-field checks then decide)."""
+    by_nd: dict[int, list[TensorEntry]] = {}
+    for t in tensors.values():
+        if t.dtype not in DTYPES or math.prod(t.shape) * DTYPES[t.dtype].itemsize > MAX_TENSOR_BYTES:
+            return None
+        if math.prod(max(n, 1) for n in t.shape) > _MAX_INT:
+            return None  # a chunk's product of extents might not fit an int64 (only with empty dimensions)
+        by_nd.setdefault(len(t.shape), []).append(t)
+    number = {key: i for i, key in enumerate(objects)}
+    sizes = np.fromiter(objects.values(), np.int64, len(objects))
+    columns = []  # (object numbers, starts, lengths) of each group
+    for nd, group in by_nd.items():
+        checked = _chunks_checked(nd, group, number, sizes)
+        if checked is None:
+            return None
+        columns.append(checked)
+    if columns and _ranges_clash(*(np.concatenate(c) for c in zip(*columns, strict=True))):
+        return None
+    return tensors
+
+
+def _chunks_checked(
+    nd: int, group: list[TensorEntry], number: Mapping[str, int], sizes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The checks across fields of the chunks of tensors of ``nd`` dimensions, whose fields'
+    types and ranges msgspec has checked (so every sum below fits an int64). Returns the
+    chunks' object numbers, starts and lengths for the byte-range check, or None."""
+    chunks = list(itertools.chain.from_iterable(map(_CHUNKS, group)))
+    n, counts = len(chunks), np.fromiter(map(len, map(_CHUNKS, group)), np.int64, len(group))
+    offs_col, shape_col = list(map(_OFFSETS, chunks)), list(map(_SHAPE, chunks))
+    if n and set(map(len, offs_col)) | set(map(len, shape_col)) != {nd}:
+        return None
+    offs = np.fromiter(itertools.chain.from_iterable(offs_col), np.int64, n * nd).reshape(n, nd)
+    ext = np.fromiter(itertools.chain.from_iterable(shape_col), np.int64, n * nd).reshape(n, nd)
+    full = np.repeat(np.array([t.shape for t in group], np.int64).reshape(len(group), nd), counts, axis=0)
+    if not ((ext <= full) & (offs <= full - ext)).all():
+        return None
+    elements = ext.prod(axis=1)  # at most the tensor's volume (checked by the caller)
+    itemsizes = np.repeat(np.fromiter((DTYPES[t.dtype].itemsize for t in group), np.int64, len(group)), counts)
+    lengths = np.fromiter(map(_LENGTH, chunks), np.int64, n)
+    if not (lengths == elements * itemsizes).all():
+        return None
+    try:
+        keys = np.fromiter(map(number.__getitem__, map(_KEY, chunks)), np.int64, n)
+    except KeyError:
+        return None  # a key not listed in objects (whose keys are checked to be safe)
+    starts = np.fromiter(map(_OFFSET, chunks), np.int64, n)
+    if not (starts <= sizes[keys] - lengths).all():
+        return None
+    # the chunks cover each tensor's volume (summed exactly: the float sum bounds the int64 ones)
+    if float(elements.sum(dtype=np.float64)) >= 2.0**62:
+        return None
+    first = np.cumsum(counts) - counts
+    some = counts > 0
+    covered = np.zeros(len(group), np.int64)
+    if n:
+        covered[some] = np.add.reduceat(elements, first[some])
+    volumes = np.fromiter((math.prod(t.shape) for t in group), np.int64, len(group))
+    if not (covered == volumes).all():
+        return None
+    # ... and do not overlap. The usual split is along one dimension: sort the chunks on it
+    # and compare neighbours, as _check_no_overlap does, for all such tensors at once.
+    if nd and n:
+        varies = np.zeros((len(group), nd), bool)
+        varies[some] = np.logical_or.reduceat(offs != offs[np.repeat(first, counts)], first[some], axis=0)
+        split = varies.sum(axis=1)
+        for i in np.flatnonzero((split != 1) & (counts > 1)):  # other tilings: one by one
+            try:
+                _check_no_overlap(group[i].chunks, "")
+            except errors.ManifestError:
+                return None
+        tensor = np.repeat(np.arange(len(group)), counts)
+        mine = np.flatnonzero(((split == 1) & (counts > 1))[tensor])
+        dim = varies.argmax(axis=1)[tensor[mine]]
+        lo, hi, owner = offs[mine, dim], offs[mine, dim] + ext[mine, dim], tensor[mine]
+        order = np.lexsort((mine, lo, owner))  # the stable order of sorted(), as the slow check
+        lo, hi, owner = lo[order], hi[order], owner[order]
+        if ((owner[:-1] == owner[1:]) & (hi[:-1] > lo[1:])).any():
+            return None
+    return keys, starts, lengths
+
+
+_CHUNKS, _OFFSETS, _SHAPE = (operator.attrgetter(f) for f in ("chunks", "offsets", "shape"))
 _MAX_INT = 1 << 62
 """The bound :func:`_int` applies by default."""
 
 
-def _chunks_few(
-    chunks_doc: list[Any], shape: tuple[int, ...], itemsize: int, objects: Mapping[str, int]
-) -> tuple[list[Chunk], int] | None:
-    """The checks of :func:`_chunks_fast` in plain Python, for tensors of a few chunks (where
-    the column pass's fixed cost of some 25 calls dominates). Returns the chunks and the elements they cover, or None
-    when anything is off (the per-field checks then name it)."""
-    nd = len(shape)
-    out: list[Chunk] = []
-    covered = 0
-    for c in chunks_doc:
-        if type(c) is not dict:
-            return None
-        offs, cshape, key = c.get("offsets"), c.get("shape"), c.get("key")
-        offset, length, crc = c.get("offset"), c.get("length"), c.get("crc32c")
-        if type(offs) is not list or type(cshape) is not list or len(offs) != nd or len(cshape) != nd:
-            return None
-        row = [*offs, *cshape, offset, length, crc]
-        if set(map(type, row)) != _INT_ONLY or type(key) is not str or key not in objects:
-            return None
-        if min(row) < 0 or max(row) > _MAX_INT or crc > 0xFFFFFFFF:
-            return None
-        if any(o + n > full for o, n, full in zip(offs, cshape, shape, strict=True)):
-            return None
-        elements = math.prod(cshape)
-        if length != elements * itemsize or offset + length > objects[key]:
-            return None
-        out.append(_new_chunk(tuple(offs), tuple(cshape), key, offset, length, crc))
-        covered += elements
-    return out, covered
-
-
-def _chunks_fast(
-    chunks_doc: list[Any], shape: tuple[int, ...], itemsize: int, objects: Mapping[str, int]
-) -> tuple[list[Chunk], int, list[int], list[int]] | None:
-    """Validate a tensor's chunks column by column: every check is a ``map`` over builtins
-    and :mod:`operator` functions (C speed, no Python frame per chunk; Python integers, so
-    exact and with no overflow), and the :class:`Chunk` objects are filled field by field
-    through their slot descriptors.
-
-    Returns the chunks, the elements they cover, and their offsets and extents flattened
-    (row by row), or None when anything is off: the caller then runs the per-field checks,
-    which find and name the bad field. Accepts exactly what those checks accept.
-    """
-    nd, n = len(shape), len(chunks_doc)
-    if not n:
-        return [], 0, [], []
-    if set(map(type, chunks_doc)) != _DICT_ONLY:
-        return None
-    try:
-        columns = list(zip(*map(_CHUNK_FIELDS, chunks_doc), strict=True))
-    except KeyError:
-        return None  # a field is missing
-    offs_col, shape_col, keys, offset_col, length_col, crc_col = columns
-    if set(map(type, offs_col)) | set(map(type, shape_col)) != _LIST_ONLY:
-        return None
-    if set(map(len, offs_col)) | set(map(len, shape_col)) != {nd}:
-        return None
-    offs = list(itertools.chain.from_iterable(offs_col))
-    ext = list(itertools.chain.from_iterable(shape_col))
-    if set(map(type, itertools.chain(offs, ext, offset_col, length_col, crc_col))) != _INT_ONLY:
-        return None  # bool is not int here
-    if min(itertools.chain(offs, ext, offset_col, length_col, crc_col)) < 0:
-        return None
-    if max(itertools.chain(offs, ext, offset_col, length_col)) > _MAX_INT or max(crc_col) > 0xFFFFFFFF:
-        return None
-    if set(map(type, keys)) != _STR_ONLY or not objects.keys() >= set(keys):
-        return None  # object keys were checked to be safe when objects was validated
-    elements = [1] * n
-    for d, full in enumerate(shape):
-        if max(map(operator.add, offs[d::nd], ext[d::nd])) > full:
-            return None
-        elements = list(map(operator.mul, elements, ext[d::nd]))
-    if tuple(map(operator.mul, elements, itertools.repeat(itemsize, n))) != length_col:
-        return None
-    ends = map(operator.add, offset_col, length_col)
-    if not all(map(operator.le, ends, map(objects.__getitem__, keys))):
-        return None
-    chunks = list(map(object.__new__, itertools.repeat(Chunk, n)))
-    values = (map(tuple, offs_col), map(tuple, shape_col), keys, offset_col, length_col, crc_col)
-    for setter, column in zip(_CHUNK_SETTERS, values, strict=True):
-        collections.deque(map(setter, chunks, column), maxlen=0)  # runs the map at C speed
-    return chunks, sum(elements), offs, ext
-
-
-_CHUNK_FIELDS = operator.itemgetter("offsets", "shape", "key", "offset", "length", "crc32c")
-_DICT_ONLY = {dict}
-_LIST_ONLY = {list}
-_CHUNK_SETTERS = tuple(Chunk.__dict__[f].__set__ for f in ("offsets", "shape", "key", "offset", "length", "crc32c"))
-
-
-def _new_chunk(
-    offsets: tuple[int, ...], shape: tuple[int, ...], key: str, offset: int, length: int, crc: int,
-    _new: Any = object.__new__, _s: tuple[Any, ...] = _CHUNK_SETTERS,
-) -> Chunk:
-    """``Chunk(...)`` of validated values, ~3x faster than the frozen dataclass's
-    ``__init__`` (which goes through ``object.__setattr__`` per field): the slot
-    descriptors are called directly. Equal to, and hashes like, ``Chunk(...)``."""
-    c = _new(Chunk)
-    _s[0](c, offsets)
-    _s[1](c, shape)
-    _s[2](c, key)
-    _s[3](c, offset)
-    _s[4](c, length)
-    _s[5](c, crc)
-    return c
-
-
-def _check_no_overlap(
-    chunks: Sequence[Chunk], field: str, columns: tuple[list[int], list[int]] | None = None
-) -> None:
-    """With the volume check above, no overlap means the chunks tile the tensor exactly.
-    ``columns``: the chunks' offsets and extents flattened, from :func:`_chunks_fast` (the
-    one-dimension split is then checked at C speed)."""
+def _check_no_overlap(chunks: Sequence[Chunk], field: str) -> None:
+    """With the volume check above, no overlap means the chunks tile the tensor exactly."""
     if len(chunks) < 2:
         return
-    if columns is not None:
-        offs, ext = columns
-        nd = len(chunks[0].shape)
-        varying = [d for d in range(nd) if len(set(offs[d::nd])) > 1]
-        if len(varying) == 1:
-            d = varying[0]
-            starts = offs[d::nd]
-            order = sorted(range(len(starts)), key=starts.__getitem__)  # stable
-            ends = list(map(operator.add, starts, ext[d::nd]))
-            clash = map(operator.gt, map(ends.__getitem__, order[:-1]), map(starts.__getitem__, order[1:]))
-            bad = next(itertools.compress(itertools.count(), clash), None)
-            if bad is not None:
-                a, b = chunks[order[bad]], chunks[order[bad + 1]]
-                raise errors.ManifestError(f"chunks at {list(a.offsets)} and {list(b.offsets)} overlap", field=field)
-            return
     # the common case: a split along one dimension, found by sorting on that dimension
     ordered = sorted(chunks, key=lambda c: c.offsets)
     nd = len(chunks[0].shape)

@@ -1,14 +1,23 @@
-"""The bulk (column-wise) manifest validation accepts and refuses exactly what the per-field checks
-do, and names the same field when it refuses."""
+"""The manifest's three validation paths accept and refuse exactly the same manifests, and name
+the same field when they refuse:
+
+- fast: msgspec decodes the JSON, the tensor entries straight into structs, with duplicate keys
+  found by counting them (``_decode_fast``), then numpy checks across fields (``_tensors_checked``);
+- bulk: json decodes it, ``msgspec.convert`` builds the entries, the same numpy checks;
+- per field: ``_validate_tensor``, the path that names a bad field.
+"""
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ckptio import errors
 from ckptio import format as fmt
@@ -34,19 +43,29 @@ def _doc(ntensors: int = 3, per: int = 20, rows: int = 8) -> dict[str, Any]:
     }
 
 
-def _outcome(doc: Any) -> Any:
-    try:
-        m = fmt.parse_manifest(json.dumps(doc).encode())
-    except errors.ManifestError as err:
-        return ("error", err.field if hasattr(err, "field") else None, type(err))
-    return ("ok", {p: (t.dtype, t.shape, t.chunks) for p, t in m.tensors.items()})
+PATHS = ("fast", "bulk", "field")
 
 
-def _slow_outcome(doc: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    with monkeypatch.context() as m:
-        m.setattr(fmt, "_chunks_fast", lambda *a, **k: None)
-        m.setattr(fmt, "_chunks_few", lambda *a, **k: None)
-        return _outcome(doc)
+def _outcome(data: Any, path: str = "fast", monkeypatch: pytest.MonkeyPatch | None = None) -> Any:
+    """parse_manifest's result (or error: field and type) along one of the three paths."""
+    if not isinstance(data, bytes):
+        data = json.dumps(data, separators=(",", ":")).encode()
+    with pytest.MonkeyPatch.context() as m:
+        if path in ("bulk", "field"):
+            m.setattr(fmt, "_decode_fast", lambda *a: None)
+        if path == "field":
+            m.setattr(fmt, "_tensors_checked", lambda *a: None)
+        try:
+            man = fmt.parse_manifest(data)
+        except errors.ManifestError as err:
+            return ("error", err.field if hasattr(err, "field") else None, type(err), str(err))
+    return ("ok", {p: (t.dtype, t.shape, t.chunks) for p, t in man.tensors.items()}, man.tree, man.metadata)
+
+
+def _same_on_every_path(data: Any) -> Any:
+    outcomes = {path: _outcome(data, path) for path in PATHS}
+    assert outcomes["fast"] == outcomes["bulk"] == outcomes["field"], outcomes
+    return outcomes["fast"]
 
 
 def _set(doc: dict[str, Any], field: str, value: Any) -> dict[str, Any]:
@@ -69,6 +88,7 @@ MUTATIONS = [
     ("shape:0", 9),
     ("shape:0", 0),
     ("shape:1", 1 << 63),
+    ("shape:1", 1 << 70),
     ("offset", 1 << 62),
     ("offset", (1 << 30) - 100),
     ("offset", "0"),
@@ -82,51 +102,100 @@ MUTATIONS = [
 ]
 
 
-@pytest.mark.parametrize("per", [3, 20])  # plain-Python pass / numpy pass
+@pytest.mark.parametrize("per", [3, 20])
 @pytest.mark.parametrize(("field", "value"), MUTATIONS)
-def test_bulk_validation_refuses_what_the_field_checks_refuse(field, value, per, monkeypatch):
-    doc = _set(_doc(per=per), field, value)
-    fast, slow = _outcome(doc), _slow_outcome(doc, monkeypatch)
-    assert fast == slow
-    assert fast[0] == "error"
+def test_every_path_refuses_what_the_field_checks_refuse(field, value, per):
+    outcome = _same_on_every_path(_set(_doc(per=per), field, value))
+    assert outcome[0] == "error"
 
 
-@pytest.mark.parametrize("per", [1, 3, 20])
-def test_bulk_validation_accepts_what_the_field_checks_accept(per, monkeypatch):
-    doc = _doc(per=per)
-    fast = _outcome(doc)
-    assert fast[0] == "ok"
-    assert fast == _slow_outcome(doc, monkeypatch)
+@pytest.mark.parametrize("per", [0, 1, 3, 20])
+def test_every_path_accepts_what_the_field_checks_accept(per):
+    assert _same_on_every_path(_doc(per=per))[0] == "ok"
 
 
-def test_overlapping_chunks_are_refused_by_both_paths(monkeypatch):
+def test_the_fast_path_is_the_one_taken_for_what_ckptio_writes(monkeypatch):
+    taken = []
+    real = fmt._decode_fast
+    monkeypatch.setattr(fmt, "_decode_fast", lambda data: taken.append(real(data)) or taken[-1])
+    monkeypatch.setattr(fmt, "_validate_tensor", lambda *a: pytest.fail("the per-field checks ran"))
+    data = json.dumps(_doc(), separators=(",", ":")).encode()
+    fmt.parse_manifest(data)
+    assert taken[-1] is not None
+    fmt.parse_manifest(json.dumps(_doc()).encode())  # json.dumps's default separators too
+    assert taken[-1] is not None
+
+
+@pytest.mark.parametrize("text", [
+    lambda doc: json.dumps(doc, indent=2),  # whitespace after strings: the keys cannot be counted
+    lambda doc: json.dumps(doc).replace('"tensors"', '"tens\\u006frs"'),  # an escape
+])
+def test_what_the_fast_path_cannot_count_is_decoded_by_json(text):
+    data = text(_doc()).encode()
+    assert fmt._decode_fast(data) is None
+    assert _same_on_every_path(data)[0] == "ok"
+
+
+DUPLICATES = [  # (old, new) in the compact JSON of _doc(): one key repeated, at every level
+    ('"world_size":1', '"world_size":1,"world_size":2'),
+    ('"step":1', '"step":1,"step":1'),  # the same value twice is refused as well
+    ('"dtype":"float32"', '"dtype":"float32","dtype":"int8"'),
+    ('"crc32c":9', '"crc32c":9,"crc32c":10'),
+    ('"offset":4096', '"offset":4096,"offset":8192'),
+    ('"tensors":{', '"tensors":{"w2":{"dtype":"int8","shape":[0],"chunks":[]},'),
+    ('"objects":{', '"objects":{"data/rank-00001-000-ab.bin":5,'),
+    ('"tree":{"d":{', '"tree":{"d":{"w0":{"t":"w1"},'),
+    ('"tree":{', '"metadata":{"a":1,"a":1},"tree":{'),
+    ('"tree":{', '"tensors":{},"tree":{'),  # the key whose value msgspec decodes itself
+    ('"chunks":[{', '"chunks":[{"key":"data/rank-00000-000-ab.bin",'),
+    ('"shape":[160,16],', '"shape":[160,16],"shape":[160,16],'),
+]
+
+
+@pytest.mark.parametrize(("old", "new"), DUPLICATES)
+def test_a_repeated_key_is_refused_on_every_path(old, new):
+    text = json.dumps(_doc(), separators=(",", ":"))
+    assert old in text
+    outcome = _same_on_every_path(text.replace(old, new, 1).encode())
+    assert outcome[0] == "error" and "duplicate key" in outcome[3], outcome
+
+
+def test_an_escaped_twin_of_a_key_is_refused():
+    # "off\u0073et" decodes to "offset": a count of the text's keys would see two names
+    text = json.dumps(_doc(), separators=(",", ":")).replace('"offset":4096', '"offset":4096,"off\\u0073et":0', 1)
+    outcome = _same_on_every_path(text.encode())
+    assert outcome[0] == "error" and "duplicate key 'offset'" in outcome[3]
+
+
+def test_unknown_fields_are_ignored_on_every_path():
+    doc = _doc()
+    doc["tensors"]["w1"]["chunks"][2]["comment"] = "x"
+    doc["tensors"]["w0"]["note"] = {"k": [1]}
+    doc["future"] = {"y": 1}
+    assert _same_on_every_path(doc)[0] == "ok"
+
+
+def test_overlapping_chunks_are_refused_by_every_path():
     doc = _doc()
     chunks = doc["tensors"]["w0"]["chunks"]
     chunks[3]["offsets"] = [chunks[2]["offsets"][0] + 1, 0]  # overlaps its neighbour...
     chunks[4]["offsets"] = [0, 0]  # ...and the volume still adds up only if overlap is missed
-    fast, slow = _outcome(doc), _slow_outcome(doc, monkeypatch)
-    assert fast == slow
-    assert fast[0] == "error"
-
-
-def test_duplicate_json_keys_are_refused():
-    data = json.dumps(_doc()).encode().replace(b'"world_size": 1', b'"world_size": 1, "world_size": 2')
-    with pytest.raises(errors.ManifestError, match="duplicate key 'world_size'"):
-        fmt.parse_manifest(data)
+    assert _same_on_every_path(doc)[0] == "error"
 
 
 def test_chunks_sharing_object_bytes_are_refused():
     doc = _doc()
     doc["tensors"]["w1"]["chunks"][0]["offset"] = doc["tensors"]["w0"]["chunks"][0]["offset"] + 8
-    with pytest.raises(errors.ManifestError, match="share bytes"):
-        fmt.parse_manifest(json.dumps(doc).encode())
+    outcome = _same_on_every_path(doc)
+    assert outcome[0] == "error" and "share bytes" in outcome[3]
 
 
-def test_bulk_built_chunks_equal_and_hash_like_constructed_ones():
+def test_built_chunks_equal_and_hash_like_constructed_ones():
     m = fmt.parse_manifest(json.dumps(_doc()).encode())
     c = m.tensors["w2"].chunks[1]
     twin = fmt.Chunk(c.offsets, c.shape, c.key, c.offset, c.length, c.crc32c)
     assert c == twin and hash(c) == hash(twin) and repr(c) == repr(twin)
+    assert type(c.offsets) is tuple and type(m.tensors["w2"].chunks) is tuple
     with pytest.raises(AttributeError):
         c.offset = 0  # still frozen
 
@@ -138,21 +207,68 @@ def test_a_scalar_node_with_a_non_string_dtype_is_a_manifest_error():
         fmt.parse_manifest(json.dumps(doc).encode())
 
 
-def test_the_bulk_path_is_the_one_exercised_above(monkeypatch):
-    calls = []
-    real = fmt._chunks_fast
-    monkeypatch.setattr(fmt, "_chunks_fast", lambda *a: calls.append(1) or real(*a))
-    fmt.parse_manifest(json.dumps(_doc()).encode())
-    assert calls and fmt._BULK_MIN <= 20
-
-
-def test_few_chunk_overlap_is_refused_by_both_paths(monkeypatch):
+def test_few_chunk_overlap_is_refused_by_every_path():
     doc = _doc(per=3)
     chunks = doc["tensors"]["w0"]["chunks"]
     chunks[1]["offsets"] = [chunks[0]["offsets"][0] + 1, 0]
     chunks[2]["offsets"] = [0, 0]
-    fast, slow = _outcome(doc), _slow_outcome(doc, monkeypatch)
-    assert fast == slow and fast[0] == "error"
+    assert _same_on_every_path(doc)[0] == "error"
+
+
+# -- random manifests: tensors of 0-3 dimensions, empty ones, splits along one or two dimensions,
+#    then one field of one chunk set to a value drawn from the troublesome ones
+
+
+@st.composite
+def _manifests(draw: Any) -> dict[str, Any]:
+    objects: dict[str, int] = {}
+    tensors = {}
+    for t in range(draw(st.integers(1, 4))):
+        nd = draw(st.integers(0, 3))
+        shape = [draw(st.integers(0, 6)) for _ in range(nd)]
+        dims = draw(st.sampled_from([[], [0], [0, 1]])) if nd >= 2 else ([0] if nd and draw(st.booleans()) else [])
+        boxes = [([0] * nd, list(shape))]
+        for d in dims:  # split every box along d at the drawn cuts
+            cuts = sorted(set(draw(st.lists(st.integers(0, shape[d]), min_size=1, max_size=3))) | {0, shape[d]})
+            boxes = [
+                ([*o[:d], a, *o[d + 1:]], [*e[:d], b - a, *e[d + 1:]])
+                for o, e in boxes for a, b in itertools.pairwise(cuts)
+            ]
+        chunks = []
+        for c, (offs, ext) in enumerate(boxes):
+            key = f"data/rank-{draw(st.integers(0, 2)):05d}-000-ab.bin"
+            length = int(np.prod(ext, dtype=np.int64)) * 2
+            chunks.append({"offsets": offs, "shape": ext, "key": key, "offset": objects.get(key, 0), "length": length, "crc32c": c})
+            objects[key] = objects.get(key, 0) + -(-length // 4096) * 4096
+        tensors[f"t{t}"] = {"dtype": "float16", "shape": shape, "chunks": chunks}
+    objects = {k: v + draw(st.integers(0, 8192)) for k, v in objects.items()}
+    return {"format": "ckptio", "version": 1, "step": 1, "world_size": 1, "objects": objects,
+            "tensors": tensors, "tree": {"d": {p: {"t": p} for p in tensors}}}
+
+
+_VALUES = st.sampled_from([0, 1, 2, 3, 6, 7, 4096, -1, 1 << 62, (1 << 62) + 1, 1 << 64, True, 1.0, None, "0", [], [0], [1, 1]])
+_FIELDS = st.sampled_from(["offsets", "shape", "offset", "length", "crc32c", "key", "offsets.0", "shape.0", "offsets.1", "shape.1", "like"])
+"""A chunk's field, or an element of its offsets or shape; "like": another chunk's offsets and
+shape (an overlap that keeps the volume), or its offset (shared bytes)."""
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(doc=_manifests(), mutate=st.booleans(), data=st.data())
+def test_random_manifests_get_the_same_outcome_on_every_path(doc, mutate, data):
+    chunks = [c for t in doc["tensors"].values() for c in t["chunks"]]
+    if mutate and chunks:
+        chunk = data.draw(st.sampled_from(chunks))
+        field, value = data.draw(_FIELDS), data.draw(_VALUES)
+        name, _, i = field.partition(".")
+        if name == "like":
+            other = data.draw(st.sampled_from(chunks))
+            for f in data.draw(st.sampled_from([("offsets",), ("offsets", "shape"), ("offset",)])):
+                chunk[f] = copy.deepcopy(other[f])
+        elif not i:
+            chunk[name] = value
+        elif int(i) < len(chunk[name]):
+            chunk[name][int(i)] = value
+    _same_on_every_path(doc)
 
 
 def test_dtype_names_of_native_and_foreign_dtypes():
