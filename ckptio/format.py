@@ -229,6 +229,11 @@ class Manifest:
         return sum(self.objects.values())
 
     def to_json(self) -> bytes:
+        """Compact JSON, UTF-8 unescaped. The tensor entries (nearly all of a large manifest)
+        are encoded by msgspec from the structs, ~20x faster than through dicts and json; the
+        values of free form (tree, metadata, layout, extra) by json, which refuses NaN
+        (msgspec would write ``null``). A lone surrogate in a string, which UTF-8 cannot hold,
+        makes it all json's, escaped to ASCII."""
         doc = {
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
@@ -238,18 +243,19 @@ class Manifest:
             "layout": dict(self.layout),
             "metadata": self.metadata,
             "objects": dict(self.objects),
-            "tensors": {
-                path: {
-                    "dtype": t.dtype,
-                    "shape": list(t.shape),
-                    "chunks": [c.as_json() for c in t.chunks],
-                }
-                for path, t in self.tensors.items()
-            },
+            "tensors": self.tensors,
             "tree": self.tree,
             "extra": dict(self.extra),
         }
-        return json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+        free = ("layout", "metadata", "tree", "extra")
+        try:
+            return msgspec.json.encode({k: msgspec.Raw(_json(v, ascii_only=False)) if k in free else v for k, v in doc.items()})
+        except UnicodeEncodeError:
+            return _json(msgspec.to_builtins(doc), ascii_only=True)
+
+
+def _json(value: Any, *, ascii_only: bool) -> bytes:
+    return json.dumps(value, allow_nan=False, ensure_ascii=ascii_only, separators=(",", ":")).encode()
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -277,3 +277,32 @@ def test_dtype_names_of_native_and_foreign_dtypes():
     assert fmt.dtype_name(np.dtype(">f4")) == "float32"  # byte order is the writer's business
     with pytest.raises(errors.InvalidArgumentError):
         fmt.dtype_name(np.dtype("U3"))
+
+
+def test_to_json_round_trips_through_the_fast_path():
+    chunk = fmt.Chunk((0,), (4,), "data/rank-00000-000-ab.bin", 0, 16, 5)
+    scalar = fmt.Chunk((), (), "data/rank-00000-000-ab.bin", 4096, 8, 6)
+    tensors = {"modèle/w": fmt.TensorEntry("float32", (4,), (chunk,)), "step": fmt.TensorEntry("int64", (), (scalar,))}
+    m = fmt.Manifest(
+        step=3, world_size=1, tensors=tensors, objects={"data/rank-00000-000-ab.bin": 8192},
+        tree={"d": {p: {"t": p} for p in tensors}}, metadata={"note": "café", "lr": 0.5},
+        layout={"kind": "file-per-shard"}, created="2026-12-03T18:00:00Z", extra={"x": [1]},
+    )
+    data = m.to_json()
+    assert fmt._decode_fast(data) is not None  # no escapes: UTF-8 is written as it is
+    assert fmt.parse_manifest(data, expect_step=3) == m
+    assert json.loads(data) == json.loads(json.dumps(json.loads(data)))  # plain JSON to any reader
+
+
+def test_to_json_refuses_non_finite_metadata():
+    m = fmt.Manifest(step=1, world_size=1, tensors={}, objects={}, tree={"d": {}}, metadata={"loss": float("nan")})
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        m.to_json()
+
+
+def test_to_json_escapes_a_lone_surrogate_rather_than_fail():
+    tensors = {"w\ud800": fmt.TensorEntry("float32", (0,), ())}
+    m = fmt.Manifest(step=1, world_size=1, tensors=tensors, objects={}, tree={"d": {"w\ud800": {"t": "w\ud800"}}})
+    data = m.to_json()
+    assert data.isascii() and b"\\ud800" in data
+    assert fmt.parse_manifest(data) == m
