@@ -290,17 +290,18 @@ def parse_manifest(data: bytes, *, expect_step: int | None = None) -> Manifest:
 def _parse_manifest(data: bytes, expect_step: int | None) -> Manifest:
     if len(data) > MAX_MANIFEST_BYTES:
         raise errors.ManifestError(f"manifest is {len(data)} bytes, more than {MAX_MANIFEST_BYTES}")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise errors.ManifestError(f"manifest is not valid UTF-8 ({err})") from None
+    if not data.isascii():  # (ASCII is UTF-8; the check allocates nothing)
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise errors.ManifestError(f"manifest is not valid UTF-8 ({err})") from None
     fast = _decode_fast(data)
     if fast is not None:
         manifest = _validate(fast[0], expect_step, fast[1])
         if manifest is not None:
             return manifest
     # json's decoding, for the per-field checks that find a bad field and name it
-    manifest = _validate(_decode(text), expect_step)
+    manifest = _validate(_decode(data.decode("utf-8")), expect_step)
     assert manifest is not None
     return manifest
 
@@ -346,15 +347,24 @@ def _decode_fast(data: bytes) -> tuple[dict[str, Any], dict[str, TensorEntry]] |
 def _key_count(text: Any) -> int | None:
     """The keys in a JSON text without escapes: the strings followed by ``:`` (with no
     escapes, quotes alternate between opening and closing a string). None where a string is
-    followed by anything but ``: , ] }`` (whitespace), which this count cannot tell apart."""
+    followed by anything but ``: , ] }`` (whitespace), which this count cannot tell apart.
+
+    Counted 1 MiB at a time: numpy advises arrays of 4 MiB and more to huge pages, whose
+    first touch cost ~0.12 s for one 13 MB temporary here (against ~2 ms reused)."""
     a = np.frombuffer(text, np.uint8)
-    ends = np.flatnonzero(a == ord('"'))[1::2] + 1
-    after = a[ends[ends < len(a)]]  # a text that is a string ends with its closing quote
-    if not _AFTER_STRING[after].all():
-        return None
-    return int(np.count_nonzero(after == ord(":")))
+    keys = quotes = 0
+    for start in range(0, len(a), _COUNT_BLOCK):
+        at = np.flatnonzero(a[start : start + _COUNT_BLOCK] == ord('"')) + start
+        ends = at[(quotes + 1) % 2 :: 2] + 1  # the closing quotes: odd in the whole text
+        quotes += len(at)
+        after = a[ends[ends < len(a)]]  # a text that is a string ends with its closing quote
+        if not _AFTER_STRING[after].all():
+            return None
+        keys += int(np.count_nonzero(after == ord(":")))
+    return keys
 
 
+_COUNT_BLOCK = 1 << 20
 _AFTER_STRING = np.zeros(256, bool)
 _AFTER_STRING[list(b":,]}")] = True
 _TOP_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])

@@ -306,3 +306,13 @@ def test_to_json_escapes_a_lone_surrogate_rather_than_fail():
     data = m.to_json()
     assert data.isascii() and b"\\ud800" in data
     assert fmt.parse_manifest(data) == m
+
+
+@pytest.mark.parametrize("block", [1, 2, 7, 64, 1 << 20])
+def test_the_key_count_does_not_depend_on_its_block_size(block, monkeypatch):
+    text = json.dumps(_doc(), separators=(",", ":")).encode()
+    monkeypatch.setattr(fmt, "_COUNT_BLOCK", block)
+    assert fmt._key_count(text) == text.count(b'":')  # no string here starts with ':'
+    assert fmt._key_count(b'"a string"') == 0 and fmt._key_count(b'{"k":"v" }') is None
+    twin = text.replace(b'"step":1', b'"step":1,"step":1', 1)
+    assert _same_on_every_path(twin)[0] == "error"
