@@ -61,6 +61,7 @@ def machine_info(directory: str) -> dict[str, Any]:
         "ckptio": version_of("ckptio"),
         "numpy": version_of("numpy"),
         "crc32c": version_of("crc32c"),
+        "msgspec": version_of("msgspec"),
         "torch": version_of("torch"),
         "safetensors": version_of("safetensors"),
         "fio": fio_version(),
