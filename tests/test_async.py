@@ -311,12 +311,17 @@ def _forked_children() -> list[int]:
     """Children of this process that are forks of it (same command line) or that ended and
     were never reaped (Linux /proc); other children (a moto server) do not count."""
     me = Path("/proc/self/cmdline").read_bytes()
-    pids = []
-    for task in Path("/proc/self/task").iterdir():
-        pids += [int(p) for p in (task / "children").read_text().split()]
+
+    def read(path: str) -> bytes:  # b"" for a thread or process that ended meanwhile
+        try:
+            return Path(path).read_bytes()
+        except (FileNotFoundError, ProcessLookupError):
+            return b""
+
+    pids = [int(p) for task in Path("/proc/self/task").iterdir() for p in read(f"{task}/children").split()]
     return [p for p in pids
-            if Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-            or Path(f"/proc/{p}/cmdline").read_bytes() == me]
+            if read(f"/proc/{p}/stat").rsplit(b")", 1)[-1].split()[:1] == [b"Z"]
+            or read(f"/proc/{p}/cmdline") == me]
 
 
 def test_fork_save_completes_while_the_trainer_has_forked_workers(tmp_path):
