@@ -319,7 +319,8 @@ def _decode(text: str) -> Any:
 
 
 def _decode_fast(data: bytes) -> tuple[dict[str, Any], dict[str, TensorEntry]] | None:
-    """The manifest decoded ~4x faster than by :func:`_decode` where it is as ckptio writes
+    """The manifest decoded ~3x faster than by :func:`_decode` and msgspec.convert (timed on
+    100,000 chunks: 0.10-0.17 s against 0.4-0.5 s) where it is as ckptio writes
     it: msgspec builds the tensor entries straight from the JSON, checking every field's type
     and range, and the other top-level values are decoded by :func:`_decode`.
 
