@@ -156,7 +156,10 @@ def align_up(n: int, alignment: int = ALIGNMENT) -> int:
 # -- the manifest -----------------------------------------------------------------------------
 
 
-_U62 = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
+_MAX_INT = 1 << 62
+"""The largest offset, extent or length a manifest may hold: a sum of two fits an int64, so
+the bulk checks (numpy) stay exact."""
+_U62 = Annotated[int, msgspec.Meta(ge=0, le=_MAX_INT)]
 _DIMS = Annotated[tuple[_U62, ...], msgspec.Meta(max_length=MAX_DIMS)]
 _U32 = Annotated[int, msgspec.Meta(ge=0, le=0xFFFFFFFF)]
 # Chunks and tensor entries are msgspec structs: their annotations are the manifest's type and
@@ -377,18 +380,18 @@ def _want(cond: bool, field: str, message: str) -> None:
         raise errors.ManifestError(message, field=field)
 
 
-def _int(v: Any, field: str, lo: int = 0, hi: int = 1 << 62) -> int:
+def _int(v: Any, field: str, lo: int = 0, hi: int = _MAX_INT) -> int:
     _want(isinstance(v, int) and not isinstance(v, bool), field, f"expected an integer, got {v!r:.80}")
     _want(lo <= v <= hi, field, f"{v} is out of range [{lo}, {hi}]")
     return int(v)
 
 
-def _int_list(v: Any, field: str, n: int | None = None, hi: int = 1 << 62) -> tuple[int, ...]:
+def _int_list(v: Any, field: str, n: int | None = None) -> tuple[int, ...]:
     _want(isinstance(v, list), field, f"expected a list of integers, got {type(v).__name__}")
     _want(len(v) <= MAX_DIMS, field, f"{len(v)} dimensions, more than {MAX_DIMS}")
     if n is not None:
         _want(len(v) == n, field, f"expected {n} dimensions, got {len(v)}")
-    return tuple(_int(x, f"{field}[{i}]", 0, hi) for i, x in enumerate(v))
+    return tuple(_int(x, f"{field}[{i}]") for i, x in enumerate(v))
 
 
 def _validate(doc: Any, expect_step: int | None, entries: dict[str, TensorEntry] | None = None) -> Manifest | None:
@@ -623,8 +626,6 @@ def _chunks_checked(
 
 
 _CHUNKS, _OFFSETS, _SHAPE = (operator.attrgetter(f) for f in ("chunks", "offsets", "shape"))
-_MAX_INT = 1 << 62
-"""The bound :func:`_int` applies by default."""
 
 
 def _check_no_overlap(chunks: Sequence[Chunk], field: str) -> None:
