@@ -1277,7 +1277,9 @@ class Checkpointer:
     Options:
 
     - ``keep_last`` (int or None): after each committed save, delete all but the newest
-      ``keep_last`` checkpoints (and debris of interrupted saves older than the newest).
+      ``keep_last`` checkpoints (and debris of interrupted saves older than the newest). The
+      first save of a Checkpointer also does so before it writes, so a job killed between a
+      commit and its retention (a restart) never leaves more than ``keep_last + 1``.
     - ``async_save`` (bool): ``save`` snapshots the state (one memory copy) and returns; the
       write and commit run in a background thread. A failure is raised by the next
       ``save``/``wait``. Leaving the ``with`` block or the interpreter waits for the save in
@@ -1359,6 +1361,7 @@ class Checkpointer:
         self._snapshots = SnapshotBuffers(inherit=snapshot == "fork")
         self._pending: SaveHandle | None = None
         self._lock = threading.Lock()
+        self._retained = False  # retention ran once (see keep_last)
         _live.add(self)
 
     # -- saving -----------------------------------------------------------------------------
@@ -1429,6 +1432,8 @@ class Checkpointer:
     def _persist(
         self, prepared: PreparedState, step: int, comm: Communicator, forked: ForkedWriter | None = None
     ) -> SaveResult:
+        if comm.rank == 0 and self.keep_last is not None and not self._retained:
+            self._retain(step - 1)  # what a killed predecessor left before its retention ran
         try:
             result = _save_collective(
                 self.store,
@@ -1449,6 +1454,7 @@ class Checkpointer:
         return result
 
     def _retain(self, newest: int) -> None:
+        self._retained = True
         try:
             steps = committed_steps(self.store)
             doomed = [s for s in steps if s <= newest][: -self.keep_last or None] if self.keep_last else []

@@ -106,7 +106,9 @@ def run_and_check(
     assert summary["killed_mid_save"] >= 2, summary
     with open_store(url) as store:
         steps = ck.committed_steps(store)
-        # retention (keep_last=2) ran between kills: debris and old steps did not pile up
+        # retention (keep_last=2) ran between kills: debris and old steps did not pile up (a
+        # kill between a commit and its retention leaves keep_last + 1 committed; the next
+        # worker's first save retains before it writes, so kills in a row add no more)
         dirs = {fmt.parse_step_dir(k.partition("/")[0]) for k in store.list("step-")}
         assert len(steps) <= 3 and len(dirs) <= 4, (steps, sorted(dirs))
     return harness
@@ -261,6 +263,32 @@ def test_retention_removes_debris_of_killed_saves(tmp_path):
         for step in (2, 3):
             assert ck.open_checkpoint(store, step).verify() == []
             assert state_mismatch(ck.load(store, step), expected_state(step)) is None
+
+
+def test_restarted_job_retains_before_its_first_save(tmp_path, monkeypatch):
+    """A job killed between a commit and its retention leaves an extra checkpoint; the
+    restarted job's first save deletes it (and the debris) before writing, so a run of such
+    kills cannot pile checkpoints up. Later saves retain after their commit only."""
+    url = f"file://{tmp_path}/run"
+    with ck.Checkpointer(url) as c:  # no retention: as if every one was killed before it
+        for step in range(1, 5):
+            c.save(expected_state(step), step)
+    with open_store(url) as store:
+        store.put("step-0000000002/data/rank-00000-000-0badf00d.bin", b"y")  # a losing attempt
+    seen = []
+    real = ck._save_collective
+
+    def spy(store, *args, **kwargs):
+        seen.append((ck.committed_steps(store), ck.collect_garbage(store, dry_run=True)))
+        return real(store, *args, **kwargs)
+
+    monkeypatch.setattr(ck, "_save_collective", spy)
+    with ck.Checkpointer(url, keep_last=2) as c:
+        c.save(expected_state(5), 5)
+        c.save(expected_state(6), 6)
+    assert seen == [([3, 4], []), ([4, 5], [])]
+    with open_store(url) as store:
+        assert ck.committed_steps(store) == [5, 6]
 
 
 def test_gc_cli_entry_point(tmp_path):
