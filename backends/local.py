@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ckptio import errors
-from ckptio.arrays import address, not_inherited, private_pages
+from ckptio.arrays import address, copy_into, not_inherited, private_pages
 from ckptio.store import (
     Buffer,
     Capabilities,
@@ -236,8 +236,8 @@ class _LocalWriter(Writer):
                 if self._done:
                     return  # aborted while queued
                 dst = np.frombuffer(stage, dtype=np.uint8)
-                for pos, src in segments:  # numpy copies release the GIL
-                    np.copyto(dst[pos : pos + src.nbytes], np.frombuffer(src, dtype=np.uint8))
+                for pos, src in segments:  # streaming stores, the GIL released
+                    copy_into(dst[pos : pos + src.nbytes], np.frombuffer(src, dtype=np.uint8))
                 if length > used:
                     dst[used:length] = 0
                 self._pwrite(self._dfd, memoryview(stage)[:length], offset)

@@ -109,6 +109,32 @@ PREFAULT_MIN = 1 << 20
 _prefault_works = MADV_POPULATE_WRITE is not None and madvise is not None
 
 
+try:
+    from ckptio._memcopy import copy as _stream_copy
+except ImportError:  # installed without a C compiler (setup.py builds it optionally)
+    _stream_copy = None
+
+
+def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src`` for C-contiguous arrays of the same number of bytes (any dtypes:
+    the bytes are copied), as one large copy with the GIL released.
+
+    Large copies go through :mod:`ckptio._memcopy`, whose non-temporal stores skip reading
+    each destination cache line before writing it; a snapshot or staging copy is not read
+    again before storage takes it. 1.4-1.6x faster than ``numpy.copyto`` on this project's VM
+    (``ckptio/_memcopy.c`` has the figures). Without the compiled module: ``numpy.copyto``."""
+    if dst.nbytes != src.nbytes or not (dst.flags.c_contiguous and src.flags.c_contiguous):
+        raise ValueError(
+            f"copy_into: needs C-contiguous arrays of equal size, got {dst.nbytes} bytes "
+            f"(contiguous: {dst.flags.c_contiguous}) from {src.nbytes} ({src.flags.c_contiguous})"
+        )
+    d, s = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)  # any dtype, as bytes
+    if _stream_copy is not None:
+        _stream_copy(d, s)
+    else:
+        np.copyto(d, s)
+
+
 def address(view: memoryview) -> int:
     """Address of the first byte of ``view`` (read-only buffers too)."""
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0

@@ -50,6 +50,7 @@ from ckptio.arrays import (
     as_host_array,
     as_target,
     contiguous_le,
+    copy_into,
     not_inherited,
     private_pages,
 )
@@ -318,7 +319,8 @@ def _prepare(
 
 
 def _parallel_copy(copies: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
-    """Copy src -> dst pairs, large ones split over the CPU pool. Returns bytes copied."""
+    """Copy src -> dst pairs (:func:`~ckptio.arrays.copy_into`: streaming stores), large ones
+    split over the CPU pool. Returns bytes copied."""
     if not copies:
         return 0
     piece = 32 * 2**20
@@ -328,9 +330,9 @@ def _parallel_copy(copies: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
         for a in range(0, d.nbytes, piece):
             jobs.append((d[a : a + piece], s[a : a + piece]))
     if len(jobs) == 1:
-        np.copyto(*jobs[0])
+        copy_into(*jobs[0])
     else:
-        list(cpu_pool().map(lambda j: np.copyto(j[0], j[1]), jobs))
+        list(cpu_pool().map(lambda j: copy_into(j[0], j[1]), jobs))
     return sum(d.nbytes for d, _ in copies)
 
 
