@@ -66,6 +66,10 @@ def machine_info(directory: str) -> dict[str, Any]:
         "safetensors": version_of("safetensors"),
         "fio": fio_version(),
     }
+    import ckptio.arrays
+
+    # snapshot and staging copies: compiled streaming stores, or numpy where it was not built
+    info["streaming_copy"] = ckptio.arrays._stream_copy is not None
     return info
 
 

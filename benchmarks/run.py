@@ -23,6 +23,8 @@ Cases (every write is durable: fsynced before its clock stops):
 - ``ckptio-async``: ``Checkpointer(async_save=True)``, its second save timed (the first,
   untimed, allocates the snapshot memory): ``blocking`` is what ``save`` held the caller,
   ``seconds`` until committed; the Checkpointer is closed after the case.
+  ``ckptio-async-numpy-copy`` (diagnostic): the same with the snapshot copied by
+  ``numpy.copyto`` instead of ckptio's streaming-store copy.
 - ``ckptio-async-fork``: the same with ``snapshot="fork"`` (a copy-on-write child process
   writes); also times writing every page of the state while the child writes, after it
   ended, and with no snapshot: the cost the fork moves out of ``save`` into the training step.
@@ -355,7 +357,7 @@ def case_ckptio_load_warm_memory(ctx: Ctx) -> cm.Sample:
     return cm.Sample.of(t)
 
 
-def case_ckptio_async(ctx: Ctx) -> cm.Sample:
+def case_ckptio_async(ctx: Ctx, name: str = "ckptio-async") -> cm.Sample:
     """``Checkpointer(async_save=True)`` (copy snapshot): ``blocking`` is the copy, ``seconds``
     until committed. The timed save is the Checkpointer's second, as most of a training job's
     are: its first, untimed (its blocking time is kept as ``first_blocking``), allocates the
@@ -365,7 +367,7 @@ def case_ckptio_async(ctx: Ctx) -> cm.Sample:
     those 3 GiB more paid 7-12x more kernel time per page fault for as long as it held them:
     a cold load took 13 s of kernel CPU instead of 1.8 s (README, "Performance", cold
     load)."""
-    with ckptio.Checkpointer(_ckptio_url(ctx, "ckptio-async"), async_save=True) as ck:
+    with ckptio.Checkpointer(_ckptio_url(ctx, name), async_save=True) as ck:
         first = ck.save(ctx.state, step=2 * ctx.round + 1)
         first.wait()
         with cm.timed() as t:
@@ -374,6 +376,18 @@ def case_ckptio_async(ctx: Ctx) -> cm.Sample:
         for step in ck.steps():
             ckptio.checkpoint.delete_step(ck.store, step)
     return cm.Sample.of(t, blocking=handle.blocking_seconds, first_blocking=first.blocking_seconds)
+
+
+def case_ckptio_async_numpy_copy(ctx: Ctx) -> cm.Sample:
+    """``ckptio-async`` with the snapshot copied by ``numpy.copyto`` instead of ckptio's
+    streaming-store copy (``ckptio._memcopy``): what that copy gains, side by side."""
+    import ckptio.arrays
+
+    streaming, ckptio.arrays._stream_copy = ckptio.arrays._stream_copy, None
+    try:
+        return case_ckptio_async(ctx, "ckptio-async-numpy-copy")
+    finally:
+        ckptio.arrays._stream_copy = streaming
 
 
 def case_ckptio_async_fork(ctx: Ctx) -> cm.Sample:
@@ -479,6 +493,7 @@ CASES: list[Case] = [
     Case("ckptio-load-into", "read", case_ckptio_load_into, after="ckptio-sync"),
     Case("ckptio-load-warm-memory", "read", case_ckptio_load_warm_memory, after="ckptio-sync"),
     Case("ckptio-async", "write", case_ckptio_async),
+    Case("ckptio-async-numpy-copy", "write", case_ckptio_async_numpy_copy),
     Case("ckptio-async-fork", "write", case_ckptio_async_fork),
     Case("manifest-100k", "cpu", case_manifest),
 ]
@@ -504,6 +519,7 @@ TARGETS: list[tuple[str, str, str, str, float]] = [
     ("cold load in place (into=) vs fio read into hugetlb buffers (diagnostic)", "ckptio-load-into", "fio-read-hugepages", "speed", 0.90),
     ("async blocking / one memcpy of the state", "ckptio-async:blocking", "memcpy", "time", 1.5),
     ("async blocking / sync save time", "ckptio-async:blocking", "ckptio-sync", "time", 0.10),
+    ("async blocking / the same with numpy's copy (diagnostic)", "ckptio-async:blocking", "ckptio-async-numpy-copy:blocking", "time", 1.0),
     ("async blocking, snapshot=fork / one memcpy", "ckptio-async-fork:blocking", "memcpy", "time", 1.5),
     ("async blocking, snapshot=fork / sync save time", "ckptio-async-fork:blocking", "ckptio-sync", "time", 0.10),
 ]
@@ -659,7 +675,7 @@ def summarize(args: argparse.Namespace, ctx: Ctx, samples: dict[str, list[cm.Sam
         }
         if case.kind in ("write", "read", "memory"):
             row["gbps"] = cm.gbps(ctx.nbytes, med)
-        if name in ("ckptio-async", "ckptio-async-fork"):
+        if "blocking" in ss[0].extra:  # the async cases
             bl = [s.extra["blocking"] for s in ss]
             row["blocking_seconds"] = bl
             row["median_blocking_seconds"] = cm.median(bl)
