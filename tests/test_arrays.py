@@ -111,7 +111,8 @@ def test_copy_into_refuses_what_it_cannot_copy_whole(copier) -> None:
 
 
 def test_copy_into_runs_threads_in_parallel_without_a_torn_byte() -> None:
-    """The compiled copy releases the GIL: copies on several threads each land whole."""
+    """Copies on several threads at once (the snapshot's CPU pool) each land whole. (That
+    the GIL is released is measured by the benchmark's copy times, not asserted here.)"""
     from concurrent.futures import ThreadPoolExecutor
 
     n = 4 << 20
