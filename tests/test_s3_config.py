@@ -167,3 +167,23 @@ def test_part_size_grows_to_fit_10000_parts() -> None:
     assert -(-big // grown) <= MAX_PARTS and grown % 2**20 == 0
     with pytest.raises(errors.InvalidArgumentError, match="10000 parts"):
         part_size_for(60 * 2**40, 8 * 2**20)  # beyond 10,000 x 5 GiB
+
+
+def test_stores_share_botocore_data_files_per_data_path(
+    s3_bucket: str, s3_env: dict[str, str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stores opened one after another read botocore's data files once (one loader for the
+    process), and ``AWS_DATA_PATH`` still gets a loader that searches it."""
+    a = open_store(f"s3+boto3://{s3_bucket}/one")
+    b = open_store(f"s3+boto3://{s3_bucket}/two")
+    loader = a.aws.session.get_component("data_loader")  # type: ignore[attr-defined]
+    assert b.aws.session.get_component("data_loader") is loader  # type: ignore[attr-defined]
+    assert str(tmp_path) not in loader.search_paths
+    monkeypatch.setenv("AWS_DATA_PATH", str(tmp_path))
+    c = open_store(f"s3+boto3://{s3_bucket}/three")
+    other = c.aws.session.get_component("data_loader")  # type: ignore[attr-defined]
+    assert other is not loader and str(tmp_path) in other.search_paths
+    for store in (a, b, c):
+        store.put("x.bin", b"shared")
+        assert store.get("x.bin") == b"shared"
+        store.close()
