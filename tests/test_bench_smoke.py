@@ -70,3 +70,47 @@ def test_fork_overlap_benchmark_runs(tmp_path):
         "no snapshot", "0% into the write", "25% into the write", "50% into the write",
         "75% into the write", "after the write"]
     assert not (tmp_path / "scratch").exists()
+
+
+def test_s3_peers_pairs_rounds_and_pools_saved_runs(tmp_path):
+    """The S3 benchmark's summary pairs each ckptio client with a peer round by round (not
+    the i-th sample with the i-th when a round is missing) and pools saved runs."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    try:
+        import s3_peers
+    finally:
+        sys.path.pop(0)
+
+    def rec(rnd, wall, cpu):  # 1 GB in `wall` seconds with `cpu` CPU seconds
+        return {"round": rnd, "bytes": 1e9, "wall_s": wall, "cpu_s": cpu}
+
+    runs = {
+        "ckptio-s3+boto3": [rec(0, 10.0, 1.0), rec(1, 20.0, 1.0), rec(2, 10.0, 3.0)],
+        "s5cmd": [rec(0, 11.0, 2.0), rec(2, 10.0, 2.0)],  # round 1 failed
+        "boto3-transfer": [rec(0, 12.0, 4.0), rec(1, 12.0, 4.0), rec(2, 12.0, 4.0)],
+    }
+    wall, cpu = s3_peers.per_round(runs, "ckptio-s3+boto3", "s5cmd")
+    assert wall == pytest.approx([1.1, 1.0]) and cpu == pytest.approx([0.5, 1.5])
+    (summary,) = s3_peers.paired_ratios(runs)
+    assert summary["peer"] == "s5cmd" and summary["cpu_peer"] == "s5cmd"  # fastest; least CPU
+    assert summary["rounds"] == 2 and summary["rounds_ahead"] == 2
+    assert summary["wall_ratio_median"] == pytest.approx(1.05)
+
+    files = []
+    for i in range(2):
+        path = tmp_path / f"run{i}.json"
+        path.write_text(json.dumps({"runs": runs}))
+        files.append(str(path))
+    pooled = {(r["client"], r["peer"]): r for r in s3_peers.pool(files)}
+    tm = pooled[("ckptio-s3+boto3", "boto3-transfer")]
+    assert (tm["runs"], tm["rounds"], tm["rounds_ahead"]) == (2, 6, 4)
+    assert tm["wall_ratio_median"] == pytest.approx(1.2)
+    lo, hi = tm["wall_ratio_ci95"]
+    assert 0.6 <= lo <= tm["wall_ratio_median"] <= hi <= 1.2 + 1e-9
+
+    results = os.path.join(ROOT, "benchmarks", "results")  # the runs the README pools
+    saved = [os.path.join(results, f) for f in sorted(os.listdir(results)) if f.startswith("s3-download")]
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "s3_peers.py"), "--pool", *saved],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ckptio-s3+boto3 / s5cmd:" in proc.stdout
