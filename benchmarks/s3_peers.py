@@ -259,8 +259,9 @@ def _gbps(r: dict[str, Any]) -> float:
     return float(r["bytes"] / r["wall_s"] / 1e9)
 
 
-def _cpu_per_gb(r: dict[str, Any]) -> float:
-    return float(r["cpu_s"] / (r["bytes"] / 1e9))
+def _cpu_per_gb(r: dict[str, Any], field: str = "cpu_s") -> float:
+    """CPU seconds per GB of one sample (``field="sys_s"``: the kernel's share)."""
+    return float(r[field] / (r["bytes"] / 1e9))
 
 
 def _by_round(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[int, dict[str, Any]]]:
@@ -464,8 +465,8 @@ def main(argv: list[str] | None = None) -> int:
                     rec = {**json.loads(run.stdout.strip().splitlines()[-1]), "round": rnd}
                     results[client].append(rec)
                     print(
-                        f"  round {rnd} {client:20s} {rec['bytes'] / rec['wall_s'] / 1e9:6.3f} GB/s "
-                        f"{rec['cpu_s'] / (rec['bytes'] / 1e9):6.2f} CPU s/GB ({rec['sys_s'] / (rec['bytes'] / 1e9):.2f} sys)",
+                        f"  round {rnd} {client:20s} {_gbps(rec):6.3f} GB/s "
+                        f"{_cpu_per_gb(rec):6.2f} CPU s/GB ({_cpu_per_gb(rec, 'sys_s'):.2f} sys)",
                         file=sys.stderr,
                     )
                     if a.op == "write":
@@ -481,9 +482,9 @@ def main(argv: list[str] | None = None) -> int:
         if not recs:
             rows.append({"client": client, "rounds": 0, "error": failures.get(client, "no result")})
             continue
-        gbps = statistics.median(r["bytes"] / r["wall_s"] / 1e9 for r in recs)
-        cpu = statistics.median(r["cpu_s"] / (r["bytes"] / 1e9) for r in recs)
-        sys_cpu = statistics.median(r["sys_s"] / (r["bytes"] / 1e9) for r in recs)
+        gbps = statistics.median(map(_gbps, recs))
+        cpu = statistics.median(map(_cpu_per_gb, recs))
+        sys_cpu = statistics.median(_cpu_per_gb(r, "sys_s") for r in recs)
         rows.append({"client": client, "rounds": len(recs), "wall_GBps": gbps, "cpu_s_per_GB": cpu,
                      "sys_s_per_GB": sys_cpu})
     meta = {
