@@ -3,7 +3,8 @@
 Each subcommand is two functions: ``_add_<name>(subparsers)`` declares its arguments and
 ``_cmd_<name>(args) -> int`` runs it and returns the exit status. Output is a table for
 people (rich) and JSON with ``--json``. Errors that a user caused print one clear line and
-exit 2; a failed verification exits 1.
+exit 2; a failed verification exits 1. Nothing printed holds a credential: URLs, messages and
+JSON go through :mod:`ckptio.redact` (and so does ``-v``'s log output).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ckptio import errors
+from ckptio.redact import redact, redact_obj, redact_url
 
 console = Console()
 err_console = Console(stderr=True)
@@ -34,7 +36,8 @@ def human_bytes(n: float) -> str:
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    """``obj`` as JSON on stdout, credentials hidden (:func:`ckptio.redact.redact_obj`)."""
+    sys.stdout.write(json.dumps(redact_obj(obj), indent=2) + "\n")
 
 
 # -- backends ---------------------------------------------------------------------------------
@@ -97,9 +100,9 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         print_json([asdict(s) for s in steps])
         return 0
     if not steps:
-        console.print(f"no checkpoints under {args.url}")
+        console.print(f"no checkpoints under {redact_url(args.url)}", highlight=False)
         return 0
-    table = Table(title=f"checkpoints under {args.url}")
+    table = Table(title=f"checkpoints under {escape(redact_url(args.url))}")
     for col in ("step", "state", "size", "objects", "created / problem"):
         table.add_column(col, justify="right" if col in ("step", "size", "objects") else "left")
     for s in steps:
@@ -136,7 +139,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     ok = not problems
     if args.json:
-        print_json({"url": args.url, "step": step, "ok": ok, "bytes": nbytes,
+        print_json({"url": redact_url(args.url), "step": step, "ok": ok, "bytes": nbytes,
                     "seconds": seconds, "problems": problems})
     elif ok:
         console.print(
@@ -193,7 +196,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         incomplete_after = incomplete_before if args.dry_run else store.list_incomplete("step-")
     incomplete = len(incomplete_before) - len(incomplete_after)
     if args.json:
-        print_json({"url": args.url, "dry_run": args.dry_run, "removed": removed,
+        print_json({"url": redact_url(args.url), "dry_run": args.dry_run, "removed": removed,
                     "incomplete_removed": incomplete, "incomplete_left": len(incomplete_after)})
         return 0
     verb = "would remove" if args.dry_run else "removed"
@@ -464,6 +467,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _redact_record(record: Any) -> bool:
+    """A logging filter: the record's message with credentials hidden (libraries' log lines
+    included, as far as they reach this process's handlers)."""
+    record.msg, record.args = redact(record.getMessage()), None
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import logging
 
@@ -473,6 +483,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_redact_record)
     if args.command is None:
         parser.print_help()
         return 2
@@ -480,7 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except errors.CkptioError as err:
-        err_console.print(f"[red]error:[/] {escape(str(err))}", highlight=False)
+        err_console.print(f"[red]error:[/] {escape(redact(str(err)))}", highlight=False)
         return 2
     except KeyboardInterrupt:
         err_console.print("interrupted")

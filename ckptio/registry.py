@@ -21,9 +21,10 @@ from functools import cache
 from importlib.metadata import entry_points
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ckptio import errors
+from ckptio.redact import is_secret_name, register_secret
 from ckptio.store import Store
 
 GROUP = "ckptio.backends"
@@ -103,9 +104,24 @@ def split_url(url: str) -> tuple[str, str, dict[str, str]]:
 
 def open_store(url: str | Store, **options: Any) -> Store:
     """A Store for ``url``. Options come from the URL's query string and from ``options``
-    (which win). An existing Store is returned as it is."""
+    (which win). An existing Store is returned as it is. Credentials among them are never
+    shown afterwards (:mod:`ckptio.redact`)."""
     if isinstance(url, Store):
         return url
     scheme, bare, query = split_url(url)
+    _register_credentials(bare, {**query, **options})
     cls = load_backend(scheme)
     return cls(bare, **{**query, **options})
+
+
+def _register_credentials(bare: str, options: Mapping[str, Any]) -> None:
+    """Every credential given in ``options`` (secret-named, :func:`ckptio.redact.is_secret_name`)
+    or in the URL's user part becomes a value no message, log line or result shows."""
+    for name, value in options.items():
+        if is_secret_name(name):
+            register_secret(value)
+    authority = bare.partition("://")[2].partition("/")[0]
+    if "@" in authority:
+        user, _, password = unquote(authority.rpartition("@")[0]).partition(":")
+        register_secret(user)
+        register_secret(password)

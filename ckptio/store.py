@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Self, TypeVar
 
 from ckptio import errors
+from ckptio.redact import redact_url
 from ckptio.trace import Trace
 
 T = TypeVar("T")
@@ -184,8 +185,13 @@ class Store(ABC):
     name: ClassVar[str] = ""
     """Short backend name used in traces and reports (``file``, ``s3+boto3``, ...)."""
 
+    url: str
+    """The URL the store was opened with, credentials hidden (:func:`ckptio.redact.redact_url`):
+    for messages and labels. Backends take what they connect with from the ``url`` argument
+    and their options, never from this."""
+
     def __init__(self, url: str, *, trace: Trace | None = None) -> None:
-        self.url = url
+        self.url = redact_url(url)
         self.trace = trace if trace is not None else Trace()
 
     # -- writes ---------------------------------------------------------------------------
