@@ -131,9 +131,10 @@ def moto_auth(moto_server: str) -> Iterator[Any]:
 
 
 class Cli:
-    """``ckptio`` as a real subprocess; collects every byte it prints, and the commands whose
-    exit status was not the expected one (checked after the leaks, so that a run on a
-    version that leaks reports every leak first)."""
+    """``ckptio`` commands as real subprocesses, a batch at a time side by side; collects every
+    byte they print, the commands that showed a secret and those whose exit status was not
+    the expected one (checked after the leaks, so that a version that leaks reports every
+    leak first)."""
 
     def __init__(self, env: dict[str, str], cwd: Path) -> None:
         self.env = env
@@ -142,21 +143,34 @@ class Cli:
         self.leaks: dict[str, list[str]] = {}
         self.unexpected: list[tuple[list[str], int, str]] = []
 
-    def __call__(self, *args: str, ok: bool = True, env: dict[str, str] | None = None,
-                 drop: tuple[str, ...] = ()) -> str:
-        full = {**self.env, **(env or {})}
-        for k in drop:
-            full.pop(k, None)
-        proc = subprocess.run([sys.executable, "-m", "ckptio.cli", "-v", *args], env=full,
-                              cwd=self.cwd, capture_output=True, timeout=300, check=False)
-        out = proc.stdout.decode("utf-8", "replace") + proc.stderr.decode("utf-8", "replace")
-        self.text.append(out)
-        if leaks(out):
+    def batch(self, *commands: tuple[Any, ...]) -> list[str]:
+        """Run ``(ok, args, extra_env, dropped_env)`` commands at once; their outputs."""
+        procs = []
+        for ok, args, extra, drop in commands:
+            env = {k: v for k, v in {**self.env, **extra}.items() if k not in drop}
+            procs.append((ok, args, subprocess.Popen(
+                [sys.executable, "-m", "ckptio.cli", "-v", *args], env=env, cwd=self.cwd,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
+        outs = []
+        for ok, args, proc in procs:
+            stdout, stderr = proc.communicate(timeout=300)
+            out = stdout.decode("utf-8", "replace") + stderr.decode("utf-8", "replace")
+            outs.append(out)
+            self.text.append(out)
             where = " ".join("URL" if "://" in a else a for a in args)
-            self.leaks[f"{len(self.text)}: {where}"] = leaks(out)
-        if (proc.returncode == 0) != ok:
-            self.unexpected.append((list(args), proc.returncode, out[-2000:]))
-        return out
+            if leaks(out):
+                self.leaks[f"{len(self.text)}: {where}"] = leaks(out)
+            if (proc.returncode == 0) != ok:
+                self.unexpected.append((list(args), proc.returncode, out[-2000:]))
+        return outs
+
+
+def ok(*args: str, env: dict[str, str] | None = None, drop: tuple[str, ...] = ()) -> tuple[Any, ...]:
+    return (True, args, env or {}, drop)
+
+
+def fails(*args: str, env: dict[str, str] | None = None, drop: tuple[str, ...] = ()) -> tuple[Any, ...]:
+    return (False, args, env or {}, drop)
 
 
 @pytest.mark.slow
@@ -175,45 +189,35 @@ def test_every_cli_command_hides_credentials_from_every_place(
     opts = ["--option", f"access_key_id={OPTION[0]}", "--option", f"secret_access_key={OPTION[1]}",
             "--option", f"session_token={OPTION[2]}"]
     small = ["--total-size", "2MiB", "--object-size", "1MiB"]
-
-    # run / sweep: credentials in the query, in options and in the environment at once
-    cli("run", url, *small, *opts, "--out", "results")
-    cli("run", url, *small, "--out", "results", "--json", "--label", url)
-    cli("sweep", url, *small, *opts, "--streams", "2", "--part-size", "5MiB", "--out", "results",
-        "--json")
-    # the checkpoint tools, on a root the run left a checkpoint in
-    shown = [cli("ls", url), cli("verify", url), cli("verify", url, "--json")]
-    cli("ls", url, "--json")
-    cli("gc", url, "--json")
-    cli("gc", url, "--dry-run")
-    # compare against the URL only (no emulated profiles, no mock), then the report tools
-    cli("compare", "--targets", _query_url(s3_bucket, "cmp"), "--profiles", "", *small, "--out", "cmp")
-    cli("report", "results", "cmp/results", "--out", "report")
-    cli("report", "results", "--out", "report-json", "--json")
-    cli("model", "--from", "results", "--preset", "llama3-8b")
-    cli("backends")
-    cli("plan", "--preset", "llama3-8b", "--total-size", "2MiB")
-
-    # an AWS profile, by name in the query and through AWS_PROFILE (no keys in the environment)
     no_env_keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-    shown.append(cli("ls", f"s3://{s3_bucket}/run?profile={PROFILE_NAME}", drop=no_env_keys))
-    cli("verify", f"s3://{s3_bucket}/run", "--json", env={"AWS_PROFILE": PROFILE_NAME}, drop=no_env_keys)
-
-    # failures: keys in the user part (refused), a missing bucket, a bad option, an endpoint
-    # nobody listens on, a wrong key
     ukey, usecret = USERINFO
-    for bad in (f"s3://{ukey}:{usecret}@{s3_bucket}/run", f"s3://{ukey}:abc/{usecret}@{s3_bucket}/run",
-                f"s3+fsspec://{ukey}:{quote(usecret, safe='')}@{s3_bucket}/run"):
-        shown.append(cli("ls", bad, ok=False))
-    cli("run", f"s3://{ukey}:{usecret}@{s3_bucket}/run", *small, "--out", "results", ok=False)
-    cli("ls", _query_url(f"no-such-bucket-{s3_bucket}", "x"), ok=False)
-    cli("verify", _query_url(s3_bucket, "run", "&part_size=lots"), ok=False)
-    cli("gc", _query_url(s3_bucket, "run", "&no_such_option=1"), ok=False)
-    cli("run", _query_url(s3_bucket, "x", "&no_such_option=1"), *small, ok=False)
-    cli("verify", _query_url(s3_bucket, "run", "&endpoint_url=http://127.0.0.1:9"), ok=False)
-    moto_auth(True)
-    shown.append(cli("ls", url, ok=False))
-    cli("verify", url, "--json", ok=False, drop=no_env_keys, env={"AWS_PROFILE": PROFILE_NAME})
+    # credentials in the query, in options and in the environment at once; then failures:
+    # keys in the user part (refused), a missing bucket, bad options, an endpoint nobody
+    # listens on
+    shown = cli.batch(
+        ok("run", url, *small, *opts, "--out", "results"),
+        ok("sweep", _query_url(s3_bucket, "sweep"), *small, *opts, "--streams", "2", "--part-size",
+           "5MiB", "--out", "results", "--label", url, "--json"),
+        # compare against the URL only (no emulated profiles, no mock)
+        ok("compare", "--targets", _query_url(s3_bucket, "cmp"), "--profiles", "", *small, "--out", "cmp"),
+        ok("backends"),
+        fails("ls", f"s3://{ukey}:{usecret}@{s3_bucket}/run"),
+        fails("ls", f"s3+fsspec://{ukey}:{quote(usecret, safe='')}@{s3_bucket}/run"),
+        fails("ls", _query_url(f"no-such-bucket-{s3_bucket}", "x")),
+        fails("verify", _query_url(s3_bucket, "run", "&part_size=lots")),
+        fails("run", _query_url(s3_bucket, "x", "&no_such_option=1"), *small),
+        fails("verify", _query_url(s3_bucket, "run", "&endpoint_url=http://127.0.0.1:9")),
+    )
+    # the checkpoint tools on the root the run left a checkpoint in (one by an AWS profile
+    # named in the query, no keys in the environment); the report tools on the results
+    shown += cli.batch(
+        ok("ls", url), ok("verify", url, "--json"), ok("gc", url, "--json"),
+        ok("ls", f"s3://{s3_bucket}/run?profile={PROFILE_NAME}", drop=no_env_keys),
+        ok("report", "results", "cmp/results", "--out", "report", "--json"),
+        ok("model", "--from", "results", "--preset", "llama3-8b"),
+    )
+    moto_auth(True)  # every key is wrong now
+    shown += cli.batch(fails("ls", url))
     moto_auth(False)
 
     assert not cli.leaks, "commands that show a secret:\n" + "\n".join(cli.leaks)
@@ -222,9 +226,9 @@ def test_every_cli_command_hides_credentials_from_every_place(
     assert bucket_leaking(s3_client, s3_bucket) == {}
     assert cli.unexpected == []
     # the commands did what they say, and what is not a secret stays readable
-    assert "complete" in shown[0] and "OK" in shown[1] and '"ok": true' in shown[2]
-    assert PROFILE_NAME in shown[3]  # a profile's name is not a secret; its keys are
-    assert all("user" in s for s in shown[4:7]) and "credentials" in shown[7]
+    assert "user part" in shown[4] and "user part" in shown[5] and "credentials" in shown[16]
+    assert "complete" in shown[10] and '"ok": true' in shown[11]
+    assert PROFILE_NAME in shown[13]  # a profile's name is not a secret; its keys are
     text = "\n".join(cli.text)
     assert "region=us-east-1" in text and "127.0.0.1:9" in text
     assert list((work / "results").glob("*.parquet")) and list((work / "cmp" / "results").glob("*.parquet"))
@@ -337,8 +341,8 @@ def test_library_error_paths_hide_credentials_from_url_userinfo_options_and_prof
     texts += _error_texts(failures)
     texts += [caplog.text, *(r.getMessage() for r in caplog.records)]
     joined = "\n".join(texts)
-    assert "credentials" in joined and "user" in joined
     assert leaks(joined) == [], leaks(joined)
+    assert "credentials" in joined and "user part" in joined
 
 
 def test_the_redaction_rule() -> None:
