@@ -30,7 +30,6 @@ import logging
 import math
 import mmap
 import os
-import secrets
 import threading
 import time
 import weakref
@@ -56,6 +55,16 @@ from ckptio.arrays import (
 )
 from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.forked import SMAPS, ForkedWriter, PageReleaser, in_ranges, unforkable_ranges
+from ckptio.lease import (
+    RETIRE_GRACE_SECONDS,
+    LeaseInfo,
+    SaveLease,
+    is_lease_key,
+    read_lease,
+    retire,
+    retired_at,
+    retired_key,
+)
 from ckptio.registry import open_store
 from ckptio.store import Store, option_int, parse_size, wait_all
 
@@ -75,7 +84,7 @@ a byte range rank 0 assigns (aligned to :attr:`Store.positional_alignment`);
 same for all (chunks name an object and a byte offset), so load and verify need no layout.
 The shared layouts need ``capabilities.positional_writes`` (file://, pfs://)."""
 
-_CHECKPOINT_OPTIONS = ("layout", "key_layout", "chunk_size", "max_object_size")
+_CHECKPOINT_OPTIONS = ("layout", "key_layout", "chunk_size", "max_object_size", "retire_grace")
 
 FORK_OBJECT_BYTES = 256 << 20
 """Bytes: the largest shard object a fork snapshot's child writes (see :meth:`Checkpointer._fork_writer`)."""
@@ -642,19 +651,48 @@ def _save_collective(
     offer = {"error": _error_text(prepared.error)} if prepared.error else {"metas": prepared.metas()}
     gathered = comm.gather(offer, root=0)
     plan: dict[str, Any]
-    if comm.rank == 0:
-        assert gathered is not None
-        try:
-            refused = [f"rank {r}: {o['error']}" for r, o in enumerate(gathered) if "error" in o]
-            if refused:
-                raise errors.SaveFailedError("; ".join(refused))
-            if store.exists(mkey):
-                raise errors.AlreadyExistsError(f"{store.url}: step {step} already has a committed checkpoint ({mkey})")
-            plan = {"ok": True, "token": secrets.token_hex(4), "writers": _plan_writers([o["metas"] for o in gathered])}
-        except errors.CkptioError as err:
-            plan = {"ok": False, "error": _error_text(err)}
-    else:
-        plan = {}
+    lease: SaveLease | None = None
+    try:
+        if comm.rank == 0:
+            assert gathered is not None
+            try:
+                refused = [f"rank {r}: {o['error']}" for r, o in enumerate(gathered) if "error" in o]
+                if refused:
+                    raise errors.SaveFailedError("; ".join(refused))
+                if store.exists(mkey):
+                    raise errors.AlreadyExistsError(f"{store.url}: step {step} already has a committed checkpoint ({mkey})")
+                writers = _plan_writers([o["metas"] for o in gathered])
+                # the lease is published before any rank writes: gc and retention leave the
+                # step alone while it is live (see ckptio.lease)
+                lease = SaveLease(store, step).acquire()
+                plan = {"ok": True, "token": lease.token, "writers": writers}
+            except errors.CkptioError as err:
+                plan = {"ok": False, "error": _error_text(err)}
+        else:
+            plan = {}
+        return _write_and_commit(store, prepared, step, comm, plan, lease, t0, layout=layout,
+                                 key_layout=key_layout, chunk_size=chunk_size,
+                                 max_object_size=max_object_size, forked=forked)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _write_and_commit(
+    store: Store,
+    prepared: PreparedState,
+    step: int,
+    comm: Communicator,
+    plan: dict[str, Any],
+    lease: SaveLease | None,
+    t0: float,
+    *,
+    layout: str,
+    key_layout: str,
+    chunk_size: int,
+    max_object_size: int,
+    forked: ForkedWriter | None,
+) -> SaveResult:
     plan = comm.bcast(plan, root=0)
     if not plan["ok"]:
         raise errors.SaveFailedError(f"save of step {step} refused: {plan['error']}") from prepared.error
@@ -686,7 +724,9 @@ def _save_collective(
     verdict: dict[str, Any] = {}
     if comm.rank == 0:
         assert results is not None
-        verdict = commit_step(store, step, prepared, plan, results, comm.size, layout, key_layout)
+        verdict = commit_step(store, step, prepared, plan, results, comm.size, layout, key_layout, lease=lease)
+        if lease is not None:
+            lease.release()  # before the other ranks return: the save is over when they do
     verdict = comm.bcast(verdict, root=0)
     if not verdict["ok"]:
         raise errors.SaveFailedError(f"save of step {step} failed, nothing committed: {verdict['error']}") from local_error
@@ -723,7 +763,13 @@ def commit_step(
     world_size: int,
     layout: str,
     key_layout: str,
+    *,
+    lease: SaveLease | None = None,
 ) -> dict[str, Any]:
+    """Rank 0: publish the manifest of a step whose data every rank reported written, or
+    discard that data. Before publishing it checks that ``lease`` (the save's, see
+    :mod:`ckptio.lease`) has not lapsed and that every object the manifest names is listed, so
+    a manifest never names a missing object."""
     prefix = fmt.step_dir(step) + "/"
     written = [prefix + k for r in results if r.get("ok") for k in r["objects"]]
     failed = [(rank, r["error"]) for rank, r in enumerate(results) if not r.get("ok")]
@@ -773,6 +819,9 @@ def commit_step(
         doc["tensors"] = doc_tensors
         data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
         fmt.parse_manifest(data, expect_step=step)
+        if lease is not None:
+            lease.check()
+        check_objects_present(store, step, objects)
         store.publish(fmt.manifest_key(step), data, overwrite=False)
     except Exception as err:  # reported to every rank; the data is discarded
         log.debug("commit of step %d failed", step, exc_info=True)
@@ -783,6 +832,19 @@ def commit_step(
         discard_objects(store, written)
         return {"ok": False, "error": _error_text(err)}
     return {"ok": True, "nbytes": sum(objects.values())}
+
+
+def check_objects_present(store: Store, step: int, objects: Iterable[str]) -> None:
+    """Raise :class:`~ckptio.errors.SaveFailedError` unless every object (a key relative to
+    the step directory) is listed: one listing of the step, before its manifest is published."""
+    prefix = fmt.step_dir(step) + "/"
+    present = set(store.list(prefix))
+    missing = sorted(k for k in objects if prefix + k not in present)
+    if missing:
+        raise errors.SaveFailedError(
+            f"{len(missing)} object(s) of step {step} vanished before its commit (deleted by "
+            f"another process?), e.g. {prefix}{missing[0]}; not committed"
+        )
 
 
 def _attempt_keys(store: Store, prefix: str, token: str) -> list[str]:
@@ -1219,15 +1281,55 @@ def open_checkpoint(url: str | Store, step: int | None = None, **options: Any) -
             return CheckpointReader(store, step, read_manifest(store, step))
         except FileNotFoundError:
             raise errors.NotFoundError(f"{store.url}: no committed checkpoint at step {step}") from None
-    steps = committed_steps(store)
-    for s in reversed(steps):
-        try:
-            return CheckpointReader(store, s, read_manifest(store, s))
-        except errors.ManifestError as err:
-            log.warning("skipping step %d: its manifest is invalid (%s)", s, err)
-        except FileNotFoundError:
-            continue  # deleted meanwhile (retention)
+    return _open_newest(store, skip=())
+
+
+_RELISTS = 8
+"""How many times a reader re-lists the steps when the checkpoint it chose was retired under it
+(each time the newest then complete one is taken; retention's grace makes a second rare)."""
+
+
+def _open_newest(store: Store, skip: Iterable[int]) -> CheckpointReader:
+    """The newest step whose manifest validates, other than ``skip``. A step whose manifest is
+    damaged or refused (a symlink out of the root, unreadable) is skipped with a warning; if
+    every listed step vanished meanwhile (retention), the steps are listed again."""
+    skipped = set(skip)
+    for _ in range(_RELISTS):
+        steps = committed_steps(store)
+        vanished = False
+        for s in reversed(steps):
+            if s in skipped:
+                continue
+            try:
+                return CheckpointReader(store, s, read_manifest(store, s))
+            except FileNotFoundError:
+                vanished = True  # retired meanwhile: an older one, or a newer one on re-listing
+            except (errors.CorruptCheckpointError, PermissionError) as err:
+                log.warning("skipping step %d: its manifest cannot be used (%s)", s, err)
+                skipped.add(s)
+        if not vanished:
+            break
     raise errors.NotFoundError(f"{store.url}: no complete checkpoint found")
+
+
+def _read_newest(store: Store, select: Mapping[str, Any] | None, into: Any) -> Any:
+    """The state of the newest complete checkpoint. If the step is retired while it is read
+    (its manifest gone, an object with it), the newest complete one is read instead; an object
+    missing under a manifest that still exists is damage, raised as it is."""
+    skip: set[int] = set()
+    for _ in range(_RELISTS):
+        reader = _open_newest(store, skip)
+        try:
+            return reader.state(select, into=into)
+        except (FileNotFoundError, errors.CorruptCheckpointError) as err:
+            if store.exists(fmt.manifest_key(reader.step)):
+                raise
+            log.info("step %d was retired while being read (%s); reading the newest again", reader.step, err)
+            skip.add(reader.step)
+    raise errors.NotFoundError(
+        f"{store.url}: every checkpoint read was retired before it could be read whole "
+        f"({_RELISTS} tries); is retention removing checkpoints faster than they are read?"
+    )
 
 
 # -- the public API ---------------------------------------------------------------------------
@@ -1282,6 +1384,13 @@ class Checkpointer:
       ``keep_last`` checkpoints (and debris of interrupted saves older than the newest). The
       first save of a Checkpointer also does so before it writes, so a job killed between a
       commit and its retention (a restart) never leaves more than ``keep_last + 1``.
+      Retention never touches a save in flight (this job's or another's: see
+      :mod:`ckptio.lease`) and applies to every checkpoint under the root; a second process
+      saving under the same root is named in a warning.
+    - ``retire_grace`` (seconds, default 60): a checkpoint removed by retention stops existing
+      at once (its manifest goes first), but its data stays this long for readers that opened
+      it just before; then retention or ``ckptio gc`` removes it. 0 frees the space at once
+      (a reader then falls back to the newest checkpoint).
     - ``async_save`` (bool): ``save`` snapshots the state (one memory copy) and returns; the
       write and commit run in a background thread. A failure is raised by the next
       ``save``/``wait``. Leaving the ``with`` block or the interpreter waits for the save in
@@ -1315,6 +1424,7 @@ class Checkpointer:
         chunk_size: int | str = DEFAULT_CHUNK_SIZE,
         max_object_size: int | str = DEFAULT_MAX_OBJECT_SIZE,
         snapshot: str = "copy",
+        retire_grace: float = RETIRE_GRACE_SECONDS,
         **store_options: Any,
     ) -> None:
         if snapshot not in SNAPSHOTS:
@@ -1325,6 +1435,9 @@ class Checkpointer:
             raise errors.InvalidArgumentError(f"unknown key_layout {key_layout!r}; valid: {', '.join(fmt.KEY_LAYOUTS)}")
         if keep_last is not None:
             keep_last = option_int(keep_last, field="keep_last", minimum=1)
+        if not isinstance(retire_grace, int | float) or not 0 <= retire_grace < math.inf:
+            raise errors.InvalidArgumentError(f"retire_grace: expected seconds >= 0, got {retire_grace!r}")
+        self.retire_grace = float(retire_grace)
         self.store = open_store(url, **store_options)
         if layout != "file-per-shard" and not self.store.capabilities.positional_writes:
             raise errors.InvalidArgumentError(
@@ -1364,6 +1477,7 @@ class Checkpointer:
         self._pending: SaveHandle | None = None
         self._lock = threading.Lock()
         self._retained = False  # retention ran once (see keep_last)
+        self._warned_other_writer = False
         _live.add(self)
 
     # -- saving -----------------------------------------------------------------------------
@@ -1456,13 +1570,24 @@ class Checkpointer:
         return result
 
     def _retain(self, newest: int) -> None:
+        """Retire all but the newest ``keep_last`` steps up to ``newest`` (their data stays for
+        readers for the grace period, see :mod:`ckptio.lease`) and collect debris."""
         self._retained = True
         try:
             steps = committed_steps(self.store)
             doomed = [s for s in steps if s <= newest][: -self.keep_last or None] if self.keep_last else []
             for s in doomed:
-                delete_step(self.store, s)
-            collect_garbage(self.store, before_step=newest)
+                retire(self.store, s)
+            sweep = _sweep(self.store, before_step=newest, grace=self.retire_grace)
+            others = sorted({lease.holder() for lease in sweep.live if not lease.mine()})
+            if others and not self._warned_other_writer:
+                self._warned_other_writer = True
+                log.warning(
+                    "another process is saving under %s (%s): keep_last=%d applies to every "
+                    "checkpoint under the root, its checkpoints too (saves in flight are never "
+                    "touched); give each job its own root to keep their checkpoints apart",
+                    self.store.url, ", ".join(others), self.keep_last,
+                )
         except Exception as err:  # retention must not fail a committed save
             log.warning("retention after step %d failed: %s", newest, err)
 
@@ -1480,24 +1605,32 @@ class Checkpointer:
             raise errors.SaveFailedError(f"background save of step {pending.step} failed: {err}") from err
 
     # -- loading ----------------------------------------------------------------------------
+    # Each of these first waits for this Checkpointer's save in flight (raising its failure),
+    # so a step it just saved in the background is seen as soon as it is asked for.
     def steps(self) -> list[int]:
         """Committed steps (manifest present), ascending."""
+        self.wait()
         return committed_steps(self.store)
 
     def latest(self) -> int | None:
         """The newest step whose manifest validates, or None."""
+        self.wait()
         try:
             return open_checkpoint(self.store).step
         except FileNotFoundError:
             return None
 
     def open(self, step: int | None = None) -> CheckpointReader:
+        self.wait()
         return open_checkpoint(self.store, step)
 
     def load(self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None) -> Any:
         """The state of ``step`` (default: the newest complete checkpoint); ``select`` and
         ``into`` as for :func:`load`."""
-        return self.open(step).state(select, into=into)
+        self.wait()
+        if step is not None:
+            return open_checkpoint(self.store, step).state(select, into=into)
+        return _read_newest(self.store, select, into)
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -1560,46 +1693,103 @@ def collect_garbage(
     older_than: float = 0.0,
     unfinished: bool = False,
     dry_run: bool = False,
+    grace: float = RETIRE_GRACE_SECONDS,
 ) -> list[str]:
-    """Remove debris of interrupted or losing saves; never touches a committed checkpoint.
+    """Remove debris of interrupted or losing saves and the data of retired steps; never
+    touches a committed checkpoint nor a save in flight.
 
-    Removed: objects under a committed step that its manifest does not reference (a losing
-    concurrent save), every object of a step without a manifest that is older than
-    ``before_step`` (default: the newest committed step — a newer uncommitted step may be a
-    save in flight), and temp files / open multipart uploads older than ``older_than``
-    seconds. Returns the keys removed.
+    Nothing is removed under a step while a save holds a live lease there (see
+    :mod:`ckptio.lease`): not its data, not a competing save's, not temp files or open uploads.
+    Elsewhere it removes: objects under a committed step that its manifest does not name (a
+    losing concurrent save), leases of dead saves, the data of a step retired by retention more
+    than ``grace`` seconds ago, every object of a step without a manifest whose save's lease is
+    dead, or that is older than ``before_step`` (default: the newest committed step), or, with
+    ``unfinished``, of any step without a manifest, and temp files / open multipart uploads older than ``older_than``
+    seconds. Before removing anything of a step it lists the step's leases again and checks its
+    manifest once more, so a save that started or committed meanwhile keeps its data. Returns
+    the keys removed (with ``dry_run``, that would be removed).
     """
-    steps = committed_steps(store)
-    newest = steps[-1] if steps else None
-    limit = before_step if before_step is not None else newest
-    removed: list[str] = []
+    return _sweep(store, before_step=before_step, older_than=older_than, unfinished=unfinished,
+                  dry_run=dry_run, grace=grace).removed
+
+
+@dataclass
+class _Sweep:
+    removed: list[str]
+    live: list[LeaseInfo]
+    """Leases of saves in flight (every step)."""
+
+
+def _live_leases(store: Store, keys: Iterable[str], now: float) -> list[LeaseInfo]:
+    infos = (read_lease(store, k) for k in keys if is_lease_key(k))
+    return [i for i in infos if i is not None and i.live(now)]
+
+
+def _sweep(
+    store: Store,
+    *,
+    before_step: int | None = None,
+    older_than: float = 0.0,
+    unfinished: bool = False,
+    dry_run: bool = False,
+    grace: float = RETIRE_GRACE_SECONDS,
+) -> _Sweep:
     by_step: dict[int, list[str]] = {}
     for key in store.list("step-"):
         s = fmt.parse_step_dir(key.partition("/")[0])
         if s is not None:
             by_step.setdefault(s, []).append(key)
-    for s, keys in by_step.items():
+    committed = [s for s, keys in by_step.items() if fmt.manifest_key(s) in keys]
+    limit = before_step if before_step is not None else max(committed, default=None)
+    now = time.time()
+    removed: list[str] = []
+    live: list[LeaseInfo] = []
+    quiet: list[str] = []  # prefixes of steps with no save in flight
+    for s, keys in sorted(by_step.items()):
+        prefix = fmt.step_dir(s) + "/"
+        leases = _live_leases(store, keys, now)
+        if leases:
+            live.extend(leases)
+            continue
+        quiet.append(prefix)
         mkey = fmt.manifest_key(s)
         if mkey in keys:
             try:
                 manifest = read_manifest(store, s)
-            except errors.ManifestError:
-                continue  # damaged: leave it for a person to look at
+            except (errors.CorruptCheckpointError, PermissionError):
+                continue  # damaged or refused: leave it for a person to look at
             except FileNotFoundError:
-                continue  # deleted meanwhile (retention of another process)
-            prefix = fmt.step_dir(s) + "/"
-            live = {prefix + k for k in manifest.objects} | {mkey}
-            stray = [k for k in keys if k not in live]
-        elif unfinished or (limit is not None and s < limit):
-            stray = keys
+                manifest = None  # retired meanwhile: judged as such on the next sweep
+            if manifest is None:
+                continue
+            keep = {prefix + k for k in manifest.objects} | {mkey, retired_key(s)}
+            stray = [k for k in keys if k not in keep]
         else:
+            when = retired_at(store, s) if retired_key(s) in keys else None
+            if when is not None:
+                if now - when < grace:
+                    continue
+            elif not (unfinished or (limit is not None and s < limit) or any(map(is_lease_key, keys))):
+                continue  # may be a save in flight; a dead lease proves its save is over
+            stray = keys
+        # a save may have started (its lease listed after its first data) or committed since
+        # the listing: its lease is published before its data, the manifest before its lease
+        # is removed, so leases are listed again first and the manifest checked after them
+        again = _live_leases(store, store.list(prefix), time.time())
+        if again:
+            live.extend(again)
+            continue
+        if mkey not in keys and store.exists(mkey):
             continue
         if stray and not dry_run:
             store.delete(stray)
         removed.extend(stray)
     if not dry_run:
-        store.cleanup_incomplete("step-", older_than=older_than)
-    return removed
+        # temp files and open uploads: under every step when no save is in flight (that also
+        # reaches steps with no listed object), else under the quiet steps only
+        for prefix in quiet if live else ["step-"]:
+            store.cleanup_incomplete(prefix, older_than=older_than)
+    return _Sweep(removed, live)
 
 
 def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -1649,7 +1839,9 @@ def load(
     fails (a damaged chunk, say), it raises and the arrays of ``into`` may hold part of the
     checkpoint.
     """
-    return open_checkpoint(url, step, **options).state(select, into=into)
+    if step is not None:
+        return open_checkpoint(url, step, **options).state(select, into=into)
+    return _read_newest(open_store(url, **options), select, into)
 
 
 def verify(url: str | Store, step: int | None = None, **options: Any) -> list[str]:

@@ -88,11 +88,27 @@ def test_with_block_waits_for_the_save_in_flight(tmp_path):
     with ckptio.Checkpointer(store, async_save=True) as ck:
         handle = ck.save(small_state(1), 1)
         assert store.started.wait(30)
-        assert not handle.done() and ck.steps() == []
+        assert not handle.done() and ckptio.checkpoint.committed_steps(store) == []
         threading.Timer(0.2, store.gate.set).start()  # the "disk" finishes later
     # leaving the block returned only after the commit
     assert handle.done()
     assert ckptio.load(f"file://{tmp_path}/run", 1)["step"] == 1
+
+
+@pytest.mark.parametrize("ask", ["load", "latest", "steps", "open"])
+def test_checkpointer_sees_its_own_save_in_flight(tmp_path, ask):
+    """The README's example: a background save, then ``load`` (or ``latest``, ``steps``,
+    ``open``) on the same Checkpointer while the save is still being written: it waits for
+    that save and sees it, instead of finding no checkpoint."""
+    store = GatedStore(str(tmp_path / "run"))
+    store.gate.clear()
+    with ckptio.Checkpointer(store, async_save=True, keep_last=3) as ck:
+        ck.save(small_state(1), 1)
+        assert store.started.wait(30)
+        threading.Timer(0.2, store.gate.set).start()
+        got = getattr(ck, ask)()
+        assert {"load": lambda: got["step"] == 1, "latest": lambda: got == 1,
+                "steps": lambda: got == [1], "open": lambda: got.step == 1}[ask](), got
 
 
 def test_with_block_body_error_propagates_and_failed_save_is_logged(tmp_path, caplog):
