@@ -30,6 +30,7 @@ import logging
 import math
 import mmap
 import os
+import sys
 import threading
 import time
 import weakref
@@ -1343,27 +1344,137 @@ class SaveHandle:
     blocking_seconds: float
     _future: Future[SaveResult] | None = None
     _result: SaveResult | None = None
+    _report: _BackgroundSave | None = None
 
     def done(self) -> bool:
         return self._future is None or self._future.done()
 
     def wait(self, timeout: float | None = None) -> SaveResult:
-        """Block until the save is committed; raise its error if it failed."""
-        if self._result is None:
-            assert self._future is not None
-            self._result = self._future.result(timeout)
-        return self._result
+        """Block until the save is committed; raise its error if it failed (at every call;
+        once raised here, the failure is not raised again by the Checkpointer's next
+        ``wait``/``save``/``close`` nor printed at exit). ``TimeoutError`` if ``timeout``
+        seconds pass first."""
+        result, error, _ = self._outcome(timeout)
+        if error is not None:
+            raise error
+        assert result is not None
+        return result
 
     result = wait
 
+    def _outcome(self, timeout: float | None) -> tuple[SaveResult | None, BaseException | None, bool]:
+        """The save's result or error, and whether this call is the first to hand that error
+        to the caller."""
+        if self._result is None:
+            assert self._future is not None
+            error = self._future.exception(timeout)  # TimeoutError while the save still runs
+            if error is not None:
+                return None, error, self._report is None or self._report.claim()
+            self._result = self._future.result()
+        return self._result, None, False
 
-_live: weakref.WeakSet[Checkpointer] = weakref.WeakSet()
+
+class _BackgroundSave:
+    """One background save as the exit report sees it.
+
+    Held strongly by ``_unreported`` from its start until it commits or its failure has been
+    handed to the caller once, whether or not its Checkpointer and handle still exist: the
+    registry, not the Checkpointer, is what the exit hook reads. A finished save keeps only
+    its error's text, not the error (whose traceback's frames hold the Checkpointer and the
+    snapshot), so a dropped Checkpointer's memory is freed as usual.
+    """
+
+    __slots__ = ("step", "url", "future", "error", "reported")
+
+    def __init__(self, step: int, url: str, future: Future[SaveResult]) -> None:
+        self.step, self.url = step, url
+        self.future: Future[SaveResult] | None = future
+        self.error: str | None = None
+        self.reported = False
+        with _unreported_lock:
+            _unreported[self] = None
+        future.add_done_callback(self._finished)
+
+    def _finished(self, future: Future[SaveResult]) -> None:
+        error = None if future.cancelled() else future.exception()
+        with _unreported_lock:
+            self.future = None
+            if error is None or self.reported:
+                _unreported.pop(self, None)
+            else:
+                self.error = str(error)
+
+    def claim(self) -> bool:
+        """Mark the failure as reported; True for the first caller only."""
+        with _unreported_lock:
+            first, self.reported = not self.reported, True
+            _unreported.pop(self, None)
+        return first
+
+    def report_at_exit(self) -> None:
+        """Wait for the save if it still runs; print its failure on stderr unless reported."""
+        with _unreported_lock:
+            future = self.future
+        error = self.error
+        if future is not None:
+            if not future.done():
+                log.warning("interpreter exiting: waiting for the checkpoint save of step %d", self.step)
+            try:
+                exc = future.exception()
+            except KeyboardInterrupt:
+                if self.claim():
+                    _print_err(
+                        f"ckptio: interrupted while waiting for the background save of step {self.step}; "
+                        f"it may not be committed (check with `ckptio ls {self.url}`)"
+                    )
+                return
+            error = None if exc is None else str(exc)
+        if error is not None and self.claim():
+            _print_err(f"ckptio: the background save of step {self.step} FAILED and was not committed: {error}")
+
+
+def _print_err(msg: str) -> None:
+    # print, not log: with logging unconfigured (or configured to stderr) a log record would
+    # reach stderr as well, and the report must appear exactly once
+    print(msg, file=sys.stderr, flush=True)
+
+
+# background saves in flight, and failed ones whose failure no caller has been handed yet
+_unreported: dict[_BackgroundSave, None] = {}
+_unreported_lock = threading.Lock()
+
+
+def _forget_parents_saves() -> None:
+    """A forked child did not start its parent's saves (nor runs their threads): they are the
+    parent's to wait for and report."""
+    global _unreported_lock
+    _unreported_lock = threading.Lock()
+    _unreported.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parents_saves)
 
 
 @atexit.register
 def _wait_at_exit() -> None:
-    for ck in list(_live):
-        ck._finish_at_exit()
+    """Interpreter exit: wait for every background save still in flight, and print on stderr,
+    once, each failure that no ``wait``/``save``/``close``/``with`` has raised — including
+    those of handles and Checkpointers dropped long before. Not when a Checkpointer is
+    garbage-collected: that comes at an arbitrary moment and thread (a failure's traceback
+    ties its Checkpointer into a reference cycle, freed only by the cyclic collector), while
+    exit comes once, after the program's own chances to ``wait``.
+
+    Exit status: left as the program set it (0 after a normal end). An exit hook cannot
+    change it: Python ignores an exception raised there, and ``os._exit`` would skip the
+    remaining exit handlers (logging's flush, other libraries' cleanup) and overwrite a
+    status the program chose. A program whose status must tell calls ``wait()`` (or leaves
+    the ``with`` block) before it ends: the failure is then raised there.
+    """
+    with _unreported_lock:
+        saves = list(_unreported)
+    for save in saves:
+        save.report_at_exit()
 
 
 # At interpreter exit, concurrent.futures stops accepting work (its hook runs in
@@ -1392,9 +1503,12 @@ class Checkpointer:
       it just before; then retention or ``ckptio gc`` removes it. 0 frees the space at once
       (a reader then falls back to the newest checkpoint).
     - ``async_save`` (bool): ``save`` snapshots the state (one memory copy) and returns; the
-      write and commit run in a background thread. A failure is raised by the next
-      ``save``/``wait``. Leaving the ``with`` block or the interpreter waits for the save in
-      flight. The snapshot memory (one state's worth, page-aligned) is kept for the next
+      write and commit run in a background thread. A failure is reported exactly once: raised
+      by the handle's ``wait``, or else by the next ``save``/``wait``/``close`` (leaving the
+      ``with`` block), or else — handle and Checkpointer dropped, or the program ended
+      first — printed on stderr at interpreter exit (which leaves the exit status as it is;
+      see ``_wait_at_exit``). Leaving the ``with`` block or the interpreter waits for the
+      save in flight. The snapshot memory (one state's worth, page-aligned) is kept for the next
       save, so later snapshots cost one memory copy and no page faults; ``close`` frees it.
     - ``snapshot`` (``copy``, ``fork``; async saves only): ``fork`` takes the snapshot by
       forking a child process that writes the shards from its copy-on-write view of the
@@ -1478,7 +1592,6 @@ class Checkpointer:
         self._lock = threading.Lock()
         self._retained = False  # retention ran once (see keep_last)
         self._warned_other_writer = False
-        _live.add(self)
 
     # -- saving -----------------------------------------------------------------------------
     def save(
@@ -1513,7 +1626,8 @@ class Checkpointer:
             if forked is not None:
                 forked.cancel()
             raise
-        handle = SaveHandle(step, time.perf_counter() - t0, fut)
+        report = _BackgroundSave(step, self.store.url, fut)
+        handle = SaveHandle(step, time.perf_counter() - t0, fut, None, report)
         if prepared.error is not None:
             handle.wait()  # the collective fails on every rank; raise here, not later
         with self._lock:
@@ -1592,17 +1706,18 @@ class Checkpointer:
             log.warning("retention after step %d failed: %s", newest, err)
 
     def wait(self) -> SaveResult | None:
-        """Wait for the save in flight, if any; raise its error if it failed."""
+        """Wait for the save in flight, if any; raise its error if it failed, unless its
+        handle's ``wait`` raised it already (a failure is handed to the caller once)."""
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is None:
             return None
-        try:
-            return pending.wait()
-        except errors.CkptioError:
-            raise
-        except Exception as err:
-            raise errors.SaveFailedError(f"background save of step {pending.step} failed: {err}") from err
+        result, error, first = pending._outcome(None)
+        if error is None or not first:
+            return result
+        if isinstance(error, errors.CkptioError) or not isinstance(error, Exception):
+            raise error
+        raise errors.SaveFailedError(f"background save of step {pending.step} failed: {error}") from error
 
     # -- loading ----------------------------------------------------------------------------
     # Each of these first waits for this Checkpointer's save in flight (raising its failure),
@@ -1642,7 +1757,6 @@ class Checkpointer:
                 self._executor.shutdown(wait=True)
                 self._executor = None
             self._snapshots.release()
-            _live.discard(self)
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -1655,27 +1769,6 @@ class Checkpointer:
             self.close()
         except Exception as err:  # the body's exception is the one to propagate
             log.error("checkpoint save in flight failed while leaving the Checkpointer: %s", err)
-
-    def _finish_at_exit(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        if not pending.done():
-            log.warning("interpreter exiting: waiting for the checkpoint save of step %d", pending.step)
-        try:
-            pending.wait()
-        except KeyboardInterrupt:
-            msg = (
-                f"ckptio: interrupted while waiting for the background save of step {pending.step}; "
-                f"it may not be committed (check with `ckptio ls {self.store.url}`)"
-            )
-            log.error(msg)
-            print(msg, file=__import__("sys").stderr, flush=True)
-        except BaseException as err:
-            msg = f"ckptio: the background save of step {pending.step} FAILED and was not committed: {err}"
-            log.error(msg)
-            print(msg, file=__import__("sys").stderr, flush=True)
 
 
 def delete_step(store: Store, step: int) -> None:
@@ -1807,7 +1900,12 @@ def save(
     comm: Communicator | None = None,
     **options: Any,
 ) -> SaveHandle:
-    """Save ``state`` under ``url`` as ``step``. See :class:`Checkpointer` for options."""
+    """Save ``state`` under ``url`` as ``step``. See :class:`Checkpointer` for options.
+
+    ``blocking=False`` returns after the snapshot; the handle's ``wait`` raises a failure. A
+    failure no ``wait`` raised (the handle dropped) is printed on stderr at interpreter exit,
+    which also waits for the save if it still runs.
+    """
     ck = Checkpointer(url, async_save=not blocking, comm=comm, **options)
     handle = ck.save(state, step, metadata=metadata)
     if blocking:
