@@ -77,6 +77,7 @@ class MemoryStore(Store):
         multipart=False,
         listing=True,
         positional_writes=False,
+        shared=False,
     )
 
     _lock = _SPACES_LOCK

@@ -838,6 +838,8 @@ def commit_step(
 def check_objects_present(store: Store, step: int, objects: Iterable[str]) -> None:
     """Raise :class:`~ckptio.errors.SaveFailedError` unless every object (a key relative to
     the step directory) is listed: one listing of the step, before its manifest is published."""
+    if not store.capabilities.shared:
+        return  # other processes' objects are not visible here (memory://)
     prefix = fmt.step_dir(step) + "/"
     present = set(store.list(prefix))
     missing = sorted(k for k in objects if prefix + k not in present)
@@ -1267,6 +1269,10 @@ def list_steps(store: Store) -> list[StepInfo]:
                 info.complete, info.created = True, m.created
             except errors.CkptioError as err:
                 info.problem = str(err)
+        elif live := _live_leases(store, keys, time.time()):
+            info.problem = "save in progress (" + ", ".join(lease.holder() for lease in live) + ")"
+        elif retired_key(step) in keys:
+            info.problem = "retired by retention (its data stays for readers, then gc removes it)"
         else:
             info.problem = "no manifest (incomplete or interrupted save)"
         out.append(info)

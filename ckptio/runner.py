@@ -81,6 +81,7 @@ from ckptio.checkpoint import (
     write_rank_shards,
 )
 from ckptio.dist import Communicator, detect
+from ckptio.lease import SaveLease
 from ckptio.registry import open_store, split_url
 from ckptio.store import Store, parse_size
 from ckptio.workload import ObjectSpec, Plan
@@ -465,12 +466,15 @@ def _run(
                            "phase": phase, "bytes": int(nbytes), "seconds": float(seconds),
                            "start": float(start), "end": float(end), "cache": cache_mode})
 
+    leases: list[SaveLease] = []  # rank 0's, one per iteration; all released at the end
     try:
         for it in range(iterations):
             step = step0 + it
             info = _Iter()
             token = secrets.token_hex(4)
             # -- write ------------------------------------------------------------------
+            if rank == 0:  # before any rank writes: gc and retention leave the step alone
+                leases.append(SaveLease(store, step, token).acquire())
             comm.barrier()
             gen_lock = threading.Lock()
             outcomes: list[dict[str, Any]] = []
@@ -554,7 +558,8 @@ def _run(
                     # the token names rank 0's shared object: a failed commit finds it by it
                     plan_doc = {"writers": {p: -1 for p in prepared.tensors}, "token": token}
                     verdict = commit_step(store, step, prepared, plan_doc, gathered, plan.ranks,
-                                      layout, key_layout)
+                                          layout, key_layout, lease=leases[-1])
+                    leases[-1].release()
             verdict = comm.bcast(verdict, root=0)
             if not verdict.get("ok"):
                 raise errors.SaveFailedError(
@@ -642,6 +647,8 @@ def _run(
             if pause and it < iterations - 1:
                 time.sleep(pause)
     finally:
+        for lease in leases:
+            lease.release()
         pool.shutdown(wait=True)
 
     # -- gather to rank 0 and write the tables ----------------------------------------------

@@ -76,6 +76,10 @@ class Capabilities:
     the ``shared-file`` (N-1) layout needs."""
     direct_io: bool = False
     """Reads and writes can bypass the page cache (``O_DIRECT``)."""
+    shared: bool = True
+    """Every process that opens the same URL sees the same objects. False for a store held in
+    one process's memory: a save's commit then cannot list other processes' objects, so its
+    pre-commit check (every object the manifest names is there) covers this process's only."""
 
 
 class _CloseOrAbort(ABC):
