@@ -653,6 +653,7 @@ def _save_collective(
     gathered = comm.gather(offer, root=0)
     plan: dict[str, Any]
     lease: SaveLease | None = None
+    refusal: BaseException | None = prepared.error  # chained to the error every rank raises
     try:
         if comm.rank == 0:
             assert gathered is not None
@@ -669,9 +670,10 @@ def _save_collective(
                 plan = {"ok": True, "token": lease.token, "writers": writers}
             except errors.CkptioError as err:
                 plan = {"ok": False, "error": _error_text(err)}
+                refusal = refusal or err
         else:
             plan = {}
-        return _write_and_commit(store, prepared, step, comm, plan, lease, t0, layout=layout,
+        return _write_and_commit(store, prepared, step, comm, plan, lease, refusal, t0, layout=layout,
                                  key_layout=key_layout, chunk_size=chunk_size,
                                  max_object_size=max_object_size, forked=forked)
     finally:
@@ -686,6 +688,7 @@ def _write_and_commit(
     comm: Communicator,
     plan: dict[str, Any],
     lease: SaveLease | None,
+    refusal: BaseException | None,
     t0: float,
     *,
     layout: str,
@@ -696,7 +699,7 @@ def _write_and_commit(
 ) -> SaveResult:
     plan = comm.bcast(plan, root=0)
     if not plan["ok"]:
-        raise errors.SaveFailedError(f"save of step {step} refused: {plan['error']}") from prepared.error
+        raise errors.SaveFailedError(f"save of step {step} refused, nothing committed: {plan['error']}") from refusal
     mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
     # 2. write this rank's shards
     try:
