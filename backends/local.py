@@ -3,7 +3,9 @@
 Writes go to a temp file beside the target (``.<name>.ckptio-tmp-<hex>``), in large blocks
 from a thread pool (``os.pwrite`` releases the GIL, so blocks of one object are written in
 parallel), are fsynced, renamed into place, and the directory is fsynced: on return from
-``close`` the object is durable and visible, and no reader ever sees a partial file.
+``close`` the object is durable and visible, and no reader ever sees a partial file. Every
+directory the store creates (a step's, the root and its missing parents) is made durable in
+its parent when it is created (:meth:`LocalStore.make_dirs`).
 
 Large objects are written and read with ``O_DIRECT`` where the filesystem accepts it (the
 default; ``direct=0`` turns it off): no page-cache copy, no dirty pages for fsync to flush,
@@ -512,6 +514,8 @@ class LocalStore(Store):
         self.preallocate = option_bool(preallocate, field="preallocate")
         self._fresh_concurrency()
         self._real_root: str | None = None
+        self._dirs: set[str] = set()
+        """Directories known to exist (and, with ``fsync``, to be durable in their parents)."""
 
     def _fresh_concurrency(self) -> None:
         """The I/O pool (created on first use) and the locks and bounds around it."""
@@ -598,10 +602,49 @@ class LocalStore(Store):
         flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else 0)
         with self.trace.request("create", key, backend=self.name):
             try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                return os.open(path, flags, 0o644)
+                return self.open_creating(path, flags)
             except OSError as err:
                 raise os_error(err, target, "create") from err
+
+    def make_dirs(self, directory: str) -> None:
+        """Create ``directory`` and its missing parents. With ``fsync`` on, every directory
+        this creates is made durable in its parent (the parent is fsynced after the mkdir),
+        at every level: a step's directories, the root, and the root's own missing parents.
+        A directory another writer created at the same moment (``EEXIST``) gets its parent
+        fsynced too, since that writer may not have done so yet. Directories known to exist
+        are cached per store, so a save pays for each new directory once, not per object."""
+        if directory in self._dirs:
+            return
+        missing: list[str] = []
+        d = directory
+        while d not in self._dirs and not os.path.isdir(d):
+            missing.append(d)
+            parent = os.path.dirname(d)
+            if parent == d:
+                break
+            d = parent
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                if not os.path.isdir(d):
+                    raise
+            if self.fsync:
+                fsync_dir(os.path.dirname(d))
+        self._dirs.add(directory)
+
+    def open_creating(self, path: str, flags: int) -> int:
+        """``os.open(path, flags, 0o644)`` after :meth:`make_dirs` of its directory. A cached
+        directory removed since (retention or gc pruning empty directories, here or in
+        another process) is created again, once."""
+        directory = os.path.dirname(path)
+        self.make_dirs(directory)
+        try:
+            return os.open(path, flags, 0o644)
+        except FileNotFoundError:
+            self._dirs.clear()
+            self.make_dirs(directory)
+            return os.open(path, flags, 0o644)
 
     # -- paths ------------------------------------------------------------------------------
     def path_of(self, key: str) -> str:
@@ -635,8 +678,7 @@ class LocalStore(Store):
         tmp = os.path.join(directory, f".{base}{TMP_MARK}{secrets.token_hex(6)}")
         with self.trace.request("put", key, len(data), backend=self.name):
             try:
-                os.makedirs(directory, exist_ok=True)
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = self.open_creating(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
                 try:
                     view = memoryview(data)
                     while view:
@@ -867,6 +909,7 @@ class LocalStore(Store):
                 os.rmdir(d)
             except OSError:
                 continue
+            self._dirs.discard(d)
             todo.append(os.path.dirname(d))
             todo.sort(key=len, reverse=True)
 

@@ -309,7 +309,7 @@ class ParallelFSStore(LocalStore):
             return super().create_file(key, path, size_hint, target=target, exclusive=exclusive)
         with self.trace.request("create", key, backend=self.name):
             try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self.make_dirs(os.path.dirname(path))
             except OSError as err:
                 raise os_error(err, target, "create") from err
             with self.trace.request("setstripe", key, backend=self.name):
