@@ -461,7 +461,7 @@ class LocalStore(Store):
         if cls is LocalStore:
             from ckptio.backends import parallelfs  # late: parallelfs subclasses LocalStore
 
-            if parallelfs.detect_fs(_path_from_url(url)).parallel:
+            if parallelfs.detect_fs(local_root(url)).parallel:
                 return super().__new__(parallelfs.ParallelFSStore)
         return super().__new__(cls)
 
@@ -497,7 +497,7 @@ class LocalStore(Store):
                 "direct, direct_read, fsync, preallocate"
             )
         super().__init__(url, trace=trace)
-        self.root = os.path.abspath(_path_from_url(url))
+        self.root = local_root(url)
         self.streams = option_int(streams, field="streams", minimum=1)
         self.block_size = parse_size(block_size, field="block_size")
         if self.block_size < ALIGN or self.block_size % ALIGN:
@@ -935,10 +935,14 @@ class LocalStore(Store):
         return removed
 
 
-def _path_from_url(url: str) -> str:
-    if "://" not in url:
-        return url
-    rest = url.split("://", 1)[1]
-    if rest.startswith("localhost/"):
-        rest = rest[len("localhost") :]
-    return rest or "."
+def local_root(url: str) -> str:
+    """The absolute directory a ``file://``/``pfs://`` URL or a plain path names (parsed by
+    :func:`ckptio.registry.parse_url`)."""
+    from ckptio.registry import parse_url
+
+    loc = parse_url(url)
+    if not loc.local:
+        raise errors.InvalidArgumentError(
+            f"{loc.scheme}:// does not name a local directory; expected file:///abs/path or a path"
+        )
+    return loc.path
