@@ -1282,7 +1282,7 @@ def list_steps(store: Store) -> list[StepInfo]:
     return out
 
 
-def open_checkpoint(url: str | Store, step: int | None = None, **options: Any) -> CheckpointReader:
+def open_checkpoint(url: str | os.PathLike[str] | Store, step: int | None = None, **options: Any) -> CheckpointReader:
     """Open the checkpoint of ``step`` (default: the newest complete one) for reading."""
     store = open_store(url, **options)
     if step is not None:
@@ -1496,7 +1496,10 @@ if _register_thread_atexit is not None:
 
 
 class Checkpointer:
-    """Saves and loads the checkpoints of one run under ``url``.
+    """Saves and loads the checkpoints of one run under ``url``: a storage URL
+    (``s3://bucket/prefix``, ``file:///abs/path``, ...), a plain path or ``os.PathLike`` (a
+    local directory), or a Store. URLs are parsed strictly (:func:`ckptio.registry.parse_url`):
+    a malformed one is refused with the accepted forms.
 
     Options:
 
@@ -1537,7 +1540,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        url: str | Store,
+        url: str | os.PathLike[str] | Store,
         *,
         keep_last: int | None = None,
         async_save: bool = False,
@@ -1901,7 +1904,7 @@ def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
 
 def save(
     state: Any,
-    url: str | Store,
+    url: str | os.PathLike[str] | Store,
     step: int,
     *,
     blocking: bool = True,
@@ -1923,7 +1926,7 @@ def save(
 
 
 def load(
-    url: str | Store,
+    url: str | os.PathLike[str] | Store,
     step: int | None = None,
     *,
     select: Mapping[str, Any] | None = None,
@@ -1951,7 +1954,7 @@ def load(
     return _read_newest(open_store(url, **options), select, into)
 
 
-def verify(url: str | Store, step: int | None = None, **options: Any) -> list[str]:
+def verify(url: str | os.PathLike[str] | Store, step: int | None = None, **options: Any) -> list[str]:
     """Re-read a checkpoint and check every CRC; the list of problems (empty when intact)."""
     return open_checkpoint(url, step, **options).verify()
 
