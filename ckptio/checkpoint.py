@@ -30,7 +30,7 @@ import logging
 import math
 import mmap
 import os
-import secrets
+import sys
 import threading
 import time
 import weakref
@@ -56,6 +56,16 @@ from ckptio.arrays import (
 )
 from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.forked import SMAPS, ForkedWriter, PageReleaser, in_ranges, unforkable_ranges
+from ckptio.lease import (
+    RETIRE_GRACE_SECONDS,
+    LeaseInfo,
+    SaveLease,
+    is_lease_key,
+    read_lease,
+    retire,
+    retired_at,
+    retired_key,
+)
 from ckptio.registry import open_store
 from ckptio.store import Store, option_int, parse_size, wait_all
 
@@ -75,7 +85,7 @@ a byte range rank 0 assigns (aligned to :attr:`Store.positional_alignment`);
 same for all (chunks name an object and a byte offset), so load and verify need no layout.
 The shared layouts need ``capabilities.positional_writes`` (file://, pfs://)."""
 
-_CHECKPOINT_OPTIONS = ("layout", "key_layout", "chunk_size", "max_object_size")
+_CHECKPOINT_OPTIONS = ("layout", "key_layout", "chunk_size", "max_object_size", "retire_grace")
 
 FORK_OBJECT_BYTES = 256 << 20
 """Bytes: the largest shard object a fork snapshot's child writes (see :meth:`Checkpointer._fork_writer`)."""
@@ -642,22 +652,54 @@ def _save_collective(
     offer = {"error": _error_text(prepared.error)} if prepared.error else {"metas": prepared.metas()}
     gathered = comm.gather(offer, root=0)
     plan: dict[str, Any]
-    if comm.rank == 0:
-        assert gathered is not None
-        try:
-            refused = [f"rank {r}: {o['error']}" for r, o in enumerate(gathered) if "error" in o]
-            if refused:
-                raise errors.SaveFailedError("; ".join(refused))
-            if store.exists(mkey):
-                raise errors.AlreadyExistsError(f"{store.url}: step {step} already has a committed checkpoint ({mkey})")
-            plan = {"ok": True, "token": secrets.token_hex(4), "writers": _plan_writers([o["metas"] for o in gathered])}
-        except errors.CkptioError as err:
-            plan = {"ok": False, "error": _error_text(err)}
-    else:
-        plan = {}
+    lease: SaveLease | None = None
+    refusal: BaseException | None = prepared.error  # chained to the error every rank raises
+    try:
+        if comm.rank == 0:
+            assert gathered is not None
+            try:
+                refused = [f"rank {r}: {o['error']}" for r, o in enumerate(gathered) if "error" in o]
+                if refused:
+                    raise errors.SaveFailedError("; ".join(refused))
+                if store.exists(mkey):
+                    raise errors.AlreadyExistsError(f"{store.url}: step {step} already has a committed checkpoint ({mkey})")
+                writers = _plan_writers([o["metas"] for o in gathered])
+                # the lease is published before any rank writes: gc and retention leave the
+                # step alone while it is live (see ckptio.lease)
+                lease = SaveLease(store, step).acquire()
+                plan = {"ok": True, "token": lease.token, "writers": writers}
+            except errors.CkptioError as err:
+                plan = {"ok": False, "error": _error_text(err)}
+                refusal = refusal or err
+        else:
+            plan = {}
+        return _write_and_commit(store, prepared, step, comm, plan, lease, refusal, t0, layout=layout,
+                                 key_layout=key_layout, chunk_size=chunk_size,
+                                 max_object_size=max_object_size, forked=forked)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _write_and_commit(
+    store: Store,
+    prepared: PreparedState,
+    step: int,
+    comm: Communicator,
+    plan: dict[str, Any],
+    lease: SaveLease | None,
+    refusal: BaseException | None,
+    t0: float,
+    *,
+    layout: str,
+    key_layout: str,
+    chunk_size: int,
+    max_object_size: int,
+    forked: ForkedWriter | None,
+) -> SaveResult:
     plan = comm.bcast(plan, root=0)
     if not plan["ok"]:
-        raise errors.SaveFailedError(f"save of step {step} refused: {plan['error']}") from prepared.error
+        raise errors.SaveFailedError(f"save of step {step} refused, nothing committed: {plan['error']}") from refusal
     mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
     # 2. write this rank's shards
     try:
@@ -686,7 +728,9 @@ def _save_collective(
     verdict: dict[str, Any] = {}
     if comm.rank == 0:
         assert results is not None
-        verdict = commit_step(store, step, prepared, plan, results, comm.size, layout, key_layout)
+        verdict = commit_step(store, step, prepared, plan, results, comm.size, layout, key_layout, lease=lease)
+        if lease is not None:
+            lease.release()  # before the other ranks return: the save is over when they do
     verdict = comm.bcast(verdict, root=0)
     if not verdict["ok"]:
         raise errors.SaveFailedError(f"save of step {step} failed, nothing committed: {verdict['error']}") from local_error
@@ -723,7 +767,13 @@ def commit_step(
     world_size: int,
     layout: str,
     key_layout: str,
+    *,
+    lease: SaveLease | None = None,
 ) -> dict[str, Any]:
+    """Rank 0: publish the manifest of a step whose data every rank reported written, or
+    discard that data. Before publishing it checks that ``lease`` (the save's, see
+    :mod:`ckptio.lease`) has not lapsed and that every object the manifest names is listed, so
+    a manifest never names a missing object."""
     prefix = fmt.step_dir(step) + "/"
     written = [prefix + k for r in results if r.get("ok") for k in r["objects"]]
     failed = [(rank, r["error"]) for rank, r in enumerate(results) if not r.get("ok")]
@@ -773,6 +823,9 @@ def commit_step(
         doc["tensors"] = doc_tensors
         data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
         fmt.parse_manifest(data, expect_step=step)
+        if lease is not None:
+            lease.check()
+        check_objects_present(store, step, objects)
         store.publish(fmt.manifest_key(step), data, overwrite=False)
     except Exception as err:  # reported to every rank; the data is discarded
         log.debug("commit of step %d failed", step, exc_info=True)
@@ -783,6 +836,21 @@ def commit_step(
         discard_objects(store, written)
         return {"ok": False, "error": _error_text(err)}
     return {"ok": True, "nbytes": sum(objects.values())}
+
+
+def check_objects_present(store: Store, step: int, objects: Iterable[str]) -> None:
+    """Raise :class:`~ckptio.errors.SaveFailedError` unless every object (a key relative to
+    the step directory) is listed: one listing of the step, before its manifest is published."""
+    if not store.capabilities.shared:
+        return  # other processes' objects are not visible here (memory://)
+    prefix = fmt.step_dir(step) + "/"
+    present = set(store.list(prefix))
+    missing = sorted(k for k in objects if prefix + k not in present)
+    if missing:
+        raise errors.SaveFailedError(
+            f"{len(missing)} object(s) of step {step} vanished before its commit (deleted by "
+            f"another process?), e.g. {prefix}{missing[0]}; not committed"
+        )
 
 
 def _attempt_keys(store: Store, prefix: str, token: str) -> list[str]:
@@ -1204,13 +1272,17 @@ def list_steps(store: Store) -> list[StepInfo]:
                 info.complete, info.created = True, m.created
             except errors.CkptioError as err:
                 info.problem = str(err)
+        elif live := _live_leases(store, keys, time.time()):
+            info.problem = "save in progress (" + ", ".join(lease.holder() for lease in live) + ")"
+        elif retired_key(step) in keys:
+            info.problem = "retired by retention (its data stays for readers, then gc removes it)"
         else:
             info.problem = "no manifest (incomplete or interrupted save)"
         out.append(info)
     return out
 
 
-def open_checkpoint(url: str | Store, step: int | None = None, **options: Any) -> CheckpointReader:
+def open_checkpoint(url: str | os.PathLike[str] | Store, step: int | None = None, **options: Any) -> CheckpointReader:
     """Open the checkpoint of ``step`` (default: the newest complete one) for reading."""
     store = open_store(url, **options)
     if step is not None:
@@ -1219,15 +1291,55 @@ def open_checkpoint(url: str | Store, step: int | None = None, **options: Any) -
             return CheckpointReader(store, step, read_manifest(store, step))
         except FileNotFoundError:
             raise errors.NotFoundError(f"{store.url}: no committed checkpoint at step {step}") from None
-    steps = committed_steps(store)
-    for s in reversed(steps):
-        try:
-            return CheckpointReader(store, s, read_manifest(store, s))
-        except errors.ManifestError as err:
-            log.warning("skipping step %d: its manifest is invalid (%s)", s, err)
-        except FileNotFoundError:
-            continue  # deleted meanwhile (retention)
+    return _open_newest(store, skip=())
+
+
+_RELISTS = 8
+"""How many times a reader re-lists the steps when the checkpoint it chose was retired under it
+(each time the newest then complete one is taken; retention's grace makes a second rare)."""
+
+
+def _open_newest(store: Store, skip: Iterable[int]) -> CheckpointReader:
+    """The newest step whose manifest validates, other than ``skip``. A step whose manifest is
+    damaged or refused (a symlink out of the root, unreadable) is skipped with a warning; if
+    every listed step vanished meanwhile (retention), the steps are listed again."""
+    skipped = set(skip)
+    for _ in range(_RELISTS):
+        steps = committed_steps(store)
+        vanished = False
+        for s in reversed(steps):
+            if s in skipped:
+                continue
+            try:
+                return CheckpointReader(store, s, read_manifest(store, s))
+            except FileNotFoundError:
+                vanished = True  # retired meanwhile: an older one, or a newer one on re-listing
+            except (errors.CorruptCheckpointError, PermissionError) as err:
+                log.warning("skipping step %d: its manifest cannot be used (%s)", s, err)
+                skipped.add(s)
+        if not vanished:
+            break
     raise errors.NotFoundError(f"{store.url}: no complete checkpoint found")
+
+
+def _read_newest(store: Store, select: Mapping[str, Any] | None, into: Any) -> Any:
+    """The state of the newest complete checkpoint. If the step is retired while it is read
+    (its manifest gone, an object with it), the newest complete one is read instead; an object
+    missing under a manifest that still exists is damage, raised as it is."""
+    skip: set[int] = set()
+    for _ in range(_RELISTS):
+        reader = _open_newest(store, skip)
+        try:
+            return reader.state(select, into=into)
+        except (FileNotFoundError, errors.CorruptCheckpointError) as err:
+            if store.exists(fmt.manifest_key(reader.step)):
+                raise
+            log.info("step %d was retired while being read (%s); reading the newest again", reader.step, err)
+            skip.add(reader.step)
+    raise errors.NotFoundError(
+        f"{store.url}: every checkpoint read was retired before it could be read whole "
+        f"({_RELISTS} tries); is retention removing checkpoints faster than they are read?"
+    )
 
 
 # -- the public API ---------------------------------------------------------------------------
@@ -1241,27 +1353,137 @@ class SaveHandle:
     blocking_seconds: float
     _future: Future[SaveResult] | None = None
     _result: SaveResult | None = None
+    _report: _BackgroundSave | None = None
 
     def done(self) -> bool:
         return self._future is None or self._future.done()
 
     def wait(self, timeout: float | None = None) -> SaveResult:
-        """Block until the save is committed; raise its error if it failed."""
-        if self._result is None:
-            assert self._future is not None
-            self._result = self._future.result(timeout)
-        return self._result
+        """Block until the save is committed; raise its error if it failed (at every call;
+        once raised here, the failure is not raised again by the Checkpointer's next
+        ``wait``/``save``/``close`` nor printed at exit). ``TimeoutError`` if ``timeout``
+        seconds pass first."""
+        result, error, _ = self._outcome(timeout)
+        if error is not None:
+            raise error
+        assert result is not None
+        return result
 
     result = wait
 
+    def _outcome(self, timeout: float | None) -> tuple[SaveResult | None, BaseException | None, bool]:
+        """The save's result or error, and whether this call is the first to hand that error
+        to the caller."""
+        if self._result is None:
+            assert self._future is not None
+            error = self._future.exception(timeout)  # TimeoutError while the save still runs
+            if error is not None:
+                return None, error, self._report is None or self._report.claim()
+            self._result = self._future.result()
+        return self._result, None, False
 
-_live: weakref.WeakSet[Checkpointer] = weakref.WeakSet()
+
+class _BackgroundSave:
+    """One background save as the exit report sees it.
+
+    Held strongly by ``_unreported`` from its start until it commits or its failure has been
+    handed to the caller once, whether or not its Checkpointer and handle still exist: the
+    registry, not the Checkpointer, is what the exit hook reads. A finished save keeps only
+    its error's text, not the error (whose traceback's frames hold the Checkpointer and the
+    snapshot), so a dropped Checkpointer's memory is freed as usual.
+    """
+
+    __slots__ = ("step", "url", "future", "error", "reported")
+
+    def __init__(self, step: int, url: str, future: Future[SaveResult]) -> None:
+        self.step, self.url = step, url
+        self.future: Future[SaveResult] | None = future
+        self.error: str | None = None
+        self.reported = False
+        with _unreported_lock:
+            _unreported[self] = None
+        future.add_done_callback(self._finished)
+
+    def _finished(self, future: Future[SaveResult]) -> None:
+        error = None if future.cancelled() else future.exception()
+        with _unreported_lock:
+            self.future = None
+            if error is None or self.reported:
+                _unreported.pop(self, None)
+            else:
+                self.error = str(error)
+
+    def claim(self) -> bool:
+        """Mark the failure as reported; True for the first caller only."""
+        with _unreported_lock:
+            first, self.reported = not self.reported, True
+            _unreported.pop(self, None)
+        return first
+
+    def report_at_exit(self) -> None:
+        """Wait for the save if it still runs; print its failure on stderr unless reported."""
+        with _unreported_lock:
+            future = self.future
+        error = self.error
+        if future is not None:
+            if not future.done():
+                log.warning("interpreter exiting: waiting for the checkpoint save of step %d", self.step)
+            try:
+                exc = future.exception()
+            except KeyboardInterrupt:
+                if self.claim():
+                    _print_err(
+                        f"ckptio: interrupted while waiting for the background save of step {self.step}; "
+                        f"it may not be committed (check with `ckptio ls {self.url}`)"
+                    )
+                return
+            error = None if exc is None else str(exc)
+        if error is not None and self.claim():
+            _print_err(f"ckptio: the background save of step {self.step} FAILED and was not committed: {error}")
+
+
+def _print_err(msg: str) -> None:
+    # print, not log: with logging unconfigured (or configured to stderr) a log record would
+    # reach stderr as well, and the report must appear exactly once
+    print(msg, file=sys.stderr, flush=True)
+
+
+# background saves in flight, and failed ones whose failure no caller has been handed yet
+_unreported: dict[_BackgroundSave, None] = {}
+_unreported_lock = threading.Lock()
+
+
+def _forget_parents_saves() -> None:
+    """A forked child did not start its parent's saves (nor runs their threads): they are the
+    parent's to wait for and report."""
+    global _unreported_lock
+    _unreported_lock = threading.Lock()
+    _unreported.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_parents_saves)
 
 
 @atexit.register
 def _wait_at_exit() -> None:
-    for ck in list(_live):
-        ck._finish_at_exit()
+    """Interpreter exit: wait for every background save still in flight, and print on stderr,
+    once, each failure that no ``wait``/``save``/``close``/``with`` has raised — including
+    those of handles and Checkpointers dropped long before. Not when a Checkpointer is
+    garbage-collected: that comes at an arbitrary moment and thread (a failure's traceback
+    ties its Checkpointer into a reference cycle, freed only by the cyclic collector), while
+    exit comes once, after the program's own chances to ``wait``.
+
+    Exit status: left as the program set it (0 after a normal end). An exit hook cannot
+    change it: Python ignores an exception raised there, and ``os._exit`` would skip the
+    remaining exit handlers (logging's flush, other libraries' cleanup) and overwrite a
+    status the program chose. A program whose status must tell calls ``wait()`` (or leaves
+    the ``with`` block) before it ends: the failure is then raised there.
+    """
+    with _unreported_lock:
+        saves = list(_unreported)
+    for save in saves:
+        save.report_at_exit()
 
 
 # At interpreter exit, concurrent.futures stops accepting work (its hook runs in
@@ -1274,7 +1496,10 @@ if _register_thread_atexit is not None:
 
 
 class Checkpointer:
-    """Saves and loads the checkpoints of one run under ``url``.
+    """Saves and loads the checkpoints of one run under ``url``: a storage URL
+    (``s3://bucket/prefix``, ``file:///abs/path``, ...), a plain path or ``os.PathLike`` (a
+    local directory), or a Store. URLs are parsed strictly (:func:`ckptio.registry.parse_url`):
+    a malformed one is refused with the accepted forms.
 
     Options:
 
@@ -1282,10 +1507,20 @@ class Checkpointer:
       ``keep_last`` checkpoints (and debris of interrupted saves older than the newest). The
       first save of a Checkpointer also does so before it writes, so a job killed between a
       commit and its retention (a restart) never leaves more than ``keep_last + 1``.
+      Retention never touches a save in flight (this job's or another's: see
+      :mod:`ckptio.lease`) and applies to every checkpoint under the root; a second process
+      saving under the same root is named in a warning.
+    - ``retire_grace`` (seconds, default 60): a checkpoint removed by retention stops existing
+      at once (its manifest goes first), but its data stays this long for readers that opened
+      it just before; then retention or ``ckptio gc`` removes it. 0 frees the space at once
+      (a reader then falls back to the newest checkpoint).
     - ``async_save`` (bool): ``save`` snapshots the state (one memory copy) and returns; the
-      write and commit run in a background thread. A failure is raised by the next
-      ``save``/``wait``. Leaving the ``with`` block or the interpreter waits for the save in
-      flight. The snapshot memory (one state's worth, page-aligned) is kept for the next
+      write and commit run in a background thread. A failure is reported exactly once: raised
+      by the handle's ``wait``, or else by the next ``save``/``wait``/``close`` (leaving the
+      ``with`` block), or else — handle and Checkpointer dropped, or the program ended
+      first — printed on stderr at interpreter exit (which leaves the exit status as it is;
+      see ``_wait_at_exit``). Leaving the ``with`` block or the interpreter waits for the
+      save in flight. The snapshot memory (one state's worth, page-aligned) is kept for the next
       save, so later snapshots cost one memory copy and no page faults; ``close`` frees it.
     - ``snapshot`` (``copy``, ``fork``; async saves only): ``fork`` takes the snapshot by
       forking a child process that writes the shards from its copy-on-write view of the
@@ -1305,7 +1540,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        url: str | Store,
+        url: str | os.PathLike[str] | Store,
         *,
         keep_last: int | None = None,
         async_save: bool = False,
@@ -1315,6 +1550,7 @@ class Checkpointer:
         chunk_size: int | str = DEFAULT_CHUNK_SIZE,
         max_object_size: int | str = DEFAULT_MAX_OBJECT_SIZE,
         snapshot: str = "copy",
+        retire_grace: float = RETIRE_GRACE_SECONDS,
         **store_options: Any,
     ) -> None:
         if snapshot not in SNAPSHOTS:
@@ -1325,6 +1561,9 @@ class Checkpointer:
             raise errors.InvalidArgumentError(f"unknown key_layout {key_layout!r}; valid: {', '.join(fmt.KEY_LAYOUTS)}")
         if keep_last is not None:
             keep_last = option_int(keep_last, field="keep_last", minimum=1)
+        if not isinstance(retire_grace, int | float) or not 0 <= retire_grace < math.inf:
+            raise errors.InvalidArgumentError(f"retire_grace: expected seconds >= 0, got {retire_grace!r}")
+        self.retire_grace = float(retire_grace)
         self.store = open_store(url, **store_options)
         if layout != "file-per-shard" and not self.store.capabilities.positional_writes:
             raise errors.InvalidArgumentError(
@@ -1364,7 +1603,7 @@ class Checkpointer:
         self._pending: SaveHandle | None = None
         self._lock = threading.Lock()
         self._retained = False  # retention ran once (see keep_last)
-        _live.add(self)
+        self._warned_other_writer = False
 
     # -- saving -----------------------------------------------------------------------------
     def save(
@@ -1399,7 +1638,8 @@ class Checkpointer:
             if forked is not None:
                 forked.cancel()
             raise
-        handle = SaveHandle(step, time.perf_counter() - t0, fut)
+        report = _BackgroundSave(step, self.store.url, fut)
+        handle = SaveHandle(step, time.perf_counter() - t0, fut, None, report)
         if prepared.error is not None:
             handle.wait()  # the collective fails on every rank; raise here, not later
         with self._lock:
@@ -1456,48 +1696,68 @@ class Checkpointer:
         return result
 
     def _retain(self, newest: int) -> None:
+        """Retire all but the newest ``keep_last`` steps up to ``newest`` (their data stays for
+        readers for the grace period, see :mod:`ckptio.lease`) and collect debris."""
         self._retained = True
         try:
             steps = committed_steps(self.store)
             doomed = [s for s in steps if s <= newest][: -self.keep_last or None] if self.keep_last else []
             for s in doomed:
-                delete_step(self.store, s)
-            collect_garbage(self.store, before_step=newest)
+                retire(self.store, s)
+            sweep = _sweep(self.store, before_step=newest, grace=self.retire_grace)
+            others = sorted({lease.holder() for lease in sweep.live if not lease.mine()})
+            if others and not self._warned_other_writer:
+                self._warned_other_writer = True
+                log.warning(
+                    "another process is saving under %s (%s): keep_last=%d applies to every "
+                    "checkpoint under the root, its checkpoints too (saves in flight are never "
+                    "touched); give each job its own root to keep their checkpoints apart",
+                    self.store.url, ", ".join(others), self.keep_last,
+                )
         except Exception as err:  # retention must not fail a committed save
             log.warning("retention after step %d failed: %s", newest, err)
 
     def wait(self) -> SaveResult | None:
-        """Wait for the save in flight, if any; raise its error if it failed."""
+        """Wait for the save in flight, if any; raise its error if it failed, unless its
+        handle's ``wait`` raised it already (a failure is handed to the caller once)."""
         with self._lock:
             pending, self._pending = self._pending, None
         if pending is None:
             return None
-        try:
-            return pending.wait()
-        except errors.CkptioError:
-            raise
-        except Exception as err:
-            raise errors.SaveFailedError(f"background save of step {pending.step} failed: {err}") from err
+        result, error, first = pending._outcome(None)
+        if error is None or not first:
+            return result
+        if isinstance(error, errors.CkptioError) or not isinstance(error, Exception):
+            raise error
+        raise errors.SaveFailedError(f"background save of step {pending.step} failed: {error}") from error
 
     # -- loading ----------------------------------------------------------------------------
+    # Each of these first waits for this Checkpointer's save in flight (raising its failure),
+    # so a step it just saved in the background is seen as soon as it is asked for.
     def steps(self) -> list[int]:
         """Committed steps (manifest present), ascending."""
+        self.wait()
         return committed_steps(self.store)
 
     def latest(self) -> int | None:
         """The newest step whose manifest validates, or None."""
+        self.wait()
         try:
             return open_checkpoint(self.store).step
         except FileNotFoundError:
             return None
 
     def open(self, step: int | None = None) -> CheckpointReader:
+        self.wait()
         return open_checkpoint(self.store, step)
 
     def load(self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None) -> Any:
         """The state of ``step`` (default: the newest complete checkpoint); ``select`` and
         ``into`` as for :func:`load`."""
-        return self.open(step).state(select, into=into)
+        self.wait()
+        if step is not None:
+            return open_checkpoint(self.store, step).state(select, into=into)
+        return _read_newest(self.store, select, into)
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -1509,7 +1769,6 @@ class Checkpointer:
                 self._executor.shutdown(wait=True)
                 self._executor = None
             self._snapshots.release()
-            _live.discard(self)
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -1522,27 +1781,6 @@ class Checkpointer:
             self.close()
         except Exception as err:  # the body's exception is the one to propagate
             log.error("checkpoint save in flight failed while leaving the Checkpointer: %s", err)
-
-    def _finish_at_exit(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        if not pending.done():
-            log.warning("interpreter exiting: waiting for the checkpoint save of step %d", pending.step)
-        try:
-            pending.wait()
-        except KeyboardInterrupt:
-            msg = (
-                f"ckptio: interrupted while waiting for the background save of step {pending.step}; "
-                f"it may not be committed (check with `ckptio ls {self.store.url}`)"
-            )
-            log.error(msg)
-            print(msg, file=__import__("sys").stderr, flush=True)
-        except BaseException as err:
-            msg = f"ckptio: the background save of step {pending.step} FAILED and was not committed: {err}"
-            log.error(msg)
-            print(msg, file=__import__("sys").stderr, flush=True)
 
 
 def delete_step(store: Store, step: int) -> None:
@@ -1560,46 +1798,103 @@ def collect_garbage(
     older_than: float = 0.0,
     unfinished: bool = False,
     dry_run: bool = False,
+    grace: float = RETIRE_GRACE_SECONDS,
 ) -> list[str]:
-    """Remove debris of interrupted or losing saves; never touches a committed checkpoint.
+    """Remove debris of interrupted or losing saves and the data of retired steps; never
+    touches a committed checkpoint nor a save in flight.
 
-    Removed: objects under a committed step that its manifest does not reference (a losing
-    concurrent save), every object of a step without a manifest that is older than
-    ``before_step`` (default: the newest committed step — a newer uncommitted step may be a
-    save in flight), and temp files / open multipart uploads older than ``older_than``
-    seconds. Returns the keys removed.
+    Nothing is removed under a step while a save holds a live lease there (see
+    :mod:`ckptio.lease`): not its data, not a competing save's, not temp files or open uploads.
+    Elsewhere it removes: objects under a committed step that its manifest does not name (a
+    losing concurrent save), leases of dead saves, the data of a step retired by retention more
+    than ``grace`` seconds ago, every object of a step without a manifest whose save's lease is
+    dead, or that is older than ``before_step`` (default: the newest committed step), or, with
+    ``unfinished``, of any step without a manifest, and temp files / open multipart uploads older than ``older_than``
+    seconds. Before removing anything of a step it lists the step's leases again and checks its
+    manifest once more, so a save that started or committed meanwhile keeps its data. Returns
+    the keys removed (with ``dry_run``, that would be removed).
     """
-    steps = committed_steps(store)
-    newest = steps[-1] if steps else None
-    limit = before_step if before_step is not None else newest
-    removed: list[str] = []
+    return _sweep(store, before_step=before_step, older_than=older_than, unfinished=unfinished,
+                  dry_run=dry_run, grace=grace).removed
+
+
+@dataclass
+class _Sweep:
+    removed: list[str]
+    live: list[LeaseInfo]
+    """Leases of saves in flight (every step)."""
+
+
+def _live_leases(store: Store, keys: Iterable[str], now: float) -> list[LeaseInfo]:
+    infos = (read_lease(store, k) for k in keys if is_lease_key(k))
+    return [i for i in infos if i is not None and i.live(now)]
+
+
+def _sweep(
+    store: Store,
+    *,
+    before_step: int | None = None,
+    older_than: float = 0.0,
+    unfinished: bool = False,
+    dry_run: bool = False,
+    grace: float = RETIRE_GRACE_SECONDS,
+) -> _Sweep:
     by_step: dict[int, list[str]] = {}
     for key in store.list("step-"):
         s = fmt.parse_step_dir(key.partition("/")[0])
         if s is not None:
             by_step.setdefault(s, []).append(key)
-    for s, keys in by_step.items():
+    committed = [s for s, keys in by_step.items() if fmt.manifest_key(s) in keys]
+    limit = before_step if before_step is not None else max(committed, default=None)
+    now = time.time()
+    removed: list[str] = []
+    live: list[LeaseInfo] = []
+    quiet: list[str] = []  # prefixes of steps with no save in flight
+    for s, keys in sorted(by_step.items()):
+        prefix = fmt.step_dir(s) + "/"
+        leases = _live_leases(store, keys, now)
+        if leases:
+            live.extend(leases)
+            continue
+        quiet.append(prefix)
         mkey = fmt.manifest_key(s)
         if mkey in keys:
             try:
                 manifest = read_manifest(store, s)
-            except errors.ManifestError:
-                continue  # damaged: leave it for a person to look at
+            except (errors.CorruptCheckpointError, PermissionError):
+                continue  # damaged or refused: leave it for a person to look at
             except FileNotFoundError:
-                continue  # deleted meanwhile (retention of another process)
-            prefix = fmt.step_dir(s) + "/"
-            live = {prefix + k for k in manifest.objects} | {mkey}
-            stray = [k for k in keys if k not in live]
-        elif unfinished or (limit is not None and s < limit):
-            stray = keys
+                manifest = None  # retired meanwhile: judged as such on the next sweep
+            if manifest is None:
+                continue
+            keep = {prefix + k for k in manifest.objects} | {mkey, retired_key(s)}
+            stray = [k for k in keys if k not in keep]
         else:
+            when = retired_at(store, s) if retired_key(s) in keys else None
+            if when is not None:
+                if now - when < grace:
+                    continue
+            elif not (unfinished or (limit is not None and s < limit) or any(map(is_lease_key, keys))):
+                continue  # may be a save in flight; a dead lease proves its save is over
+            stray = keys
+        # a save may have started (its lease listed after its first data) or committed since
+        # the listing: its lease is published before its data, the manifest before its lease
+        # is removed, so leases are listed again first and the manifest checked after them
+        again = _live_leases(store, store.list(prefix), time.time())
+        if again:
+            live.extend(again)
+            continue
+        if mkey not in keys and store.exists(mkey):
             continue
         if stray and not dry_run:
             store.delete(stray)
         removed.extend(stray)
     if not dry_run:
-        store.cleanup_incomplete("step-", older_than=older_than)
-    return removed
+        # temp files and open uploads: under every step when no save is in flight (that also
+        # reaches steps with no listed object), else under the quiet steps only
+        for prefix in quiet if live else ["step-"]:
+            store.cleanup_incomplete(prefix, older_than=older_than)
+    return _Sweep(removed, live)
 
 
 def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -1609,7 +1904,7 @@ def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
 
 def save(
     state: Any,
-    url: str | Store,
+    url: str | os.PathLike[str] | Store,
     step: int,
     *,
     blocking: bool = True,
@@ -1617,7 +1912,12 @@ def save(
     comm: Communicator | None = None,
     **options: Any,
 ) -> SaveHandle:
-    """Save ``state`` under ``url`` as ``step``. See :class:`Checkpointer` for options."""
+    """Save ``state`` under ``url`` as ``step``. See :class:`Checkpointer` for options.
+
+    ``blocking=False`` returns after the snapshot; the handle's ``wait`` raises a failure. A
+    failure no ``wait`` raised (the handle dropped) is printed on stderr at interpreter exit,
+    which also waits for the save if it still runs.
+    """
     ck = Checkpointer(url, async_save=not blocking, comm=comm, **options)
     handle = ck.save(state, step, metadata=metadata)
     if blocking:
@@ -1626,7 +1926,7 @@ def save(
 
 
 def load(
-    url: str | Store,
+    url: str | os.PathLike[str] | Store,
     step: int | None = None,
     *,
     select: Mapping[str, Any] | None = None,
@@ -1649,10 +1949,12 @@ def load(
     fails (a damaged chunk, say), it raises and the arrays of ``into`` may hold part of the
     checkpoint.
     """
-    return open_checkpoint(url, step, **options).state(select, into=into)
+    if step is not None:
+        return open_checkpoint(url, step, **options).state(select, into=into)
+    return _read_newest(open_store(url, **options), select, into)
 
 
-def verify(url: str | Store, step: int | None = None, **options: Any) -> list[str]:
+def verify(url: str | os.PathLike[str] | Store, step: int | None = None, **options: Any) -> list[str]:
     """Re-read a checkpoint and check every CRC; the list of problems (empty when intact)."""
     return open_checkpoint(url, step, **options).verify()
 

@@ -167,14 +167,20 @@ def _add_gc(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--older-than",
         default="3600",
         metavar="SECONDS",
-        help="only remove temp files and multipart uploads older than this (default 3600, so a "
-        "save in flight is safe)",
+        help="only remove temp files and multipart uploads older than this (default 3600)",
+    )
+    p.add_argument(
+        "--grace",
+        default="60",
+        metavar="SECONDS",
+        help="keep the data of checkpoints retired by retention this long after their retirement, "
+        "for readers that opened them just before (default 60)",
     )
     p.add_argument(
         "--unfinished",
         action="store_true",
-        help="also remove steps newer than the newest checkpoint that have no manifest (saves "
-        "killed before their commit); only when no save to this URL is running",
+        help="also remove steps newer than the newest checkpoint that have no manifest and no "
+        "live save (a save in flight is never touched, whatever the options)",
     )
     p.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -190,9 +196,16 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         raise errors.InvalidArgumentError(f"--older-than: expected seconds, got {args.older_than!r}") from None
     if older_than < 0:
         raise errors.InvalidArgumentError(f"--older-than: must be >= 0 seconds, got {older_than}")
+    try:
+        grace = float(args.grace)
+    except ValueError:
+        raise errors.InvalidArgumentError(f"--grace: expected seconds, got {args.grace!r}") from None
+    if not 0 <= grace < float("inf"):
+        raise errors.InvalidArgumentError(f"--grace: expected seconds >= 0, got {args.grace!r}")
     with open_store(args.url) as store:
         incomplete_before = store.list_incomplete("step-")
-        removed = collect_garbage(store, older_than=older_than, unfinished=args.unfinished, dry_run=args.dry_run)
+        removed = collect_garbage(store, older_than=older_than, unfinished=args.unfinished,
+                                  dry_run=args.dry_run, grace=grace)
         incomplete_after = incomplete_before if args.dry_run else store.list_incomplete("step-")
     incomplete = len(incomplete_before) - len(incomplete_after)
     if args.json:

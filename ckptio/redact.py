@@ -43,6 +43,7 @@ of a JSON document into ``***``); name-based rules still hide them."""
 
 _SECRETS: set[str] = set()
 _LOCK = threading.Lock()
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:/*")
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
 _NAMED_VALUES = (
     re.compile(r"(?P<name>[A-Za-z_][\w.-]*)(?P<sep>=)(?P<value>[^&\s,;'\"}]+)"),  # name=value
@@ -87,10 +88,18 @@ def _register_environment() -> None:
 
 def redact_url(url: str) -> str:
     """``url`` with its user part and the values of secret-named query parameters replaced
-    by ``***``; everything else as written. Plain paths pass unchanged."""
-    if not isinstance(url, str) or "://" not in url:
+    by ``***``; everything else as written. Plain paths pass unchanged; so does a URL that
+    holds no credential."""
+    if not isinstance(url, str):
         return url
-    scheme, _, rest = url.partition("://")
+    if "://" in url:
+        scheme, _, rest = url.partition("://")
+        scheme += "://"
+    else:  # a malformed URL in an error message ("s3:/KEY:SECRET@bucket"), or a plain path
+        m = _SCHEME.match(url)
+        if m is None or ("@" not in url and "?" not in url):
+            return url
+        scheme, rest = m[0], url[m.end():]
     rest, hash_, fragment = rest.partition("#")
     head, qmark, query = rest.partition("?")
     authority, slash, path = head.partition("/")
@@ -106,7 +115,7 @@ def redact_url(url: str) -> str:
             name, eq, _value = pair.partition("=")
             pairs.append(f"{name}={MASK}" if eq and is_secret_name(unquote_plus(name)) else pair)
         query = "&".join(pairs)
-    return f"{scheme}://{authority}{slash}{path}{qmark}{query}{hash_}{fragment}"
+    return f"{scheme}{authority}{slash}{path}{qmark}{query}{hash_}{fragment}"
 
 
 def _named_value(m: re.Match[str]) -> str:

@@ -81,8 +81,9 @@ from ckptio.checkpoint import (
     write_rank_shards,
 )
 from ckptio.dist import Communicator, detect
+from ckptio.lease import SaveLease
 from ckptio.redact import redact, redact_url
-from ckptio.registry import open_store, split_url
+from ckptio.registry import open_store, split_url, wrap_url
 from ckptio.store import Store, parse_size
 from ckptio.workload import ObjectSpec, Plan
 
@@ -236,7 +237,8 @@ def _assign(plan: Plan, size: int) -> list[np.ndarray]:
 def _target_label(url: str, emulate: str | None, layout: str = "file-per-shard") -> str:
     """The default target label; a shared (N-1) layout is part of it, so reports, which
     group runs by target, keep N-1 and N-N runs of one target apart."""
-    scheme, bare, _ = split_url(redact_url(url))
+    scheme, bare, _ = split_url(url)
+    bare = redact_url(bare)
     tail = bare.split("://", 1)[-1].rstrip("/").rsplit("/", 1)[-1] if "://" in bare else Path(bare).name
     label = scheme if not tail else f"{scheme}-{tail}"
     label = f"{label}-{emulate}" if emulate else label
@@ -368,7 +370,7 @@ def run_workload(
     options = dict(store_options or {})
     target_url = url
     if emulate:
-        target_url = f"shaped+{url}"
+        target_url = wrap_url("shaped", url)
         options["profile"] = emulate
         options.setdefault("ranks", comm.size)  # the processes share aggregate limits
     emulated = bool(emulate) or split_url(url)[0].startswith("shaped")
@@ -467,12 +469,15 @@ def _run(
                            "phase": phase, "bytes": int(nbytes), "seconds": float(seconds),
                            "start": float(start), "end": float(end), "cache": cache_mode})
 
+    leases: list[SaveLease] = []  # rank 0's, one per iteration; all released at the end
     try:
         for it in range(iterations):
             step = step0 + it
             info = _Iter()
             token = secrets.token_hex(4)
             # -- write ------------------------------------------------------------------
+            if rank == 0:  # before any rank writes: gc and retention leave the step alone
+                leases.append(SaveLease(store, step, token).acquire())
             comm.barrier()
             gen_lock = threading.Lock()
             outcomes: list[dict[str, Any]] = []
@@ -556,7 +561,8 @@ def _run(
                     # the token names rank 0's shared object: a failed commit finds it by it
                     plan_doc = {"writers": {p: -1 for p in prepared.tensors}, "token": token}
                     verdict = commit_step(store, step, prepared, plan_doc, gathered, plan.ranks,
-                                      layout, key_layout)
+                                          layout, key_layout, lease=leases[-1])
+                    leases[-1].release()
             verdict = comm.bcast(verdict, root=0)
             if not verdict.get("ok"):
                 raise errors.SaveFailedError(
@@ -644,6 +650,8 @@ def _run(
             if pause and it < iterations - 1:
                 time.sleep(pause)
     finally:
+        for lease in leases:
+            lease.release()
         pool.shutdown(wait=True)
 
     # -- gather to rank 0 and write the tables ----------------------------------------------
@@ -1049,7 +1057,7 @@ def cmd_run(args: Any, console: Any, *, sweep_mode: bool = False) -> int:
     # a wrong target or option fails here, once (through the shaped wrapper when emulating:
     # profile figures given as --option belong to it, not to the wrapped store)
     if args.emulate:
-        probe = open_store(f"shaped+{args.target}", **{**opts, "profile": args.emulate})
+        probe = open_store(wrap_url("shaped", args.target), **{**opts, "profile": args.emulate})
     else:
         probe = open_store(args.target, **opts)
     try:

@@ -88,11 +88,27 @@ def test_with_block_waits_for_the_save_in_flight(tmp_path):
     with ckptio.Checkpointer(store, async_save=True) as ck:
         handle = ck.save(small_state(1), 1)
         assert store.started.wait(30)
-        assert not handle.done() and ck.steps() == []
+        assert not handle.done() and ckptio.checkpoint.committed_steps(store) == []
         threading.Timer(0.2, store.gate.set).start()  # the "disk" finishes later
     # leaving the block returned only after the commit
     assert handle.done()
     assert ckptio.load(f"file://{tmp_path}/run", 1)["step"] == 1
+
+
+@pytest.mark.parametrize("ask", ["load", "latest", "steps", "open"])
+def test_checkpointer_sees_its_own_save_in_flight(tmp_path, ask):
+    """The README's example: a background save, then ``load`` (or ``latest``, ``steps``,
+    ``open``) on the same Checkpointer while the save is still being written: it waits for
+    that save and sees it, instead of finding no checkpoint."""
+    store = GatedStore(str(tmp_path / "run"))
+    store.gate.clear()
+    with ckptio.Checkpointer(store, async_save=True, keep_last=3) as ck:
+        ck.save(small_state(1), 1)
+        assert store.started.wait(30)
+        threading.Timer(0.2, store.gate.set).start()
+        got = getattr(ck, ask)()
+        assert {"load": lambda: got["step"] == 1, "latest": lambda: got == 1,
+                "steps": lambda: got == [1], "open": lambda: got.step == 1}[ask](), got
 
 
 def test_with_block_body_error_propagates_and_failed_save_is_logged(tmp_path, caplog):
@@ -165,12 +181,147 @@ def test_interpreter_exit_finishes_the_save_in_flight(tmp_path):
 
 def test_interpreter_exit_says_loudly_when_the_save_failed(tmp_path):
     proc = _run_exit_script(tmp_path, "fail")
-    assert "background save of step 2 FAILED and was not committed" in proc.stderr, proc.stderr
+    assert proc.stderr.count("background save of step 2 FAILED and was not committed") == 1, proc.stderr
     assert "Input/output error" in proc.stderr
     url = f"file://{tmp_path}/run"
     assert ckptio.Checkpointer(url).steps() == [1]  # no half-written step 2 is visible
     assert state_mismatch(ckptio.load(url), expected_state(1)) is None
     assert not (tmp_path / "run" / fmt.manifest_key(2)).exists()
+
+
+# -- a failed background save is reported exactly once, whoever still holds it ------------------
+
+LOST_SCRIPT = textwrap.dedent(
+    """
+    import errno, gc, logging, sys, threading, time, weakref
+    import numpy as np
+    import ckptio
+    from ckptio import errors
+    from ckptio.backends.local import LocalStore
+
+    scenario, root, snapshot = sys.argv[1], sys.argv[2], sys.argv[3]
+    exiting = threading.Event()
+
+    class ExitWatch(logging.StreamHandler):  # stderr, and tells when the exit hook waits
+        def emit(self, record):
+            super().emit(record)
+            exiting.set() if record.getMessage().startswith("interpreter exiting") else None
+
+    logging.getLogger("ckptio").addHandler(ExitWatch())
+
+    class FullForStep1(LocalStore):
+        # every write of step 1 fails as on a full disk; in "in-flight-at-exit", only once
+        # the interpreter's exit hook waits for it
+        def open_writer(self, key, *, size_hint=None):
+            if scenario == "in-flight-at-exit":
+                assert exiting.wait(60), "the exit hook never waited for the save"
+            if key.startswith("step-0000000001/"):
+                raise errors.NoSpaceError(errno.ENOSPC, f"cannot create {key}: No space left on device (injected)", key)
+            return super().open_writer(key, size_hint=size_hint)
+
+    def store(name):
+        return FullForStep1(f"{root}/{name}")
+
+    def state(step):
+        return {"w": np.full((64, 64), step, dtype=np.float32), "step": step}
+
+    def checkpointer(name):
+        return ckptio.Checkpointer(store(name), async_save=True, snapshot=snapshot)
+
+    def until_collected(ref):
+        # the Checkpointer is freed once its save has ended (its worker no longer holds it)
+        deadline = time.monotonic() + 60
+        while ref() is not None:
+            assert time.monotonic() < deadline, "the Checkpointer was never garbage-collected"
+            gc.collect()
+            time.sleep(0.01)
+
+    def raised(what, call):
+        try:
+            call()
+        except errors.SaveFailedError as err:
+            assert "No space left on device (injected)" in str(err), err
+            print("raised by", what, flush=True)
+
+    if scenario in ("dropped-handle", "in-flight-at-exit"):
+        ckptio.save(state(1), store("a"), 1, blocking=False, snapshot=snapshot)  # handle dropped
+        if scenario == "dropped-handle":
+            [ck] = [o for o in gc.get_objects() if isinstance(o, ckptio.Checkpointer)]  # save's own
+            ref = weakref.ref(ck)
+            del ck
+            until_collected(ref)
+    elif scenario == "dropped-checkpointer":
+        ck = checkpointer("a")
+        ck.save(state(1), 1)
+        ref = weakref.ref(ck)
+        del ck  # never waited
+        until_collected(ref)
+    elif scenario == "raised":
+        raised("handle.wait", lambda: ckptio.save(state(1), store("a"), 1, blocking=False, snapshot=snapshot).wait())
+        with checkpointer("b") as ck:
+            raised("handle.wait in with", ck.save(state(1), 1).wait)
+            ck.save(state(2), 2).wait()  # step 1's failure was handed over already: not again
+        ck = checkpointer("c")
+        ck.save(state(1), 1)
+        raised("Checkpointer.wait", ck.wait)
+        ck.save(state(1), 1)
+        raised("Checkpointer.save", lambda: ck.save(state(2), 2))
+        ck.save(state(1), 1)
+        raised("Checkpointer.close", ck.close)
+
+        def leave():
+            with checkpointer("d") as ck:
+                ck.save(state(1), 1)
+        raised("leaving the with block", leave)
+    print("script ended", flush=True)
+    """
+)
+
+FAILED = "ckptio: the background save of step 1 FAILED and was not committed"
+
+
+def _run_lost_script(tmp_path: Path, scenario: str, snapshot: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "lost.py"
+    script.write_text(LOST_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script), scenario, str(tmp_path / "run"), snapshot],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert "script ended" in proc.stdout and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    return proc
+
+
+@pytest.mark.parametrize("snapshot", ["copy", "fork"])
+@pytest.mark.parametrize("scenario", ["dropped-handle", "dropped-checkpointer"])
+def test_failed_save_of_a_dropped_handle_or_checkpointer_is_reported_at_exit(tmp_path, scenario, snapshot):
+    """``ckptio.save(blocking=False)`` with its handle dropped, or a Checkpointer dropped
+    (garbage-collected) with its failed save never waited: the failure is printed on stderr
+    at exit, once."""
+    proc = _run_lost_script(tmp_path, scenario, snapshot)
+    assert proc.stderr.count(FAILED) == 1, proc.stderr
+    assert proc.stderr.count("No space left on device (injected)") == 1, proc.stderr
+    assert ckptio.Checkpointer(f"file://{tmp_path}/run/a").steps() == []
+
+
+def test_failed_save_of_a_dropped_handle_in_flight_at_exit_is_waited_and_reported(tmp_path):
+    proc = _run_lost_script(tmp_path, "in-flight-at-exit", "copy")
+    assert "waiting for the checkpoint save of step 1" in proc.stderr, proc.stderr
+    assert proc.stderr.count(FAILED) == 1, proc.stderr
+    assert proc.stderr.count("No space left on device (injected)") == 1, proc.stderr
+
+
+@pytest.mark.parametrize("snapshot", ["copy", "fork"])
+def test_failure_raised_to_the_caller_is_not_raised_again_nor_printed_at_exit(tmp_path, snapshot):
+    """Once ``handle.wait()``, ``Checkpointer.wait/save/close`` or leaving the ``with`` block
+    has raised a failure, nothing raises or prints it again."""
+    proc = _run_lost_script(tmp_path, "raised", snapshot)
+    raised = [line for line in proc.stdout.splitlines() if line.startswith("raised by ")]
+    assert raised == [
+        "raised by handle.wait", "raised by handle.wait in with", "raised by Checkpointer.wait",
+        "raised by Checkpointer.save", "raised by Checkpointer.close", "raised by leaving the with block",
+    ], proc.stdout
+    assert proc.returncode == 0 and "FAILED" not in proc.stderr and "failed" not in proc.stderr, proc.stderr
+    assert ckptio.Checkpointer(f"file://{tmp_path}/run/b").steps() == [2]
 
 
 # -- MPI: training collectives while a background save runs its own -----------------------------

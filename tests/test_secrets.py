@@ -2,7 +2,7 @@
 
 Every place a credential can be given gets its own distinctive fake value: the URL's query
 (``?access_key_id=&secret_access_key=&session_token=``, documented), the URL's user part
-(``s3://KEY:SECRET@bucket``, refused), store options (``--option`` / keyword arguments), the
+(``s3://KEY:SECRET@bucket``), store options (``--option`` / keyword arguments), the
 environment (``AWS_*``) and an AWS profile in a temporary ``AWS_CONFIG_FILE`` /
 ``AWS_SHARED_CREDENTIALS_FILE``. Every ``ckptio`` command runs in a real subprocess against the
 moto server, including failing ones (a missing bucket, a wrong key, a bad option, an endpoint
@@ -191,18 +191,18 @@ def test_every_cli_command_hides_credentials_from_every_place(
     small = ["--total-size", "2MiB", "--object-size", "1MiB"]
     no_env_keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
     ukey, usecret = USERINFO
-    # credentials in the query, in options and in the environment at once; then failures:
-    # keys in the user part (refused), a missing bucket, bad options, an endpoint nobody
-    # listens on
+    # credentials in the query, in options and in the environment at once, or in the user
+    # part; then failures: a user part misread ('/' in the secret), a missing bucket, bad
+    # options, an endpoint nobody listens on
     shown = cli.batch(
         ok("run", url, *small, *opts, "--out", "results"),
-        ok("sweep", _query_url(s3_bucket, "sweep"), *small, *opts, "--streams", "2", "--part-size",
-           "5MiB", "--out", "results", "--label", url, "--json"),
+        ok("sweep", f"s3://{ukey}:{quote(usecret, safe='')}@{s3_bucket}/sweep", *small, "--streams",
+           "2", "--part-size", "5MiB", "--out", "results", "--label", url, "--json"),
         # compare against the URL only (no emulated profiles, no mock)
         ok("compare", "--targets", _query_url(s3_bucket, "cmp"), "--profiles", "", *small, "--out", "cmp"),
         ok("backends"),
-        fails("ls", f"s3://{ukey}:{usecret}@{s3_bucket}/run"),
-        fails("ls", f"s3+fsspec://{ukey}:{quote(usecret, safe='')}@{s3_bucket}/run"),
+        ok("ls", f"s3+fsspec://{ukey}:{quote(usecret, safe='')}@{s3_bucket}/sweep"),
+        fails("ls", f"s3://{ukey}:abc/{usecret}@{s3_bucket}/run"),
         fails("ls", _query_url(f"no-such-bucket-{s3_bucket}", "x")),
         fails("verify", _query_url(s3_bucket, "run", "&part_size=lots")),
         fails("run", _query_url(s3_bucket, "x", "&no_such_option=1"), *small),
@@ -226,8 +226,8 @@ def test_every_cli_command_hides_credentials_from_every_place(
     assert bucket_leaking(s3_client, s3_bucket) == {}
     assert cli.unexpected == []
     # the commands did what they say, and what is not a secret stays readable
-    assert "user part" in shown[4] and "user part" in shown[5] and "credentials" in shown[16]
-    assert "complete" in shown[10] and '"ok": true' in shown[11]
+    assert "malformed URL" in shown[5] and "credentials" in shown[16]
+    assert "complete" in shown[4] and "complete" in shown[10] and '"ok": true' in shown[11]
     assert PROFILE_NAME in shown[13]  # a profile's name is not a secret; its keys are
     text = "\n".join(cli.text)
     assert "region=us-east-1" in text and "127.0.0.1:9" in text
@@ -326,14 +326,16 @@ def test_library_error_paths_hide_credentials_from_url_userinfo_options_and_prof
             texts += [repr(store), str(store), store.url]
             fails(ckptio.load, store, step=7)  # no such step
     ukey, usecret = USERINFO
-    fails(open_store, f"{scheme}://{ukey}:{usecret}@{s3_bucket}/lib")
+    userinfo = f"{scheme}://{ukey}:{quote(usecret, safe='')}@{s3_bucket}/lib"
+    fails(ckptio.load, userinfo, step=7)
     fails(open_store, f"{scheme}://{ukey}:abc/{usecret}@{s3_bucket}/lib")
     fails(ckptio.load, _query_url(f"no-such-{s3_bucket}", "x").replace("s3://", f"{scheme}://", 1))
     fails(open_store, url + "&no_such_option=" + quote(OPTION[1], safe=""))
     fails(open_store, url, part_size="lots", **options)
     fails(open_store, url, endpoint_url=f"ftp://{ukey}:{usecret}@127.0.0.1:9")
     moto_auth(True)
-    for store in (open_store(url), open_store(url, **options), open_store(url, profile=PROFILE_NAME)):
+    for store in (open_store(url), open_store(url, **options), open_store(url, profile=PROFILE_NAME),
+                  open_store(userinfo)):
         with store:
             fails(ckptio.save, state, store, step=2)
             fails(store.list, "")
@@ -342,7 +344,7 @@ def test_library_error_paths_hide_credentials_from_url_userinfo_options_and_prof
     texts += [caplog.text, *(r.getMessage() for r in caplog.records)]
     joined = "\n".join(texts)
     assert leaks(joined) == [], leaks(joined)
-    assert "credentials" in joined and "user part" in joined
+    assert "credentials" in joined and "malformed URL" in joined
 
 
 def test_the_redaction_rule() -> None:
