@@ -119,7 +119,8 @@ def redact_url(url: str) -> str:
 
 
 def _named_value(m: re.Match[str]) -> str:
-    if not is_secret_name(m["name"]):
+    # a bare "key" in free text is an object key ("--option KEY=VALUE", {"key": "step-1/..."})
+    if m["name"].lower() == "key" or not is_secret_name(m["name"]):
         return m[0]
     return m[0][: m.start("value") - m.start()] + MASK
 
@@ -127,7 +128,8 @@ def _named_value(m: re.Match[str]) -> str:
 def redact(text: str) -> str:
     """Free ``text`` (a message, a log line, a label) with every credential hidden: URLs in
     it through :func:`redact_url`, ``name=value`` and ``'name': 'value'`` pairs with a secret
-    name, ``Authorization`` headers, and every known secret value."""
+    name (but the bare word ``key``: in free text it names an object), ``Authorization``
+    headers, and every known secret value."""
     return _redact(text if isinstance(text, str) else str(text), _known_secrets())
 
 
@@ -161,7 +163,8 @@ def redact_obj(obj: Any) -> Any:
             name = str(k)
             if name.lower() in ("env", "environ", "environment"):
                 continue
-            out[name] = MASK if is_secret_name(name) and v not in (None, "") and not isinstance(v, bool) else redact_obj(v)
+            hidden = is_secret_name(name) and v is not None and v != "" and not isinstance(v, bool)
+            out[name] = MASK if hidden else redact_obj(v)
         return out
     if isinstance(obj, list | tuple):
         return [redact_obj(v) for v in obj]

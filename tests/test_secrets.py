@@ -360,6 +360,7 @@ def test_the_redaction_rule() -> None:
                      "&session_token=***&X-Amz-Signature=***&X-Amz-Credential=***&sig=***"
                      "&password=***&api_key=***&token=***")
     assert redact_url("s3://KEY:abc/def@bucket/run") == "s3://***@bucket/run"  # '/' in the secret
+    assert redact_url("s3:/KEY:SECRET@bucket/run") == "s3:/***@bucket/run"  # malformed, in errors
     assert redact_url("s3://bucket/a@b/c") == "s3://bucket/a@b/c"  # '@' in a key is no user part
     assert redact_url("file:///tmp/x") == "file:///tmp/x" and redact_url("/tmp/x") == "/tmp/x"
     assert redact_url("pfs:///lustre/run?direct=true&key_layout=hashed") == (
@@ -371,6 +372,9 @@ def test_the_redaction_rule() -> None:
     for gone in ("u:p", "zz", "ckptio-registered", "v1", "v2", "AKIAX", "ff"):
         assert gone not in text, (gone, text)
     assert "s3://***@b/x?secret_access_key=***&region=r" in text
+    for same in ("--option wants KEY=VALUE, got 'x'", '{"key": "step-000001/a.bin"}',
+                 "part_size=8MiB key_layout=hashed profile=prod"):
+        assert redact(same) == same
     doc = redact_obj({"url": url, "store_options": {"secret_access_key": "v3", "streams": 4,
                                                      "profile": "prod"},
                       "env": {"HOME": "/root"}, "key_layout": "flat", "n": [1, "x"]})
