@@ -314,7 +314,7 @@ def test_library_error_paths_hide_credentials_from_url_userinfo_options_and_prof
     texts: list[str] = []
     failures: list[BaseException] = []
 
-    def fails(fn: Any, *args: Any, **kwargs: Any) -> None:
+    def expect_error(fn: Any, *args: Any, **kwargs: Any) -> None:
         with pytest.raises(errors.CkptioError) as info:
             fn(*args, **kwargs)
         failures.append(info.value)
@@ -324,21 +324,22 @@ def test_library_error_paths_hide_credentials_from_url_userinfo_options_and_prof
                   open_store(f"{scheme}://{s3_bucket}/lib", profile=PROFILE_NAME)):
         with store:
             texts += [repr(store), str(store), store.url]
-            fails(ckptio.load, store, step=7)  # no such step
+            expect_error(ckptio.load, store, step=7)  # no such step
     ukey, usecret = USERINFO
     userinfo = f"{scheme}://{ukey}:{quote(usecret, safe='')}@{s3_bucket}/lib"
-    fails(ckptio.load, userinfo, step=7)
-    fails(open_store, f"{scheme}://{ukey}:abc/{usecret}@{s3_bucket}/lib")
-    fails(ckptio.load, _query_url(f"no-such-{s3_bucket}", "x").replace("s3://", f"{scheme}://", 1))
-    fails(open_store, url + "&no_such_option=" + quote(OPTION[1], safe=""))
-    fails(open_store, url, part_size="lots", **options)
-    fails(open_store, url, endpoint_url=f"ftp://{ukey}:{usecret}@127.0.0.1:9")
+    expect_error(ckptio.load, userinfo, step=7)
+    expect_error(open_store, f"{scheme}://{ukey}:abc/{usecret}@{s3_bucket}/lib")
+    expect_error(ckptio.load, _query_url(f"no-such-{s3_bucket}", "x").replace("s3://", f"{scheme}://", 1))
+    expect_error(open_store, url + "&no_such_option=" + quote(OPTION[1], safe=""))
+    expect_error(open_store, url, part_size="lots", **options)
+    expect_error(open_store, url, endpoint_url=f"ftp://{ukey}:{usecret}@127.0.0.1:9")
     moto_auth(True)
-    for store in (open_store(url), open_store(url, **options), open_store(url, profile=PROFILE_NAME),
-                  open_store(userinfo)):
+    by_profile = open_store(f"{scheme}://{s3_bucket}/lib", profile=PROFILE_NAME)
+    assert by_profile.aws.access_key_id == PROFILE[0]  # the profile's keys, not the environment's
+    for store in (open_store(url), open_store(url, **options), by_profile, open_store(userinfo)):
         with store:
-            fails(ckptio.save, state, store, step=2)
-            fails(store.list, "")
+            expect_error(ckptio.save, state, store, step=2)
+            expect_error(store.list, "")
     moto_auth(False)
     texts += _error_texts(failures)
     texts += [caplog.text, *(r.getMessage() for r in caplog.records)]
