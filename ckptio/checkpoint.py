@@ -328,6 +328,29 @@ def _prepare(
     return PreparedState(tree, tensors, metadata, snapshot_bytes=nbytes)
 
 
+def _holds_nothing(state: Any) -> bool:
+    if state is None:
+        return True
+    if isinstance(state, Mapping):
+        return all(_holds_nothing(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return all(_holds_nothing(v) for v in state)
+    return False
+
+
+def refuse_empty(state: Any) -> None:
+    """Raise :class:`~ckptio.errors.InvalidArgumentError` if ``state`` holds nothing to save:
+    None, or containers holding only None and empty containers (no array, no value). Such a
+    save is almost always a mistake (a function that returned None, a state not filled yet),
+    and committing it would make an empty checkpoint the newest one to resume from."""
+    if _holds_nothing(state):
+        what = "None" if state is None else f"a {type(state).__name__} with no array and no value in it"
+        raise errors.InvalidArgumentError(
+            f"nothing to save: the state is {what}; pass the state to checkpoint (arrays, "
+            "tensors, values in dicts/lists), not the result of a function that returns None"
+        )
+
+
 def _parallel_copy(copies: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
     """Copy src -> dst pairs (:func:`~ckptio.arrays.copy_into`: streaming stores), large ones
     split over the CPU pool. Returns bytes copied."""
@@ -1605,6 +1628,8 @@ class Checkpointer:
         fork = background and self.snapshot == "fork"
         t0 = time.perf_counter()
         try:
+            if self.comm.rank == 0:  # rank 0's state is the checkpoint's structure
+                refuse_empty(state)
             prepared = _prepare(state, metadata, copy=self._fork_copies() if fork else background,
                                 buffers=self._snapshots)
         except errors.CkptioError as err:
