@@ -34,8 +34,10 @@ after each commit the plugin writes a *stub* at the local path Lightning named: 
 and hands back to ``load_checkpoint``, which maps it to its root like any path. The stub is written only
 once the save is committed (an async save: when its commit completes), so a kill never leaves a
 stub naming nothing; a path that is a URL, or that is the root itself, gets no stub. On a
-machine without the stubs (a fresh node resuming from ``s3://``), pass the path explicitly:
-``ckpt_path="<dirpath>/last.ckpt"`` loads ``<url>/last.ckpt`` whether or not the stub exists.
+machine without the stubs (a fresh node resuming from ``s3://``), call
+``io.restore_stubs(dirpath)`` before ``fit`` (it writes the stub of every checkpoint committed
+under the URL), or pass the path explicitly: ``ckpt_path="<dirpath>/last.ckpt"`` loads
+``<url>/last.ckpt`` whether or not the stub exists.
 ``remove_checkpoint`` (``save_top_k``) deletes the root's objects, its stub and the directories
 left empty.
 
@@ -55,11 +57,13 @@ from typing import Any
 
 import torch
 
+from ckptio import checkpoint as _ck
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio import torch as ct
 from ckptio.backends.local import LocalStore
 from ckptio.dist import SingleProcess
+from ckptio.registry import open_store
 
 try:  # pytorch-lightning's plugins subclass lightning_fabric's CheckpointIO
     from lightning_fabric.plugins import CheckpointIO
@@ -196,6 +200,32 @@ class CkptioCheckpointIO(CheckpointIO):  # type: ignore[misc]  # Lightning ships
             for dirpath, _dirs, _files in os.walk(store.root, topdown=False):
                 with contextlib.suppress(OSError):  # rmdir removes only empty directories
                     os.rmdir(dirpath)
+
+    def restore_stubs(self, dirpath: Any) -> list[str]:
+        """Write, under the local directory ``dirpath`` (the ``ModelCheckpoint``'s), the stub of
+        every ``*.ckpt`` root that has a committed checkpoint under the ``url``, so that
+        ``ckpt_path="last"`` (and top-k bookkeeping) sees them on a machine that lacks them.
+        Returns the stub paths written."""
+        if self.url is None:
+            raise errors.InvalidArgumentError(
+                "restore_stubs needs CkptioCheckpointIO(url=...): without a url the checkpoints "
+                "are in the ModelCheckpoint's directory already"
+            )
+        _, store_options = _ck._split_options(dict(self.options))
+        with open_store(self.url, **store_options) as store:
+            names = sorted({k.split("/", 1)[0] for k in store.list("")
+                            if k.count("/") == 2 and k.endswith("/" + fmt.MANIFEST_NAME)})
+        written = []
+        for name in names:
+            if not name.endswith(".ckpt"):
+                continue
+            path = os.path.join(os.fspath(dirpath), name)
+            ck = self._checkpointer(path)
+            step, stub = ck.latest(), self._stub_path(path, ck)
+            if step is not None and stub is not None:
+                self._write_stub(stub, self._root(path), step)
+                written.append(stub)
+        return written
 
     def teardown(self) -> None:
         """Wait for saves in flight (raising a failure) and release the stores."""

@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pl = pytest.importorskip("pytorch_lightning")
 
+from ckptio import errors  # noqa: E402
 from ckptio.lightning import CkptioCheckpointIO  # noqa: E402
 
 pytestmark = [
@@ -191,3 +192,23 @@ def test_ckpt_path_last_resumes_after_a_kill_with_an_s3_url(
     _kill_and_resume(tmp_path, f"s3://{s3_bucket}/run", False)
     keys = [o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket)["Contents"]]
     assert {k.split("/")[1] for k in keys} == {"last.ckpt", "epoch=1-step=12.ckpt"}, keys
+
+
+def test_restore_stubs_lets_last_resolve_on_a_machine_without_them(tmp_path: Path) -> None:
+    """A fresh node resuming from the URL has no stubs; ``restore_stubs`` writes them, and
+    Lightning's own lookup of ``last`` (ModelCheckpoint._find_last_checkpoints) finds them."""
+    url = f"file://{tmp_path}/store"
+    io = CkptioCheckpointIO(url)
+    ckpts = tmp_path / "node1" / "ckpts"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 8}, ckpts / "last.ckpt")
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 8}, ckpts / "epoch=0-step=8.ckpt")
+    io.teardown()
+    fresh = tmp_path / "node2" / "ckpts"
+    finder = pl.callbacks.ModelCheckpoint(dirpath=fresh)
+    assert finder._find_last_checkpoints(None) == set()
+    io2 = CkptioCheckpointIO(url)
+    assert sorted(io2.restore_stubs(fresh)) == [str(fresh / "epoch=0-step=8.ckpt"), str(fresh / "last.ckpt")]
+    assert finder._find_last_checkpoints(None) == {str(fresh / "last.ckpt")}
+    assert io2.load_checkpoint(fresh / "last.ckpt")["global_step"] == 8
+    with pytest.raises(errors.InvalidArgumentError, match="needs CkptioCheckpointIO"):
+        CkptioCheckpointIO().restore_stubs(fresh)
