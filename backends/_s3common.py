@@ -41,6 +41,7 @@ from ckptio import errors
 from ckptio.arrays import prefault
 from ckptio.redact import redact, redact_url, register_secret
 from ckptio.store import Buffer, Capabilities, Store, Writer, as_byte_view, option_int, parse_size
+from ckptio.units import MAX_LOCAL_PROCESSES, parse_duration
 
 log = logging.getLogger("ckptio.backends.s3")
 
@@ -172,14 +173,7 @@ def resolve_aws(options: dict[str, Any]) -> AwsSettings:
     timeouts = {}
     for name in ("connect_timeout", "read_timeout"):
         if name in opts:
-            try:
-                timeouts[name] = float(opts[name])
-            except (TypeError, ValueError):
-                raise errors.InvalidArgumentError(
-                    f"{name}: expected seconds, got {opts[name]!r}"
-                ) from None
-            if timeouts[name] <= 0:
-                raise errors.InvalidArgumentError(f"{name}: must be > 0 seconds, got {opts[name]!r}")
+            timeouts[name] = parse_duration(opts[name], field=name, positive=True)
     return AwsSettings(
         **timeouts,
         region=str(region),
@@ -232,7 +226,8 @@ def io_options(options: dict[str, Any]) -> tuple[int, int]:
             f"part_size: {part_size} bytes is outside S3's limits "
             f"({MIN_PART_SIZE} bytes = 5 MiB .. {MAX_PART_SIZE} bytes = 5 GiB)"
         )
-    streams = option_int(options.pop("streams", DEFAULT_STREAMS), field="streams", minimum=1)
+    streams = option_int(options.pop("streams", DEFAULT_STREAMS), field="streams", minimum=1,
+                         maximum=MAX_LOCAL_PROCESSES)
     return part_size, streams
 
 

@@ -46,6 +46,7 @@ from ckptio.store import (
     wait_all,
 )
 from ckptio.trace import Trace
+from ckptio.units import MAX_LOCAL_PROCESSES
 
 log = logging.getLogger(__name__)
 
@@ -498,7 +499,7 @@ class LocalStore(Store):
             )
         super().__init__(url, trace=trace)
         self.root = local_root(url)
-        self.streams = option_int(streams, field="streams", minimum=1)
+        self.streams = option_int(streams, field="streams", minimum=1, maximum=MAX_LOCAL_PROCESSES)
         self.block_size = parse_size(block_size, field="block_size")
         if self.block_size < ALIGN or self.block_size % ALIGN:
             raise errors.InvalidArgumentError(

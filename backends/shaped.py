@@ -54,6 +54,7 @@ from ckptio.store import (
     wait_all,
 )
 from ckptio.trace import Trace
+from ckptio.units import MAX_LOCAL_PROCESSES
 
 T = TypeVar("T")
 
@@ -190,7 +191,7 @@ class ShapedStore(Store):
         profile = load_profile(own.get("profile", "cloud-s3"), figures)
         if "streams" in own:
             profile = replace(profile, streams=option_int(own["streams"], field="streams",
-                                                          minimum=1))
+                                                          minimum=1, maximum=MAX_LOCAL_PROCESSES))
         if "part_size" in own:
             profile = replace(profile, part_size=parse_size(own["part_size"], field="part_size"))
         self.profile: Profile = profile

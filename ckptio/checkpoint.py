@@ -328,6 +328,29 @@ def _prepare(
     return PreparedState(tree, tensors, metadata, snapshot_bytes=nbytes)
 
 
+def _holds_nothing(state: Any) -> bool:
+    if state is None:
+        return True
+    if isinstance(state, Mapping):
+        return all(_holds_nothing(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return all(_holds_nothing(v) for v in state)
+    return False
+
+
+def refuse_empty(state: Any) -> None:
+    """Raise :class:`~ckptio.errors.InvalidArgumentError` if ``state`` holds nothing to save:
+    None, or containers holding only None and empty containers (no array, no value). Such a
+    save is almost always a mistake (a function that returned None, a state not filled yet),
+    and committing it would make an empty checkpoint the newest one to resume from."""
+    if _holds_nothing(state):
+        what = "None" if state is None else f"a {type(state).__name__} with no array and no value in it"
+        raise errors.InvalidArgumentError(
+            f"nothing to save: the state is {what}; pass the state to checkpoint (arrays, "
+            "tensors, values in dicts/lists), not the result of a function that returns None"
+        )
+
+
 def _parallel_copy(copies: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
     """Copy src -> dst pairs (:func:`~ckptio.arrays.copy_into`: streaming stores), large ones
     split over the CPU pool. Returns bytes copied."""
@@ -1617,6 +1640,8 @@ class Checkpointer:
         fork = background and self.snapshot == "fork"
         t0 = time.perf_counter()
         try:
+            if self.comm.rank == 0:  # rank 0's state is the checkpoint's structure
+                refuse_empty(state)
             prepared = _prepare(state, metadata, copy=self._fork_copies() if fork else background,
                                 buffers=self._snapshots)
         except errors.CkptioError as err:
@@ -1700,11 +1725,7 @@ class Checkpointer:
         readers for the grace period, see :mod:`ckptio.lease`) and collect debris."""
         self._retained = True
         try:
-            steps = committed_steps(self.store)
-            doomed = [s for s in steps if s <= newest][: -self.keep_last or None] if self.keep_last else []
-            for s in doomed:
-                retire(self.store, s)
-            sweep = _sweep(self.store, before_step=newest, grace=self.retire_grace)
+            sweep = retain(self.store, newest, self.keep_last, grace=self.retire_grace)
             others = sorted({lease.holder() for lease in sweep.live if not lease.mine()})
             if others and not self._warned_other_writer:
                 self._warned_other_writer = True
@@ -1783,6 +1804,17 @@ class Checkpointer:
             log.error("checkpoint save in flight failed while leaving the Checkpointer: %s", err)
 
 
+def retain(store: Store, newest: int, keep_last: int | None, *, grace: float = RETIRE_GRACE_SECONDS) -> _Sweep:
+    """Retention and debris after a commit of ``newest`` (``Checkpointer`` and the DCP
+    writer): retire all but the newest ``keep_last`` committed steps up to ``newest`` (none
+    with ``keep_last=None``), then sweep debris as :func:`collect_garbage` does with
+    ``before_step=newest``."""
+    if keep_last:
+        for s in [s for s in committed_steps(store) if s <= newest][:-keep_last]:
+            retire(store, s)
+    return _sweep(store, before_step=newest, grace=grace)
+
+
 def delete_step(store: Store, step: int) -> None:
     """Delete one checkpoint: the manifest first (so it stops existing at once), then data."""
     prefix = fmt.step_dir(step) + "/"
@@ -1810,7 +1842,7 @@ def collect_garbage(
     than ``grace`` seconds ago, every object of a step without a manifest whose save's lease is
     dead, or that is older than ``before_step`` (default: the newest committed step), or, with
     ``unfinished``, of any step without a manifest, and temp files / open multipart uploads older than ``older_than``
-    seconds. Before removing anything of a step it lists the step's leases again and checks its
+    seconds (of any age under a step whose save's lease is dead: that save was killed). Before removing anything of a step it lists the step's leases again and checks its
     manifest once more, so a save that started or committed meanwhile keeps its data. Returns
     the keys removed (with ``dry_run``, that would be removed).
     """
@@ -1850,6 +1882,7 @@ def _sweep(
     removed: list[str] = []
     live: list[LeaseInfo] = []
     quiet: list[str] = []  # prefixes of steps with no save in flight
+    over: list[str] = []  # quiet prefixes with a dead lease: their saves ended (killed)
     for s, keys in sorted(by_step.items()):
         prefix = fmt.step_dir(s) + "/"
         leases = _live_leases(store, keys, now)
@@ -1857,6 +1890,8 @@ def _sweep(
             live.extend(leases)
             continue
         quiet.append(prefix)
+        if any(map(is_lease_key, keys)):
+            over.append(prefix)
         mkey = fmt.manifest_key(s)
         if mkey in keys:
             try:
@@ -1894,6 +1929,11 @@ def _sweep(
         # reaches steps with no listed object), else under the quiet steps only
         for prefix in quiet if live else ["step-"]:
             store.cleanup_incomplete(prefix, older_than=older_than)
+        # the temp files of a save whose lease is dead (a killed save) are debris at any age;
+        # the leases are listed once more first, as above
+        for prefix in over:
+            if older_than > 0 and not _live_leases(store, store.list(prefix), time.time()):
+                store.cleanup_incomplete(prefix)
     return _Sweep(removed, live)
 
 

@@ -135,6 +135,7 @@ def compare(
     not run, with the reason). Runs in this process (one rank writes every logical rank).
     """
     from ckptio.dist import SingleProcess
+    from ckptio.registry import open_store
     from ckptio.report import DEFAULT_PRICE_PER_GPU_HOUR, DEFAULT_RESTART_SECONDS, build_report
     from ckptio.runner import run_workload
     from ckptio.workload import make_plan
@@ -151,6 +152,9 @@ def compare(
         chosen = resolve_targets(list(targets if targets is not None else DEFAULT_TARGETS),
                                  list(profiles if profiles is not None else DEFAULT_PROFILES),
                                  tmp=tmp)
+        for t in chosen:  # a wrong URL or store option fails here, before any target runs
+            if t.url and not t.emulate:
+                open_store(t.url).close()
         for t in chosen:
             with ExitStack() as stack:
                 url = t.url

@@ -67,6 +67,7 @@ import numpy as np
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio import results as res
+from ckptio import units
 from ckptio.checkpoint import (
     LAYOUTS,
     LocalTensor,
@@ -84,7 +85,17 @@ from ckptio.dist import Communicator, detect
 from ckptio.lease import SaveLease
 from ckptio.redact import redact, redact_url
 from ckptio.registry import open_store, split_url, wrap_url
-from ckptio.store import Store, parse_size
+from ckptio.store import Store
+from ckptio.units import (
+    MAX_ITERATIONS,
+    MAX_LOCAL_PROCESSES,
+    count_arg,
+    duration_arg,
+    list_arg,
+    parse_count,
+    parse_size,
+    size_arg,
+)
 from ckptio.workload import ObjectSpec, Plan
 
 log = logging.getLogger(__name__)
@@ -963,22 +974,11 @@ def rank_main(comm: Communicator, url: str, plan: Plan, kwargs: dict[str, Any],
 
 
 def parse_list(text: str, *, field: str, sizes: bool = False) -> list[int]:
-    """``"1,4,16"`` -> ``[1, 4, 16]``; with ``sizes``, ``"8MiB,64MiB"`` -> bytes."""
-    out = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if sizes:
-            out.append(parse_size(part, field=field))
-        else:
-            try:
-                out.append(int(part))
-            except ValueError:
-                raise errors.InvalidArgumentError(f"{field}: {part!r} is not an integer") from None
-    if not out:
-        raise errors.InvalidArgumentError(f"{field}: give a comma-separated list, e.g. 1,4,16")
-    return out
+    """``"1,4,16"`` -> ``[1, 4, 16]`` (streams: 1 to :data:`~ckptio.units.MAX_LOCAL_PROCESSES`);
+    with ``sizes``, ``"8MiB,64MiB"`` -> bytes (at least 1)."""
+    if sizes:
+        return units.parse_list(text, parse_size, field=field, minimum=1)
+    return units.parse_list(text, parse_count, field=field, minimum=1, maximum=MAX_LOCAL_PROCESSES)
 
 
 # -- command line -----------------------------------------------------------------------------
@@ -996,13 +996,17 @@ def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
                    "memory://, ...)")
     add_workload_arguments(p)
     r = p.add_argument_group("run")
-    r.add_argument("--ranks", type=int, help="processes on this node (started by ckptio); under "
-                   "mpiexec/srun/torchrun the launcher's ranks are used")
-    r.add_argument("--iterations", type=int, default=1, help="checkpoints to write (default 1)")
-    r.add_argument("--pause", type=float, default=0.0, help="seconds between iterations "
-                   "(the compute time)")
-    r.add_argument("--inflight", type=int, default=2, help="shard objects in flight per rank "
-                   "(memory per rank ~ inflight x object size)")
+    per_node = count_arg(1, MAX_LOCAL_PROCESSES)
+    r.add_argument("--ranks", type=per_node, help=f"processes on this node, 1 to "
+                   f"{MAX_LOCAL_PROCESSES} (started by ckptio); under mpiexec/srun/torchrun the "
+                   "launcher's ranks are used")
+    r.add_argument("--iterations", type=count_arg(1, MAX_ITERATIONS), default=1,
+                   help=f"checkpoints to write, 1 to {MAX_ITERATIONS} (default 1)")
+    r.add_argument("--pause", type=duration_arg(keep_text=False), default=0.0,
+                   help="time between iterations (the compute time): seconds, or 20ms, 10min, "
+                   "... (default 0)")
+    r.add_argument("--inflight", type=per_node, default=2, help="shard objects in flight per "
+                   f"rank, 1 to {MAX_LOCAL_PROCESSES} (memory per rank ~ inflight x object size)")
     r.add_argument("--no-read", action="store_true", help="skip the read-back phase")
     r.add_argument("--cache", choices=CACHE_MODES, default="auto",
                    help="how reads bypass the page cache (default auto)")
@@ -1018,12 +1022,14 @@ def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
     r.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="store option, repeatable (e.g. direct=true)")
     if sweep_mode:
-        r.add_argument("--streams", default="1,4,16,64", help="streams to try (default 1,4,16,64)")
-        r.add_argument("--part-size", default="8MiB,64MiB",
+        r.add_argument("--streams", default="1,4,16,64",
+                       type=list_arg(parse_count, minimum=1, maximum=MAX_LOCAL_PROCESSES),
+                       help="streams to try (default 1,4,16,64)")
+        r.add_argument("--part-size", default="8MiB,64MiB", type=list_arg(parse_size, minimum=1),
                        help="request sizes to try (default 8MiB,64MiB)")
     else:
-        r.add_argument("--streams", type=int, help="store option: concurrent streams")
-        r.add_argument("--part-size", help="store option: bytes per request/part")
+        r.add_argument("--streams", type=per_node, help="store option: concurrent streams")
+        r.add_argument("--part-size", type=size_arg(), help="store option: bytes per request/part")
     r.add_argument("--out", default="ckptio-results", help="result directory (default "
                    "./ckptio-results)")
     r.add_argument("--site", help="label of this site/machine in merged reports (default: hostname)")
