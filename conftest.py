@@ -84,7 +84,8 @@ def _evaluate_shell(example: Example) -> None:
     )
     if proc.returncode != 0:
         raise AssertionError(
-            f"shell block exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+            f"shell block exited {proc.returncode}\n--- block\n{example.parsed}"
+            f"--- stdout\n{proc.stdout[-4000:]}"
             f"\n--- stderr\n{proc.stderr[-4000:]}"
         )
 
