@@ -105,3 +105,13 @@ def test_changelog_has_the_package_version() -> None:
     changelog = (ROOT / "CHANGELOG.md").read_text()
     assert re.search(rf"^## \[{re.escape(ckptio.__version__)}\]", changelog, flags=re.MULTILINE)
     assert re.search(r"^## \[Unreleased\]", changelog, flags=re.MULTILINE)
+
+
+@pytest.mark.parametrize("page", ["README.md", "CHANGELOG.md", "benchmarks/README.md"])
+def test_relative_links_outside_the_site_resolve(page: str) -> None:
+    # (mkdocs build --strict checks the links of docs/; these pages are not part of the site)
+    text = (ROOT / page).read_text()
+    targets = re.findall(r"\]\(([^)\s]+)\)", text)
+    broken = [t for t in targets if "://" not in t and not t.startswith("#")
+              and not (ROOT / page).parent.joinpath(t.split("#")[0]).exists()]
+    assert not broken, f"{page}: links to missing files: {broken}"
