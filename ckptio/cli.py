@@ -12,19 +12,21 @@ Every numeric, size, bandwidth and duration option has a ``type=`` from :mod:`ck
 parsing, before any work starts: one line naming the option and the accepted range, exit 2.
 A value refused later while setting up (a store option in a URL, a layout that does not
 divide) is an :class:`~ckptio.errors.InvalidArgumentError`: one line too, exit 2.
+
+Start-up is kept short: rich and the modules behind a subcommand (runner, model, report, the
+array machinery) are imported only by the command that uses them, and ``run``, ``sweep`` and
+``plan`` declare their arguments only when they are the command parsed, so ``ckptio --help``
+and ``ckptio backends`` do not pay for them.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
-
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ckptio import errors
 from ckptio.redact import redact, redact_obj, redact_url
@@ -46,8 +48,27 @@ from ckptio.units import (
     size_arg,
 )
 
-console = Console()
-err_console = Console(stderr=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+console: Console
+err_console: Console
+
+
+def _make_consoles() -> None:
+    """Create ``console`` and ``err_console`` (rich) on first need."""
+    global console, err_console
+    if "console" not in globals():
+        from rich.console import Console
+
+        console, err_console = Console(), Console(stderr=True)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("console", "err_console"):
+        _make_consoles()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def print_json(obj: Any) -> None:
@@ -65,6 +86,8 @@ def _add_backends(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _cmd_backends(args: argparse.Namespace) -> int:
     from dataclasses import asdict
+
+    from rich.table import Table
 
     from ckptio.registry import backends, load_backend
 
@@ -106,6 +129,8 @@ def _add_ls(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _cmd_ls(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from rich.table import Table
+
     from ckptio.checkpoint import list_steps
     from ckptio.registry import open_store
 
@@ -142,6 +167,8 @@ def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     import time
+
+    from rich.markup import escape
 
     from ckptio.checkpoint import open_checkpoint
 
@@ -456,10 +483,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub.add_parser("plan", help="checkpoint size, ranks, bytes/objects/requests per rank of a "
+                   "model preset and parallel layout", declare=_declare_plan)
+
+
+def _declare_plan(p: argparse.ArgumentParser) -> None:
     from ckptio.workload import add_workload_arguments
 
-    p = sub.add_parser("plan", help="checkpoint size, ranks, bytes/objects/requests per rank of a "
-                       "model preset and parallel layout")
     add_workload_arguments(p)
     p.add_argument("--part-size", type=size_arg(),
                    help="request size to count requests at (default 8MiB)")
@@ -473,11 +503,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from ckptio.runner import add_run_arguments
-
-    p = sub.add_parser("run", help="write and read back a synthetic sharded checkpoint of a "
-                       "preset on a target, on N ranks; Parquet results")
-    add_run_arguments(p)
+    sub.add_parser("run", help="write and read back a synthetic sharded checkpoint of a "
+                   "preset on a target, on N ranks; Parquet results",
+                   declare=_declared_by("ckptio.runner:add_run_arguments"))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -487,11 +515,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _add_sweep(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from ckptio.runner import add_run_arguments
-
-    p = sub.add_parser("sweep", help="throughput versus concurrency: the workload at each "
-                       "--streams x --part-size")
-    add_run_arguments(p, sweep_mode=True)
+    sub.add_parser("sweep", help="throughput versus concurrency: the workload at each "
+                   "--streams x --part-size",
+                   declare=_declared_by("ckptio.runner:add_run_arguments", sweep_mode=True))
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -520,14 +546,48 @@ COMMANDS: dict[str, tuple[Callable[..., None], Callable[[argparse.Namespace], in
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser with one-line usage errors: ``ckptio run: error: argument --ranks:
     expected an integer from 1 to 1024, got '-3' (see ckptio run --help)``, exit status 2.
-    Subcommand parsers are of this class too (argparse makes them of the parent's class)."""
+    Subcommand parsers are of this class too (argparse makes them of the parent's class).
+
+    Its arguments may be declared on first use: ``declare(parser)`` runs when the parser
+    parses or prints its help or usage, so a subcommand whose arguments come from a module
+    that is slow to import (runner, workload) costs nothing unless it is the command given."""
+
+    def __init__(self, *args: Any, declare: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._declare = declare
+
+    def declared(self) -> ArgumentParser:
+        """This parser with every argument declared."""
+        declare, self._declare = self._declare, None
+        if declare is not None:
+            declare(self)
+        return self
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        return super(ArgumentParser, self.declared()).parse_known_args(*args, **kwargs)
+
+    def format_help(self) -> str:
+        return super(ArgumentParser, self.declared()).format_help()
+
+    def format_usage(self) -> str:
+        return super(ArgumentParser, self.declared()).format_usage()
 
     def error(self, message: str) -> NoReturn:
         line = " ".join(message.split())
         self.exit(2, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _declared_by(target: str, **kwargs: Any) -> Callable[[argparse.ArgumentParser], None]:
+    """A ``declare`` that calls ``module:function(parser, **kwargs)``, importing it then."""
+    module, _, attr = target.partition(":")
+    return lambda p: getattr(importlib.import_module(module), attr)(p, **kwargs)
+
+
+def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
+    """The ``ckptio`` parser with every subcommand's arguments, as a caller walking it expects;
+    ``lazy``: those of ``run``, ``sweep`` and ``plan`` are declared only when that subcommand
+    parses or prints its help (what :func:`main` uses: ``ckptio --help`` imports no runner)."""
     parser = ArgumentParser(
         prog="ckptio",
         description="Checkpoint I/O for AI training: save/load on any storage, compare targets, "
@@ -537,6 +597,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add, _ in COMMANDS.values():
         add(sub)
+    if not lazy:
+        for p in sub.choices.values():
+            if isinstance(p, ArgumentParser):
+                p.declared()
     return parser
 
 
@@ -548,13 +612,13 @@ def _redact_record(record: Any) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import logging
-
-    parser = build_parser()
+    parser = build_parser(lazy=True)
     try:
         args = parser.parse_args(argv)
     except SystemExit as done:  # --help (0) or a usage error (2, one line already printed)
         return done.code if isinstance(done.code, int) else 2
+    import logging
+
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
@@ -565,6 +629,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     _, run = COMMANDS[args.command]
+    _make_consoles()
+    from rich.markup import escape
+
     try:
         return run(args)
     except errors.CkptioError as err:
