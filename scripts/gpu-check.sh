@@ -8,7 +8,8 @@
 #
 # Python: $PYTHON if set, else .venv/bin/python if there is one, else a new .venv that also
 # sees python3's own packages (a preinstalled CUDA torch), into which ckptio is installed
-# (pip install -e '.[all,test]', plus torch where python3 has none). Offline, give pip a
+# with what the check needs (pip install -e '.[test]', plus torch where python3 has none; an
+# editable install, since backends are found through its entry points). Offline, give pip a
 # wheel directory: PIP_NO_INDEX=1 PIP_FIND_LINKS=/path/to/wheels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +26,7 @@ else
   # python3's site-packages after the venv's own: a torch installed there (with CUDA) is used
   python3 -c 'import site; print("\n".join(site.getsitepackages()))' \
     >"$($py -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/outer-site.pth"
-  timeout "$(left)" "$py" -m pip install -q -e '.[all,test]'
+  timeout "$(left)" "$py" -m pip install -q -e '.[test]'
   "$py" -c 'import torch' 2>/dev/null || timeout "$(left)" "$py" -m pip install -q torch
 fi
 
