@@ -129,6 +129,7 @@ def _add_ls(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _cmd_ls(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from rich.markup import escape
     from rich.table import Table
 
     from ckptio.checkpoint import list_steps

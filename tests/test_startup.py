@@ -144,3 +144,15 @@ def test_torch_float32_state_does_not_import_ml_dtypes_and_bfloat16_does(tmp_pat
                                         and torch.equal(again["b"], b))}))
     """, str(tmp_path))
     assert out == {"f32": False, "bf16": True, "exact": True}
+
+
+def test_table_commands_print_with_rich_imported_on_use(tmp_path, capsys):
+    """rich is imported by the commands that print, not by the module: each table still prints."""
+    import ckptio
+    from ckptio.cli import main
+
+    ckptio.save({"w": np.ones(3, np.float32)}, str(tmp_path), step=4)
+    for argv in (["ls", str(tmp_path)], ["verify", str(tmp_path)], ["backends"], ["profiles"]):
+        assert main(argv) == 0, argv
+    out = capsys.readouterr().out
+    assert "checkpoints under" in out and "OK" in out and "ckptio backends" in out
