@@ -163,6 +163,7 @@ AWS_OPTIONS = (
 
 def resolve_aws(options: dict[str, Any]) -> AwsSettings:
     """Pop the :data:`AWS_OPTIONS` from ``options`` and resolve the rest the AWS way."""
+    errors.require("botocore.session", extra="s3", purpose="S3 access (s3://)")
     import botocore.session
 
     opts = {k: options.pop(k) for k in AWS_OPTIONS if k in options}

@@ -41,7 +41,7 @@ class ArrowStore(c.WholeObjectStore):
     capabilities: ClassVar[Capabilities] = dataclasses.replace(c.S3_CAPABILITIES, conditional_create=False)
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
-        import pyarrow
+        pyarrow = errors.require("pyarrow", extra="s3", purpose="the s3+arrow backend")
         from pyarrow import fs as pafs
 
         super().__init__(url, trace=trace)

@@ -49,7 +49,7 @@ class FsspecStore(c.WholeObjectStore):
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES  # s3fs: If-None-Match for "create"
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
-        import fsspec
+        fsspec = errors.require("fsspec", extra="s3", purpose="the fsspec backends (s3+fsspec://, fsspec+<protocol>://)")
 
         super().__init__(url, trace=trace)
         loc = self.location
@@ -183,8 +183,7 @@ class FsspecStore(c.WholeObjectStore):
 
 
 def _s3fs(aws: c.AwsSettings, streams: int) -> Any:
-    import s3fs
-
+    s3fs = errors.require("s3fs", extra="s3", purpose="the s3+fsspec backend")
     fs = s3fs.S3FileSystem(
         **aws.signing(anonymous=("anon", True), key="key", secret="secret", token="token"),
         endpoint_url=aws.endpoint_url,

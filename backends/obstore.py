@@ -17,6 +17,7 @@ import datetime
 from collections.abc import Iterable
 from typing import Any, ClassVar, Literal
 
+from ckptio import errors
 from ckptio.store import Capabilities
 from ckptio.trace import Trace
 
@@ -37,7 +38,7 @@ class ObstoreStore(c.WholeObjectStore):
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
-        import obstore
+        obstore = errors.require("obstore", extra="s3", purpose="the s3+obstore backend")
         from obstore.store import S3Store
 
         super().__init__(url, trace=trace)

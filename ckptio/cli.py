@@ -392,6 +392,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     console.print(comparison_table(result["summary"], "merged results"))
     console.print(projection_table(result["projections"]))
     console.print(f"report: {args.out}/index.html ({len(result['files'])} files)")
+    if result["plots_missing"]:
+        err_console.print(f"warning: no plots: {escape(result['plots_missing'])}", highlight=False)
     return 0
 
 

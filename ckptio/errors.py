@@ -8,6 +8,8 @@ original cause stays on ``__cause__``.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 
 class CkptioError(Exception):
     """Base class of every error ckptio raises on purpose."""
@@ -67,7 +69,7 @@ class ChecksumError(CorruptCheckpointError):
 
 
 class BackendUnavailableError(CkptioError, ImportError):
-    """A backend's optional dependency is not installed; the message gives the pip extra."""
+    """An optional dependency is not installed; the message gives the pip extra."""
 
 
 class UnknownSchemeError(InvalidArgumentError):
@@ -76,3 +78,24 @@ class UnknownSchemeError(InvalidArgumentError):
 
 class SaveFailedError(CkptioError, RuntimeError):
     """A checkpoint save failed (on this rank or another); nothing was committed."""
+
+
+def missing_package(err: ImportError, *, extra: str, purpose: str) -> BackendUnavailableError:
+    """The error for ``err`` (an optional package not installed) met while ``purpose`` needed
+    it: names the missing module and the pip extra that installs it (raise it ``from err``)."""
+    name = err.name or str(err)
+    return BackendUnavailableError(
+        f"{purpose} needs the Python package {name.partition('.')[0]!r}, which is not "
+        f"installed; pip install 'ckptio[{extra}]'"
+    )
+
+
+def require(module: str, *, extra: str, purpose: str) -> ModuleType:
+    """Import ``module`` where an optional feature first uses it; when it (or a package it
+    needs) is not installed, :class:`BackendUnavailableError` naming the pip extra."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise missing_package(err, extra=extra, purpose=purpose) from err

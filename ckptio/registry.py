@@ -89,9 +89,11 @@ def load_backend(scheme: str) -> type[Store]:
         module = importlib.import_module(module_name)
     except ImportError as err:
         extra = INSTALL_HINTS.get(info.scheme) or INSTALL_HINTS.get(scheme)
-        hint = f"pip install 'ckptio[{extra}]'" if extra else f"install {info.distribution}'s dependencies"
+        if extra:
+            raise errors.missing_package(err, extra=extra, purpose=f"backend {info.scheme!r}") from err
         raise errors.BackendUnavailableError(
-            f"backend {info.scheme!r} needs a module that is not installed ({err.name or err}); {hint}"
+            f"backend {info.scheme!r} needs a module that is not installed ({err.name or err}); "
+            f"install {info.distribution}'s dependencies"
         ) from err
     cls = getattr(module, attr)
     if not (isinstance(cls, type) and issubclass(cls, Store)):

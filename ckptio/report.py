@@ -253,6 +253,19 @@ def projection_rows(targets: list[dict[str, Any]], requests: list[dict[str, Any]
 # -- plots -------------------------------------------------------------------------------------
 
 
+def plots_unavailable() -> str | None:
+    """Why plots cannot be drawn here (matplotlib is not installed, with the pip extra that
+    installs it), or None. Checked before any work, so that a report (or ``ckptio compare``,
+    before its measurements) says so up front and is written without plots."""
+    from ckptio import errors
+
+    try:
+        errors.require("matplotlib.pyplot", extra="report", purpose="the report's plots")
+    except errors.BackendUnavailableError as err:
+        return str(err)
+    return None
+
+
 def _plt() -> Any:
     import matplotlib
 
@@ -605,7 +618,8 @@ def build_report(
 ) -> dict[str, Any]:
     """Merge result files/directories ``paths`` (from any machines or sites) into
     ``out_dir``: ``index.html``, ``report.md`` and PNG plots. Returns what it wrote and the
-    tables (JSON-able)."""
+    tables (JSON-able). Without matplotlib the report is written without plots, and says why
+    (``plots_missing`` in the result: the message with the pip extra; None when drawn)."""
     import html
     import os
 
@@ -625,7 +639,8 @@ def build_report(
     proj = projection_rows(targets, requests, presets, interval=interval, price=price,
                            restart=restart)
     first_preset = [p for p in proj if p["preset"] == presets[0][0]]
-    plots: dict[str, str | None] = {
+    no_plots = plots_unavailable()
+    plots: dict[str, str | None] = {} if no_plots else {
         "throughput": plot_throughput(targets, os.path.join(out_dir, "throughput.png")),
         "latency": plot_latency(targets, requests, os.path.join(out_dir, "latency.png")),
         "sweep": plot_sweep(targets, os.path.join(out_dir, "sweep.png")),
@@ -698,6 +713,8 @@ def build_report(
                    f"part size {human_size(prof.part_size)}; past the rate limit: "
                    f"{prof.throttle or 'n/a'}.", ""]
     md += ["", "## Plots", ""]
+    if no_plots:
+        md += [f"_Plots not drawn: {no_plots}._", ""]
     for name, path in plots.items():
         if path:
             md += [f"### {captions[name]}", "", f"![{name}]({os.path.basename(path)})", ""]
@@ -743,6 +760,8 @@ def build_report(
                     "idle GPU-h/day", "what would fix it"],
                    proj_rows, ["projected"] * len(proj_rows)),
     ]
+    if no_plots:
+        parts.append(f"<h2>Plots</h2><p><i>Plots not drawn: {html.escape(no_plots)}.</i></p>")
     for name, path in plots.items():
         if path:
             parts.append(f"<h2>{html.escape(captions[name])}</h2>"
@@ -753,4 +772,4 @@ def build_report(
     written = [os.path.join(out_dir, n) for n in ("index.html", "report.md")]
     written += [p for p in plots.values() if p]
     return {"out": out_dir, "files": written, "summary": summary, "projections": proj,
-            "sites": sites}
+            "sites": sites, "plots_missing": no_plots}

@@ -30,13 +30,9 @@ from ckptio import errors
 
 
 def _pa() -> Any:
-    try:
-        import pyarrow
-        import pyarrow.parquet  # the submodule, used as pyarrow.parquet
-    except ImportError as err:
-        raise errors.BackendUnavailableError(
-            "result files need pyarrow; pip install 'ckptio[report]'"
-        ) from err
+    errors.require("pyarrow.parquet", extra="report", purpose="result files (Parquet)")
+    import pyarrow
+
     return pyarrow
 
 

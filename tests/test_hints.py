@@ -1,0 +1,134 @@
+"""Every error names its fix (issue 20 item 5): a missing optional package names the pip extra
+where it is first needed; no credentials says where ckptio looked and how to set them; a
+permission error names the directory that is not writable; an unknown option suggests the
+closest valid name (checkpoint options included); refused anonymous access does not blame
+the credentials.
+
+Missing packages are simulated in a real subprocess (``sys.modules[name] = None`` makes
+``import name`` raise ``ModuleNotFoundError``, as when the package is not installed)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ckptio
+from ckptio import errors
+from ckptio.registry import open_store
+from ckptio.testing.motoserver import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY
+
+FAKE_AWS = {
+    "AWS_ACCESS_KEY_ID": TEST_ACCESS_KEY_ID,
+    "AWS_SECRET_ACCESS_KEY": TEST_SECRET_ACCESS_KEY,
+    "AWS_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_CONFIG_FILE": "/dev/null",
+    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+}
+
+
+def run_without(blocked: list[str], code: str, *, cwd: Path | None = None,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter in which the packages ``blocked`` cannot be
+    imported (as if not installed)."""
+    prelude = f"import sys\nfor _name in {blocked!r}:\n    sys.modules[_name] = None\n"
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        capture_output=True, text=True, timeout=300, cwd=cwd,
+        env={**os.environ, **FAKE_AWS, **(env or {})},
+    )
+
+
+# -- missing optional packages ----------------------------------------------------------------
+
+OPEN = """
+from ckptio import errors
+from ckptio.registry import open_store
+try:
+    open_store({url!r})
+except errors.BackendUnavailableError as err:
+    print("ERROR", err)
+else:
+    print("OPENED")
+"""
+
+
+@pytest.mark.parametrize(
+    ("url", "blocked"),
+    [
+        ("s3+obstore://bucket/x", "obstore"),
+        ("s3+arrow://bucket/x", "pyarrow"),
+        ("s3+fsspec://bucket/x", "s3fs"),
+        ("s3+fsspec://bucket/x", "fsspec"),
+        ("s3://bucket/x", "botocore"),
+        ("s3+boto3://bucket/x", "botocore"),
+    ],
+)
+def test_missing_package_of_a_backend_names_the_extra(url: str, blocked: str) -> None:
+    out = run_without([blocked], OPEN.format(url=url))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ERROR "), out.stdout + out.stderr
+    assert f"'{blocked}'" in out.stdout and "pip install 'ckptio[s3]'" in out.stdout
+
+
+def test_missing_pyarrow_for_result_files_names_the_extra(tmp_path: Path) -> None:
+    out = run_without(["pyarrow"], f"""
+        from ckptio import errors
+        from ckptio.results import read_results
+        try:
+            read_results([{str(tmp_path)!r}])
+        except errors.BackendUnavailableError as err:
+            print("ERROR", err)
+    """)
+    assert "ERROR" in out.stdout and "pip install 'ckptio[report]'" in out.stdout, out.stderr
+
+
+@pytest.fixture
+def results_dir(tmp_path: Path) -> Path:
+    """Result files of one tiny run on a local directory."""
+    from ckptio.cli import main
+
+    out = tmp_path / "results"
+    assert main(["run", str(tmp_path / "ck"), "--preset", "llama3-8b",
+                 "--total-size", "4MiB", "--object-size", "1MiB", "--out", str(out)]) == 0
+    return out
+
+
+def test_report_without_matplotlib_is_written_without_plots_and_says_why(
+    results_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "report"
+    run = run_without(["matplotlib"], f"""
+        import sys
+        from ckptio.cli import main
+        sys.exit(main(["report", {str(results_dir)!r}, "--out", {str(out)!r}]))
+    """)
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr
+    assert "pip install 'ckptio[report]'" in run.stderr
+    md = (out / "report.md").read_text()
+    assert "Plots not drawn" in md and "pip install 'ckptio[report]'" in md
+    assert "Plots not drawn" in (out / "index.html").read_text()
+    assert not list(out.glob("*.png"))
+
+
+def test_compare_without_matplotlib_says_so_before_measuring(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    run = run_without(["matplotlib"], f"""
+        import sys
+        from ckptio.cli import main
+        sys.exit(main(["compare", "--targets", "local", "--profiles", "", "--total-size",
+                       "4MiB", "--object-size", "1MiB", "--out", {str(out)!r}]))
+    """)
+    assert run.returncode == 0, run.stderr
+    assert "Traceback" not in run.stderr
+    warning = run.stderr.find("pip install 'ckptio[report]'")
+    assert 0 <= warning < run.stderr.find("running local"), run.stderr
+    assert "Plots not drawn" in (out / "report.md").read_text()
