@@ -276,10 +276,10 @@ def part_size_for(total: int | None, part_size: int) -> int:
 
 
 def reject_unknown(name: str, options: Mapping[str, Any], valid: Iterable[str]) -> None:
+    """Refuse the ``options`` left over, suggesting the closest of ``valid`` (and of the
+    other spellings :data:`OPTION_SPELLINGS` accepts)."""
     if options:
-        raise errors.InvalidArgumentError(
-            f"{name}: unknown option(s) {sorted(options)}; valid options: {', '.join(sorted(valid))}"
-        )
+        raise errors.UnknownOptionError(f"{name}://", options, [(f"{name}://", valid)])
 
 
 # -- checksums -------------------------------------------------------------------------------

@@ -493,10 +493,8 @@ class LocalStore(Store):
         **unknown: Any,
     ) -> None:
         if unknown:
-            raise errors.InvalidArgumentError(
-                f"unknown option(s) for file://: {sorted(unknown)}; valid: streams, block_size, "
-                "direct, direct_read, fsync, preallocate"
-            )
+            raise errors.UnknownOptionError(f"{self.name}://", unknown, [(f"{self.name}://", (
+                "streams", "block_size", "direct", "direct_read", "fsync", "preallocate"))])
         super().__init__(url, trace=trace)
         self.root = local_root(url)
         self.streams = option_int(streams, field="streams", minimum=1, maximum=MAX_LOCAL_PROCESSES)

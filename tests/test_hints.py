@@ -132,3 +132,43 @@ def test_compare_without_matplotlib_says_so_before_measuring(tmp_path: Path) -> 
     warning = run.stderr.find("pip install 'ckptio[report]'")
     assert 0 <= warning < run.stderr.find("running local"), run.stderr
     assert "Plots not drawn" in (out / "report.md").read_text()
+
+
+# -- unknown options ---------------------------------------------------------------------------
+
+
+def test_misspelt_checkpoint_option_suggests_the_checkpoint_option(tmp_path: Path) -> None:
+    state = {"w": np.zeros(4, np.float32)}
+    with pytest.raises(errors.InvalidArgumentError) as caught:
+        ckptio.save(state, tmp_path / "ck", step=1, keep_lats=3)
+    msg = str(caught.value)
+    assert "did you mean 'keep_last'" in msg
+    assert "keep_last" in msg.partition("valid options")[2] and "block_size" in msg  # both kinds
+    with pytest.raises(errors.InvalidArgumentError, match="did you mean 'async_save'"):
+        ckptio.Checkpointer(tmp_path / "ck", asnyc_save=True)
+    assert not (tmp_path / "ck").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    ("url", "option", "meant"),
+    [
+        ("file:///tmp/x", "stream", "streams"),
+        ("pfs:///tmp/x", "stripe_cont", "stripe_count"),
+        ("shaped+memory://x", "profil", "profile"),
+        ("shaped+memory://x", "blok_size", None),
+        ("s3://bucket/x", "endpoint", "endpoint_url"),
+        ("s3+obstore://bucket/x", "part_sise", "part_size"),
+    ],
+)
+def test_unknown_store_option_suggests_the_closest_name(url: str, option: str, meant: str | None,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in FAKE_AWS.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(errors.InvalidArgumentError) as caught:
+        open_store(url, **{option: "1"})
+    msg = str(caught.value)
+    assert repr(option) in msg and "valid options" in msg
+    if meant:
+        assert f"did you mean {meant!r}" in msg
+    else:
+        assert "did you mean" not in msg
