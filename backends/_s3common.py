@@ -10,6 +10,26 @@ standard chain that botocore implements — explicit options first, then ``AWS_A
 ``endpoint_url`` in the profile. The resolved values are handed explicitly to every client
 library (boto3, s3fs, pyarrow, obstore), so the same environment reaches all four backends.
 
+Option spellings (:data:`OPTION_SPELLINGS`, applied by :func:`canonical_options` to every S3
+backend's options, keyword or URL query): the names users already have from fsspec/s3fs and
+boto3 mean the same as ckptio's own:
+
+=========================================================  =========================  ============================
+fsspec / s3fs                                              boto3                      ckptio
+=========================================================  =========================  ============================
+``key``                                                    ``aws_access_key_id``      ``access_key_id``
+``secret``                                                 ``aws_secret_access_key``  ``secret_access_key``
+``token``                                                  ``aws_session_token``      ``session_token``
+``anon``                                                   (``UNSIGNED`` config)      ``anonymous``
+``client_kwargs={"region_name": ...}``                     ``region_name``            ``region``
+``endpoint_url``, ``client_kwargs={"endpoint_url": ...}``  ``endpoint_url``           ``endpoint_url``
+``profile``                                                ``profile_name``           ``profile``
+``storage_options={...}``                                  (keyword arguments)        keyword arguments, URL query
+=========================================================  =========================  ============================
+
+``storage_options`` and ``client_kwargs`` are dicts whose entries are options (nested as
+fsspec nests them); one option given under two spellings with different values is an error.
+
 Errors (:func:`translate_error`): every backend funnels its vendor exceptions through one
 table, :data:`S3_ERROR_CODES`, keyed by the S3 error code normalised to upper case without
 ``_`` (so botocore's ``NoSuchKey`` and Arrow's ``NO_SUCH_KEY`` meet), then by HTTP status,
@@ -161,6 +181,60 @@ AWS_OPTIONS = (
 )
 
 
+OPTION_SPELLINGS: Mapping[str, str] = MappingProxyType(
+    {
+        # fsspec / s3fs (S3FileSystem's keyword arguments)
+        "key": "access_key_id",
+        "secret": "secret_access_key",
+        "token": "session_token",
+        "anon": "anonymous",
+        # boto3 (boto3.client / boto3.Session keyword arguments)
+        "aws_access_key_id": "access_key_id",
+        "aws_secret_access_key": "secret_access_key",
+        "aws_session_token": "session_token",
+        "region_name": "region",
+        "profile_name": "profile",
+    }
+)
+"""Other libraries' name of an option -> ckptio's name. The one table (see the module
+docstring); ``endpoint_url`` and ``profile`` are spelled alike everywhere."""
+
+NESTED_OPTIONS = ("storage_options", "client_kwargs")
+"""Options that hold a dict of options: fsspec's ``storage_options`` (what pandas, Lightning,
+xarray pass on to a filesystem) and s3fs's ``client_kwargs`` (what it passes to the boto
+client: ``endpoint_url``, ``region_name``, ...)."""
+
+
+def canonical_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` under ckptio's names: :data:`OPTION_SPELLINGS` renamed, the dicts of
+    :data:`NESTED_OPTIONS` flattened into the rest. Other names pass unchanged (the store
+    refuses those it does not take). One option under two spellings with different values is
+    an :class:`~ckptio.errors.InvalidArgumentError` (the values are not shown)."""
+    out: dict[str, Any] = {}
+    spelt: dict[str, str] = {}
+
+    def take(items: Mapping[str, Any], within: str) -> None:
+        for name, value in items.items():
+            where = f"{within}[{name!r}]" if within else name
+            if name in NESTED_OPTIONS:
+                if not isinstance(value, Mapping):
+                    raise errors.InvalidArgumentError(
+                        f"{where}: expected a dict of options (as fsspec/s3fs take it), got "
+                        f"{type(value).__name__}"
+                    )
+                take(value, where)
+                continue
+            canon = OPTION_SPELLINGS.get(name, name)
+            if canon in out and out[canon] != value:
+                raise errors.InvalidArgumentError(
+                    f"{where} and {spelt[canon]} both set {canon!r}, to different values; give it once"
+                )
+            out[canon], spelt[canon] = value, where
+
+    take(options, "")
+    return out
+
+
 def resolve_aws(options: dict[str, Any]) -> AwsSettings:
     """Pop the :data:`AWS_OPTIONS` from ``options`` and resolve the rest the AWS way."""
     errors.require("botocore.session", extra="s3", purpose="S3 access (s3://)")
@@ -275,11 +349,15 @@ def part_size_for(total: int | None, part_size: int) -> int:
     return part_size
 
 
-def reject_unknown(name: str, options: Mapping[str, Any], valid: Iterable[str]) -> None:
-    """Refuse the ``options`` left over, suggesting the closest of ``valid`` (and of the
-    other spellings :data:`OPTION_SPELLINGS` accepts)."""
+def reject_unknown(name: str, options: Mapping[str, Any], valid: Iterable[str], *,
+                   spellings: bool = True) -> None:
+    """Refuse the ``options`` left over, suggesting the closest of ``valid`` (and, with
+    ``spellings``, of the other spellings :data:`OPTION_SPELLINGS` accepts)."""
     if options:
-        raise errors.UnknownOptionError(f"{name}://", options, [(f"{name}://", valid)])
+        groups = [(f"{name}://", valid)]
+        if spellings:
+            groups.append((f"{name}:// (fsspec/boto3 spellings)", [*OPTION_SPELLINGS, *NESTED_OPTIONS]))
+        raise errors.UnknownOptionError(f"{name}://", options, groups)
 
 
 # -- checksums -------------------------------------------------------------------------------
@@ -796,7 +874,11 @@ class S3Base(Store):
 
     def _setup(self, options: dict[str, Any]) -> None:
         """Take the bucket and prefix from the URL (:attr:`location`) and pop the I/O and AWS
-        options; any option left over is an error naming the valid ones (:attr:`OPTIONS`)."""
+        options (in any spelling of :data:`OPTION_SPELLINGS`); any option left over is an
+        error naming the valid ones (:attr:`OPTIONS`)."""
+        canon = canonical_options(options)
+        options.clear()
+        options.update(canon)
         self.bucket, self.prefix = self.location.bucket, self.location.prefix
         self.part_size, self.streams = io_options(options)
         self.aws = resolve_aws(options)

@@ -65,7 +65,8 @@ class FsspecStore(c.WholeObjectStore):
             if loc.local:  # fsspec's local filesystem writes into existing directories only
                 storage_options.setdefault("auto_mkdir", True)
             self.part_size, self.streams = c.io_options(options)
-            c.reject_unknown(f"fsspec+{proto}", options, ("part_size", "streams", "storage_options"))
+            c.reject_unknown(f"fsspec+{proto}", options, ("part_size", "streams", "storage_options"),
+                             spellings=False)
             self.aws = c.AwsSettings(region="", endpoint_url=None)
             self.bucket, self.prefix = loc.host, ""
             self._janitor_client = None

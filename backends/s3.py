@@ -229,6 +229,7 @@ class Boto3Store(c.S3Base):
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
         super().__init__(url, trace=trace)
+        options = c.canonical_options(options)  # storage_options={"checksum": ...} too
         self.checksum = option_bool(options.pop("checksum", True), field="checksum")
         self.presigned_reads = option_bool(options.pop("presigned_reads", True), field="presigned_reads")
         self._setup(options)

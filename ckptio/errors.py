@@ -101,7 +101,7 @@ class UnknownOptionError(InvalidArgumentError):
             return text + f"; {self.groups[0][0] if self.groups else self.where} takes no options"
         if len(groups) == 1:
             return text + f"; valid options: {', '.join(groups[0][1])}"
-        return text + "; valid options: " + "; ".join(f"of {t}: {', '.join(n)}" for t, n in groups)
+        return text + "; valid options " + "; ".join(f"of {t}: {', '.join(n)}" for t, n in groups)
 
     def widened(self, taker: str, names: Iterable[str], where: str | None = None) -> UnknownOptionError:
         """The same refusal as seen by ``taker`` (at ``where``, default: the same place),

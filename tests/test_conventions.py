@@ -1,0 +1,113 @@
+"""Conventions of the ecosystem (issue 20 item 6): the fsspec/s3fs and boto3 spellings of S3
+options work (one table, ``OPTION_SPELLINGS``); result files carry their units (Parquet field
+metadata, ``*_GBps`` column names, old ``*_gbps`` files still read); every fixture ckptio ships
+has a docstring, and ``s3_url`` yields a ready ``s3://`` URL."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ckptio
+from ckptio import errors
+from ckptio.registry import open_store
+from ckptio.testing.motoserver import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY
+
+S3_BACKENDS = ["s3+boto3", "s3+fsspec", "s3+arrow", "s3+obstore"]
+
+
+def _no_aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing in the environment or config files: only the options given count."""
+    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
+              "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION",
+              "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+# -- option spellings ---------------------------------------------------------------------------
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("scheme", S3_BACKENDS)
+def test_fsspec_storage_options_work_on_every_s3_backend(
+    scheme: str, s3_bucket: str, moto_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_aws_env(monkeypatch)
+    storage_options = {
+        "key": TEST_ACCESS_KEY_ID,
+        "secret": TEST_SECRET_ACCESS_KEY,
+        "client_kwargs": {"endpoint_url": moto_server, "region_name": "eu-west-1"},
+    }
+    store = open_store(f"{scheme}://{s3_bucket}/fsspec", storage_options=storage_options)
+    assert store.aws.region == "eu-west-1" and store.aws.endpoint_url == moto_server  # type: ignore[attr-defined]
+    store.put("a.bin", b"fsspec spelling")
+    assert store.get("a.bin") == b"fsspec spelling"
+    store.close()
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("scheme", S3_BACKENDS)
+def test_boto3_keyword_spellings_work_on_every_s3_backend(
+    scheme: str, s3_bucket: str, moto_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_aws_env(monkeypatch)
+    store = open_store(f"{scheme}://{s3_bucket}/boto3", aws_access_key_id=TEST_ACCESS_KEY_ID,
+                       aws_secret_access_key=TEST_SECRET_ACCESS_KEY, region_name="eu-west-1",
+                       endpoint_url=moto_server)
+    assert store.aws.region == "eu-west-1"  # type: ignore[attr-defined]
+    store.put("b.bin", b"boto3 spelling")
+    assert store.get("b.bin") == b"boto3 spelling"
+    store.close()
+
+
+@pytest.mark.s3
+def test_checkpoint_through_storage_options(s3_bucket: str, moto_server: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a Lightning/pandas user has: ``storage_options={...}`` handed to save and load."""
+    _no_aws_env(monkeypatch)
+    opts = {"storage_options": {"key": TEST_ACCESS_KEY_ID, "secret": TEST_SECRET_ACCESS_KEY,
+                                "endpoint_url": moto_server}}
+    state = {"w": np.arange(10, dtype=np.float32)}
+    ckptio.save(state, f"s3://{s3_bucket}/ck", step=1, **opts)
+    back = ckptio.load(f"s3://{s3_bucket}/ck", **opts)
+    assert np.array_equal(back["w"], state["w"])
+
+
+def test_spellings_in_the_url_query_and_anon(monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_aws_env(monkeypatch)
+    store = open_store("s3://bucket/x?anon=true&region_name=eu-central-1&endpoint_url=http://127.0.0.1:9")
+    assert store.aws.anonymous and store.aws.region == "eu-central-1"  # type: ignore[attr-defined]
+    store.close()
+    store = open_store("s3+fsspec://bucket/x", anon=True, endpoint_url="http://127.0.0.1:9")
+    assert store.aws.anonymous  # type: ignore[attr-defined]
+    store.close()
+
+
+def test_one_option_under_two_spellings_must_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_aws_env(monkeypatch)
+    with pytest.raises(errors.InvalidArgumentError, match="key.*access_key_id|access_key_id.*key") as caught:
+        open_store("s3://bucket/x", key="AKIAONE", access_key_id="AKIATWO", secret="s" * 8)
+    assert "AKIAONE" not in str(caught.value) and "AKIATWO" not in str(caught.value)
+    with pytest.raises(errors.InvalidArgumentError, match="storage_options.*dict"):
+        open_store("s3://bucket/x?storage_options=anon")
+    with pytest.raises(errors.InvalidArgumentError, match="did you mean 'anon'"):
+        open_store("s3://bucket/x", annon=True)
+
+
+def test_the_spellings_are_documented_in_one_table() -> None:
+    from ckptio.backends import _s3common
+
+    doc = _s3common.__doc__ or ""
+    for other, ours in _s3common.OPTION_SPELLINGS.items():
+        assert f"``{other}``" in doc and f"``{ours}``" in doc
+    for nested in _s3common.NESTED_OPTIONS:
+        assert f"``{nested}" in doc
