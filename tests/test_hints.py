@@ -172,3 +172,99 @@ def test_unknown_store_option_suggests_the_closest_name(url: str, option: str, m
         assert f"did you mean {meant!r}" in msg
     else:
         assert "did you mean" not in msg
+
+
+# -- credentials --------------------------------------------------------------------------------
+
+S3_BACKENDS = ["s3+boto3", "s3+fsspec", "s3+arrow", "s3+obstore"]
+
+
+def _no_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
+              "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.mark.parametrize("scheme", S3_BACKENDS)
+def test_no_credentials_says_where_ckptio_looked_and_how_to_set_them(
+    scheme: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _no_aws_env(monkeypatch, tmp_path)
+    with pytest.raises(errors.StoragePermissionError) as caught:
+        open_store(f"{scheme}://bucket/x", endpoint_url="http://127.0.0.1:9")
+    msg = str(caught.value)
+    for looked in ("access_key_id", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "profile 'default'",
+                   str(tmp_path / "credentials"), str(tmp_path / "config"), "AWS_PROFILE",
+                   "anonymous=true"):
+        assert looked in msg, looked
+
+
+def test_an_unknown_profile_is_named_with_the_profiles_there(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _no_aws_env(monkeypatch, tmp_path)
+    (tmp_path / "credentials").write_text("[train]\naws_access_key_id = A\naws_secret_access_key = B\n")
+    with pytest.raises(errors.InvalidArgumentError, match=r"profile 'trian'.*profiles there: train"):
+        open_store("s3://bucket/x", profile="trian")
+
+
+class _Refusing:
+    """An HTTP server that answers every request 403 AccessDenied (a private bucket)."""
+
+    def __enter__(self) -> str:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        body = b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _deny(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                self.send_response(403)
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(0 if self.command == "HEAD" else len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _deny
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("scheme", S3_BACKENDS)
+def test_refused_anonymous_access_does_not_blame_credentials(
+    scheme: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _no_aws_env(monkeypatch, tmp_path)
+    with _Refusing() as endpoint:
+        store = open_store(f"{scheme}://bucket/x", anonymous=True, endpoint_url=endpoint)
+        with pytest.raises(errors.StoragePermissionError) as caught:
+            store.put("a.bin", b"x" * 10)
+        store.close()
+        msg = str(caught.value)
+        assert "check the credentials" not in msg
+        assert "anonymous" in msg and "public" in msg
+        signed = open_store(f"{scheme}://bucket/x", access_key_id=TEST_ACCESS_KEY_ID,
+                            secret_access_key=TEST_SECRET_ACCESS_KEY, endpoint_url=endpoint)
+        with pytest.raises(errors.StoragePermissionError) as caught:
+            signed.put("a.bin", b"x" * 10)
+        signed.close()
+        assert "check the credentials (from the options)" in str(caught.value)
+        assert TEST_SECRET_ACCESS_KEY not in str(caught.value)
