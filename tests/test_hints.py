@@ -268,3 +268,35 @@ def test_refused_anonymous_access_does_not_blame_credentials(
         signed.close()
         assert "check the credentials (from the options)" in str(caught.value)
         assert TEST_SECRET_ACCESS_KEY not in str(caught.value)
+
+
+# -- permissions --------------------------------------------------------------------------------
+
+
+def _as_unprivileged() -> list[str]:
+    """A command prefix under which file modes bind this process (root ignores them)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: cannot drop CAP_DAC_OVERRIDE")
+    caps = "-dac_override,-dac_read_search,-fowner"
+    return [setpriv, f"--inh-caps={caps}", f"--bounding-set={caps}"]
+
+
+def test_permission_error_names_the_directory_that_is_not_writable(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        code = ("import numpy as np, ckptio\n"
+                f"ckptio.save({{'w': np.zeros(4)}}, {str(locked / 'run' / 'ckpt')!r}, step=1)\n")
+        out = subprocess.run([*_as_unprivileged(), sys.executable, "-c", code],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        locked.chmod(0o755)
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert "PermissionError" in last or "Permission" in last, out.stderr
+    assert f"directory {locked} is not writable" in last, last
+    assert "dr-xr-xr-x" in last
