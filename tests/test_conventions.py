@@ -111,3 +111,29 @@ def test_the_spellings_are_documented_in_one_table() -> None:
         assert f"``{other}``" in doc and f"``{ours}``" in doc
     for nested in _s3common.NESTED_OPTIONS:
         assert f"``{nested}" in doc
+
+
+# -- fixtures -----------------------------------------------------------------------------------
+
+
+def test_every_shipped_fixture_has_a_docstring(tmp_path: Path) -> None:
+    """``pytest --fixtures`` in a project that only installed ckptio (its pytest plugin)."""
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    out = subprocess.run([sys.executable, "-m", "pytest", "--fixtures", "-p", "no:cacheprovider"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    shown: dict[str, str] = {}
+    lines = out.stdout.splitlines()
+    for i, line in enumerate(lines):
+        if " -- " in line and "ckptio/testing/" in line.partition(" -- ")[2]:
+            shown[line.split()[0]] = lines[i + 1].strip() if i + 1 < len(lines) else ""
+    assert {"memory_url", "moto_server", "s3_env", "s3_bucket", "s3_client", "fault_proxy",
+            "s3_url"} <= set(shown)
+    assert [name for name, doc in shown.items() if doc in ("", "no docstring available")] == []
+
+
+@pytest.mark.s3
+def test_s3_url_fixture_is_ready_to_use(s3_url: str) -> None:
+    state = {"w": np.arange(6, dtype=np.float32)}
+    ckptio.save(state, s3_url, step=1)
+    assert np.array_equal(ckptio.load(s3_url)["w"], state["w"])
