@@ -137,3 +137,57 @@ def test_s3_url_fixture_is_ready_to_use(s3_url: str) -> None:
     state = {"w": np.arange(6, dtype=np.float32)}
     ckptio.save(state, s3_url, step=1)
     assert np.array_equal(ckptio.load(s3_url)["w"], state["w"])
+
+
+# -- units of result files ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_run(tmp_path: Path) -> Path:
+    """The result directory of one tiny run on a local directory."""
+    from ckptio.cli import main
+
+    out = tmp_path / "results"
+    assert main(["run", str(tmp_path / "ck"), "--total-size", "4MiB", "--object-size", "1MiB",
+                 "--out", str(out)]) == 0
+    return out
+
+
+def test_every_result_column_carries_its_unit(one_run: Path) -> None:
+    import pyarrow.parquet as pq
+
+    files = sorted(one_run.glob("*.parquet"))
+    assert {f.name.split(".")[-2] for f in files} == {"requests", "phases", "run"}
+    for f in files:
+        sch = pq.read_schema(f)  # as any Parquet reader sees it, without ckptio
+        for field in sch:
+            assert field.metadata and field.metadata.get(b"unit"), (f.name, field.name)
+            assert not field.name.endswith("_gbps"), field.name
+    run = pq.read_schema(next(one_run.glob("*.run.parquet")))
+    assert run.field("write_GBps").metadata[b"unit"] == b"GB/s (1e9 bytes/s)"
+    assert run.field("checkpoint_bytes").metadata[b"unit"] == b"bytes"
+    assert run.field("write_seconds").metadata[b"unit"] == b"seconds"
+    req = pq.read_schema(next(one_run.glob("*.requests.parquet")))
+    assert req.field("start").metadata[b"unit"].startswith(b"Unix seconds")
+
+
+def test_result_files_with_the_old_gbps_names_are_still_read(one_run: Path, tmp_path: Path) -> None:
+    """A run file written before the rename (``write_gbps``, ..., no field metadata)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ckptio.results import read_results
+
+    run_file = next(one_run.glob("*.run.parquet"))
+    new = pq.read_table(run_file)
+    old = pa.table({c.replace("_GBps", "_gbps"): new.column(c).combine_chunks()
+                    for c in new.column_names if c != "layout"})  # before layout, too
+    old_dir = tmp_path / "old"
+    old_dir.mkdir()
+    for f in one_run.iterdir():
+        (old_dir / f.name).write_bytes(f.read_bytes())
+    pq.write_table(old, old_dir / run_file.name)
+    runs = read_results([old_dir]).runs
+    assert runs.column("write_GBps").to_pylist() == new.column("write_GBps").to_pylist()
+    assert runs.column("generate_GBps").to_pylist() == new.column("generate_GBps").to_pylist()
+    assert runs.schema.field("read_GBps").metadata[b"unit"] == b"GB/s (1e9 bytes/s)"
