@@ -86,7 +86,7 @@ def _cmd_backends(args: argparse.Namespace) -> int:
             caps = ", ".join(k for k, v in r["capabilities"].items() if v) or "-"
             table.add_row(r["scheme"], "[green]ok[/]", caps)
         else:
-            table.add_row(r["scheme"], "[red]missing dependency[/]", r["problem"])
+            table.add_row(r["scheme"], "[red]missing dependency[/]", escape(r["problem"]))
     console.print(table)
     return 0
 

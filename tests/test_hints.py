@@ -300,3 +300,17 @@ def test_permission_error_names_the_directory_that_is_not_writable(tmp_path: Pat
     assert "PermissionError" in last or "Permission" in last, out.stderr
     assert f"directory {locked} is not writable" in last, last
     assert "dr-xr-xr-x" in last
+
+
+def test_backends_command_reports_a_missing_package_with_its_extra() -> None:
+    """``ckptio backends`` checks each backend's packages (without importing them): a backend
+    whose client library is missing is not 'ok'."""
+    out = run_without(["obstore"], """
+        import sys
+        from ckptio.cli import main
+        sys.exit(main(["backends"]))
+    """, env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if "s3+obstore" in ln)
+    assert "missing" in line and "pip install 'ckptio[s3]'" in line
+    assert "fsspec" in out.stdout and "ok" in next(ln for ln in out.stdout.splitlines() if "s3+boto3" in ln)
