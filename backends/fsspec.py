@@ -39,6 +39,7 @@ class FsspecStore(c.WholeObjectStore):
     - for S3, the AWS connection options of every S3 backend (``endpoint_url``, ``region``,
       ``profile``, ``access_key_id``, ``secret_access_key``, ``session_token``, ``anonymous``,
       ``addressing_style``, ``connect_timeout``, ``read_timeout``), resolved the AWS way (environment, config files);
+      the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3common.OPTION_SPELLINGS`;
     - for other protocols, ``storage_options`` (a dict) goes to ``fsspec.filesystem``
       (``fsspec+file://``: ``auto_mkdir`` defaults to True);
     - ``trace``.

@@ -215,7 +215,7 @@ class Boto3Store(c.S3Base):
     - ``endpoint_url``, ``region``, ``profile``, ``access_key_id``, ``secret_access_key``,
       ``session_token``, ``anonymous``, ``addressing_style`` (``path``/``virtual``), ``connect_timeout`` / ``read_timeout`` (seconds): the AWS
       connection; unset ones come from the environment and AWS config files as the AWS CLI
-      does (``AWS_ENDPOINT_URL`` included);
+      does (``AWS_ENDPOINT_URL`` included); the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3common.OPTION_SPELLINGS`;
     - ``trace``: a :class:`~ckptio.trace.Trace`.
 
     Commit: ``publish`` is one PUT; with ``overwrite=False`` it sends ``If-None-Match: *`` so
