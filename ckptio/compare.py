@@ -135,11 +135,14 @@ def compare(
     """
     from ckptio.dist import SingleProcess
     from ckptio.registry import open_store
-    from ckptio.report import DEFAULT_PRICE_PER_GPU_HOUR, DEFAULT_RESTART_SECONDS, build_report
+    from ckptio.report import (
+        DEFAULT_PRICE_PER_GPU_HOUR,
+        DEFAULT_RESTART_SECONDS,
+        build_report,
+        plots_unavailable,
+    )
     from ckptio.runner import run_workload
     from ckptio.workload import make_plan
-
-    from ckptio.report import plots_unavailable
 
     if iterations < 1:
         raise errors.InvalidArgumentError(f"iterations must be >= 1, got {iterations}")

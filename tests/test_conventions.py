@@ -5,11 +5,9 @@ has a docstring, and ``s3_url`` yields a ready ``s3://`` URL."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -94,10 +92,10 @@ def test_spellings_in_the_url_query_and_anon(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_one_option_under_two_spellings_must_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     _no_aws_env(monkeypatch)
-    with pytest.raises(errors.InvalidArgumentError, match="key.*access_key_id|access_key_id.*key") as caught:
+    with pytest.raises(errors.InvalidArgumentError, match=r"key.*access_key_id|access_key_id.*key") as caught:
         open_store("s3://bucket/x", key="AKIAONE", access_key_id="AKIATWO", secret="s" * 8)
     assert "AKIAONE" not in str(caught.value) and "AKIATWO" not in str(caught.value)
-    with pytest.raises(errors.InvalidArgumentError, match="storage_options.*dict"):
+    with pytest.raises(errors.InvalidArgumentError, match=r"storage_options.*dict"):
         open_store("s3://bucket/x?storage_options=anon")
     with pytest.raises(errors.InvalidArgumentError, match="did you mean 'anon'"):
         open_store("s3://bucket/x", annon=True)
