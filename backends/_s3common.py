@@ -335,8 +335,6 @@ def resolve_aws(options: dict[str, Any], *, where: str = "s3") -> AwsSettings:
             frozen = creds.get_frozen_credentials()
             key, secret, token = frozen.access_key, frozen.secret_key, frozen.token
             source = _credential_source(getattr(creds, "method", "") or "", session)
-        if not (key and secret):
-            raise errors.StoragePermissionError(no_credentials_message(where, session, opts))
     for s in (key, secret, token):
         register_secret(s)
     style = str(opts.get("addressing_style", "path"))
@@ -348,6 +346,8 @@ def resolve_aws(options: dict[str, Any], *, where: str = "s3") -> AwsSettings:
     for name in ("connect_timeout", "read_timeout"):
         if name in opts:
             timeouts[name] = parse_duration(opts[name], field=name, positive=True)
+    if not anonymous and not (key and secret):  # after the options' own checks
+        raise errors.StoragePermissionError(no_credentials_message(where, session, opts))
     return AwsSettings(
         **timeouts,
         region=str(region),
