@@ -249,6 +249,10 @@ class ParallelFSStore(LocalStore):
             local_options["direct"] = option_bool(direct, field="direct")
         try:
             super().__init__(url, trace=trace, **local_options)
+        except errors.UnknownOptionError as err:
+            own = ("fs", "stripe_count", "stripe_size", "lfs", "fanout")
+            raise errors.UnknownOptionError(err.where, err.unknown, [
+                (err.where, [*own, *(n for _, names in err.groups for n in names)])]) from None
         except errors.InvalidArgumentError as err:
             raise errors.InvalidArgumentError(
                 f"{err} (pfs:// also takes: fs, stripe_count, stripe_size, lfs, fanout)"

@@ -1585,7 +1585,10 @@ class Checkpointer:
         if not isinstance(retire_grace, int | float) or not 0 <= retire_grace < math.inf:
             raise errors.InvalidArgumentError(f"retire_grace: expected seconds >= 0, got {retire_grace!r}")
         self.retire_grace = float(retire_grace)
-        self.store = open_store(url, **store_options)
+        try:
+            self.store = open_store(url, **store_options)
+        except errors.UnknownOptionError as err:  # suggest the Checkpointer's options too
+            raise err.widened(type(self).__name__, _own_options(type(self))) from None
         if layout != "file-per-shard" and not self.store.capabilities.positional_writes:
             raise errors.InvalidArgumentError(
                 f"layout {layout!r} needs positional writes, which {self.store.url} "
@@ -1933,6 +1936,21 @@ def _sweep(
             if older_than > 0 and not _live_leases(store, store.list(prefix), time.time()):
                 store.cleanup_incomplete(prefix)
     return _Sweep(removed, live)
+
+
+def _own_options(cls: type) -> list[str]:
+    """The keyword arguments ``cls.__init__`` (and its bases') take by name: what a
+    Checkpointer keeps for itself rather than passing on to its store."""
+    import inspect  # error path only
+
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None and klass is not object:
+            names.update(p.name for p in inspect.signature(init).parameters.values()
+                         if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+                         and p.name not in ("self", "url"))
+    return sorted(names)
 
 
 def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

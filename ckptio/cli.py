@@ -112,7 +112,7 @@ def _cmd_backends(args: argparse.Namespace) -> int:
             caps = ", ".join(k for k, v in r["capabilities"].items() if v) or "-"
             table.add_row(r["scheme"], "[green]ok[/]", caps)
         else:
-            table.add_row(r["scheme"], "[red]missing dependency[/]", r["problem"])
+            table.add_row(r["scheme"], "[red]missing dependency[/]", escape(r["problem"]))
     console.print(table)
     return 0
 
@@ -423,6 +423,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     console.print(comparison_table(result["summary"], "merged results"))
     console.print(projection_table(result["projections"]))
     console.print(f"report: {args.out}/index.html ({len(result['files'])} files)")
+    if result["plots_missing"]:
+        err_console.print(f"warning: no plots: {escape(result['plots_missing'])}", highlight=False)
     return 0
 
 
