@@ -87,6 +87,7 @@ def _add_backends(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def _cmd_backends(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from rich.markup import escape
     from rich.table import Table
 
     from ckptio.registry import backends, load_backend
@@ -414,6 +415,8 @@ def _projection_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from ckptio.report import build_report, comparison_table, projection_table
 
     result = build_report(args.results, args.out, **_projection_options(args))
