@@ -426,3 +426,87 @@ def test_no_code_execution_primitive_on_the_load_path():
                         problems.append(f"{rel}:{node.lineno}: allow_pickle")
     assert problems == [], problems
     assert len(LOAD_PATH) > 12  # the backends were found
+
+
+# -- memory and blocking: what a hostile checkpoint may cost a reader ----------------------------
+
+_PEAK_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import ckptio
+    from ckptio import errors
+    from ckptio.cli import main
+    url, good, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+    def peak():  # bytes: this image's high-water RSS (ru_maxrss would include the parent's
+        # before exec: Linux carries it over fork and exec)
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+    ckptio.load(url, step=good)  # warm: every lazy import is done, pools exist
+    base = peak()
+    outcomes = {}
+    for op in sys.argv[4:]:
+        try:
+            if op == "load":
+                reader = ckptio.open_checkpoint(url)  # what ckptio.load(url) does
+                reader.state()
+                outcomes[op] = "loaded step %d" % reader.step
+            elif op in ("ls", "gc"):
+                outcomes[op] = "exit %s" % main([op, url, "--json"])
+            elif op == "retention":
+                with ckptio.Checkpointer(url, keep_last=3) as ck:
+                    ck.save({"w": np.zeros(4, np.float32)}, step=new)
+                outcomes[op] = "saved"
+        except errors.CkptioError as err:
+            outcomes[op] = type(err).__name__ + ": " + str(err)[:300]
+    print(json.dumps({"base": base, "peak": peak(), "outcomes": outcomes}))
+    """
+)
+
+
+def _peak_of(root: Path, ops: list[str], good_step: int, new_step: int = 0) -> dict:
+    """Peak RSS (bytes) of a fresh process running ``ops`` one after another on ``root``,
+    and of the same process before them (warmed up by loading ``good_step``)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEAK_SCRIPT, f"file://{root}", str(good_step), str(new_step), *ops],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _bomb(n_bytes: int) -> str:
+    """JSON of ``n_bytes`` bytes that json decodes into ~28x that: nested empty lists."""
+    return "[" + ",".join(["[[]]"] * (n_bytes // 5)) + "]"
+
+
+FREE_FORM_BOMBS = {
+    # where the bomb sits: (mutation of the manifest text, built from the doc and the bomb)
+    "metadata": lambda doc, bomb: json.dumps(dict(doc, metadata="@")).replace('"@"', bomb),
+    "tree": lambda doc, bomb: json.dumps(dict(doc, tree={"d": {"w": {"t": "w"}, "x": {"v": "@"}}})).replace('"@"', bomb),
+    # a repeated key: msgspec keeps the last (small) value, json would build the first
+    "repeated_metadata": lambda doc, bomb: json.dumps(dict(doc, metadata="@")).replace('"metadata": "@"', f'"metadata": {bomb}, "metadata": 1'),
+}
+
+
+@pytest.mark.parametrize("where", sorted(FREE_FORM_BOMBS))
+def test_free_form_json_bomb_bounded_in_load_ls_gc_and_retention(tmp_path, where):
+    """A committed-looking newest manifest whose free-form JSON is 32 MiB of nested empty
+    lists (valid JSON, far under the 1 GiB manifest limit) would decode into ~900 MiB of
+    Python objects. It is refused from its raw text before decoding (fmt.MAX_METADATA_BYTES,
+    fmt.MAX_FREE_VALUES): in a fresh process, load (falling back to the older good step),
+    ls, gc and a save's retention each stay under the manifest's size plus 32 MiB (it is read once)."""
+    root = tmp_path / "run"
+    make_checkpoint(root, step=5)
+    doc = make_checkpoint(root, step=7)
+    text = FREE_FORM_BOMBS[where](doc, _bomb(32 << 20))
+    write_manifest(root, text.encode(), step=7)
+    size = len(text)
+    got = _peak_of(root, ["load", "ls", "gc", "retention"], good_step=5, new_step=9)
+    grew = got["peak"] - got["base"]
+    assert grew < size + (32 << 20), f"peak grew by {grew >> 20} MiB for a {size >> 20} MiB manifest ({got})"
+    assert got["outcomes"] == {"load": "loaded step 5", "ls": "exit 0", "gc": "exit 0", "retention": "saved"}, got
+    with pytest.raises(errors.ManifestError, match=where.replace("repeated_", "")):
+        ckptio.load(f"file://{root}", step=7)
