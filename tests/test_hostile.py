@@ -510,3 +510,188 @@ def test_free_form_json_bomb_bounded_in_load_ls_gc_and_retention(tmp_path, where
     assert got["outcomes"] == {"load": "loaded step 5", "ls": "exit 0", "gc": "exit 0", "retention": "saved"}, got
     with pytest.raises(errors.ManifestError, match=where.replace("repeated_", "")):
         ckptio.load(f"file://{root}", step=7)
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ckptio.cli", *args], capture_output=True, text=True, timeout=timeout,
+        env=dict(os.environ, COLUMNS="400"),  # one line per message: rich wraps at 80 otherwise
+    )
+
+
+NOT_REGULAR = {
+    "fifo": (lambda p: os.mkfifo(p), "a FIFO"),
+    "directory": (lambda p: p.mkdir(), "a directory"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_REGULAR))
+def test_non_regular_data_object_refused_without_blocking(ckpt, kind):
+    """A FIFO (or a directory) where a data object should be: `ckptio verify` reports it and
+    exits 1 instead of blocking forever in open() (the FIFO) or crashing; `ls` and `gc` list
+    and clean as usual; a load refuses it naming it. Every file:// open is O_NONBLOCK, then
+    fstat-checked (open_regular)."""
+    root, _ = ckpt
+    obj = root / "step-0000000007" / "data/rank-00000-000-x.bin"
+    obj.unlink()
+    make, words = NOT_REGULAR[kind]
+    make(obj)
+    try:
+        proc = _cli("verify", f"file://{root}", timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"ckptio verify blocked on {kind} for 60 s")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"rank-00000-000-x.bin: it is {words}, not a regular file" in proc.stdout + proc.stderr, proc
+    for cmd in ("ls", "gc"):
+        proc = _cli(cmd, f"file://{root}", "--json", timeout=60)
+        assert proc.returncode == 0, (cmd, proc.stdout + proc.stderr)
+    with pytest.raises(errors.CorruptCheckpointError, match=f"rank-00000-000-x.bin: refusing .*it is {words}"):
+        ckptio.load(f"file://{root}", step=7)
+
+
+def test_symlink_out_of_the_root_leaks_no_size(ckpt, tmp_path):
+    """size() applies the out-of-root check of reads: a data object symlinked to a file
+    outside the root neither gives that file's size (`ckptio ls` sums sizes) nor anything else."""
+    root, _ = ckpt
+    obj = root / "step-0000000007" / "data/rank-00000-000-x.bin"
+    outside = tmp_path / "secret-size.bin"
+    with open(outside, "wb") as f:
+        f.truncate(987_654_321)  # a size that shows wherever it leaks
+    obj.unlink()
+    obj.symlink_to(outside)
+    store = ckptio.open_store(f"file://{root}")
+    with pytest.raises(errors.StoragePermissionError, match="resolves outside the root"):
+        store.size("step-0000000007/data/rank-00000-000-x.bin")
+    with pytest.raises(errors.StoragePermissionError, match="resolves outside the root"):
+        store.get("step-0000000007/data/rank-00000-000-x.bin")
+    proc = _cli("ls", f"file://{root}", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "987654321" not in proc.stdout and "942" not in proc.stdout  # bytes, MiB
+    assert ckptio.verify(f"file://{root}")  # reported, not read
+
+
+def _unreadable(m: Path, tmp_path: Path) -> None:
+    m.chmod(0)
+
+
+_UNREADABLE_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, os, sys
+    if os.geteuid() == 0:  # drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH: chmod 000 then holds
+        class Header(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+        class Data(ctypes.Structure):
+            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+        libc = ctypes.CDLL(None, use_errno=True)
+        header, data = Header(0x20080522, 0), (Data * 2)()
+        assert libc.capget(ctypes.byref(header), data) == 0
+        data[0].effective &= ~((1 << 1) | (1 << 2))
+        assert libc.capset(ctypes.byref(header), data) == 0, os.strerror(ctypes.get_errno())
+    import ckptio
+    from ckptio import errors
+    try:
+        ckptio.load("file://" + sys.argv[1], step=8)
+    except errors.StoragePermissionError as err:
+        print("explicit:", type(err).__name__, err)
+    print("loaded", ckptio.open_checkpoint("file://" + sys.argv[1]).step)
+    """
+)
+
+
+NEWEST_REFUSED = {
+    # how the newest manifest is spoiled: (spoil(manifest path, tmp_path), error of an explicit load)
+    "symlink_out_of_root": (
+        lambda m, tmp: (tmp.joinpath("m.json").write_bytes(m.read_bytes()), m.unlink(), m.symlink_to(tmp / "m.json")),
+        "StoragePermissionError",
+    ),
+    "fifo": (lambda m, tmp: (m.unlink(), os.mkfifo(m)), "NotRegularFileError"),
+    "unreadable": (_unreadable, "StoragePermissionError"),
+    "damaged": (lambda m, tmp: m.write_bytes(m.read_bytes()[:-9]), "ManifestError"),
+}
+
+
+@pytest.mark.parametrize("how", sorted(NEWEST_REFUSED))
+def test_refused_newest_manifest_falls_back_to_the_newest_good_step(tmp_path, how, caplog):
+    """The newest manifest is refused (a symlink out of the root, a FIFO, unreadable) or
+    damaged: a load that names no step warns, naming the step and why, and loads the newest
+    good one; a load that names the step raises a ckptio error naming the key. (Unreadable
+    loads in a process that drops root's power to read what chmod 000 forbids.)"""
+    root = tmp_path / "run"
+    make_checkpoint(root, step=5)
+    make_checkpoint(root, step=8)
+    spoil, error = NEWEST_REFUSED[how]
+    manifest = root / fmt.manifest_key(8)
+    spoil(manifest, tmp_path)
+    if how == "unreadable":  # in a process without root's power to read anything
+        proc = subprocess.run([sys.executable, "-c", _UNREADABLE_SCRIPT, str(root)], capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "explicit: StoragePermissionError" in proc.stdout and "manifest.json" in proc.stdout, proc.stdout
+        assert "loaded 5" in proc.stdout, proc.stdout
+        assert "skipping step 8" in proc.stderr and "Permission denied" in proc.stderr, proc.stderr
+        return
+    with pytest.raises(getattr(errors, error, errors.CkptioError), match=r"step-0000000008/manifest\.json"):
+        ckptio.load(f"file://{root}", step=8)
+    with caplog.at_level("WARNING", logger="ckptio"):
+        reader = ckptio.open_checkpoint(f"file://{root}")
+    assert reader.step == 5
+    reader.state()
+    assert "skipping step 8" in caplog.text and "manifest.json" in caplog.text, caplog.text
+
+
+def _sparse_checkpoint(root: Path, apparent: int, declared: int) -> None:
+    """Step 7 whose one data object is a sparse file of ``apparent`` bytes (a few KiB on
+    disk), holding a uint8 tensor ``w`` of ``declared`` bytes at offset 0 (its CRC is of zeros)."""
+    import crc32c
+
+    doc = make_checkpoint(root)
+    key = first_chunk(doc)["key"]
+    for k in list(doc["objects"]):
+        if k != key:
+            (root / "step-0000000007" / k).unlink()
+    with open(root / "step-0000000007" / key, "r+b") as f:
+        f.truncate(0)
+        f.truncate(apparent)
+    crc = 0
+    zeros = bytes(16 << 20)
+    for start in range(0, declared, len(zeros)):
+        crc = crc32c.crc32c(zeros[: min(len(zeros), declared - start)], crc)
+    chunk = dict(first_chunk(doc), offsets=[0], shape=[declared], offset=0, length=declared, crc32c=crc)
+    doc.update(objects={key: apparent}, tensors={"w": {"dtype": "uint8", "shape": [declared], "chunks": [chunk]}},
+               tree={"d": {"w": {"t": "w"}}})
+    write_manifest(root, doc)
+
+
+def _vm(field_: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field_ + ":"))
+
+
+def test_load_larger_than_the_machine_refused_before_allocating(tmp_path):
+    """A manifest declaring a tensor of twice this machine's memory and swap, in a sparse
+    object that stat() confirms (it holds a few KiB on disk): the load raises
+    InsufficientMemoryError naming both sizes, before mapping the memory (VmPeak, the
+    process's largest address space, stays put), whole or through select=."""
+    swap = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("SwapTotal:"))
+    n = fmt.align_up(2 * (os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") + swap))
+    root = tmp_path / "run"
+    _sparse_checkpoint(root, apparent=n, declared=n)
+    before = _vm("VmPeak")
+    with pytest.raises(errors.InsufficientMemoryError, match=f"needs {n} bytes of memory, more than this machine can give"):
+        ckptio.load(f"file://{root}", step=7)
+    with pytest.raises(errors.InsufficientMemoryError, match=f"needs {n + 16} bytes of memory"):  # 16 + the chunk's buffer
+        ckptio.load(f"file://{root}", step=7, select={"w": np.s_[:16]})
+    assert _vm("VmPeak") - before < 1 << 30
+
+
+def test_sparse_object_load_allocates_the_declared_bytes(tmp_path):
+    """A sparse object of 1 GiB by stat() (a few KiB on disk) with a tensor declaring 64 MiB:
+    a fresh process's peak grows by the declared bytes (plus 32 MiB), not the apparent size;
+    that is the bound of a load: the declared bytes of what it returns, plus its read buffers."""
+    root = tmp_path / "run"
+    declared = 64 << 20
+    _sparse_checkpoint(root, apparent=1 << 30, declared=declared)
+    got = _peak_of(root, ["load"], good_step=7)
+    assert got["outcomes"] == {"load": "loaded step 7"}, got
+    grew = got["peak"] - got["base"]
+    assert grew < declared + (32 << 20), f"peak grew by {grew >> 20} MiB for {declared >> 20} MiB declared"
