@@ -672,7 +672,8 @@ def test_load_larger_than_the_machine_refused_before_allocating(tmp_path):
     object that stat() confirms (it holds a few KiB on disk): the load raises
     InsufficientMemoryError naming both sizes, before mapping the memory (VmPeak, the
     process's largest address space, stays put), whole or through select=."""
-    swap = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("SwapTotal:"))
+    with open("/proc/meminfo") as f:
+        swap = next(int(line.split()[1]) * 1024 for line in f if line.startswith("SwapTotal:"))
     n = fmt.align_up(2 * (os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") + swap))
     root = tmp_path / "run"
     _sparse_checkpoint(root, apparent=n, declared=n)
