@@ -324,9 +324,13 @@ def _prepare(
         import json
 
         try:
-            metadata = json.loads(json.dumps(metadata, allow_nan=False))  # a deep, JSON-only copy
+            text = json.dumps(metadata, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
         except (TypeError, ValueError) as err:
             raise errors.InvalidArgumentError(f"metadata must be JSON values: {err}") from None
+        problem = fmt.metadata_problem(text.encode("utf-8", "surrogatepass"))
+        if problem is not None:  # a load would refuse it: refused before anything is written
+            raise errors.InvalidArgumentError(f"metadata {problem}; store large data as arrays in the state")
+        metadata = json.loads(text)  # a deep, JSON-only copy
     nbytes = _parallel_copy(copies)
     return PreparedState(tree, tensors, metadata, snapshot_bytes=nbytes)
 

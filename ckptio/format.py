@@ -411,16 +411,24 @@ def _bound_json(data: bytes) -> None:
     _check_free_values(top, json_values(data) - json_values(tensors) + 1, len(tensors))
 
 
+def metadata_problem(raw: Any) -> str | None:
+    """What makes ``raw`` (the JSON of a manifest's ``metadata``) too large, or None: more
+    than :data:`MAX_METADATA_BYTES` or :data:`MAX_FREE_VALUES`. Checked by saves and loads."""
+    if len(raw) > MAX_METADATA_BYTES:
+        return f"{len(raw)} bytes of JSON, more than the limit of {MAX_METADATA_BYTES}"
+    n = json_values(raw)
+    if n > MAX_FREE_VALUES:
+        return f"holds {n} JSON values and keys, more than the limit of {MAX_FREE_VALUES}"
+    return None
+
+
 def _check_free_values(top: Mapping[str, Any], free: int, tensor_bytes: int) -> None:
     """Raise unless ``metadata`` (raw JSON in ``top``) is within :data:`MAX_METADATA_BYTES`
     and :data:`MAX_FREE_VALUES`, and the ``free`` values of the text besides the tensor table
     within the allowance of ``tensor_bytes`` bytes of table."""
     metadata = top.get("metadata")
-    if metadata is not None:
-        n = len(metadata)
-        _want(n <= MAX_METADATA_BYTES, "metadata", f"{n} bytes of JSON, more than the limit of {MAX_METADATA_BYTES}")
-        n = json_values(metadata)
-        _want(n <= MAX_FREE_VALUES, "metadata", f"holds {n} JSON values and keys, more than the limit of {MAX_FREE_VALUES}")
+    problem = None if metadata is None else metadata_problem(metadata)
+    _want(problem is None, "metadata", str(problem))
     allowed = MAX_FREE_VALUES + int(tensor_bytes * FREE_VALUES_PER_TENSOR_BYTE)
     _want(
         free <= allowed, "$",

@@ -696,3 +696,18 @@ def test_sparse_object_load_allocates_the_declared_bytes(tmp_path):
     assert got["outcomes"] == {"load": "loaded step 7"}, got
     grew = got["peak"] - got["base"]
     assert grew < declared + (32 << 20), f"peak grew by {grew >> 20} MiB for {declared >> 20} MiB declared"
+
+
+def test_metadata_limits_hold_at_save_and_leave_room_for_real_metadata(tmp_path):
+    """Metadata a load would refuse (fmt.MAX_FREE_VALUES, fmt.MAX_METADATA_BYTES) is refused by
+    the save, before anything is written; metadata just under the limits saves and loads."""
+    url = f"file://{tmp_path / 'run'}"
+    state = {"w": np.arange(8, dtype=np.float32)}
+    with pytest.raises(errors.InvalidArgumentError, match="metadata holds 1100001 JSON values and keys, more than the limit of 1000000"):
+        ckptio.save(state, url, step=1, metadata=[0] * 1_100_000)
+    with pytest.raises(errors.InvalidArgumentError, match="metadata 17825794 bytes of JSON, more than the limit of 16777216"):
+        ckptio.save(state, url, step=1, metadata="x" * (17 << 20))
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+    big = {"losses": [0.5] * 300_000, "config": {f"k{i}": "v" * 20 for i in range(50_000)}, "vocab": "t" * (4 << 20)}
+    ckptio.save(state, url, step=2, metadata=big)
+    assert ckptio.open_checkpoint(url).metadata == big
