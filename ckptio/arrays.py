@@ -14,6 +14,7 @@ import errno
 import importlib
 import mmap
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,12 +58,26 @@ the child forgot. Kept referenced so they are never unmapped there: their addres
 the child's own mappings later."""
 
 
+_capacity: tuple[float, int | None] = (-1e9, None)
+CAPACITY_TTL = 10.0
+"""Seconds :func:`memory_capacity` reuses what it read (a load of many tensors one by one,
+as PyTorch DCP's reader does, asks per tensor; limits change rarely: a container resized)."""
+
+
 def memory_capacity() -> int | None:
     """The most memory this process could be given, in bytes: physical memory plus swap
     (``/proc/meminfo``), less where a cgroup limits it (v2 ``memory.max``, v1
     ``memory.limit_in_bytes``, of the process's group or any group above it). None where
     unknown. The capacity, not what is free now: a load that the kernel could serve by
     reclaiming caches (which ``MemAvailable`` undercounts, e.g. ZFS's ARC) is never refused."""
+    global _capacity
+    now = time.monotonic()
+    if now - _capacity[0] > CAPACITY_TTL:
+        _capacity = (now, _read_capacity())
+    return _capacity[1]
+
+
+def _read_capacity() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             info = {k: int(v.split()[0]) * 1024 for k, _, v in (line.partition(":") for line in f) if v.strip()}
