@@ -14,7 +14,10 @@ object it names is listed, and retention removes a manifest before its data (see
 :mod:`ckptio.lease` for the protocol, the same on POSIX and object stores). The manifest is
 JSON (never pickle). Everything read back is validated before it is used: a bad manifest
 raises :class:`~ckptio.errors.ManifestError` naming the field; nothing outside the root is
-ever addressed, and no allocation exceeds the validated sizes.
+ever addressed, and no allocation exceeds the validated sizes. Free-form JSON (metadata, the
+tree, integrations' extras) is counted on the raw text before it is decoded
+(:data:`MAX_METADATA_BYTES`, :data:`MAX_FREE_VALUES`), so a manifest cannot make a reader
+build far more Python objects than a real one of its tensors would.
 """
 
 from __future__ import annotations
