@@ -692,8 +692,9 @@ def test_sparse_object_load_allocates_the_declared_bytes(tmp_path):
     that is the bound of a load: the declared bytes of what it returns, plus its read buffers."""
     root = tmp_path / "run"
     declared = 64 << 20
+    make_checkpoint(root, step=5)  # what the process warms up on
     _sparse_checkpoint(root, apparent=1 << 30, declared=declared)
-    got = _peak_of(root, ["load"], good_step=7)
+    got = _peak_of(root, ["load"], good_step=5)
     assert got["outcomes"] == {"load": "loaded step 7"}, got
     grew = got["peak"] - got["base"]
     assert grew < declared + (32 << 20), f"peak grew by {grew >> 20} MiB for {declared >> 20} MiB declared"
