@@ -455,6 +455,8 @@ _PEAK_SCRIPT = textwrap.dedent(
                 outcomes[op] = "loaded step %d" % reader.step
             elif op in ("ls", "gc"):
                 outcomes[op] = "exit %s" % main([op, url, "--json"])
+            elif op == "verify":
+                outcomes[op] = "problems %s" % ckptio.verify(url)
             elif op == "retention":
                 with ckptio.Checkpointer(url, keep_last=3) as ck:
                     ck.save({"w": np.zeros(4, np.float32)}, step=new)
@@ -713,3 +715,15 @@ def test_metadata_limits_hold_at_save_and_leave_room_for_real_metadata(tmp_path)
     big = {"losses": [0.5] * 300_000, "config": {f"k{i}": "v" * 20 for i in range(50_000)}, "vocab": "t" * (4 << 20)}
     ckptio.save(state, url, step=2, metadata=big)
     assert ckptio.open_checkpoint(url).metadata == big
+
+
+def test_verify_holds_a_block_whatever_a_chunk_declares(tmp_path):
+    """verify reads a chunk larger than VERIFY_BLOCK_BYTES in blocks with a running CRC32C: a
+    1 GiB chunk (of a sparse object) costs a fresh process at most 64 MiB, not 1 GiB."""
+    root = tmp_path / "run"
+    make_checkpoint(root, step=5)
+    _sparse_checkpoint(root, apparent=1 << 30, declared=1 << 30)
+    got = _peak_of(root, ["verify"], good_step=5)
+    assert got["outcomes"] == {"verify": "problems []"}, got
+    grew = got["peak"] - got["base"]
+    assert grew < 64 << 20, f"peak grew by {grew >> 20} MiB verifying a 1 GiB chunk"
