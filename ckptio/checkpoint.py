@@ -2065,6 +2065,11 @@ def load(
     allocated, which on Linux also saves the kernel zeroing fresh pages for it. If the load
     fails (a damaged chunk, say), it raises and the arrays of ``into`` may hold part of the
     checkpoint.
+
+    Memory: the declared bytes of what it returns (less what ``into`` receives in place) plus
+    at most one read buffer per reader, and the manifest; a load needing more than this
+    machine's memory and swap (or its cgroup's limit) raises
+    :class:`~ckptio.errors.InsufficientMemoryError` before allocating.
     """
     if step is not None:
         return open_checkpoint(url, step, **options).state(select, into=into)
