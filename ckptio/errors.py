@@ -30,6 +30,14 @@ class NotFoundError(CkptioError, FileNotFoundError):
     """A key, object, checkpoint or bucket does not exist."""
 
 
+class NotRegularFileError(NotFoundError):
+    """Something other than a regular file (a FIFO, socket, device, directory or symlink) lies
+    where an object should be: refused without being opened for I/O (no read can block on it)."""
+
+    mode: int = 0
+    """The ``st_mode`` of what was found."""
+
+
 class AlreadyExistsError(CkptioError, FileExistsError):
     """A create-if-absent write found the object already there (another writer won)."""
 
@@ -117,6 +125,11 @@ class UnknownOptionError(InvalidArgumentError):
 
 class UnknownSchemeError(InvalidArgumentError):
     """No backend serves this URL scheme; the message lists the schemes that exist."""
+
+
+class InsufficientMemoryError(CkptioError, MemoryError):
+    """A load needs more memory than this machine (or its cgroup) can give; refused before
+    anything is allocated. The message gives both sizes."""
 
 
 class SaveFailedError(CkptioError, RuntimeError):
