@@ -255,19 +255,6 @@ def _configured_endpoint(session: Any) -> str | None:
         return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
 
 
-def split_bucket(url: str) -> tuple[str, str]:
-    """``(bucket, prefix)`` from ``scheme://bucket/some/prefix``; prefix without slashes at
-    either end."""
-    rest = url.split("://", 1)[1] if "://" in url else url
-    bucket, _, prefix = rest.partition("/")
-    if not bucket or not re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket):
-        raise errors.InvalidArgumentError(
-            f"{url!r}: {bucket!r} is not a valid S3 bucket name "
-            "(3-63 characters: lower-case letters, digits, '.', '-')"
-        )
-    return bucket, prefix.strip("/")
-
-
 def io_options(options: dict[str, Any]) -> tuple[int, int]:
     """Pop ``part_size`` (bytes or "8MiB") and ``streams`` and check them against S3 limits."""
     part_size = parse_size(options.pop("part_size", DEFAULT_PART_SIZE), field="part_size")
@@ -811,10 +798,10 @@ class S3Base(Store):
 
     OPTIONS: tuple[str, ...] = ("part_size", "streams", *AWS_OPTIONS)
 
-    def _setup(self, url: str, options: dict[str, Any]) -> None:
-        """Take the bucket and prefix from ``url`` and pop the I/O and AWS options; any
-        option left over is an error naming the valid ones (:attr:`OPTIONS`)."""
-        self.bucket, self.prefix = split_bucket(url)
+    def _setup(self, options: dict[str, Any]) -> None:
+        """Take the bucket and prefix from the URL (:attr:`location`) and pop the I/O and AWS
+        options; any option left over is an error naming the valid ones (:attr:`OPTIONS`)."""
+        self.bucket, self.prefix = self.location.bucket, self.location.prefix
         self.part_size, self.streams = io_options(options)
         self.aws = resolve_aws(options)
         reject_unknown(self.name, options, self.OPTIONS)

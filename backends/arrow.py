@@ -58,7 +58,7 @@ class ArrowStore(c.WholeObjectStore):
         from pyarrow import fs as pafs
 
         super().__init__(url, trace=trace)
-        self._setup(url, options)
+        self._setup(options)
         aws = self.aws
         kw: dict[str, Any] = {
             "region": aws.region,

@@ -39,7 +39,8 @@ class FsspecStore(c.WholeObjectStore):
     - for S3, the AWS connection options of every S3 backend (``endpoint_url``, ``region``,
       ``profile``, ``access_key_id``, ``secret_access_key``, ``session_token``, ``anonymous``,
       ``addressing_style``, ``connect_timeout``, ``read_timeout``), resolved the AWS way (environment, config files);
-    - for other protocols, ``storage_options`` (a dict) goes to ``fsspec.filesystem``;
+    - for other protocols, ``storage_options`` (a dict) goes to ``fsspec.filesystem``
+      (``fsspec+file://``: ``auto_mkdir`` defaults to True);
     - ``trace``.
     """
 
@@ -51,27 +52,26 @@ class FsspecStore(c.WholeObjectStore):
         import fsspec
 
         super().__init__(url, trace=trace)
-        scheme, _, rest = url.partition("://")
-        proto = scheme.split("+", 1)[1] if scheme.startswith("fsspec+") else "s3"
-        if scheme == "fsspec":
-            raise errors.InvalidArgumentError(
-                "fsspec:// needs a protocol: fsspec+<proto>://path (e.g. fsspec+gs://bucket/ckpt)"
-            )
+        loc = self.location
+        proto = loc.protocol or "s3"  # s3+fsspec://
         self.protocol = proto
         self._is_s3 = proto in ("s3", "s3a")
         if self._is_s3:
-            self._setup(url.replace(scheme, "s3", 1), options)
+            self._setup(options)
             self.fs = _s3fs(self.aws, self.streams)
             self.root = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
         else:
             storage_options = dict(options.pop("storage_options", None) or {})
+            if loc.local:  # fsspec's local filesystem writes into existing directories only
+                storage_options.setdefault("auto_mkdir", True)
             self.part_size, self.streams = c.io_options(options)
             c.reject_unknown(f"fsspec+{proto}", options, ("part_size", "streams", "storage_options"))
             self.aws = c.AwsSettings(region="", endpoint_url=None)
-            self.bucket, self.prefix = rest.split("/", 1)[0], ""
+            self.bucket, self.prefix = loc.host, ""
             self._janitor_client = None
             self.fs = fsspec.filesystem(proto, **storage_options)
-            self.root = rest.strip("/")
+            # a local path keeps its leading "/"; other protocols' paths are host + path
+            self.root = (loc.host + loc.path).rstrip("/") or ("/" if loc.local else "")
             self.name = f"fsspec+{proto}"  # type: ignore[misc]
             self.capabilities = Capabilities(  # type: ignore[misc]
                 atomic_rename=False, conditional_create=False, multipart=False, listing=True
@@ -135,14 +135,15 @@ class FsspecStore(c.WholeObjectStore):
     # -- metadata ---------------------------------------------------------------------------
     def list(self, prefix: str = "") -> list[str]:
         c.check_prefix(prefix)
-        root = self.root.strip("/")
-        want = f"{root}/{prefix}" if root else prefix
-        directory = want.rsplit("/", 1)[0] if "/" in prefix else root
+        root = self.root.rstrip("/")  # a local path keeps its leading "/" (fsspec+file:///x)
+        base = f"{root}/{prefix}" if root else prefix
+        directory = base.rsplit("/", 1)[0] if "/" in prefix else root
+        want = base.lstrip("/")  # found paths are compared without their leading "/"
+        strip = len(root.lstrip("/")) + 1 if root.lstrip("/") else 0
 
         def run() -> list[str]:
             with contextlib.suppress(FileNotFoundError):
                 found = (p.lstrip("/") for p in self.fs.find(directory, withdirs=False))
-                strip = len(root) + 1 if root else 0
                 return [p[strip:] for p in found if p.startswith(want)]
             return []
 

@@ -3,7 +3,9 @@
 Writes go to a temp file beside the target (``.<name>.ckptio-tmp-<hex>``), in large blocks
 from a thread pool (``os.pwrite`` releases the GIL, so blocks of one object are written in
 parallel), are fsynced, renamed into place, and the directory is fsynced: on return from
-``close`` the object is durable and visible, and no reader ever sees a partial file.
+``close`` the object is durable and visible, and no reader ever sees a partial file. Every
+directory the store creates (a step's, the root and its missing parents) is made durable in
+its parent when it is created (:meth:`LocalStore.make_dirs`).
 
 Large objects are written and read with ``O_DIRECT`` where the filesystem accepts it (the
 default; ``direct=0`` turns it off): no page-cache copy, no dirty pages for fsync to flush,
@@ -459,7 +461,7 @@ class LocalStore(Store):
         if cls is LocalStore:
             from ckptio.backends import parallelfs  # late: parallelfs subclasses LocalStore
 
-            if parallelfs.detect_fs(_path_from_url(url)).parallel:
+            if parallelfs.detect_fs(local_root(url)).parallel:
                 return super().__new__(parallelfs.ParallelFSStore)
         return super().__new__(cls)
 
@@ -495,7 +497,7 @@ class LocalStore(Store):
                 "direct, direct_read, fsync, preallocate"
             )
         super().__init__(url, trace=trace)
-        self.root = os.path.abspath(_path_from_url(url))
+        self.root = local_root(url)
         self.streams = option_int(streams, field="streams", minimum=1)
         self.block_size = parse_size(block_size, field="block_size")
         if self.block_size < ALIGN or self.block_size % ALIGN:
@@ -512,6 +514,8 @@ class LocalStore(Store):
         self.preallocate = option_bool(preallocate, field="preallocate")
         self._fresh_concurrency()
         self._real_root: str | None = None
+        self._dirs: set[str] = set()
+        """Directories known to exist (and, with ``fsync``, to be durable in their parents)."""
 
     def _fresh_concurrency(self) -> None:
         """The I/O pool (created on first use) and the locks and bounds around it."""
@@ -598,10 +602,49 @@ class LocalStore(Store):
         flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else 0)
         with self.trace.request("create", key, backend=self.name):
             try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                return os.open(path, flags, 0o644)
+                return self.open_creating(path, flags)
             except OSError as err:
                 raise os_error(err, target, "create") from err
+
+    def make_dirs(self, directory: str) -> None:
+        """Create ``directory`` and its missing parents. With ``fsync`` on, every directory
+        this creates is made durable in its parent (the parent is fsynced after the mkdir),
+        at every level: a step's directories, the root, and the root's own missing parents.
+        A directory another writer created at the same moment (``EEXIST``) gets its parent
+        fsynced too, since that writer may not have done so yet. Directories known to exist
+        are cached per store, so a save pays for each new directory once, not per object."""
+        if directory in self._dirs:
+            return
+        missing: list[str] = []
+        d = directory
+        while d not in self._dirs and not os.path.isdir(d):
+            missing.append(d)
+            parent = os.path.dirname(d)
+            if parent == d:
+                break
+            d = parent
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                if not os.path.isdir(d):
+                    raise
+            if self.fsync:
+                fsync_dir(os.path.dirname(d))
+        self._dirs.add(directory)
+
+    def open_creating(self, path: str, flags: int) -> int:
+        """``os.open(path, flags, 0o644)`` after :meth:`make_dirs` of its directory. A cached
+        directory removed since (retention or gc pruning empty directories, here or in
+        another process) is created again, once."""
+        directory = os.path.dirname(path)
+        self.make_dirs(directory)
+        try:
+            return os.open(path, flags, 0o644)
+        except FileNotFoundError:
+            self._dirs.clear()
+            self.make_dirs(directory)
+            return os.open(path, flags, 0o644)
 
     # -- paths ------------------------------------------------------------------------------
     def path_of(self, key: str) -> str:
@@ -635,8 +678,7 @@ class LocalStore(Store):
         tmp = os.path.join(directory, f".{base}{TMP_MARK}{secrets.token_hex(6)}")
         with self.trace.request("put", key, len(data), backend=self.name):
             try:
-                os.makedirs(directory, exist_ok=True)
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                fd = self.open_creating(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
                 try:
                     view = memoryview(data)
                     while view:
@@ -867,6 +909,7 @@ class LocalStore(Store):
                 os.rmdir(d)
             except OSError:
                 continue
+            self._dirs.discard(d)
             todo.append(os.path.dirname(d))
             todo.sort(key=len, reverse=True)
 
@@ -892,10 +935,14 @@ class LocalStore(Store):
         return removed
 
 
-def _path_from_url(url: str) -> str:
-    if "://" not in url:
-        return url
-    rest = url.split("://", 1)[1]
-    if rest.startswith("localhost/"):
-        rest = rest[len("localhost") :]
-    return rest or "."
+def local_root(url: str) -> str:
+    """The absolute directory a ``file://``/``pfs://`` URL or a plain path names (parsed by
+    :func:`ckptio.registry.parse_url`)."""
+    from ckptio.registry import parse_url
+
+    loc = parse_url(url)
+    if not loc.local:
+        raise errors.InvalidArgumentError(
+            f"{loc.scheme}:// does not name a local directory; expected file:///abs/path or a path"
+        )
+    return loc.path

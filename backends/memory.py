@@ -88,10 +88,9 @@ class MemoryStore(Store):
                 f"memory:// takes no options, got {sorted(options)}"
             )
         super().__init__(url, trace=trace)
-        rest = url.split("://", 1)[1] if "://" in url else url
-        space, _, prefix = rest.partition("/")
-        self._objects = _space(space)
-        self._prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        loc = self.location
+        self._objects = _space(loc.host)
+        self._prefix = loc.prefix + "/" if loc.prefix else ""
 
     def _full(self, key: str) -> str:
         return self._prefix + check_key(key)

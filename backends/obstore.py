@@ -41,7 +41,7 @@ class ObstoreStore(c.WholeObjectStore):
         from obstore.store import S3Store
 
         super().__init__(url, trace=trace)
-        self._setup(url, options)
+        self._setup(options)
         aws = self.aws
         config: dict[str, Any] = {
             "region": aws.region,

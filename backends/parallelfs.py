@@ -47,9 +47,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ckptio.backends.local import ALIGN, LocalStore, _path_from_url, os_error
-
 from ckptio import errors
+from ckptio.backends.local import ALIGN, LocalStore, local_root, os_error
 from ckptio.store import option_bool, option_int, parse_size
 from ckptio.trace import Trace
 
@@ -235,7 +234,7 @@ class ParallelFSStore(LocalStore):
         direct: bool | str | None = None,
         **local_options: Any,
     ) -> None:
-        root = os.path.abspath(_path_from_url(url))
+        root = local_root(url)
         self.fs = detect_fs(root)
         if fs != "auto":
             if fs not in KINDS:
@@ -309,7 +308,7 @@ class ParallelFSStore(LocalStore):
             return super().create_file(key, path, size_hint, target=target, exclusive=exclusive)
         with self.trace.request("create", key, backend=self.name):
             try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self.make_dirs(os.path.dirname(path))
             except OSError as err:
                 raise os_error(err, target, "create") from err
             with self.trace.request("setstripe", key, backend=self.name):

@@ -231,7 +231,7 @@ class Boto3Store(c.S3Base):
         super().__init__(url, trace=trace)
         self.checksum = option_bool(options.pop("checksum", True), field="checksum")
         self.presigned_reads = option_bool(options.pop("presigned_reads", True), field="presigned_reads")
-        self._setup(url, options)
+        self._setup(options)
         self.client = c.make_boto3_client(self.aws, pool_connections=self.streams + 4)
         self._janitor_client = self.client
         self._sender = _BotoSender(self.client, self.bucket, self.checksum)

@@ -179,7 +179,8 @@ class ShapedStore(Store):
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
         super().__init__(url, trace=trace)
-        if not url.startswith("shaped+") or len(url) <= len("shaped+"):
+        inner_loc = self.location.inner
+        if inner_loc is None:
             raise errors.InvalidArgumentError(
                 f"shaped URL must wrap another store, e.g. shaped+memory://x?profile=cloud-s3 or "
                 f"shaped+file:///tmp/x?profile=abci-lustre; got {url!r}"
@@ -201,7 +202,7 @@ class ShapedStore(Store):
 
         from ckptio.registry import open_store
 
-        inner_url = url[len("shaped+"):]
+        inner_url = inner_loc.bare
         # The wrapped store's own requests are not the emulated service's: a private trace.
         self.inner: Store = open_store(inner_url, trace=Trace(max_events=10_000), **options)
         self.name = f"shaped:{profile.name}+{self.inner.name}"  # type: ignore[misc]

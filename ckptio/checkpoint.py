@@ -653,6 +653,7 @@ def _save_collective(
     gathered = comm.gather(offer, root=0)
     plan: dict[str, Any]
     lease: SaveLease | None = None
+    refusal: BaseException | None = prepared.error  # chained to the error every rank raises
     try:
         if comm.rank == 0:
             assert gathered is not None
@@ -669,9 +670,10 @@ def _save_collective(
                 plan = {"ok": True, "token": lease.token, "writers": writers}
             except errors.CkptioError as err:
                 plan = {"ok": False, "error": _error_text(err)}
+                refusal = refusal or err
         else:
             plan = {}
-        return _write_and_commit(store, prepared, step, comm, plan, lease, t0, layout=layout,
+        return _write_and_commit(store, prepared, step, comm, plan, lease, refusal, t0, layout=layout,
                                  key_layout=key_layout, chunk_size=chunk_size,
                                  max_object_size=max_object_size, forked=forked)
     finally:
@@ -686,6 +688,7 @@ def _write_and_commit(
     comm: Communicator,
     plan: dict[str, Any],
     lease: SaveLease | None,
+    refusal: BaseException | None,
     t0: float,
     *,
     layout: str,
@@ -696,7 +699,7 @@ def _write_and_commit(
 ) -> SaveResult:
     plan = comm.bcast(plan, root=0)
     if not plan["ok"]:
-        raise errors.SaveFailedError(f"save of step {step} refused: {plan['error']}") from prepared.error
+        raise errors.SaveFailedError(f"save of step {step} refused, nothing committed: {plan['error']}") from refusal
     mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
     # 2. write this rank's shards
     try:
@@ -1279,7 +1282,7 @@ def list_steps(store: Store) -> list[StepInfo]:
     return out
 
 
-def open_checkpoint(url: str | Store, step: int | None = None, **options: Any) -> CheckpointReader:
+def open_checkpoint(url: str | os.PathLike[str] | Store, step: int | None = None, **options: Any) -> CheckpointReader:
     """Open the checkpoint of ``step`` (default: the newest complete one) for reading."""
     store = open_store(url, **options)
     if step is not None:
@@ -1493,7 +1496,10 @@ if _register_thread_atexit is not None:
 
 
 class Checkpointer:
-    """Saves and loads the checkpoints of one run under ``url``.
+    """Saves and loads the checkpoints of one run under ``url``: a storage URL
+    (``s3://bucket/prefix``, ``file:///abs/path``, ...), a plain path or ``os.PathLike`` (a
+    local directory), or a Store. URLs are parsed strictly (:func:`ckptio.registry.parse_url`):
+    a malformed one is refused with the accepted forms.
 
     Options:
 
@@ -1534,7 +1540,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        url: str | Store,
+        url: str | os.PathLike[str] | Store,
         *,
         keep_last: int | None = None,
         async_save: bool = False,
@@ -1898,7 +1904,7 @@ def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, A
 
 def save(
     state: Any,
-    url: str | Store,
+    url: str | os.PathLike[str] | Store,
     step: int,
     *,
     blocking: bool = True,
@@ -1920,7 +1926,7 @@ def save(
 
 
 def load(
-    url: str | Store,
+    url: str | os.PathLike[str] | Store,
     step: int | None = None,
     *,
     select: Mapping[str, Any] | None = None,
@@ -1948,7 +1954,7 @@ def load(
     return _read_newest(open_store(url, **options), select, into)
 
 
-def verify(url: str | Store, step: int | None = None, **options: Any) -> list[str]:
+def verify(url: str | os.PathLike[str] | Store, step: int | None = None, **options: Any) -> list[str]:
     """Re-read a checkpoint and check every CRC; the list of problems (empty when intact)."""
     return open_checkpoint(url, step, **options).verify()
 

@@ -28,6 +28,7 @@ refused; store ``jax.random.key_data(key)`` and rebuild with ``jax.random.wrap_k
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -135,7 +136,7 @@ def _lookup(plain: Any, path: tuple[Any, ...]) -> Any:
     return node
 
 
-def save(tree: Any, url: str | Store, step: int, **options: Any) -> _ck.SaveHandle:
+def save(tree: Any, url: str | os.PathLike[str] | Store, step: int, **options: Any) -> _ck.SaveHandle:
     """Save a pytree as ``step`` under ``url`` (options as :func:`ckptio.save`)."""
     return _ck.save(_plain(tree), url, step, **options)
 
@@ -157,7 +158,7 @@ def _place(value: Any, like: Any, path: str) -> Any:
 
 
 def load(
-    url: str | Store,
+    url: str | os.PathLike[str] | Store,
     step: int | None = None,
     *,
     target: Any = None,

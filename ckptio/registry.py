@@ -7,24 +7,40 @@ fails with the pip extra to install. Third-party backends register the same way:
     [project.entry-points."ckptio.backends"]
     myfs = "mypkg.store:MyStore"
 
-Scheme resolution: the full scheme first (``s3+boto3``), then the part before the first
-``+`` (``shaped+file`` -> ``shaped``, ``fsspec+gs`` -> ``fsspec``). A plain path with no
-scheme is ``file``.
+URLs are parsed strictly, by one parser (:func:`parse_url`) for every backend:
+
+- a plain path (absolute or relative, no scheme) and any ``os.PathLike`` mean ``file://``;
+  relative paths are resolved against the current directory;
+- otherwise ``scheme://...``, where the scheme is registered exactly (``s3+boto3``), or is
+  ``shaped+<url>`` (any accepted URL, wrapped) or ``fsspec+<protocol>`` (a protocol fsspec
+  knows). Anything else (``s3:/bucket``, ``file:relative``, ``s3+boto://``) is refused with
+  the accepted forms (:class:`~ckptio.errors.InvalidArgumentError`,
+  :class:`~ckptio.errors.UnknownSchemeError`);
+- ``file://``, ``pfs://`` and ``fsspec+file://`` name a local path: the host is empty or
+  ``localhost`` (``file:///abs/path``), and the path is percent-decoded (RFC 8089, so
+  ``Path.as_uri()`` works);
+- ``s3://`` (and its ``+client`` variants, ``fsspec+s3://``): ``bucket/prefix``, the prefix
+  taken as written; credentials as user info (``s3://KEY:SECRET@bucket``) become the
+  ``access_key_id``/``secret_access_key`` options;
+- the query string holds options (``name=value`` pairs joined by ``&``; of a name given
+  twice, the last wins); a fragment is refused.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ckptio import errors
-from ckptio.store import Store
+from ckptio.store import Store, StoreURL
 
 GROUP = "ckptio.backends"
 
@@ -64,14 +80,10 @@ def backends() -> Mapping[str, BackendInfo]:
 
 
 def load_backend(scheme: str) -> type[Store]:
-    """The Store class for ``scheme``; imports it on first use."""
+    """The Store class for ``scheme``: a registered scheme, or a URL's scheme resolved as
+    :func:`parse_url` does (``fsspec+gs`` -> ``fsspec``). Imports it on first use."""
     table = _entry_points()
-    info = table.get(scheme) or table.get(scheme.split("+", 1)[0])
-    if info is None:
-        raise errors.UnknownSchemeError(
-            f"no backend for URL scheme {scheme!r}; installed schemes: {', '.join(sorted(table))}"
-            " (a compound scheme like 'shaped+file' resolves to its first part)"
-        )
+    info = table.get(scheme) or table[_resolve(scheme.lower(), scheme)[0]]
     module_name, _, attr = info.target.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -87,25 +99,232 @@ def load_backend(scheme: str) -> type[Store]:
     return cls
 
 
-def split_url(url: str) -> tuple[str, str, dict[str, str]]:
-    """``(scheme, url_without_query, options_from_query)``; a plain path gets ``file``."""
-    if not isinstance(url, str) or not url:
-        raise errors.InvalidArgumentError(f"expected a storage URL or path, got {url!r}")
-    parts = urlsplit(url)
-    # "C:..." or a bare path: no scheme. A scheme needs "://" here.
-    if "://" not in url:
-        return "file", url, {}
-    options = dict(parse_qsl(parts.query, keep_blank_values=True))
-    # not urlunsplit: it drops the "//" of schemes it does not know (pfs:///x -> pfs:/x)
-    bare = f"{parts.scheme}://{parts.netloc}{parts.path}"
-    return parts.scheme.lower(), bare, options
+# -- URLs ------------------------------------------------------------------------------------
+
+_FORMS: Mapping[str, str] = MappingProxyType(
+    {
+        "file": "path",
+        "pfs": "path",
+        "memory": "host",
+        "s3": "bucket",
+        "s3+boto3": "bucket",
+        "s3+fsspec": "bucket",
+        "s3+arrow": "bucket",
+        "s3+obstore": "bucket",
+        "fsspec": "protocol",
+        "shaped": "wrapper",
+    }
+)
+"""How each built-in backend reads its URL: ``path`` (a local directory), ``bucket``
+(``bucket/prefix``), ``host`` (``name/prefix``), ``protocol`` (``<scheme>+<protocol>://...``),
+``wrapper`` (``<scheme>+<url>``). Backends of other distributions read ``host``."""
+
+_EXAMPLES: Mapping[str, str] = MappingProxyType(
+    {
+        "path": "{}:///abs/path",
+        "bucket": "{}://bucket/prefix",
+        "host": "{}://name/prefix",
+        "protocol": "{}+<protocol>://path",
+        "wrapper": "{}+<url>",
+    }
+)
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
+_FSSPEC_LOCAL = ("file", "local")
+_FSSPEC_S3 = ("s3", "s3a")
 
 
-def open_store(url: str | Store, **options: Any) -> Store:
-    """A Store for ``url``. Options come from the URL's query string and from ``options``
-    (which win). An existing Store is returned as it is."""
+def accepted_forms() -> str:
+    """The URL forms this installation accepts, as one line for error messages."""
+    order = list(_FORMS)
+    schemes = sorted(_entry_points(), key=lambda s: (order.index(s) if s in order else len(order), s))
+    forms = ["/abs/path", "relative/path", *(_EXAMPLES[_FORMS.get(s, "host")].format(s) for s in schemes)]
+    return ", ".join(forms)
+
+
+def _shown(text: str) -> str:
+    """``text`` as an error message may show it: no credentials."""
+    if "@" not in text and "?" not in text:
+        return text
+    from ckptio.results import scrub_url
+
+    try:
+        if "://" in text:
+            return scrub_url(text)
+    except ValueError:
+        pass
+    return re.sub(r"^([^/@]*:/*)[^/]*@", r"\1***@", text.partition("?")[0])
+
+
+def _malformed(text: str, why: str) -> errors.InvalidArgumentError:
+    return errors.InvalidArgumentError(
+        f"malformed URL {_shown(text)!r}: {why}; expected a path or scheme://..., e.g. {accepted_forms()}"
+    )
+
+
+def _resolve(scheme: str, text: str) -> tuple[str, str]:
+    """``(registered scheme, suffix)`` for the lower-cased ``scheme`` of ``text``: a
+    registered scheme as it is, or ``<wrapper>+<inner>`` / ``<fsspec>+<protocol>``."""
+    table = _entry_points()
+    form = _FORMS.get(scheme)
+    if scheme in table and form not in ("wrapper", "protocol"):
+        return scheme, ""
+    head, plus, tail = scheme.partition("+")
+    if head in table and _FORMS.get(head) in ("wrapper", "protocol"):
+        if plus and tail:
+            return head, tail
+        need = "must wrap another store" if _FORMS[head] == "wrapper" else "needs a protocol"
+        raise _malformed(text, f"{head}:// {need}: {_EXAMPLES[_FORMS[head]].format(head)}")
+    import difflib  # error path only
+
+    close = difflib.get_close_matches(scheme, list(table), n=1)
+    raise errors.UnknownSchemeError(
+        f"no backend for URL scheme {scheme!r} in {_shown(text)!r}"
+        + (f" (did you mean {close[0]!r}?)" if close else "")
+        + f"; installed schemes: {', '.join(sorted(table))}; accepted forms: {accepted_forms()}"
+    )
+
+
+def _query(query: str, text: str) -> dict[str, str]:
+    if not query:
+        return {}
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=True)
+    except ValueError:
+        raise _malformed(text, "the query must be name=value options joined by '&'") from None
+    if any(not name for name, _ in pairs):
+        raise _malformed(text, "an option in the query has no name")
+    return dict(pairs)  # a name given twice: the last one wins
+
+
+def _local(path: str, scheme: str = "file", backend: str = "file", options: dict[str, str] | None = None,
+           protocol: str = "") -> StoreURL:
+    if "\0" in path:
+        raise errors.InvalidArgumentError(f"a path cannot contain a NUL character: {path!r}")
+    return StoreURL(scheme, backend, "", os.path.abspath(path), options or {}, protocol=protocol, local=True)
+
+
+def parse_url(url: str | os.PathLike[str]) -> StoreURL:
+    """Take a storage URL or path apart (the rules are in this module's docstring), or raise
+    :class:`~ckptio.errors.InvalidArgumentError` naming what is wrong and the accepted
+    forms (:class:`~ckptio.errors.UnknownSchemeError` for a scheme no backend serves)."""
+    if isinstance(url, os.PathLike):
+        path = os.fspath(url)
+        if not isinstance(path, str):
+            raise errors.InvalidArgumentError(f"expected a str path, got {path!r}")
+        return _local(path)
+    if not isinstance(url, str):
+        raise errors.InvalidArgumentError(
+            f"expected a storage URL, a path or a Store, got {type(url).__name__} {url!r}"
+        )
+    if not url:
+        raise errors.InvalidArgumentError(f"empty storage URL; expected a path or scheme://..., e.g. {accepted_forms()}")
+    if _CONTROL.search(url):
+        raise _malformed(url, "it contains a control character")
+    m = _SCHEME.match(url)
+    if m is None:
+        if "://" in url:
+            raise _malformed(url, "a scheme is letters, digits, '+', '-', '.' and starts with a letter")
+        return _local(url)
+    if not url.startswith("//", m.end()):
+        raise _malformed(url, f"'{m.group(1)}:' must be followed by '//' (a local path with a "
+                              f"':' in its first part: write ./{_shown(url)})")
+    scheme = m.group(1).lower()
+    backend, suffix = _resolve(scheme, url)
+    form = _FORMS.get(backend, "host")
+    if form == "wrapper":
+        inner = parse_url(url[len(backend) + 1 :])
+        return StoreURL(scheme, backend, options=dict(inner.options), inner=inner)
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a malformed port
+    except ValueError as err:
+        raise _malformed(url, str(err)) from None
+    if parts.fragment or "#" in url:
+        raise _malformed(url, "a storage URL has no #fragment ('#' in a path: write it as %23)")
+    options = _query(parts.query, url)
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if form == "protocol":
+        _check_protocol(suffix, url)
+        form = "path" if suffix in _FSSPEC_LOCAL else "bucket" if suffix in _FSSPEC_S3 else "verbatim"
+    if form == "path":
+        if at or host.lower() not in ("", "localhost"):
+            raise _malformed(
+                url,
+                f"a {scheme}:// URL names a local path, so its host must be empty or 'localhost' "
+                f"(got {host!r}): write {scheme}:///abs/path, or a plain path (no scheme) for a "
+                "relative one",
+            )
+        if not parts.path:
+            raise _malformed(url, f"{scheme}:// needs an absolute path ({scheme}:///abs/path)")
+        return _local(unquote(parts.path), scheme, backend, options, suffix)
+    if form == "verbatim":  # fsspec's other protocols: fsspec reads host and path
+        return StoreURL(scheme, backend, parts.netloc, parts.path, options, protocol=suffix)
+    if form == "bucket":
+        if at:
+            key, colon, secret = userinfo.partition(":")
+            if not (key and colon and secret):
+                raise _malformed(url, "credentials as user info are KEY:SECRET@bucket")
+            for name in ("access_key_id", "secret_access_key"):
+                if name in options:
+                    raise _malformed(url, f"credentials given both as user info and as {name}")
+            options.update(access_key_id=unquote(key), secret_access_key=unquote(secret))
+        if not host:
+            raise _malformed(url, f"{scheme}:// needs a bucket ({scheme}://bucket/prefix)")
+        if not _BUCKET.fullmatch(host):
+            raise _malformed(
+                url,
+                f"{host!r} is not a valid S3 bucket name (3-63 characters: lower-case letters, "
+                "digits, '.', '-')",
+            )
+        return StoreURL(scheme, backend, host, parts.path, options, protocol=suffix)
+    if at:
+        raise _malformed(url, f"{scheme}:// takes no user info")
+    return StoreURL(scheme, backend, host, parts.path, options, protocol=suffix)
+
+
+def _check_protocol(protocol: str, text: str) -> None:
+    """``fsspec+<protocol>``: refuse a protocol fsspec does not know (where fsspec is
+    installed; without it, opening the store names the extra to install)."""
+    try:
+        import fsspec
+    except ImportError:
+        return
+    known = set(fsspec.available_protocols())
+    if protocol not in known:
+        import difflib  # error path only
+
+        close = difflib.get_close_matches(protocol, sorted(known), n=1)
+        raise errors.UnknownSchemeError(
+            f"fsspec knows no protocol {protocol!r} in {_shown(text)!r}"
+            + (f" (did you mean 'fsspec+{close[0]}'?)" if close else "")
+            + f"; accepted forms: {accepted_forms()}"
+        )
+
+
+def wrap_url(wrapper: str, url: str | os.PathLike[str]) -> str:
+    """``<wrapper>+<url>`` for a URL or a plain path (``shaped`` + ``/tmp/x`` gives
+    ``shaped+file:///tmp/x``); the URL's query stays as written."""
+    loc = parse_url(url)
+    if isinstance(url, str) and _SCHEME.match(url):
+        return f"{wrapper}+{url}"
+    return f"{wrapper}+{loc.bare}"
+
+
+def split_url(url: str | os.PathLike[str]) -> tuple[str, str, dict[str, str]]:
+    """``(scheme, canonical URL without query, options)`` of :func:`parse_url`."""
+    loc = parse_url(url)
+    return loc.scheme, loc.bare, dict(loc.options)
+
+
+def open_store(url: str | os.PathLike[str] | Store, **options: Any) -> Store:
+    """A Store for ``url`` (parsed by :func:`parse_url`). Options come from the URL's query
+    string (and user info) and from ``options`` (which win). An existing Store is returned as
+    it is."""
     if isinstance(url, Store):
         return url
-    scheme, bare, query = split_url(url)
-    cls = load_backend(scheme)
-    return cls(bare, **{**query, **options})
+    loc = parse_url(url)
+    cls = load_backend(loc.backend)
+    return cls(loc.bare, **{**loc.options, **options})

@@ -263,12 +263,13 @@ def _plt() -> Any:
     return plt
 
 
-def _kind_legend(ax: Any, kinds: set[str], *, loc: str = "lower right") -> None:
+def _kind_legend(ax: Any, kinds: set[str], *, loc: str = "lower right", **where: Any) -> None:
+    """The measured / emulated / mock key; ``ax`` may be an Axes or a Figure."""
     from matplotlib.patches import Patch
 
     handles = [Patch(facecolor=KIND_STYLE[k]["color"], hatch=KIND_STYLE[k]["hatch"],
                      edgecolor="black", label=KIND_NOTE[k]) for k in KIND_STYLE if k in kinds]
-    ax.legend(handles=handles, loc=loc, fontsize=8, framealpha=0.9)
+    ax.legend(handles=handles, loc=loc, fontsize=8, framealpha=0.9, **where)
 
 
 def plot_throughput(targets: list[dict[str, Any]], path: str) -> str:
@@ -318,7 +319,8 @@ def plot_latency(targets: list[dict[str, Any]], requests: list[dict[str, Any]], 
                 series.append((f"{t['label']} {phase}", vals, t["kind"]))
     if not series:
         return None
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.5 * len(series)))
+    height = 1.5 + 0.5 * len(series)
+    fig, ax = plt.subplots(figsize=(9, height))
     series.reverse()
     import inspect
 
@@ -331,20 +333,25 @@ def plot_latency(targets: list[dict[str, Any]], requests: list[dict[str, Any]], 
     for patch, (_, _, kind) in zip(bp["boxes"], series, strict=True):
         patch.set_facecolor(KIND_STYLE[kind]["color"])
         patch.set_hatch(KIND_STYLE[kind]["hatch"])
+    lows, highs = [], []
     for i, (_, vals, _) in enumerate(series, start=1):
         vals_sorted = sorted(vals)
         p50 = vals_sorted[len(vals) // 2]
-        ax.text(max(vals_sorted[min(len(vals) - 1, int(len(vals) * 0.99))], p50), i,
-                f"  p50 {p50:.3g} ms, n={len(vals)}", va="center", fontsize=8)
+        p99 = vals_sorted[min(len(vals) - 1, int(len(vals) * 0.99))]
+        lows.append(vals_sorted[int(len(vals) * 0.01)])
+        highs.append(p99)
+        ax.text(max(p99, p50), i, f"  p50 {p50:.3g} ms, n={len(vals)}", va="center", fontsize=8)
     ax.set_yticks(range(1, len(series) + 1))
     ax.set_yticklabels([s[0] for s in series], fontsize=8)
     ax.set_xscale("log")
-    lo, hi = ax.get_xlim()
-    ax.set_xlim(lo, hi * 2000)
+    # the data's own span, with room on the right (a decade and a half, log scale) for the
+    # labels; the key goes below the axes, where it hides no box
+    ax.set_xlim(max(min(lows), 1e-6) / 1.5, max(highs) * 40)
     ax.set_xlabel("request latency, ms (log scale; box: quartiles, whiskers: 1st-99th percentile)")
     ax.set_title("Data request latency per target and phase")
-    _kind_legend(ax, {s[2] for s in series}, loc="upper right")
-    fig.tight_layout()
+    kinds = {s[2] for s in series}
+    _kind_legend(fig, kinds, loc="lower center", ncol=len(kinds))
+    fig.tight_layout(rect=(0, 0.4 / height, 1, 1))
     fig.savefig(path)
     plt.close(fig)
     return path
@@ -473,7 +480,7 @@ def plot_cost(proj: list[dict[str, Any]], *, price: float, restart: float, path:
     ax.set_ylabel("lost GPU-hours per day (log scale)")
     if price:
         sec = ax.secondary_yaxis("right", functions=(lambda h: h * price, lambda c: c / price))
-        sec.set_ylabel(f"cost per day at {price:g} per GPU-hour")
+        sec.set_ylabel(f"cost per day at {price:g} price units per GPU-hour (no currency assumed)")
         sec.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         sec.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
         sec.yaxis.set_minor_formatter(NullFormatter())

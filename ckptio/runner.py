@@ -82,7 +82,7 @@ from ckptio.checkpoint import (
 )
 from ckptio.dist import Communicator, detect
 from ckptio.lease import SaveLease
-from ckptio.registry import open_store, split_url
+from ckptio.registry import open_store, split_url, wrap_url
 from ckptio.store import Store, parse_size
 from ckptio.workload import ObjectSpec, Plan
 
@@ -368,7 +368,7 @@ def run_workload(
     options = dict(store_options or {})
     target_url = url
     if emulate:
-        target_url = f"shaped+{url}"
+        target_url = wrap_url("shaped", url)
         options["profile"] = emulate
         options.setdefault("ranks", comm.size)  # the processes share aggregate limits
     emulated = bool(emulate) or split_url(url)[0].startswith("shaped")
@@ -1057,7 +1057,7 @@ def cmd_run(args: Any, console: Any, *, sweep_mode: bool = False) -> int:
     # a wrong target or option fails here, once (through the shaped wrapper when emulating:
     # profile figures given as --option belong to it, not to the wrapped store)
     if args.emulate:
-        probe = open_store(f"shaped+{args.target}", **{**opts, "profile": args.emulate})
+        probe = open_store(wrap_url("shaped", args.target), **{**opts, "profile": args.emulate})
     else:
         probe = open_store(args.target, **opts)
     try:

@@ -21,7 +21,8 @@ import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from types import TracebackType
 from typing import Any, ClassVar, Self, TypeVar
 
@@ -29,6 +30,57 @@ from ckptio import errors
 from ckptio.trace import Trace
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StoreURL:
+    """A storage URL taken apart by :func:`ckptio.registry.parse_url`, the one parser every
+    backend reads its URL through (``Store.location``).
+
+    What ``host`` and ``path`` hold depends on the backend's form: a local directory
+    (``file``, ``pfs``, ``fsspec+file``): ``host`` empty, ``path`` absolute and
+    percent-decoded; a bucket (``s3`` and its ``+client`` variants, ``fsspec+s3``): ``host``
+    the bucket, ``path`` the key prefix as written; a wrapper (``shaped+<url>``): ``inner``
+    the wrapped URL; otherwise the URL's host and path as written.
+    """
+
+    scheme: str
+    """As written, lower-cased: ``file``, ``s3+obstore``, ``fsspec+gs``, ``shaped+file``."""
+    backend: str
+    """The registered scheme (entry point) that serves it: ``file``, ``s3+obstore``,
+    ``fsspec``, ``shaped``."""
+    host: str = ""
+    path: str = ""
+    options: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
+    """From the query string (and, for a bucket, credentials given as user info); never in
+    ``bare``. Not shown by ``repr``: they may hold secrets."""
+    protocol: str = ""
+    """``fsspec+<protocol>``: the fsspec protocol."""
+    inner: StoreURL | None = None
+    """``shaped+<url>``: the wrapped URL."""
+    local: bool = False
+    """``path`` is a local filesystem path."""
+
+    @property
+    def bucket(self) -> str:
+        return self.host
+
+    @property
+    def prefix(self) -> str:
+        """``path`` without slashes at either end (an object-store key prefix)."""
+        return self.path.strip("/")
+
+    @property
+    def bare(self) -> str:
+        """The canonical URL without query or credentials (what backends are constructed
+        with and show as ``Store.url``); :func:`~ckptio.registry.parse_url` of it gives these
+        parts back."""
+        if self.inner is not None:
+            return f"{self.backend}+{self.inner.bare}"
+        if self.local:  # the characters a URL path cannot hold as they are
+            path = self.path.replace("%", "%25").replace("?", "%3F").replace("#", "%23")
+            return f"{self.scheme}://{path}"
+        return f"{self.scheme}://{self.host}{self.path}"
 
 Buffer = Any
 """Anything exposing the buffer protocol, or a numpy array (``collections.abc.Buffer`` is
@@ -191,6 +243,14 @@ class Store(ABC):
     def __init__(self, url: str, *, trace: Trace | None = None) -> None:
         self.url = url
         self.trace = trace if trace is not None else Trace()
+
+    @cached_property
+    def location(self) -> StoreURL:
+        """``url`` taken apart by :func:`ckptio.registry.parse_url` (strictly: a malformed URL
+        raises :class:`~ckptio.errors.InvalidArgumentError`)."""
+        from ckptio.registry import parse_url
+
+        return parse_url(self.url)
 
     # -- writes ---------------------------------------------------------------------------
     @abstractmethod

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import re
 import secrets
 import uuid
@@ -294,13 +295,13 @@ def decode(state: Any) -> Any:
     return state
 
 
-def save(state: Any, url: str | Store, step: int, **options: Any) -> _ck.SaveHandle:
+def save(state: Any, url: str | os.PathLike[str] | Store, step: int, **options: Any) -> _ck.SaveHandle:
     """:func:`ckptio.save` of :func:`encode` (``state``): torch state dicts as they come."""
     return _ck.save(encode(state), url, step, **options)
 
 
 def load(
-    url: str | Store,
+    url: str | os.PathLike[str] | Store,
     step: int | None = None,
     *,
     device: str | torch.device | None = None,
@@ -320,7 +321,7 @@ class Checkpointer(_ck.Checkpointer):
     """:class:`ckptio.Checkpointer` for torch state: ``save`` takes state dicts as they come
     (integer keys included), ``load`` returns torch tensors on ``device``."""
 
-    def __init__(self, url: str | Store, *, device: str | torch.device | None = None, **options: Any) -> None:
+    def __init__(self, url: str | os.PathLike[str] | Store, *, device: str | torch.device | None = None, **options: Any) -> None:
         super().__init__(url, **options)
         self.device = device
 

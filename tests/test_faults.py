@@ -106,8 +106,10 @@ def test_async_save_past_the_retry_budget_fails_clearly_and_commits_nothing(
     store = _s3_store(s3_bucket, proxy.url)
     ck = ckptio.Checkpointer(store, async_save=True, max_object_size="8MiB")
     ck.save(big_state(1), 1).wait()
-    # every upload of data fails from now on; creating and aborting uploads still works
+    # every upload of data fails from now on; creating and aborting uploads still works (and
+    # so does the save's lease, a small PUT outside data/)
     proxy.methods = {"PUT"}
+    proxy.paths = {"/data/"}
     proxy.set(rate=1.0, kinds=("slowdown", "internal", "drop"))
     ck.save(big_state(2), 2)
     with pytest.raises(errors.SaveFailedError) as info:
@@ -241,7 +243,14 @@ def test_eio_while_saving_injected(tmp_path, monkeypatch, call):
     ckptio.save(expected_state(1), url, step=1)
     import ckptio.backends.local as local
 
-    monkeypatch.setattr(local.os, call, _eio)
+    real = getattr(os, call)
+
+    def failing(fd, *args):  # EIO on data objects (the save's lease and directories work)
+        if "/data/" in os.readlink(f"/proc/self/fd/{fd}"):
+            _eio()
+        return real(fd, *args)
+
+    monkeypatch.setattr(local.os, call, failing)
     with pytest.raises(errors.SaveFailedError) as info:
         ckptio.save(expected_state(2), url, step=2)
     monkeypatch.undo()

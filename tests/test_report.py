@@ -75,3 +75,28 @@ def test_sweep_results_give_the_concurrency_plot(tmp_path, capsys) -> None:
     result = json.loads(capsys.readouterr().out)
     assert str(out / "sweep.png") in result["files"]
     assert "sweep.png" in (out / "report.md").read_text()
+
+
+def test_plot_axes_fit_the_data_and_name_their_units(two_sites, tmp_path, monkeypatch) -> None:
+    """The latency plot's x-axis spans the data (not decades past it); the cost axis says its
+    price is in units per GPU-hour, with no currency assumed."""
+    from matplotlib.figure import Figure
+
+    seen: dict[str, Figure] = {}
+    real = Figure.savefig
+
+    def savefig(self, path, *args, **kwargs):
+        seen[str(path).rsplit("/", 1)[-1]] = self
+        return real(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    lab, here = two_sites
+    assert main(["report", str(lab), str(here), "--out", str(tmp_path / "rep")]) == 0
+    import pyarrow.parquet as pq
+
+    slowest = max(max(pq.read_table(p).column("seconds").to_pylist())
+                  for d in (lab, here) for p in d.glob("*.requests.parquet"))
+    lo, hi = seen["latency.png"].axes[0].get_xlim()
+    assert hi <= slowest * 1e3 * 100, (hi, slowest)  # ms; room for the labels, not 3 decades
+    labels = [a.get_ylabel() for ax in seen["cost.png"].axes for a in (ax, *ax.child_axes)]
+    assert any("price units per GPU-hour" in label for label in labels), labels

@@ -211,10 +211,11 @@ def test_run_on_mock_s3_records_requests_and_leaks_no_credentials(s3_bucket: str
         assert TEST_SECRET_ACCESS_KEY.encode() not in blob and TEST_ACCESS_KEY_ID.encode() not in blob
 
 
-def test_credentials_in_the_url_never_reach_result_files(tmp_path: Path) -> None:
+def test_credentials_in_the_url_never_reach_result_files(tmp_path: Path, s3_bucket: str,
+                                                       moto_server: str) -> None:
     plan = make_plan("llama3-8b", total_size="1MiB", object_size="1MiB")
-    summary = run_workload("memory://user:hunter2@space", plan,
-                           comm=SingleProcess(), out_dir=tmp_path, read=False)
+    url = f"s3://AKIAHUNTER:hunter2@{s3_bucket}/run?endpoint_url={moto_server}"
+    summary = run_workload(url, plan, comm=SingleProcess(), out_dir=tmp_path, read=False)
     assert "hunter" not in summary.run_id
     for f in tmp_path.iterdir():
         assert b"hunter" not in f.read_bytes(), f

@@ -85,9 +85,11 @@ def test_save_past_retry_budget_fails_cleanly(
     s3_env: dict[str, str],
     fault_proxy: Any,
 ) -> None:
-    # every PUT (parts, single PUTs, the manifest) fails; starting, completing and aborting
-    # uploads still works, so an upload gets opened and must be aborted
-    proxy = fault_proxy(rate=1.0, kinds=("slowdown", "internal", "drop"), methods=["PUT"], seed=5)
+    # every PUT of data or the manifest (parts, single PUTs) fails, not the save's lease;
+    # starting, completing and aborting uploads still works, so an upload gets opened and must
+    # be aborted
+    proxy = fault_proxy(rate=1.0, kinds=("slowdown", "internal", "drop"), methods=["PUT"],
+                        paths=["/data/", "/manifest.json"], seed=5)
     store = _store(scheme, s3_bucket, proxy.url)
     with pytest.raises(Exception) as info:
         ckptio.save(_state(), store, step=2)

@@ -52,6 +52,7 @@ class FaultProxy:
     - ``rate`` (0..1): probability that a request gets a fault;
     - ``kinds``: which faults, drawn uniformly (default all of :data:`KINDS`);
     - ``methods``: only requests with these HTTP methods can get a fault (default all);
+    - ``paths``: only requests whose path contains one of these strings can (default all);
     - ``seed``: for a reproducible sequence of decisions;
     - ``slow_seconds`` (seconds, default 0.3): delay of a ``slow`` fault;
     - ``max_faults``: stop injecting after this many (None: no bound);
@@ -65,6 +66,7 @@ class FaultProxy:
         rate: float = 0.05,
         kinds: Iterable[str] = KINDS,
         methods: Iterable[str] | None = None,
+        paths: Iterable[str] | None = None,
         seed: int | None = None,
         slow_seconds: float = 0.3,
         max_faults: int | None = None,
@@ -81,6 +83,7 @@ class FaultProxy:
             raise ValueError(f"rate must be within 0..1, got {rate}")
         self.rate = rate
         self.methods = {m.upper() for m in methods} if methods else None
+        self.paths = set(paths) if paths else None
         self.slow_seconds = slow_seconds
         self.max_faults = max_faults
         self.lifetime = lifetime
@@ -140,10 +143,12 @@ class FaultProxy:
         with self._lock:
             return dict(self._counts)
 
-    def _decide(self, method: str) -> str | None:
+    def _decide(self, method: str, path: str = "") -> str | None:
         with self._lock:
             self._counts["requests"] += 1
             if self.methods is not None and method not in self.methods:
+                return None
+            if self.paths is not None and not any(p in path for p in self.paths):
                 return None
             if self.max_faults is not None and self._counts["faults"] >= self.max_faults:
                 return None
@@ -196,7 +201,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         body = self._read_body()
-        kind = self.owner._decide(self.command)
+        kind = self.owner._decide(self.command, self.path)
         if kind == "drop":
             self.close_connection = True
             with contextlib.suppress(OSError):  # the client may have gone already

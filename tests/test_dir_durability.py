@@ -1,0 +1,133 @@
+"""Every directory a save creates on a POSIX store is made durable in its parent: after the
+mkdir, the parent directory is fsynced, at every level (the step's directories, the root,
+the root's own missing parents). The test records the mkdir and fsync calls of a real save
+(``os.open`` maps descriptors to paths) and checks the order: each created directory's parent
+is fsynced after the directory was created."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ckptio
+from ckptio.registry import open_store
+
+
+class Recorder:
+    """``("mkdir", path)`` and ``("fsync", path)`` events, in the order they happened."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+        self._paths: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def install(self, mp: pytest.MonkeyPatch) -> None:
+        real_open, real_fsync, real_mkdir = os.open, os.fsync, os.mkdir
+
+        def rec_open(path: str, flags: int, *args: object, **kw: object) -> int:
+            fd = real_open(path, flags, *args, **kw)  # type: ignore[arg-type]
+            with self._lock:
+                self._paths[fd] = os.path.abspath(os.fsdecode(path))
+            return fd
+
+        def rec_fsync(fd: int) -> None:
+            real_fsync(fd)
+            with self._lock:
+                self.events.append(("fsync", self._paths.get(fd, f"<fd {fd}>")))
+
+        def rec_mkdir(path: str, *args: object, **kw: object) -> None:
+            real_mkdir(path, *args, **kw)  # type: ignore[arg-type]
+            with self._lock:
+                self.events.append(("mkdir", os.path.abspath(os.fsdecode(path))))
+
+        mp.setattr(os, "open", rec_open)
+        mp.setattr(os, "fsync", rec_fsync)
+        mp.setattr(os, "mkdir", rec_mkdir)
+
+    def undurable(self, created: list[str]) -> list[str]:
+        """Directories of ``created`` whose parent was not fsynced after their mkdir."""
+        bad = []
+        for d in created:
+            made = [i for i, ev in enumerate(self.events) if ev == ("mkdir", d)]
+            if not made:
+                bad.append(f"{d} (no mkdir recorded)")
+                continue
+            parent = os.path.dirname(d)
+            if not any(ev == ("fsync", parent) for ev in self.events[made[0] + 1 :]):
+                bad.append(d)
+        return bad
+
+
+def _dirs_under(top: Path) -> set[str]:
+    return {str(p) for p in top.rglob("*") if p.is_dir()} | ({str(top)} if top.is_dir() else set())
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch) -> Iterator[Recorder]:
+    rec = Recorder()
+    rec.install(monkeypatch)
+    yield rec
+
+
+STATE = {"w": np.arange(4096, dtype=np.float32), "b": np.ones((64, 64), dtype=np.float64)}
+
+
+@pytest.mark.parametrize("scheme", ["file", "pfs-fanout"])
+def test_every_directory_a_save_creates_is_fsynced_in_its_parent(
+    tmp_path: Path, recorder: Recorder, scheme: str
+) -> None:
+    root = tmp_path / "a" / "b" / "run"
+    url = f"pfs://{root}?fanout=true" if scheme == "pfs-fanout" else str(root)
+    before = _dirs_under(tmp_path)
+    ck = ckptio.Checkpointer(url, async_save=False)
+    try:
+        ck.save(STATE, step=1)
+        created_1 = sorted(_dirs_under(tmp_path) - before)
+        # the root, its missing parents and the step's directories were all made by the save
+        assert str(tmp_path / "a") in created_1 and str(root) in created_1
+        assert any(d.startswith(str(root / "step-")) for d in created_1)
+        assert recorder.undurable(created_1) == []
+
+        # a second save with the same store: the new step's directories, too (nothing cached
+        # may stand in for a directory this save creates)
+        seen = _dirs_under(tmp_path)
+        recorder.events.clear()
+        ck.save(STATE, step=2)
+        created_2 = sorted(_dirs_under(tmp_path) - seen)
+        assert created_2 and recorder.undurable(created_2) == []
+    finally:
+        ck.close()
+    np.testing.assert_array_equal(ckptio.load(url, step=2)["w"], STATE["w"])
+
+
+def test_no_directory_fsync_per_object(tmp_path: Path, recorder: Recorder) -> None:
+    """Directories are made durable once each: many objects in one directory cost one fsync of
+    its parent, not one per object."""
+    store = open_store(str(tmp_path / "run"))
+    try:
+        for i in range(20):
+            store.publish(f"step-1/data/o{i}", b"x")
+    finally:
+        store.close()
+    parent_syncs = [ev for ev in recorder.events if ev == ("fsync", str(tmp_path / "run" / "step-1"))]
+    assert len(parent_syncs) == 1
+
+
+def test_a_directory_removed_behind_the_stores_back_is_created_again(tmp_path: Path) -> None:
+    """The store remembers directories it made; one removed since (another process's gc or
+    retention pruning an empty step) is created again, not written into as if it existed."""
+    url = str(tmp_path / "run")
+    ck = ckptio.Checkpointer(url, async_save=False)
+    try:
+        ck.save(STATE, step=1)
+        shutil.rmtree(tmp_path / "run")
+        ck.save(STATE, step=1)
+    finally:
+        ck.close()
+    np.testing.assert_array_equal(ckptio.load(url, step=1)["b"], STATE["b"])
