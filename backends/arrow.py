@@ -10,7 +10,8 @@ attempt is ours, traced.
 
 The AWS SDK under Arrow sends each part as ``aws-chunked`` with a trailing checksum and no
 ``Content-Length``; S3 implementations that predate trailing checksums (Ceph RGW 16, for one)
-answer 411 MissingContentLength. On that answer the store rebuilds its filesystem with the
+answer 411 MissingContentLength (or 400 XAmzContentSHA256Mismatch where a proxy between
+forwarded the body de-chunked, framing and all). On that answer the store rebuilds its filesystem with the
 SDK's checksums set to "when required" (``AWS_REQUEST_CHECKSUM_CALCULATION=when_required``,
 read by the SDK when the filesystem is made), logs it once, and sends the object again.
 
@@ -95,13 +96,15 @@ class ArrowStore(c.WholeObjectStore):
         try:
             self._write_stream(fs, full, pieces)
         except OSError as err:
-            if "MissingContentLength" not in str(err) or not self._without_trailing_checksums(fs):
+            text = str(err)
+            refused = "MissingContentLength" in text or "XAmzContentSHA256Mismatch" in text
+            if not refused or not self._without_trailing_checksums(fs):
                 raise
             self._abort_uploads_of(full)
             self._write_stream(self.fs, full, pieces)
 
     def _without_trailing_checksums(self, failed: Any) -> bool:
-        """After a 411 MissingContentLength on the filesystem ``failed``: make the filesystem
+        """After a refused aws-chunked upload on the filesystem ``failed``: make the filesystem
         again with the SDK's checksums "when required" (see module notes). True when the
         object should be sent again; False when ``failed`` already was that filesystem."""
         with self._fs_lock:
@@ -119,7 +122,8 @@ class ArrowStore(c.WholeObjectStore):
                         os.environ[_CHECKSUM_ENV] = before
             self._trailing_checksums = False
         log.warning(
-            "%s: the server refused aws-chunked uploads (411 MissingContentLength): sending parts "
+            "%s: the server refused aws-chunked uploads (MissingContentLength or "
+            "XAmzContentSHA256Mismatch): sending parts "
             "with Content-Length and without the SDK's trailing checksums",
             self.where,
         )
