@@ -46,6 +46,7 @@ from ckptio.store import (
     wait_all,
 )
 from ckptio.trace import Trace
+from ckptio.units import MAX_LOCAL_PROCESSES
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,34 @@ def os_error(err: OSError, path: str, action: str) -> errors.CkptioError:
     if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return errors.NoSpaceError(code, msg, path)
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return errors.StoragePermissionError(code, msg, path)
+        return errors.StoragePermissionError(code, f"{msg}: {why_unwritable(path, code)}", path)
     return errors.StorageError(code, msg, path)
+
+
+def why_unwritable(path: str, code: int | None = None) -> str:
+    """Why this process may not write ``path``, naming the directory (or file) at fault: the
+    nearest existing directory on the way that it may not write into (its owner and mode), or
+    the read-only filesystem that holds it."""
+    import stat
+
+    cur = path
+    while not os.path.isdir(cur):
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            break
+        cur = parent
+    if code == errno.EROFS:
+        return f"{cur} is on a read-only filesystem; remount it read-write or choose another path"
+    uid = os.geteuid() if hasattr(os, "geteuid") else None
+    for where in (cur, *((path,) if os.path.isfile(path) else ())):
+        if not os.access(where, os.W_OK | (os.X_OK if where == cur else 0), effective_ids=True):
+            st = os.stat(where)
+            kind = "directory" if where == cur else "file"
+            return (f"{kind} {where} is not writable by this process (uid {uid}; owner uid "
+                    f"{st.st_uid}, mode {stat.filemode(st.st_mode)}): make it writable "
+                    "(chmod/chown) or choose another path")
+    return (f"refused although {cur} looks writable (an ACL, an immutable attribute, a security "
+            "module or the filesystem's own permissions)")
 
 
 def _aligned_buffer(size: int) -> mmap.mmap:
@@ -492,13 +519,11 @@ class LocalStore(Store):
         **unknown: Any,
     ) -> None:
         if unknown:
-            raise errors.InvalidArgumentError(
-                f"unknown option(s) for file://: {sorted(unknown)}; valid: streams, block_size, "
-                "direct, direct_read, fsync, preallocate"
-            )
+            raise errors.UnknownOptionError(f"{self.name}://", unknown, [(f"{self.name}://", (
+                "streams", "block_size", "direct", "direct_read", "fsync", "preallocate"))])
         super().__init__(url, trace=trace)
         self.root = local_root(url)
-        self.streams = option_int(streams, field="streams", minimum=1)
+        self.streams = option_int(streams, field="streams", minimum=1, maximum=MAX_LOCAL_PROCESSES)
         self.block_size = parse_size(block_size, field="block_size")
         if self.block_size < ALIGN or self.block_size % ALIGN:
             raise errors.InvalidArgumentError(

@@ -1,6 +1,6 @@
 """Amazon S3 (and S3-compatible stores) through boto3/botocore: ``s3+boto3://bucket/prefix``,
 and plain ``s3://`` (the backend that measured fastest and cheapest in
-``benchmarks/s3_peers.py``; see the README).
+``benchmarks/s3_peers.py``; see docs/performance.md, "S3 clients").
 
 Writes are S3 multipart uploads driven by ckptio itself (:class:`MultipartWriter`): parts of
 ``part_size`` bytes, sent by a pool of ``streams`` threads shared by every object of the store,
@@ -139,8 +139,8 @@ class _PresignedGets:
     Why by hand: a ``get_object`` call costs ~4 ms of client CPU on this project's VM (event
     hooks, endpoint rules, signing, response parsing, user agent), which at 8 MiB ranges is
     most of the client CPU of a download; a GET of a presigned URL kept per object costs
-    ~1.4 ms (``benchmarks/s3_request_cpu.py``; the effect on whole downloads: README,
-    "Object storage"). No library sends botocore-configured ranged GETs without botocore's
+    ~1.4 ms (``benchmarks/s3_request_cpu.py``; the effect on whole downloads:
+    docs/performance.md, "S3 clients"). No library sends botocore-configured ranged GETs without botocore's
     per-request pipeline. The URL is
     made by botocore (same endpoint, addressing style, region and credentials as the
     client), sent by botocore's ``URLLib3Session`` (same proxies, TLS verification, timeouts
@@ -215,7 +215,7 @@ class Boto3Store(c.S3Base):
     - ``endpoint_url``, ``region``, ``profile``, ``access_key_id``, ``secret_access_key``,
       ``session_token``, ``anonymous``, ``addressing_style`` (``path``/``virtual``), ``connect_timeout`` / ``read_timeout`` (seconds): the AWS
       connection; unset ones come from the environment and AWS config files as the AWS CLI
-      does (``AWS_ENDPOINT_URL`` included);
+      does (``AWS_ENDPOINT_URL`` included); the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3common.OPTION_SPELLINGS`;
     - ``trace``: a :class:`~ckptio.trace.Trace`.
 
     Commit: ``publish`` is one PUT; with ``overwrite=False`` it sends ``If-None-Match: *`` so
@@ -229,6 +229,7 @@ class Boto3Store(c.S3Base):
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
         super().__init__(url, trace=trace)
+        options = c.canonical_options(options)  # storage_options={"checksum": ...} too
         self.checksum = option_bool(options.pop("checksum", True), field="checksum")
         self.presigned_reads = option_bool(options.pop("presigned_reads", True), field="presigned_reads")
         self._setup(options)

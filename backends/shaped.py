@@ -54,6 +54,7 @@ from ckptio.store import (
     wait_all,
 )
 from ckptio.trace import Trace
+from ckptio.units import MAX_LOCAL_PROCESSES
 
 T = TypeVar("T")
 
@@ -190,7 +191,7 @@ class ShapedStore(Store):
         profile = load_profile(own.get("profile", "cloud-s3"), figures)
         if "streams" in own:
             profile = replace(profile, streams=option_int(own["streams"], field="streams",
-                                                          minimum=1))
+                                                          minimum=1, maximum=MAX_LOCAL_PROCESSES))
         if "part_size" in own:
             profile = replace(profile, part_size=parse_size(own["part_size"], field="part_size"))
         self.profile: Profile = profile
@@ -204,7 +205,10 @@ class ShapedStore(Store):
 
         inner_url = inner_loc.bare
         # The wrapped store's own requests are not the emulated service's: a private trace.
-        self.inner: Store = open_store(inner_url, trace=Trace(max_events=10_000), **options)
+        try:
+            self.inner: Store = open_store(inner_url, trace=Trace(max_events=10_000), **options)
+        except errors.UnknownOptionError as err:
+            raise err.widened("shaped+", (*_SHAPED_OPTIONS, *FIGURES), f"shaped+{err.where}") from None
         self.name = f"shaped:{profile.name}+{self.inner.name}"  # type: ignore[misc]
         # per instance: what the wrapped store can do (positional writes are not emulated)
         self.capabilities: Capabilities = replace(  # type: ignore[misc]

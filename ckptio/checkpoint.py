@@ -244,18 +244,16 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """``np.empty(shape, dtype)`` whose data starts on a page when it is large (at least
     :data:`PAGE_ALIGNED_MIN` bytes), so ``O_DIRECT`` reads land in it and writes leave from it
     without a copy. ``ckptio.load`` returns such arrays. State kept in host memory saves
-    faster from them: numpy's and torch's own large arrays do not start on a page (16, 64 or
-    3904 bytes past one on this project's machine), and ``file://`` copies those into
-    page-aligned staging blocks before writing them with ``O_DIRECT`` (measured: 0.82x fio's
-    write speed against 1.03x from page-aligned memory).
+    faster from them: numpy's and torch's own large arrays do not start on a page, and
+    ``file://`` copies those into page-aligned staging blocks before writing them with
+    ``O_DIRECT``.
 
     Large arrays are anonymous memory maps of 4 KiB pages, not numpy's allocation: numpy asks
     for transparent huge pages (``MADV_HUGEPAGE``), and where the kernel compacts memory on
     such faults (``defrag=madvise``, the usual default) or a VM's host has reclaimed freed
-    memory, filling fresh 2 MiB pages was ~3x slower than 4 KiB pages in our measurements
-    (a cold 1 GiB load: 0.5 vs 1.4 GB/s, 2.3 vs 0.3 s of kernel CPU), and 4-5x on 2026-12-03
-    (copying 3 GiB into new memory: 9.6-14.0 s into numpy's, 2.1-2.6 s into these;
-    ``memcpy-fresh-numpy`` and ``memcpy-fresh`` in ``benchmarks/run.py``)."""
+    memory, fresh huge pages cost several times more to fill than 4 KiB pages. The
+    measurements behind both choices are in ``docs/performance.md`` ("Cold load") and the
+    ``memcpy-fresh`` cases of ``benchmarks/run.py``."""
     dt = np.dtype(dtype)
     nbytes = math.prod(shape) * dt.itemsize
     if nbytes < PAGE_ALIGNED_MIN:
@@ -326,6 +324,29 @@ def _prepare(
             raise errors.InvalidArgumentError(f"metadata must be JSON values: {err}") from None
     nbytes = _parallel_copy(copies)
     return PreparedState(tree, tensors, metadata, snapshot_bytes=nbytes)
+
+
+def _holds_nothing(state: Any) -> bool:
+    if state is None:
+        return True
+    if isinstance(state, Mapping):
+        return all(_holds_nothing(v) for v in state.values())
+    if isinstance(state, list | tuple):
+        return all(_holds_nothing(v) for v in state)
+    return False
+
+
+def refuse_empty(state: Any) -> None:
+    """Raise :class:`~ckptio.errors.InvalidArgumentError` if ``state`` holds nothing to save:
+    None, or containers holding only None and empty containers (no array, no value). Such a
+    save is almost always a mistake (a function that returned None, a state not filled yet),
+    and committing it would make an empty checkpoint the newest one to resume from."""
+    if _holds_nothing(state):
+        what = "None" if state is None else f"a {type(state).__name__} with no array and no value in it"
+        raise errors.InvalidArgumentError(
+            f"nothing to save: the state is {what}; pass the state to checkpoint (arrays, "
+            "tensors, values in dicts/lists), not the result of a function that returns None"
+        )
 
 
 def _parallel_copy(copies: Sequence[tuple[np.ndarray, np.ndarray]]) -> int:
@@ -1564,7 +1585,10 @@ class Checkpointer:
         if not isinstance(retire_grace, int | float) or not 0 <= retire_grace < math.inf:
             raise errors.InvalidArgumentError(f"retire_grace: expected seconds >= 0, got {retire_grace!r}")
         self.retire_grace = float(retire_grace)
-        self.store = open_store(url, **store_options)
+        try:
+            self.store = open_store(url, **store_options)
+        except errors.UnknownOptionError as err:  # suggest the Checkpointer's options too
+            raise err.widened(type(self).__name__, _own_options(type(self))) from None
         if layout != "file-per-shard" and not self.store.capabilities.positional_writes:
             raise errors.InvalidArgumentError(
                 f"layout {layout!r} needs positional writes, which {self.store.url} "
@@ -1617,6 +1641,8 @@ class Checkpointer:
         fork = background and self.snapshot == "fork"
         t0 = time.perf_counter()
         try:
+            if self.comm.rank == 0:  # rank 0's state is the checkpoint's structure
+                refuse_empty(state)
             prepared = _prepare(state, metadata, copy=self._fork_copies() if fork else background,
                                 buffers=self._snapshots)
         except errors.CkptioError as err:
@@ -1700,11 +1726,7 @@ class Checkpointer:
         readers for the grace period, see :mod:`ckptio.lease`) and collect debris."""
         self._retained = True
         try:
-            steps = committed_steps(self.store)
-            doomed = [s for s in steps if s <= newest][: -self.keep_last or None] if self.keep_last else []
-            for s in doomed:
-                retire(self.store, s)
-            sweep = _sweep(self.store, before_step=newest, grace=self.retire_grace)
+            sweep = retain(self.store, newest, self.keep_last, grace=self.retire_grace)
             others = sorted({lease.holder() for lease in sweep.live if not lease.mine()})
             if others and not self._warned_other_writer:
                 self._warned_other_writer = True
@@ -1783,6 +1805,17 @@ class Checkpointer:
             log.error("checkpoint save in flight failed while leaving the Checkpointer: %s", err)
 
 
+def retain(store: Store, newest: int, keep_last: int | None, *, grace: float = RETIRE_GRACE_SECONDS) -> _Sweep:
+    """Retention and debris after a commit of ``newest`` (``Checkpointer`` and the DCP
+    writer): retire all but the newest ``keep_last`` committed steps up to ``newest`` (none
+    with ``keep_last=None``), then sweep debris as :func:`collect_garbage` does with
+    ``before_step=newest``."""
+    if keep_last:
+        for s in [s for s in committed_steps(store) if s <= newest][:-keep_last]:
+            retire(store, s)
+    return _sweep(store, before_step=newest, grace=grace)
+
+
 def delete_step(store: Store, step: int) -> None:
     """Delete one checkpoint: the manifest first (so it stops existing at once), then data."""
     prefix = fmt.step_dir(step) + "/"
@@ -1810,7 +1843,7 @@ def collect_garbage(
     than ``grace`` seconds ago, every object of a step without a manifest whose save's lease is
     dead, or that is older than ``before_step`` (default: the newest committed step), or, with
     ``unfinished``, of any step without a manifest, and temp files / open multipart uploads older than ``older_than``
-    seconds. Before removing anything of a step it lists the step's leases again and checks its
+    seconds (of any age under a step whose save's lease is dead: that save was killed). Before removing anything of a step it lists the step's leases again and checks its
     manifest once more, so a save that started or committed meanwhile keeps its data. Returns
     the keys removed (with ``dry_run``, that would be removed).
     """
@@ -1850,6 +1883,7 @@ def _sweep(
     removed: list[str] = []
     live: list[LeaseInfo] = []
     quiet: list[str] = []  # prefixes of steps with no save in flight
+    over: list[str] = []  # quiet prefixes with a dead lease: their saves ended (killed)
     for s, keys in sorted(by_step.items()):
         prefix = fmt.step_dir(s) + "/"
         leases = _live_leases(store, keys, now)
@@ -1857,6 +1891,8 @@ def _sweep(
             live.extend(leases)
             continue
         quiet.append(prefix)
+        if any(map(is_lease_key, keys)):
+            over.append(prefix)
         mkey = fmt.manifest_key(s)
         if mkey in keys:
             try:
@@ -1894,7 +1930,27 @@ def _sweep(
         # reaches steps with no listed object), else under the quiet steps only
         for prefix in quiet if live else ["step-"]:
             store.cleanup_incomplete(prefix, older_than=older_than)
+        # the temp files of a save whose lease is dead (a killed save) are debris at any age;
+        # the leases are listed once more first, as above
+        for prefix in over:
+            if older_than > 0 and not _live_leases(store, store.list(prefix), time.time()):
+                store.cleanup_incomplete(prefix)
     return _Sweep(removed, live)
+
+
+def _own_options(cls: type) -> list[str]:
+    """The keyword arguments ``cls.__init__`` (and its bases') take by name: what a
+    Checkpointer keeps for itself rather than passing on to its store."""
+    import inspect  # error path only
+
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None and klass is not object:
+            names.update(p.name for p in inspect.signature(init).parameters.values()
+                         if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+                         and p.name not in ("self", "url"))
+    return sorted(names)
 
 
 def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -3,38 +3,77 @@
 Each subcommand is two functions: ``_add_<name>(subparsers)`` declares its arguments and
 ``_cmd_<name>(args) -> int`` runs it and returns the exit status. Output is a table for
 people (rich) and JSON with ``--json``. Errors that a user caused print one clear line and
-exit 2; a failed verification exits 1.
+exit 2; a failed verification exits 1. Nothing printed holds a credential: URLs, messages and
+JSON go through :mod:`ckptio.redact` (and so does ``-v``'s log output).
+
+Every numeric, size, bandwidth and duration option has a ``type=`` from :mod:`ckptio.units`
+(the parsers the library uses), so a malformed or out-of-range value — NaN, an infinity,
+``1e999``, a negative, zero where zero means nothing, ``10**30``, ``5XB`` — is refused while
+parsing, before any work starts: one line naming the option and the accepted range, exit 2.
+A value refused later while setting up (a store option in a URL, a layout that does not
+divide) is an :class:`~ckptio.errors.InvalidArgumentError`: one line too, exit 2.
+
+Start-up is kept short: rich and the modules behind a subcommand (runner, model, report, the
+array machinery) are imported only by the command that uses them, and ``run``, ``sweep`` and
+``plan`` declare their arguments only when they are the command parsed, so ``ckptio --help``
+and ``ckptio backends`` do not pay for them.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
-
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ckptio import errors
+from ckptio.redact import redact, redact_obj, redact_url
+from ckptio.units import (
+    MAX_COUNT,
+    MAX_GPUS,
+    MAX_ITERATIONS,
+    MAX_LOCAL_PROCESSES,
+    MAX_PRICE,
+    MAX_SCALE,
+    MAX_STEP,
+    arg,
+    bandwidth_arg,
+    count_arg,
+    duration_arg,
+    human_bytes,
+    number_arg,
+    parse_count,
+    size_arg,
+)
 
-console = Console()
-err_console = Console(stderr=True)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+console: Console
+err_console: Console
 
 
-def human_bytes(n: float) -> str:
-    """Binary units for sizes a person reads (``1.5 GiB``)."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if abs(n) < 1024 or unit == "PiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} PiB"
+def _make_consoles() -> None:
+    """Create ``console`` and ``err_console`` (rich) on first need."""
+    global console, err_console
+    if "console" not in globals():
+        from rich.console import Console
+
+        console, err_console = Console(), Console(stderr=True)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("console", "err_console"):
+        _make_consoles()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    """``obj`` as JSON on stdout, credentials hidden (:func:`ckptio.redact.redact_obj`)."""
+    sys.stdout.write(json.dumps(redact_obj(obj), indent=2) + "\n")
 
 
 # -- backends ---------------------------------------------------------------------------------
@@ -47,6 +86,9 @@ def _add_backends(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _cmd_backends(args: argparse.Namespace) -> int:
     from dataclasses import asdict
+
+    from rich.markup import escape
+    from rich.table import Table
 
     from ckptio.registry import backends, load_backend
 
@@ -71,7 +113,7 @@ def _cmd_backends(args: argparse.Namespace) -> int:
             caps = ", ".join(k for k, v in r["capabilities"].items() if v) or "-"
             table.add_row(r["scheme"], "[green]ok[/]", caps)
         else:
-            table.add_row(r["scheme"], "[red]missing dependency[/]", r["problem"])
+            table.add_row(r["scheme"], "[red]missing dependency[/]", escape(r["problem"]))
     console.print(table)
     return 0
 
@@ -88,6 +130,9 @@ def _add_ls(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _cmd_ls(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from rich.markup import escape
+    from rich.table import Table
+
     from ckptio.checkpoint import list_steps
     from ckptio.registry import open_store
 
@@ -97,9 +142,9 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         print_json([asdict(s) for s in steps])
         return 0
     if not steps:
-        console.print(f"no checkpoints under {args.url}")
+        console.print(f"no checkpoints under {redact_url(args.url)}", highlight=False)
         return 0
-    table = Table(title=f"checkpoints under {args.url}")
+    table = Table(title=f"checkpoints under {escape(redact_url(args.url))}")
     for col in ("step", "state", "size", "objects", "created / problem"):
         table.add_column(col, justify="right" if col in ("step", "size", "objects") else "left")
     for s in steps:
@@ -117,12 +162,15 @@ def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "verify", help="re-read every byte of a checkpoint and check every CRC32C (exit 1 if damaged)"
     )
     p.add_argument("url", help="root URL of a run")
-    p.add_argument("--step", type=int, default=None, help="step to verify (default: the newest complete)")
+    p.add_argument("--step", type=count_arg(0, MAX_STEP), default=None,
+                   help="step to verify (default: the newest complete)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     import time
+
+    from rich.markup import escape
 
     from ckptio.checkpoint import open_checkpoint
 
@@ -136,7 +184,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     ok = not problems
     if args.json:
-        print_json({"url": args.url, "step": step, "ok": ok, "bytes": nbytes,
+        print_json({"url": redact_url(args.url), "step": step, "ok": ok, "bytes": nbytes,
                     "seconds": seconds, "problems": problems})
     elif ok:
         console.print(
@@ -162,16 +210,20 @@ def _add_gc(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("url", help="root URL of a run")
     p.add_argument(
         "--older-than",
+        type=duration_arg(keep_text=False),
         default="3600",
-        metavar="SECONDS",
-        help="only remove temp files and multipart uploads older than this (default 3600)",
+        metavar="AGE",
+        help="only remove temp files and multipart uploads older than this: seconds or 10min, "
+        "2h, ... from 0 to 1e9 s (default 3600)",
     )
     p.add_argument(
         "--grace",
+        type=duration_arg(keep_text=False),
         default="60",
-        metavar="SECONDS",
+        metavar="AGE",
         help="keep the data of checkpoints retired by retention this long after their retirement, "
-        "for readers that opened them just before (default 60)",
+        "for readers that opened them just before: seconds or 10min, ... from 0 to 1e9 s "
+        "(default 60)",
     )
     p.add_argument(
         "--unfinished",
@@ -187,18 +239,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     from ckptio.checkpoint import collect_garbage
     from ckptio.registry import open_store
 
-    try:
-        older_than = float(args.older_than)
-    except ValueError:
-        raise errors.InvalidArgumentError(f"--older-than: expected seconds, got {args.older_than!r}") from None
-    if older_than < 0:
-        raise errors.InvalidArgumentError(f"--older-than: must be >= 0 seconds, got {older_than}")
-    try:
-        grace = float(args.grace)
-    except ValueError:
-        raise errors.InvalidArgumentError(f"--grace: expected seconds, got {args.grace!r}") from None
-    if not 0 <= grace < float("inf"):
-        raise errors.InvalidArgumentError(f"--grace: expected seconds >= 0, got {args.grace!r}")
+    older_than, grace = args.older_than, args.grace
     with open_store(args.url) as store:
         incomplete_before = store.list_incomplete("step-")
         removed = collect_garbage(store, older_than=older_than, unfinished=args.unfinished,
@@ -206,7 +247,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         incomplete_after = incomplete_before if args.dry_run else store.list_incomplete("step-")
     incomplete = len(incomplete_before) - len(incomplete_after)
     if args.json:
-        print_json({"url": args.url, "dry_run": args.dry_run, "removed": removed,
+        print_json({"url": redact_url(args.url), "dry_run": args.dry_run, "removed": removed,
                     "incomplete_removed": incomplete, "incomplete_left": len(incomplete_after)})
         return 0
     verb = "would remove" if args.dry_run else "removed"
@@ -255,11 +296,14 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     w = p.add_argument_group("workload")
     w.add_argument("--preset", help="a model preset (see `ckptio plan`)")
-    w.add_argument("--gpus", type=int, help="GPUs (ranks) of the job")
-    w.add_argument("--size", help="checkpoint size, e.g. 2TB")
-    w.add_argument("--writing-ranks", type=int, help="ranks that write (default: all GPUs)")
-    w.add_argument("--ranks-per-node", type=int, default=8, help="GPUs per node (default 8)")
-    w.add_argument("--objects-per-rank", type=int, default=1, help="objects each rank writes")
+    w.add_argument("--gpus", type=count_arg(1, MAX_GPUS), help=f"GPUs (ranks) of the job (1 to {MAX_GPUS})")
+    w.add_argument("--size", type=size_arg(), help="checkpoint size, e.g. 2TB (1 B to 1 EiB)")
+    w.add_argument("--writing-ranks", type=count_arg(1, MAX_GPUS),
+                   help="ranks that write (default: all GPUs)")
+    w.add_argument("--ranks-per-node", type=count_arg(1, MAX_LOCAL_PROCESSES), default=8,
+                   help="GPUs per node (default 8)")
+    w.add_argument("--objects-per-rank", type=count_arg(1, MAX_COUNT), default=1,
+                   help="objects each rank writes")
     w.add_argument("--key-layout", choices=("flat", "hashed"), default="flat",
                    help="hashed spreads keys over 256 prefixes (per-prefix request limits)")
     w.add_argument("--from", dest="from_results", nargs="+", metavar="RESULTS",
@@ -269,18 +313,25 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    "repeated (default with a workload: all)")
     s.add_argument("--set", action="append", metavar="FIELD=VALUE",
                    help="override a profile figure, e.g. stream_bandwidth=100MB/s")
-    s.add_argument("--streams", type=int, help="streams per node (default: the profile's)")
-    s.add_argument("--part-size", help="bytes per request (default: the profile's)")
-    s.add_argument("--write-bandwidth", help="measured/assumed bandwidth, e.g. 70GB/s")
-    s.add_argument("--checkpoint-seconds", help="stall per checkpoint, e.g. 300 or 5min")
+    s.add_argument("--streams", type=count_arg(1, MAX_LOCAL_PROCESSES),
+                   help=f"streams per node, 1 to {MAX_LOCAL_PROCESSES} (default: the profile's)")
+    s.add_argument("--part-size", type=size_arg(), help="bytes per request (default: the profile's)")
+    s.add_argument("--write-bandwidth", type=bandwidth_arg(),
+                   help="measured/assumed bandwidth, e.g. 70GB/s")
+    s.add_argument("--checkpoint-seconds", type=duration_arg(),
+                   help="stall per checkpoint, e.g. 300 or 5min")
     c = p.add_argument_group("cost and interval")
-    c.add_argument("--interval", default="2h", help="time between checkpoints (default 2h)")
-    c.add_argument("--mtbf", help="mean time between failures of the job, e.g. 24h")
-    c.add_argument("--restart", default="0", help="restart time after a failure, e.g. 10min")
-    c.add_argument("--price", type=float, default=0.0, help="price per GPU-hour")
+    c.add_argument("--interval", type=duration_arg(positive=True), default="2h",
+                   help="time between checkpoints (default 2h)")
+    c.add_argument("--mtbf", type=duration_arg(positive=True, allow_inf=True),
+                   help="mean time between failures of the job, e.g. 24h (inf: none)")
+    c.add_argument("--restart", type=duration_arg(), default="0",
+                   help="restart time after a failure, e.g. 10min")
+    c.add_argument("--price", type=number_arg(maximum=MAX_PRICE), default=0.0,
+                   help="price per GPU-hour")
     c.add_argument("--async-save", action="store_true",
                    help="asynchronous save: the stall is the snapshot (device->host copy)")
-    c.add_argument("--snapshot-bandwidth", default="25GB/s",
+    c.add_argument("--snapshot-bandwidth", type=bandwidth_arg(), default="25GB/s",
                    help="device->host copy per GPU for --async-save (assumption: 25GB/s)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -313,30 +364,59 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _add_projection_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("full-scale projection (model)")
     g.add_argument("--project", action="append", metavar="PRESET[:GPUS]",
+                   type=arg(parse_projection, "projection"),
                    help="workload to project each target to (default gpt3-175b); repeatable")
-    g.add_argument("--interval", default="2h", help="checkpoint interval (default 2h)")
-    g.add_argument("--price", type=float, help="price per GPU-hour (default 2.0, an assumption)")
-    g.add_argument("--restart", default="10min", help="restart time after a failure "
-                   "(default 10min, an assumption)")
+    g.add_argument("--interval", type=duration_arg(positive=True), default="2h",
+                   help="checkpoint interval (default 2h)")
+    g.add_argument("--price", type=number_arg(maximum=MAX_PRICE),
+                   help="price per GPU-hour (default 2.0, an assumption)")
+    g.add_argument("--restart", type=duration_arg(), default="10min",
+                   help="restart time after a failure (default 10min, an assumption)")
+
+
+def parse_projection(text: str, *, field: str = "--project") -> tuple[str, int | None]:
+    """``PRESET[:GPUS]`` -> (preset, GPUs or None): a preset of :mod:`ckptio.workload` and a
+    GPU count its layout (TPxPP) divides."""
+    from ckptio.workload import get_preset, preset_names
+
+    name, colon, gpus_text = text.strip().partition(":")
+    presets = [n for n in preset_names() if n != "custom"]
+    expected = (f"PRESET[:GPUS] with PRESET one of {', '.join(presets)} and GPUS an integer "
+                f"from 1 to {MAX_GPUS}")
+    prefix = f"{field}: " if field else ""
+    if name not in presets:
+        raise errors.InvalidArgumentError(f"{prefix}expected {expected}, got {text!r}")
+    gpus = None
+    if colon:
+        try:
+            gpus = parse_count(gpus_text, field="", minimum=1, maximum=MAX_GPUS)
+        except errors.InvalidArgumentError:
+            raise errors.InvalidArgumentError(f"{prefix}expected {expected}, got {text!r}") from None
+    layout = get_preset(name).layout
+    if gpus is not None and gpus % (layout.tp * layout.pp):
+        raise errors.InvalidArgumentError(
+            f"{prefix}expected GPUS a multiple of {name}'s TPxPP = {layout.tp * layout.pp}, "
+            f"got {text!r}"
+        )
+    return name, gpus
 
 
 def _projection_options(args: argparse.Namespace) -> dict[str, Any]:
-    from ckptio.model import parse_duration
     from ckptio.report import DEFAULT_PRICE_PER_GPU_HOUR
+    from ckptio.units import parse_duration
 
-    presets = []
-    for item in args.project or []:
-        name, _, gpus = item.partition(":")
-        presets.append((name, int(gpus) if gpus else None))
+    presets = list(args.project or [])  # (preset, GPUs) pairs, checked by parse_projection
     return {
         "presets": presets or None,
-        "interval": parse_duration(args.interval, field="--interval"),
+        "interval": parse_duration(args.interval, field="--interval", positive=True),
         "price": DEFAULT_PRICE_PER_GPU_HOUR if args.price is None else args.price,
         "restart": parse_duration(args.restart, field="--restart"),
     }
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from ckptio.report import build_report, comparison_table, projection_table
 
     result = build_report(args.results, args.out, **_projection_options(args))
@@ -346,6 +426,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     console.print(comparison_table(result["summary"], "merged results"))
     console.print(projection_table(result["projections"]))
     console.print(f"report: {args.out}/index.html ({len(result['files'])} files)")
+    if result["plots_missing"]:
+        err_console.print(f"warning: no plots: {escape(result['plots_missing'])}", highlight=False)
     return 0
 
 
@@ -363,11 +445,14 @@ def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    "(default: cloud-s3,abci-lustre; '' for none; see `ckptio profiles`)")
     p.add_argument("--preset", default="llama3-8b", help="model preset (default llama3-8b)")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--total-size", default=None, help="scale the preset to about this size "
-                      "(default 256MiB)")
-    size.add_argument("--scale", type=float, help="scale factor instead of --total-size")
-    p.add_argument("--object-size", default="16MiB", help="largest shard object (default 16MiB)")
-    p.add_argument("--iterations", type=int, default=1)
+    size.add_argument("--total-size", type=size_arg(), default=None,
+                      help="scale the preset to about this size (default 256MiB)")
+    size.add_argument("--scale", type=number_arg(maximum=MAX_SCALE, positive=True),
+                      help=f"scale factor instead of --total-size (above 0, at most {MAX_SCALE:,.0f})")
+    p.add_argument("--object-size", type=size_arg(), default="16MiB",
+                   help="largest shard object (default 16MiB)")
+    p.add_argument("--iterations", type=count_arg(1, MAX_ITERATIONS), default=1,
+                   help=f"checkpoints to write per target, 1 to {MAX_ITERATIONS} (default 1)")
     p.add_argument("--site", help="label of this machine/site in merged reports (default: hostname)")
     p.add_argument("--out", default="ckptio-report", help="report directory (default "
                    "ckptio-report/); results go to OUT/results/")
@@ -406,12 +491,16 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub.add_parser("plan", help="checkpoint size, ranks, bytes/objects/requests per rank of a "
+                   "model preset and parallel layout", declare=_declare_plan)
+
+
+def _declare_plan(p: argparse.ArgumentParser) -> None:
     from ckptio.workload import add_workload_arguments
 
-    p = sub.add_parser("plan", help="checkpoint size, ranks, bytes/objects/requests per rank of a "
-                       "model preset and parallel layout")
     add_workload_arguments(p)
-    p.add_argument("--part-size", help="request size to count requests at (default 8MiB)")
+    p.add_argument("--part-size", type=size_arg(),
+                   help="request size to count requests at (default 8MiB)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -422,11 +511,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from ckptio.runner import add_run_arguments
-
-    p = sub.add_parser("run", help="write and read back a synthetic sharded checkpoint of a "
-                       "preset on a target, on N ranks; Parquet results")
-    add_run_arguments(p)
+    sub.add_parser("run", help="write and read back a synthetic sharded checkpoint of a "
+                   "preset on a target, on N ranks; Parquet results",
+                   declare=_declared_by("ckptio.runner:add_run_arguments"))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -436,11 +523,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _add_sweep(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from ckptio.runner import add_run_arguments
-
-    p = sub.add_parser("sweep", help="throughput versus concurrency: the workload at each "
-                       "--streams x --part-size")
-    add_run_arguments(p, sweep_mode=True)
+    sub.add_parser("sweep", help="throughput versus concurrency: the workload at each "
+                   "--streams x --part-size",
+                   declare=_declared_by("ckptio.runner:add_run_arguments", sweep_mode=True))
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -466,8 +551,52 @@ COMMANDS: dict[str, tuple[Callable[..., None], Callable[[argparse.Namespace], in
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with one-line usage errors: ``ckptio run: error: argument --ranks:
+    expected an integer from 1 to 1024, got '-3' (see ckptio run --help)``, exit status 2.
+    Subcommand parsers are of this class too (argparse makes them of the parent's class).
+
+    Its arguments may be declared on first use: ``declare(parser)`` runs when the parser
+    parses or prints its help or usage, so a subcommand whose arguments come from a module
+    that is slow to import (runner, workload) costs nothing unless it is the command given."""
+
+    def __init__(self, *args: Any, declare: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._declare = declare
+
+    def declared(self) -> ArgumentParser:
+        """This parser with every argument declared."""
+        declare, self._declare = self._declare, None
+        if declare is not None:
+            declare(self)
+        return self
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        return super(ArgumentParser, self.declared()).parse_known_args(*args, **kwargs)
+
+    def format_help(self) -> str:
+        return super(ArgumentParser, self.declared()).format_help()
+
+    def format_usage(self) -> str:
+        return super(ArgumentParser, self.declared()).format_usage()
+
+    def error(self, message: str) -> NoReturn:
+        line = " ".join(message.split())
+        self.exit(2, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
+
+
+def _declared_by(target: str, **kwargs: Any) -> Callable[[argparse.ArgumentParser], None]:
+    """A ``declare`` that calls ``module:function(parser, **kwargs)``, importing it then."""
+    module, _, attr = target.partition(":")
+    return lambda p: getattr(importlib.import_module(module), attr)(p, **kwargs)
+
+
+def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
+    """The ``ckptio`` parser with every subcommand's arguments, as a caller walking it expects;
+    ``lazy``: those of ``run``, ``sweep`` and ``plan`` are declared only when that subcommand
+    parses or prints its help (what :func:`main` uses: ``ckptio --help`` imports no runner)."""
+    parser = ArgumentParser(
         prog="ckptio",
         description="Checkpoint I/O for AI training: save/load on any storage, compare targets, "
         "explain stalls.",
@@ -476,26 +605,47 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add, _ in COMMANDS.values():
         add(sub)
+    if not lazy:
+        for p in sub.choices.values():
+            if isinstance(p, ArgumentParser):
+                p.declared()
     return parser
 
 
+def _redact_record(record: Any) -> bool:
+    """A logging filter: the record's message with credentials hidden (libraries' log lines
+    included, as far as they reach this process's handlers)."""
+    record.msg, record.args = redact(record.getMessage()), None
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser(lazy=True)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help (0) or a usage error (2, one line already printed)
+        return done.code if isinstance(done.code, int) else 2
     import logging
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_redact_record)
     if args.command is None:
         parser.print_help()
         return 2
     _, run = COMMANDS[args.command]
+    _make_consoles()
+    from rich.markup import escape
+
     try:
         return run(args)
     except errors.CkptioError as err:
-        err_console.print(f"[red]error:[/] {escape(str(err))}", highlight=False)
+        # not wrapped at the terminal's width: an argument refused while setting up (a store
+        # option in the URL, a layout that does not divide) stays one line
+        err_console.print(f"[red]error:[/] {escape(redact(str(err)))}", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         err_console.print("interrupted")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptio import errors
+from ckptio.redact import redact_url
 
 DEFAULT_TARGETS = ("local", "mock-s3")
 """Always run by default; ``rgw`` joins them where its packages are installed
@@ -48,7 +49,7 @@ class Target:
     """One target of a comparison."""
 
     name: str
-    """Label in tables and plots."""
+    """Label in tables and plots (a URL's credentials hidden)."""
     url: str
     emulate: str | None = None
     """Profile name when the target is emulated through the shaped backend."""
@@ -148,7 +149,7 @@ def resolve_targets(names: list[str], profiles: list[str], *, tmp: str) -> list[
         elif name == "memory":
             out.append(Target("memory", "memory://ckptio-compare-memory"))
         elif "://" in name or name.startswith("/"):
-            out.append(Target(name, name))
+            out.append(Target(redact_url(name), name))
         else:
             raise errors.InvalidArgumentError(
                 f"unknown target {name!r}; valid: {', '.join(SPECIAL_TARGETS)}, or a URL "
@@ -183,17 +184,22 @@ def compare(
     not run, with the reason). Runs in this process (one rank writes every logical rank).
     """
     from ckptio.dist import SingleProcess
+    from ckptio.registry import open_store
     from ckptio.report import (
         DEFAULT_PRICE_PER_GPU_HOUR,
         DEFAULT_RESTART_SECONDS,
         build_report,
         measured_note,
+        plots_unavailable,
     )
     from ckptio.runner import run_workload
     from ckptio.workload import make_plan
 
     if iterations < 1:
         raise errors.InvalidArgumentError(f"iterations must be >= 1, got {iterations}")
+    no_plots = plots_unavailable()  # said before the measurements, not after them
+    if no_plots:
+        say(f"warning: {no_plots}; the report will be written without plots")
     plan = make_plan(preset, scale=scale, total_size=None if scale is not None else total_size,
                      object_size=object_size)
     results_dir = os.path.join(out, "results")
@@ -204,6 +210,9 @@ def compare(
         chosen = resolve_targets(list(targets if targets is not None else default_targets()),
                                  list(profiles if profiles is not None else DEFAULT_PROFILES),
                                  tmp=tmp)
+        for t in chosen:  # a wrong URL or store option fails here, before any target runs
+            if t.url and not t.emulate:
+                open_store(t.url).close()
         for t in chosen:
             with ExitStack() as stack:
                 url = t.url

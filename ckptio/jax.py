@@ -14,6 +14,9 @@
   registered nodes such as optax states) is stored as plain nested dicts and lists built from
   JAX's key paths (``DictKey`` / ``GetAttrKey`` -> dict key, ``SequenceKey`` /
   ``FlattenedIndexKey`` -> list index). JSON values (ints, floats, strings) stay JSON.
+- ``Checkpointer``: the same with ``keep_last`` retention and ``async_save`` (see its
+  docstring); ``save`` and ``Checkpointer.save`` refuse a pytree with no leaves (None, empty
+  containers) instead of committing an empty checkpoint.
 - ``load``: without ``target``, that plain structure with ``jax.Array`` leaves. With
   ``target`` (a pytree of the same structure: arrays, ``jax.ShapeDtypeStruct`` or anything
   with ``shape``/``dtype``), the target's own node types come back, every leaf is checked
@@ -38,7 +41,7 @@ from ckptio import checkpoint as _ck
 from ckptio import errors
 from ckptio.store import Store
 
-__all__ = ["load", "save", "to_numpy"]
+__all__ = ["Checkpointer", "load", "save", "to_numpy"]
 
 
 def to_numpy(obj: Any) -> np.ndarray | None:
@@ -136,9 +139,23 @@ def _lookup(plain: Any, path: tuple[Any, ...]) -> Any:
     return node
 
 
+def _plain_to_save(tree: Any) -> Any:
+    """The plain form of a pytree to save; a pytree with no leaves is refused."""
+    import jax
+
+    if not jax.tree_util.tree_leaves(tree):
+        what = "None" if tree is None else f"a {type(tree).__name__} with no leaves"
+        raise errors.InvalidArgumentError(
+            f"nothing to save: the pytree is {what} (None and empty containers are not leaves "
+            "in JAX); pass the state to checkpoint, not the result of a function that returns None"
+        )
+    return _plain(tree)
+
+
 def save(tree: Any, url: str | os.PathLike[str] | Store, step: int, **options: Any) -> _ck.SaveHandle:
-    """Save a pytree as ``step`` under ``url`` (options as :func:`ckptio.save`)."""
-    return _ck.save(_plain(tree), url, step, **options)
+    """Save a pytree as ``step`` under ``url`` (options as :func:`ckptio.save`); a pytree
+    with no leaves (None, empty containers) is refused."""
+    return _ck.save(_plain_to_save(tree), url, step, **options)
 
 
 def _place(value: Any, like: Any, path: str) -> Any:
@@ -166,9 +183,13 @@ def load(
     **options: Any,
 ) -> Any:
     """Load a pytree saved by :func:`save` (step: default the newest). See the module doc."""
+    return _restore(_ck.load(url, step, select=select, **options), target)
+
+
+def _restore(plain: Any, target: Any) -> Any:
+    """The loaded plain structure as ``jax.Array`` leaves, shaped like ``target`` if given."""
     import jax
 
-    plain = _ck.load(url, step, select=select, **options)
     if target is None:
         return jax.tree_util.tree_map(lambda v: jax.device_put(v) if isinstance(v, np.ndarray) else v, plain)
     leaves, treedef = jax.tree_util.tree_flatten_with_path(target)
@@ -177,3 +198,31 @@ def load(
         value = _lookup(plain, path)
         out.append(_place(value, like, jax.tree_util.keystr(path)))
     return jax.tree_util.tree_unflatten(treedef, out)
+
+
+class Checkpointer(_ck.Checkpointer):
+    """:class:`ckptio.Checkpointer` for JAX pytrees: the same options and contract
+    (``keep_last`` retention, ``async_save`` with one snapshot copy and the failure reported
+    once, ``wait``/``steps``/``latest``/``close``, a ``with`` block), with ``save`` taking any
+    pytree (as :func:`save`: a pytree with no leaves is refused) and ``load`` returning
+    ``jax.Array`` leaves, in ``target``'s structure, shapes, dtypes and shardings when given
+    (as :func:`load`)::
+
+        with ckptio.jax.Checkpointer("s3://bucket/run", async_save=True, keep_last=3) as ck:
+            for step in range(start, steps):
+                state = train_step(state)
+                if step % 1000 == 0:
+                    ck.save(state, step=step)
+        state = ck.load(target=abstract_state)     # the newest checkpoint
+
+    Single process: arrays sharded over several processes are not fully addressable here
+    (see the module docstring).
+    """
+
+    def save(self, state: Any, step: int, **kwargs: Any) -> _ck.SaveHandle:
+        return super().save(_plain_to_save(state), step, **kwargs)
+
+    def load(  # type: ignore[override]  # target= in place of into= (jax arrays are immutable)
+        self, step: int | None = None, *, target: Any = None, select: Mapping[str, Any] | None = None
+    ) -> Any:
+        return _restore(super().load(step, select=select), target)

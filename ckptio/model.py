@@ -40,71 +40,20 @@ job; ``R`` the restart time.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ckptio import errors
 from ckptio.profiles import Profile
-from ckptio.store import parse_size
+from ckptio.units import parse_bandwidth as parse_bandwidth
+from ckptio.units import parse_duration as parse_duration
+from ckptio.units import parse_rate as parse_rate
+from ckptio.units import parse_size
 
 # -- units ----------------------------------------------------------------------------------
-
-_DURATION_UNITS = {
-    "": 1.0, "s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "min": 60.0, "m": 60.0,
-    "h": 3600.0, "d": 86400.0,
-}
-
-
-def parse_duration(value: str | float | int, *, field: str = "duration") -> float:
-    """Seconds from ``300``, ``20ms``, ``10min``, ``2h``, ``1.5d``."""
-    if isinstance(value, bool):
-        raise errors.InvalidArgumentError(f"{field}: expected a duration, got {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|inf)\s*([a-z]*)\s*", value)
-        if not m or m.group(2) not in _DURATION_UNITS:
-            raise errors.InvalidArgumentError(
-                f"{field}: cannot read {value!r} as a duration (examples: 300, 20ms, 10min, 2h, 1d)"
-            )
-        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-    if seconds < 0:
-        raise errors.InvalidArgumentError(f"{field}: must be >= 0, got {value!r}")
-    return seconds
-
-
-def parse_bandwidth(value: str | float | int, *, field: str = "bandwidth") -> float:
-    """Bytes/s from ``70GB/s``, ``50MB/s``, ``100Gb/s`` (bits), ``2e9``, ``inf``."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if value <= 0:
-            raise errors.InvalidArgumentError(f"{field}: must be > 0, got {value!r}")
-        return float(value)
-    text = str(value).strip()
-    if text.lower() in ("inf", "unlimited", "none"):
-        return math.inf
-    bits = re.fullmatch(r"(.*[0-9.])\s*([KMGT])b(?:ps|/s)", text)
-    if bits:
-        return parse_size(bits.group(1) + bits.group(2) + "B", field=field) / 8
-    rate = parse_size(re.sub(r"(?:/s|ps)$", "", text), field=field)
-    if rate <= 0:
-        raise errors.InvalidArgumentError(f"{field}: must be > 0, got {value!r}")
-    return float(rate)
-
-
-def parse_rate(value: str | float | int, *, field: str = "rate") -> float:
-    """Requests/s from ``3500``, ``3500/s``, ``inf``."""
-    text = str(value).strip().removesuffix("/s")
-    try:
-        rate = float(text)
-    except ValueError:
-        raise errors.InvalidArgumentError(
-            f"{field}: cannot read {value!r} as requests/s (examples: 3500, 3500/s, inf)"
-        ) from None
-    if not rate > 0:
-        raise errors.InvalidArgumentError(f"{field}: must be > 0, got {value!r}")
-    return rate
+# parse_duration, parse_bandwidth and parse_rate live in ckptio.units (one set of parsers for
+# the library and the command line) and are re-exported here, where they were first defined
 
 
 def human_rate(bps: float) -> str:
@@ -281,7 +230,7 @@ class PhaseEstimate:
 
     phase: str
     seconds: float
-    gbps: float
+    GBps: float
     """``total_bytes / seconds / 1e9``."""
     binding: str
     """The binding limit (one of :data:`LIMITS`)."""
@@ -411,7 +360,7 @@ def estimate(
         phase=phase,
         seconds=total,
         remedy=remedy,
-        gbps=w.total_bytes / total / 1e9 if total > 0 else math.inf,
+        GBps=w.total_bytes / total / 1e9 if total > 0 else math.inf,
         binding=binding,
         binding_detail=f"{p.name}: {binding} — {details[binding]}",
         limits=limits,
@@ -718,8 +667,9 @@ def run_model_cli(args: Any) -> dict[str, Any]:
     prefixes = 256 if args.key_layout == "hashed" else 1
     size = parse_size(args.size, field="--size") if args.size else None
     common: dict[str, Any] = dict(
-        interval=parse_duration(args.interval, field="--interval"),
-        mtbf=parse_duration(args.mtbf, field="--mtbf") if args.mtbf else math.inf,
+        interval=parse_duration(args.interval, field="--interval", positive=True),
+        mtbf=(parse_duration(args.mtbf, field="--mtbf", positive=True, allow_inf=True)
+              if args.mtbf else math.inf),
         restart_seconds=parse_duration(args.restart, field="--restart"),
         gpus=args.gpus,
         price_per_gpu_hour=args.price,
@@ -774,7 +724,7 @@ def calibrate(requests: Any, runs: Any) -> list[Calibration]:
     target from result tables (pyarrow tables of the results schema, :mod:`ckptio.results`).
 
     Per target: data requests of the write phase that succeeded are fitted as ``seconds =
-    latency + nbytes / stream_bandwidth``; the aggregate is the highest ``write_gbps`` of its
+    latency + nbytes / stream_bandwidth``; the aggregate is the highest ``write_GBps`` of its
     runs; ``streams`` the most streams used; ``part_size`` the median request size.
     """
     import numpy as np
@@ -790,7 +740,7 @@ def calibrate(requests: Any, runs: Any) -> list[Calibration]:
             continue
         lat, bw = fit_latency_bandwidth([r["nbytes"] for r in rows],
                                         [r["seconds"] for r in rows])
-        agg = max((r.get("write_gbps") or 0.0) for r in mine) * 1e9
+        agg = max((r.get("write_GBps") or 0.0) for r in mine) * 1e9
         streams = max(int(r.get("streams") or 1) for r in mine)
         notes = []
         if agg <= 0:

@@ -40,6 +40,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ckptio import errors
+from ckptio.redact import is_secret_name, redact_url, register_secret
 from ckptio.store import Store, StoreURL
 
 GROUP = "ckptio.backends"
@@ -53,6 +54,20 @@ INSTALL_HINTS: Mapping[str, str] = MappingProxyType(
         "s3+arrow": "s3",
         "s3+obstore": "s3",
         "fsspec": "s3",
+    }
+)
+
+
+#: The packages each built-in backend imports when a store opens (not when its module loads):
+#: :func:`load_backend` checks that they are installed, without importing them.
+REQUIRES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "s3": ("botocore",),
+        "s3+boto3": ("botocore",),
+        "s3+fsspec": ("fsspec", "s3fs", "botocore"),
+        "s3+arrow": ("pyarrow", "botocore"),
+        "s3+obstore": ("obstore", "botocore"),
+        "fsspec": ("fsspec",),
     }
 )
 
@@ -89,14 +104,35 @@ def load_backend(scheme: str) -> type[Store]:
         module = importlib.import_module(module_name)
     except ImportError as err:
         extra = INSTALL_HINTS.get(info.scheme) or INSTALL_HINTS.get(scheme)
-        hint = f"pip install 'ckptio[{extra}]'" if extra else f"install {info.distribution}'s dependencies"
+        if extra:
+            raise errors.missing_package(err, extra=extra, purpose=f"backend {info.scheme!r}") from err
         raise errors.BackendUnavailableError(
-            f"backend {info.scheme!r} needs a module that is not installed ({err.name or err}); {hint}"
+            f"backend {info.scheme!r} needs a module that is not installed ({err.name or err}); "
+            f"install {info.distribution}'s dependencies"
         ) from err
     cls = getattr(module, attr)
     if not (isinstance(cls, type) and issubclass(cls, Store)):
         raise errors.CkptioError(f"entry point {info.target!r} is not a ckptio Store class")
+    extra = INSTALL_HINTS.get(info.scheme) or INSTALL_HINTS.get(scheme)
+    for name in REQUIRES.get(info.scheme, ()):  # imported when a store opens: found, not imported
+        if not _installed(name):
+            err = ModuleNotFoundError(f"No module named {name!r}", name=name)
+            raise errors.missing_package(err, extra=extra or "all", purpose=f"backend {info.scheme!r}")
     return cls
+
+
+def _installed(module: str) -> bool:
+    """Whether the top-level package of ``module`` can be imported (without importing it)."""
+    import sys
+    from importlib.util import find_spec
+
+    top = module.partition(".")[0]
+    if top in sys.modules:
+        return sys.modules[top] is not None
+    try:
+        return find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 # -- URLs ------------------------------------------------------------------------------------
@@ -146,16 +182,7 @@ def accepted_forms() -> str:
 
 def _shown(text: str) -> str:
     """``text`` as an error message may show it: no credentials."""
-    if "@" not in text and "?" not in text:
-        return text
-    from ckptio.results import scrub_url
-
-    try:
-        if "://" in text:
-            return scrub_url(text)
-    except ValueError:
-        pass
-    return re.sub(r"^([^/@]*:/*)[^/]*@", r"\1***@", text.partition("?")[0])
+    return redact_url(text)
 
 
 def _malformed(text: str, why: str) -> errors.InvalidArgumentError:
@@ -322,9 +349,25 @@ def split_url(url: str | os.PathLike[str]) -> tuple[str, str, dict[str, str]]:
 def open_store(url: str | os.PathLike[str] | Store, **options: Any) -> Store:
     """A Store for ``url`` (parsed by :func:`parse_url`). Options come from the URL's query
     string (and user info) and from ``options`` (which win). An existing Store is returned as
-    it is."""
+    it is. Credentials among them are never shown afterwards (:mod:`ckptio.redact`)."""
     if isinstance(url, Store):
         return url
     loc = parse_url(url)
+    _register_credentials(loc, options)
     cls = load_backend(loc.backend)
     return cls(loc.bare, **{**loc.options, **options})
+
+
+def _register_credentials(loc: StoreURL, options: Mapping[str, Any]) -> None:
+    """Every credential of a URL (secret-named query options, user info) and of ``options``
+    becomes a value no message, log line or result file shows (:mod:`ckptio.redact`)."""
+    while loc.inner is not None:
+        loc = loc.inner
+    for name, value in {**loc.options, **options}.items():
+        if is_secret_name(name):
+            register_secret(value)
+    userinfo, at, _ = loc.host.rpartition("@")  # hosts of fsspec's other protocols keep theirs
+    if at:
+        user, _, password = unquote(userinfo).partition(":")
+        register_secret(user)
+        register_secret(password)

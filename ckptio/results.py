@@ -3,12 +3,16 @@
 A result directory holds, per run, ``<run_id>.requests.parquet`` (one row per storage
 request, from every rank's trace), ``<run_id>.phases.parquet`` (one row per rank x iteration
 x phase), ``<run_id>.run.parquet`` (one row per iteration of the run, with the aggregate
-figures) and ``<run_id>.json`` (machine, versions, configuration, UTC time; credentials
-scrubbed). Several runs may share a directory; :func:`read_results` merges any set of files
+figures) and ``<run_id>.json`` (machine, versions, configuration, UTC time). No credential
+is written: every string of the tables and of the sidecar goes through :mod:`ckptio.redact`
+on its way to the file. Several runs may share a directory; :func:`read_results` merges any set of files
 or directories, from any machine or site, into one :class:`Results` (the schemas are fixed
 here, so tables concatenate; the ``site`` column tells sites apart).
 
-Units: bytes, seconds (``start``/``end`` are epoch seconds), GB/s = 1e9 bytes/s.
+Units: bytes, seconds (``start``/``end`` are Unix seconds), GB/s = 1e9 bytes/s (columns
+``*_GBps``: gigabytes, never gigabits, per second). Every column carries its unit in the
+Parquet field metadata (key ``unit``, :data:`UNITS`), so a file read without ckptio says
+what its numbers mean.
 """
 
 from __future__ import annotations
@@ -24,19 +28,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
-
 from ckptio import errors
+from ckptio.redact import redact, redact_obj, redact_strings
 
 
 def _pa() -> Any:
-    try:
-        import pyarrow
-        import pyarrow.parquet  # the submodule, used as pyarrow.parquet
-    except ImportError as err:
-        raise errors.BackendUnavailableError(
-            "result files need pyarrow; pip install 'ckptio[report]'"
-        ) from err
+    errors.require("pyarrow.parquet", extra="report", purpose="result files (Parquet)")
+    import pyarrow
+
     return pyarrow
 
 
@@ -90,16 +89,16 @@ RUN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("checkpoint_bytes", "int64"),
     ("objects", "int64"),
     ("write_seconds", "float64"),
-    ("write_gbps", "float64"),
-    ("min_rank_write_gbps", "float64"),
+    ("write_GBps", "float64"),
+    ("min_rank_write_GBps", "float64"),
     ("read_seconds", "float64"),
-    ("read_gbps", "float64"),
-    ("min_rank_read_gbps", "float64"),
+    ("read_GBps", "float64"),
+    ("min_rank_read_GBps", "float64"),
     ("requests", "int64"),
     ("retries", "int64"),
     ("throttled", "int64"),
     ("errors", "int64"),
-    ("generate_gbps", "float64"),
+    ("generate_GBps", "float64"),
     ("streams", "int32"),
     ("part_size", "int64"),
     ("emulated", "bool_"),
@@ -112,13 +111,51 @@ RUN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("layout", "string"),
 )
 """One iteration of a run. ``write_seconds``: the maximum over ranks from the start barrier
-to the commit (write + durable flush + commit); ``write_gbps = checkpoint_bytes /
-write_seconds / 1e9``; ``min_rank_*_gbps``: the slowest rank's own bytes over its own time
-(MLPerf Storage's metric); ``generate_gbps``: synthetic data generated per CPU second of
-generation work (throughput per core; compare it with write_gbps / cores to see whether
+to the commit (write + durable flush + commit); ``write_GBps = checkpoint_bytes /
+write_seconds / 1e9``; ``min_rank_*_GBps``: the slowest rank's own bytes over its own time
+(MLPerf Storage's metric); ``generate_GBps``: synthetic data generated per CPU second of
+generation work (throughput per core; compare it with write_GBps / cores to see whether
 generation could limit a run). ``layout``: how the checkpoint was laid out on the target
 (``file-per-shard``, ``shared-file``, ``shared-file-per-node``; see
 :data:`ckptio.checkpoint.LAYOUTS`)."""
+
+GBPS = "GB/s (1e9 bytes/s)"
+
+UNITS: dict[str, str] = {
+    # labels and identifiers
+    **dict.fromkeys(("run_id", "target", "phase", "op", "key", "outcome", "backend", "cache",
+                     "url", "preset", "profile", "site", "kind", "layout"), "text"),
+    **dict.fromkeys(("emulated", "mock"), "boolean"),
+    **dict.fromkeys(("rank", "iteration"), "index (from 0)"),
+    "attempt": "index (1 = the first attempt)",
+    "thread": "thread id",
+    # sizes, times, rates
+    **dict.fromkeys(("nbytes", "bytes", "checkpoint_bytes", "part_size", "sweep_part_size"),
+                    "bytes"),
+    **dict.fromkeys(("seconds", "write_seconds", "read_seconds"), "seconds"),
+    **dict.fromkeys(("start", "end"), "Unix seconds (UTC)"),
+    **dict.fromkeys(("write_GBps", "min_rank_write_GBps", "read_GBps", "min_rank_read_GBps"),
+                    GBPS),
+    "generate_GBps": "GB/s (1e9 bytes/s) per CPU core",
+    "scale": "ratio to the preset's full size",
+    # counts
+    **dict.fromkeys(("ranks", "writing_ranks", "objects", "requests", "retries", "throttled",
+                     "errors", "streams", "sweep_streams"), "count"),
+}
+"""The unit of every column (of every table: a name means the same in each), stored as
+the Parquet field metadata ``unit`` by :func:`schema`."""
+
+RENAMED_COLUMNS: dict[str, dict[str, str]] = {
+    "run": {
+        "write_gbps": "write_GBps",
+        "min_rank_write_gbps": "min_rank_write_GBps",
+        "read_gbps": "read_GBps",
+        "min_rank_read_gbps": "min_rank_read_GBps",
+        "generate_gbps": "generate_GBps",
+    }
+}
+"""Old column name -> today's, per table: :func:`read_results` reads files written before a
+rename (``*_gbps`` read as gigabits; the values were always 1e9 bytes/s)."""
 
 ADDED_COLUMNS: dict[str, dict[str, Any]] = {"run": {"layout": "file-per-shard"}}
 """Columns added to a table after result files were first written, with the value that
@@ -129,9 +166,11 @@ TABLES = {"requests": REQUEST_COLUMNS, "phases": PHASE_COLUMNS, "run": RUN_COLUM
 
 
 def schema(name: str) -> Any:
-    """The Arrow schema of table ``requests``, ``phases`` or ``run``."""
+    """The Arrow schema of table ``requests``, ``phases`` or ``run``; each field's metadata
+    holds its ``unit`` (:data:`UNITS`)."""
     pa = _pa()
-    return pa.schema([(col, getattr(pa, typ)()) for col, typ in TABLES[name]])
+    return pa.schema([pa.field(col, getattr(pa, typ)(), metadata={"unit": UNITS[col]})
+                      for col, typ in TABLES[name]])
 
 
 def table(name: str, columns: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> Any:
@@ -153,52 +192,14 @@ def table(name: str, columns: Mapping[str, Sequence[Any]] | Sequence[Mapping[str
     return pa.table({c: pa.array(cols[c], type=sch.field(c).type) for c in sch.names}, schema=sch)
 
 
-# -- identifiers, scrubbing, machine ----------------------------------------------------------
+# -- identifiers, machine ----------------------------------------------------------------
 
 
 def new_run_id(label: str, *, now: datetime | None = None) -> str:
     """``<UTC yyyymmddTHHMMSS>-<label>-<6 hex>``; the label is reduced to ``[A-Za-z0-9.-]``."""
     stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%S")
-    clean = re.sub(r"[^A-Za-z0-9.-]+", "-", label).strip("-")[:48] or "run"
+    clean = re.sub(r"[^A-Za-z0-9.-]+", "-", redact(label)).strip("-")[:48] or "run"
     return f"{stamp}-{clean}-{secrets.token_hex(3)}"
-
-
-_SECRET_NAME = re.compile(
-    r"(secret|password|passwd|token|credential|signature|sig$|^key$|access.?key|session|auth|"
-    r"x-amz-security|x-amz-credential|x-amz-signature|api.?key|sas)",
-    re.IGNORECASE,
-)
-
-
-def scrub_url(url: str) -> str:
-    """``url`` without credentials: user info dropped, secret-looking query values
-    replaced by ``***``. Plain paths pass unchanged."""
-    if "://" not in url:
-        return url
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, "***" if _SECRET_NAME.search(k) else v) for k, v in pairs],
-                          safe="*")
-    # not urlunsplit: it drops the "//" of schemes it does not know (memory://, pfs:///x)
-    out = f"{parts.scheme}://{netloc}{parts.path}"
-    return out + (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")
-
-
-def scrub(obj: Any) -> Any:
-    """A JSON-able copy of ``obj`` with secret-looking keys dropped and URLs scrubbed."""
-    if isinstance(obj, Mapping):
-        return {str(k): scrub(v) for k, v in obj.items()
-                if not _SECRET_NAME.search(str(k)) and str(k) not in ("env", "environ")}
-    if isinstance(obj, list | tuple):
-        return [scrub(v) for v in obj]
-    if isinstance(obj, str):
-        return scrub_url(obj) if "://" in obj else obj
-    if obj is None or isinstance(obj, bool | int | float):
-        return obj
-    return str(obj)
 
 
 def filesystem_type(path: str) -> str:
@@ -274,20 +275,21 @@ def sidecar(
     labels: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON sidecar of a run (credentials scrubbed from ``config`` and ``extra``)."""
+    """The JSON sidecar of a run (``config``, ``labels`` and ``extra`` through
+    :func:`ckptio.redact.redact_obj`: credentials hidden, environment dumps left out)."""
     doc: dict[str, Any] = {
         "run_id": run_id,
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         "machine": machine_info(target_path),
         "versions": versions(),
-        "config": scrub(dict(config)),
+        "config": redact_obj(dict(config)),
         "emulated": bool(emulated),
         "profile": profile,
         "mock": bool(mock),
-        "labels": scrub(dict(labels or {})),
+        "labels": redact_obj(dict(labels or {})),
     }
     if extra:
-        doc.update(scrub(dict(extra)))
+        doc.update(redact_obj(dict(extra)))
     return doc
 
 
@@ -317,7 +319,7 @@ def write_run(
     for name, tbl in (("requests", requests), ("phases", phases), ("run", runs)):
         if not isinstance(tbl, pa.Table):
             tbl = table(name, tbl)
-        tbl = tbl.select(schema(name).names).cast(schema(name))
+        tbl = _redacted(tbl.select(schema(name).names).cast(schema(name)))
         path = out / f"{run_id}.{name}.parquet"
         tmp = path.with_name(f".{path.name}.tmp")
         pq.write_table(tbl, tmp, compression="zstd")
@@ -325,10 +327,28 @@ def write_run(
         paths.append(path)
     path = out / f"{run_id}.json"
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(sidecar, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(redact_obj(sidecar), indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
     paths.append(path)
     return paths
+
+
+def _redacted(tbl: Any, *, skip: Iterable[str] = ()) -> Any:
+    """``tbl`` with every string column but those in ``skip`` through
+    :func:`ckptio.redact.redact_strings`, once per distinct value."""
+    pa = _pa()
+    import pyarrow.compute as pc
+
+    for i, f in enumerate(tbl.schema):
+        if not pa.types.is_string(f.type) or tbl.num_rows == 0 or f.name in skip:
+            continue
+        distinct = pc.unique(tbl.column(i)).to_pylist()
+        shown = redact_strings(distinct)
+        changed = {a: b for a, b in zip(distinct, shown, strict=True) if a != b}
+        if changed:
+            col = [changed.get(v, v) for v in tbl.column(i).to_pylist()]
+            tbl = tbl.set_column(i, f, pa.array(col, type=f.type))
+    return tbl
 
 
 @dataclass
@@ -385,14 +405,18 @@ def read_results(paths: Sequence[str | os.PathLike[str]]) -> Results:
             f = run_file.with_name(f"{run_id}.{name}.parquet")
             if f.exists():
                 t = pq.read_table(f)
+                renamed = RENAMED_COLUMNS.get(name, {})
+                t = t.rename_columns([renamed.get(c, c) for c in t.column_names])
                 for col, value in ADDED_COLUMNS.get(name, {}).items():
                     if col not in t.column_names:
                         t = t.append_column(col, pa.array([value] * t.num_rows, type=schema(name).field(col).type))
-                parts[name].append(t.select(schema(name).names).cast(schema(name)))
+                # files of older versions may hold credentials in labels and URLs (object
+                # keys are ckptio's own)
+                parts[name].append(_redacted(t.select(schema(name).names).cast(schema(name)), skip=("key",)))
         side = run_file.with_name(f"{run_id}.json")
         if side.exists():
             try:
-                sidecars.append(json.loads(side.read_text(encoding="utf-8")))
+                sidecars.append(redact_obj(json.loads(side.read_text(encoding="utf-8"))))
             except json.JSONDecodeError as err:
                 raise errors.InvalidArgumentError(f"{side} is not valid JSON: {err}") from None
 

@@ -67,6 +67,7 @@ import numpy as np
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio import results as res
+from ckptio import units
 from ckptio.checkpoint import (
     LAYOUTS,
     LocalTensor,
@@ -82,8 +83,19 @@ from ckptio.checkpoint import (
 )
 from ckptio.dist import Communicator, detect
 from ckptio.lease import SaveLease
+from ckptio.redact import redact, redact_url
 from ckptio.registry import open_store, split_url, wrap_url
-from ckptio.store import Store, parse_size
+from ckptio.store import Store
+from ckptio.units import (
+    MAX_ITERATIONS,
+    MAX_LOCAL_PROCESSES,
+    count_arg,
+    duration_arg,
+    list_arg,
+    parse_count,
+    parse_size,
+    size_arg,
+)
 from ckptio.workload import ObjectSpec, Plan
 
 log = logging.getLogger(__name__)
@@ -236,7 +248,8 @@ def _assign(plan: Plan, size: int) -> list[np.ndarray]:
 def _target_label(url: str, emulate: str | None, layout: str = "file-per-shard") -> str:
     """The default target label; a shared (N-1) layout is part of it, so reports, which
     group runs by target, keep N-1 and N-N runs of one target apart."""
-    scheme, bare, _ = split_url(res.scrub_url(url))  # never a credential in a label
+    scheme, bare, _ = split_url(url)
+    bare = redact_url(bare)
     tail = bare.split("://", 1)[-1].rstrip("/").rsplit("/", 1)[-1] if "://" in bare else Path(bare).name
     label = scheme if not tail else f"{scheme}-{tail}"
     label = f"{label}-{emulate}" if emulate else label
@@ -378,7 +391,8 @@ def run_workload(
         check_layout(store, layout, url)  # the same verdict on every rank, before any collective
         return _run(store, url, plan, comm, iterations=iterations, out_dir=out_dir, pause=pause,
                     inflight=inflight, read=read, cache=cache, keep=keep, key_layout=key_layout,
-                    label=label or _target_label(url, emulate, layout), site=site, emulated=emulated,
+                    label=redact(label) if label else _target_label(url, emulate, layout),
+                    site=site, emulated=emulated,
                     profile=profile, mock=mock, options=options, progress=progress,
                     run_id=run_id, kind=kind, sweep_streams=sweep_streams,
                     sweep_part_size=sweep_part_size, config=config or {},
@@ -395,7 +409,7 @@ def check_layout(store: Store, layout: str, url: str) -> None:
     if layout != "file-per-shard" and not store.capabilities.positional_writes:
         raise errors.InvalidArgumentError(
             f"layout {layout!r} needs positional writes (several writers in one object), which "
-            f"the {store.name} store at {res.scrub_url(url)} does not offer; valid layouts "
+            f"the {store.name} store at {redact_url(url)} does not offer; valid layouts "
             "there: file-per-shard (shared-file and shared-file-per-node need a filesystem "
             "target: file://, pfs://)")
 
@@ -447,7 +461,7 @@ def _run(
             first = {"error": f"{type(err).__name__}: {err}"}
     first = comm.bcast(first, root=0)
     if "error" in first:
-        raise errors.SaveFailedError(f"cannot start the run on {res.scrub_url(url)}: {first['error']}")
+        raise errors.SaveFailedError(f"cannot start the run on {redact_url(url)}: {first['error']}")
     run_id, step0 = first["run_id"], int(first["step"])
     gen = DataGenerator(first["seed"])
     buffers = _Buffers(inflight, plan.object_size)
@@ -599,13 +613,13 @@ def _run(
                         t1 = time.perf_counter()
                         if n != chunk["length"]:
                             raise errors.CorruptCheckpointError(
-                                f"{res.scrub_url(store.url)}/{key}: {n} bytes read, "
+                                f"{redact_url(store.url)}/{key}: {n} bytes read, "
                                 f"{chunk['length']} expected (truncated object)")
                         got = crc32c(view)
                         t2 = time.perf_counter()
                         if got != chunk["crc32c"]:
                             raise errors.ChecksumError(
-                                f"{res.scrub_url(store.url)}/{key}: CRC32C mismatch in bytes "
+                                f"{redact_url(store.url)}/{key}: CRC32C mismatch in bytes "
                                 f"{chunk['offset']}..{chunk['offset'] + chunk['length']} "
                                 f"(expected {chunk['crc32c']:#010x}, read {got:#010x})")
                     finally:
@@ -660,7 +674,7 @@ def _run(
     }
     everything = comm.gather(mine_summary, root=0)
     summary = RunSummary(run_id, rank, phases=phase_rows, generator=gen.name,
-                         steps=written_steps, url=res.scrub_url(url), target_path=_local_path(store),
+                         steps=written_steps, url=redact_url(url), target_path=_local_path(store),
                          cache=per_iter[-1].cache if per_iter else "")
     if rank != 0:
         summary.peak_rss_bytes = [mine_summary["peak_rss"]]
@@ -805,7 +819,7 @@ def _delete_step(store: Store, comm: Communicator, step: int, my_objects: Sequen
         store.direct_read = False  # the next write phase is buffered again
 
 
-def _gbps(nbytes: float, seconds: float) -> float:
+def _gb_per_s(nbytes: float, seconds: float) -> float:
     return nbytes / seconds / 1e9 if seconds > 0 else 0.0
 
 
@@ -828,25 +842,25 @@ def _run_rows(plan: Plan, everything: Sequence[dict[str, Any]], reqs: dict[str, 
         write_s = max(i["write_end"] - i["write_start"] for i in iters)
         read_s = max((i["read_end"] - i["read_start"] for i in iters if i["read_end"]), default=0.0)
         writers = [i for i in iters if i["bytes"] > 0]
-        min_w = min((_gbps(i["bytes"], i["write_done"] - i["write_start"]) for i in writers), default=0.0)
-        min_r = min((_gbps(i["bytes"], i["read_done"] - i["read_start"]) for i in writers
+        min_w = min((_gb_per_s(i["bytes"], i["write_done"] - i["write_start"]) for i in writers), default=0.0)
+        min_r = min((_gb_per_s(i["bytes"], i["read_done"] - i["read_start"]) for i in writers
                      if i["read_end"]), default=0.0)
         gen_s = sum(i["gen_seconds"] for i in iters)
         sel = req_iter == it
         outcomes = req_outcome[sel]
         rows.append({
-            "run_id": run_id, "target": label, "url": res.scrub_url(url), "backend": store.name,
+            "run_id": run_id, "target": label, "url": redact_url(url), "backend": store.name,
             "preset": plan.preset.name, "scale": float(plan.scale), "ranks": comm_size,
             "writing_ranks": plan.writing_ranks, "iteration": it, "checkpoint_bytes": total,
             "objects": sum(i["objects"] for i in iters),
-            "write_seconds": write_s, "write_gbps": _gbps(total, write_s),
-            "min_rank_write_gbps": min_w,
-            "read_seconds": read_s, "read_gbps": _gbps(total, read_s) if read_s else 0.0,
-            "min_rank_read_gbps": min_r,
+            "write_seconds": write_s, "write_GBps": _gb_per_s(total, write_s),
+            "min_rank_write_GBps": min_w,
+            "read_seconds": read_s, "read_GBps": _gb_per_s(total, read_s) if read_s else 0.0,
+            "min_rank_read_GBps": min_r,
             "requests": int(sel.sum()), "retries": int((outcomes == "retry").sum()),
             "throttled": int((outcomes == "throttled").sum()),
             "errors": int((outcomes == "error").sum()),
-            "generate_gbps": _gbps(total, gen_s), "streams": streams, "part_size": part_size,
+            "generate_GBps": _gb_per_s(total, gen_s), "streams": streams, "part_size": part_size,
             "emulated": emulated, "profile": profile, "mock": mock,
             "site": site or socket.gethostname(), "kind": kind,
             "sweep_streams": sweep_streams, "sweep_part_size": sweep_part_size,
@@ -960,22 +974,11 @@ def rank_main(comm: Communicator, url: str, plan: Plan, kwargs: dict[str, Any],
 
 
 def parse_list(text: str, *, field: str, sizes: bool = False) -> list[int]:
-    """``"1,4,16"`` -> ``[1, 4, 16]``; with ``sizes``, ``"8MiB,64MiB"`` -> bytes."""
-    out = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if sizes:
-            out.append(parse_size(part, field=field))
-        else:
-            try:
-                out.append(int(part))
-            except ValueError:
-                raise errors.InvalidArgumentError(f"{field}: {part!r} is not an integer") from None
-    if not out:
-        raise errors.InvalidArgumentError(f"{field}: give a comma-separated list, e.g. 1,4,16")
-    return out
+    """``"1,4,16"`` -> ``[1, 4, 16]`` (streams: 1 to :data:`~ckptio.units.MAX_LOCAL_PROCESSES`);
+    with ``sizes``, ``"8MiB,64MiB"`` -> bytes (at least 1)."""
+    if sizes:
+        return units.parse_list(text, parse_size, field=field, minimum=1)
+    return units.parse_list(text, parse_count, field=field, minimum=1, maximum=MAX_LOCAL_PROCESSES)
 
 
 # -- command line -----------------------------------------------------------------------------
@@ -993,13 +996,17 @@ def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
                    "memory://, ...)")
     add_workload_arguments(p)
     r = p.add_argument_group("run")
-    r.add_argument("--ranks", type=int, help="processes on this node (started by ckptio); under "
-                   "mpiexec/srun/torchrun the launcher's ranks are used")
-    r.add_argument("--iterations", type=int, default=1, help="checkpoints to write (default 1)")
-    r.add_argument("--pause", type=float, default=0.0, help="seconds between iterations "
-                   "(the compute time)")
-    r.add_argument("--inflight", type=int, default=2, help="shard objects in flight per rank "
-                   "(memory per rank ~ inflight x object size)")
+    per_node = count_arg(1, MAX_LOCAL_PROCESSES)
+    r.add_argument("--ranks", type=per_node, help=f"processes on this node, 1 to "
+                   f"{MAX_LOCAL_PROCESSES} (started by ckptio); under mpiexec/srun/torchrun the "
+                   "launcher's ranks are used")
+    r.add_argument("--iterations", type=count_arg(1, MAX_ITERATIONS), default=1,
+                   help=f"checkpoints to write, 1 to {MAX_ITERATIONS} (default 1)")
+    r.add_argument("--pause", type=duration_arg(keep_text=False), default=0.0,
+                   help="time between iterations (the compute time): seconds, or 20ms, 10min, "
+                   "... (default 0)")
+    r.add_argument("--inflight", type=per_node, default=2, help="shard objects in flight per "
+                   f"rank, 1 to {MAX_LOCAL_PROCESSES} (memory per rank ~ inflight x object size)")
     r.add_argument("--no-read", action="store_true", help="skip the read-back phase")
     r.add_argument("--cache", choices=CACHE_MODES, default="auto",
                    help="how reads bypass the page cache (default auto)")
@@ -1015,12 +1022,14 @@ def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
     r.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="store option, repeatable (e.g. direct=true)")
     if sweep_mode:
-        r.add_argument("--streams", default="1,4,16,64", help="streams to try (default 1,4,16,64)")
-        r.add_argument("--part-size", default="8MiB,64MiB",
+        r.add_argument("--streams", default="1,4,16,64",
+                       type=list_arg(parse_count, minimum=1, maximum=MAX_LOCAL_PROCESSES),
+                       help="streams to try (default 1,4,16,64)")
+        r.add_argument("--part-size", default="8MiB,64MiB", type=list_arg(parse_size, minimum=1),
                        help="request sizes to try (default 8MiB,64MiB)")
     else:
-        r.add_argument("--streams", type=int, help="store option: concurrent streams")
-        r.add_argument("--part-size", help="store option: bytes per request/part")
+        r.add_argument("--streams", type=per_node, help="store option: concurrent streams")
+        r.add_argument("--part-size", type=size_arg(), help="store option: bytes per request/part")
     r.add_argument("--out", default="ckptio-results", help="result directory (default "
                    "./ckptio-results)")
     r.add_argument("--site", help="label of this site/machine in merged reports (default: hostname)")
@@ -1046,9 +1055,6 @@ def _options(args: Any, *, sweep_mode: bool) -> dict[str, Any]:
 
 def cmd_run(args: Any, console: Any, *, sweep_mode: bool = False) -> int:
     """``ckptio run`` and ``ckptio sweep``."""
-    import json
-    import sys
-
     from ckptio import dist
     from ckptio.workload import plan_from_args
 
@@ -1119,11 +1125,12 @@ def cmd_run(args: Any, console: Any, *, sweep_mode: bool = False) -> int:
     if not is_root:
         return 0
     if args.json:
-        sys.stdout.write(json.dumps({"run_id": summary.run_id, "runs": summary.runs,
-                                     "paths": [str(p) for p in summary.paths],
-                                     "peak_rss_bytes": summary.peak_rss_bytes,
-                                     "cache": summary.cache, "generator": summary.generator},
-                                    indent=2) + "\n")
+        from ckptio.cli import print_json
+
+        print_json({"run_id": summary.run_id, "runs": summary.runs,
+                    "paths": [str(p) for p in summary.paths],
+                    "peak_rss_bytes": summary.peak_rss_bytes,
+                    "cache": summary.cache, "generator": summary.generator})
     else:
         print_summary(summary, console)
     return 0
@@ -1146,13 +1153,13 @@ def print_summary(summary: RunSummary, console: Any) -> None:
     for r in summary.runs:
         point = [str(r["sweep_streams"]), human_bytes(r["sweep_part_size"])] if is_sweep else []
         t.add_row(str(r["iteration"]), *point, human_bytes(r["checkpoint_bytes"]),
-                  f"{r['write_seconds']:.2f}", f"{r['write_gbps']:.3f}",
-                  f"{r['min_rank_write_gbps']:.3f}", f"{r['read_seconds']:.2f}",
-                  f"{r['read_gbps']:.3f}", f"{r['min_rank_read_gbps']:.3f}",
+                  f"{r['write_seconds']:.2f}", f"{r['write_GBps']:.3f}",
+                  f"{r['min_rank_write_GBps']:.3f}", f"{r['read_seconds']:.2f}",
+                  f"{r['read_GBps']:.3f}", f"{r['min_rank_read_GBps']:.3f}",
                   f"{r['requests']:,}", str(r["retries"] + r["throttled"]))
     console.print(t)
     rss = ", ".join(human_bytes(b) for b in summary.peak_rss_bytes)
-    gen = ", ".join(f"{r['generate_gbps']:.2f}" for r in summary.runs)
+    gen = ", ".join(f"{r['generate_GBps']:.2f}" for r in summary.runs)
     console.print(f"Layout: {first.get('layout', 'file-per-shard')}. "
                   f"GB/s = 1e9 bytes/s; slowest rank: its own bytes over its own time. "
                   f"Read cache bypass: {summary.cache or 'n/a'}. Data: {summary.generator}, "

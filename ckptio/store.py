@@ -27,7 +27,10 @@ from types import TracebackType
 from typing import Any, ClassVar, Self, TypeVar
 
 from ckptio import errors
+from ckptio.redact import redact_url
 from ckptio.trace import Trace
+from ckptio.units import MAX_COUNT, parse_count
+from ckptio.units import parse_size as parse_size  # re-exported: its home before ckptio.units
 
 T = TypeVar("T")
 
@@ -240,17 +243,23 @@ class Store(ABC):
     name: ClassVar[str] = ""
     """Short backend name used in traces and reports (``file``, ``s3+boto3``, ...)."""
 
+    url: str
+    """The URL the store was opened with, credentials hidden (:func:`ckptio.redact.redact_url`):
+    for messages and labels. Backends connect with :attr:`location` and their options, never
+    with this."""
+
     def __init__(self, url: str, *, trace: Trace | None = None) -> None:
-        self.url = url
+        self._given_url = url
+        self.url = redact_url(url)
         self.trace = trace if trace is not None else Trace()
 
     @cached_property
     def location(self) -> StoreURL:
-        """``url`` taken apart by :func:`ckptio.registry.parse_url` (strictly: a malformed URL
-        raises :class:`~ckptio.errors.InvalidArgumentError`)."""
+        """The URL the store was opened with, taken apart by :func:`ckptio.registry.parse_url`
+        (strictly: a malformed URL raises :class:`~ckptio.errors.InvalidArgumentError`)."""
         from ckptio.registry import parse_url
 
-        return parse_url(self.url)
+        return parse_url(self._given_url)
 
     # -- writes ---------------------------------------------------------------------------
     @abstractmethod
@@ -429,26 +438,6 @@ def _sleep(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def parse_size(value: str | int | float, *, field: str = "size") -> int:
-    """Bytes from ``4GiB``, ``8MiB``, ``2TB``, ``1.5e9``, ``4096``. Decimal units are powers
-    of 1000 (GB = 1e9 bytes), binary ones powers of 1024."""
-    if isinstance(value, bool):
-        raise errors.InvalidArgumentError(f"{field}: expected a size, got {value!r}")
-    if isinstance(value, int | float):
-        if value < 0:
-            raise errors.InvalidArgumentError(f"{field}: size must be >= 0, got {value!r}")
-        return int(value)
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMGTP]i?)?B?\s*", str(value))
-    if not m:
-        raise errors.InvalidArgumentError(
-            f"{field}: cannot read {value!r} as a size (examples: 4096, 8MiB, 2TB, 1.5e9)"
-        )
-    number, unit = float(m.group(1)), m.group(2) or ""
-    powers = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
-    base = 1024 if unit.endswith("i") else 1000
-    return int(number * base ** powers[unit.rstrip("i")])
-
-
 def option_bool(value: Any, *, field: str) -> bool:
     """A boolean option that may come from a URL query string."""
     if isinstance(value, bool):
@@ -461,15 +450,9 @@ def option_bool(value: Any, *, field: str) -> bool:
     raise errors.InvalidArgumentError(f"{field}: expected true/false, got {value!r}")
 
 
-def option_int(value: Any, *, field: str, minimum: int = 0) -> int:
-    """An integer option that may come from a URL query string."""
-    try:
-        n = int(value)
-    except (TypeError, ValueError):
-        raise errors.InvalidArgumentError(f"{field}: expected an integer, got {value!r}") from None
-    if n < minimum:
-        raise errors.InvalidArgumentError(f"{field}: must be >= {minimum}, got {n}")
-    return n
+def option_int(value: Any, *, field: str, minimum: int = 0, maximum: int = MAX_COUNT) -> int:
+    """An integer option that may come from a URL query string (``minimum`` .. ``maximum``)."""
+    return parse_count(value, field=field, minimum=minimum, maximum=maximum)
 
 
 def as_byte_view(data: Buffer) -> memoryview:

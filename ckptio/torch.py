@@ -31,8 +31,10 @@ Tensors in ``ckptio.save`` / ``ckptio.load`` (no pickle anywhere)::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
+import logging
 import os
 import re
 import secrets
@@ -44,7 +46,6 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import ml_dtypes
 import numpy as np
 import torch
 from torch.distributed.checkpoint import storage as _dcp_storage
@@ -57,6 +58,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
     LoadPlan,
@@ -71,8 +73,11 @@ from ckptio import checkpoint as _ck
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio.arrays import Target
+from ckptio.lease import SaveLease
 from ckptio.registry import open_store, split_url
 from ckptio.store import Store
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "Checkpointer",
@@ -89,16 +94,18 @@ __all__ = [
 
 # -- tensors <-> numpy ------------------------------------------------------------------------
 
-#: torch dtypes numpy cannot hold natively -> (same-size integer torch dtype, ml_dtypes dtype)
-_VIEWED: dict[torch.dtype, tuple[torch.dtype, Any]] = {
-    torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
-    torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
-    torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2),
+#: torch dtypes numpy cannot hold natively -> (same-size integer torch dtype, ml_dtypes name).
+#: By name, so that ml_dtypes (slow to import) is imported only for a tensor of such a dtype.
+_VIEWED: dict[torch.dtype, tuple[torch.dtype, str]] = {
+    torch.bfloat16: (torch.int16, "bfloat16"),
+    torch.float8_e4m3fn: (torch.uint8, "float8_e4m3fn"),
+    torch.float8_e5m2: (torch.uint8, "float8_e5m2"),
 }
-_NP_TO_VIEWED: dict[np.dtype[Any], tuple[Any, torch.dtype]] = {
-    np.dtype(ml_dtypes.bfloat16): (np.int16, torch.bfloat16),
-    np.dtype(ml_dtypes.float8_e4m3fn): (np.uint8, torch.float8_e4m3fn),
-    np.dtype(ml_dtypes.float8_e5m2): (np.uint8, torch.float8_e5m2),
+#: ml_dtypes name -> (same-size integer numpy dtype, torch dtype)
+_NP_TO_VIEWED: dict[str, tuple[Any, torch.dtype]] = {
+    "bfloat16": (np.int16, torch.bfloat16),
+    "float8_e4m3fn": (np.uint8, torch.float8_e4m3fn),
+    "float8_e5m2": (np.uint8, torch.float8_e5m2),
 }
 #: every torch dtype ckptio stores, by its ckptio (numpy) name
 _TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -197,7 +204,8 @@ def _numpy_view(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor as a numpy array sharing its memory (bfloat16 and float8 as ml_dtypes)."""
     viewed = _VIEWED.get(t.dtype)
     if viewed is not None:
-        as_int, np_dtype = viewed
+        as_int, name = viewed
+        np_dtype = fmt.DTYPES[name]
         if t.dim() == 0:
             t = t.reshape(1)
             return t.view(as_int).numpy().view(np_dtype).reshape(())
@@ -228,8 +236,9 @@ def from_numpy(array: np.ndarray, *, device: str | torch.device | None = None) -
     array is copied, since torch tensors are always writable)."""
     if not array.flags.writeable:
         array = array.copy()
-    viewed = _NP_TO_VIEWED.get(array.dtype)
-    if viewed is not None:
+    viewed = _NP_TO_VIEWED.get(array.dtype.name)
+    # matched by name, then checked: an array of an ml_dtypes dtype means ml_dtypes is imported
+    if viewed is not None and array.dtype == fmt.DTYPES[array.dtype.name]:
         as_int, torch_dtype = viewed
         t = torch.from_numpy(array.reshape(-1).view(as_int)).view(torch_dtype).reshape(array.shape)
     else:
@@ -356,8 +365,9 @@ def _enum_name(table: Mapping[str, Any], value: Any, what: str) -> str:
     raise errors.InvalidArgumentError(f"{what} {value} cannot be stored; valid: {', '.join(table)}")
 
 
-def _split_checkpoint_url(url: str, step: int | None) -> tuple[str, int]:
-    """``(root_url, step)`` from ``<root>/step-<N>`` or from ``url`` + ``step``."""
+def _split_checkpoint_url(url: str, step: int | None) -> tuple[str, int | None]:
+    """``(root_url, step)`` from ``<root>/step-<N>`` or from ``url`` + ``step``; ``(url, None)``
+    for a URL that names no step (DCP's "any directory" form)."""
     if step is not None:
         return url, step
     parts = urlsplit(url) if "://" in url else None
@@ -365,10 +375,7 @@ def _split_checkpoint_url(url: str, step: int | None) -> tuple[str, int]:
     head, _, last = path.rstrip("/").rpartition("/")
     m = re.fullmatch(r"step-(\d{1,10})", last)
     if m is None:
-        raise errors.InvalidArgumentError(
-            f"{url!r} does not name a step: use '<root>/step-<N>' (e.g. 'file:///ckpt/run/step-100')"
-            " or pass step=N with the root URL"
-        )
+        return url, None
     if parts is None:
         return head or ".", int(m.group(1))
     return urlunsplit((parts.scheme, parts.netloc, head, parts.query, "")), int(m.group(1))
@@ -515,31 +522,43 @@ def _done(value: Any) -> Future[Any]:
     return fut
 
 
-class StorageWriter(_dcp_storage.StorageWriter):
-    """``torch.distributed.checkpoint`` writes through any ckptio store.
+class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
+    """``torch.distributed.checkpoint`` writes through any ckptio store; a drop-in for DCP's
+    ``FileSystemWriter``.
 
     ``StorageWriter("s3://bucket/run/step-100")`` or ``StorageWriter("s3://bucket/run",
     step=100)``: the checkpoint is ckptio's step ``100`` under the root ``s3://bucket/run``
     (``<root>/step-0000000100/``), so ``ckptio ls``, ``ckptio verify`` and
-    ``ckptio.load`` (tensors as numpy, torch-free) see it like any other. A ``checkpoint_id``
-    given to ``dcp.save`` (same forms) retargets the writer.
+    ``ckptio.load`` (tensors as numpy, torch-free) see it like any other. A URL or path that
+    names no step (``/ckpt/epoch5``, as DCP users write) is a root holding one checkpoint, its
+    step 0: saving to it again replaces it (``overwrite=True``, DCP's default), and
+    :class:`StorageReader` of the same URL reads it. A ``checkpoint_id`` given to ``dcp.save``
+    (same forms) retargets the writer.
 
     What happens on the calls DCP makes (``storage.py`` documents the sequence):
 
-    - ``prepare_global_plan`` (coordinator): refuses a step that is already committed unless
-      ``overwrite=True``; gives each rank its number.
+    - ``prepare_global_plan`` (coordinator): refuses a step that is already committed when
+      ``overwrite=False``; takes the save's lease (``step-<N>/saving-<token>.json``, see
+      :mod:`ckptio.lease`) before any rank writes, so gc and retention leave its data alone;
+      gives each rank its number.
     - ``write_data`` (every rank): each write item is written raw (tensor bytes, C order, no
       ``torch.save``) into the rank's shard objects ``data/rank-RRRRR-III-<token>.bin``,
       4 KiB-aligned, CRC32C computed while writing. Returns when the objects are durable.
-    - ``finish`` (coordinator, after every rank succeeded): writes ckptio's manifest, the
-      commit point, atomically and last (``publish(overwrite=False)``; with
-      ``overwrite=True`` the old step is replaced atomically and its objects deleted after).
-      DCP's ``Metadata`` is stored inside it as JSON (never pickle); the manifest is
-      validated exactly as a reader will before it is published.
+    - ``finish`` (coordinator, after every rank succeeded): checks that the lease has not
+      lapsed and that every object the manifest names is listed, then writes ckptio's
+      manifest, the commit point, atomically and last (with ``overwrite=True`` an existing
+      manifest of the step is replaced atomically). DCP's ``Metadata`` is stored inside it as
+      JSON (never pickle); the manifest is validated exactly as a reader will before it is
+      published. Then it releases the lease, retires all but the newest ``keep_last``
+      checkpoints under the root, and removes debris as ``ckptio gc`` does (objects of the
+      replaced or interrupted saves of this step, temp files, dead leases; never a committed
+      checkpoint nor a save in flight).
 
     Until ``finish`` publishes, nothing of the step is visible; a save that fails on any rank
-    leaves only unreferenced objects (``ckptio gc`` removes them) and never touches an earlier
-    checkpoint.
+    leaves only unreferenced objects (the next save's sweep or ``ckptio gc`` removes them) and
+    never touches an earlier checkpoint. The lease of a save that failed on another rank (DCP
+    does not call ``finish`` then) is released by the writer's next ``reset`` (the next save)
+    or when the writer is dropped.
 
     What is and is not pickled: ckptio stores no pickle. ``BytesIOWriteItem`` payloads —
     non-tensor values of the state dict (ints, floats, strings, param_groups, ...) — are
@@ -548,35 +567,84 @@ class StorageWriter(_dcp_storage.StorageWriter):
     :class:`StorageReader`, ``allow_pickle``). DCP also pickles plans and results in transit
     between ranks (its object collectives); none of that reaches storage.
 
-    Options (keyword-only): ``step``; ``overwrite`` (False); ``chunk_size`` and
-    ``max_object_size`` as in :class:`ckptio.Checkpointer`; anything else goes to the store
-    (``streams``, ``part_size``, ...).
+    Options (keyword-only):
+
+    - ``step``; ``keep_last`` (int or None) and ``retire_grace`` as in
+      :class:`ckptio.Checkpointer` (retention after each commit, applied to every checkpoint
+      under the root); ``chunk_size`` and ``max_object_size`` as there.
+    - ``FileSystemWriter``'s keywords, with its defaults: ``overwrite`` (True: replace a
+      committed checkpoint of the same step, atomically; False: refuse it);
+      ``thread_count`` (1): objects of a rank written at the same time;
+      ``sync_files`` (True): False turns off fsync on ``file://``/``pfs://`` roots (not
+      durable after a crash; no effect on object stores, where an object is durable once its
+      upload completes); ``cache_staged_state_dict`` (False): as in DCP, for
+      ``dcp.async_save`` (this writer is DCP's ``BlockingAsyncStager``: one CPU copy, kept
+      and reused when True); ``single_file_per_rank`` and ``per_thread_copy_ahead``: accepted
+      and unused — ckptio always packs a rank's items into objects of at most
+      ``max_object_size`` (readers do not depend on how), and stages CUDA tensors whole
+      through pinned memory. ``_extensions`` and a ``serialization_format`` other than
+      ``TORCH_SAVE`` are refused: ckptio stores raw tensor bytes with CRC32C in its own format.
+    - anything else goes to the store (``streams``, ``part_size``, ...).
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | os.PathLike[str],
         *,
         step: int | None = None,
-        overwrite: bool = False,
+        overwrite: bool = True,
+        keep_last: int | None = None,
+        retire_grace: float = _ck.RETIRE_GRACE_SECONDS,
         chunk_size: int | str = _ck.DEFAULT_CHUNK_SIZE,
         max_object_size: int | str = _ck.DEFAULT_MAX_OBJECT_SIZE,
+        thread_count: int = 1,
+        sync_files: bool = True,
+        single_file_per_rank: bool = True,
+        per_thread_copy_ahead: int = 10_000_000,
+        cache_staged_state_dict: bool = False,
+        _extensions: Sequence[Any] | None = None,
+        serialization_format: Any = None,
         **store_options: Any,
     ) -> None:
-        super().__init__()
-        self.overwrite = overwrite
+        _dcp_storage.StorageWriter.__init__(self)
+        BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
+        if _extensions:
+            raise errors.InvalidArgumentError(
+                "StorageWriter takes no _extensions (DCP's stream transforms): ckptio stores raw "
+                "tensor bytes with a CRC32C in its own format"
+            )
+        if serialization_format is not None and getattr(serialization_format, "name", None) != "TORCH_SAVE":
+            raise errors.InvalidArgumentError(
+                f"serialization_format={serialization_format!r}: ckptio stores raw tensor bytes in "
+                "its own format; only the default (SerializationFormat.TORCH_SAVE, for DCP's "
+                "non-tensor items) is accepted"
+            )
+        self.overwrite = bool(overwrite)
+        self.keep_last = None if keep_last is None else _ck.option_int(keep_last, field="keep_last", minimum=1)
+        if not isinstance(retire_grace, int | float) or not 0 <= retire_grace < float("inf"):
+            raise errors.InvalidArgumentError(f"retire_grace: expected seconds >= 0, got {retire_grace!r}")
+        self.retire_grace = float(retire_grace)
         self.chunk_size = _ck.parse_size(chunk_size, field="chunk_size")
         self.max_object_size = _ck.parse_size(max_object_size, field="max_object_size")
+        self.thread_count = _ck.option_int(thread_count, field="thread_count", minimum=1)
+        self.sync_files = bool(sync_files)
+        self.single_file_per_rank = single_file_per_rank
+        self.per_thread_copy_ahead = per_thread_copy_ahead
         self._store_options = store_options
-        self._target(url, step)
+        self._lease: SaveLease | None = None
+        self._target(os.fspath(url), step)
         self.rank = 0
         self.is_coordinator = True
         self.save_id = uuid.uuid4().hex
 
     def _target(self, url: str, step: int | None) -> None:
-        root, self.step = _split_checkpoint_url(str(url), step)
+        root, s = _split_checkpoint_url(str(url), step)
+        self.step = 0 if s is None else s
         fmt.step_dir(self.step)  # validates the step
-        self.store: Store = _reopen(getattr(self, "store", None), getattr(self, "root", None), root, self._store_options)
+        options = dict(self._store_options)
+        if not self.sync_files and split_url(root)[0] in ("file", "pfs"):
+            options.setdefault("fsync", False)
+        self.store: Store = _reopen(getattr(self, "store", None), getattr(self, "root", None), root, options)
         self.root = root
 
     @property
@@ -585,19 +653,36 @@ class StorageWriter(_dcp_storage.StorageWriter):
 
     def __getstate__(self) -> dict[str, Any]:
         # dcp.async_save(async_checkpointer_type=PROCESS) ships the writer to a worker
-        # process: the store (clients, pools, locks) is reopened there from root + options
+        # process: the store (clients, pools, locks) is reopened there from root + options;
+        # a lease belongs to this process; the staging cache stays here
         state = self.__dict__.copy()
-        state.pop("store", None)
+        for name in ("store", "_lease", "state_dict_cache"):
+            state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.store = open_store(self.root, **self._store_options)
+        self._lease = None
+        self.state_dict_cache = None
+        options = dict(self._store_options)
+        if not self.sync_files and split_url(self.root)[0] in ("file", "pfs"):
+            options.setdefault("fsync", False)
+        self.store = open_store(self.root, **options)
+
+    def _release(self) -> None:
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown
+            self._release()
 
     # -- the DCP protocol --------------------------------------------------------------------
     def reset(self, checkpoint_id: Any = None) -> None:
+        self._release()  # a previous save that failed on another rank never reached finish
         if checkpoint_id:
-            self._target(str(checkpoint_id), None)
+            self._target(os.fspath(checkpoint_id) if isinstance(checkpoint_id, os.PathLike) else str(checkpoint_id), None)
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -619,6 +704,8 @@ class StorageWriter(_dcp_storage.StorageWriter):
                 f"{self.checkpoint_id} is already a committed checkpoint; pass overwrite=True "
                 "to replace it (atomically)"
             )
+        self._release()
+        self._lease = SaveLease(self.store, self.step).acquire()  # before any rank writes
         return [dataclasses.replace(p, storage_data={"rank": i}) for i, p in enumerate(plans)]
 
     def storage_meta(self) -> StorageMeta | None:
@@ -646,10 +733,14 @@ class StorageWriter(_dcp_storage.StorageWriter):
             gshape = tuple(int(x) for x in td.size) if td is not None else arr.shape
             locals_.append(_ck.LocalTensor(fmt.escape(item.index.fqn), arr, gshape, offsets or (0,) * arr.ndim, replicated=False))
         token = secrets.token_hex(4)
-        written = _ck.write_rank_shards(
-            self.store, self.step, rank, token, locals_,
-            key_layout="flat", chunk_size=self.chunk_size, max_object_size=self.max_object_size,
-        )
+        try:
+            written = _ck.write_rank_shards(
+                self.store, self.step, rank, token, locals_, key_layout="flat",
+                chunk_size=self.chunk_size, max_object_size=self.max_object_size, parallel=self.thread_count,
+            )
+        except BaseException:
+            self._release()  # the coordinator's own failure: DCP will not call finish
+            raise
         objects = written["objects"]
         results = []
         for item, local in zip(plan.items, locals_, strict=True):
@@ -665,21 +756,23 @@ class StorageWriter(_dcp_storage.StorageWriter):
         metadata.version = CURRENT_DCP_VERSION
         metadata.storage_meta = self.storage_meta()
         metadata.storage_data = {wr.index: wr.storage_data for rs in results for wr in rs}
-        written = sorted({fmt.step_dir(self.step) + "/" + k for rs in results for wr in rs for k, _ in wr.storage_data.objects})
+        objects = {k: n for rs in results for wr in rs for k, n in wr.storage_data.objects}
+        prefix = fmt.step_dir(self.step) + "/"
         try:
             data = self._manifest(metadata, results)
-            mkey = fmt.manifest_key(self.step)
-            old: fmt.Manifest | None = None
-            if self.overwrite and self.store.exists(mkey):
-                old = _ck.read_manifest(self.store, self.step)
-            self.store.publish(mkey, data, overwrite=self.overwrite)
+            if self._lease is not None:
+                self._lease.check()
+            _ck.check_objects_present(self.store, self.step, objects)
+            self.store.publish(fmt.manifest_key(self.step), data, overwrite=self.overwrite)
         except BaseException:
-            _ck.discard_objects(self.store, written)
+            _ck.discard_objects(self.store, sorted(prefix + k for k in objects))
             raise
-        if old is not None:
-            prefix = fmt.step_dir(self.step) + "/"
-            live = {prefix + k for k in fmt.parse_manifest(data).objects}
-            _ck.discard_objects(self.store, [prefix + k for k in old.objects if prefix + k not in live])
+        finally:
+            self._release()
+        try:  # retention must not fail a committed save
+            _ck.retain(self.store, self.step, self.keep_last, grace=self.retire_grace)
+        except Exception as err:
+            log.warning("retention after %s failed: %s", self.checkpoint_id, err)
 
     def _manifest(self, metadata: Metadata, results: list[list[Any]]) -> bytes:
         chunks: dict[str, list[fmt.Chunk]] = {}
@@ -747,8 +840,10 @@ class StorageReader(_dcp_storage.StorageReader):
     """``torch.distributed.checkpoint`` reads through any ckptio store.
 
     ``StorageReader("s3://bucket/run/step-100")``, ``StorageReader(root, step=100)``, or
-    ``StorageReader(root)`` for the newest committed checkpoint under ``root``. It reads
-    checkpoints written by :class:`StorageWriter`.
+    ``StorageReader(root)`` for the newest committed checkpoint under ``root`` — so a URL or
+    path that names no step (``/ckpt/epoch5``) reads what ``StorageWriter`` of the same URL
+    wrote, as DCP's ``FileSystemReader`` does. It reads checkpoints written by
+    :class:`StorageWriter`.
 
     ``read_metadata`` validates the manifest and rebuilds DCP's ``Metadata`` from its JSON
     (no pickle). ``read_data`` reads each item's box of the stored tensor — any box, which is
@@ -766,7 +861,7 @@ class StorageReader(_dcp_storage.StorageReader):
 
     def __init__(
         self,
-        url: str,
+        url: str | os.PathLike[str],
         *,
         step: int | None = None,
         allow_pickle: bool = False,
@@ -777,15 +872,12 @@ class StorageReader(_dcp_storage.StorageReader):
         self.allow_pickle = allow_pickle
         self.readers = readers
         self._store_options = store_options
-        self._target(str(url), step)
+        self._target(os.fspath(url), step)
         self._reader: _ck.CheckpointReader | None = None
         self._index: dict[MetadataIndex, str] = {}
 
     def _target(self, url: str, step: int | None) -> None:
-        try:
-            root, s = _split_checkpoint_url(url, step)
-        except errors.InvalidArgumentError:
-            root, s = url, None  # a root: the newest committed step
+        root, s = _split_checkpoint_url(url, step)  # no step named: the newest committed one
         self.store: Store = _reopen(getattr(self, "store", None), getattr(self, "root", None), root, self._store_options)
         self.root = root
         self.step: int | None = s

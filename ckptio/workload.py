@@ -36,7 +36,17 @@ from typing import Any
 import numpy as np
 
 from ckptio import errors
-from ckptio.store import parse_size
+from ckptio.units import (
+    MAX_BYTES,
+    MAX_GPUS,
+    MAX_MODEL_DIMENSION,
+    MAX_SCALE,
+    count_arg,
+    human_bytes,
+    number_arg,
+    parse_size,
+    size_arg,
+)
 
 DEFAULT_OBJECT_SIZE = 64 * 2**20
 """Bytes: the largest shard object the runner writes. A rank's share is written as a sequence
@@ -434,7 +444,9 @@ def _check_layout(model: Transformer, layout: Layout) -> None:
     if problems:
         raise errors.InvalidArgumentError("invalid model: " + "; ".join(problems))
     if m.heads % layout.tp:
-        valid = [d for d in range(1, m.heads + 1) if m.heads % d == 0]
+        root = math.isqrt(m.heads)
+        small = [d for d in range(1, root + 1) if m.heads % d == 0]
+        valid = sorted({*small, *(m.heads // d for d in small)})
         problems.append(f"{m.heads} attention heads do not divide over TP {layout.tp} "
                         f"(valid TP: {', '.join(map(str, valid))})")
     if m.ffn % layout.tp:
@@ -457,6 +469,19 @@ def plan_layout(
     layout = layout or preset.layout
     model = preset.model
     _check_layout(model, layout)
+    if layout.world > MAX_GPUS:
+        raise errors.InvalidArgumentError(
+            f"layout {layout.describe()} has {layout.world} ranks; at most {MAX_GPUS}"
+        )
+    # about the whole checkpoint (every parameter once, the optimizer's per-rank padding), in
+    # Python integers, before int64 arrays could overflow
+    full = (model.num_parameters() * preset.precision.total
+            + layout.world * 3 * 5 * model.hidden * preset.precision.optimizer)
+    if full > MAX_BYTES:
+        raise errors.InvalidArgumentError(
+            f"{preset.name} under {layout.describe()} would checkpoint about {human_bytes(full)}; "
+            f"at most {human_bytes(MAX_BYTES)}"
+        )
     tp, pp, dp, zero = layout.tp, layout.pp, layout.dp, layout.zero
     sf = dp if zero == 3 else 1  # weights sharded over DP only with ZeRO 3
     h = model.hidden
@@ -498,6 +523,11 @@ def scale_plan(plan: Plan, scale: float) -> Plan:
         raise errors.InvalidArgumentError(f"scale must be a number > 0 (e.g. 0.01, 2e-4), got {scale!r}")
     if scale == 1:
         return plan
+    if plan.total_bytes * scale > MAX_BYTES:
+        raise errors.InvalidArgumentError(
+            f"scale {scale:g} makes {plan.preset.name}'s checkpoint about "
+            f"{human_bytes(plan.total_bytes * scale)}; at most {human_bytes(MAX_BYTES)}"
+        )
 
     def shrink(a: np.ndarray) -> np.ndarray:
         out = np.floor(a.astype(np.float64) * scale).astype(np.int64)
@@ -587,21 +617,25 @@ def add_workload_arguments(p: Any) -> None:
     w = p.add_argument_group("workload")
     w.add_argument("--preset", default="llama3-8b",
                    help=f"model preset: {', '.join(preset_names())} (default llama3-8b)")
-    w.add_argument("--gpus", type=int, help="GPUs of the layout (data parallelism = GPUs / "
-                   "(TPxPP)); default: the preset's")
-    w.add_argument("--tp", type=int, help="tensor parallelism (default: the preset's)")
-    w.add_argument("--pp", type=int, help="pipeline parallelism (default: the preset's)")
-    w.add_argument("--zero", type=int, help="ZeRO stage 0-3 (default: the preset's)")
+    gpus = count_arg(1, MAX_GPUS)
+    w.add_argument("--gpus", type=gpus, help="GPUs of the layout (data parallelism = GPUs / "
+                   f"(TPxPP)), 1 to {MAX_GPUS}; default: the preset's")
+    w.add_argument("--tp", type=gpus, help="tensor parallelism (default: the preset's)")
+    w.add_argument("--pp", type=gpus, help="pipeline parallelism (default: the preset's)")
+    w.add_argument("--zero", type=count_arg(0, 3), help="ZeRO stage 0-3 (default: the preset's)")
     size = w.add_mutually_exclusive_group()
-    size.add_argument("--scale", type=float, help="shrink the checkpoint by this factor, "
-                      "keeping the layout (e.g. 2e-4)")
-    size.add_argument("--total-size", help="shrink (or grow) to about this size, e.g. 4GiB")
-    w.add_argument("--object-size", default="64MiB",
+    size.add_argument("--scale", type=number_arg(maximum=MAX_SCALE, positive=True),
+                      help="shrink the checkpoint by this factor, keeping the layout (e.g. 2e-4; "
+                      f"above 0, at most {MAX_SCALE:,.0f}, and the result at most 1 EiB)")
+    size.add_argument("--total-size", type=size_arg(),
+                      help="shrink (or grow) to about this size, e.g. 4GiB (at most 1 EiB)")
+    w.add_argument("--object-size", type=size_arg(OBJECT_ALIGNMENT), default="64MiB",
                    help="largest shard object (default 64MiB); bounds memory per rank")
     c = p.add_argument_group("custom model (--preset custom)")
     for flag in ("hidden", "layers", "ffn", "vocab", "heads", "kv-heads"):
-        c.add_argument(f"--{flag}", type=int)
-    c.add_argument("--dp", type=int, help="data parallelism of a custom model (default 1)")
+        c.add_argument(f"--{flag}", type=count_arg(1, MAX_MODEL_DIMENSION),
+                       help=f"1 to {MAX_MODEL_DIMENSION}")
+    c.add_argument("--dp", type=gpus, help="data parallelism of a custom model (default 1)")
 
 
 def plan_from_args(args: Any) -> Plan:
@@ -626,8 +660,6 @@ def plan_from_args(args: Any) -> Plan:
 def print_plan(s: Mapping[str, Any], console: Any) -> None:
     """A plan summary as a table for people (rich)."""
     from rich.table import Table
-
-    from ckptio.cli import human_bytes
 
     t = Table(title=f"checkpoint plan: {s['preset']} ({s['layout_text']}"
               + (f", scale {s['scale']:g}" if s["scale"] != 1 else "") + ")")

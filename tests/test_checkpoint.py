@@ -355,3 +355,16 @@ def test_cli_ls_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     schemes = {r["scheme"]: r for r in json.loads(capsys.readouterr().out)}
     assert schemes["file"]["available"] and schemes["memory"]["available"]
     assert cli_main(["verify", f"file://{tmp_path}/empty"]) == 2
+
+
+@pytest.mark.parametrize("empty", [None, {}, [], {"a": None}, {"a": {}, "b": [None, ()]}], ids=repr)
+def test_a_state_with_nothing_to_save_is_refused(tmp_path: Path, empty: object) -> None:
+    """``ckptio.save(None, ...)`` used to commit an empty checkpoint, which then became the
+    newest one to resume from; a state holding no array and no value is refused instead."""
+    with pytest.raises(errors.InvalidArgumentError, match="nothing to save"):
+        ckptio.save(empty, str(tmp_path), step=1)
+    with ckptio.Checkpointer(str(tmp_path), async_save=True) as ck, pytest.raises(errors.InvalidArgumentError, match="nothing to save"):
+        ck.save(empty, step=1)
+    assert list(tmp_path.iterdir()) == []
+    ckptio.save({"step": 0}, str(tmp_path), step=1)  # a value alone is something to save
+    assert ckptio.load(str(tmp_path)) == {"step": 0}

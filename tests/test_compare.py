@@ -29,7 +29,7 @@ def test_compare_runs_every_kind_of_target_and_writes_the_report(tmp_path, capsy
     assert "mock — not a performance figure" in md
     assert "emulated" in md and "projected" in md
     # the emulated cloud target is slower than its emulated HPC neighbour, as the profiles say
-    gbps = {s["target"]: s["write_gbps"] for s in result["summary"]}
+    gbps = {s["target"]: s["write_GBps"] for s in result["summary"]}
     assert gbps["cloud-s3"] < gbps["abci-lustre"]
     # full-scale projection names the binding limit in words, mock is not projected
     proj = {p["target"]: p for p in result["projections"]}
@@ -84,7 +84,7 @@ def test_compare_against_rgw_is_measured_on_loopback(tmp_path, capsys) -> None:
     captured = capsys.readouterr()
     result = json.loads(captured.out)
     assert [(s["target"], s["kind"]) for s in result["summary"]] == [("rgw", "measured")]
-    assert result["summary"][0]["write_gbps"] > 0
+    assert result["summary"][0]["write_GBps"] > 0
     assert "measured — Ceph RGW on loopback" in (out / "report.md").read_text()
     # its results fit a profile, as any measured target's do
     capsys.readouterr()

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ dcp = pytest.importorskip("torch.distributed.checkpoint")
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402  (a BaseException)
 
 import ckptio  # noqa: E402
+import ckptio.registry  # noqa: E402
 from ckptio import errors  # noqa: E402
 from ckptio.torch import StorageReader, StorageWriter  # noqa: E402
 
@@ -223,17 +225,18 @@ def test_reader_refuses_pickled_items_when_asked(tmp_path: Path) -> None:
     assert torch.equal(tensors_only["model"]["w"], state["model"]["w"])
 
 
-def test_committed_step_is_not_overwritten_unless_asked(tmp_path: Path) -> None:
+def test_committed_step_is_overwritten_as_dcp_does_unless_refused(tmp_path: Path) -> None:
+    """overwrite defaults to True, DCP's FileSystemWriter default; overwrite=False refuses."""
     state = _state()
     url = f"{tmp_path}/step-1"
     dcp.save(state, storage_writer=StorageWriter(url), no_dist=True)
     before = (tmp_path / "step-0000000001/manifest.json").read_bytes()
     changed = _state()
     with pytest.raises(CheckpointException, match="already a committed checkpoint"):
-        dcp.save(changed, storage_writer=StorageWriter(url), no_dist=True)
+        dcp.save(changed, storage_writer=StorageWriter(url, overwrite=False), no_dist=True)
     assert (tmp_path / "step-0000000001/manifest.json").read_bytes() == before
     assert ckptio.verify(str(tmp_path), 1) == []
-    dcp.save(changed, storage_writer=StorageWriter(url, overwrite=True), no_dist=True)
+    dcp.save(changed, storage_writer=StorageWriter(url), no_dist=True)
     out = _zeros_like(state)
     dcp.load(out, storage_reader=StorageReader(url, allow_pickle=True), no_dist=True)
     _assert_same(changed, out)
@@ -259,14 +262,14 @@ def test_damaged_object_is_detected_on_load(tmp_path: Path) -> None:
 def test_checkpoint_id_forms_and_errors(tmp_path: Path) -> None:
     assert StorageWriter.validate_checkpoint_id(f"file://{tmp_path}/step-12")
     assert StorageWriter.validate_checkpoint_id("memory://x/run/step-0")
-    assert not StorageWriter.validate_checkpoint_id(f"{tmp_path}/no-step-here")
+    assert StorageWriter.validate_checkpoint_id(f"{tmp_path}/no-step-here")  # DCP's any-directory form
     assert not StorageWriter.validate_checkpoint_id("nosuchscheme://b/step-1")
     w = StorageWriter(f"file://{tmp_path}/run/step-12")
     assert w.step == 12 and w.checkpoint_id.endswith("run/step-0000000012")
     w.reset(f"file://{tmp_path}/run/step-13")
     assert w.step == 13
-    with pytest.raises(errors.InvalidArgumentError, match="does not name a step"):
-        StorageWriter(f"file://{tmp_path}/run")
+    w.reset(f"file://{tmp_path}/epoch5")  # names no step: a root holding one checkpoint, step 0
+    assert w.step == 0 and w.checkpoint_id.endswith("epoch5/step-0000000000")
     ckptio.save({"w": np.zeros(3)}, str(tmp_path), step=4)
     with pytest.raises(errors.ManifestError, match=r"not written by torch\.distributed\.checkpoint"):
         StorageReader(str(tmp_path), step=4).read_metadata()
@@ -345,3 +348,162 @@ def test_only_dcp_byte_items_are_ever_unpickled(tmp_path: Path) -> None:
     counts = dict(line.split() for line in proc.stdout.splitlines())
     assert counts["tensors"] == "0" and counts["ckptio"] == "0"
     assert int(counts["bytes"]) > 0  # the hook does see DCP's torch.load of the byte items
+
+
+# -- retention, leases and debris on the DCP path ---------------------------------------------
+
+KILLED = textwrap.dedent(
+    """
+    import os, signal, sys
+    import torch, torch.distributed.checkpoint as dcp
+    from ckptio.torch import StorageWriter
+
+    state = {"a": torch.arange(100000, dtype=torch.float32), "b": torch.ones(100000)}
+    w = StorageWriter(sys.argv[1], max_object_size=262144)
+    real_open = w.store.open_writer
+    opened = []
+
+    def open_writer(key, **kw):
+        opened.append(key)
+        wr = real_open(key, **kw)
+        if len(opened) == 2:  # the second object: part of it is written, then the process dies
+            real_write = wr.write
+            def write(data):
+                real_write(memoryview(data)[:4096])
+                os.kill(os.getpid(), signal.SIGKILL)
+            wr.write = write
+        return wr
+
+    w.store.open_writer = open_writer
+    dcp.async_save(state, storage_writer=w).result()
+    """
+)
+
+
+def _killed_async_save(tmp_path: Path, checkpoint_id: str) -> None:
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    proc = subprocess.run([sys.executable, str(script), checkpoint_id], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-3000:]
+
+
+def _files(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()}
+
+
+def test_killed_async_save_debris_is_removed_by_gc(tmp_path: Path) -> None:
+    """A dcp.async_save SIGKILLed mid-write leaves a whole object, a temp file and its dead
+    lease; ``ckptio gc`` (default options) removes all of it at once: the lease proves the
+    save is over, whatever the temp file's age."""
+    root = tmp_path / "run"
+    _killed_async_save(tmp_path, f"{root}/step-1")
+    left = _files(root)
+    assert any("ckptio-tmp" in f for f in left) and any(f.endswith(".bin") for f in left), left
+    proc = subprocess.run([sys.executable, "-m", "ckptio.cli", "gc", str(root)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert _files(root) == set(), proc.stdout
+
+
+def test_a_resave_of_a_killed_async_save_cleans_its_debris(tmp_path: Path) -> None:
+    """Saved again after the kill, the step holds exactly its manifest and the objects it
+    names: no orphan object, temp file or lease of the killed save, and ``ckptio gc`` has
+    nothing left to list."""
+    root = tmp_path / "epoch5"  # DCP's form: a directory that names no step
+    _killed_async_save(tmp_path, str(root))
+    state = {"a": torch.arange(100000, dtype=torch.float32), "b": torch.ones(100000)}
+    dcp.save(state, storage_writer=StorageWriter(root, max_object_size=262144), no_dist=True)
+    m = ckptio.open_checkpoint(str(root)).manifest
+    assert _files(root) == {"step-0000000000/manifest.json"} | {f"step-0000000000/{k}" for k in m.objects}
+    proc = subprocess.run([sys.executable, "-m", "ckptio.cli", "gc", "--dry-run", "--json", str(root)],
+                          capture_output=True, text=True, timeout=120)
+    doc = json.loads(proc.stdout)
+    assert doc["removed"] == [] and doc["incomplete_left"] == 0, doc
+    out = {"a": torch.zeros(100000), "b": torch.zeros(100000)}
+    dcp.load(out, storage_reader=StorageReader(root), no_dist=True)
+    assert torch.equal(out["a"], state["a"]) and torch.equal(out["b"], state["b"])
+
+
+def test_keep_last_retires_older_dcp_checkpoints(tmp_path: Path) -> None:
+    root = f"file://{tmp_path}"
+    for step in range(1, 5):
+        dcp.save({"w": torch.full((4,), float(step))}, storage_writer=StorageWriter(root, step=step, keep_last=2), no_dist=True)
+    assert ckptio.Checkpointer(root).steps() == [3, 4]
+    # retired steps keep their data for readers for the grace period (default 60 s)
+    assert (tmp_path / "step-0000000001/retired.json").exists()
+    dcp.save({"w": torch.full((4,), 5.0)}, storage_writer=StorageWriter(f"{root}/step-5", keep_last=2, retire_grace=0), no_dist=True)
+    assert ckptio.Checkpointer(root).steps() == [4, 5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-0000000004", "step-0000000005"]
+    out = {"w": torch.zeros(4)}
+    dcp.load(out, storage_reader=StorageReader(root), no_dist=True)
+    assert torch.equal(out["w"], torch.full((4,), 5.0))
+
+
+def test_writer_holds_a_lease_from_before_the_first_write_until_the_commit(tmp_path: Path) -> None:
+    writer = StorageWriter(f"file://{tmp_path}", step=1)
+    real_open, real_publish = writer.store.open_writer, writer.store.publish
+    seen: dict[str, list[str]] = {}
+
+    def leases() -> list[str]:
+        return [k for k in writer.store.list("step-0000000001/") if "/saving-" in k]
+
+    def open_writer(key: str, **kw: Any) -> Any:
+        seen.setdefault("write", leases())
+        return real_open(key, **kw)
+
+    def publish(key: str, data: bytes, **kw: Any) -> None:
+        if key.endswith("manifest.json"):
+            seen["commit"] = leases()
+        real_publish(key, data, **kw)
+
+    writer.store.open_writer = open_writer  # type: ignore[method-assign]
+    writer.store.publish = publish  # type: ignore[method-assign]
+    dcp.save({"w": torch.ones(4)}, storage_writer=writer, no_dist=True)
+    assert len(seen["write"]) == 1 and seen["commit"] == seen["write"]
+    assert leases() == []  # released after the commit
+
+
+def test_a_failed_write_releases_the_lease(memory_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    writer = StorageWriter(memory_url, step=1)
+
+    def broken(key: str, *, size_hint: int | None = None) -> None:
+        raise errors.NoSpaceError(f"{key}: no space left (injected)")
+
+    monkeypatch.setattr(writer.store, "open_writer", broken)
+    with pytest.raises(CheckpointException, match="no space left"):
+        dcp.save({"w": torch.ones(4)}, storage_writer=writer, no_dist=True)
+    assert [k for k in writer.store.list("") if "/saving-" in k] == []
+
+
+def test_an_object_gone_before_the_commit_is_never_named_by_a_manifest(tmp_path: Path) -> None:
+    class Losing(StorageWriter):
+        def finish(self, metadata: Any, results: list[list[Any]]) -> None:
+            victim = next(k for k in self.store.list("step-0000000001/data/"))
+            self.store.delete([victim])  # as a gc elsewhere would
+            super().finish(metadata, results)
+
+    with pytest.raises(CheckpointException, match="vanished before its commit"):
+        dcp.save({"w": torch.ones(4)}, storage_writer=Losing(str(tmp_path), step=1), no_dist=True)
+    assert ckptio.Checkpointer(str(tmp_path)).steps() == []
+    assert [k for k in ckptio.registry.open_store(str(tmp_path)).list("") if "/saving-" in k] == []
+
+
+def test_filesystemwriter_keywords_are_taken_and_mapped(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter, SerializationFormat
+
+    kwargs = {"single_file_per_rank": False, "sync_files": False, "thread_count": 4,
+              "per_thread_copy_ahead": 0, "cache_staged_state_dict": False, "overwrite": True}
+    FileSystemWriter(tmp_path / "dcp", **kwargs)  # the same keywords DCP's writer takes
+    w = StorageWriter(tmp_path / "ck", max_object_size=4096, **kwargs)
+    assert w.overwrite and w.thread_count == 4 and w.store.fsync is False
+    state = {f"t{i}": torch.full((1024,), float(i)) for i in range(8)}
+    dcp.save(state, storage_writer=w, no_dist=True)
+    assert len(ckptio.open_checkpoint(str(tmp_path / "ck")).manifest.objects) == 8  # 4 KiB each
+    out = {k: torch.zeros(1024) for k in state}
+    dcp.load(out, storage_reader=StorageReader(tmp_path / "ck"), no_dist=True)
+    assert all(torch.equal(out[k], state[k]) for k in state)
+    assert StorageWriter(tmp_path / "x").store.fsync is True
+    StorageWriter(tmp_path / "x", serialization_format=SerializationFormat.TORCH_SAVE)
+    with pytest.raises(errors.InvalidArgumentError, match="serialization_format"):
+        StorageWriter(tmp_path / "x", serialization_format=SerializationFormat.SAFETENSORS)
+    with pytest.raises(errors.InvalidArgumentError, match="_extensions"):
+        StorageWriter(tmp_path / "x", _extensions=[object()])

@@ -84,3 +84,84 @@ def test_cpu_arrays_are_not_copied_and_keys_are_refused() -> None:
     assert cj.to_numpy(x).ctypes.data == x.unsafe_buffer_pointer()
     with pytest.raises(errors.InvalidArgumentError, match="key_data"):
         cj.to_numpy(jax.random.key(0))
+
+
+# -- Checkpointer: async saves, retention, resume ----------------------------------------------
+
+
+def _abstract(tree: object) -> object:
+    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.Array) else x, tree)
+
+
+def _at_step(step: int) -> dict:
+    tree = _tree()
+    tree["params"]["dense"]["w"] = tree["params"]["dense"]["w"] + step
+    tree["step"] = step
+    return tree
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_checkpointer_saves_pytrees_keeps_the_last_and_loads_its_own_save(tmp_path: Path, async_save: bool) -> None:
+    url = f"file://{tmp_path}"
+    with cj.Checkpointer(url, async_save=async_save, keep_last=2, retire_grace=0) as ck:
+        for step in range(1, 5):
+            ck.save(_at_step(step), step=step)
+        # its own save in flight is seen: load waits for it
+        back = ck.load(target=_abstract(_tree()))
+        assert isinstance(back["opt"], AdamState)
+        _same(_at_step(4), back)
+        assert ck.latest() == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-0000000003", "step-0000000004"]
+    again = cj.Checkpointer(url)
+    assert again.steps() == [3, 4]
+    _same(_at_step(3), again.load(3, target=_abstract(_tree())))
+    plain = again.load()
+    assert plain["step"] == 4 and isinstance(plain["params"]["dense"]["w"], jax.Array)
+
+
+KILLED = '''
+import os, signal, sys
+import jax.numpy as jnp
+import ckptio.jax as cj
+ck = cj.Checkpointer(sys.argv[1], async_save=True, keep_last=2)
+for step in range(1, 100):
+    handle = ck.save({"w": jnp.full((256, 64), float(step)), "step": step}, step=step)
+    if step == 3:
+        handle.wait()  # committed: the resume must find at least this step
+        with open(sys.argv[2], "w") as f:
+            f.write("3")
+    if step == 4:
+        os.kill(os.getpid(), signal.SIGKILL)  # step 4 in flight
+'''
+
+
+def test_checkpointer_resumes_after_a_sigkill(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "child.py"
+    script.write_text(KILLED)
+    url = f"file://{tmp_path}/run"
+    proc = subprocess.run([sys.executable, str(script), url, str(tmp_path / "done")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    ck = cj.Checkpointer(url, keep_last=2)
+    latest = ck.latest()
+    assert latest in (3, 4) and (tmp_path / "done").read_text() == "3"
+    back = ck.load(target={"w": jax.ShapeDtypeStruct((256, 64), jnp.float32), "step": 0})
+    assert back["step"] == latest
+    np.testing.assert_array_equal(np.asarray(back["w"]), np.full((256, 64), float(latest), np.float32))
+    ck.save({"w": jnp.zeros((256, 64)), "step": latest + 1}, step=latest + 1)  # retention and gc of the killed save
+    assert ck.steps() == [latest, latest + 1]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir() if not (p / "retired.json").exists()) == [
+        f"step-{latest:010d}", f"step-{latest + 1:010d}"]
+
+
+@pytest.mark.parametrize("empty", [None, {}, [], (), {"a": None}, {"a": {}, "b": [None, ()]}], ids=repr)
+def test_nothing_to_save_is_refused(tmp_path: Path, empty: object) -> None:
+    url = f"file://{tmp_path}"
+    with pytest.raises(errors.InvalidArgumentError, match="nothing to save"):
+        cj.save(empty, url, step=1)
+    for async_save in (False, True):
+        with cj.Checkpointer(url, async_save=async_save) as ck, pytest.raises(errors.InvalidArgumentError, match="nothing to save"):
+            ck.save(empty, step=1)
+    assert list(tmp_path.iterdir()) == []

@@ -19,6 +19,7 @@ import math
 import uuid
 
 import numpy as np
+import pytest
 from ckptio.backends import memory
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -234,6 +235,14 @@ def _same(a, b, path="") -> None:
             assert math.copysign(1, a) == math.copysign(1, b), path  # -0.0 stays -0.0
 
 
+def _holds_nothing(x: object) -> bool:
+    if isinstance(x, dict):
+        return all(map(_holds_nothing, x.values()))
+    if isinstance(x, list | tuple):
+        return all(map(_holds_nothing, x))
+    return x is None
+
+
 @settings(max_examples=450, **SETTINGS)
 @given(
     state=states,
@@ -244,6 +253,11 @@ def _same(a, b, path="") -> None:
 )
 def test_save_load_round_trip(state, chunk_size, max_object_size, metadata, blocking):
     url = f"memory://props-rt-{uuid.uuid4().hex[:12]}"
+    if _holds_nothing(state):  # None, or containers of only None / empty containers
+        with pytest.raises(errors.InvalidArgumentError, match="nothing to save"):
+            ckptio.save(state, url, step=1, blocking=blocking)
+        assert ckptio.Checkpointer(url).steps() == []
+        return
     try:
         handle = ckptio.save(
             state, url, step=1, metadata=metadata, blocking=blocking,

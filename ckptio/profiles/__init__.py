@@ -109,32 +109,14 @@ class Profile:
         as ``100MB/s``, ``20ms``, ``8MiB``). Unknown names raise an error listing valid ones."""
         if not overrides:
             return self
-        from ckptio.model import parse_bandwidth, parse_duration, parse_rate
-        from ckptio.store import option_int, parse_size
-
         figures = dict(self.figures)
         settings: dict[str, Any] = {}
         for name, raw in overrides.items():
+            value = read_override(name, raw)
             if name in FIGURES:
-                unit = FIGURES[name]
-                if unit == "s":
-                    v = parse_duration(raw, field=name)
-                elif unit == "B/s":
-                    v = parse_bandwidth(raw, field=name)
-                else:
-                    v = parse_rate(raw, field=name)
-                figures[name] = Figure(v, "set by the user (--set)")
-            elif name == "streams":
-                settings["streams"] = option_int(raw, field=name, minimum=1)
-            elif name == "part_size":
-                settings["part_size"] = parse_size(raw, field=name)
-            elif name == "rate_scope":
-                settings["rate_scope"] = _choice(str(raw), RATE_SCOPES, name)
+                figures[name] = Figure(value, "set by the user (--set)")
             else:
-                raise errors.InvalidArgumentError(
-                    f"unknown profile field {name!r}; valid: "
-                    f"{', '.join([*FIGURES, 'streams', 'part_size', 'rate_scope'])}"
-                )
+                settings[name] = value
         return replace(
             self,
             figures=figures,
@@ -257,8 +239,41 @@ def load_all() -> list[Profile]:
     return [load_profile(n) for n in available()]
 
 
+def read_override(name: str, raw: Any) -> Any:
+    """The value of figure or setting ``name`` from ``raw`` (canonical units, or a string such
+    as ``100MB/s``, ``20ms``, ``8MiB``), read by :mod:`ckptio.units`; an error naming the field
+    and its accepted range, or listing the valid names if ``name`` is unknown."""
+    from ckptio.units import (
+        MAX_LOCAL_PROCESSES,
+        parse_bandwidth,
+        parse_count,
+        parse_duration,
+        parse_rate,
+        parse_size,
+    )
+
+    unit = FIGURES.get(name)
+    if unit == "s":
+        return parse_duration(raw, field=name)
+    if unit == "B/s":
+        return parse_bandwidth(raw, field=name)
+    if unit is not None:
+        return parse_rate(raw, field=name)
+    if name == "streams":
+        return parse_count(raw, field=name, minimum=1, maximum=MAX_LOCAL_PROCESSES)
+    if name == "part_size":
+        return parse_size(raw, field=name, minimum=1)
+    if name == "rate_scope":
+        return _choice(str(raw), RATE_SCOPES, name)
+    raise errors.InvalidArgumentError(
+        f"unknown profile field {name!r}; valid: "
+        f"{', '.join([*FIGURES, 'streams', 'part_size', 'rate_scope'])}"
+    )
+
+
 def parse_overrides(items: list[str] | None) -> dict[str, str]:
-    """``["stream_bandwidth=100MB/s", ...]`` (from ``--set``) -> dict; malformed items raise."""
+    """``["stream_bandwidth=100MB/s", ...]`` (from ``--set``) -> dict; malformed items and
+    values out of range (:func:`read_override`) raise, naming ``--set`` and the field."""
     out: dict[str, str] = {}
     for item in items or []:
         key, sep, value = item.partition("=")
@@ -267,5 +282,9 @@ def parse_overrides(items: list[str] | None) -> dict[str, str]:
                 f"--set expects FIELD=VALUE, got {item!r}; fields: "
                 f"{', '.join([*FIGURES, 'streams', 'part_size', 'rate_scope'])}"
             )
+        try:
+            read_override(key.strip(), value.strip())
+        except errors.InvalidArgumentError as err:
+            raise errors.InvalidArgumentError(f"--set {err}") from None
         out[key.strip()] = value.strip()
     return out

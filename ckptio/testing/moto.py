@@ -17,6 +17,7 @@ Fixtures (registered by the ckptio pytest plugin):
 - ``s3_bucket`` (function): a fresh bucket; yields its name. Uses ``s3_env``. moto is reset
   through ``/moto-api/reset`` first; on RGW the bucket is emptied (uploads aborted) and deleted
   after the test.
+- ``s3_url`` (function): ``s3://<bucket>/ckpt`` on a fresh ``s3_bucket``: ready to use.
 - ``s3_client``: a boto3 client on the server (out-of-band checks: list_multipart_uploads...).
 - ``fault_proxy``: a factory of :class:`~ckptio.testing.faults.FaultProxy` in front of the
   server (503 SlowDown, 500, dropped connections, slow responses at a chosen rate); pass its
@@ -51,6 +52,8 @@ from ckptio.testing.motoserver import (  # noqa: F401  (re-exported for tests)
 
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 (a free port) for the whole session; yields its endpoint
+    URL ``http://127.0.0.1:<port>``. Skips the test when moto[server] or boto3 is missing."""
     pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install 'ckptio[test]')")
     pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'ckptio[s3]')")
     server, endpoint = start_moto_server()
@@ -99,6 +102,9 @@ def s3_target(request: pytest.FixtureRequest) -> S3Target:
 
 @pytest.fixture
 def s3_env(s3_target: S3Target, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The standard AWS environment variables pointing every client library at the S3
+    server (``AWS_ENDPOINT_URL``, fake test credentials, region; ``AWS_PROFILE`` unset), set
+    for this test only; returns them."""
     env = aws_env(s3_target.endpoint)
     for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(k, raising=False)
@@ -109,6 +115,8 @@ def s3_env(s3_target: S3Target, monkeypatch: pytest.MonkeyPatch) -> dict[str, st
 
 @pytest.fixture
 def s3_client(s3_target: S3Target) -> Any:
+    """A boto3 S3 client on the S3 server, for checks out of band (``list_objects_v2``,
+    ``list_multipart_uploads``, ...); closed after the test."""
     client = boto3_client(s3_target.endpoint)
     yield client
     client.close()
@@ -116,6 +124,8 @@ def s3_client(s3_target: S3Target) -> Any:
 
 @pytest.fixture
 def s3_bucket(s3_target: S3Target, s3_env: dict[str, str], s3_client: Any) -> Iterator[str]:
+    """A fresh, empty bucket, with :func:`s3_env` set; yields its name. moto is reset first
+    (every earlier bucket forgotten); on RGW the bucket is emptied and deleted after the test."""
     if not s3_target.is_rgw:
         reset_moto(s3_target.endpoint)
     name = f"ckptio-test-{uuid.uuid4().hex[:12]}"
@@ -125,6 +135,14 @@ def s3_bucket(s3_target: S3Target, s3_env: dict[str, str], s3_client: Any) -> It
         from ckptio.testing.rgw import empty_bucket
 
         empty_bucket(s3_client, name)
+
+
+@pytest.fixture
+def s3_url(s3_bucket: str) -> str:
+    """A ready ``s3://<bucket>/ckpt`` URL: the bucket created on the S3 server and the AWS
+    environment set (:func:`s3_bucket`), so ``ckptio.save(state, s3_url, step=1)`` works as
+    written."""
+    return f"s3://{s3_bucket}/ckpt"
 
 
 @pytest.fixture

@@ -3,6 +3,9 @@
 Fixtures:
 
 - ``memory_url``: a fresh ``memory://`` space per test.
+- ``s3_url``: a ready ``s3://bucket/ckpt`` URL on a moto server (bucket created, AWS
+  environment set); with ``moto_server``, ``s3_env``, ``s3_bucket``, ``s3_client`` and
+  ``fault_proxy`` (:mod:`ckptio.testing.moto`).
 - ``gluster_volume`` (session): a real GlusterFS volume mounted through FUSE
   (:mod:`ckptio.testing.gluster`); skips without root/FUSE/gluster, fails under ``CI=true``.
 - S3 servers on loopback (:mod:`ckptio.testing.moto`): ``moto_server``, ``rgw_server`` (Ceph
@@ -25,6 +28,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def memory_url() -> Iterator[str]:
+    """A fresh ``memory://`` URL (its own in-process space, forgotten after the test)."""
     from ckptio.backends import memory
 
     name = f"test-{uuid.uuid4().hex[:12]}"
@@ -34,7 +38,7 @@ def memory_url() -> Iterator[str]:
 
 # A GlusterFS volume through FUSE for the session (gluster_volume): see ckptio.testing.gluster;
 # S3 fixtures on a moto server or Ceph RGW (moto_server, rgw_server, s3_target, s3_env,
-# s3_client, s3_bucket, fault_proxy): see ckptio.testing.moto
+# s3_client, s3_bucket, s3_url, fault_proxy): see ckptio.testing.moto
 from ckptio.testing.gluster import gluster_volume  # noqa: E402, F401
 from ckptio.testing.moto import (  # noqa: E402, F401
     fault_proxy,
@@ -44,4 +48,5 @@ from ckptio.testing.moto import (  # noqa: E402, F401
     s3_client,
     s3_env,
     s3_target,
+    s3_url,
 )
