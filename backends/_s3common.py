@@ -60,7 +60,17 @@ from crc32c import crc32c
 from ckptio import errors
 from ckptio.arrays import prefault
 from ckptio.redact import redact, redact_url, register_secret
-from ckptio.store import Buffer, Capabilities, Store, Writer, as_byte_view, option_int, parse_size
+from ckptio.store import (
+    DEFAULT_RETRY_POLICY,
+    Buffer,
+    Capabilities,
+    Store,
+    Writer,
+    as_byte_view,
+    option_int,
+    parse_size,
+)
+from ckptio.trace import Trace
 from ckptio.units import MAX_LOCAL_PROCESSES, parse_duration
 
 log = logging.getLogger("ckptio.backends.s3")
@@ -975,9 +985,19 @@ class S3Base(Store):
         """Write ``data`` as ``key`` in one request, retried and traced. With
         ``overwrite=False`` the request is a create-if-absent; when it is refused after a
         retry and what is stored is exactly ``data``, it was our own earlier attempt (landed,
-        response lost) and the publish succeeded; otherwise :class:`AlreadyExistsError`."""
+        response lost) and the publish succeeded; otherwise :class:`AlreadyExistsError`.
+
+        The create-if-absent is always one PUT with ``If-None-Match: *``, never a multipart
+        upload whatever the size: S3 clones differ on a conditional CompleteMultipartUpload
+        (Ceph RGW 16 ignores the condition and overwrites), all tested honour it on a PUT.
+        Hence ``data`` above :data:`MAX_SINGLE_PUT` is refused."""
         full = self._full(key)
         data = bytes(data)
+        if not overwrite and len(data) > MAX_SINGLE_PUT:
+            raise errors.InvalidArgumentError(
+                f"{self.name}: cannot create {key!r} only if absent: {len(data)} bytes is more "
+                f"than one PUT takes ({MAX_SINGLE_PUT})"
+            )
         request = self._publish_request(full, data, overwrite=overwrite)
         attempts = 0
 
@@ -1083,14 +1103,29 @@ class S3Base(Store):
 
     def _abort_uploads_of(self, full: str) -> None:
         """After a failed whole-object upload: abort what the client library may have left
-        open for exactly this key (best effort; ``cleanup_incomplete`` is the backstop)."""
-        try:
+        open for exactly this key, each request retried as any other (a fault that broke the
+        upload may hit the abort too). Reported, not raised, when it still fails: the upload's
+        own error is what matters (``cleanup_incomplete`` is the backstop)."""
+        key = self._rel(full)
+
+        def abort_all() -> None:
             client = self._mpu_client()
             resp = client.list_multipart_uploads(Bucket=self.bucket, Prefix=full)
             for u in resp.get("Uploads", []):
                 if u["Key"] == full:
-                    client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=u["UploadId"])
-        except Exception as err:  # reported, not raised: the upload's own error is what matters
+                    with contextlib.suppress(errors.NotFoundError):  # gone already
+                        guard(
+                            "abort the multipart upload of", key, self.where,
+                            lambda u=u: client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=u["UploadId"]),
+                        )
+
+        where = self.where
+        try:  # retried like any request, but not traced: the caller's trace is of its upload
+            (getattr(self, "retry_policy", None) or DEFAULT_RETRY_POLICY).call(
+                lambda: guard("abort the leftover uploads of", key, where, abort_all),
+                trace=Trace(), op="abort", key=key, nbytes=0, backend=self.name,
+            )
+        except Exception as err:
             log.warning("could not abort leftover uploads of %s: %s", full, redact(str(err)))
 
     def close(self) -> None:

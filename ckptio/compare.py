@@ -7,6 +7,10 @@ Default targets (a laptop needs nothing else):
 - ``mock-s3``: an embedded moto S3 server started and stopped here (mock — it tests the S3
   code path, **not a performance figure**); skipped, with a clear line, when moto or boto3 is
   not installed;
+- ``rgw`` (by default where Debian's ``radosgw``, ``ceph-mon`` and ``ceph-osd`` are
+  installed): a single-node Ceph RADOS Gateway started on loopback and stopped here
+  (:mod:`ckptio.testing.rgw`): **measured — Ceph RGW on loopback**, a real S3 implementation
+  on this machine (memstore: objects in the OSD's memory), not a cloud service;
 - one emulated target per profile (default ``cloud-s3``, ``abci-lustre``): the shaped backend
   over ``memory://`` (emulated: the profile imposed by sleeping, not the real service).
 
@@ -28,13 +32,16 @@ from ckptio import errors
 from ckptio.redact import redact_url
 
 DEFAULT_TARGETS = ("local", "mock-s3")
+"""Always run by default; ``rgw`` joins them where its packages are installed
+(:func:`default_targets`)."""
 DEFAULT_PROFILES = ("cloud-s3", "abci-lustre")
 DEFAULT_PRESET = "llama3-8b"
 DEFAULT_TOTAL_SIZE = "256MiB"
 """Small enough that every default target finishes in well under a minute on 2 cores."""
 DEFAULT_OBJECT_SIZE = "16MiB"
 MOCK_BUCKET = "ckptio-compare"
-SPECIAL_TARGETS = ("local", "mock-s3", "memory")
+SPECIAL_TARGETS = ("local", "mock-s3", "rgw", "memory")
+RGW_BUCKET = "ckptio-compare"
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,53 @@ class Target:
     emulate: str | None = None
     """Profile name when the target is emulated through the shaped backend."""
     mock: bool = False
+    rgw: bool = False
+    """A Ceph RGW started for the run (measured, on loopback)."""
+
+
+def default_targets() -> tuple[str, ...]:
+    """:data:`DEFAULT_TARGETS`, plus ``rgw`` where its packages are installed."""
+    from ckptio.testing.rgw import unavailable_reason
+
+    return DEFAULT_TARGETS if unavailable_reason() else (*DEFAULT_TARGETS, "rgw")
+
+
+@contextmanager
+def _aws_env(env: dict[str, str]) -> Iterator[None]:
+    """This process's environment with ``env`` set; restored afterwards."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextmanager
+def rgw_s3_server() -> Iterator[str]:
+    """Start a single-node Ceph RGW on loopback (:func:`ckptio.testing.rgw.start_rgw`), point
+    this process's AWS environment at it, create a bucket; yield an ``s3://`` URL. Stops every
+    daemon and deletes its directory afterwards. Raises
+    :class:`~ckptio.errors.BackendUnavailableError` where it cannot start (the reason says
+    why: missing packages, with the install hint)."""
+    from ckptio.testing.rgw import RgwUnavailable, start_rgw, stop_rgw
+
+    try:
+        server = start_rgw()
+    except RgwUnavailable as err:
+        raise errors.BackendUnavailableError(f"the rgw target: {err}") from err
+    try:
+        with _aws_env(server.env()):
+            client = server.client()
+            client.create_bucket(Bucket=RGW_BUCKET)
+            client.close()
+            yield f"s3://{RGW_BUCKET}/compare"
+    finally:
+        stop_rgw(server)
 
 
 @contextmanager
@@ -69,25 +123,18 @@ def mock_s3_server() -> Iterator[str]:
             f"the mock S3 target needs moto[server] ({err.name} is missing); "
             "pip install 'ckptio[all]'"
         ) from err
-    env = aws_env(endpoint)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
     try:
-        client = boto3_client(endpoint)
-        client.create_bucket(Bucket=MOCK_BUCKET)
-        client.close()
-        yield f"s3://{MOCK_BUCKET}/compare"
+        with _aws_env(aws_env(endpoint)):
+            client = boto3_client(endpoint)
+            client.create_bucket(Bucket=MOCK_BUCKET)
+            client.close()
+            yield f"s3://{MOCK_BUCKET}/compare"
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         server.stop()
 
 
 def resolve_targets(names: list[str], profiles: list[str], *, tmp: str) -> list[Target]:
-    """Targets from names (``local``, ``mock-s3``, ``memory`` or any URL) and profiles (each
+    """Targets from names (``local``, ``mock-s3``, ``rgw``, ``memory`` or any URL) and profiles (each
     emulated over ``memory://``). Unknown profiles raise an error listing the valid ones."""
     from ckptio.profiles import load_profile
 
@@ -97,6 +144,8 @@ def resolve_targets(names: list[str], profiles: list[str], *, tmp: str) -> list[
             out.append(Target("local", f"file://{os.path.join(tmp, 'local')}"))
         elif name == "mock-s3":
             out.append(Target("mock-s3", "", mock=True))
+        elif name == "rgw":
+            out.append(Target("rgw", "", rgw=True))
         elif name == "memory":
             out.append(Target("memory", "memory://ckptio-compare-memory"))
         elif "://" in name or name.startswith("/"):
@@ -140,6 +189,7 @@ def compare(
         DEFAULT_PRICE_PER_GPU_HOUR,
         DEFAULT_RESTART_SECONDS,
         build_report,
+        measured_note,
         plots_unavailable,
     )
     from ckptio.runner import run_workload
@@ -157,7 +207,7 @@ def compare(
     skipped: list[dict[str, str]] = []
     run_ids: list[str] = []
     with tempfile.TemporaryDirectory(prefix="ckptio-compare-") as tmp:
-        chosen = resolve_targets(list(targets if targets is not None else DEFAULT_TARGETS),
+        chosen = resolve_targets(list(targets if targets is not None else default_targets()),
                                  list(profiles if profiles is not None else DEFAULT_PROFILES),
                                  tmp=tmp)
         for t in chosen:  # a wrong URL or store option fails here, before any target runs
@@ -166,15 +216,15 @@ def compare(
         for t in chosen:
             with ExitStack() as stack:
                 url = t.url
-                if t.mock:
+                if t.mock or t.rgw:
                     try:
-                        url = stack.enter_context(mock_s3_server())
+                        url = stack.enter_context(mock_s3_server() if t.mock else rgw_s3_server())
                     except errors.BackendUnavailableError as err:
-                        say(f"skipped mock-s3: {err}")
+                        say(f"skipped {t.name}: {err}")
                         skipped.append({"target": t.name, "reason": str(err)})
                         continue
                 kind = ("mock — not a performance figure" if t.mock else
-                        f"emulated {t.emulate}" if t.emulate else "measured")
+                        f"emulated {t.emulate}" if t.emulate else measured_note(t.name))
                 say(f"running {t.name} ({kind}) ...")
                 summary = run_workload(
                     url, plan, iterations=iterations, comm=SingleProcess(), out_dir=results_dir,

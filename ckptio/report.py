@@ -145,6 +145,17 @@ DEFAULT_PRICE_PER_GPU_HOUR = 2.0
 DEFAULT_PROJECTIONS = ("gpt3-175b",)
 
 
+MEASURED_NOTES = {"rgw": "measured — Ceph RGW on loopback"}
+"""What a measured target of ``ckptio compare`` is, where its name alone does not say: ``rgw``
+is a real S3 implementation run on this machine (:mod:`ckptio.testing.rgw`), not a cloud
+service."""
+
+
+def measured_note(target: str) -> str:
+    """``measured``, or what :data:`MEASURED_NOTES` says about ``target``."""
+    return MEASURED_NOTES.get(target, "measured")
+
+
 def run_kind(row: dict[str, Any]) -> str:
     """``mock``, ``emulated`` or ``measured`` for a row of the runs table."""
     if row.get("mock"):
@@ -165,7 +176,7 @@ def _targets(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         kind = run_kind(rows[0])
         name = f"{target} @ {site}" if len(sites) > 1 and site else target
         tag = {"mock": "mock", "emulated": f"emulated {rows[0].get('profile') or ''}".strip(),
-               "measured": "measured"}[kind]
+               "measured": measured_note(target)}[kind]
         out.append({"name": name, "label": f"{name} ({tag})", "kind": kind, "site": site,
                     "target": target, "rows": rows, "profile": rows[0].get("profile") or "",
                     "backend": rows[0].get("backend") or ""})

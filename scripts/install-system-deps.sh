@@ -6,8 +6,10 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   exit 0
 fi
 # glusterfs-*: a real GlusterFS volume for the parallel-filesystem tests (ckptio.testing.gluster)
+# radosgw, ceph-mon, ceph-osd: Ceph's RADOS Gateway, a real S3 implementation on loopback for
+#   the S3 tests and the comparison (ckptio.testing.rgw)
 # gcc, libc6-dev, python3-dev: build ckptio._memcopy (optional: without them copies use numpy)
-pkgs=(fio glusterfs-server glusterfs-client fuse3 attr gcc libc6-dev python3-dev)
+pkgs=(fio glusterfs-server glusterfs-client fuse3 attr radosgw ceph-mon ceph-osd gcc libc6-dev python3-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -15,7 +15,8 @@ TINY = ["--total-size", "4MiB", "--object-size", "1MiB"]
 def test_compare_runs_every_kind_of_target_and_writes_the_report(tmp_path, capsys) -> None:
     pytest.importorskip("moto.server", reason="the mock S3 target needs moto[server]")
     out = tmp_path / "report"
-    argv = ["compare", *TINY, "--profiles", "cloud-s3,abci-lustre", "--out", str(out), "--json"]
+    argv = ["compare", *TINY, "--targets", "local,mock-s3", "--profiles", "cloud-s3,abci-lustre",
+            "--out", str(out), "--json"]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     kinds = {s["target"]: s["kind"] for s in result["summary"]}
@@ -57,3 +58,36 @@ def test_unknown_target_lists_valid_names(tmp_path) -> None:
 def test_unknown_preset_lists_valid_names(tmp_path, capsys) -> None:
     assert main(["compare", "--preset", "gpt5", "--out", str(tmp_path)]) == 2
     assert "llama3-8b" in capsys.readouterr().err
+
+
+def test_rgw_is_a_default_target_where_installed() -> None:
+    from ckptio.compare import DEFAULT_TARGETS, default_targets
+    from ckptio.testing.rgw import unavailable_reason
+
+    want = DEFAULT_TARGETS if unavailable_reason() else (*DEFAULT_TARGETS, "rgw")
+    assert default_targets() == want
+
+
+@pytest.mark.s3
+@pytest.mark.rgw
+def test_compare_against_rgw_is_measured_on_loopback(tmp_path, capsys) -> None:
+    from ckptio.testing.rgw import in_ci, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        if in_ci():
+            pytest.fail(f"Ceph RGW is missing in CI: {reason}", pytrace=False)
+        pytest.skip(reason)
+    out = tmp_path / "report"
+    argv = ["compare", *TINY, "--targets", "rgw", "--profiles", "", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert [(s["target"], s["kind"]) for s in result["summary"]] == [("rgw", "measured")]
+    assert result["summary"][0]["write_GBps"] > 0
+    assert "measured — Ceph RGW on loopback" in (out / "report.md").read_text()
+    # its results fit a profile, as any measured target's do
+    capsys.readouterr()
+    assert main(["model", "--from", str(out / "results"), "--preset", "llama3-8b", "--gpus", "64",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["target"] == "measured:rgw"

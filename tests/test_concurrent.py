@@ -15,6 +15,7 @@ import ckptio
 from ckptio import checkpoint as ck
 from ckptio.registry import open_store
 from ckptio.testing.crash import expected_state, race, state_mismatch
+from ckptio.testing.moto import MOTO_AND_RGW
 
 
 def check_round(url: str, step: int, outcomes: list[tuple[str, str]]) -> int:
@@ -62,8 +63,12 @@ def test_two_writers_same_step_file(tmp_path):
 
 
 @pytest.mark.s3
-def test_two_writers_same_step_s3(s3_bucket, s3_env):
-    print(run_rounds(f"s3://{s3_bucket}/run", env=s3_env, rounds=2))
+@MOTO_AND_RGW
+@pytest.mark.parametrize("scheme", ["s3", "s3+fsspec", "s3+obstore"])
+def test_two_writers_same_step_s3(scheme, s3_bucket, s3_env):
+    """Every backend that sends If-None-Match (RGW honours it on a PUT, the manifest's only
+    request), against moto and RGW: exactly one writer commits each step."""
+    print(run_rounds(f"{scheme}://{s3_bucket}/run", env=s3_env, rounds=2))
 
 
 def test_second_save_of_a_committed_step_is_refused_and_harmless(tmp_path):

@@ -24,9 +24,10 @@ from ckptio import errors
 from ckptio import format as fmt
 from ckptio.registry import open_store
 from ckptio.testing.crash import CrashHarness, expected_state, state_mismatch
+from ckptio.testing.moto import MOTO_AND_RGW
 
 #: kill trials: file:// 16 sync + 16 async, s3:// 9 sync (multipart) + 11 async = 52 >= 50 in
-#: CI (a kill costs about 0.3 s on a local disk, 1-2 s on moto); CKPTIO_CRASH_SCALE=4 runs
+#: CI (a kill costs about 0.3 s on a local disk, 1-2 s on moto or RGW; s3:// runs on both); CKPTIO_CRASH_SCALE=4 runs
 #: four times as many
 SCALE = int(os.environ.get("CKPTIO_CRASH_SCALE", "1"))
 TRIALS = {("file", "sync"): 16 * SCALE, ("file", "async"): 16 * SCALE, ("file", "fork"): 10 * SCALE,
@@ -155,6 +156,7 @@ small state (three objects of <= 768 KiB per step, single PUTs) to keep moto's t
 
 @pytest.mark.slow
 @pytest.mark.s3
+@MOTO_AND_RGW
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_sigkill_s3(tmp_path, s3_bucket, s3_env, s3_client, mode):
     url = f"s3://{s3_bucket}/run"
@@ -308,6 +310,7 @@ def test_gc_cli_entry_point(tmp_path):
 
 
 @pytest.mark.s3
+@MOTO_AND_RGW
 def test_retention_aborts_open_multipart_uploads_of_killed_saves(s3_bucket, s3_client, s3_env):
     url = f"s3://{s3_bucket}/run"
     with ck.Checkpointer(url, keep_last=2) as c:

@@ -39,6 +39,7 @@ from ckptio.registry import open_store
 from ckptio.store import RetryPolicy
 from ckptio.testing import faultyfs
 from ckptio.testing.crash import expected_state, state_mismatch
+from ckptio.testing.moto import MOTO_AND_RGW
 
 FAST_RETRIES = RetryPolicy(max_attempts=8, base_delay=0.01, max_delay=0.1)
 """The default number of attempts with shorter sleeps, to keep the tests quick."""
@@ -59,6 +60,7 @@ def _s3_store(bucket: str, endpoint: str):
 
 
 @pytest.mark.s3
+@MOTO_AND_RGW
 def test_async_checkpointer_through_bursts_of_faults(s3_bucket, s3_client, fault_proxy):
     """Five async saves (multipart objects) with retention, then load and verify, all
     through a proxy that fails >= 5% of requests of every kind (bursts of SlowDown, 500s,
@@ -99,6 +101,7 @@ def test_async_checkpointer_through_bursts_of_faults(s3_bucket, s3_client, fault
 
 
 @pytest.mark.s3
+@MOTO_AND_RGW
 def test_async_save_past_the_retry_budget_fails_clearly_and_commits_nothing(
     s3_bucket, s3_client, fault_proxy
 ):
@@ -126,6 +129,7 @@ def test_async_save_past_the_retry_budget_fails_clearly_and_commits_nothing(
 
 
 @pytest.mark.s3
+@MOTO_AND_RGW
 def test_runner_results_count_retries(s3_bucket, fault_proxy, tmp_path):
     """The comparison suite's result files record the retries a faulty store needed."""
     import pyarrow.parquet as pq

@@ -1,4 +1,5 @@
-"""The Store conformance suite for every S3 backend, against a moto server the tests start."""
+"""The Store conformance suite for every S3 backend, against a moto server and Ceph RGW the
+tests start."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import pytest
 
 from ckptio.registry import open_store
 from ckptio.store import Store
+from ckptio.testing.moto import MOTO_AND_RGW
 from ckptio.testing.store_tests import StoreTests
 
-pytestmark = pytest.mark.s3
+pytestmark = [pytest.mark.s3, MOTO_AND_RGW]
 
 SMALL_PARTS = {"part_size": "5MiB", "streams": 4}
 

@@ -1,4 +1,4 @@
-"""S3 under injected faults (a fault-injecting proxy in front of the moto server) and with bad
+"""S3 under injected faults (a fault-injecting proxy in front of moto and of Ceph RGW) and with bad
 configuration: retries are counted in the trace; past the budget the save fails cleanly; bad
 buckets, credentials and endpoints give one clear error each, without retrying."""
 
@@ -15,8 +15,9 @@ import ckptio
 from ckptio import errors
 from ckptio.registry import open_store
 from ckptio.store import RetryPolicy, Store
+from ckptio.testing.moto import MOTO_AND_RGW, S3Target
 
-pytestmark = pytest.mark.s3
+pytestmark = [pytest.mark.s3, MOTO_AND_RGW]
 
 BACKENDS = ["s3+boto3", "s3+fsspec", "s3+arrow", "s3+obstore"]
 FAST_RETRIES = RetryPolicy(max_attempts=8, base_delay=0.01, max_delay=0.1)
@@ -131,12 +132,19 @@ def test_endpoint_nobody_listens_on_is_one_clear_error(scheme: str, s3_env: dict
 
 
 @pytest.fixture
-def moto_auth(moto_server: str) -> Any:
-    """moto checks credentials (against its IAM) during the test."""
+def refused_credentials(s3_target: S3Target, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The server refuses the test's credentials: moto is told to check them against its IAM
+    (which knows none); RGW checks signatures, so the secret is made wrong."""
+    if s3_target.is_rgw:
+        wrong = "ckptioWrongSecret/DoNotLeak+0123456789abcdefgh"
+        s3_env["AWS_SECRET_ACCESS_KEY"] = wrong
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong)
+        yield
+        return
 
     def post(value: str) -> None:
         req = urllib.request.Request(
-            f"{moto_server}/moto-api/reset-auth",
+            f"{s3_target.endpoint}/moto-api/reset-auth",
             data=value.encode(),
             method="POST",
             headers={"Content-Type": "text/plain"},
@@ -150,7 +158,7 @@ def moto_auth(moto_server: str) -> Any:
 
 @pytest.mark.parametrize("scheme", BACKENDS)
 def test_wrong_credentials_are_one_clear_error(
-    scheme: str, s3_bucket: str, s3_env: dict[str, str], moto_auth: None
+    scheme: str, s3_bucket: str, s3_env: dict[str, str], refused_credentials: None
 ) -> None:
     store = open_store(f"{scheme}://{s3_bucket}/run")
     with pytest.raises(errors.StoragePermissionError) as info:

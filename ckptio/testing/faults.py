@@ -177,6 +177,15 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         return
 
+    def finish(self) -> None:
+        """The client's connection ends: so does this thread's upstream connection (an
+        upstream that keeps connections alive, as RGW does, would otherwise leave it open)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+        super().finish()
+
     def _read_body(self) -> bytes:
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             out = bytearray()

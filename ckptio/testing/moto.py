@@ -1,14 +1,22 @@
-"""pytest fixtures for S3 tests against a real moto server (``moto[server]``), started by the
-tests themselves on loopback — the zarr-python ``tests/conftest.py`` pattern.
+"""pytest fixtures for S3 tests against S3 servers the tests start themselves on loopback (the
+zarr-python ``tests/conftest.py`` pattern): a moto server (``moto[server]``, a mock) and,
+where its packages are installed, Ceph's RADOS Gateway (:mod:`ckptio.testing.rgw`, a real S3
+implementation).
 
 Fixtures (registered by the ckptio pytest plugin):
 
 - ``moto_server`` (session): one ``ThreadedMotoServer`` on ``127.0.0.1``, port 0; yields its
   endpoint URL (``http://127.0.0.1:<port>``). Skips the test when moto is not installed.
+- ``rgw_server`` (session): a single-node Ceph with RGW (:class:`~ckptio.testing.rgw.RgwServer`);
+  skips with the install hint where the packages are missing, fails instead under ``CI=true``.
+- ``s3_target`` (session): the S3 server the S3 fixtures below use, an :class:`S3Target`:
+  moto unless parametrized; :data:`MOTO_AND_RGW` (``@MOTO_AND_RGW`` on a test, a class or a
+  module's ``pytestmark``) runs a test against both.
 - ``s3_env`` (function): the standard AWS environment variables pointing at that server
   (``AWS_ENDPOINT_URL``, fake test credentials, region), set for the test only.
-- ``s3_bucket`` (function): moto reset through ``/moto-api/reset``, then a fresh bucket;
-  yields its name. Uses ``s3_env``.
+- ``s3_bucket`` (function): a fresh bucket; yields its name. Uses ``s3_env``. moto is reset
+  through ``/moto-api/reset`` first; on RGW the bucket is emptied (uploads aborted) and deleted
+  after the test.
 - ``s3_url`` (function): ``s3://<bucket>/ckpt`` on a fresh ``s3_bucket``: ready to use.
 - ``s3_client``: a boto3 client on the server (out-of-band checks: list_multipart_uploads...).
 - ``fault_proxy``: a factory of :class:`~ckptio.testing.faults.FaultProxy` in front of the
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -54,12 +63,49 @@ def moto_server() -> Iterator[str]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def rgw_server() -> Iterator[Any]:
+    from ckptio.testing.rgw import server_or_skip
+
+    pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'ckptio[s3]')")
+    yield from server_or_skip()
+
+
+@dataclass(frozen=True)
+class S3Target:
+    """An S3 server the tests run against."""
+
+    name: str
+    """``moto`` (a mock) or ``rgw`` (Ceph's RADOS Gateway, a real S3 implementation)."""
+    endpoint: str
+
+    @property
+    def is_rgw(self) -> bool:
+        return self.name == "rgw"
+
+
+MOTO_AND_RGW = pytest.mark.parametrize(
+    "s3_target", ["moto", pytest.param("rgw", marks=pytest.mark.rgw)], indirect=True
+)
+"""Runs the S3 fixtures of a test (class, module) against moto and against RGW."""
+
+
+@pytest.fixture(scope="session")
+def s3_target(request: pytest.FixtureRequest) -> S3Target:
+    name = getattr(request, "param", "moto")
+    if name == "moto":
+        return S3Target("moto", request.getfixturevalue("moto_server"))
+    if name == "rgw":
+        return S3Target("rgw", request.getfixturevalue("rgw_server").endpoint)
+    raise ValueError(f"unknown S3 target {name!r} (moto, rgw)")
+
+
 @pytest.fixture
-def s3_env(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """The standard AWS environment variables pointing every client library at the moto
+def s3_env(s3_target: S3Target, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The standard AWS environment variables pointing every client library at the S3
     server (``AWS_ENDPOINT_URL``, fake test credentials, region; ``AWS_PROFILE`` unset), set
     for this test only; returns them."""
-    env = aws_env(moto_server)
+    env = aws_env(s3_target.endpoint)
     for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(k, raising=False)
     for k, v in env.items():
@@ -68,43 +114,48 @@ def s3_env(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 
 @pytest.fixture
-def s3_client(moto_server: str) -> Any:
-    """A boto3 S3 client on the moto server, for checks out of band (``list_objects_v2``,
+def s3_client(s3_target: S3Target) -> Any:
+    """A boto3 S3 client on the S3 server, for checks out of band (``list_objects_v2``,
     ``list_multipart_uploads``, ...); closed after the test."""
-    client = boto3_client(moto_server)
+    client = boto3_client(s3_target.endpoint)
     yield client
     client.close()
 
 
 @pytest.fixture
-def s3_bucket(moto_server: str, s3_env: dict[str, str], s3_client: Any) -> str:
-    """A fresh, empty bucket on a reset moto server (every earlier bucket forgotten), with
-    :func:`s3_env` set; returns its name."""
-    reset_moto(moto_server)
+def s3_bucket(s3_target: S3Target, s3_env: dict[str, str], s3_client: Any) -> Iterator[str]:
+    """A fresh, empty bucket, with :func:`s3_env` set; yields its name. moto is reset first
+    (every earlier bucket forgotten); on RGW the bucket is emptied and deleted after the test."""
+    if not s3_target.is_rgw:
+        reset_moto(s3_target.endpoint)
     name = f"ckptio-test-{uuid.uuid4().hex[:12]}"
     s3_client.create_bucket(Bucket=name)
-    return name
+    yield name
+    if s3_target.is_rgw:  # RGW keeps what a test leaves: free it (memstore holds it in memory)
+        from ckptio.testing.rgw import empty_bucket
+
+        empty_bucket(s3_client, name)
 
 
 @pytest.fixture
 def s3_url(s3_bucket: str) -> str:
-    """A ready ``s3://<bucket>/ckpt`` URL: the bucket created on the moto server and the AWS
+    """A ready ``s3://<bucket>/ckpt`` URL: the bucket created on the S3 server and the AWS
     environment set (:func:`s3_bucket`), so ``ckptio.save(state, s3_url, step=1)`` works as
     written."""
     return f"s3://{s3_bucket}/ckpt"
 
 
 @pytest.fixture
-def fault_proxy(moto_server: str) -> Iterator[Any]:
+def fault_proxy(s3_target: S3Target) -> Iterator[Any]:
     """A factory: ``fault_proxy(rate=0.1, kinds=("slowdown",), seed=1)`` starts a
-    :class:`~ckptio.testing.faults.FaultProxy` in front of the moto server and returns it
+    :class:`~ckptio.testing.faults.FaultProxy` in front of the S3 server and returns it
     (its ``url`` is the endpoint to use); every proxy is stopped when the test ends."""
     from ckptio.testing.faults import FaultProxy
 
     started: list[FaultProxy] = []
 
     def make(**kwargs: Any) -> FaultProxy:
-        proxy = FaultProxy(moto_server, **kwargs).start()
+        proxy = FaultProxy(s3_target.endpoint, **kwargs).start()
         started.append(proxy)
         return proxy
 

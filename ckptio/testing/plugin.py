@@ -8,6 +8,10 @@ Fixtures:
   ``fault_proxy`` (:mod:`ckptio.testing.moto`).
 - ``gluster_volume`` (session): a real GlusterFS volume mounted through FUSE
   (:mod:`ckptio.testing.gluster`); skips without root/FUSE/gluster, fails under ``CI=true``.
+- S3 servers on loopback (:mod:`ckptio.testing.moto`): ``moto_server``, ``rgw_server`` (Ceph
+  RGW, :mod:`ckptio.testing.rgw`), ``s3_target`` (moto, or both with
+  ``ckptio.testing.moto.MOTO_AND_RGW``), ``s3_env``, ``s3_client``, ``s3_bucket``,
+  ``fault_proxy``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "rgw: runs against Ceph's RADOS Gateway (ckptio.testing.rgw)")
 
 
 @pytest.fixture
@@ -29,14 +37,16 @@ def memory_url() -> Iterator[str]:
 
 
 # A GlusterFS volume through FUSE for the session (gluster_volume): see ckptio.testing.gluster;
-# S3 fixtures on a moto server (moto_server, s3_env, s3_client, s3_bucket, s3_url, fault_proxy): see
-# ckptio.testing.moto
+# S3 fixtures on a moto server or Ceph RGW (moto_server, rgw_server, s3_target, s3_env,
+# s3_client, s3_bucket, s3_url, fault_proxy): see ckptio.testing.moto
 from ckptio.testing.gluster import gluster_volume  # noqa: E402, F401
 from ckptio.testing.moto import (  # noqa: E402, F401
     fault_proxy,
     moto_server,
+    rgw_server,
     s3_bucket,
     s3_client,
     s3_env,
+    s3_target,
     s3_url,
 )
