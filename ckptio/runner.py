@@ -1191,12 +1191,19 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
 
     plan = plan_from_args(args)
     opts = _options(args, sweep_mode=sweep_mode)
+    probe_opts = dict(opts)
+    if sweep_mode:  # a store that takes no streams or part size fails here, not at point 1
+        scheme = split_url(args.target)[0].split("+")[-1]
+        probe_opts.update({"streams": parse_list(args.streams, field="--streams")[0],
+                           _PART_OPTION.get(scheme, "part_size"):
+                           parse_list(args.part_size, field="--part-size", sizes=True)[0]})
     # a wrong target or option fails here, once (through the shaped wrapper when emulating:
     # profile figures given as --option belong to it, not to the wrapped store)
     if args.emulate:
-        probe = open_store(wrap_url("shaped", args.target), **{**opts, "profile": args.emulate})
+        probe = open_store(wrap_url("shaped", args.target),
+                           **{**probe_opts, "profile": args.emulate})
     else:
-        probe = open_store(args.target, **opts)
+        probe = open_store(args.target, **probe_opts)
     try:
         check_layout(probe, args.layout, args.target)
     finally:
