@@ -607,7 +607,9 @@ def evaluate(
         given = [(human_rate(bw), size / bw, bw) for bw in bandwidths]
     if given:
         snapshot = None
-        if async_save:
+        if async_save and math.isinf(snapshot_bandwidth):
+            snapshot = 0.0  # an instant snapshot, whatever the size
+        elif async_save:
             if size is None:
                 raise errors.InvalidArgumentError(
                     "--async-save with --checkpoint-seconds needs --size: the stall is the "

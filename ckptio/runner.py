@@ -945,9 +945,11 @@ def sweep_points(plan: Plan, processes: int, streams: Sequence[int], part_sizes:
     return out
 
 
-def sweep_warnings(points: Sequence[SweepPoint], plan: Plan, processes: int) -> list[str]:
-    """One line per part size whose requested stream counts exceed what the layout puts in
-    flight (the extra streams idle, so those points measure the same concurrency)."""
+def sweep_warnings(points: Sequence[SweepPoint], plan: Plan, processes: int, *,
+                   max_memory: int = DEFAULT_SWEEP_MEMORY) -> list[str]:
+    """One line per part size whose requested stream counts exceed what the points put in
+    flight (the extra streams idle, so those points measure the same concurrency): because of
+    the layout (too little data per process) or of the memory budget."""
     from ckptio.units import human_bytes
 
     lines = []
@@ -956,15 +958,23 @@ def sweep_warnings(points: Sequence[SweepPoint], plan: Plan, processes: int) -> 
         if not capped:
             continue
         most = max(p.parts_in_flight for p in capped)
-        share = plan.total_bytes / max(1, min(processes, plan.writing_ranks))
-        lines.append(
-            f"--streams {','.join(str(p.streams) for p in capped)} with {human_bytes(part)} parts: "
-            f"each of the {processes} writing process(es) has at most {most} part(s) in flight "
-            f"(about {human_bytes(share)} each, in {max(p.objects for p in capped)} object(s)), so at most {most} stream(s) can be busy "
-            f"and these points measure the same concurrency as {most} stream(s). A larger "
-            "--total-size, fewer --ranks or a smaller --part-size lets more streams work.")
+        head = (f"--streams {','.join(str(p.streams) for p in capped)} with {human_bytes(part)} "
+                "parts: ")
+        tail = (f"so at most {most} stream(s) can be busy and these points measure the same "
+                f"concurrency as {most} stream(s).")
         if any(p.memory_capped for p in capped):
-            lines[-1] += " (objects in flight were also capped by the sweep's memory budget)"
+            n = max(p.inflight for p in capped)
+            lines.append(
+                f"{head}the sweep's memory budget ({human_bytes(max_memory)} per process) holds "
+                f"{n} object(s) of up to {human_bytes(plan.object_size)} in flight, {most} "
+                f"part(s), {tail} A smaller --part-size or --object-size lets more streams work.")
+        else:
+            share = plan.total_bytes / max(1, min(processes, plan.writing_ranks))
+            lines.append(
+                f"{head}each of the {processes} writing process(es) has at most {most} part(s) in "
+                f"flight (about {human_bytes(share)} each, in {max(p.objects for p in capped)} "
+                f"object(s)), {tail} A larger --total-size, fewer --ranks or a smaller "
+                "--part-size lets more streams work.")
     return lines
 
 
@@ -1008,7 +1018,7 @@ def sweep(
     points = sweep_points(plan, comm.size, streams, parts, inflight=kwargs.get("inflight", 2),
                           max_memory=max_memory)
     if warn and comm.rank == 0:
-        for line in sweep_warnings(points, plan, comm.size):
+        for line in sweep_warnings(points, plan, comm.size, max_memory=max_memory):
             log.warning("%s", line)
     run_id = None
     merged: RunSummary | None = None
@@ -1191,23 +1201,24 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
 
     plan = plan_from_args(args)
     opts = _options(args, sweep_mode=sweep_mode)
-    probe_opts = dict(opts)
+    probes = [opts]
     if sweep_mode:  # a store that takes no streams or part size fails here, not at point 1
         scheme = split_url(args.target)[0].split("+")[-1]
-        probe_opts.update({"streams": parse_list(args.streams, field="--streams")[0],
-                           _PART_OPTION.get(scheme, "part_size"):
-                           parse_list(args.part_size, field="--part-size", sizes=True)[0]})
+        probes.append({**opts, "streams": parse_list(args.streams, field="--streams")[0],
+                       _PART_OPTION.get(scheme, "part_size"):
+                       parse_list(args.part_size, field="--part-size", sizes=True)[0]})
     # a wrong target or option fails here, once (through the shaped wrapper when emulating:
     # profile figures given as --option belong to it, not to the wrapped store)
-    if args.emulate:
-        probe = open_store(wrap_url("shaped", args.target),
-                           **{**probe_opts, "profile": args.emulate})
-    else:
-        probe = open_store(args.target, **probe_opts)
-    try:
-        check_layout(probe, args.layout, args.target)
-    finally:
-        probe.close()
+    for probe_opts in probes:
+        if args.emulate:
+            probe = open_store(wrap_url("shaped", args.target),
+                               **{**probe_opts, "profile": args.emulate})
+        else:
+            probe = open_store(args.target, **probe_opts)
+        try:
+            check_layout(probe, args.layout, args.target)
+        finally:
+            probe.close()
     kwargs: dict[str, Any] = {
         "iterations": args.iterations, "out_dir": args.out, "label": args.label,
         "pause": args.pause, "inflight": args.inflight, "read": not args.no_read,
