@@ -1,5 +1,5 @@
 """What the four S3 backends share: AWS-style configuration, S3 limits, the one table that
-translates S3 errors into ckptio errors, secret scrubbing, the multipart writer engine, and the
+translates S3 errors into ckptio errors, the multipart writer engine, and the
 store base classes (:class:`S3Base`: ``publish``, ``read_into``, multipart debris;
 :class:`WholeObjectStore`: writers for libraries that upload whole objects).
 
@@ -39,6 +39,7 @@ from crc32c import crc32c
 
 from ckptio import errors
 from ckptio.arrays import prefault
+from ckptio.redact import redact, redact_url, register_secret
 from ckptio.store import Buffer, Capabilities, Store, Writer, as_byte_view, option_int, parse_size
 from ckptio.units import MAX_LOCAL_PROCESSES, parse_duration
 
@@ -63,38 +64,6 @@ CONNECT_TIMEOUT = 3.0
 address, fails in seconds instead of hanging."""
 READ_TIMEOUT = 60.0
 """Seconds without a byte from the server before a request counts as timed out (transient)."""
-
-
-# -- secrets ------------------------------------------------------------------------------
-_SECRETS: set[str] = set()
-_SECRETS_LOCK = threading.Lock()
-_SECRET_PATTERNS = [
-    re.compile(r"(?i)(X-Amz-(?:Credential|Signature|Security-Token)=)[^&\s'\"]+"),
-    re.compile(r"(?i)(Authorization:?\s*)[^\n'\"]+"),
-    re.compile(r"(?i)((?:aws_)?(?:secret_access_key|session_token|secret_key|access_key_id|access_key|token|key_id)['\"]?\s*[=:]\s*['\"]?)[^&\s,'\"}]+"),
-    re.compile(r"(Credential=)[^,\s]+"),
-    re.compile(r"(//)[^/@\s:]+:[^/@\s]+@"),
-]
-
-
-def register_secret(value: str | None) -> None:
-    """Remember ``value`` so that :func:`scrub` removes it from every text ckptio shows."""
-    if value and len(value) >= 4:
-        with _SECRETS_LOCK:
-            _SECRETS.add(value)
-
-
-def scrub(text: str) -> str:
-    """``text`` with credentials removed: every registered secret (access key ids, secret
-    keys, session tokens) and anything shaped like a signature, credential or password."""
-    for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(r"\1***", text)
-    with _SECRETS_LOCK:
-        secrets = sorted(_SECRETS, key=len, reverse=True)
-    for secret in secrets:
-        if secret in text:
-            text = text.replace(secret, "***")
-    return text
 
 
 # -- configuration ---------------------------------------------------------------------------
@@ -182,7 +151,7 @@ def resolve_aws(options: dict[str, Any]) -> AwsSettings:
         endpoint = str(endpoint).rstrip("/")
         if not re.match(r"^https?://[^/\s]+$", endpoint):
             raise errors.InvalidArgumentError(
-                f"endpoint_url: expected http(s)://host[:port], got {scrub(endpoint)!r}"
+                f"endpoint_url: expected http(s)://host[:port], got {redact_url(endpoint)!r}"
             )
     key, secret, token = (
         opts.get("access_key_id"),
@@ -424,7 +393,7 @@ def error_details(err: BaseException) -> tuple[str | None, int | None]:
 def translate_error(err: BaseException, *, action: str, key: str, where: str) -> errors.CkptioError:
     """The ckptio error for a client library's exception ``err`` (call as
     ``raise translate_error(...) from err``). The message names the action, the key and the
-    cause, and is scrubbed of credentials."""
+    cause, and holds no credential (:func:`ckptio.redact.redact`)."""
     if isinstance(err, errors.CkptioError):
         return err
     code, status = error_details(err)
@@ -464,7 +433,7 @@ def translate_error(err: BaseException, *, action: str, key: str, where: str) ->
         hint = " (the bucket does not exist: create it or fix the URL)"
     elif code == "endpoint unreachable":
         hint = " (is the endpoint URL right? AWS_ENDPOINT_URL / endpoint_url)"
-    msg = scrub(f"{where}: cannot {action} {key!r}: {cause}"[:2000] + hint)
+    msg = redact(f"{where}: cannot {action} {key!r}: {cause}")[:2000] + hint
     if issubclass(cls, OSError):
         return cls(msg)
     return cls(msg)
@@ -638,7 +607,7 @@ class MultipartWriter(Writer):
                 try:
                     f.result()
                 except BaseException as err:  # the failure is reported by close(); we only wait
-                    log.debug("part of %s failed before abort: %s", self.key, scrub(str(err)))
+                    log.debug("part of %s failed before abort: %s", self.key, redact(str(err)))
         self._futures = []
         self._pending = []
         self._done = True
@@ -804,7 +773,7 @@ class S3Base(Store):
         self._janitor_lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({scrub(self.url)!r}, endpoint={self.aws.endpoint_url!r})"
+        return f"{type(self).__name__}({self.url!r}, endpoint={redact_url(self.aws.endpoint_url)!r})"
 
     @property
     def where(self) -> str:
@@ -954,7 +923,7 @@ class S3Base(Store):
                 if u["Key"] == full:
                     client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=u["UploadId"])
         except Exception as err:  # reported, not raised: the upload's own error is what matters
-            log.warning("could not abort leftover uploads of %s: %s", full, scrub(str(err)))
+            log.warning("could not abort leftover uploads of %s: %s", full, redact(str(err)))
 
     def close(self) -> None:
         if self._janitor_client is not None:

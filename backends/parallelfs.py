@@ -37,12 +37,10 @@ need the vendor library or admin rights; set them on the run directory beforehan
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -112,7 +110,9 @@ def statfs_type(path: str) -> int:
     if not sys.platform.startswith("linux"):
         return 0
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        # the process's own symbols, libc's among them: ctypes.util.find_library("c") would run
+        # ldconfig in a subprocess, at the first file:// store of every process
+        _libc = ctypes.CDLL(None, use_errno=True)
     buf = _StatFs()
     if _libc.statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
         code = ctypes.get_errno()
@@ -311,6 +311,8 @@ class ParallelFSStore(LocalStore):
                 self.make_dirs(os.path.dirname(path))
             except OSError as err:
                 raise os_error(err, target, "create") from err
+            import subprocess  # only striping runs a command; every file:// store loads this module
+
             with self.trace.request("setstripe", key, backend=self.name):
                 try:
                     done = subprocess.run(

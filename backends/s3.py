@@ -1,6 +1,6 @@
 """Amazon S3 (and S3-compatible stores) through boto3/botocore: ``s3+boto3://bucket/prefix``,
 and plain ``s3://`` (the backend that measured fastest and cheapest in
-``benchmarks/s3_peers.py``; see the README).
+``benchmarks/s3_peers.py``; see docs/performance.md, "S3 clients").
 
 Writes are S3 multipart uploads driven by ckptio itself (:class:`MultipartWriter`): parts of
 ``part_size`` bytes, sent by a pool of ``streams`` threads shared by every object of the store,
@@ -139,8 +139,8 @@ class _PresignedGets:
     Why by hand: a ``get_object`` call costs ~4 ms of client CPU on this project's VM (event
     hooks, endpoint rules, signing, response parsing, user agent), which at 8 MiB ranges is
     most of the client CPU of a download; a GET of a presigned URL kept per object costs
-    ~1.4 ms (``benchmarks/s3_request_cpu.py``; the effect on whole downloads: README,
-    "Object storage"). No library sends botocore-configured ranged GETs without botocore's
+    ~1.4 ms (``benchmarks/s3_request_cpu.py``; the effect on whole downloads:
+    docs/performance.md, "S3 clients"). No library sends botocore-configured ranged GETs without botocore's
     per-request pipeline. The URL is
     made by botocore (same endpoint, addressing style, region and credentials as the
     client), sent by botocore's ``URLLib3Session`` (same proxies, TLS verification, timeouts

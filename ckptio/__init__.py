@@ -2,7 +2,7 @@
 
 One API to save and load sharded checkpoints on local disks, parallel filesystems and object
 storage; a suite that runs the same checkpoint workload against each and explains the
-difference. See README.md.
+difference. See README.md and docs/.
 
 The public names below are imported on first use (PEP 562), so ``import ckptio`` and CLI
 commands that need no array machinery (``ckptio plan``, ``ckptio model``) start fast.

@@ -76,7 +76,7 @@ def private_pages(nbytes: int, *, inherit: bool = True, huge: bool = False) -> m
     depends on how fragmented free memory was when they were first touched: staged saves and
     loads ran at 0.6-1.8 MiB per device request from 4 KiB blocks and at 3.1-3.9 MiB from huge
     ones, and an in-place load of 3 GiB took 2.8-3.3 s against 1.9-2.2 s
-    (README, "Performance"). The first touch of a huge page costs more (zeroing 2 MiB, and
+    (docs/performance.md, "Durable save"). The first touch of a huge page costs more (zeroing 2 MiB, and
     compaction where free memory is fragmented), so it pays only for memory that is reused."""
     flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
     if not flags:  # Windows
@@ -145,12 +145,10 @@ def prefault(view: memoryview) -> None:
     (``MADV_POPULATE_WRITE``); elsewhere, or when the kernel refuses, nothing happens.
 
     A copy into fresh memory (a socket's bytes, a staging block) otherwise takes one page
-    fault per 4 KiB page. Measured on this project's VM on 2026-12-02: filling 1 GiB of
-    fresh memory cost 0.68 s of kernel CPU page by page, 0.37 s populated first; on
-    2026-12-03, when the VM's host was slow to back fresh pages, touching 3 GiB took
-    3.4-5.8 s either way (the host's work, which no advice changes). On S3 downloads at 64 MiB
-    ranges it cut ``s3+boto3``'s kernel CPU from 0.90 to 0.59 s/GB (README, "Object
-    storage"). Reads by DMA (``O_DIRECT``)
+    fault per 4 KiB page; populating first does the same work in one call, which halved the
+    kernel CPU of filling fresh memory and cut that of S3 downloads by a third where measured
+    (``docs/performance.md``, "S3 clients"). Where a VM's host is slow to back fresh pages,
+    that cost is the host's and no advice changes it. Reads by DMA (``O_DIRECT``)
     gain nothing: the kernel maps their pages in bulk already. Pages already mapped cost
     only a walk of the page table."""
     global _prefault_works

@@ -244,18 +244,16 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """``np.empty(shape, dtype)`` whose data starts on a page when it is large (at least
     :data:`PAGE_ALIGNED_MIN` bytes), so ``O_DIRECT`` reads land in it and writes leave from it
     without a copy. ``ckptio.load`` returns such arrays. State kept in host memory saves
-    faster from them: numpy's and torch's own large arrays do not start on a page (16, 64 or
-    3904 bytes past one on this project's machine), and ``file://`` copies those into
-    page-aligned staging blocks before writing them with ``O_DIRECT`` (measured: 0.82x fio's
-    write speed against 1.03x from page-aligned memory).
+    faster from them: numpy's and torch's own large arrays do not start on a page, and
+    ``file://`` copies those into page-aligned staging blocks before writing them with
+    ``O_DIRECT``.
 
     Large arrays are anonymous memory maps of 4 KiB pages, not numpy's allocation: numpy asks
     for transparent huge pages (``MADV_HUGEPAGE``), and where the kernel compacts memory on
     such faults (``defrag=madvise``, the usual default) or a VM's host has reclaimed freed
-    memory, filling fresh 2 MiB pages was ~3x slower than 4 KiB pages in our measurements
-    (a cold 1 GiB load: 0.5 vs 1.4 GB/s, 2.3 vs 0.3 s of kernel CPU), and 4-5x on 2026-12-03
-    (copying 3 GiB into new memory: 9.6-14.0 s into numpy's, 2.1-2.6 s into these;
-    ``memcpy-fresh-numpy`` and ``memcpy-fresh`` in ``benchmarks/run.py``)."""
+    memory, fresh huge pages cost several times more to fill than 4 KiB pages. The
+    measurements behind both choices are in ``docs/performance.md`` ("Cold load") and the
+    ``memcpy-fresh`` cases of ``benchmarks/run.py``."""
     dt = np.dtype(dtype)
     nbytes = math.prod(shape) * dt.itemsize
     if nbytes < PAGE_ALIGNED_MIN:

@@ -2,7 +2,9 @@
 
 Each subcommand is two functions: ``_add_<name>(subparsers)`` declares its arguments and
 ``_cmd_<name>(args) -> int`` runs it and returns the exit status. Errors that a user caused
-print one clear line and exit 2; a failed verification exits 1.
+print one clear line and exit 2; a failed verification exits 1. Nothing printed holds a
+credential: URLs, messages and JSON go through :mod:`ckptio.redact` (and so does ``-v``'s log
+output).
 
 Output (:mod:`ckptio.console`): a command that prints a table takes ``--format
 table|markdown|csv|json`` (``--json`` is ``--format json``). ``table`` fits a terminal and is
@@ -16,6 +18,11 @@ Every numeric, size, bandwidth and duration option has a ``type=`` from :mod:`ck
 parsing, before any work starts: one line naming the option and the accepted range, exit 2.
 A value refused later while setting up (a store option in a URL, a layout that does not
 divide) is an :class:`~ckptio.errors.InvalidArgumentError`: one line too, exit 2.
+
+Start-up is kept short: rich and the modules behind a subcommand (runner, model, report, the
+array machinery) are imported only by the command that uses them, and ``run``, ``sweep`` and
+``plan`` declare their arguments only when they are the command parsed, so ``ckptio --help``
+and ``ckptio backends`` do not pay for them.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Any, NoReturn
 
 from ckptio import errors
 from ckptio.console import FORMATS, Printer, Sheet, Styled, note
+from ckptio.redact import redact, redact_url
 from ckptio.units import (
     MAX_COUNT,
     MAX_GPUS,
@@ -50,7 +58,8 @@ from ckptio.units import (
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+    """``obj`` as JSON on stdout, credentials hidden (:func:`ckptio.redact.redact_obj`)."""
+    Printer("json").json(obj)
 
 
 def _add_format(p: argparse.ArgumentParser, *, table: bool = True) -> None:
@@ -81,6 +90,8 @@ def _add_backends(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _cmd_backends(args: argparse.Namespace) -> int:
     from dataclasses import asdict
+
+    from rich.table import Table
 
     from ckptio.registry import backends, load_backend
 
@@ -129,7 +140,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     if out.fmt == "json":
         out.json([asdict(s) for s in steps])
         return 0
-    sheet = Sheet(f"checkpoints under {args.url}",
+    sheet = Sheet(f"checkpoints under {redact_url(args.url)}",
                   ["step", "state", "size", "objects", "created / problem"],
                   right={"step", "size", "objects"})
     for s in steps:
@@ -171,7 +182,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     ok = not problems
     if args.json:
-        print_json({"url": args.url, "step": step, "ok": ok, "bytes": nbytes,
+        print_json({"url": redact_url(args.url), "step": step, "ok": ok, "bytes": nbytes,
                     "seconds": seconds, "problems": problems})
     elif ok:
         Printer().line(Styled("OK", "green"),
@@ -233,7 +244,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         incomplete_after = incomplete_before if args.dry_run else store.list_incomplete("step-")
     incomplete = len(incomplete_before) - len(incomplete_after)
     if args.json:
-        print_json({"url": args.url, "dry_run": args.dry_run, "removed": removed,
+        print_json({"url": redact_url(args.url), "dry_run": args.dry_run, "removed": removed,
                     "incomplete_removed": incomplete, "incomplete_left": len(incomplete_after)})
         return 0
     verb = "would remove" if args.dry_run else "removed"
@@ -478,10 +489,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub.add_parser("plan", help="checkpoint size, ranks, bytes/objects/requests per rank of a "
+                   "model preset and parallel layout", declare=_declare_plan)
+
+
+def _declare_plan(p: argparse.ArgumentParser) -> None:
     from ckptio.workload import add_workload_arguments
 
-    p = sub.add_parser("plan", help="checkpoint size, ranks, bytes/objects/requests per rank of a "
-                       "model preset and parallel layout")
     add_workload_arguments(p)
     p.add_argument("--part-size", type=size_arg(),
                    help="request size to count requests at (default 8MiB)")
@@ -505,17 +519,20 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sub.add_parser("run", help="write and read back a synthetic sharded checkpoint of a "
+                   "preset on a target, on N ranks; Parquet results",
+                   declare=_declare_run)
+
+
+def _declare_run(p: argparse.ArgumentParser, *, sweep_mode: bool = False) -> None:
     from ckptio.runner import add_run_arguments
 
-    p = sub.add_parser("run", help="write and read back a synthetic sharded checkpoint of a "
-                       "preset on a target, on N ranks; Parquet results")
-    add_run_arguments(p)
+    add_run_arguments(p, sweep_mode=sweep_mode)
     _add_format(p)
 
 
 def _cmd_run(args: argparse.Namespace, *, sweep_mode: bool = False) -> int:
     from ckptio.console import Progress, print_run, warn
-    from ckptio.results import scrub_url
     from ckptio.runner import execute_run, prepare_run
 
     out = _printer(args)
@@ -524,7 +541,7 @@ def _cmd_run(args: argparse.Namespace, *, sweep_mode: bool = False) -> int:
         for line in job.warnings:
             warn(line)
     what = (f"{job.mode} {job.plan.preset.name} ({job.plan.total_bytes / 2**20:,.1f} MiB) on "
-            f"{scrub_url(job.target)}, {job.ranks} rank(s)")
+            f"{redact_url(job.target)}, {job.ranks} rank(s)")
     with Progress(what, job.progress_bytes, enabled=job.is_root) as bar:
         summary = execute_run(job, progress=bar.advance, say=bar.say)
     if not job.is_root:
@@ -541,12 +558,9 @@ def _cmd_run(args: argparse.Namespace, *, sweep_mode: bool = False) -> int:
 
 
 def _add_sweep(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from ckptio.runner import add_run_arguments
-
-    p = sub.add_parser("sweep", help="throughput versus concurrency: the workload at each "
-                       "--streams x --part-size")
-    add_run_arguments(p, sweep_mode=True)
-    _add_format(p)
+    sub.add_parser("sweep", help="throughput versus concurrency: the workload at each "
+                   "--streams x --part-size",
+                   declare=lambda p: _declare_run(p, sweep_mode=True))
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -573,14 +587,42 @@ COMMANDS: dict[str, tuple[Callable[..., None], Callable[[argparse.Namespace], in
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser with one-line usage errors: ``ckptio run: error: argument --ranks:
     expected an integer from 1 to 1024, got '-3' (see ckptio run --help)``, exit status 2.
-    Subcommand parsers are of this class too (argparse makes them of the parent's class)."""
+    Subcommand parsers are of this class too (argparse makes them of the parent's class).
+
+    Its arguments may be declared on first use: ``declare(parser)`` runs when the parser
+    parses or prints its help or usage, so a subcommand whose arguments come from a module
+    that is slow to import (runner, workload) costs nothing unless it is the command given."""
+
+    def __init__(self, *args: Any, declare: Callable[[argparse.ArgumentParser], None] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._declare = declare
+
+    def declared(self) -> ArgumentParser:
+        """This parser with every argument declared."""
+        declare, self._declare = self._declare, None
+        if declare is not None:
+            declare(self)
+        return self
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        return super(ArgumentParser, self.declared()).parse_known_args(*args, **kwargs)
+
+    def format_help(self) -> str:
+        return super(ArgumentParser, self.declared()).format_help()
+
+    def format_usage(self) -> str:
+        return super(ArgumentParser, self.declared()).format_usage()
 
     def error(self, message: str) -> NoReturn:
         line = " ".join(message.split())
         self.exit(2, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
+    """The ``ckptio`` parser with every subcommand's arguments, as a caller walking it expects;
+    ``lazy``: those of ``run``, ``sweep`` and ``plan`` are declared only when that subcommand
+    parses or prints its help (what :func:`main` uses: ``ckptio --help`` imports no runner)."""
     parser = ArgumentParser(
         prog="ckptio",
         description="Checkpoint I/O for AI training: save/load on any storage, compare targets, "
@@ -590,21 +632,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add, _ in COMMANDS.values():
         add(sub)
+    if not lazy:
+        for p in sub.choices.values():
+            if isinstance(p, ArgumentParser):
+                p.declared()
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    import logging
+def _redact_record(record: Any) -> bool:
+    """A logging filter: the record's message with credentials hidden (libraries' log lines
+    included, as far as they reach this process's handlers)."""
+    record.msg, record.args = redact(record.getMessage()), None
+    return True
 
-    parser = build_parser()
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser(lazy=True)
     try:
         args = parser.parse_args(argv)
     except SystemExit as done:  # --help (0) or a usage error (2, one line already printed)
         return done.code if isinstance(done.code, int) else 2
+    import logging
+
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_redact_record)
     if args.command is None:
         parser.print_help()
         return 2
@@ -614,7 +669,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except errors.CkptioError as err:
         # not wrapped at the terminal's width: an argument refused while setting up (a store
         # option in the URL, a layout that does not divide) stays one line
-        note(Styled("error:", "red"), f" {err}")
+        note(Styled("error:", "red"), f" {err}")  # note() hides credentials
         return 2
     except KeyboardInterrupt:
         note("interrupted")

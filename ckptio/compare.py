@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptio import errors
+from ckptio.redact import redact_url
 
 DEFAULT_TARGETS = ("local", "mock-s3")
 DEFAULT_PROFILES = ("cloud-s3", "abci-lustre")
@@ -42,7 +43,7 @@ class Target:
     """One target of a comparison."""
 
     name: str
-    """Label in tables and plots."""
+    """Label in tables and plots (a URL's credentials hidden)."""
     url: str
     emulate: str | None = None
     """Profile name when the target is emulated through the shaped backend."""
@@ -100,7 +101,7 @@ def resolve_targets(names: list[str], profiles: list[str], *, tmp: str) -> list[
         elif name == "memory":
             out.append(Target("memory", "memory://ckptio-compare-memory"))
         elif "://" in name or name.startswith("/"):
-            out.append(Target(name, name))
+            out.append(Target(redact_url(name), name))
         else:
             raise errors.InvalidArgumentError(
                 f"unknown target {name!r}; valid: {', '.join(SPECIAL_TARGETS)}, or a URL "

@@ -47,7 +47,16 @@ Cell = str | Styled
 
 
 def plain(cell: Cell) -> str:
-    return cell.text if isinstance(cell, Styled) else str(cell)
+    """The cell's text, credentials hidden (:func:`ckptio.redact.redact`): everything this
+    module prints goes through here."""
+    from ckptio.redact import redact
+
+    return redact(cell.text if isinstance(cell, Styled) else str(cell))
+
+
+def _parts(parts: Sequence[Cell]) -> list[Any]:
+    """Parts of a line for ``rich.text.Text.assemble``: (text, style) or text, redacted."""
+    return [(plain(p), p.style) if isinstance(p, Styled) else plain(p) for p in parts]
 
 
 @dataclass
@@ -113,16 +122,16 @@ class Printer:
         if self.fmt == "markdown":
             from ckptio.report import md_table
 
-            out.write(("\n" if self._sheets else "") + f"### {s.title}\n\n"
+            out.write(("\n" if self._sheets else "") + f"### {plain(s.title)}\n\n"
                       + md_table(s.columns, [[plain(c) for c in r] for r in s.rows]) + "\n")
             if s.caption:
-                out.write(f"\n_{s.caption}_\n")
+                out.write(f"\n_{plain(s.caption)}_\n")
         elif self.fmt == "csv":
             buf = io.StringIO()
             writer = csv.writer(buf, lineterminator="\n")
-            writer.writerow(s.columns)
+            writer.writerow([plain(c) for c in s.columns])
             writer.writerows([[plain(c) for c in r] for r in s.rows])
-            out.write(("\n" if self._sheets else "") + f"# {s.title}\n" + buf.getvalue())
+            out.write(("\n" if self._sheets else "") + f"# {plain(s.title)}\n" + buf.getvalue())
         else:
             self._rich_table(s)
         self._sheets += 1
@@ -134,10 +143,11 @@ class Printer:
         from rich.text import Text
 
         def cell(c: Cell) -> Text:
-            return Text(c.text, style=c.style) if isinstance(c, Styled) else Text(str(c))
+            return Text(plain(c), style=c.style if isinstance(c, Styled) else "")
 
         if self.tty:
-            t = Table(title=s.title, caption=s.caption or None)
+            t = Table(title=Text(plain(s.title)),
+                      caption=Text(plain(s.caption)) if s.caption else None)
         else:  # the title and caption as lines of their own: never wrapped to the table's width
             t = Table(box=box.ASCII, safe_box=True)
         for col in s.columns:
@@ -168,11 +178,13 @@ class Printer:
         else:
             from rich.text import Text
 
-            self._console().print(Text.assemble(*[(p.text, p.style) if isinstance(p, Styled)
-                                                  else p for p in parts]))
+            self._console().print(Text.assemble(*_parts(parts)))
 
     def json(self, obj: Any) -> None:
-        sys.stdout.write(json.dumps(obj, indent=2, default=str) + "\n")
+        """``obj`` as JSON on stdout, credentials hidden (:func:`ckptio.redact.redact_obj`)."""
+        from ckptio.redact import redact_obj
+
+        sys.stdout.write(json.dumps(redact_obj(obj), indent=2, default=str) + "\n")
 
 
 # -- stderr: notes, warnings, progress --------------------------------------------------------
@@ -186,8 +198,7 @@ def note(*parts: Cell) -> None:
     tty = _isatty(sys.stderr)
     console = Console(stderr=True, highlight=False, soft_wrap=True,
                       **({} if tty else {"color_system": None, "force_terminal": False}))
-    console.print(Text.assemble(*[(p.text, p.style) if isinstance(p, Styled) else p
-                                  for p in parts]))
+    console.print(Text.assemble(*_parts(parts)))
 
 
 def warn(text: str) -> None:
@@ -247,6 +258,7 @@ class Progress:
             self._write(f"{self.description} failed after {secs:.1f} s")
 
     def _write(self, text: str) -> None:
+        text = plain(text)
         if self._bar is not None:
             self._bar.console.print(text, highlight=False, markup=False)
         else:

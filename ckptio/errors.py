@@ -8,9 +8,15 @@ original cause stays on ``__cause__``.
 
 from __future__ import annotations
 
+from ckptio.redact import redact
+
 
 class CkptioError(Exception):
-    """Base class of every error ckptio raises on purpose."""
+    """Base class of every error ckptio raises on purpose. Its message never holds a
+    credential: every string argument goes through :func:`ckptio.redact.redact`."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class InvalidArgumentError(CkptioError, ValueError):

@@ -63,28 +63,41 @@ _NUMPY_DTYPES = (
 _ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
+_NUMPY_TABLE: dict[str, np.dtype[Any]] = {name: np.dtype(name) for name in _NUMPY_DTYPES}
+_NAME_OF: dict[np.dtype[Any], str] = {dt: name for name, dt in _NUMPY_TABLE.items()}
+_DTYPE_TYPES: set[type] = {type(dt) for dt in _NUMPY_TABLE.values()}
+_ml_table: dict[str, np.dtype[Any]] = {}
+
+
+def _ml_dtypes_table() -> dict[str, np.dtype[Any]]:
+    """ml_dtypes' dtypes by name, imported on first need (it costs over half a second)."""
+    if not _ml_table:
+        import ml_dtypes
+
+        table = {name: np.dtype(getattr(ml_dtypes, name)) for name in _ML_DTYPES}
+        _NAME_OF.update({dt: name for name, dt in table.items()})
+        _DTYPE_TYPES.update(type(dt) for dt in table.values())
+        _ml_table.update(table)
+    return _ml_table
+
+
 class _DtypeTable(Mapping[str, "np.dtype[Any]"]):
     """dtype name -> numpy dtype; the allow-list. Nothing else is ever interpreted as a dtype
-    on load. ml_dtypes (bfloat16, float8) costs ~0.5 s to import, so the table is built on
-    first use: commands that never touch arrays (``ckptio plan``, ``model``) start fast."""
-
-    _table: dict[str, np.dtype[Any]] | None = None
-
-    def _load(self) -> dict[str, np.dtype[Any]]:
-        if self._table is None:
-            import ml_dtypes
-
-            table = {name: np.dtype(name) for name in _NUMPY_DTYPES}
-            table.update({name: np.dtype(getattr(ml_dtypes, name)) for name in _ML_DTYPES})
-            type(self)._table = table
-            return table
-        return self._table
+    on load. ml_dtypes (bfloat16, float8) is imported only when one of its names is looked up,
+    that is when a state or a manifest holds one of its dtypes: an array cannot have an
+    ml_dtypes dtype unless ml_dtypes was imported, and a manifest's dtypes are looked up when
+    it is parsed. Membership and iteration give names and import nothing."""
 
     def __getitem__(self, name: str) -> np.dtype[Any]:
-        return self._load()[name]
+        dt = _NUMPY_TABLE.get(name)
+        if dt is not None:
+            return dt
+        if name in _ML_DTYPES:
+            return _ml_dtypes_table()[name]
+        raise KeyError(name)
 
     def __contains__(self, name: object) -> bool:
-        return name in _NUMPY_DTYPES or name in _ML_DTYPES
+        return name in _NUMPY_TABLE or name in _ML_DTYPES
 
     def __iter__(self) -> Iterator[str]:
         return iter((*_NUMPY_DTYPES, *_ML_DTYPES))
@@ -104,15 +117,12 @@ def dtype_name(dtype: np.dtype[Any]) -> str:
             return known
     dt = np.dtype(dtype)
     name = dt.name
+    # an ml_dtypes name is looked up (importing ml_dtypes) only for a dtype of that name
     if name not in DTYPES or DTYPES[name] != dt.newbyteorder("="):
         raise errors.InvalidArgumentError(
             f"dtype {dt} cannot be checkpointed; supported: {', '.join(DTYPES)}"
         )
     return name
-
-
-_NAME_OF: dict[np.dtype[Any], str] = {dt: name for name, dt in DTYPES.items()}
-_DTYPE_TYPES = frozenset(type(dt) for dt in DTYPES.values())
 
 
 # -- naming -----------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ckptio import errors
+from ckptio.redact import is_secret_name, redact_url, register_secret
 from ckptio.store import Store, StoreURL
 
 GROUP = "ckptio.backends"
@@ -146,16 +147,7 @@ def accepted_forms() -> str:
 
 def _shown(text: str) -> str:
     """``text`` as an error message may show it: no credentials."""
-    if "@" not in text and "?" not in text:
-        return text
-    from ckptio.results import scrub_url
-
-    try:
-        if "://" in text:
-            return scrub_url(text)
-    except ValueError:
-        pass
-    return re.sub(r"^([^/@]*:/*)[^/]*@", r"\1***@", text.partition("?")[0])
+    return redact_url(text)
 
 
 def _malformed(text: str, why: str) -> errors.InvalidArgumentError:
@@ -322,9 +314,25 @@ def split_url(url: str | os.PathLike[str]) -> tuple[str, str, dict[str, str]]:
 def open_store(url: str | os.PathLike[str] | Store, **options: Any) -> Store:
     """A Store for ``url`` (parsed by :func:`parse_url`). Options come from the URL's query
     string (and user info) and from ``options`` (which win). An existing Store is returned as
-    it is."""
+    it is. Credentials among them are never shown afterwards (:mod:`ckptio.redact`)."""
     if isinstance(url, Store):
         return url
     loc = parse_url(url)
+    _register_credentials(loc, options)
     cls = load_backend(loc.backend)
     return cls(loc.bare, **{**loc.options, **options})
+
+
+def _register_credentials(loc: StoreURL, options: Mapping[str, Any]) -> None:
+    """Every credential of a URL (secret-named query options, user info) and of ``options``
+    becomes a value no message, log line or result file shows (:mod:`ckptio.redact`)."""
+    while loc.inner is not None:
+        loc = loc.inner
+    for name, value in {**loc.options, **options}.items():
+        if is_secret_name(name):
+            register_secret(value)
+    userinfo, at, _ = loc.host.rpartition("@")  # hosts of fsspec's other protocols keep theirs
+    if at:
+        user, _, password = unquote(userinfo).partition(":")
+        register_secret(user)
+        register_secret(password)

@@ -3,8 +3,9 @@
 A result directory holds, per run, ``<run_id>.requests.parquet`` (one row per storage
 request, from every rank's trace), ``<run_id>.phases.parquet`` (one row per rank x iteration
 x phase), ``<run_id>.run.parquet`` (one row per iteration of the run, with the aggregate
-figures) and ``<run_id>.json`` (machine, versions, configuration, UTC time; credentials
-scrubbed). Several runs may share a directory; :func:`read_results` merges any set of files
+figures) and ``<run_id>.json`` (machine, versions, configuration, UTC time). No credential
+is written: every string of the tables and of the sidecar goes through :mod:`ckptio.redact`
+on its way to the file. Several runs may share a directory; :func:`read_results` merges any set of files
 or directories, from any machine or site, into one :class:`Results` (the schemas are fixed
 here, so tables concatenate; the ``site`` column tells sites apart).
 
@@ -24,9 +25,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
-
 from ckptio import errors
+from ckptio.redact import redact, redact_obj, redact_strings
 
 
 def _pa() -> Any:
@@ -153,52 +153,14 @@ def table(name: str, columns: Mapping[str, Sequence[Any]] | Sequence[Mapping[str
     return pa.table({c: pa.array(cols[c], type=sch.field(c).type) for c in sch.names}, schema=sch)
 
 
-# -- identifiers, scrubbing, machine ----------------------------------------------------------
+# -- identifiers, machine ----------------------------------------------------------------
 
 
 def new_run_id(label: str, *, now: datetime | None = None) -> str:
     """``<UTC yyyymmddTHHMMSS>-<label>-<6 hex>``; the label is reduced to ``[A-Za-z0-9.-]``."""
     stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%S")
-    clean = re.sub(r"[^A-Za-z0-9.-]+", "-", label).strip("-")[:48] or "run"
+    clean = re.sub(r"[^A-Za-z0-9.-]+", "-", redact(label)).strip("-")[:48] or "run"
     return f"{stamp}-{clean}-{secrets.token_hex(3)}"
-
-
-_SECRET_NAME = re.compile(
-    r"(secret|password|passwd|token|credential|signature|sig$|^key$|access.?key|session|auth|"
-    r"x-amz-security|x-amz-credential|x-amz-signature|api.?key|sas)",
-    re.IGNORECASE,
-)
-
-
-def scrub_url(url: str) -> str:
-    """``url`` without credentials: user info dropped, secret-looking query values
-    replaced by ``***``. Plain paths pass unchanged."""
-    if "://" not in url:
-        return url
-    parts = urlsplit(url)
-    netloc = parts.netloc.rsplit("@", 1)[-1]
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode([(k, "***" if _SECRET_NAME.search(k) else v) for k, v in pairs],
-                          safe="*")
-    # not urlunsplit: it drops the "//" of schemes it does not know (memory://, pfs:///x)
-    out = f"{parts.scheme}://{netloc}{parts.path}"
-    return out + (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")
-
-
-def scrub(obj: Any) -> Any:
-    """A JSON-able copy of ``obj`` with secret-looking keys dropped and URLs scrubbed."""
-    if isinstance(obj, Mapping):
-        return {str(k): scrub(v) for k, v in obj.items()
-                if not _SECRET_NAME.search(str(k)) and str(k) not in ("env", "environ")}
-    if isinstance(obj, list | tuple):
-        return [scrub(v) for v in obj]
-    if isinstance(obj, str):
-        return scrub_url(obj) if "://" in obj else obj
-    if obj is None or isinstance(obj, bool | int | float):
-        return obj
-    return str(obj)
 
 
 def filesystem_type(path: str) -> str:
@@ -274,20 +236,21 @@ def sidecar(
     labels: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON sidecar of a run (credentials scrubbed from ``config`` and ``extra``)."""
+    """The JSON sidecar of a run (``config``, ``labels`` and ``extra`` through
+    :func:`ckptio.redact.redact_obj`: credentials hidden, environment dumps left out)."""
     doc: dict[str, Any] = {
         "run_id": run_id,
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         "machine": machine_info(target_path),
         "versions": versions(),
-        "config": scrub(dict(config)),
+        "config": redact_obj(dict(config)),
         "emulated": bool(emulated),
         "profile": profile,
         "mock": bool(mock),
-        "labels": scrub(dict(labels or {})),
+        "labels": redact_obj(dict(labels or {})),
     }
     if extra:
-        doc.update(scrub(dict(extra)))
+        doc.update(redact_obj(dict(extra)))
     return doc
 
 
@@ -317,7 +280,7 @@ def write_run(
     for name, tbl in (("requests", requests), ("phases", phases), ("run", runs)):
         if not isinstance(tbl, pa.Table):
             tbl = table(name, tbl)
-        tbl = tbl.select(schema(name).names).cast(schema(name))
+        tbl = _redacted(tbl.select(schema(name).names).cast(schema(name)))
         path = out / f"{run_id}.{name}.parquet"
         tmp = path.with_name(f".{path.name}.tmp")
         pq.write_table(tbl, tmp, compression="zstd")
@@ -325,10 +288,28 @@ def write_run(
         paths.append(path)
     path = out / f"{run_id}.json"
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(sidecar, indent=2, default=str) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(redact_obj(sidecar), indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
     paths.append(path)
     return paths
+
+
+def _redacted(tbl: Any, *, skip: Iterable[str] = ()) -> Any:
+    """``tbl`` with every string column but those in ``skip`` through
+    :func:`ckptio.redact.redact_strings`, once per distinct value."""
+    pa = _pa()
+    import pyarrow.compute as pc
+
+    for i, f in enumerate(tbl.schema):
+        if not pa.types.is_string(f.type) or tbl.num_rows == 0 or f.name in skip:
+            continue
+        distinct = pc.unique(tbl.column(i)).to_pylist()
+        shown = redact_strings(distinct)
+        changed = {a: b for a, b in zip(distinct, shown, strict=True) if a != b}
+        if changed:
+            col = [changed.get(v, v) for v in tbl.column(i).to_pylist()]
+            tbl = tbl.set_column(i, f, pa.array(col, type=f.type))
+    return tbl
 
 
 @dataclass
@@ -388,11 +369,13 @@ def read_results(paths: Sequence[str | os.PathLike[str]]) -> Results:
                 for col, value in ADDED_COLUMNS.get(name, {}).items():
                     if col not in t.column_names:
                         t = t.append_column(col, pa.array([value] * t.num_rows, type=schema(name).field(col).type))
-                parts[name].append(t.select(schema(name).names).cast(schema(name)))
+                # files of older versions may hold credentials in labels and URLs (object
+                # keys are ckptio's own)
+                parts[name].append(_redacted(t.select(schema(name).names).cast(schema(name)), skip=("key",)))
         side = run_file.with_name(f"{run_id}.json")
         if side.exists():
             try:
-                sidecars.append(json.loads(side.read_text(encoding="utf-8")))
+                sidecars.append(redact_obj(json.loads(side.read_text(encoding="utf-8"))))
             except json.JSONDecodeError as err:
                 raise errors.InvalidArgumentError(f"{side} is not valid JSON: {err}") from None
 

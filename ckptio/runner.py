@@ -83,6 +83,7 @@ from ckptio.checkpoint import (
 )
 from ckptio.dist import Communicator, detect
 from ckptio.lease import SaveLease
+from ckptio.redact import redact, redact_url
 from ckptio.registry import open_store, split_url, wrap_url
 from ckptio.store import Store
 from ckptio.units import (
@@ -247,7 +248,8 @@ def _assign(plan: Plan, size: int) -> list[np.ndarray]:
 def _target_label(url: str, emulate: str | None, layout: str = "file-per-shard") -> str:
     """The default target label; a shared (N-1) layout is part of it, so reports, which
     group runs by target, keep N-1 and N-N runs of one target apart."""
-    scheme, bare, _ = split_url(res.scrub_url(url))  # never a credential in a label
+    scheme, bare, _ = split_url(url)
+    bare = redact_url(bare)
     tail = bare.split("://", 1)[-1].rstrip("/").rsplit("/", 1)[-1] if "://" in bare else Path(bare).name
     label = scheme if not tail else f"{scheme}-{tail}"
     label = f"{label}-{emulate}" if emulate else label
@@ -391,7 +393,8 @@ def run_workload(
         check_layout(store, layout, url)  # the same verdict on every rank, before any collective
         return _run(store, url, plan, comm, iterations=iterations, out_dir=out_dir, pause=pause,
                     inflight=inflight, read=read, cache=cache, keep=keep, key_layout=key_layout,
-                    label=label or _target_label(url, emulate, layout), site=site, emulated=emulated,
+                    label=redact(label) if label else _target_label(url, emulate, layout),
+                    site=site, emulated=emulated,
                     profile=profile, mock=mock, options=options, progress=progress,
                     run_id=run_id, kind=kind, sweep_streams=sweep_streams,
                     sweep_part_size=sweep_part_size, config=config or {},
@@ -408,7 +411,7 @@ def check_layout(store: Store, layout: str, url: str) -> None:
     if layout != "file-per-shard" and not store.capabilities.positional_writes:
         raise errors.InvalidArgumentError(
             f"layout {layout!r} needs positional writes (several writers in one object), which "
-            f"the {store.name} store at {res.scrub_url(url)} does not offer; valid layouts "
+            f"the {store.name} store at {redact_url(url)} does not offer; valid layouts "
             "there: file-per-shard (shared-file and shared-file-per-node need a filesystem "
             "target: file://, pfs://)")
 
@@ -467,7 +470,7 @@ def _run(
             first = {"error": f"{type(err).__name__}: {err}"}
     first = comm.bcast(first, root=0)
     if "error" in first:
-        raise errors.SaveFailedError(f"cannot start the run on {res.scrub_url(url)}: {first['error']}")
+        raise errors.SaveFailedError(f"cannot start the run on {redact_url(url)}: {first['error']}")
     run_id, step0 = first["run_id"], int(first["step"])
     gen = DataGenerator(first["seed"])
     buffers = _Buffers(inflight, plan.object_size)
@@ -620,13 +623,13 @@ def _run(
                         t1 = time.perf_counter()
                         if n != chunk["length"]:
                             raise errors.CorruptCheckpointError(
-                                f"{res.scrub_url(store.url)}/{key}: {n} bytes read, "
+                                f"{redact_url(store.url)}/{key}: {n} bytes read, "
                                 f"{chunk['length']} expected (truncated object)")
                         got = crc32c(view)
                         t2 = time.perf_counter()
                         if got != chunk["crc32c"]:
                             raise errors.ChecksumError(
-                                f"{res.scrub_url(store.url)}/{key}: CRC32C mismatch in bytes "
+                                f"{redact_url(store.url)}/{key}: CRC32C mismatch in bytes "
                                 f"{chunk['offset']}..{chunk['offset'] + chunk['length']} "
                                 f"(expected {chunk['crc32c']:#010x}, read {got:#010x})")
                     finally:
@@ -682,7 +685,7 @@ def _run(
     }
     everything = comm.gather(mine_summary, root=0)
     summary = RunSummary(run_id, rank, phases=phase_rows, generator=gen.name,
-                         steps=written_steps, url=res.scrub_url(url), target_path=_local_path(store),
+                         steps=written_steps, url=redact_url(url), target_path=_local_path(store),
                          cache=per_iter[-1].cache if per_iter else "")
     if rank != 0:
         summary.peak_rss_bytes = [mine_summary["peak_rss"]]
@@ -857,7 +860,7 @@ def _run_rows(plan: Plan, everything: Sequence[dict[str, Any]], reqs: dict[str, 
         sel = req_iter == it
         outcomes = req_outcome[sel]
         rows.append({
-            "run_id": run_id, "target": label, "url": res.scrub_url(url), "backend": store.name,
+            "run_id": run_id, "target": label, "url": redact_url(url), "backend": store.name,
             "preset": plan.preset.name, "scale": float(plan.scale), "ranks": comm_size,
             "writing_ranks": plan.writing_ranks, "iteration": it, "checkpoint_bytes": total,
             "objects": sum(i["objects"] for i in iters),

@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any, ClassVar, Self, TypeVar
 
 from ckptio import errors
+from ckptio.redact import redact_url
 from ckptio.trace import Trace
 from ckptio.units import MAX_COUNT, parse_count
 from ckptio.units import parse_size as parse_size  # re-exported: its home before ckptio.units
@@ -242,17 +243,23 @@ class Store(ABC):
     name: ClassVar[str] = ""
     """Short backend name used in traces and reports (``file``, ``s3+boto3``, ...)."""
 
+    url: str
+    """The URL the store was opened with, credentials hidden (:func:`ckptio.redact.redact_url`):
+    for messages and labels. Backends connect with :attr:`location` and their options, never
+    with this."""
+
     def __init__(self, url: str, *, trace: Trace | None = None) -> None:
-        self.url = url
+        self._given_url = url
+        self.url = redact_url(url)
         self.trace = trace if trace is not None else Trace()
 
     @cached_property
     def location(self) -> StoreURL:
-        """``url`` taken apart by :func:`ckptio.registry.parse_url` (strictly: a malformed URL
-        raises :class:`~ckptio.errors.InvalidArgumentError`)."""
+        """The URL the store was opened with, taken apart by :func:`ckptio.registry.parse_url`
+        (strictly: a malformed URL raises :class:`~ckptio.errors.InvalidArgumentError`)."""
         from ckptio.registry import parse_url
 
-        return parse_url(self.url)
+        return parse_url(self._given_url)
 
     # -- writes ---------------------------------------------------------------------------
     @abstractmethod

@@ -46,7 +46,6 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import ml_dtypes
 import numpy as np
 import torch
 from torch.distributed.checkpoint import storage as _dcp_storage
@@ -95,16 +94,18 @@ __all__ = [
 
 # -- tensors <-> numpy ------------------------------------------------------------------------
 
-#: torch dtypes numpy cannot hold natively -> (same-size integer torch dtype, ml_dtypes dtype)
-_VIEWED: dict[torch.dtype, tuple[torch.dtype, Any]] = {
-    torch.bfloat16: (torch.int16, ml_dtypes.bfloat16),
-    torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
-    torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2),
+#: torch dtypes numpy cannot hold natively -> (same-size integer torch dtype, ml_dtypes name).
+#: By name, so that ml_dtypes (slow to import) is imported only for a tensor of such a dtype.
+_VIEWED: dict[torch.dtype, tuple[torch.dtype, str]] = {
+    torch.bfloat16: (torch.int16, "bfloat16"),
+    torch.float8_e4m3fn: (torch.uint8, "float8_e4m3fn"),
+    torch.float8_e5m2: (torch.uint8, "float8_e5m2"),
 }
-_NP_TO_VIEWED: dict[np.dtype[Any], tuple[Any, torch.dtype]] = {
-    np.dtype(ml_dtypes.bfloat16): (np.int16, torch.bfloat16),
-    np.dtype(ml_dtypes.float8_e4m3fn): (np.uint8, torch.float8_e4m3fn),
-    np.dtype(ml_dtypes.float8_e5m2): (np.uint8, torch.float8_e5m2),
+#: ml_dtypes name -> (same-size integer numpy dtype, torch dtype)
+_NP_TO_VIEWED: dict[str, tuple[Any, torch.dtype]] = {
+    "bfloat16": (np.int16, torch.bfloat16),
+    "float8_e4m3fn": (np.uint8, torch.float8_e4m3fn),
+    "float8_e5m2": (np.uint8, torch.float8_e5m2),
 }
 #: every torch dtype ckptio stores, by its ckptio (numpy) name
 _TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -203,7 +204,8 @@ def _numpy_view(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor as a numpy array sharing its memory (bfloat16 and float8 as ml_dtypes)."""
     viewed = _VIEWED.get(t.dtype)
     if viewed is not None:
-        as_int, np_dtype = viewed
+        as_int, name = viewed
+        np_dtype = fmt.DTYPES[name]
         if t.dim() == 0:
             t = t.reshape(1)
             return t.view(as_int).numpy().view(np_dtype).reshape(())
@@ -234,8 +236,9 @@ def from_numpy(array: np.ndarray, *, device: str | torch.device | None = None) -
     array is copied, since torch tensors are always writable)."""
     if not array.flags.writeable:
         array = array.copy()
-    viewed = _NP_TO_VIEWED.get(array.dtype)
-    if viewed is not None:
+    viewed = _NP_TO_VIEWED.get(array.dtype.name)
+    # matched by name, then checked: an array of an ml_dtypes dtype means ml_dtypes is imported
+    if viewed is not None and array.dtype == fmt.DTYPES[array.dtype.name]:
         as_int, torch_dtype = viewed
         t = torch.from_numpy(array.reshape(-1).view(as_int)).view(torch_dtype).reshape(array.shape)
     else:

@@ -114,3 +114,27 @@ def test_s3_peers_pairs_rounds_and_pools_saved_runs(tmp_path):
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ckptio-s3+boto3 / s5cmd:" in proc.stdout
+
+
+def test_gpu_benchmark_runs_on_cpu_tensors_and_says_when_there_is_no_gpu(tmp_path):
+    """benchmarks/gpu.py end to end on CPU tensors (``--device cpu``, what it does on a GPU with
+    CUDA ones); without a CUDA device its default run says so and measures nothing."""
+    pytest.importorskip("torch")
+    script = os.path.join(ROOT, "benchmarks", "gpu.py")
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, script, "--device", "cpu", "--size", "4MiB", "--tensors", "4",
+                           "--rounds", "1", "--dir", str(tmp_path), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(out.read_text())
+    assert doc["verified"] is True and doc["bytes"] == 4 * 2**20
+    assert [r["case"] for r in doc["results"]] == ["torch.save", "dcp.save", "dcp.async_save", "ckptio-sync",
+                                                   "ckptio-async"]
+    assert all(0 < r["blocking_s"] <= r["total_s"] for r in doc["results"])
+    import torch
+
+    if not torch.cuda.is_available():
+        proc = subprocess.run([sys.executable, script, "--out", str(tmp_path / "none.json")],
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 0 and "sees no CUDA device" in proc.stderr and "nothing measured" in proc.stderr
+        assert not (tmp_path / "none.json").exists()

@@ -116,7 +116,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
         raise Accepted
 
     # one parser for the whole corpus (argparse takes ~10 ms to build it; parsing keeps no state)
-    monkeypatch.setattr(cli, "build_parser", lambda: PARSER)
+    monkeypatch.setattr(cli, "build_parser", lambda **_: PARSER)
     monkeypatch.setattr(ckptio.dist, "run_local", accepted)
     monkeypatch.setattr(ckptio.store, "_sleep", accepted)  # a retry: a store was used
     monkeypatch.setattr(ckptio.runner, "run_workload", accepted)

@@ -48,9 +48,11 @@ def test_missing_column_is_an_error() -> None:
         results.table("phases", [{"run_id": "x"}])
 
 
-def test_credentials_are_scrubbed(tmp_path: Path) -> None:
+def test_credentials_are_hidden(tmp_path: Path) -> None:
+    from ckptio.redact import redact_url
+
     url = "s3://AKIAXXXX:supersecret@bucket/prefix?region=us-east-1&secret_key=abc&token=zzz"
-    clean = results.scrub_url(url)
+    clean = redact_url(url)
     assert "supersecret" not in clean and "AKIAXXXX" not in clean
     assert "abc" not in clean and "zzz" not in clean and "region=us-east-1" in clean
     side = results.sidecar("r", config={"url": url, "aws_secret_access_key": "k2",

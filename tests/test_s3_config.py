@@ -96,7 +96,8 @@ def test_bad_options_are_named(scheme: str, s3_env: dict[str, str]) -> None:
 
 def test_one_error_table_for_every_library() -> None:
     from botocore.exceptions import ClientError
-    from ckptio.backends._s3common import register_secret, translate_error
+    from ckptio.backends._s3common import translate_error
+    from ckptio.redact import register_secret
 
     def tr(err: BaseException) -> errors.CkptioError:
         return translate_error(err, action="write", key="k.bin", where="s3://b")
@@ -122,11 +123,11 @@ def test_one_error_table_for_every_library() -> None:
     assert TEST_SECRET_ACCESS_KEY not in msg and "credentials" in msg
 
 
-def test_scrub_removes_registered_secrets_and_signatures() -> None:
-    from ckptio.backends._s3common import register_secret, scrub
+def test_redact_removes_registered_secrets_and_signatures() -> None:
+    from ckptio.redact import redact, register_secret
 
     register_secret("s3cr3t-value-xyz")
-    text = scrub("url?X-Amz-Signature=abcdef&X-Amz-Credential=AKIA/2026 secret s3cr3t-value-xyz")
+    text = redact("url?X-Amz-Signature=abcdef&X-Amz-Credential=AKIA/2026 secret s3cr3t-value-xyz")
     assert "abcdef" not in text and "s3cr3t-value-xyz" not in text and "AKIA/2026" not in text
 
 
