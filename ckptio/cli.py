@@ -91,8 +91,6 @@ def _add_backends(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def _cmd_backends(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from rich.table import Table
-
     from ckptio.registry import backends, load_backend
 
     rows = []

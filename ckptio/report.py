@@ -635,7 +635,8 @@ def build_report(
         "scale.</p>",
         "<h2>Comparison (this run's scale)</h2>",
         table_html(["target", *(["point"] if points else []), "kind", "site", "size",
-                    "write GB/s", "read GB/s", "requests", "throttled"], comp_rows, [s["kind"] for s in summary]),
+                    "write GB/s", "read GB/s", "requests", "throttled"], comp_rows,
+                   [s["kind"] for s in summary]),
         "<h2>Full-scale projection (model)</h2>",
         f"<p>Interval {human_seconds(interval)}, price {price:g} per GPU-hour (assumption), "
         f"restart {human_seconds(restart)} (assumption); report.md has every profile figure "
