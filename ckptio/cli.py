@@ -540,7 +540,8 @@ def _cmd_run(args: argparse.Namespace, *, sweep_mode: bool = False) -> int:
             warn(line)
     what = (f"{job.mode} {job.plan.preset.name} ({job.plan.total_bytes / 2**20:,.1f} MiB) on "
             f"{redact_url(job.target)}, {job.ranks} rank(s)")
-    with Progress(what, job.progress_bytes, enabled=job.is_root) as bar:
+    with Progress(what, job.progress_bytes, enabled=job.is_root,
+                  short=f"{job.mode} {job.plan.preset.name}") as bar:
         summary = execute_run(job, progress=bar.advance, say=bar.say)
     if not job.is_root:
         return 0

@@ -208,13 +208,17 @@ def warn(text: str) -> None:
 class Progress:
     """Progress of one piece of work on stderr: a rich bar (bytes, rate, time left) when stderr
     is a terminal, else plain lines. ``advance(n)`` counts bytes; ``say(text)`` reports a
-    milestone. ``enabled=False`` prints nothing."""
+    milestone. ``enabled=False`` prints nothing. ``short``: the bar's label, when the
+    description is too long to share a terminal line with it."""
 
     EVERY = 10.0
     """Plain lines: a line at each 10% of the bytes, at most one per this many seconds."""
 
-    def __init__(self, description: str, total: int = 0, *, enabled: bool = True) -> None:
+    def __init__(self, description: str, total: int = 0, *, enabled: bool = True,
+                 short: str | None = None) -> None:
         self.description = description
+        self.short = short or description
+        """What the bar shows beside it (the lines say ``description``)."""
         self.total = total
         self.enabled = enabled
         self.tty = _isatty(sys.stderr)
@@ -228,20 +232,15 @@ class Progress:
         if not self.enabled:
             return self
         if self.tty:
+            from rich import progress as rp
             from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                DownloadColumn,
-                TimeRemainingColumn,
-                TransferSpeedColumn,
-            )
-            from rich.progress import Progress as Bar
 
-            self._bar = Bar("[progress.description]{task.description}", BarColumn(),
-                            DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(),
-                            console=Console(stderr=True), transient=True)
+            self._bar = rp.Progress(rp.TextColumn("{task.description}", markup=False),
+                                    rp.BarColumn(), rp.DownloadColumn(),
+                                    rp.TransferSpeedColumn(), rp.TimeRemainingColumn(),
+                                    console=Console(stderr=True), transient=True)
             self._bar.start()
-            self._task = self._bar.add_task(self.description, total=self.total or None)
+            self._task = self._bar.add_task(plain(self.short), total=self.total or None)
         else:
             self._write(f"running {self.description} ...")
         return self

@@ -953,8 +953,7 @@ def sweep_warnings(points: Sequence[SweepPoint], plan: Plan, processes: int, *,
     """One line per part size whose requested stream counts exceed what the points put in
     flight (the extra streams idle, so those points measure the same concurrency): because of
     the layout (too little data per process) or of the memory budget."""
-    from ckptio.units import human_bytes
-
+    human_bytes = units.human_bytes
     lines = []
     for part in dict.fromkeys(p.part_size for p in points):
         capped = [p for p in points if p.part_size == part and p.capped]
