@@ -10,6 +10,26 @@ standard chain that botocore implements — explicit options first, then ``AWS_A
 ``endpoint_url`` in the profile. The resolved values are handed explicitly to every client
 library (boto3, s3fs, pyarrow, obstore), so the same environment reaches all four backends.
 
+Option spellings (:data:`OPTION_SPELLINGS`, applied by :func:`canonical_options` to every S3
+backend's options, keyword or URL query): the names users already have from fsspec/s3fs and
+boto3 mean the same as ckptio's own:
+
+=========================================================  =========================  ============================
+fsspec / s3fs                                              boto3                      ckptio
+=========================================================  =========================  ============================
+``key``                                                    ``aws_access_key_id``      ``access_key_id``
+``secret``                                                 ``aws_secret_access_key``  ``secret_access_key``
+``token``                                                  ``aws_session_token``      ``session_token``
+``anon``                                                   (``UNSIGNED`` config)      ``anonymous``
+``client_kwargs={"region_name": ...}``                     ``region_name``            ``region``
+``endpoint_url``, ``client_kwargs={"endpoint_url": ...}``  ``endpoint_url``           ``endpoint_url``
+``profile``                                                ``profile_name``           ``profile``
+``storage_options={...}``                                  (keyword arguments)        keyword arguments, URL query
+=========================================================  =========================  ============================
+
+``storage_options`` and ``client_kwargs`` are dicts whose entries are options (nested as
+fsspec nests them); one option given under two spellings with different values is an error.
+
 Errors (:func:`translate_error`): every backend funnels its vendor exceptions through one
 table, :data:`S3_ERROR_CODES`, keyed by the S3 error code normalised to upper case without
 ``_`` (so botocore's ``NoSuchKey`` and Arrow's ``NO_SUCH_KEY`` meet), then by HTTP status,
@@ -89,6 +109,9 @@ class AwsSettings:
     session: Any = field(default=None, repr=False, compare=False)
     """The botocore session that resolved these settings; :func:`make_boto3_client` creates
     its clients from it, so botocore's handlers and data files are set up once per store."""
+    credential_source: str = ""
+    """Where the credentials came from, in words (``the options``, ``the environment
+    (AWS_ACCESS_KEY_ID)``, ``profile 'x' in ~/.aws/credentials``...): what a refusal names."""
 
     @property
     def allow_http(self) -> bool:
@@ -130,8 +153,116 @@ AWS_OPTIONS = (
 )
 
 
-def resolve_aws(options: dict[str, Any]) -> AwsSettings:
-    """Pop the :data:`AWS_OPTIONS` from ``options`` and resolve the rest the AWS way."""
+OPTION_SPELLINGS: Mapping[str, str] = MappingProxyType(
+    {
+        # fsspec / s3fs (S3FileSystem's keyword arguments)
+        "key": "access_key_id",
+        "secret": "secret_access_key",
+        "token": "session_token",
+        "anon": "anonymous",
+        # boto3 (boto3.client / boto3.Session keyword arguments)
+        "aws_access_key_id": "access_key_id",
+        "aws_secret_access_key": "secret_access_key",
+        "aws_session_token": "session_token",
+        "region_name": "region",
+        "profile_name": "profile",
+    }
+)
+"""Other libraries' name of an option -> ckptio's name. The one table (see the module
+docstring); ``endpoint_url`` and ``profile`` are spelled alike everywhere."""
+
+NESTED_OPTIONS = ("storage_options", "client_kwargs")
+"""Options that hold a dict of options: fsspec's ``storage_options`` (what pandas, Lightning,
+xarray pass on to a filesystem) and s3fs's ``client_kwargs`` (what it passes to the boto
+client: ``endpoint_url``, ``region_name``, ...)."""
+
+
+def canonical_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` under ckptio's names: :data:`OPTION_SPELLINGS` renamed, the dicts of
+    :data:`NESTED_OPTIONS` flattened into the rest. Other names pass unchanged (the store
+    refuses those it does not take). One option under two spellings with different values is
+    an :class:`~ckptio.errors.InvalidArgumentError` (the values are not shown)."""
+    out: dict[str, Any] = {}
+    spelt: dict[str, str] = {}
+
+    def take(items: Mapping[str, Any], within: str) -> None:
+        for name, value in items.items():
+            where = f"{within}[{name!r}]" if within else name
+            if name in NESTED_OPTIONS:
+                if not isinstance(value, Mapping):
+                    raise errors.InvalidArgumentError(
+                        f"{where}: expected a dict of options (as fsspec/s3fs take it), got "
+                        f"{type(value).__name__}"
+                    )
+                take(value, where)
+                continue
+            canon = OPTION_SPELLINGS.get(name, name)
+            if canon in out and out[canon] != value:
+                raise errors.InvalidArgumentError(
+                    f"{where} and {spelt[canon]} both set {canon!r}, to different values; give it once"
+                )
+            out[canon], spelt[canon] = value, where
+
+    take(options, "")
+    return out
+
+
+def _aws_files(session: Any) -> tuple[str, str, str]:
+    """``(profile, credentials file, config file)`` as this botocore session reads them."""
+    profile = session.profile or os.environ.get("AWS_PROFILE") or "default"
+    creds = os.path.expanduser(session.get_config_variable("credentials_file") or "~/.aws/credentials")
+    config = os.path.expanduser(session.get_config_variable("config_file") or "~/.aws/config")
+    return profile, creds, config
+
+
+def _credential_source(method: str, session: Any) -> str:
+    """botocore's name of a credential provider (``Credentials.method``) in words."""
+    profile, creds, config = _aws_files(session)
+    return {
+        "env": "the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)",
+        "shared-credentials-file": f"profile {profile!r} in {creds}",
+        "config-file": f"profile {profile!r} in {config}",
+        "iam-role": "the instance metadata (IAM role)",
+        "container-role": "the container credentials endpoint",
+        "assume-role": f"profile {profile!r} (assume role)",
+        "assume-role-with-web-identity": "web identity (AWS_WEB_IDENTITY_TOKEN_FILE)",
+        "sso": f"profile {profile!r} (SSO)",
+        "custom-process": f"profile {profile!r} (credential_process)",
+    }.get(method, f"botocore's {method!r} provider")
+
+
+def no_credentials_message(where: str, session: Any, given: Mapping[str, Any]) -> str:
+    """What a store with no credentials says: every place ckptio looked (in the order it
+    looked) and how to set them."""
+    profile, creds, config = _aws_files(session)
+    half = [n for n in ("access_key_id", "secret_access_key") if given.get(n)]
+    env = [n for n in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if os.environ.get(n)]
+    files = ", ".join(f"{p} ({'exists' if os.path.isfile(p) else 'not found'})" for p in (creds, config))
+    imds = ("disabled by AWS_EC2_METADATA_DISABLED"
+            if str(os.environ.get("AWS_EC2_METADATA_DISABLED", "")).lower() == "true" else "nothing")
+    return (
+        f"{where}: no AWS credentials found. ckptio looked, in this order, at: "
+        "1) the options access_key_id and secret_access_key (also spelled key/secret, "
+        "aws_access_key_id/aws_secret_access_key, or s3://KEY:SECRET@bucket): "
+        + (f"only {half[0]} given" if half else "not given")
+        + "; 2) the environment variables AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY: "
+        + (f"only {env[0]} set" if env else "not set")
+        + f"; 3) profile {profile!r} (AWS_PROFILE or the profile option) in the credentials "
+        f"and config files (AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE): {files}: no keys "
+        f"there; 4) SSO, web identity, container and instance metadata: {imds}. "
+        "Set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or write a profile (`aws configure "
+        "[--profile NAME]`) and pass profile=NAME (or set AWS_PROFILE), or pass the options "
+        "access_key_id= and secret_access_key=; for a public bucket pass anonymous=true "
+        "(anon=True)."
+    )
+
+
+def resolve_aws(options: dict[str, Any], *, where: str = "s3") -> AwsSettings:
+    """Pop the :data:`AWS_OPTIONS` from ``options`` and resolve the rest the AWS way. No
+    credentials anywhere (and not ``anonymous``) is a
+    :class:`~ckptio.errors.StoragePermissionError` naming where ckptio looked
+    (:func:`no_credentials_message`), before any request; ``where`` names the store."""
+    errors.require("botocore.session", extra="s3", purpose="S3 access (s3://)")
     import botocore.session
 
     opts = {k: options.pop(k) for k in AWS_OPTIONS if k in options}
@@ -139,6 +270,14 @@ def resolve_aws(options: dict[str, Any]) -> AwsSettings:
 
     anonymous = option_bool(opts.get("anonymous", False), field="anonymous")
     session = botocore.session.Session(profile=opts.get("profile") or None)
+    if session.profile is not None and session.profile not in session.available_profiles:
+        files = [os.path.expanduser(session.get_config_variable(n, methods=("env",)) or d)
+                 for n, d in (("credentials_file", "~/.aws/credentials"), ("config_file", "~/.aws/config"))]
+        raise errors.InvalidArgumentError(
+            f"{where}: profile {session.profile!r} (from the profile option or AWS_PROFILE) is "
+            f"not in {' or '.join(files)}; profiles there: "
+            f"{', '.join(sorted(session.available_profiles)) or 'none'}"
+        )
     session.register_component("data_loader", _data_loader(session.get_config_variable("data_path")))
     region = (
         opts.get("region")
@@ -158,11 +297,13 @@ def resolve_aws(options: dict[str, Any]) -> AwsSettings:
         opts.get("secret_access_key"),
         opts.get("session_token"),
     )
+    source = "the options" if key and secret else ""
     if not anonymous and not (key and secret):
         creds = session.get_credentials()
         if creds is not None:
             frozen = creds.get_frozen_credentials()
             key, secret, token = frozen.access_key, frozen.secret_key, frozen.token
+            source = _credential_source(getattr(creds, "method", "") or "", session)
     for s in (key, secret, token):
         register_secret(s)
     style = str(opts.get("addressing_style", "path"))
@@ -174,6 +315,8 @@ def resolve_aws(options: dict[str, Any]) -> AwsSettings:
     for name in ("connect_timeout", "read_timeout"):
         if name in opts:
             timeouts[name] = parse_duration(opts[name], field=name, positive=True)
+    if not anonymous and not (key and secret):  # after the options' own checks
+        raise errors.StoragePermissionError(no_credentials_message(where, session, opts))
     return AwsSettings(
         **timeouts,
         region=str(region),
@@ -184,6 +327,7 @@ def resolve_aws(options: dict[str, Any]) -> AwsSettings:
         anonymous=anonymous,
         addressing_style=style,
         session=session,
+        credential_source=source,
     )
 
 
@@ -243,11 +387,15 @@ def part_size_for(total: int | None, part_size: int) -> int:
     return part_size
 
 
-def reject_unknown(name: str, options: Mapping[str, Any], valid: Iterable[str]) -> None:
+def reject_unknown(name: str, options: Mapping[str, Any], valid: Iterable[str], *,
+                   spellings: bool = True) -> None:
+    """Refuse the ``options`` left over, suggesting the closest of ``valid`` (and, with
+    ``spellings``, of the other spellings :data:`OPTION_SPELLINGS` accepts)."""
     if options:
-        raise errors.InvalidArgumentError(
-            f"{name}: unknown option(s) {sorted(options)}; valid options: {', '.join(sorted(valid))}"
-        )
+        groups = [(f"{name}://", valid)]
+        if spellings:
+            groups.append((f"{name}:// (fsspec/boto3 spellings)", [*OPTION_SPELLINGS, *NESTED_OPTIONS]))
+        raise errors.UnknownOptionError(f"{name}://", options, groups)
 
 
 # -- checksums -------------------------------------------------------------------------------
@@ -390,10 +538,25 @@ def error_details(err: BaseException) -> tuple[str | None, int | None]:
     return code, status
 
 
-def translate_error(err: BaseException, *, action: str, key: str, where: str) -> errors.CkptioError:
+def permission_hint(aws: AwsSettings | None) -> str:
+    """What a refused request says next to the cause: an unsigned (anonymous) request names
+    the bucket's access, not credentials; a signed one names where its credentials came from."""
+    if aws is not None and aws.anonymous:
+        return (" (the request was anonymous (anonymous=true / anon=True, unsigned) and was "
+                "refused: the bucket or object is not public; give credentials instead of "
+                "anonymous access)")
+    source = f" (from {aws.credential_source})" if aws is not None and aws.credential_source else ""
+    return (f" (check the credentials{source} and their permissions: AWS_ACCESS_KEY_ID / "
+            "AWS_SECRET_ACCESS_KEY / AWS_PROFILE)")
+
+
+def translate_error(err: BaseException, *, action: str, key: str, where: str,
+                    aws: AwsSettings | None = None) -> errors.CkptioError:
     """The ckptio error for a client library's exception ``err`` (call as
     ``raise translate_error(...) from err``). The message names the action, the key and the
-    cause, and holds no credential (:func:`ckptio.redact.redact`)."""
+    cause, and holds no credential (:func:`ckptio.redact.redact`); ``aws``, the store's
+    settings, tells a refused anonymous request from a refused signed one
+    (:func:`permission_hint`)."""
     if isinstance(err, errors.CkptioError):
         return err
     code, status = error_details(err)
@@ -428,7 +591,7 @@ def translate_error(err: BaseException, *, action: str, key: str, where: str) ->
         cause = f"{code or ''}{' ' if code and status else ''}{f'(HTTP {status})' if status else ''}: {cause}"
     hint = ""
     if cls is errors.StoragePermissionError:
-        hint = " (check the credentials: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / AWS_PROFILE)"
+        hint = permission_hint(aws)
     elif code and _norm(code) == "NOSUCHBUCKET":
         hint = " (the bucket does not exist: create it or fix the URL)"
     elif code == "endpoint unreachable":
@@ -439,14 +602,14 @@ def translate_error(err: BaseException, *, action: str, key: str, where: str) ->
     return cls(msg)
 
 
-def guard(action: str, key: str, where: str, fn: Callable[[], Any]) -> Any:
+def guard(action: str, key: str, where: str, fn: Callable[[], Any], aws: AwsSettings | None = None) -> Any:
     """Run ``fn`` and translate whatever the client library raises."""
     try:
         return fn()
     except errors.CkptioError:
         raise
     except Exception as err:
-        raise translate_error(err, action=action, key=key, where=where) from err
+        raise translate_error(err, action=action, key=key, where=where, aws=aws) from err
 
 
 # -- the multipart writer engine -------------------------------------------------------------
@@ -509,7 +672,7 @@ class MultipartWriter(Writer):
         where = self._store.url
 
         def attempt() -> Any:
-            return guard(action, self.key, where, fn)
+            return guard(action, self.key, where, fn, getattr(self._store, "aws", None))
 
         return self._store.retrying(op, self.key, nbytes, attempt)
 
@@ -764,10 +927,15 @@ class S3Base(Store):
 
     def _setup(self, options: dict[str, Any]) -> None:
         """Take the bucket and prefix from the URL (:attr:`location`) and pop the I/O and AWS
-        options; any option left over is an error naming the valid ones (:attr:`OPTIONS`)."""
+        options (in any spelling of :data:`OPTION_SPELLINGS`); any option left over is an
+        error naming the valid ones (:attr:`OPTIONS`)."""
+        canon = canonical_options(options)
+        options.clear()
+        options.update(canon)
         self.bucket, self.prefix = self.location.bucket, self.location.prefix
+        reject_unknown(self.name, {k: v for k, v in options.items() if k not in self.OPTIONS}, self.OPTIONS)
         self.part_size, self.streams = io_options(options)
-        self.aws = resolve_aws(options)
+        self.aws = resolve_aws(options, where=f"{self.name}://{self.bucket}")
         reject_unknown(self.name, options, self.OPTIONS)
         self._janitor_client: Any = None
         self._janitor_lock = threading.Lock()
@@ -800,7 +968,7 @@ class S3Base(Store):
     def _call(self, op: str, key: str, nbytes: int, action: str, fn: Callable[[], Any]) -> Any:
         """One request: vendor errors translated, transient ones retried, each attempt traced."""
         where = self.where
-        return self.retrying(op, key, nbytes, lambda: guard(action, key, where, fn))
+        return self.retrying(op, key, nbytes, lambda: guard(action, key, where, fn, self.aws))
 
     # -- commit ------------------------------------------------------------------------------
     def publish(self, key: str, data: bytes, *, overwrite: bool = True) -> None:

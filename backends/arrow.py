@@ -33,7 +33,7 @@ class ArrowStore(c.WholeObjectStore):
     module notes), ``streams`` (int, default 8: Arrow I/O threads at least), the AWS
     connection options shared by every S3 backend (``endpoint_url``, ``region``,
     ``profile``, ``access_key_id``, ``secret_access_key``, ``session_token``, ``anonymous``,
-    ``addressing_style``, ``connect_timeout``, ``read_timeout``), ``trace``.
+    ``addressing_style``, ``connect_timeout``, ``read_timeout``; the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3common.OPTION_SPELLINGS`), ``trace``.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+arrow",)
@@ -41,7 +41,7 @@ class ArrowStore(c.WholeObjectStore):
     capabilities: ClassVar[Capabilities] = dataclasses.replace(c.S3_CAPABILITIES, conditional_create=False)
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
-        import pyarrow
+        pyarrow = errors.require("pyarrow", extra="s3", purpose="the s3+arrow backend")
         from pyarrow import fs as pafs
 
         super().__init__(url, trace=trace)

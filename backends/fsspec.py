@@ -39,6 +39,7 @@ class FsspecStore(c.WholeObjectStore):
     - for S3, the AWS connection options of every S3 backend (``endpoint_url``, ``region``,
       ``profile``, ``access_key_id``, ``secret_access_key``, ``session_token``, ``anonymous``,
       ``addressing_style``, ``connect_timeout``, ``read_timeout``), resolved the AWS way (environment, config files);
+      the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3common.OPTION_SPELLINGS`;
     - for other protocols, ``storage_options`` (a dict) goes to ``fsspec.filesystem``
       (``fsspec+file://``: ``auto_mkdir`` defaults to True);
     - ``trace``.
@@ -49,7 +50,7 @@ class FsspecStore(c.WholeObjectStore):
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES  # s3fs: If-None-Match for "create"
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
-        import fsspec
+        fsspec = errors.require("fsspec", extra="s3", purpose="the fsspec backends (s3+fsspec://, fsspec+<protocol>://)")
 
         super().__init__(url, trace=trace)
         loc = self.location
@@ -65,7 +66,8 @@ class FsspecStore(c.WholeObjectStore):
             if loc.local:  # fsspec's local filesystem writes into existing directories only
                 storage_options.setdefault("auto_mkdir", True)
             self.part_size, self.streams = c.io_options(options)
-            c.reject_unknown(f"fsspec+{proto}", options, ("part_size", "streams", "storage_options"))
+            c.reject_unknown(f"fsspec+{proto}", options, ("part_size", "streams", "storage_options"),
+                             spellings=False)
             self.aws = c.AwsSettings(region="", endpoint_url=None)
             self.bucket, self.prefix = loc.host, ""
             self._janitor_client = None
@@ -183,8 +185,7 @@ class FsspecStore(c.WholeObjectStore):
 
 
 def _s3fs(aws: c.AwsSettings, streams: int) -> Any:
-    import s3fs
-
+    s3fs = errors.require("s3fs", extra="s3", purpose="the s3+fsspec backend")
     fs = s3fs.S3FileSystem(
         **aws.signing(anonymous=("anon", True), key="key", secret="secret", token="token"),
         endpoint_url=aws.endpoint_url,

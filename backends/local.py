@@ -104,8 +104,34 @@ def os_error(err: OSError, path: str, action: str) -> errors.CkptioError:
     if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return errors.NoSpaceError(code, msg, path)
     if code in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return errors.StoragePermissionError(code, msg, path)
+        return errors.StoragePermissionError(code, f"{msg}: {why_unwritable(path, code)}", path)
     return errors.StorageError(code, msg, path)
+
+
+def why_unwritable(path: str, code: int | None = None) -> str:
+    """Why this process may not write ``path``, naming the directory (or file) at fault: the
+    nearest existing directory on the way that it may not write into (its owner and mode), or
+    the read-only filesystem that holds it."""
+    import stat
+
+    cur = path
+    while not os.path.isdir(cur):
+        parent = os.path.dirname(cur)
+        if parent == cur:
+            break
+        cur = parent
+    if code == errno.EROFS:
+        return f"{cur} is on a read-only filesystem; remount it read-write or choose another path"
+    uid = os.geteuid() if hasattr(os, "geteuid") else None
+    for where in (cur, *((path,) if os.path.isfile(path) else ())):
+        if not os.access(where, os.W_OK | (os.X_OK if where == cur else 0), effective_ids=True):
+            st = os.stat(where)
+            kind = "directory" if where == cur else "file"
+            return (f"{kind} {where} is not writable by this process (uid {uid}; owner uid "
+                    f"{st.st_uid}, mode {stat.filemode(st.st_mode)}): make it writable "
+                    "(chmod/chown) or choose another path")
+    return (f"refused although {cur} looks writable (an ACL, an immutable attribute, a security "
+            "module or the filesystem's own permissions)")
 
 
 def _aligned_buffer(size: int) -> mmap.mmap:
@@ -113,6 +139,54 @@ def _aligned_buffer(size: int) -> mmap.mmap:
     huge pages where the kernel has them: staging blocks are reused, and huge pages let each
     transfer reach the device as few large requests (see :func:`private_pages`)."""
     return private_pages(max(ALIGN, -(-size // ALIGN) * ALIGN), inherit=False, huge=True)
+
+
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link"}
+
+
+def not_regular(path: str, mode: int) -> errors.NotRegularFileError:
+    """The refusal of anything but a regular file where an object should be: no object is
+    there (a :class:`~ckptio.errors.NotFoundError`, as on an object store), and nothing is
+    read from or written to it."""
+    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    err = errors.NotRegularFileError(errno.ENOENT, f"refusing {path}: it is {kind}, not a regular file", path)
+    err.mode = mode
+    return err
+
+
+def open_regular_raw(path: str, flags: int, mode: int = 0o644) -> int:
+    """``os.open(path, flags | O_NOFOLLOW, mode)`` that refuses (:func:`not_regular`) anything
+    but a regular file without blocking: opened ``O_NONBLOCK`` (a FIFO would otherwise block
+    the open until a writer comes), checked with ``fstat``, then made blocking again. Other
+    errors are the OSError of ``open``."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
+    except OSError as err:
+        if err.errno == errno.ELOOP:  # O_NOFOLLOW met a symlink
+            raise not_regular(path, stat.S_IFLNK) from err
+        raise
+    try:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            raise not_regular(path, kind)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_regular(path: str, flags: int, action: str = "open", *, name: str | None = None) -> int:
+    """:func:`open_regular_raw`, its errors ckptio's (:func:`os_error`), naming ``name``
+    (default: ``path``)."""
+    name = name or path
+    try:
+        return open_regular_raw(path, flags)
+    except errors.NotRegularFileError as err:
+        raise not_regular(name, err.mode) from None
+    except OSError as err:
+        raise os_error(err, name, action) from err
 
 
 def fsync_dir(path: str) -> None:
@@ -339,10 +413,7 @@ class _LocalPositionalWriter(PositionalWriter):
                 raise os_error(err, self._path, "size") from err
         else:
             with tr.request("open", key, backend=store.name):
-                try:
-                    self._fd = os.open(self._path, os.O_WRONLY)
-                except OSError as err:
-                    raise os_error(err, self._path, "open") from err
+                self._fd = open_regular(self._path, os.O_WRONLY)
         self._dfd = -1
         if store.direct:
             try:
@@ -493,10 +564,8 @@ class LocalStore(Store):
         **unknown: Any,
     ) -> None:
         if unknown:
-            raise errors.InvalidArgumentError(
-                f"unknown option(s) for file://: {sorted(unknown)}; valid: streams, block_size, "
-                "direct, direct_read, fsync, preallocate"
-            )
+            raise errors.UnknownOptionError(f"{self.name}://", unknown, [(f"{self.name}://", (
+                "streams", "block_size", "direct", "direct_read", "fsync", "preallocate"))])
         super().__init__(url, trace=trace)
         self.root = local_root(url)
         self.streams = option_int(streams, field="streams", minimum=1, maximum=MAX_LOCAL_PROCESSES)
@@ -604,6 +673,8 @@ class LocalStore(Store):
         with self.trace.request("create", key, backend=self.name):
             try:
                 return self.open_creating(path, flags)
+            except errors.NotRegularFileError as err:
+                raise not_regular(target, err.mode) from None
             except OSError as err:
                 raise os_error(err, target, "create") from err
 
@@ -641,11 +712,13 @@ class LocalStore(Store):
         directory = os.path.dirname(path)
         self.make_dirs(directory)
         try:
-            return os.open(path, flags, 0o644)
+            return open_regular_raw(path, flags)
+        except errors.NotRegularFileError:
+            raise
         except FileNotFoundError:
             self._dirs.clear()
             self.make_dirs(directory)
-            return os.open(path, flags, 0o644)
+            return open_regular_raw(path, flags)
 
     # -- paths ------------------------------------------------------------------------------
     def path_of(self, key: str) -> str:
@@ -709,10 +782,7 @@ class LocalStore(Store):
             got = self._read_direct(key, path, offset, out)
             if got is not None:
                 return got
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError as err:
-            raise os_error(err, path, "open") from err
+        fd = open_regular(path, os.O_RDONLY)
         try:
             block = self.block_size
             if out.nbytes <= block:
@@ -751,10 +821,10 @@ class LocalStore(Store):
         ``out``; the unaligned edges (or everything, if they never line up) through staging
         blocks. Blocks go out in parallel. None: O_DIRECT refused, read buffered."""
         try:
-            dfd = os.open(path, os.O_RDONLY | _O_DIRECT | os.O_NOFOLLOW)
-        except OSError as err:
+            dfd = open_regular(path, os.O_RDONLY | _O_DIRECT)
+        except errors.StorageError as err:
             if err.errno != errno.EINVAL:
-                raise os_error(err, path, "open") from err
+                raise
             self.direct_refused(path, err)
             return None
         try:
@@ -835,10 +905,9 @@ class LocalStore(Store):
     def drop_cache(self, key: str) -> bool:
         """Ask the kernel to drop ``key``'s cached pages (``posix_fadvise DONTNEED``), so the
         next read comes from the device. Returns False where that is not possible."""
-        path = self.path_of(key)
         try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
+            fd = open_regular(self._checked_read_path(key), os.O_RDONLY)
+        except errors.CkptioError:
             return False
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -873,15 +942,40 @@ class LocalStore(Store):
                     yield key, entry
 
     def size(self, key: str) -> int:
-        path = self.path_of(key)
+        """Checked as reads are: a path that resolves outside the root is refused
+        (:class:`~ckptio.errors.StoragePermissionError`), and anything but a regular file
+        is no object (:func:`not_regular`)."""
+        path = self._checked_read_path(key)
         with self.trace.request("head", key, backend=self.name):
             try:
-                st = os.stat(path)
+                st = os.stat(path, follow_symlinks=False)  # as reads: they open O_NOFOLLOW
             except OSError as err:
                 raise os_error(err, path, "stat") from err
             if not stat.S_ISREG(st.st_mode):
-                raise errors.NotFoundError(errno.ENOENT, f"{path} is not a regular file", path)
+                raise not_regular(path, st.st_mode)
             return st.st_size
+
+    def get(self, key: str) -> bytes:
+        """The whole object, read into one ``bytes`` of the size ``fstat`` gives (through
+        the page cache: no staging blocks, no second copy; manifests are read so)."""
+        path = self._checked_read_path(key)
+        fd = open_regular(path, os.O_RDONLY)
+        try:
+            with self.trace.request("get", key, 0, backend=self.name) as ev:
+                try:
+                    size = os.fstat(fd).st_size
+                    pieces = [os.read(fd, size)]
+                    got = len(pieces[0])
+                    while 0 < got < size:  # reads of more than ~2 GiB come back short
+                        pieces.append(os.read(fd, size - got))
+                        got += len(pieces[-1]) or size  # (the file shrank: stop)
+                    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+                except OSError as err:
+                    raise os_error(err, path, "read") from err
+                ev.nbytes = len(data)
+                return data
+        finally:
+            os.close(fd)
 
     def delete(self, keys: Iterable[str]) -> None:
         dirs: set[str] = set()

@@ -84,9 +84,7 @@ class MemoryStore(Store):
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
         if options:
-            raise errors.InvalidArgumentError(
-                f"memory:// takes no options, got {sorted(options)}"
-            )
+            raise errors.UnknownOptionError("memory://", options, [("memory://", ())])
         super().__init__(url, trace=trace)
         loc = self.location
         self._objects = _space(loc.host)

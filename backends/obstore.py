@@ -17,6 +17,7 @@ import datetime
 from collections.abc import Iterable
 from typing import Any, ClassVar, Literal
 
+from ckptio import errors
 from ckptio.store import Capabilities
 from ckptio.trace import Trace
 
@@ -29,7 +30,7 @@ class ObstoreStore(c.WholeObjectStore):
     URL: ``s3+obstore://bucket/prefix``. Options: ``part_size`` (bytes, default 8 MiB,
     5 MiB..5 GiB), ``streams`` (int, default 8), the AWS connection options shared by every S3
     backend (``endpoint_url``, ``region``, ``profile``, ``access_key_id``,
-    ``secret_access_key``, ``session_token``, ``anonymous``, ``addressing_style``, ``connect_timeout``, ``read_timeout``), ``trace``.
+    ``secret_access_key``, ``session_token``, ``anonymous``, ``addressing_style``, ``connect_timeout``, ``read_timeout``; the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3common.OPTION_SPELLINGS`), ``trace``.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+obstore",)
@@ -37,7 +38,7 @@ class ObstoreStore(c.WholeObjectStore):
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
-        import obstore
+        obstore = errors.require("obstore", extra="s3", purpose="the s3+obstore backend")
         from obstore.store import S3Store
 
         super().__init__(url, trace=trace)

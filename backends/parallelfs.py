@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ckptio import errors
-from ckptio.backends.local import ALIGN, LocalStore, local_root, os_error
+from ckptio.backends.local import ALIGN, LocalStore, local_root, open_regular, os_error
 from ckptio.store import option_bool, option_int, parse_size
 from ckptio.trace import Trace
 
@@ -249,6 +249,10 @@ class ParallelFSStore(LocalStore):
             local_options["direct"] = option_bool(direct, field="direct")
         try:
             super().__init__(url, trace=trace, **local_options)
+        except errors.UnknownOptionError as err:
+            own = ("fs", "stripe_count", "stripe_size", "lfs", "fanout")
+            raise errors.UnknownOptionError(err.where, err.unknown, [
+                (err.where, [*own, *(n for _, names in err.groups for n in names)])]) from None
         except errors.InvalidArgumentError as err:
             raise errors.InvalidArgumentError(
                 f"{err} (pfs:// also takes: fs, stripe_count, stripe_size, lfs, fanout)"
@@ -329,10 +333,7 @@ class ParallelFSStore(LocalStore):
                     f"{done.stderr.strip()[:500]}",
                     target,
                 )
-            try:
-                return os.open(path, os.O_WRONLY)
-            except OSError as err:
-                raise os_error(err, target, "create") from err
+            return open_regular(path, os.O_WRONLY, "create", name=target)
 
     def __repr__(self) -> str:
         return f"ParallelFSStore({self.url!r}, fs={self.fs.kind})"

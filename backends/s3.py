@@ -215,7 +215,7 @@ class Boto3Store(c.S3Base):
     - ``endpoint_url``, ``region``, ``profile``, ``access_key_id``, ``secret_access_key``,
       ``session_token``, ``anonymous``, ``addressing_style`` (``path``/``virtual``), ``connect_timeout`` / ``read_timeout`` (seconds): the AWS
       connection; unset ones come from the environment and AWS config files as the AWS CLI
-      does (``AWS_ENDPOINT_URL`` included);
+      does (``AWS_ENDPOINT_URL`` included); the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3common.OPTION_SPELLINGS`;
     - ``trace``: a :class:`~ckptio.trace.Trace`.
 
     Commit: ``publish`` is one PUT; with ``overwrite=False`` it sends ``If-None-Match: *`` so
@@ -229,6 +229,7 @@ class Boto3Store(c.S3Base):
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
         super().__init__(url, trace=trace)
+        options = c.canonical_options(options)  # storage_options={"checksum": ...} too
         self.checksum = option_bool(options.pop("checksum", True), field="checksum")
         self.presigned_reads = option_bool(options.pop("presigned_reads", True), field="presigned_reads")
         self._setup(options)

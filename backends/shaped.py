@@ -205,7 +205,10 @@ class ShapedStore(Store):
 
         inner_url = inner_loc.bare
         # The wrapped store's own requests are not the emulated service's: a private trace.
-        self.inner: Store = open_store(inner_url, trace=Trace(max_events=10_000), **options)
+        try:
+            self.inner: Store = open_store(inner_url, trace=Trace(max_events=10_000), **options)
+        except errors.UnknownOptionError as err:
+            raise err.widened("shaped+", (*_SHAPED_OPTIONS, *FIGURES), f"shaped+{err.where}") from None
         self.name = f"shaped:{profile.name}+{self.inner.name}"  # type: ignore[misc]
         # per instance: what the wrapped store can do (positional writes are not emulated)
         self.capabilities: Capabilities = replace(  # type: ignore[misc]

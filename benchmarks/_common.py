@@ -233,7 +233,7 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
-def gbps(nbytes: int, seconds: float) -> float:
+def gb_per_s(nbytes: int, seconds: float) -> float:
     """GB/s, GB = 1e9 bytes."""
     return nbytes / seconds / 1e9 if seconds > 0 else float("inf")
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
 import torch.distributed.checkpoint as dcp
-from _common import CacheDropper, gbps, machine_info, median, remove, timed, tree_bytes
+from _common import CacheDropper, gb_per_s, machine_info, median, remove, timed, tree_bytes
 
 from ckptio.store import parse_size
 from ckptio.torch import StorageReader, StorageWriter
@@ -125,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, xs in samples.items():
         name = key.split(":")[0]
         m = median(xs)
-        summary[key] = {"median_s": m, "gbps": gbps(nbytes, m), "samples_s": xs, "stored_bytes": stored[name]}
-        print(f"{key:24} {m:9.3f} {gbps(nbytes, m):7.3f} {min(xs):7.3f} {max(xs):7.3f} {stored[name]:14,}")
+        summary[key] = {"median_s": m, "GBps": gb_per_s(nbytes, m), "samples_s": xs, "stored_bytes": stored[name]}
+        print(f"{key:24} {m:9.3f} {gb_per_s(nbytes, m):7.3f} {min(xs):7.3f} {max(xs):7.3f} {stored[name]:14,}")
     ratios = {}
     for op in ("save", "load"):
         a, b = summary.get(f"dcp-filesystem:{op}"), summary.get(f"dcp-ckptio:{op}")

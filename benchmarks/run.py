@@ -632,7 +632,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     if m.get(f"disk_{side}s"):
                         shown += f"; {side}s of {m[f'disk_{side}_bytes'] / m[f'disk_{side}s'] / 1024:.0f} KiB"
                 shown += "]"
-            print(f"round {r + 1}/{args.rounds} {name:20s} {s.seconds:8.3f} s  {cm.gbps(ctx.nbytes, s.seconds):6.2f} GB/s{shown}", file=sys.stderr, flush=True)
+            print(f"round {r + 1}/{args.rounds} {name:20s} {s.seconds:8.3f} s  {cm.gb_per_s(ctx.nbytes, s.seconds):6.2f} GB/s{shown}", file=sys.stderr, flush=True)
     if ctx._fork_checkpointer is not None:
         ctx._fork_checkpointer.close()
     cm.remove(ctx.path("ckptio-async"))
@@ -674,7 +674,7 @@ def summarize(args: argparse.Namespace, ctx: Ctx, samples: dict[str, list[cm.Sam
             "seconds": [s.seconds for s in ss],
         }
         if case.kind in ("write", "read", "memory"):
-            row["gbps"] = cm.gbps(ctx.nbytes, med)
+            row["GBps"] = cm.gb_per_s(ctx.nbytes, med)
         if "blocking" in ss[0].extra:  # the async cases
             bl = [s.extra["blocking"] for s in ss]
             row["blocking_seconds"] = bl
@@ -735,7 +735,7 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for row in result["cases"]:
-        g = f"{row['gbps']:.2f}" if "gbps" in row else ""
+        g = f"{row['GBps']:.2f}" if "GBps" in row else ""
         name = row["case"]
         if "median_blocking_seconds" in row:
             name += f" (blocking {row['median_blocking_seconds']:.3f} s, first save {row['first_blocking_seconds']:.3f} s"

@@ -255,7 +255,7 @@ def worker(a: argparse.Namespace) -> None:
 
 
 # -- driver side ----------------------------------------------------------------------------
-def _gbps(r: dict[str, Any]) -> float:
+def _gb_per_s(r: dict[str, Any]) -> float:
     return float(r["bytes"] / r["wall_s"] / 1e9)
 
 
@@ -279,7 +279,7 @@ def per_round(results: dict[str, list[dict[str, Any]]], client: str, peer: str) 
     rounds = _by_round(results)
     mine, theirs = rounds.get(client, {}), rounds.get(peer, {})
     both = sorted(set(mine) & set(theirs))
-    return ([_gbps(mine[i]) / _gbps(theirs[i]) for i in both],
+    return ([_gb_per_s(mine[i]) / _gb_per_s(theirs[i]) for i in both],
             [_cpu_per_gb(mine[i]) / _cpu_per_gb(theirs[i]) for i in both])
 
 
@@ -289,7 +289,7 @@ def paired_ratios(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, An
     peers = {c: recs for c, recs in results.items() if not c.startswith("ckptio-") and recs}
     if not peers:
         return []
-    best = max(peers, key=lambda c: statistics.median(map(_gbps, peers[c])))
+    best = max(peers, key=lambda c: statistics.median(map(_gb_per_s, peers[c])))
     thrifty = min(peers, key=lambda c: statistics.median(map(_cpu_per_gb, peers[c])))
     out = []
     for client, recs in results.items():
@@ -465,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
                     rec = {**json.loads(run.stdout.strip().splitlines()[-1]), "round": rnd}
                     results[client].append(rec)
                     print(
-                        f"  round {rnd} {client:20s} {_gbps(rec):6.3f} GB/s "
+                        f"  round {rnd} {client:20s} {_gb_per_s(rec):6.3f} GB/s "
                         f"{_cpu_per_gb(rec):6.2f} CPU s/GB ({_cpu_per_gb(rec, 'sys_s'):.2f} sys)",
                         file=sys.stderr,
                     )
@@ -482,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
         if not recs:
             rows.append({"client": client, "rounds": 0, "error": failures.get(client, "no result")})
             continue
-        gbps = statistics.median(map(_gbps, recs))
+        gbps = statistics.median(map(_gb_per_s, recs))
         cpu = statistics.median(map(_cpu_per_gb, recs))
         sys_cpu = statistics.median(_cpu_per_gb(r, "sys_s") for r in recs)
         rows.append({"client": client, "rounds": len(recs), "wall_GBps": gbps, "cpu_s_per_GB": cpu,

@@ -14,6 +14,7 @@ import errno
 import importlib
 import mmap
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,68 @@ not_inherited: list[object] = []
 """In a forked child: ckptio's memory maps that were not inherited (``inherit=False``), which
 the child forgot. Kept referenced so they are never unmapped there: their addresses may hold
 the child's own mappings later."""
+
+
+_capacity: tuple[float, int | None] = (-1e9, None)
+CAPACITY_TTL = 10.0
+"""Seconds :func:`memory_capacity` reuses what it read (a load of many tensors one by one,
+as PyTorch DCP's reader does, asks per tensor; limits change rarely: a container resized)."""
+
+
+def memory_capacity() -> int | None:
+    """The most memory this process could be given, in bytes: physical memory plus swap
+    (``/proc/meminfo``), less where a cgroup limits it (v2 ``memory.max``, v1
+    ``memory.limit_in_bytes``, of the process's group or any group above it). None where
+    unknown. The capacity, not what is free now: a load that the kernel could serve by
+    reclaiming caches (which ``MemAvailable`` undercounts, e.g. ZFS's ARC) is never refused."""
+    global _capacity
+    now = time.monotonic()
+    if now - _capacity[0] > CAPACITY_TTL:
+        _capacity = (now, _read_capacity())
+    return _capacity[1]
+
+
+def _read_capacity() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            info = {k: int(v.split()[0]) * 1024 for k, _, v in (line.partition(":") for line in f) if v.strip()}
+        total = info["MemTotal"] + info.get("SwapTotal", 0)
+    except (OSError, KeyError, ValueError):
+        return None
+    limits = [total]
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            groups = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        groups = []
+    for _, controllers, path in (g for g in groups if len(g) == 3):
+        if controllers == "":
+            base, name = "/sys/fs/cgroup", "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = "/sys/fs/cgroup/memory", "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p and p != ".."]
+        for depth in range(len(parts), -1, -1):  # the group, its ancestors, the mount's root
+            try:
+                with open("/".join([base, *parts[:depth], name]), encoding="ascii") as f:
+                    value = f.read().strip()
+            except OSError:
+                continue
+            if value.isdigit():  # "max": no limit
+                limits.append(int(value))
+    return min(limits)
+
+
+def ensure_memory(nbytes: int, what: str) -> None:
+    """Raise :class:`~ckptio.errors.InsufficientMemoryError` before allocating ``nbytes``
+    that this machine (or cgroup) could never give (:func:`memory_capacity`)."""
+    capacity = memory_capacity()
+    if capacity is not None and nbytes > capacity:
+        raise errors.InsufficientMemoryError(
+            f"{what} needs {nbytes} bytes of memory, more than this machine can give ({capacity} "
+            "bytes of memory and swap, or its cgroup's limit); refused before reading"
+        )
 
 
 def private_pages(nbytes: int, *, inherit: bool = True, huge: bool = False) -> mmap.mmap:

@@ -51,6 +51,7 @@ from ckptio.arrays import (
     as_target,
     contiguous_le,
     copy_into,
+    ensure_memory,
     not_inherited,
     private_pages,
 )
@@ -116,8 +117,9 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_cpu_pool)
 
 
-def crc32c(data: Any) -> int:
-    return int(_crc32c.crc32c(data))
+def crc32c(data: Any, value: int = 0) -> int:
+    """CRC32C of ``data``, continued from ``value`` (the CRC of the bytes before it)."""
+    return int(_crc32c.crc32c(data, value))
 
 
 # -- describing what a rank holds -------------------------------------------------------------
@@ -176,6 +178,9 @@ PAGE = 4096
 PAGE_ALIGNED_MIN = 1 << 20
 """Bytes: tensors at least this large get page-aligned snapshot/load memory; smaller ones
 are packed (64-byte aligned) so many small tensors do not waste a page each."""
+VERIFY_BLOCK_BYTES = 16 << 20
+"""Bytes: ``verify`` reads a larger chunk in blocks of this size, its CRC32C continued from
+block to block, so it holds at most ``readers`` blocks whatever size a manifest declares."""
 
 
 def _align_for(nbytes: int) -> int:
@@ -319,9 +324,13 @@ def _prepare(
         import json
 
         try:
-            metadata = json.loads(json.dumps(metadata, allow_nan=False))  # a deep, JSON-only copy
+            text = json.dumps(metadata, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
         except (TypeError, ValueError) as err:
             raise errors.InvalidArgumentError(f"metadata must be JSON values: {err}") from None
+        problem = fmt.metadata_problem(text.encode("utf-8", "surrogatepass"))
+        if problem is not None:  # a load would refuse it: refused before anything is written
+            raise errors.InvalidArgumentError(f"metadata {problem}; store large data as arrays in the state")
+        metadata = json.loads(text)  # a deep, JSON-only copy
     nbytes = _parallel_copy(copies)
     return PreparedState(tree, tensors, metadata, snapshot_bytes=nbytes)
 
@@ -947,15 +956,16 @@ class CheckpointReader:
         n = self.store.read_into(self._prefix + chunk.key, chunk.offset, out)
         self._check_chunk(chunk, n, out)
 
-    def _check_chunk(self, chunk: fmt.Chunk, n: int, data: Any) -> None:
-        """Raise unless ``n`` (bytes read) is the chunk's length and ``data`` its CRC32C."""
+    def _check_chunk(self, chunk: fmt.Chunk, n: int, data: Any, *, crc: int | None = None) -> None:
+        """Raise unless ``n`` (bytes read) is the chunk's length and ``data`` (or ``crc``, the
+        CRC32C of what was read) its CRC32C."""
         key = self._prefix + chunk.key
         if n != chunk.length:
             raise errors.CorruptCheckpointError(
                 f"{self.store.url}/{key}: bytes {chunk.offset}..{chunk.offset + chunk.length} "
                 f"requested, object ends after {chunk.offset + n} (truncated object)"
             )
-        got = crc32c(data)
+        got = crc32c(data) if crc is None else crc
         if got != chunk.crc32c:
             raise errors.ChecksumError(
                 f"{self.store.url}/{key}: CRC32C mismatch in bytes {chunk.offset}..{chunk.offset + chunk.length} "
@@ -972,6 +982,8 @@ class CheckpointReader:
         def size(key: str) -> int | None:
             try:
                 return self.store.size(self._prefix + key)
+            except errors.NotRegularFileError as err:  # a FIFO, say: never read
+                raise errors.CorruptCheckpointError(f"{self.store.url}/{self._prefix}{key}: {err.strerror}") from None
             except FileNotFoundError:
                 return None
 
@@ -991,6 +1003,14 @@ class CheckpointReader:
                 )
         self._sizes_checked.update(todo)
 
+    def _allocate(self, shape: tuple[int, ...], dtype: np.dtype[Any], what: str) -> np.ndarray:
+        try:
+            return aligned_empty(shape, dtype)
+        except MemoryError:  # the address-space limit (ulimit -v), or overcommit refused it
+            raise errors.InsufficientMemoryError(
+                f"step {self.step}: cannot allocate {math.prod(shape) * dtype.itemsize} bytes for {what!r}"
+            ) from None
+
     def read(self, path: str, index: Any = None) -> np.ndarray:
         """Tensor ``path`` (or the box ``index`` of it: ints and unit-step slices)."""
         return self.read_many({path: index})[path]
@@ -1009,19 +1029,29 @@ class CheckpointReader:
 
         def destination(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
             dest = into.get(path)
-            if dest is None:
-                return aligned_empty(shape, dtype)
-            if dest.flags.c_contiguous:
+            if dest is not None and dest.flags.c_contiguous:
                 return dest.reshape(shape)  # a view: only unit dims of an int index differ
-            copy_back.append((dest, path))  # strided (a transposed view): read, then copy
-            return aligned_empty(shape, dtype)
+            if dest is not None:
+                copy_back.append((dest, path))  # strided (a transposed view): read, then copy
+            return self._allocate(shape, dtype, path)
         unknown = [p for p in wanted if p not in self.manifest.tensors]
         if unknown:
             raise errors.NotFoundError(f"step {self.step} has no tensor {unknown[0]!r}")
-        # before allocating anything: the objects really hold the bytes the manifest declares
-        # (the manifest is validated so that no two chunks share bytes, so no tensor is
-        # allocated beyond what the storage holds: a hostile manifest is no memory bomb)
+        # before allocating anything: the objects' sizes are what the manifest declares (the
+        # manifest is validated so that no two chunks share bytes, so what is allocated is at
+        # most what the storage reports holding; a sparse file reports its apparent size)
         self._check_sizes({c.key for p in wanted for c in self.manifest.tensors[p].chunks})
+        # ... and this machine can hold the arrays to be allocated (the declared bytes of what
+        # is read, less what into= receives in place): else a clear error before allocating
+        need = 0
+        for path, index in wanted.items():
+            entry = self.manifest.tensors[path]
+            dest = into.get(path)
+            if dest is None or not dest.flags.c_contiguous:
+                starts, stops, _ = _normalize(() if index is None else index, entry.shape, path)
+                need += math.prod(b - a for a, b in zip(starts, stops, strict=True)) * entry.np_dtype.itemsize
+        what = f"loading step {self.step} ({len(wanted)} tensor(s))"
+        ensure_memory(need, what)
         for path, index in wanted.items():
             entry = self.manifest.tensors[path]
             if index is None and entry.chunks and math.prod(entry.shape):
@@ -1067,7 +1097,7 @@ class CheckpointReader:
             if direct:
                 self._read_chunk_into(chunk, memoryview(target.reshape(-1).view(np.uint8)))
                 return
-            tmp = aligned_empty((chunk.length,), np.uint8)
+            tmp = self._allocate((chunk.length,), np.dtype(np.uint8), chunk.key)
             self._read_chunk_into(chunk, memoryview(tmp))
             target[...] = tmp.view(target.dtype).reshape(chunk.shape)[src_box]
 
@@ -1115,6 +1145,13 @@ class CheckpointReader:
             if group:
                 tasks.append((run_group, group))
 
+        # the read buffers too, before any is taken (the arrays above are not touched yet): one
+        # per reader, of a whole chunk that does not land in place, or of a group
+        partial = sorted((job[0].length for fn, job in tasks if fn is run and not place(job)[2]), reverse=True)
+        groups = sum(fn is run_group for fn, _ in tasks)
+        buffers = sum(partial[: self.readers]) + min(groups, self.readers) * COALESCE_REQUEST_BYTES
+        if buffers:
+            ensure_memory(need + buffers, what)
         if len(tasks) <= 1:
             for fn, arg in tasks:
                 fn(arg)
@@ -1214,11 +1251,15 @@ class CheckpointReader:
 
     def verify(self) -> list[str]:
         """Re-read every object and check sizes and every chunk's CRC. Returns the problems
-        found (empty: the checkpoint is intact)."""
+        found (empty: the checkpoint is intact). Holds at most ``readers`` buffers of
+        :data:`VERIFY_BLOCK_BYTES`, whatever the manifest declares."""
         problems: list[str] = []
         for key, size in self.manifest.objects.items():
             try:
                 actual = self.store.size(self._prefix + key)
+            except (errors.NotRegularFileError, errors.StoragePermissionError) as err:  # refused
+                problems.append(f"{self._prefix}{key}: {err.strerror}")
+                continue
             except FileNotFoundError:
                 problems.append(f"{self._prefix}{key}: missing")
                 continue
@@ -1227,10 +1268,20 @@ class CheckpointReader:
         jobs = [c for t in self.manifest.tensors.values() for c in t.chunks]
 
         def check(chunk: fmt.Chunk) -> str | None:
-            buf = aligned_empty((chunk.length,), np.uint8)
+            buf = memoryview(aligned_empty((min(chunk.length, VERIFY_BLOCK_BYTES),), np.uint8))
             try:
-                self._read_chunk_into(chunk, memoryview(buf))
-            except (errors.CorruptCheckpointError, FileNotFoundError) as err:
+                if chunk.length <= VERIFY_BLOCK_BYTES:
+                    self._read_chunk_into(chunk, buf)
+                    return None
+                crc = done = 0
+                while done < chunk.length:
+                    view = buf[: min(len(buf), chunk.length - done)]
+                    n = self.store.read_into(self._prefix + chunk.key, chunk.offset + done, view)
+                    crc, done = crc32c(view[:n], crc), done + n
+                    if n < len(view):
+                        break  # the object ends early
+                self._check_chunk(chunk, done, None, crc=crc)
+            except (errors.CorruptCheckpointError, FileNotFoundError, errors.StoragePermissionError) as err:
                 return str(err)
             return None
 
@@ -1283,9 +1334,16 @@ def list_steps(store: Store) -> list[StepInfo]:
         step = fmt.parse_step_dir(key.partition("/")[0])
         if step is not None:
             by_step.setdefault(step, []).append(key)
+
+    def size(key: str) -> int:
+        try:
+            return store.size(key)
+        except (FileNotFoundError, PermissionError):  # deleted meanwhile, or refused
+            return 0
+
     out = []
     for step, keys in sorted(by_step.items()):
-        nbytes = sum(store.size(k) for k in keys)
+        nbytes = sum(map(size, keys))
         info = StepInfo(step, False, nbytes, len(keys))
         if fmt.manifest_key(step) in keys:
             try:
@@ -1310,6 +1368,8 @@ def open_checkpoint(url: str | os.PathLike[str] | Store, step: int | None = None
         fmt.step_dir(step)
         try:
             return CheckpointReader(store, step, read_manifest(store, step))
+        except errors.NotRegularFileError:
+            raise  # a FIFO, say, where the manifest should be: named as such
         except FileNotFoundError:
             raise errors.NotFoundError(f"{store.url}: no committed checkpoint at step {step}") from None
     return _open_newest(store, skip=())
@@ -1322,8 +1382,9 @@ _RELISTS = 8
 
 def _open_newest(store: Store, skip: Iterable[int]) -> CheckpointReader:
     """The newest step whose manifest validates, other than ``skip``. A step whose manifest is
-    damaged or refused (a symlink out of the root, unreadable) is skipped with a warning; if
-    every listed step vanished meanwhile (retention), the steps are listed again."""
+    damaged or refused (a symlink out of the root, unreadable, not a regular file) is skipped
+    with a warning; if every listed step vanished meanwhile (retention), the steps are listed
+    again."""
     skipped = set(skip)
     for _ in range(_RELISTS):
         steps = committed_steps(store)
@@ -1333,11 +1394,11 @@ def _open_newest(store: Store, skip: Iterable[int]) -> CheckpointReader:
                 continue
             try:
                 return CheckpointReader(store, s, read_manifest(store, s))
-            except FileNotFoundError:
-                vanished = True  # retired meanwhile: an older one, or a newer one on re-listing
-            except (errors.CorruptCheckpointError, PermissionError) as err:
+            except (errors.CorruptCheckpointError, PermissionError, errors.NotRegularFileError) as err:
                 log.warning("skipping step %d: its manifest cannot be used (%s)", s, err)
                 skipped.add(s)
+            except FileNotFoundError:
+                vanished = True  # retired meanwhile: an older one, or a newer one on re-listing
         if not vanished:
             break
     raise errors.NotFoundError(f"{store.url}: no complete checkpoint found")
@@ -1585,7 +1646,10 @@ class Checkpointer:
         if not isinstance(retire_grace, int | float) or not 0 <= retire_grace < math.inf:
             raise errors.InvalidArgumentError(f"retire_grace: expected seconds >= 0, got {retire_grace!r}")
         self.retire_grace = float(retire_grace)
-        self.store = open_store(url, **store_options)
+        try:
+            self.store = open_store(url, **store_options)
+        except errors.UnknownOptionError as err:  # suggest the Checkpointer's options too
+            raise err.widened(type(self).__name__, _own_options(type(self))) from None
         if layout != "file-per-shard" and not self.store.capabilities.positional_writes:
             raise errors.InvalidArgumentError(
                 f"layout {layout!r} needs positional writes, which {self.store.url} "
@@ -1935,6 +1999,21 @@ def _sweep(
     return _Sweep(removed, live)
 
 
+def _own_options(cls: type) -> list[str]:
+    """The keyword arguments ``cls.__init__`` (and its bases') take by name: what a
+    Checkpointer keeps for itself rather than passing on to its store."""
+    import inspect  # error path only
+
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None and klass is not object:
+            names.update(p.name for p in inspect.signature(init).parameters.values()
+                         if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+                         and p.name not in ("self", "url"))
+    return sorted(names)
+
+
 def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     ck = {k: options.pop(k) for k in list(options) if k in _CHECKPOINT_OPTIONS}
     return ck, options
@@ -1986,6 +2065,11 @@ def load(
     allocated, which on Linux also saves the kernel zeroing fresh pages for it. If the load
     fails (a damaged chunk, say), it raises and the arrays of ``into`` may hold part of the
     checkpoint.
+
+    Memory: the declared bytes of what it returns (less what ``into`` receives in place) plus
+    at most one read buffer per reader, and the manifest; a load needing more than this
+    machine's memory and swap (or its cgroup's limit) raises
+    :class:`~ckptio.errors.InsufficientMemoryError` before allocating.
     """
     if step is not None:
         return open_checkpoint(url, step, **options).state(select, into=into)

@@ -419,7 +419,7 @@ def _projection_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from ckptio.console import comparison_sheet, projection_sheet
+    from ckptio.console import comparison_sheet, projection_sheet, warn
     from ckptio.report import build_report
 
     out = _printer(args)
@@ -430,6 +430,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     out.sheet(comparison_sheet(result["summary"], "merged results"))
     out.sheet(projection_sheet(result["projections"]))
     out.line(f"report: {args.out}/index.html ({len(result['files'])} files)")
+    if result["plots_missing"]:
+        warn(f"no plots: {result['plots_missing']}")
     return 0
 
 

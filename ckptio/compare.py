@@ -139,12 +139,20 @@ def compare(
     """
     from ckptio.dist import SingleProcess
     from ckptio.registry import open_store
-    from ckptio.report import DEFAULT_PRICE_PER_GPU_HOUR, DEFAULT_RESTART_SECONDS, build_report
+    from ckptio.report import (
+        DEFAULT_PRICE_PER_GPU_HOUR,
+        DEFAULT_RESTART_SECONDS,
+        build_report,
+        plots_unavailable,
+    )
     from ckptio.runner import run_workload
     from ckptio.workload import make_plan
 
     if iterations < 1:
         raise errors.InvalidArgumentError(f"iterations must be >= 1, got {iterations}")
+    no_plots = plots_unavailable()  # said before the measurements, not after them
+    if no_plots:
+        say(f"warning: {no_plots}; the report will be written without plots")
     plan = make_plan(preset, scale=scale, total_size=None if scale is not None else total_size,
                      object_size=object_size)
     results_dir = os.path.join(out, "results")

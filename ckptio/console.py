@@ -424,7 +424,7 @@ def comparison_sheet(summary: list[dict[str, Any]], title: str = "comparison") -
             "target": s["target"], "point": s.get("point", ""), "kind": s["kind"],
             "size": human_size(s["checkpoint_bytes"] or 0),
             "write": "-" if s["write_seconds"] is None else human_seconds(s["write_seconds"]),
-            "write GB/s": g(s["write_gbps"]), "read GB/s": g(s["read_gbps"]),
+            "write GB/s": g(s["write_GBps"]), "read GB/s": g(s["read_GBps"]),
             "iterations": str(s.get("iterations", "")),
             "reqs": str(s["requests"]), "throttled": str(s["throttled"]),
         }
@@ -475,12 +475,12 @@ def print_run(summary: Any, out: Printer) -> None:
     for r in summary.runs:
         point = [str(r["sweep_streams"]), human_bytes(r["sweep_part_size"])] if is_sweep else []
         s.add(str(r["iteration"]), *point, human_bytes(r["checkpoint_bytes"]),
-              num(r["write_seconds"]), num(r["write_gbps"]), num(r["min_rank_write_gbps"]),
-              num(r["read_seconds"]), num(r["read_gbps"]), num(r["min_rank_read_gbps"]),
+              num(r["write_seconds"]), num(r["write_GBps"]), num(r["min_rank_write_GBps"]),
+              num(r["read_seconds"]), num(r["read_GBps"]), num(r["min_rank_read_GBps"]),
               f"{r['requests']:,}", str(r["retries"] + r["throttled"]))
     out.sheet(s)
     rss = ", ".join(human_bytes(b) for b in summary.peak_rss_bytes)
-    gen = ", ".join(num(r["generate_gbps"]) for r in summary.runs)
+    gen = ", ".join(num(r["generate_GBps"]) for r in summary.runs)
     out.line(f"Layout: {first.get('layout', 'file-per-shard')}. GB/s = 1e9 bytes/s; slowest "
              f"rank: its own bytes over its own time. Read cache bypass: {summary.cache or 'n/a'}. "
              f"Data: {summary.generator}, generated at {gen} GB/s per core. Peak RSS per rank: "

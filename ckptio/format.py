@@ -14,7 +14,10 @@ object it names is listed, and retention removes a manifest before its data (see
 :mod:`ckptio.lease` for the protocol, the same on POSIX and object stores). The manifest is
 JSON (never pickle). Everything read back is validated before it is used: a bad manifest
 raises :class:`~ckptio.errors.ManifestError` naming the field; nothing outside the root is
-ever addressed, and no allocation exceeds the validated sizes.
+ever addressed, and no allocation exceeds the validated sizes. Free-form JSON (metadata, the
+tree, integrations' extras) is counted on the raw text before it is decoded
+(:data:`MAX_METADATA_BYTES`, :data:`MAX_FREE_VALUES`), so a manifest cannot make a reader
+build far more Python objects than a real one of its tensors would.
 """
 
 from __future__ import annotations
@@ -45,6 +48,22 @@ GETs aligned to pages)."""
 
 MAX_MANIFEST_BYTES = 1 << 30
 """A manifest larger than 1 GiB is refused unread (about 5 million chunks)."""
+MAX_METADATA_BYTES = 16 << 20
+"""The user's free-form ``metadata`` (run configs, counters, a tokenizer's vocabulary) may be
+at most 16 MiB of JSON: far more than any real run stores there, and small enough that a
+hostile manifest cannot make a reader hold much of it."""
+MAX_FREE_VALUES = 1_000_000
+"""JSON values and keys (counted by :func:`json_values`) that ``metadata`` may hold, and that
+the other values besides the tensor table (``tree``, ``objects``, ``extra``, ``layout``) may
+hold together beyond :data:`FREE_VALUES_PER_TENSOR_BYTE`'s share. Decoded by json, each costs
+at most ~85 bytes of memory (a one-key object), so 1 million cost at most ~85 MiB, while
+JSON such as ``[[],[],...]`` costs ~28x its size: the counts are checked on the raw text,
+before anything is decoded."""
+FREE_VALUES_PER_TENSOR_BYTE = 1 / 4
+"""What ``tree``, ``objects`` and ``extra`` (PyTorch DCP's plan) may hold beyond
+:data:`MAX_FREE_VALUES`, per byte of the tensor table: they grow with the tensors and chunks
+(ckptio writes ~2 values per object, ~7 per tree leaf and ~35 for DCP per tensor, against
+~190 bytes of the table per tensor), so a large checkpoint is never refused for them."""
 MAX_TENSOR_BYTES = 1 << 46
 """64 TiB: the largest single tensor a manifest may declare (a memory-bomb bound)."""
 MAX_DIMS = 32
@@ -319,7 +338,9 @@ def _parse_manifest(data: bytes, expect_step: int | None) -> Manifest:
         manifest = _validate(fast[0], expect_step, fast[1])
         if manifest is not None:
             return manifest
-    # json's decoding, for the per-field checks that find a bad field and name it
+    # json's decoding, for the per-field checks that find a bad field and name it; bounded
+    # first, for json builds every value of the text
+    _bound_json(data)
     manifest = _validate(_decode(data.decode("utf-8")), expect_step)
     assert manifest is not None
     return manifest
@@ -351,7 +372,8 @@ def _decode_fast(data: bytes) -> tuple[dict[str, Any], dict[str, TensorEntry]] |
         return None
     try:
         top = _TOP_DECODER.decode(data)
-        entries = _TENSORS_DECODER.decode(top.pop("tensors"))
+        data_tensors = top.pop("tensors")
+        entries = _TENSORS_DECODER.decode(data_tensors)
     except (msgspec.DecodeError, KeyError):  # ValidationError is a DecodeError
         return None
     counts = [_key_count(data), *map(_key_count, top.values())]
@@ -361,7 +383,91 @@ def _decode_fast(data: bytes) -> tuple[dict[str, Any], dict[str, TensorEntry]] |
     decoded = len(top) + 1 + len(entries) * (1 + len(TensorEntry.__struct_fields__)) + chunks * len(Chunk.__struct_fields__)
     if counts[0] != decoded + sum(c or 0 for c in counts[1:]):
         return None  # a repeated key: json's decoding names it
+    # no key repeats, so ``top`` is all of the text besides the tensor table
+    _check_free_values(top, sum(map(json_values, top.values())), len(data_tensors))
     return {k: _decode(bytes(v).decode("utf-8")) for k, v in top.items()}, entries
+
+
+_JSON_ERROR_BYTES = 1 << 20
+"""An invalid manifest up to this size is decoded by json for its error message (json builds
+the values before the error: at most ~28x this); a larger one gets msgspec's message."""
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _bound_json(data: bytes) -> None:
+    """Refuse, before json decodes it, a text whose values besides the tensor table hold more
+    than :func:`_check_free_values` allows. Counted on the whole text, so values of a
+    repeated key (which msgspec drops) count too."""
+    try:
+        top = _TOP_DECODER.decode(data)
+    except msgspec.DecodeError as err:
+        # lone surrogates (``"\\ud800"``, which json reads and msgspec refuses) are masked
+        # with escapes of the same length: the structure, all that is counted, is unchanged
+        try:
+            data = _SURROGATE.sub(rb"\\u0041", data) if b"\\u" in data else data
+            top = _TOP_DECODER.decode(data)
+        except msgspec.DecodeError:
+            if len(data) > _JSON_ERROR_BYTES:
+                raise errors.ManifestError(f"manifest is not a valid JSON object ({err})") from None
+            return  # json's decoding fails on it, naming the problem
+    tensors = top.pop("tensors", b"")
+    _check_free_values(top, json_values(data) - json_values(tensors) + 1, len(tensors))
+
+
+def metadata_problem(raw: Any) -> str | None:
+    """What makes ``raw`` (the JSON of a manifest's ``metadata``) too large, or None: more
+    than :data:`MAX_METADATA_BYTES` or :data:`MAX_FREE_VALUES`. Checked by saves and loads."""
+    if len(raw) > MAX_METADATA_BYTES:
+        return f"{len(raw)} bytes of JSON, more than the limit of {MAX_METADATA_BYTES}"
+    n = json_values(raw)
+    if n > MAX_FREE_VALUES:
+        return f"holds {n} JSON values and keys, more than the limit of {MAX_FREE_VALUES}"
+    return None
+
+
+def _check_free_values(top: Mapping[str, Any], free: int, tensor_bytes: int) -> None:
+    """Raise unless ``metadata`` (raw JSON in ``top``) is within :data:`MAX_METADATA_BYTES`
+    and :data:`MAX_FREE_VALUES`, and the ``free`` values of the text besides the tensor table
+    within the allowance of ``tensor_bytes`` bytes of table."""
+    metadata = top.get("metadata")
+    problem = None if metadata is None else metadata_problem(metadata)
+    _want(problem is None, "metadata", str(problem))
+    allowed = MAX_FREE_VALUES + int(tensor_bytes * FREE_VALUES_PER_TENSOR_BYTE)
+    _want(
+        free <= allowed, "$",
+        f"the values besides the tensor table (tree, objects, metadata, extra, ...) hold {free} JSON values "
+        f"and keys, more than the {allowed} allowed with {tensor_bytes} bytes of tensor table",
+    )
+
+
+def json_values(text: Any) -> int:
+    """An upper bound of the values and keys in a JSON text: one plus its ``[ { , :`` outside
+    strings (each value or key but the first of a container follows one). Counted 1 MiB at a
+    time; a block with escapes is counted on a copy without them (so that quotes alternate)."""
+    a = np.frombuffer(text, np.uint8)
+    count, start = 1, 0
+    parity = np.uint8(0)  # 1 inside a string
+    while start < len(a):
+        stop = min(start + _COUNT_BLOCK, len(a))
+        block = a[start:stop]
+        if (block == ord("\\")).any():
+            raw = block.tobytes()
+            if (len(raw) - len(raw.rstrip(b"\\"))) % 2 and stop < len(a):
+                stop += 1  # the block ends inside an escape: take its second byte too
+                raw = a[start:stop].tobytes()
+            block = np.frombuffer(_ESCAPE.sub(b"", raw), np.uint8)
+        start = stop
+        if not len(block):
+            continue
+        inside = np.cumsum(block == ord('"'), dtype=np.uint8)  # wraps at 256: the parity stays
+        inside += parity
+        inside &= 1
+        count += int(np.count_nonzero(_STRUCTURAL[block] > inside))
+        parity = inside[-1]
+    return count
+
+
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
 
 
 def _key_count(text: Any) -> int | None:
@@ -387,6 +493,8 @@ def _key_count(text: Any) -> int | None:
 _COUNT_BLOCK = 1 << 20
 _AFTER_STRING = np.zeros(256, bool)
 _AFTER_STRING[list(b":,]}")] = True
+_STRUCTURAL = np.zeros(256, np.uint8)
+_STRUCTURAL[list(b"[{,:")] = 1
 _TOP_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _TENSORS_DECODER = msgspec.json.Decoder(dict[str, TensorEntry])
 

@@ -230,7 +230,7 @@ class PhaseEstimate:
 
     phase: str
     seconds: float
-    gbps: float
+    GBps: float
     """``total_bytes / seconds / 1e9``."""
     binding: str
     """The binding limit (one of :data:`LIMITS`)."""
@@ -360,7 +360,7 @@ def estimate(
         phase=phase,
         seconds=total,
         remedy=remedy,
-        gbps=w.total_bytes / total / 1e9 if total > 0 else math.inf,
+        GBps=w.total_bytes / total / 1e9 if total > 0 else math.inf,
         binding=binding,
         binding_detail=f"{p.name}: {binding} — {details[binding]}",
         limits=limits,
@@ -761,7 +761,7 @@ def calibrate(requests: Any, runs: Any) -> list[Calibration]:
     target from result tables (pyarrow tables of the results schema, :mod:`ckptio.results`).
 
     Per target: data requests of the write phase that succeeded are fitted as ``seconds =
-    latency + nbytes / stream_bandwidth``; the aggregate is the highest ``write_gbps`` of its
+    latency + nbytes / stream_bandwidth``; the aggregate is the highest ``write_GBps`` of its
     runs; ``streams`` the most streams used; ``part_size`` the median request size.
     """
     import numpy as np
@@ -777,7 +777,7 @@ def calibrate(requests: Any, runs: Any) -> list[Calibration]:
             continue
         lat, bw = fit_latency_bandwidth([r["nbytes"] for r in rows],
                                         [r["seconds"] for r in rows])
-        agg = max((r.get("write_gbps") or 0.0) for r in mine) * 1e9
+        agg = max((r.get("write_GBps") or 0.0) for r in mine) * 1e9
         streams = max(int(r.get("streams") or 1) for r in mine)
         notes = []
         if agg <= 0:

@@ -58,6 +58,20 @@ INSTALL_HINTS: Mapping[str, str] = MappingProxyType(
 )
 
 
+#: The packages each built-in backend imports when a store opens (not when its module loads):
+#: :func:`load_backend` checks that they are installed, without importing them.
+REQUIRES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "s3": ("botocore",),
+        "s3+boto3": ("botocore",),
+        "s3+fsspec": ("fsspec", "s3fs", "botocore"),
+        "s3+arrow": ("pyarrow", "botocore"),
+        "s3+obstore": ("obstore", "botocore"),
+        "fsspec": ("fsspec",),
+    }
+)
+
+
 @dataclass(frozen=True)
 class BackendInfo:
     scheme: str
@@ -90,14 +104,35 @@ def load_backend(scheme: str) -> type[Store]:
         module = importlib.import_module(module_name)
     except ImportError as err:
         extra = INSTALL_HINTS.get(info.scheme) or INSTALL_HINTS.get(scheme)
-        hint = f"pip install 'ckptio[{extra}]'" if extra else f"install {info.distribution}'s dependencies"
+        if extra:
+            raise errors.missing_package(err, extra=extra, purpose=f"backend {info.scheme!r}") from err
         raise errors.BackendUnavailableError(
-            f"backend {info.scheme!r} needs a module that is not installed ({err.name or err}); {hint}"
+            f"backend {info.scheme!r} needs a module that is not installed ({err.name or err}); "
+            f"install {info.distribution}'s dependencies"
         ) from err
     cls = getattr(module, attr)
     if not (isinstance(cls, type) and issubclass(cls, Store)):
         raise errors.CkptioError(f"entry point {info.target!r} is not a ckptio Store class")
+    extra = INSTALL_HINTS.get(info.scheme) or INSTALL_HINTS.get(scheme)
+    for name in REQUIRES.get(info.scheme, ()):  # imported when a store opens: found, not imported
+        if not _installed(name):
+            err = ModuleNotFoundError(f"No module named {name!r}", name=name)
+            raise errors.missing_package(err, extra=extra or "all", purpose=f"backend {info.scheme!r}")
     return cls
+
+
+def _installed(module: str) -> bool:
+    """Whether the top-level package of ``module`` can be imported (without importing it)."""
+    import sys
+    from importlib.util import find_spec
+
+    top = module.partition(".")[0]
+    if top in sys.modules:
+        return sys.modules[top] is not None
+    try:
+        return find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 # -- URLs ------------------------------------------------------------------------------------

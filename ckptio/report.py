@@ -147,7 +147,7 @@ def projection_rows(targets: list[dict[str, Any]], requests: list[dict[str, Any]
                 "preset": preset, "gpus": w.gpus, "writing_ranks": w.writing_ranks,
                 "checkpoint_bytes": w.total_bytes, "target": t["label"], "name": t["name"],
                 "kind": t["kind"],
-                "profile": how, "write_seconds": e.seconds, "write_gbps": e.gbps,
+                "profile": how, "write_seconds": e.seconds, "write_GBps": e.GBps,
                 "binding": e.binding, "binding_detail": e.binding_detail,
                 "remedy": e.remedy, **cost,
                 # async save: GPUs wait only for the device->host snapshot (assumed 25 GB/s
@@ -159,6 +159,19 @@ def projection_rows(targets: list[dict[str, Any]], requests: list[dict[str, Any]
 
 
 # -- plots -------------------------------------------------------------------------------------
+
+
+def plots_unavailable() -> str | None:
+    """Why plots cannot be drawn here (matplotlib is not installed, with the pip extra that
+    installs it), or None. Checked before any work, so that a report (or ``ckptio compare``,
+    before its measurements) says so up front and is written without plots."""
+    from ckptio import errors
+
+    try:
+        errors.require("matplotlib.pyplot", extra="report", purpose="the report's plots")
+    except errors.BackendUnavailableError as err:
+        return str(err)
+    return None
 
 
 def _plt() -> Any:
@@ -185,8 +198,8 @@ def plot_throughput(summary: list[dict[str, Any]], path: str) -> str:
     :func:`summary_rows`: one per target and point, never points averaged together."""
     plt = _plt()
     rows = [({**s, "label": f"{s['label']} {s['point']}".strip()},
-             s["write_gbps"] if s["write_gbps"] is not None else float("nan"),
-             s["read_gbps"] if s["read_gbps"] is not None else float("nan")) for s in summary]
+             s["write_GBps"] if s["write_GBps"] is not None else float("nan"),
+             s["read_GBps"] if s["read_GBps"] is not None else float("nan")) for s in summary]
     n = len(rows)
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.9 * n))
     for i, (t, wgb, rgb) in enumerate(rows):
@@ -282,7 +295,7 @@ def plot_sweep(targets: list[dict[str, Any]], path: str) -> str | None:
             for r in sweep:
                 if (r.get("sweep_part_size") or r.get("part_size") or 0) == part:
                     pts.setdefault(int(r.get("sweep_streams") or r.get("streams") or 1),
-                                   []).append(r["write_gbps"])
+                                   []).append(r["write_GBps"])
             if not pts:
                 continue
             xs = sorted(pts)
@@ -466,9 +479,9 @@ def summary_rows(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "preset": r0.get("preset"), "scale": r0.get("scale"), "ranks": r0.get("ranks"),
                 "checkpoint_bytes": r0.get("checkpoint_bytes"),
                 "write_seconds": _finite(_mean([r["write_seconds"] for r in rows])),
-                "write_gbps": _finite(_mean([r["write_gbps"] for r in rows])),
-                "read_gbps": _finite(_mean([r["read_gbps"] for r in rows])),
-                "min_rank_write_gbps": _finite(_mean([r["min_rank_write_gbps"] for r in rows])),
+                "write_GBps": _finite(_mean([r["write_GBps"] for r in rows])),
+                "read_GBps": _finite(_mean([r["read_GBps"] for r in rows])),
+                "min_rank_write_GBps": _finite(_mean([r["min_rank_write_GBps"] for r in rows])),
                 "requests": sum(int(r.get("requests") or 0) for r in rows),
                 "retries": sum(int(r.get("retries") or 0) for r in rows),
                 "throttled": sum(int(r.get("throttled") or 0) for r in rows),
@@ -500,7 +513,8 @@ def build_report(
 ) -> dict[str, Any]:
     """Merge result files/directories ``paths`` (from any machines or sites) into
     ``out_dir``: ``index.html``, ``report.md`` and PNG plots. Returns what it wrote and the
-    tables (JSON-able)."""
+    tables (JSON-able). Without matplotlib the report is written without plots, and says why
+    (``plots_missing`` in the result: the message with the pip extra; None when drawn)."""
     import html
     import os
 
@@ -520,7 +534,8 @@ def build_report(
     proj = projection_rows(targets, requests, presets, interval=interval, price=price,
                            restart=restart)
     first_preset = [p for p in proj if p["preset"] == presets[0][0]]
-    plots: dict[str, str | None] = {
+    no_plots = plots_unavailable()
+    plots: dict[str, str | None] = {} if no_plots else {
         "throughput": plot_throughput(summary, os.path.join(out_dir, "throughput.png")),
         "latency": plot_latency(targets, requests, os.path.join(out_dir, "latency.png")),
         "sweep": plot_sweep(targets, os.path.join(out_dir, "sweep.png")),
@@ -556,7 +571,7 @@ def build_report(
          "write GB/s", "read GB/s", "min rank write GB/s", "requests", "retries", "throttled"],
         [[s["target"], *pt(s), KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
           s["site"], human_size(s["checkpoint_bytes"] or 0), _g(s["write_seconds"]),
-          _g(s["write_gbps"]), _g(s["read_gbps"]), _g(s["min_rank_write_gbps"]),
+          _g(s["write_GBps"]), _g(s["read_GBps"]), _g(s["min_rank_write_GBps"]),
           s["requests"], s["retries"], s["throttled"]] for s in summary]))
     md += ["", "## Full-scale projection (model)", "",
            f"Interval {human_seconds(interval)}; price {price:g} per GPU-hour (assumption); "
@@ -599,6 +614,8 @@ def build_report(
                    f"part size {human_size(prof.part_size)}; past the rate limit: "
                    f"{prof.throttle or 'n/a'}.", ""]
     md += ["", "## Plots", ""]
+    if no_plots:
+        md += [f"_Plots not drawn: {no_plots}._", ""]
     for name, path in plots.items():
         if path:
             md += [f"### {captions[name]}", "", f"![{name}]({os.path.basename(path)})", ""]
@@ -616,8 +633,8 @@ def build_report(
         return f"<table><tr>{head}</tr>{body}</table>"
 
     comp_rows = [[s["target"], *pt(s), KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
-                  s["site"], human_size(s["checkpoint_bytes"] or 0), _g(s["write_gbps"]),
-                  _g(s["read_gbps"]), s["requests"], s["throttled"]] for s in summary]
+                  s["site"], human_size(s["checkpoint_bytes"] or 0), _g(s["write_GBps"]),
+                  _g(s["read_GBps"]), s["requests"], s["throttled"]] for s in summary]
     proj_rows = [[f"{p['preset']} on {p['gpus']} GPUs", p["target"],
                   human_seconds(p["write_seconds"]) if p.get("write_seconds") else "-",
                   p["binding_detail"],
@@ -645,6 +662,8 @@ def build_report(
                     "idle GPU-h/day", "what would fix it"],
                    proj_rows, ["projected"] * len(proj_rows)),
     ]
+    if no_plots:
+        parts.append(f"<h2>Plots</h2><p><i>Plots not drawn: {html.escape(no_plots)}.</i></p>")
     for name, path in plots.items():
         if path:
             parts.append(f"<h2>{html.escape(captions[name])}</h2>"
@@ -655,4 +674,4 @@ def build_report(
     written = [os.path.join(out_dir, n) for n in ("index.html", "report.md")]
     written += [p for p in plots.values() if p]
     return {"out": out_dir, "files": written, "summary": summary, "projections": proj,
-            "sites": sites}
+            "sites": sites, "plots_missing": no_plots}

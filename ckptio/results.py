@@ -9,7 +9,10 @@ on its way to the file. Several runs may share a directory; :func:`read_results`
 or directories, from any machine or site, into one :class:`Results` (the schemas are fixed
 here, so tables concatenate; the ``site`` column tells sites apart).
 
-Units: bytes, seconds (``start``/``end`` are epoch seconds), GB/s = 1e9 bytes/s.
+Units: bytes, seconds (``start``/``end`` are Unix seconds), GB/s = 1e9 bytes/s (columns
+``*_GBps``: gigabytes, never gigabits, per second). Every column carries its unit in the
+Parquet field metadata (key ``unit``, :data:`UNITS`), so a file read without ckptio says
+what its numbers mean.
 """
 
 from __future__ import annotations
@@ -30,13 +33,9 @@ from ckptio.redact import redact, redact_obj, redact_strings
 
 
 def _pa() -> Any:
-    try:
-        import pyarrow
-        import pyarrow.parquet  # the submodule, used as pyarrow.parquet
-    except ImportError as err:
-        raise errors.BackendUnavailableError(
-            "result files need pyarrow; pip install 'ckptio[report]'"
-        ) from err
+    errors.require("pyarrow.parquet", extra="report", purpose="result files (Parquet)")
+    import pyarrow
+
     return pyarrow
 
 
@@ -90,16 +89,16 @@ RUN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("checkpoint_bytes", "int64"),
     ("objects", "int64"),
     ("write_seconds", "float64"),
-    ("write_gbps", "float64"),
-    ("min_rank_write_gbps", "float64"),
+    ("write_GBps", "float64"),
+    ("min_rank_write_GBps", "float64"),
     ("read_seconds", "float64"),
-    ("read_gbps", "float64"),
-    ("min_rank_read_gbps", "float64"),
+    ("read_GBps", "float64"),
+    ("min_rank_read_GBps", "float64"),
     ("requests", "int64"),
     ("retries", "int64"),
     ("throttled", "int64"),
     ("errors", "int64"),
-    ("generate_gbps", "float64"),
+    ("generate_GBps", "float64"),
     ("streams", "int32"),
     ("part_size", "int64"),
     ("emulated", "bool_"),
@@ -112,13 +111,51 @@ RUN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("layout", "string"),
 )
 """One iteration of a run. ``write_seconds``: the maximum over ranks from the start barrier
-to the commit (write + durable flush + commit); ``write_gbps = checkpoint_bytes /
-write_seconds / 1e9``; ``min_rank_*_gbps``: the slowest rank's own bytes over its own time
-(MLPerf Storage's metric); ``generate_gbps``: synthetic data generated per CPU second of
-generation work (throughput per core; compare it with write_gbps / cores to see whether
+to the commit (write + durable flush + commit); ``write_GBps = checkpoint_bytes /
+write_seconds / 1e9``; ``min_rank_*_GBps``: the slowest rank's own bytes over its own time
+(MLPerf Storage's metric); ``generate_GBps``: synthetic data generated per CPU second of
+generation work (throughput per core; compare it with write_GBps / cores to see whether
 generation could limit a run). ``layout``: how the checkpoint was laid out on the target
 (``file-per-shard``, ``shared-file``, ``shared-file-per-node``; see
 :data:`ckptio.checkpoint.LAYOUTS`)."""
+
+GBPS = "GB/s (1e9 bytes/s)"
+
+UNITS: dict[str, str] = {
+    # labels and identifiers
+    **dict.fromkeys(("run_id", "target", "phase", "op", "key", "outcome", "backend", "cache",
+                     "url", "preset", "profile", "site", "kind", "layout"), "text"),
+    **dict.fromkeys(("emulated", "mock"), "boolean"),
+    **dict.fromkeys(("rank", "iteration"), "index (from 0)"),
+    "attempt": "index (1 = the first attempt)",
+    "thread": "thread id",
+    # sizes, times, rates
+    **dict.fromkeys(("nbytes", "bytes", "checkpoint_bytes", "part_size", "sweep_part_size"),
+                    "bytes"),
+    **dict.fromkeys(("seconds", "write_seconds", "read_seconds"), "seconds"),
+    **dict.fromkeys(("start", "end"), "Unix seconds (UTC)"),
+    **dict.fromkeys(("write_GBps", "min_rank_write_GBps", "read_GBps", "min_rank_read_GBps"),
+                    GBPS),
+    "generate_GBps": "GB/s (1e9 bytes/s) per CPU core",
+    "scale": "ratio to the preset's full size",
+    # counts
+    **dict.fromkeys(("ranks", "writing_ranks", "objects", "requests", "retries", "throttled",
+                     "errors", "streams", "sweep_streams"), "count"),
+}
+"""The unit of every column (of every table: a name means the same in each), stored as
+the Parquet field metadata ``unit`` by :func:`schema`."""
+
+RENAMED_COLUMNS: dict[str, dict[str, str]] = {
+    "run": {
+        "write_gbps": "write_GBps",
+        "min_rank_write_gbps": "min_rank_write_GBps",
+        "read_gbps": "read_GBps",
+        "min_rank_read_gbps": "min_rank_read_GBps",
+        "generate_gbps": "generate_GBps",
+    }
+}
+"""Old column name -> today's, per table: :func:`read_results` reads files written before a
+rename (``*_gbps`` read as gigabits; the values were always 1e9 bytes/s)."""
 
 ADDED_COLUMNS: dict[str, dict[str, Any]] = {"run": {"layout": "file-per-shard"}}
 """Columns added to a table after result files were first written, with the value that
@@ -129,9 +166,11 @@ TABLES = {"requests": REQUEST_COLUMNS, "phases": PHASE_COLUMNS, "run": RUN_COLUM
 
 
 def schema(name: str) -> Any:
-    """The Arrow schema of table ``requests``, ``phases`` or ``run``."""
+    """The Arrow schema of table ``requests``, ``phases`` or ``run``; each field's metadata
+    holds its ``unit`` (:data:`UNITS`)."""
     pa = _pa()
-    return pa.schema([(col, getattr(pa, typ)()) for col, typ in TABLES[name]])
+    return pa.schema([pa.field(col, getattr(pa, typ)(), metadata={"unit": UNITS[col]})
+                      for col, typ in TABLES[name]])
 
 
 def table(name: str, columns: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> Any:
@@ -366,6 +405,8 @@ def read_results(paths: Sequence[str | os.PathLike[str]]) -> Results:
             f = run_file.with_name(f"{run_id}.{name}.parquet")
             if f.exists():
                 t = pq.read_table(f)
+                renamed = RENAMED_COLUMNS.get(name, {})
+                t = t.rename_columns([renamed.get(c, c) for c in t.column_names])
                 for col, value in ADDED_COLUMNS.get(name, {}).items():
                     if col not in t.column_names:
                         t = t.append_column(col, pa.array([value] * t.num_rows, type=schema(name).field(col).type))

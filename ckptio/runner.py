@@ -452,7 +452,7 @@ def _run(
         if say is not None and rank == 0:
             secs = end - start
             say(f"iteration {it + 1}/{iterations}: {phase} {units.human_bytes(plan.total_bytes)} "
-                f"in {secs:.3g} s, {_gbps(plan.total_bytes, secs):.3g} GB/s")
+                f"in {secs:.3g} s, {_gb_per_s(plan.total_bytes, secs):.3g} GB/s")
 
     rank = comm.rank
     mine = _assign(plan, comm.size)[rank]
@@ -830,7 +830,7 @@ def _delete_step(store: Store, comm: Communicator, step: int, my_objects: Sequen
         store.direct_read = False  # the next write phase is buffered again
 
 
-def _gbps(nbytes: float, seconds: float) -> float:
+def _gb_per_s(nbytes: float, seconds: float) -> float:
     return nbytes / seconds / 1e9 if seconds > 0 else 0.0
 
 
@@ -853,8 +853,8 @@ def _run_rows(plan: Plan, everything: Sequence[dict[str, Any]], reqs: dict[str, 
         write_s = max(i["write_end"] - i["write_start"] for i in iters)
         read_s = max((i["read_end"] - i["read_start"] for i in iters if i["read_end"]), default=0.0)
         writers = [i for i in iters if i["bytes"] > 0]
-        min_w = min((_gbps(i["bytes"], i["write_done"] - i["write_start"]) for i in writers), default=0.0)
-        min_r = min((_gbps(i["bytes"], i["read_done"] - i["read_start"]) for i in writers
+        min_w = min((_gb_per_s(i["bytes"], i["write_done"] - i["write_start"]) for i in writers), default=0.0)
+        min_r = min((_gb_per_s(i["bytes"], i["read_done"] - i["read_start"]) for i in writers
                      if i["read_end"]), default=0.0)
         gen_s = sum(i["gen_seconds"] for i in iters)
         sel = req_iter == it
@@ -864,14 +864,14 @@ def _run_rows(plan: Plan, everything: Sequence[dict[str, Any]], reqs: dict[str, 
             "preset": plan.preset.name, "scale": float(plan.scale), "ranks": comm_size,
             "writing_ranks": plan.writing_ranks, "iteration": it, "checkpoint_bytes": total,
             "objects": sum(i["objects"] for i in iters),
-            "write_seconds": write_s, "write_gbps": _gbps(total, write_s),
-            "min_rank_write_gbps": min_w,
-            "read_seconds": read_s, "read_gbps": _gbps(total, read_s) if read_s else 0.0,
-            "min_rank_read_gbps": min_r,
+            "write_seconds": write_s, "write_GBps": _gb_per_s(total, write_s),
+            "min_rank_write_GBps": min_w,
+            "read_seconds": read_s, "read_GBps": _gb_per_s(total, read_s) if read_s else 0.0,
+            "min_rank_read_GBps": min_r,
             "requests": int(sel.sum()), "retries": int((outcomes == "retry").sum()),
             "throttled": int((outcomes == "throttled").sum()),
             "errors": int((outcomes == "error").sum()),
-            "generate_gbps": _gbps(total, gen_s), "streams": streams, "part_size": part_size,
+            "generate_GBps": _gb_per_s(total, gen_s), "streams": streams, "part_size": part_size,
             "emulated": emulated, "profile": profile, "mock": mock,
             "site": site or socket.gethostname(), "kind": kind,
             "sweep_streams": sweep_streams, "sweep_part_size": sweep_part_size,

@@ -54,10 +54,10 @@ def test_run_piped_shows_every_value_whole_and_progress_on_stderr(tmp_path: Path
         assert str(path) in lines, (path, proc.stdout)
     for column in ("write GB/s", "slowest rank write GB/s", "slowest rank read GB/s"):
         assert f" {column} " in proc.stdout, column
-    assert run["write_gbps"] < 10
+    assert run["write_GBps"] < 10
     row = next(ln for ln in lines if ln.startswith("|  0 |"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert float(cells[3]) == pytest.approx(run["write_gbps"], rel=0.01), row  # all its digits
+    assert float(cells[3]) == pytest.approx(run["write_GBps"], rel=0.01), row  # all its digits
     # progress on stderr, in plain lines
     err = proc.stderr.splitlines()
     assert err[0].startswith("running run llama3-8b"), proc.stderr

@@ -28,7 +28,7 @@ def test_compare_runs_every_kind_of_target_and_writes_the_report(tmp_path, capsy
     assert "mock — not a performance figure" in md
     assert "emulated" in md and "projected" in md
     # the emulated cloud target is slower than its emulated HPC neighbour, as the profiles say
-    gbps = {s["target"]: s["write_gbps"] for s in result["summary"]}
+    gbps = {s["target"]: s["write_GBps"] for s in result["summary"]}
     assert gbps["cloud-s3"] < gbps["abci-lustre"]
     # full-scale projection names the binding limit in words, mock is not projected
     proj = {p["target"]: p for p in result["projections"]}

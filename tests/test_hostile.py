@@ -426,3 +426,305 @@ def test_no_code_execution_primitive_on_the_load_path():
                         problems.append(f"{rel}:{node.lineno}: allow_pickle")
     assert problems == [], problems
     assert len(LOAD_PATH) > 12  # the backends were found
+
+
+# -- memory and blocking: what a hostile checkpoint may cost a reader ----------------------------
+
+_PEAK_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import ckptio
+    from ckptio import errors
+    from ckptio.cli import main
+    url, good, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+    def peak():  # bytes: this image's high-water RSS (ru_maxrss would include the parent's
+        # before exec: Linux carries it over fork and exec)
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+    ckptio.load(url, step=good)  # warm: every lazy import is done, pools exist
+    base = peak()
+    outcomes = {}
+    for op in sys.argv[4:]:
+        try:
+            if op == "load":
+                reader = ckptio.open_checkpoint(url)  # what ckptio.load(url) does
+                reader.state()
+                outcomes[op] = "loaded step %d" % reader.step
+            elif op in ("ls", "gc"):
+                outcomes[op] = "exit %s" % main([op, url, "--json"])
+            elif op == "verify":
+                outcomes[op] = "problems %s" % ckptio.verify(url)
+            elif op == "retention":
+                with ckptio.Checkpointer(url, keep_last=3) as ck:
+                    ck.save({"w": np.zeros(4, np.float32)}, step=new)
+                outcomes[op] = "saved"
+        except errors.CkptioError as err:
+            outcomes[op] = type(err).__name__ + ": " + str(err)[:300]
+    print(json.dumps({"base": base, "peak": peak(), "outcomes": outcomes}))
+    """
+)
+
+
+def _peak_of(root: Path, ops: list[str], good_step: int, new_step: int = 0) -> dict:
+    """Peak RSS (bytes) of a fresh process running ``ops`` one after another on ``root``,
+    and of the same process before them (warmed up by loading ``good_step``)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _PEAK_SCRIPT, f"file://{root}", str(good_step), str(new_step), *ops],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _bomb(n_bytes: int) -> str:
+    """JSON of ``n_bytes`` bytes that json decodes into ~28x that: nested empty lists."""
+    return "[" + ",".join(["[[]]"] * (n_bytes // 5)) + "]"
+
+
+FREE_FORM_BOMBS = {
+    # where the bomb sits: (mutation of the manifest text, built from the doc and the bomb)
+    "metadata": lambda doc, bomb: json.dumps(dict(doc, metadata="@")).replace('"@"', bomb),
+    "tree": lambda doc, bomb: json.dumps(dict(doc, tree={"d": {"w": {"t": "w"}, "x": {"v": "@"}}})).replace('"@"', bomb),
+    # a repeated key: msgspec keeps the last (small) value, json would build the first
+    "repeated_metadata": lambda doc, bomb: json.dumps(dict(doc, metadata="@")).replace('"metadata": "@"', f'"metadata": {bomb}, "metadata": 1'),
+}
+
+
+@pytest.mark.parametrize("where", sorted(FREE_FORM_BOMBS))
+def test_free_form_json_bomb_bounded_in_load_ls_gc_and_retention(tmp_path, where):
+    """A committed-looking newest manifest whose free-form JSON is 32 MiB of nested empty
+    lists (valid JSON, far under the 1 GiB manifest limit) would decode into ~900 MiB of
+    Python objects. It is refused from its raw text before decoding (fmt.MAX_METADATA_BYTES,
+    fmt.MAX_FREE_VALUES): in a fresh process, load (falling back to the older good step),
+    ls, gc and a save's retention each stay under the manifest's size plus 32 MiB (it is read once)."""
+    root = tmp_path / "run"
+    make_checkpoint(root, step=5)
+    doc = make_checkpoint(root, step=7)
+    text = FREE_FORM_BOMBS[where](doc, _bomb(32 << 20))
+    write_manifest(root, text.encode(), step=7)
+    size = len(text)
+    got = _peak_of(root, ["load", "ls", "gc", "retention"], good_step=5, new_step=9)
+    grew = got["peak"] - got["base"]
+    assert grew < size + (32 << 20), f"peak grew by {grew >> 20} MiB for a {size >> 20} MiB manifest ({got})"
+    assert got["outcomes"] == {"load": "loaded step 5", "ls": "exit 0", "gc": "exit 0", "retention": "saved"}, got
+    with pytest.raises(errors.ManifestError, match=where.replace("repeated_", "")):
+        ckptio.load(f"file://{root}", step=7)
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ckptio.cli", *args], capture_output=True, text=True, timeout=timeout,
+        env=dict(os.environ, COLUMNS="400"),  # one line per message: rich wraps at 80 otherwise
+    )
+
+
+NOT_REGULAR = {
+    "fifo": (lambda p: os.mkfifo(p), "a FIFO"),
+    "directory": (lambda p: p.mkdir(), "a directory"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_REGULAR))
+def test_non_regular_data_object_refused_without_blocking(ckpt, kind):
+    """A FIFO (or a directory) where a data object should be: `ckptio verify` reports it and
+    exits 1 instead of blocking forever in open() (the FIFO) or crashing; `ls` and `gc` list
+    and clean as usual; a load refuses it naming it. Every file:// open is O_NONBLOCK, then
+    fstat-checked (open_regular)."""
+    root, _ = ckpt
+    obj = root / "step-0000000007" / "data/rank-00000-000-x.bin"
+    obj.unlink()
+    make, words = NOT_REGULAR[kind]
+    make(obj)
+    try:
+        proc = _cli("verify", f"file://{root}", timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"ckptio verify blocked on {kind} for 60 s")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"rank-00000-000-x.bin: it is {words}, not a regular file" in proc.stdout + proc.stderr, proc
+    for cmd in ("ls", "gc"):
+        proc = _cli(cmd, f"file://{root}", "--json", timeout=60)
+        assert proc.returncode == 0, (cmd, proc.stdout + proc.stderr)
+    with pytest.raises(errors.CorruptCheckpointError, match=f"rank-00000-000-x.bin: refusing .*it is {words}"):
+        ckptio.load(f"file://{root}", step=7)
+
+
+def test_symlink_out_of_the_root_leaks_no_size(ckpt, tmp_path):
+    """size() applies the out-of-root check of reads: a data object symlinked to a file
+    outside the root neither gives that file's size (`ckptio ls` sums sizes) nor anything else."""
+    root, _ = ckpt
+    obj = root / "step-0000000007" / "data/rank-00000-000-x.bin"
+    outside = tmp_path / "secret-size.bin"
+    with open(outside, "wb") as f:
+        f.truncate(987_654_321)  # a size that shows wherever it leaks
+    obj.unlink()
+    obj.symlink_to(outside)
+    store = ckptio.open_store(f"file://{root}")
+    with pytest.raises(errors.StoragePermissionError, match="resolves outside the root"):
+        store.size("step-0000000007/data/rank-00000-000-x.bin")
+    with pytest.raises(errors.StoragePermissionError, match="resolves outside the root"):
+        store.get("step-0000000007/data/rank-00000-000-x.bin")
+    proc = _cli("ls", f"file://{root}", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "987654321" not in proc.stdout and "942" not in proc.stdout  # bytes, MiB
+    assert ckptio.verify(f"file://{root}")  # reported, not read
+
+
+def _unreadable(m: Path, tmp_path: Path) -> None:
+    m.chmod(0)
+
+
+_UNREADABLE_SCRIPT = textwrap.dedent(
+    """
+    import ctypes, os, sys
+    if os.geteuid() == 0:  # drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH: chmod 000 then holds
+        class Header(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+        class Data(ctypes.Structure):
+            _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+        libc = ctypes.CDLL(None, use_errno=True)
+        header, data = Header(0x20080522, 0), (Data * 2)()
+        assert libc.capget(ctypes.byref(header), data) == 0
+        data[0].effective &= ~((1 << 1) | (1 << 2))
+        assert libc.capset(ctypes.byref(header), data) == 0, os.strerror(ctypes.get_errno())
+    import ckptio
+    from ckptio import errors
+    try:
+        ckptio.load("file://" + sys.argv[1], step=8)
+    except errors.StoragePermissionError as err:
+        print("explicit:", type(err).__name__, err)
+    print("loaded", ckptio.open_checkpoint("file://" + sys.argv[1]).step)
+    """
+)
+
+
+NEWEST_REFUSED = {
+    # how the newest manifest is spoiled: (spoil(manifest path, tmp_path), error of an explicit load)
+    "symlink_out_of_root": (
+        lambda m, tmp: (tmp.joinpath("m.json").write_bytes(m.read_bytes()), m.unlink(), m.symlink_to(tmp / "m.json")),
+        "StoragePermissionError",
+    ),
+    "fifo": (lambda m, tmp: (m.unlink(), os.mkfifo(m)), "NotRegularFileError"),
+    "unreadable": (_unreadable, "StoragePermissionError"),
+    "damaged": (lambda m, tmp: m.write_bytes(m.read_bytes()[:-9]), "ManifestError"),
+}
+
+
+@pytest.mark.parametrize("how", sorted(NEWEST_REFUSED))
+def test_refused_newest_manifest_falls_back_to_the_newest_good_step(tmp_path, how, caplog):
+    """The newest manifest is refused (a symlink out of the root, a FIFO, unreadable) or
+    damaged: a load that names no step warns, naming the step and why, and loads the newest
+    good one; a load that names the step raises a ckptio error naming the key. (Unreadable
+    loads in a process that drops root's power to read what chmod 000 forbids.)"""
+    root = tmp_path / "run"
+    make_checkpoint(root, step=5)
+    make_checkpoint(root, step=8)
+    spoil, error = NEWEST_REFUSED[how]
+    manifest = root / fmt.manifest_key(8)
+    spoil(manifest, tmp_path)
+    if how == "unreadable":  # in a process without root's power to read anything
+        proc = subprocess.run([sys.executable, "-c", _UNREADABLE_SCRIPT, str(root)], capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "explicit: StoragePermissionError" in proc.stdout and "manifest.json" in proc.stdout, proc.stdout
+        assert "loaded 5" in proc.stdout, proc.stdout
+        assert "skipping step 8" in proc.stderr and "Permission denied" in proc.stderr, proc.stderr
+        return
+    with pytest.raises(getattr(errors, error, errors.CkptioError), match=r"step-0000000008/manifest\.json"):
+        ckptio.load(f"file://{root}", step=8)
+    with caplog.at_level("WARNING", logger="ckptio"):
+        reader = ckptio.open_checkpoint(f"file://{root}")
+    assert reader.step == 5
+    reader.state()
+    assert "skipping step 8" in caplog.text and "manifest.json" in caplog.text, caplog.text
+
+
+def _sparse_checkpoint(root: Path, apparent: int, declared: int) -> None:
+    """Step 7 whose one data object is a sparse file of ``apparent`` bytes (a few KiB on
+    disk), holding a uint8 tensor ``w`` of ``declared`` bytes at offset 0 (its CRC is of zeros,
+    up to 4 GiB; 0 beyond, for tests that never read it)."""
+    import crc32c
+
+    doc = make_checkpoint(root)
+    key = first_chunk(doc)["key"]
+    for k in list(doc["objects"]):
+        if k != key:
+            (root / "step-0000000007" / k).unlink()
+    with open(root / "step-0000000007" / key, "r+b") as f:
+        f.truncate(0)
+        f.truncate(apparent)
+    crc = 0
+    zeros = bytes(16 << 20)
+    for start in range(0, declared if declared <= 4 << 30 else 0, len(zeros)):  # larger: never read
+        crc = crc32c.crc32c(zeros[: min(len(zeros), declared - start)], crc)
+    chunk = dict(first_chunk(doc), offsets=[0], shape=[declared], offset=0, length=declared, crc32c=crc)
+    doc.update(objects={key: apparent}, tensors={"w": {"dtype": "uint8", "shape": [declared], "chunks": [chunk]}},
+               tree={"d": {"w": {"t": "w"}}})
+    write_manifest(root, doc)
+
+
+def _vm(field_: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field_ + ":"))
+
+
+def test_load_larger_than_the_machine_refused_before_allocating(tmp_path):
+    """A manifest declaring a tensor of twice this machine's memory and swap, in a sparse
+    object that stat() confirms (it holds a few KiB on disk): the load raises
+    InsufficientMemoryError naming both sizes, before mapping the memory (VmPeak, the
+    process's largest address space, stays put), whole or through select=."""
+    with open("/proc/meminfo") as f:
+        swap = next(int(line.split()[1]) * 1024 for line in f if line.startswith("SwapTotal:"))
+    n = fmt.align_up(2 * (os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") + swap))
+    root = tmp_path / "run"
+    _sparse_checkpoint(root, apparent=n, declared=n)
+    refused = getattr(errors, "InsufficientMemoryError", errors.CkptioError)
+    before = _vm("VmPeak")
+    with pytest.raises(refused, match=f"needs {n} bytes of memory, more than this machine can give"):
+        ckptio.load(f"file://{root}", step=7)
+    with pytest.raises(refused, match=f"needs {n + 16} bytes of memory"):  # 16 + the chunk's buffer
+        ckptio.load(f"file://{root}", step=7, select={"w": np.s_[:16]})
+    assert _vm("VmPeak") - before < 1 << 30
+
+
+def test_sparse_object_load_allocates_the_declared_bytes(tmp_path):
+    """A sparse object of 1 GiB by stat() (a few KiB on disk) with a tensor declaring 64 MiB:
+    a fresh process's peak grows by the declared bytes (plus 32 MiB), not the apparent size;
+    that is the bound of a load: the declared bytes of what it returns, plus its read buffers."""
+    root = tmp_path / "run"
+    declared = 64 << 20
+    make_checkpoint(root, step=5)  # what the process warms up on
+    _sparse_checkpoint(root, apparent=1 << 30, declared=declared)
+    got = _peak_of(root, ["load"], good_step=5)
+    assert got["outcomes"] == {"load": "loaded step 7"}, got
+    grew = got["peak"] - got["base"]
+    assert grew < declared + (32 << 20), f"peak grew by {grew >> 20} MiB for {declared >> 20} MiB declared"
+
+
+def test_metadata_limits_hold_at_save_and_leave_room_for_real_metadata(tmp_path):
+    """Metadata a load would refuse (fmt.MAX_FREE_VALUES, fmt.MAX_METADATA_BYTES) is refused by
+    the save, before anything is written; metadata just under the limits saves and loads."""
+    url = f"file://{tmp_path / 'run'}"
+    state = {"w": np.arange(8, dtype=np.float32)}
+    with pytest.raises(errors.InvalidArgumentError, match="metadata holds 1100001 JSON values and keys, more than the limit of 1000000"):
+        ckptio.save(state, url, step=1, metadata=[0] * 1_100_000)
+    with pytest.raises(errors.InvalidArgumentError, match="metadata 17825794 bytes of JSON, more than the limit of 16777216"):
+        ckptio.save(state, url, step=1, metadata="x" * (17 << 20))
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+    big = {"losses": [0.5] * 300_000, "config": {f"k{i}": "v" * 20 for i in range(50_000)}, "vocab": "t" * (4 << 20)}
+    ckptio.save(state, url, step=2, metadata=big)
+    assert ckptio.open_checkpoint(url).metadata == big
+
+
+def test_verify_holds_a_block_whatever_a_chunk_declares(tmp_path):
+    """verify reads a chunk larger than VERIFY_BLOCK_BYTES in blocks with a running CRC32C: a
+    1 GiB chunk (of a sparse object) costs a fresh process at most 64 MiB, not 1 GiB."""
+    root = tmp_path / "run"
+    make_checkpoint(root, step=5)
+    _sparse_checkpoint(root, apparent=1 << 30, declared=1 << 30)
+    got = _peak_of(root, ["verify"], good_step=5)
+    assert got["outcomes"] == {"verify": "problems []"}, got
+    grew = got["peak"] - got["base"]
+    assert grew < 64 << 20, f"peak grew by {grew >> 20} MiB verifying a 1 GiB chunk"

@@ -86,7 +86,7 @@ def test_pfs_unknown_fs_and_options_are_refused(tmp_path: Path) -> None:
         ParallelFSStore(f"pfs://{tmp_path}", stripe_size="100KiB")
     with pytest.raises(errors.InvalidArgumentError, match="stripe_count"):
         ParallelFSStore(f"pfs://{tmp_path}", stripe_count=0)
-    with pytest.raises(errors.InvalidArgumentError, match="pfs:// also takes: fs, stripe_count"):
+    with pytest.raises(errors.InvalidArgumentError, match=r"valid options: .*fs, .*stripe_count"):
         ParallelFSStore(f"pfs://{tmp_path}", stripes=4)
 
 

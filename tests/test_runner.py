@@ -48,8 +48,8 @@ def check_request_rows(out: Path, ranks: int) -> None:
     phases = res.phases.to_pylist()
     assert {(p["rank"], p["phase"]) for p in phases} >= {
         (r, ph) for r in range(ranks) for ph in ("generate", "write", "flush", "read", "verify")}
-    assert run["write_gbps"] > 0 and run["read_gbps"] > 0 and run["generate_gbps"] > 0
-    assert run["min_rank_write_gbps"] <= run["write_gbps"] * ranks
+    assert run["write_GBps"] > 0 and run["read_GBps"] > 0 and run["generate_GBps"] > 0
+    assert run["min_rank_write_GBps"] <= run["write_GBps"] * ranks
     assert res.sidecars[0]["config"]["ranks"] == ranks
 
 

@@ -9,6 +9,7 @@ Fixtures (registered by the ckptio pytest plugin):
   (``AWS_ENDPOINT_URL``, fake test credentials, region), set for the test only.
 - ``s3_bucket`` (function): moto reset through ``/moto-api/reset``, then a fresh bucket;
   yields its name. Uses ``s3_env``.
+- ``s3_url`` (function): ``s3://<bucket>/ckpt`` on a fresh ``s3_bucket``: ready to use.
 - ``s3_client``: a boto3 client on the server (out-of-band checks: list_multipart_uploads...).
 - ``fault_proxy``: a factory of :class:`~ckptio.testing.faults.FaultProxy` in front of the
   server (503 SlowDown, 500, dropped connections, slow responses at a chosen rate); pass its
@@ -42,6 +43,8 @@ from ckptio.testing.motoserver import (  # noqa: F401  (re-exported for tests)
 
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[str]:
+    """A moto S3 server on 127.0.0.1 (a free port) for the whole session; yields its endpoint
+    URL ``http://127.0.0.1:<port>``. Skips the test when moto[server] or boto3 is missing."""
     pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install 'ckptio[test]')")
     pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'ckptio[s3]')")
     server, endpoint = start_moto_server()
@@ -53,6 +56,9 @@ def moto_server() -> Iterator[str]:
 
 @pytest.fixture
 def s3_env(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The standard AWS environment variables pointing every client library at the moto
+    server (``AWS_ENDPOINT_URL``, fake test credentials, region; ``AWS_PROFILE`` unset), set
+    for this test only; returns them."""
     env = aws_env(moto_server)
     for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(k, raising=False)
@@ -63,6 +69,8 @@ def s3_env(moto_server: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 @pytest.fixture
 def s3_client(moto_server: str) -> Any:
+    """A boto3 S3 client on the moto server, for checks out of band (``list_objects_v2``,
+    ``list_multipart_uploads``, ...); closed after the test."""
     client = boto3_client(moto_server)
     yield client
     client.close()
@@ -70,10 +78,20 @@ def s3_client(moto_server: str) -> Any:
 
 @pytest.fixture
 def s3_bucket(moto_server: str, s3_env: dict[str, str], s3_client: Any) -> str:
+    """A fresh, empty bucket on a reset moto server (every earlier bucket forgotten), with
+    :func:`s3_env` set; returns its name."""
     reset_moto(moto_server)
     name = f"ckptio-test-{uuid.uuid4().hex[:12]}"
     s3_client.create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture
+def s3_url(s3_bucket: str) -> str:
+    """A ready ``s3://<bucket>/ckpt`` URL: the bucket created on the moto server and the AWS
+    environment set (:func:`s3_bucket`), so ``ckptio.save(state, s3_url, step=1)`` works as
+    written."""
+    return f"s3://{s3_bucket}/ckpt"
 
 
 @pytest.fixture

@@ -3,6 +3,9 @@
 Fixtures:
 
 - ``memory_url``: a fresh ``memory://`` space per test.
+- ``s3_url``: a ready ``s3://bucket/ckpt`` URL on a moto server (bucket created, AWS
+  environment set); with ``moto_server``, ``s3_env``, ``s3_bucket``, ``s3_client`` and
+  ``fault_proxy`` (:mod:`ckptio.testing.moto`).
 - ``gluster_volume`` (session): a real GlusterFS volume mounted through FUSE
   (:mod:`ckptio.testing.gluster`); skips without root/FUSE/gluster, fails under ``CI=true``.
 """
@@ -17,6 +20,7 @@ import pytest
 
 @pytest.fixture
 def memory_url() -> Iterator[str]:
+    """A fresh ``memory://`` URL (its own in-process space, forgotten after the test)."""
     from ckptio.backends import memory
 
     name = f"test-{uuid.uuid4().hex[:12]}"
@@ -25,7 +29,7 @@ def memory_url() -> Iterator[str]:
 
 
 # A GlusterFS volume through FUSE for the session (gluster_volume): see ckptio.testing.gluster;
-# S3 fixtures on a moto server (moto_server, s3_env, s3_client, s3_bucket, fault_proxy): see
+# S3 fixtures on a moto server (moto_server, s3_env, s3_client, s3_bucket, s3_url, fault_proxy): see
 # ckptio.testing.moto
 from ckptio.testing.gluster import gluster_volume  # noqa: E402, F401
 from ckptio.testing.moto import (  # noqa: E402, F401
@@ -34,4 +38,5 @@ from ckptio.testing.moto import (  # noqa: E402, F401
     s3_bucket,
     s3_client,
     s3_env,
+    s3_url,
 )

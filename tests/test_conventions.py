@@ -1,0 +1,191 @@
+"""Conventions of the ecosystem (issue 20 item 6): the fsspec/s3fs and boto3 spellings of S3
+options work (one table, ``OPTION_SPELLINGS``); result files carry their units (Parquet field
+metadata, ``*_GBps`` column names, old ``*_gbps`` files still read); every fixture ckptio ships
+has a docstring, and ``s3_url`` yields a ready ``s3://`` URL."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ckptio
+from ckptio import errors
+from ckptio.registry import open_store
+from ckptio.testing.motoserver import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY
+
+S3_BACKENDS = ["s3+boto3", "s3+fsspec", "s3+arrow", "s3+obstore"]
+
+
+def _no_aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing in the environment or config files: only the options given count."""
+    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
+              "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION",
+              "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+# -- option spellings ---------------------------------------------------------------------------
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("scheme", S3_BACKENDS)
+def test_fsspec_storage_options_work_on_every_s3_backend(
+    scheme: str, s3_bucket: str, moto_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_aws_env(monkeypatch)
+    storage_options = {
+        "key": TEST_ACCESS_KEY_ID,
+        "secret": TEST_SECRET_ACCESS_KEY,
+        "client_kwargs": {"endpoint_url": moto_server, "region_name": "eu-west-1"},
+    }
+    store = open_store(f"{scheme}://{s3_bucket}/fsspec", storage_options=storage_options)
+    assert store.aws.region == "eu-west-1" and store.aws.endpoint_url == moto_server  # type: ignore[attr-defined]
+    store.put("a.bin", b"fsspec spelling")
+    assert store.get("a.bin") == b"fsspec spelling"
+    store.close()
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("scheme", S3_BACKENDS)
+def test_boto3_keyword_spellings_work_on_every_s3_backend(
+    scheme: str, s3_bucket: str, moto_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _no_aws_env(monkeypatch)
+    store = open_store(f"{scheme}://{s3_bucket}/boto3", aws_access_key_id=TEST_ACCESS_KEY_ID,
+                       aws_secret_access_key=TEST_SECRET_ACCESS_KEY, region_name="eu-west-1",
+                       endpoint_url=moto_server)
+    assert store.aws.region == "eu-west-1"  # type: ignore[attr-defined]
+    store.put("b.bin", b"boto3 spelling")
+    assert store.get("b.bin") == b"boto3 spelling"
+    store.close()
+
+
+@pytest.mark.s3
+def test_checkpoint_through_storage_options(s3_bucket: str, moto_server: str,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a Lightning/pandas user has: ``storage_options={...}`` handed to save and load."""
+    _no_aws_env(monkeypatch)
+    opts = {"storage_options": {"key": TEST_ACCESS_KEY_ID, "secret": TEST_SECRET_ACCESS_KEY,
+                                "endpoint_url": moto_server}}
+    state = {"w": np.arange(10, dtype=np.float32)}
+    ckptio.save(state, f"s3://{s3_bucket}/ck", step=1, **opts)
+    back = ckptio.load(f"s3://{s3_bucket}/ck", **opts)
+    assert np.array_equal(back["w"], state["w"])
+
+
+def test_spellings_in_the_url_query_and_anon(monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_aws_env(monkeypatch)
+    store = open_store("s3://bucket/x?anon=true&region_name=eu-central-1&endpoint_url=http://127.0.0.1:9")
+    assert store.aws.anonymous and store.aws.region == "eu-central-1"  # type: ignore[attr-defined]
+    store.close()
+    store = open_store("s3+fsspec://bucket/x", anon=True, endpoint_url="http://127.0.0.1:9")
+    assert store.aws.anonymous  # type: ignore[attr-defined]
+    store.close()
+
+
+def test_one_option_under_two_spellings_must_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    _no_aws_env(monkeypatch)
+    with pytest.raises(errors.InvalidArgumentError, match=r"key.*access_key_id|access_key_id.*key") as caught:
+        open_store("s3://bucket/x", key="AKIAONE", access_key_id="AKIATWO", secret="s" * 8)
+    assert "AKIAONE" not in str(caught.value) and "AKIATWO" not in str(caught.value)
+    with pytest.raises(errors.InvalidArgumentError, match=r"storage_options.*dict"):
+        open_store("s3://bucket/x?storage_options=anon")
+    with pytest.raises(errors.InvalidArgumentError, match="did you mean 'anon'"):
+        open_store("s3://bucket/x", annon=True)
+
+
+def test_the_spellings_are_documented_in_one_table() -> None:
+    from ckptio.backends import _s3common
+
+    doc = _s3common.__doc__ or ""
+    for other, ours in _s3common.OPTION_SPELLINGS.items():
+        assert f"``{other}``" in doc and f"``{ours}``" in doc
+    for nested in _s3common.NESTED_OPTIONS:
+        assert f"``{nested}" in doc
+
+
+# -- fixtures -----------------------------------------------------------------------------------
+
+
+def test_every_shipped_fixture_has_a_docstring(tmp_path: Path) -> None:
+    """``pytest --fixtures`` in a project that only installed ckptio (its pytest plugin)."""
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    out = subprocess.run([sys.executable, "-m", "pytest", "--fixtures", "-p", "no:cacheprovider"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    shown: dict[str, str] = {}
+    lines = out.stdout.splitlines()
+    for i, line in enumerate(lines):
+        if " -- " in line and "ckptio/testing/" in line.partition(" -- ")[2]:
+            shown[line.split()[0]] = lines[i + 1].strip() if i + 1 < len(lines) else ""
+    assert {"memory_url", "moto_server", "s3_env", "s3_bucket", "s3_client", "fault_proxy",
+            "s3_url"} <= set(shown)
+    assert [name for name, doc in shown.items() if doc in ("", "no docstring available")] == []
+
+
+@pytest.mark.s3
+def test_s3_url_fixture_is_ready_to_use(s3_url: str) -> None:
+    state = {"w": np.arange(6, dtype=np.float32)}
+    ckptio.save(state, s3_url, step=1)
+    assert np.array_equal(ckptio.load(s3_url)["w"], state["w"])
+
+
+# -- units of result files ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def one_run(tmp_path: Path) -> Path:
+    """The result directory of one tiny run on a local directory."""
+    from ckptio.cli import main
+
+    out = tmp_path / "results"
+    assert main(["run", str(tmp_path / "ck"), "--total-size", "4MiB", "--object-size", "1MiB",
+                 "--out", str(out)]) == 0
+    return out
+
+
+def test_every_result_column_carries_its_unit(one_run: Path) -> None:
+    import pyarrow.parquet as pq
+
+    files = sorted(one_run.glob("*.parquet"))
+    assert {f.name.split(".")[-2] for f in files} == {"requests", "phases", "run"}
+    for f in files:
+        sch = pq.read_schema(f)  # as any Parquet reader sees it, without ckptio
+        for field in sch:
+            assert field.metadata and field.metadata.get(b"unit"), (f.name, field.name)
+            assert not field.name.endswith("_gbps"), field.name
+    run = pq.read_schema(next(one_run.glob("*.run.parquet")))
+    assert run.field("write_GBps").metadata[b"unit"] == b"GB/s (1e9 bytes/s)"
+    assert run.field("checkpoint_bytes").metadata[b"unit"] == b"bytes"
+    assert run.field("write_seconds").metadata[b"unit"] == b"seconds"
+    req = pq.read_schema(next(one_run.glob("*.requests.parquet")))
+    assert req.field("start").metadata[b"unit"].startswith(b"Unix seconds")
+
+
+def test_result_files_with_the_old_gbps_names_are_still_read(one_run: Path, tmp_path: Path) -> None:
+    """A run file written before the rename (``write_gbps``, ..., no field metadata)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ckptio.results import read_results
+
+    run_file = next(one_run.glob("*.run.parquet"))
+    new = pq.read_table(run_file)
+    old = pa.table({c.replace("_GBps", "_gbps"): new.column(c).combine_chunks()
+                    for c in new.column_names if c != "layout"})  # before layout, too
+    old_dir = tmp_path / "old"
+    old_dir.mkdir()
+    for f in one_run.iterdir():
+        (old_dir / f.name).write_bytes(f.read_bytes())
+    pq.write_table(old, old_dir / run_file.name)
+    runs = read_results([old_dir]).runs
+    assert runs.column("write_GBps").to_pylist() == new.column("write_GBps").to_pylist()
+    assert runs.column("generate_GBps").to_pylist() == new.column("generate_GBps").to_pylist()
+    assert runs.schema.field("read_GBps").metadata[b"unit"] == b"GB/s (1e9 bytes/s)"
