@@ -1,10 +1,16 @@
 """The ``ckptio`` command.
 
 Each subcommand is two functions: ``_add_<name>(subparsers)`` declares its arguments and
-``_cmd_<name>(args) -> int`` runs it and returns the exit status. Output is a table for
-people (rich) and JSON with ``--json``. Errors that a user caused print one clear line and
-exit 2; a failed verification exits 1. Nothing printed holds a credential: URLs, messages and
-JSON go through :mod:`ckptio.redact` (and so does ``-v``'s log output).
+``_cmd_<name>(args) -> int`` runs it and returns the exit status. Errors that a user caused
+print one clear line and exit 2; a failed verification exits 1. Nothing printed holds a
+credential: URLs, messages and JSON go through :mod:`ckptio.redact` (and so does ``-v``'s log
+output).
+
+Output (:mod:`ckptio.console`): a command that prints a table takes ``--format
+table|markdown|csv|json`` (``--json`` is ``--format json``). ``table`` fits a terminal and is
+plain ASCII at full width when piped or redirected: no value is cut or wrapped. Progress and
+warnings go to stderr: a rich bar on a terminal, plain lines (``running X ...``, ``X done in
+N s``) otherwise.
 
 Every numeric, size, bandwidth and duration option has a ``type=`` from :mod:`ckptio.units`
 (the parsers the library uses), so a malformed or out-of-range value — NaN, an infinity,
@@ -22,14 +28,14 @@ and ``ckptio backends`` do not pay for them.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from ckptio import errors
-from ckptio.redact import redact, redact_obj, redact_url
+from ckptio.console import FORMATS, Printer, Sheet, Styled, note
+from ckptio.redact import redact, redact_url
 from ckptio.units import (
     MAX_COUNT,
     MAX_GPUS,
@@ -43,37 +49,35 @@ from ckptio.units import (
     count_arg,
     duration_arg,
     human_bytes,
+    list_arg,
     number_arg,
+    parse_bandwidth,
     parse_count,
     size_arg,
 )
 
-if TYPE_CHECKING:
-    from rich.console import Console
-
-console: Console
-err_console: Console
-
-
-def _make_consoles() -> None:
-    """Create ``console`` and ``err_console`` (rich) on first need."""
-    global console, err_console
-    if "console" not in globals():
-        from rich.console import Console
-
-        console, err_console = Console(), Console(stderr=True)
-
-
-def __getattr__(name: str) -> Any:
-    if name in ("console", "err_console"):
-        _make_consoles()
-        return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 def print_json(obj: Any) -> None:
     """``obj`` as JSON on stdout, credentials hidden (:func:`ckptio.redact.redact_obj`)."""
-    sys.stdout.write(json.dumps(redact_obj(obj), indent=2) + "\n")
+    Printer("json").json(obj)
+
+
+def _add_format(p: argparse.ArgumentParser, *, table: bool = True) -> None:
+    """``--json`` and, for a command that prints a table, ``--format`` (``--json`` is the same
+    as ``--format json``)."""
+    if table:
+        p.add_argument("--format", choices=FORMATS, default=None,
+                       help="output: table (default; plain full-width text when not on a "
+                       "terminal), markdown, csv, or json (the same as --json)")
+    p.add_argument("--json", action="store_true", help="machine-readable output"
+                   + (" (--format json)" if table else ""))
+
+
+def _printer(args: argparse.Namespace) -> Printer:
+    fmt = getattr(args, "format", None)
+    if args.json and fmt not in (None, "json"):
+        raise errors.InvalidArgumentError(f"--json and --format {fmt} disagree; give one of them")
+    return Printer("json" if args.json else fmt or "table")
 
 
 # -- backends ---------------------------------------------------------------------------------
@@ -81,14 +85,11 @@ def print_json(obj: Any) -> None:
 
 def _add_backends(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("backends", help="installed storage backends and their capabilities")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_format(p)
 
 
 def _cmd_backends(args: argparse.Namespace) -> int:
     from dataclasses import asdict
-
-    from rich.markup import escape
-    from rich.table import Table
 
     from ckptio.registry import backends, load_backend
 
@@ -101,20 +102,18 @@ def _cmd_backends(args: argparse.Namespace) -> int:
         except errors.CkptioError as err:
             rows.append({"scheme": scheme, "available": False, "class": info.target,
                          "capabilities": {}, "problem": str(err)})
-    if args.json:
-        print_json(rows)
+    out = _printer(args)
+    if out.fmt == "json":
+        out.json(rows)
         return 0
-    table = Table(title="ckptio backends")
-    table.add_column("scheme")
-    table.add_column("status")
-    table.add_column("capabilities / install hint")
+    sheet = Sheet("ckptio backends", ["scheme", "status", "capabilities / install hint"])
     for r in rows:
         if r["available"]:
             caps = ", ".join(k for k, v in r["capabilities"].items() if v) or "-"
-            table.add_row(r["scheme"], "[green]ok[/]", caps)
+            sheet.add(r["scheme"], Styled("ok", "green"), caps)
         else:
-            table.add_row(r["scheme"], "[red]missing dependency[/]", escape(r["problem"]))
-    console.print(table)
+            sheet.add(r["scheme"], Styled("missing dependency", "red"), r["problem"])
+    out.sheet(sheet)
     return 0
 
 
@@ -124,33 +123,32 @@ def _cmd_backends(args: argparse.Namespace) -> int:
 def _add_ls(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("ls", help="checkpoints under a URL: steps, complete or not, size")
     p.add_argument("url", help="root URL of a run (file:///..., s3://bucket/prefix, ...)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_format(p)
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
     from dataclasses import asdict
-
-    from rich.markup import escape
-    from rich.table import Table
 
     from ckptio.checkpoint import list_steps
     from ckptio.registry import open_store
 
     with open_store(args.url) as store:
         steps = list_steps(store)
-    if args.json:
-        print_json([asdict(s) for s in steps])
+    out = _printer(args)
+    if out.fmt == "json":
+        out.json([asdict(s) for s in steps])
         return 0
-    if not steps:
-        console.print(f"no checkpoints under {redact_url(args.url)}", highlight=False)
-        return 0
-    table = Table(title=f"checkpoints under {escape(redact_url(args.url))}")
-    for col in ("step", "state", "size", "objects", "created / problem"):
-        table.add_column(col, justify="right" if col in ("step", "size", "objects") else "left")
+    sheet = Sheet(f"checkpoints under {redact_url(args.url)}",
+                  ["step", "state", "size", "objects", "created / problem"],
+                  right={"step", "size", "objects"})
     for s in steps:
-        state = "[green]complete[/]" if s.complete else "[yellow]incomplete[/]"
-        table.add_row(str(s.step), state, human_bytes(s.nbytes), str(s.objects), s.created or s.problem)
-    console.print(table)
+        state = Styled("complete", "green") if s.complete else Styled("incomplete", "yellow")
+        sheet.add(str(s.step), state, human_bytes(s.nbytes), str(s.objects),
+                  s.created or s.problem)
+    if steps or out.fmt != "table":
+        out.sheet(sheet)
+    else:
+        out.line(f"no checkpoints under {args.url}")
     return 0
 
 
@@ -170,8 +168,6 @@ def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
 def _cmd_verify(args: argparse.Namespace) -> int:
     import time
 
-    from rich.markup import escape
-
     from ckptio.checkpoint import open_checkpoint
 
     t0 = time.perf_counter()
@@ -187,14 +183,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         print_json({"url": redact_url(args.url), "step": step, "ok": ok, "bytes": nbytes,
                     "seconds": seconds, "problems": problems})
     elif ok:
-        console.print(
-            f"[green]OK[/] step {step}: {human_bytes(nbytes)} re-read, every CRC32C matches "
-            f"({seconds:.2f} s, {nbytes / max(seconds, 1e-9) / 1e9:.2f} GB/s)"
-        )
+        Printer().line(Styled("OK", "green"),
+                       f" step {step}: {human_bytes(nbytes)} re-read, every CRC32C matches "
+                       f"({seconds:.2f} s, {nbytes / max(seconds, 1e-9) / 1e9:.2f} GB/s)")
     else:
-        err_console.print(f"[red]DAMAGED[/] step {step}: {len(problems)} problem(s)")
+        note(Styled("DAMAGED", "red"), f" step {step}: {len(problems)} problem(s)")
         for p in problems:
-            err_console.print(f"  - {escape(p)}", highlight=False)
+            note(f"  - {p}")
     return 0 if ok else 1
 
 
@@ -251,13 +246,14 @@ def _cmd_gc(args: argparse.Namespace) -> int:
                     "incomplete_removed": incomplete, "incomplete_left": len(incomplete_after)})
         return 0
     verb = "would remove" if args.dry_run else "removed"
+    out = Printer()
     for key in removed:
-        console.print(f"{verb} {key}", highlight=False)
+        out.line(f"{verb} {key}")
     if args.dry_run:
         tail = f"{len(incomplete_before)} temp file(s)/upload(s) exist; those older than {older_than:g} s would go"
     else:
         tail = f"{incomplete} temp file(s)/upload(s); {len(incomplete_after)} younger than {older_than:g} s kept"
-    console.print(f"{verb} {len(removed)} object(s) of unfinished or losing saves and {tail}", highlight=False)
+    out.line(f"{verb} {len(removed)} object(s) of unfinished or losing saves and {tail}")
     return 0
 
 
@@ -267,20 +263,21 @@ def _cmd_gc(args: argparse.Namespace) -> int:
 def _add_profiles(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("profiles", help="storage profiles and their figures, with sources")
     p.add_argument("names", nargs="*", help="profiles to show (default: all)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_format(p)
 
 
 def _cmd_profiles(args: argparse.Namespace) -> int:
+    from ckptio.console import profiles_sheet
     from ckptio.profiles import available, load_profile
-    from ckptio.report import profiles_table
 
     profs = [load_profile(n) for n in (args.names or available())]
-    if args.json:
-        print_json([p.as_dict() for p in profs])
+    out = _printer(args)
+    if out.fmt == "json":
+        out.json([p.as_dict() for p in profs])
         return 0
-    console.print(profiles_table(profs))
-    console.print("[dim]* assumption (no published figure); see `ckptio profiles --json` for "
-                  "every source[/]")
+    out.sheet(profiles_sheet(profs))
+    out.line(Styled("* assumption (no published figure); see `ckptio profiles --json` for "
+                    "every source", "dim"))
     return 0
 
 
@@ -291,8 +288,11 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Project one checkpoint's write/read time from a workload and storage "
         "profiles (or figures given directly), say which limit binds, and what the stall "
         "costs. Examples: `ckptio model --size 2TB --write-bandwidth 70GB/s --interval 2h`, "
+        "`ckptio model --size 2TB --write-bandwidth 70GB/s,7GB/s --gpus 1024 --async-save` "
+        "(one row per bandwidth), "
         "`ckptio model --checkpoint-seconds 300 --mtbf 24h --restart 10min`, "
-        "`ckptio model --preset gpt3-175b --gpus 992 --profile cloud-s3,abci-lustre`.",
+        "`ckptio model --preset gpt3-175b --gpus 992 --profile cloud-s3,abci-lustre`. "
+        "Without --gpus (or a preset) it assumes 1 GPU and says so.",
     )
     w = p.add_argument_group("workload")
     w.add_argument("--preset", help="a model preset (see `ckptio plan`)")
@@ -316,8 +316,9 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     s.add_argument("--streams", type=count_arg(1, MAX_LOCAL_PROCESSES),
                    help=f"streams per node, 1 to {MAX_LOCAL_PROCESSES} (default: the profile's)")
     s.add_argument("--part-size", type=size_arg(), help="bytes per request (default: the profile's)")
-    s.add_argument("--write-bandwidth", type=bandwidth_arg(),
-                   help="measured/assumed bandwidth, e.g. 70GB/s")
+    s.add_argument("--write-bandwidth", type=list_arg(parse_bandwidth),
+                   help="measured/assumed bandwidth with --size, e.g. 70GB/s; several, "
+                   "comma-separated (70GB/s,7GB/s), give one row each")
     s.add_argument("--checkpoint-seconds", type=duration_arg(),
                    help="stall per checkpoint, e.g. 300 or 5min")
     c = p.add_argument_group("cost and interval")
@@ -330,21 +331,24 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     c.add_argument("--price", type=number_arg(maximum=MAX_PRICE), default=0.0,
                    help="price per GPU-hour")
     c.add_argument("--async-save", action="store_true",
-                   help="asynchronous save: the stall is the snapshot (device->host copy)")
+                   help="asynchronous save: the stall is the snapshot (device->host copy of "
+                   "each GPU's share: --size over --writing-ranks, default all --gpus); works "
+                   "with figures given directly and with profiles")
     c.add_argument("--snapshot-bandwidth", type=bandwidth_arg(), default="25GB/s",
                    help="device->host copy per GPU for --async-save (assumption: 25GB/s)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_format(p)
 
 
 def _cmd_model(args: argparse.Namespace) -> int:
+    from ckptio.console import print_model
     from ckptio.model import run_model_cli
-    from ckptio.report import print_model
 
+    out = _printer(args)
     result = run_model_cli(args)
-    if args.json:
-        print_json(result)
+    if out.fmt == "json":
+        out.json(result)
     else:
-        print_model(result, console)
+        print_model(result, out)
     return 0
 
 
@@ -358,7 +362,7 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--out", default="ckptio-report", help="output directory (default "
                    "ckptio-report/)")
     _add_projection_arguments(p)
-    p.add_argument("--json", action="store_true", help="machine-readable summary")
+    _add_format(p)
 
 
 def _add_projection_arguments(p: argparse.ArgumentParser) -> None:
@@ -415,19 +419,19 @@ def _projection_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from rich.markup import escape
+    from ckptio.console import comparison_sheet, projection_sheet, warn
+    from ckptio.report import build_report
 
-    from ckptio.report import build_report, comparison_table, projection_table
-
+    out = _printer(args)
     result = build_report(args.results, args.out, **_projection_options(args))
-    if args.json:
-        print_json(result)
+    if out.fmt == "json":
+        out.json(result)
         return 0
-    console.print(comparison_table(result["summary"], "merged results"))
-    console.print(projection_table(result["projections"]))
-    console.print(f"report: {args.out}/index.html ({len(result['files'])} files)")
+    out.sheet(comparison_sheet(result["summary"], "merged results"))
+    out.sheet(projection_sheet(result["projections"]))
+    out.line(f"report: {args.out}/index.html ({len(result['files'])} files)")
     if result["plots_missing"]:
-        err_console.print(f"warning: no plots: {escape(result['plots_missing'])}", highlight=False)
+        warn(f"no plots: {result['plots_missing']}")
     return 0
 
 
@@ -457,33 +461,29 @@ def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--out", default="ckptio-report", help="report directory (default "
                    "ckptio-report/); results go to OUT/results/")
     _add_projection_arguments(p)
-    p.add_argument("--json", action="store_true", help="machine-readable summary")
+    _add_format(p)
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from rich.markup import escape
-
     from ckptio.compare import DEFAULT_TOTAL_SIZE, compare
-    from ckptio.report import comparison_table, projection_table
+    from ckptio.console import comparison_sheet, projection_sheet
 
     def names(text: str | None) -> list[str] | None:
         return None if text is None else [n.strip() for n in text.split(",") if n.strip()]
 
-    quiet = args.json
+    out = _printer(args)
     result = compare(
         targets=names(args.targets), profiles=names(args.profiles), preset=args.preset,
         total_size=args.total_size or (None if args.scale else DEFAULT_TOTAL_SIZE),
         scale=args.scale, object_size=args.object_size, iterations=args.iterations,
-        out=args.out, site=args.site, **_projection_options(args),
-        say=(lambda m: err_console.print(escape(m), highlight=False)) if not quiet
-        else (lambda m: None),
+        out=args.out, site=args.site, **_projection_options(args), say=note,
     )
-    if args.json:
-        print_json(result)
+    if out.fmt == "json":
+        out.json(result)
         return 0
-    console.print(comparison_table(result["summary"], "ckptio compare (this machine, small scale)"))
-    console.print(projection_table(result["projections"]))
-    console.print(f"report: {args.out}/index.html, results: {result['results_dir']}")
+    out.sheet(comparison_sheet(result["summary"], "ckptio compare (this machine, small scale)"))
+    out.sheet(projection_sheet(result["projections"]))
+    out.line(f"report: {args.out}/index.html, results: {result['results_dir']}")
     return 0
 
 
@@ -501,37 +501,73 @@ def _declare_plan(p: argparse.ArgumentParser) -> None:
     add_workload_arguments(p)
     p.add_argument("--part-size", type=size_arg(),
                    help="request size to count requests at (default 8MiB)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_format(p)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from ckptio.workload import cmd_plan
+    from ckptio.console import print_plan
+    from ckptio.units import parse_size
+    from ckptio.workload import DEFAULT_PART_SIZE, plan_from_args
 
-    return cmd_plan(args, console)
+    out = _printer(args)
+    plan = plan_from_args(args)
+    part = parse_size(args.part_size, field="--part-size") if args.part_size else DEFAULT_PART_SIZE
+    summary = plan.summary(part)
+    if out.fmt == "json":
+        out.json(summary)
+    else:
+        print_plan(summary, out)
+    return 0
 
 
 def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub.add_parser("run", help="write and read back a synthetic sharded checkpoint of a "
                    "preset on a target, on N ranks; Parquet results",
-                   declare=_declared_by("ckptio.runner:add_run_arguments"))
+                   declare=_declare_run)
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    from ckptio.runner import cmd_run
+def _declare_run(p: argparse.ArgumentParser, *, sweep_mode: bool = False) -> None:
+    from ckptio.runner import add_run_arguments
 
-    return cmd_run(args, console)
+    add_run_arguments(p, sweep_mode=sweep_mode)
+    _add_format(p)
+
+
+def _cmd_run(args: argparse.Namespace, *, sweep_mode: bool = False) -> int:
+    from ckptio.console import Progress, print_run, warn
+    from ckptio.runner import execute_run, prepare_run
+
+    out = _printer(args)
+    job = prepare_run(args, sweep_mode=sweep_mode)
+    if job.is_root:
+        for line in job.warnings:
+            warn(line)
+    what = (f"{job.mode} {job.plan.preset.name} ({job.plan.total_bytes / 2**20:,.1f} MiB) on "
+            f"{redact_url(job.target)}, {job.ranks} rank(s)")
+    with Progress(what, job.progress_bytes, enabled=job.is_root,
+                  short=f"{job.mode} {job.plan.preset.name}") as bar:
+        summary = execute_run(job, progress=bar.advance, say=bar.say)
+    if not job.is_root:
+        return 0
+    if out.fmt == "json":
+        out.json({"run_id": summary.run_id, "runs": summary.runs,
+                  "paths": [str(p) for p in summary.paths],
+                  "peak_rss_bytes": summary.peak_rss_bytes, "cache": summary.cache,
+                  "generator": summary.generator,
+                  "sweep_points": [{**vars(p), "capped": p.capped} for p in job.points]})
+    else:
+        print_run(summary, out)
+    return 0
 
 
 def _add_sweep(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sub.add_parser("sweep", help="throughput versus concurrency: the workload at each "
                    "--streams x --part-size",
-                   declare=_declared_by("ckptio.runner:add_run_arguments", sweep_mode=True))
+                   declare=lambda p: _declare_run(p, sweep_mode=True))
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    from ckptio.runner import cmd_run
-
-    return cmd_run(args, console, sweep_mode=True)
+    return _cmd_run(args, sweep_mode=True)
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -586,12 +622,6 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {line} (see {self.prog} --help)\n")
 
 
-def _declared_by(target: str, **kwargs: Any) -> Callable[[argparse.ArgumentParser], None]:
-    """A ``declare`` that calls ``module:function(parser, **kwargs)``, importing it then."""
-    module, _, attr = target.partition(":")
-    return lambda p: getattr(importlib.import_module(module), attr)(p, **kwargs)
-
-
 def build_parser(*, lazy: bool = False) -> argparse.ArgumentParser:
     """The ``ckptio`` parser with every subcommand's arguments, as a caller walking it expects;
     ``lazy``: those of ``run``, ``sweep`` and ``plan`` are declared only when that subcommand
@@ -637,18 +667,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     _, run = COMMANDS[args.command]
-    _make_consoles()
-    from rich.markup import escape
-
     try:
         return run(args)
     except errors.CkptioError as err:
         # not wrapped at the terminal's width: an argument refused while setting up (a store
         # option in the URL, a layout that does not divide) stays one line
-        err_console.print(f"[red]error:[/] {escape(redact(str(err)))}", highlight=False, soft_wrap=True)
+        note(Styled("error:", "red"), f" {err}")  # note() hides credentials
         return 2
     except KeyboardInterrupt:
-        err_console.print("interrupted")
+        note("interrupted")
         return 130
 
 

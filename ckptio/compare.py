@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -182,6 +183,8 @@ def compare(
 
     Returns :func:`ckptio.report.build_report`'s result plus ``skipped`` (targets that could
     not run, with the reason). Runs in this process (one rank writes every logical rank).
+    ``say`` gets the progress: ``running TARGET (kind) ...``, a line per phase, ``TARGET done
+    in N s``.
     """
     from ckptio.dist import SingleProcess
     from ckptio.registry import open_store
@@ -226,11 +229,14 @@ def compare(
                 kind = ("mock — not a performance figure" if t.mock else
                         f"emulated {t.emulate}" if t.emulate else measured_note(t.name))
                 say(f"running {t.name} ({kind}) ...")
+                start = time.perf_counter()
                 summary = run_workload(
                     url, plan, iterations=iterations, comm=SingleProcess(), out_dir=results_dir,
                     label=t.name, site=site, emulate=t.emulate, mock=t.mock,
                     config={"command": "compare", "target": t.name},
+                    say=lambda line: say(f"  {line}"),
                 )
+                say(f"{t.name} done in {time.perf_counter() - start:.1f} s")
                 run_ids.append(summary.run_id)
     if not run_ids:
         raise errors.CkptioError("no target could run; see the lines above")

@@ -40,7 +40,7 @@ job; ``R`` the restart time.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -49,7 +49,7 @@ from ckptio.profiles import Profile
 from ckptio.units import parse_bandwidth as parse_bandwidth
 from ckptio.units import parse_duration as parse_duration
 from ckptio.units import parse_rate as parse_rate
-from ckptio.units import parse_size
+from ckptio.units import parse_list, parse_size
 
 # -- units ----------------------------------------------------------------------------------
 # parse_duration, parse_bandwidth and parse_rate live in ckptio.units (one set of parsers for
@@ -370,8 +370,8 @@ def estimate(
 
 
 def human_size(n: float) -> str:
-    """Binary units (``8 MiB``); the CLI's helper, reused."""
-    from ckptio.cli import human_bytes
+    """Binary units (``8 MiB``); :func:`ckptio.units.human_bytes` without a ``.0``."""
+    from ckptio.units import human_bytes
 
     return human_bytes(n).replace(".0 ", " ")
 
@@ -563,11 +563,13 @@ def evaluate(
     workload: Workload | None = None,
     checkpoint_seconds: float | None = None,
     size: int | None = None,
-    write_bandwidth: float | None = None,
+    write_bandwidth: float | Sequence[float] | None = None,
     interval: float = 7200.0,
     mtbf: float = math.inf,
     restart_seconds: float = 0.0,
     gpus: int | None = None,
+    writing_ranks: int | None = None,
+    gpus_from: str | None = None,
     price_per_gpu_hour: float = 0.0,
     streams: int | None = None,
     part_size: int | None = None,
@@ -576,26 +578,57 @@ def evaluate(
 ) -> dict[str, Any]:
     """The model's answer as JSON-able data.
 
-    Give either figures directly (``checkpoint_seconds``, or ``size`` with
-    ``write_bandwidth``), or a ``workload`` with ``profiles``. The result has one entry per
-    target under ``targets`` and, at the top level, the first target's figures
-    (``checkpoint_seconds``, ``idle_fraction``, ``young_interval_seconds``,
-    ``daly_interval_seconds``, ...). Every figure derived from a profile is a projection.
+    Give either figures directly (``checkpoint_seconds``, or ``size`` with one or several
+    ``write_bandwidth`` values: one target per bandwidth), or a ``workload`` with
+    ``profiles``. The result has one entry per target under ``targets`` and, at the top level,
+    the first target's figures (``checkpoint_seconds``, ``idle_fraction``,
+    ``young_interval_seconds``, ``daly_interval_seconds``, ...). Every figure derived from a
+    profile is a projection.
+
+    GPUs: ``gpus``, else the workload's, else 1; ``gpus_from`` says which (``given``,
+    ``workload``, ``assumed``) and is in the result with ``gpus``. With ``async_save`` the
+    stall (``checkpoint_seconds``) is the snapshot: each GPU copies its share (``size`` over
+    ``writing_ranks``, default all GPUs) at ``snapshot_bandwidth``; the write time stays in
+    ``blocking_stall_seconds``, and ``async_fits_interval`` says whether the background write
+    ends within the interval. Async save with figures given directly needs ``size``.
     """
     targets: list[dict[str, Any]] = []
     n_gpus = gpus or (workload.gpus if workload else 1)
+    if gpus_from is None:
+        gpus_from = "given" if gpus else "workload" if workload else "assumed"
     cost_kw: dict[str, Any] = dict(interval=interval, gpus=n_gpus, price_per_gpu_hour=price_per_gpu_hour,
                    mtbf=mtbf, restart_seconds=restart_seconds)
-    if checkpoint_seconds is None and size is not None and write_bandwidth is not None:
-        checkpoint_seconds = size / write_bandwidth
+    bandwidths = ([] if write_bandwidth is None else [float(write_bandwidth)]
+                  if isinstance(write_bandwidth, int | float) else [float(b) for b in write_bandwidth])
+    given: list[tuple[str, float, float | None]] = []  # (target, write seconds, bandwidth)
     if checkpoint_seconds is not None:
-        entry: dict[str, Any] = {"target": "given figures", "kind": "given",
-                                 **CostModel(checkpoint_seconds, **cost_kw).report()}
-        if size is not None:
-            entry["checkpoint_bytes"] = size
-            if write_bandwidth is not None:
-                entry["write_bandwidth"] = write_bandwidth
-        targets.append(entry)
+        given = [("given figures", checkpoint_seconds, None)]
+    elif size is not None and bandwidths:
+        given = [(human_rate(bw), size / bw, bw) for bw in bandwidths]
+    if given:
+        snapshot = None
+        if async_save and math.isinf(snapshot_bandwidth):
+            snapshot = 0.0  # an instant snapshot, whatever the size
+        elif async_save:
+            if size is None:
+                raise errors.InvalidArgumentError(
+                    "--async-save with --checkpoint-seconds needs --size: the stall is the "
+                    "snapshot, each GPU's share of the size at --snapshot-bandwidth")
+            snapshot = size / (writing_ranks or n_gpus) / snapshot_bandwidth
+        for name, write_seconds, bw in given:
+            entry: dict[str, Any] = {"target": name, "kind": "given",
+                                     **CostModel(write_seconds if snapshot is None else snapshot,
+                                                 **cost_kw).report()}
+            entry.update(write_seconds=write_seconds, async_save=async_save,
+                         blocking_stall_seconds=write_seconds)
+            if snapshot is not None:
+                entry.update(snapshot_seconds=snapshot, snapshot_bandwidth=snapshot_bandwidth,
+                             async_fits_interval=write_seconds <= interval)
+            if size is not None:
+                entry["checkpoint_bytes"] = size
+            if bw is not None:
+                entry["write_bandwidth"] = bw
+            targets.append(entry)
     elif workload is not None and profiles:
         for prof in profiles:
             w = estimate(workload, prof, phase="write", streams=streams, part_size=part_size)
@@ -629,6 +662,7 @@ def evaluate(
     if workload is not None:
         out["workload"] = asdict(workload)
     out.update({k: v for k, v in targets[0].items() if k not in ("profile", "write", "read")})
+    out["gpus_from"] = gpus_from
     out["targets"] = targets
     return out
 
@@ -672,6 +706,7 @@ def run_model_cli(args: Any) -> dict[str, Any]:
               if args.mtbf else math.inf),
         restart_seconds=parse_duration(args.restart, field="--restart"),
         gpus=args.gpus,
+        writing_ranks=args.writing_ranks,
         price_per_gpu_hour=args.price,
         streams=args.streams,
         part_size=parse_size(args.part_size, field="--part-size") if args.part_size else None,
@@ -685,8 +720,8 @@ def run_model_cli(args: Any) -> dict[str, Any]:
     if args.write_bandwidth is not None:
         if size is None:
             raise errors.InvalidArgumentError("--write-bandwidth needs --size (e.g. --size 2TB)")
-        return evaluate(size=size, write_bandwidth=parse_bandwidth(args.write_bandwidth,
-                                                                   field="--write-bandwidth"),
+        return evaluate(size=size, write_bandwidth=parse_list(args.write_bandwidth, parse_bandwidth,
+                                                              field="--write-bandwidth"),
                         **common)
     profiles: list[Profile] = []
     calibrations: list[Calibration] = []
@@ -700,7 +735,9 @@ def run_model_cli(args: Any) -> dict[str, Any]:
     if args.preset:
         workload = preset_workload(args.preset, gpus=args.gpus, ranks_per_node=args.ranks_per_node,
                                    prefixes=prefixes)
+        common["gpus_from"] = "given" if args.gpus else f"preset {args.preset}"
     elif size is not None:
+        common["gpus_from"] = "given" if args.gpus else "assumed"
         gpus = args.gpus or 1
         writing = args.writing_ranks or gpus
         workload = Workload(total_bytes=size, writing_ranks=writing,

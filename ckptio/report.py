@@ -10,14 +10,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
 from ckptio.model import human_rate, human_seconds
 from ckptio.profiles import FIGURES, Profile
 
 
-def _fig(value: float | None, unit: str) -> str:
+def fig_text(value: float | None, unit: str) -> str:
     if value is None or (isinstance(value, float) and math.isinf(value)):
         return "unlimited"
     if unit == "s":
@@ -25,95 +22,6 @@ def _fig(value: float | None, unit: str) -> str:
     if unit == "B/s":
         return human_rate(value)
     return f"{value:,.0f}/s"
-
-
-def profiles_table(profiles: list[Profile]) -> Table:
-    """One row per figure, one column per profile; ``*`` marks an assumption."""
-    from ckptio.model import human_size
-
-    table = Table(title="storage profiles (* = assumption, no published figure)")
-    table.add_column("figure")
-    for p in profiles:
-        table.add_column(p.name, justify="right")
-    for name, unit in FIGURES.items():
-        cells = []
-        for p in profiles:
-            f = p.figures[name]
-            cells.append(_fig(f.value, unit) + ("*" if f.assumption else ""))
-        table.add_row(name.replace("_", " "), *cells)
-    table.add_row("streams per node", *[str(p.streams) for p in profiles])
-    table.add_row("part size", *[human_size(p.part_size) for p in profiles])
-    table.add_row("rate limit per", *[p.rate_scope for p in profiles])
-    table.add_row("past the rate limit",
-                  *[(p.throttle.split(";")[0].split(":")[0] or "-") for p in profiles])
-    return table
-
-
-def print_model(result: dict[str, Any], console: Console) -> None:
-    """The model's answer for people: per target, time, binding limit, idle cost, intervals."""
-    targets = result["targets"]
-    if "workload" in result:
-        w = result["workload"]
-        from ckptio.model import human_size
-
-        console.print(
-            f"workload {w['name'] or ''}: {human_size(w['total_bytes'])} per checkpoint, "
-            f"{w['writing_ranks']} writing ranks of {max(w['ranks'], w['writing_ranks'])} GPUs, "
-            f"{human_size(w['bytes_per_rank'])} per rank ({w['ranks_per_node']} per node)"
-        )
-    table = Table(title="checkpoint stall and cost (projected by the model)")
-    for col in ("target", "write", "read", "binding limit", "idle", "idle GPU-h/day",
-                "cost/day"):
-        table.add_column(col, justify="left" if col in ("target", "binding limit") else "right")
-    for t in targets:
-        table.add_row(
-            t["target"],
-            human_seconds(t.get("write_seconds", t["checkpoint_seconds"])),
-            human_seconds(t["read_seconds"]) if "read_seconds" in t else "-",
-            t.get("binding_detail", "-"),
-            f"{t['idle_fraction']:.2%}",
-            f"{t['idle_gpu_hours_per_day']:,.1f}",
-            f"{t['idle_cost_per_day']:,.0f}" if t["price_per_gpu_hour"] else "-",
-        )
-    console.print(table)
-    projected = [t for t in targets if "write" in t]
-    if projected:
-        from ckptio.model import LIMITS
-
-        att = Table(title="write time by limit: alone / on the critical path (bold: binding)")
-        att.add_column("limit")
-        for t in projected:
-            att.add_column(t["target"], justify="right")
-        for name in LIMITS:
-            cells = []
-            for t in projected:
-                lim = next(x for x in t["write"]["limits"] if x["limit"] == name)
-                cell = (f"{human_seconds(lim['seconds'])} / "
-                        f"{human_seconds(lim['contribution_seconds'])}")
-                cells.append(f"[bold]{cell}[/]" if lim["binding"] else cell)
-            att.add_row(name, *cells)
-        console.print(att)
-    for t in targets:
-        if t.get("write", {}).get("remedy"):
-            console.print(f"{t['target']}: what would fix it: {t['write']['remedy']}",
-                          highlight=False)
-    first = targets[0]
-    if first.get("async_save"):
-        for t in targets:
-            console.print(
-                f"{t['target']}: async save stalls {human_seconds(t['snapshot_seconds'])} "
-                f"(snapshot) instead of {human_seconds(t['blocking_stall_seconds'])}"
-                + ("" if t["async_fits_interval"] else
-                   " — but the background write is longer than the interval")
-            )
-    if first.get("young_interval_seconds") is not None:
-        for t in targets:
-            console.print(
-                f"{t['target']}: optimal interval Young {human_seconds(t['young_interval_seconds'])}"
-                f", Daly {human_seconds(t['daly_interval_seconds'])} of compute; total overhead "
-                f"{t['overhead_at_interval']:.2%} at {human_seconds(t['interval_seconds'])}, "
-                f"{t['overhead_at_optimum']:.2%} at the optimum"
-            )
 
 
 # -- merged results -> report ----------------------------------------------------------------
@@ -296,13 +204,13 @@ def _kind_legend(ax: Any, kinds: set[str], *, loc: str = "lower right", **where:
     ax.legend(handles=handles, loc=loc, fontsize=8, framealpha=0.9, **where)
 
 
-def plot_throughput(targets: list[dict[str, Any]], path: str) -> str:
-    """Bars of write and read throughput (GB/s, mean over iterations) per target."""
+def plot_throughput(summary: list[dict[str, Any]], path: str) -> str:
+    """Bars of write and read throughput (GB/s, mean over iterations) per row of
+    :func:`summary_rows`: one per target and point, never points averaged together."""
     plt = _plt()
-    rows = [(t, _mean([r["write_GBps"] for r in t["rows"] if r.get("kind", "run") == "run"]
-                      or [r["write_GBps"] for r in t["rows"]]),
-             _mean([r["read_GBps"] for r in t["rows"] if r.get("kind", "run") == "run"]
-                   or [r["read_GBps"] for r in t["rows"]])) for t in targets]
+    rows = [({**s, "label": f"{s['label']} {s['point']}".strip()},
+             s["write_GBps"] if s["write_GBps"] is not None else float("nan"),
+             s["read_GBps"] if s["read_GBps"] is not None else float("nan")) for s in summary]
     n = len(rows)
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.9 * n))
     for i, (t, wgb, rgb) in enumerate(rows):
@@ -532,88 +440,75 @@ _CSS = (
 )
 
 
+def run_point(row: dict[str, Any]) -> tuple[str, int, int, int, int]:
+    """What a row of the runs table measured: (kind, streams, part size, checkpoint bytes,
+    ranks). Iterations of one point are averaged in summaries; different points never are."""
+    sweep = row.get("kind") == "sweep"
+    streams = (row.get("sweep_streams") if sweep else None) or row.get("streams") or 0
+    part = (row.get("sweep_part_size") if sweep else None) or row.get("part_size") or 0
+    return ("sweep" if sweep else "run", int(streams), int(part),
+            int(row.get("checkpoint_bytes") or 0), int(row.get("ranks") or 0))
+
+
+def point_text(point: tuple[str, int, int, int, int], *, size: bool = False,
+               ranks: bool = False) -> str:
+    """``sweep: 4 streams, 8 MiB parts`` (with the checkpoint size and the ranks when asked:
+    the things that differ between a target's points)."""
+    from ckptio.model import human_size
+
+    kind, streams, part, nbytes, n_ranks = point
+    bits = [f"{streams} stream{'s' if streams != 1 else ''}" if streams else "",
+            f"{human_size(part)} parts" if part else "",
+            human_size(nbytes) if size else "",
+            f"{n_ranks} rank{'s' if n_ranks != 1 else ''}" if ranks else ""]
+    text = ", ".join(b for b in bits if b)
+    return f"sweep: {text}" if kind == "sweep" else text
+
+
 def summary_rows(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per target: its kind and mean figures over its plain runs (not sweeps)."""
+    """One row per target and point (:func:`run_point`): its kind and mean figures over the
+    iterations of that point. A target run at several points (a sweep; runs with other
+    streams, part sizes, sizes or ranks) gets one row per point, named in ``point``; runs come
+    before sweep points."""
     out = []
     for t in targets:
-        rows = [r for r in t["rows"] if r.get("kind", "run") != "sweep"] or t["rows"]
-        r0 = rows[0]
-        out.append({
-            "target": t["name"], "label": t["label"], "kind": t["kind"], "site": t["site"],
-            "backend": t["backend"], "profile": t["profile"], "preset": r0.get("preset"),
-            "scale": r0.get("scale"), "ranks": r0.get("ranks"),
-            "checkpoint_bytes": r0.get("checkpoint_bytes"),
-            "write_seconds": _finite(_mean([r["write_seconds"] for r in rows])),
-            "write_GBps": _finite(_mean([r["write_GBps"] for r in rows])),
-            "read_GBps": _finite(_mean([r["read_GBps"] for r in rows])),
-            "min_rank_write_GBps": _finite(_mean([r["min_rank_write_GBps"] for r in rows])),
-            "requests": sum(int(r.get("requests") or 0) for r in rows),
-            "retries": sum(int(r.get("retries") or 0) for r in rows),
-            "throttled": sum(int(r.get("throttled") or 0) for r in rows),
-            "iterations": len(rows),
-            "note": KIND_NOTE[t["kind"]],
-        })
+        points: dict[tuple[str, int, int, int, int], list[dict[str, Any]]] = {}
+        for r in t["rows"]:
+            points.setdefault(run_point(r), []).append(r)
+        order = sorted(points, key=lambda p: (p[0] == "sweep", p[3], p[4], p[1], p[2]))
+        several = len(points) > 1
+        size = len({p[3] for p in points}) > 1
+        ranks = len({p[4] for p in points}) > 1
+        for key in order:
+            rows = points[key]
+            r0 = rows[0]
+            point = point_text(key, size=size, ranks=ranks) if several or key[0] == "sweep" else ""
+            out.append({
+                "target": t["name"], "label": t["label"], "kind": t["kind"], "site": t["site"],
+                "backend": t["backend"], "profile": t["profile"], "point": point,
+                "streams": key[1], "part_size": key[2], "sweep": key[0] == "sweep",
+                "preset": r0.get("preset"), "scale": r0.get("scale"), "ranks": r0.get("ranks"),
+                "checkpoint_bytes": r0.get("checkpoint_bytes"),
+                "write_seconds": _finite(_mean([r["write_seconds"] for r in rows])),
+                "write_GBps": _finite(_mean([r["write_GBps"] for r in rows])),
+                "read_GBps": _finite(_mean([r["read_GBps"] for r in rows])),
+                "min_rank_write_GBps": _finite(_mean([r["min_rank_write_GBps"] for r in rows])),
+                "requests": sum(int(r.get("requests") or 0) for r in rows),
+                "retries": sum(int(r.get("retries") or 0) for r in rows),
+                "throttled": sum(int(r.get("throttled") or 0) for r in rows),
+                "iterations": len(rows),
+                "note": KIND_NOTE[t["kind"]],
+            })
     return out
 
 
-def comparison_table(summary: list[dict[str, Any]], title: str = "comparison") -> Table:
-    """The comparison as a rich table (what ``ckptio compare`` prints)."""
-    from ckptio.model import human_size
+def md_table(header: list[str], rows: list[list[Any]]) -> str:
+    """A Markdown table; a ``|`` in a cell is escaped, a newline becomes a space."""
+    def cell(c: Any) -> str:
+        return str(c).replace("|", "\\|").replace("\n", " ")
 
-    sizes = {s["checkpoint_bytes"] for s in summary}
-    if len(sizes) == 1:
-        title = f"{title}: {human_size(sizes.pop() or 0)} checkpoint"
-    table = Table(title=title, caption="mock: moto, not a performance figure; emulated: a "
-                  "profile imposed by sleeping (plus this machine's real CPU work)")
-    cols = ["target", "kind", "write", "write GB/s", "read GB/s", "reqs", "throttled"]
-    if len(sizes) > 1:
-        cols.insert(2, "size")
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("target", "kind") else "right",
-                         no_wrap=True)
-    for s in summary:
-        cells = {
-            "target": s["target"], "kind": s["kind"],
-            "size": human_size(s["checkpoint_bytes"] or 0),
-            "write": "-" if s["write_seconds"] is None else human_seconds(s["write_seconds"]),
-            "write GB/s": _g(s["write_GBps"]), "read GB/s": _g(s["read_GBps"]),
-            "reqs": str(s["requests"]), "throttled": str(s["throttled"]),
-        }
-        table.add_row(*[cells[c] for c in cols])
-    return table
-
-
-def projection_table(proj: list[dict[str, Any]]) -> Table:
-    """Full-scale projections as a rich table: time, the binding limit in words, idle cost."""
-    workloads = list(dict.fromkeys(f"{p['preset']} on {p['gpus']} GPUs" for p in proj))
-    one = len(workloads) == 1
-    title = "full-scale projection (model): why it stalls"
-    table = Table(title=f"{title} — {workloads[0]}" if one else title,
-                  caption="idle: share of each interval the GPUs wait for a blocking save")
-    cols = ([] if one else ["workload"]) + ["target", "write", "binding limit", "idle",
-                                            "GPU-h/day idle"]
-    for col in cols:
-        table.add_column(col, justify="right" if col in ("write", "idle", "GPU-h/day idle")
-                         else "left", no_wrap=col in ("target", "write", "idle"),
-                         ratio=3 if col == "binding limit" else None)
-    for p in proj:
-        done = bool(p.get("write_seconds"))
-        cells = {
-            "workload": f"{p['preset']} / {p['gpus']} GPUs",
-            "target": f"{p['name']} ({p['kind']})" if p.get("name") else p["target"],
-            "write": human_seconds(p["write_seconds"]) if done else "-",
-            "binding limit": p["binding_detail"].split(": ", 1)[-1] if done
-            else p["binding_detail"],
-            "idle": f"{p['idle_fraction']:.2%}" if done else "-",
-            "GPU-h/day idle": f"{p['idle_gpu_hours_per_day']:,.0f}" if done else "-",
-        }
-        table.add_row(*[cells[c] for c in cols])
-    return table
-
-
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c).replace("|", "/") for c in r) + " |" for r in rows]
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
 
 
@@ -652,7 +547,7 @@ def build_report(
     first_preset = [p for p in proj if p["preset"] == presets[0][0]]
     no_plots = plots_unavailable()
     plots: dict[str, str | None] = {} if no_plots else {
-        "throughput": plot_throughput(targets, os.path.join(out_dir, "throughput.png")),
+        "throughput": plot_throughput(summary, os.path.join(out_dir, "throughput.png")),
         "latency": plot_latency(targets, requests, os.path.join(out_dir, "latency.png")),
         "sweep": plot_sweep(targets, os.path.join(out_dir, "sweep.png")),
         "timeline": plot_timeline(first_preset, interval, os.path.join(out_dir, "timeline.png")),
@@ -676,10 +571,16 @@ def build_report(
           "storage profile by sleeping (not the real service); **mock** — moto, tests "
           "correctness, *not a performance figure*; **projected** — the model at full scale.",
           "", "## Comparison (this run's scale)", ""]
-    md.append(_md_table(
-        ["target", "kind", "site", "size", "write s", "write GB/s", "read GB/s",
-         "min rank write GB/s", "requests", "retries", "throttled"],
-        [[s["target"], KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
+    # a target measured at several points (a sweep) has one row per point, named here
+    points = any(s["point"] for s in summary)
+
+    def pt(s: dict[str, Any]) -> list[str]:
+        return [s["point"]] if points else []
+
+    md.append(md_table(
+        ["target", *(["point"] if points else []), "kind", "site", "size", "write s",
+         "write GB/s", "read GB/s", "min rank write GB/s", "requests", "retries", "throttled"],
+        [[s["target"], *pt(s), KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
           s["site"], human_size(s["checkpoint_bytes"] or 0), _g(s["write_seconds"]),
           _g(s["write_GBps"]), _g(s["read_GBps"]), _g(s["min_rank_write_GBps"]),
           s["requests"], s["retries"], s["throttled"]] for s in summary]))
@@ -687,7 +588,7 @@ def build_report(
            f"Interval {human_seconds(interval)}; price {price:g} per GPU-hour (assumption); "
            f"MTBF scaled from 7.9 h at 1,024 GPUs (arXiv 2410.21680); restart "
            f"{human_seconds(restart)} (assumption).", ""]
-    md.append(_md_table(
+    md.append(md_table(
         ["workload", "target", "projected with", "write", "binding limit", "idle",
          "idle GPU-h/day", "optimal interval (Daly)", "stall with async save"],
         [[f"{p['preset']} on {p['gpus']} GPUs", p["target"], p["profile"],
@@ -716,8 +617,8 @@ def build_report(
                 md += [f"- {name}: not known here ({err})"]
                 continue
             md += [f"### {prof.name}: {prof.title}", ""]
-            md.append(_md_table(["figure", "value", "source"], [
-                [k, _fig(f.value, FIGURES[k]) + (" *" if f.assumption else ""), f.source]
+            md.append(md_table(["figure", "value", "source"], [
+                [k, fig_text(f.value, FIGURES[k]) + (" *" if f.assumption else ""), f.source]
                 for k, f in prof.figures.items()]))
             md += ["", "\\* an assumption, not a published figure."]
             md += ["", f"Streams per node {prof.streams} ({prof.sources.get('streams', '')}); "
@@ -742,7 +643,7 @@ def build_report(
             for r, k in zip(rows, kinds, strict=True))
         return f"<table><tr>{head}</tr>{body}</table>"
 
-    comp_rows = [[s["target"], KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
+    comp_rows = [[s["target"], *pt(s), KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
                   s["site"], human_size(s["checkpoint_bytes"] or 0), _g(s["write_GBps"]),
                   _g(s["read_GBps"]), s["requests"], s["throttled"]] for s in summary]
     proj_rows = [[f"{p['preset']} on {p['gpus']} GPUs", p["target"],
@@ -761,8 +662,9 @@ def build_report(
         " moto, <i>not a performance figure</i>. <b>projected</b> (green): the model at full "
         "scale.</p>",
         "<h2>Comparison (this run's scale)</h2>",
-        table_html(["target", "kind", "site", "size", "write GB/s", "read GB/s", "requests",
-                    "throttled"], comp_rows, [s["kind"] for s in summary]),
+        table_html(["target", *(["point"] if points else []), "kind", "site", "size",
+                    "write GB/s", "read GB/s", "requests", "throttled"], comp_rows,
+                   [s["kind"] for s in summary]),
         "<h2>Full-scale projection (model)</h2>",
         f"<p>Interval {human_seconds(interval)}, price {price:g} per GPU-hour (assumption), "
         f"restart {human_seconds(restart)} (assumption); report.md has every profile figure "

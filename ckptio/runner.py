@@ -345,6 +345,7 @@ def run_workload(
     config: dict[str, Any] | None = None,
     write_files: bool = True,
     layout: str = "file-per-shard",
+    say: Callable[[str], None] | None = None,
 ) -> RunSummary:
     """Run ``plan`` against ``url`` for ``iterations`` iterations on every rank of ``comm``
     (default: detected from the launcher). Every rank calls this with the same arguments.
@@ -354,7 +355,8 @@ def run_workload(
     :data:`CACHE_MODES`. ``keep``: one of :data:`KEEP`. ``emulate``: a profile name; the
     target is wrapped in the shaped backend and every figure is marked emulated.
     ``store_options`` go to the store (``streams``, ``part_size``, ...). ``progress`` (rank 0)
-    is called with bytes done. ``layout``: one of :data:`ckptio.checkpoint.LAYOUTS` (the
+    is called with bytes done, ``say`` (rank 0) with a line per phase done (``iteration 1/3:
+    write 64.0 MiB in 0.21 s, 0.32 GB/s``). ``layout``: one of :data:`ckptio.checkpoint.LAYOUTS` (the
     shared ones need a store with positional writes). Rank 0 writes the result files under
     ``out_dir`` (when given and ``write_files``) and returns the complete :class:`RunSummary`.
     """
@@ -396,7 +398,7 @@ def run_workload(
                     profile=profile, mock=mock, options=options, progress=progress,
                     run_id=run_id, kind=kind, sweep_streams=sweep_streams,
                     sweep_part_size=sweep_part_size, config=config or {},
-                    write_files=write_files, layout=layout)
+                    write_files=write_files, layout=layout, say=say)
     finally:
         store.close()
 
@@ -442,8 +444,15 @@ def _run(
     config: dict[str, Any],
     write_files: bool,
     layout: str = "file-per-shard",
+    say: Callable[[str], None] | None = None,
 ) -> RunSummary:
     from ckptio.checkpoint import committed_steps
+
+    def milestone(it: int, phase: str, start: float, end: float) -> None:
+        if say is not None and rank == 0:
+            secs = end - start
+            say(f"iteration {it + 1}/{iterations}: {phase} {units.human_bytes(plan.total_bytes)} "
+                f"in {secs:.3g} s, {_gb_per_s(plan.total_bytes, secs):.3g} GB/s")
 
     rank = comm.rank
     mine = _assign(plan, comm.size)[rank]
@@ -581,6 +590,7 @@ def _run(
                 ) from failure
             comm.barrier()
             info.write_end = time.time()
+            milestone(it, "write", info.write_start, info.write_end)
             written_steps.append(step)
             events = wphase.events + cphase.events
             request_parts.append(_events_columns(events, "write", it, rank))
@@ -651,6 +661,7 @@ def _run(
                         f"iteration {it}: read-back failed: {'; '.join(report)}") from rfail
                 comm.barrier()
                 info.read_end = time.time()
+                milestone(it, "read", rphase.start, info.read_end)
                 request_parts.append(_events_columns(rphase.events, "read", it, rank))
                 row(it, "read", nread, rdone - rphase.start, rphase.start, rdone, mode)
                 row(it, "verify", nread, info.verify_seconds, rphase.start, rdone)
@@ -879,6 +890,96 @@ _PART_OPTION = {"file": "block_size", "pfs": "block_size"}
 """Backends whose request-size option has another name than ``part_size``."""
 
 
+@dataclass(frozen=True)
+class SweepPoint:
+    """One point of a sweep as the plan lets it run (:func:`sweep_points`)."""
+
+    streams: int
+    """Streams asked for."""
+    part_size: int
+    inflight: int
+    """Shard objects each process keeps in flight."""
+    parts_in_flight: int
+    """Requests (parts, blocks) the busiest process can have in flight at once: the most
+    streams this point can keep busy."""
+    objects: int
+    """Shard objects of the busiest process, in all."""
+    memory_capped: bool = False
+    """The objects in flight were capped by the memory budget."""
+
+    @property
+    def capped(self) -> bool:
+        """More streams asked for than there are parts in flight: the extra ones idle."""
+        return self.streams > self.parts_in_flight
+
+
+def sweep_points(plan: Plan, processes: int, streams: Sequence[int], part_sizes: Sequence[int],
+                 *, inflight: int = 2,
+                 max_memory: int = DEFAULT_SWEEP_MEMORY) -> list[SweepPoint]:
+    """The (streams, part size) points of a sweep of ``plan`` over ``processes`` processes, in
+    order, each with as many shard objects in flight per process as its streams need (at
+    least ``inflight``; at most what ``max_memory`` holds at ``plan.object_size`` per object)
+    and the parts that puts in flight.
+
+    A point whose ``streams`` exceed its ``parts_in_flight`` cannot use them all: with 64 MiB
+    over 8 writing ranks each rank has a few objects of about 1 and 7 MiB, one 8 MiB part
+    each, and 1, 4 and 16 streams measure the same thing. Such points are ``capped``."""
+    cap = max(1, max_memory // plan.object_size)
+    # per process: its objects' sizes, largest first (the runner deals writing ranks round-robin)
+    shares = []
+    for ranks in _assign(plan, processes):
+        sizes = []
+        for nbytes in (plan.model_bytes[ranks], plan.optim_bytes[ranks]):
+            full, rest = np.divmod(nbytes, plan.object_size)
+            sizes += [np.full(int(full.sum()), plan.object_size, dtype=np.int64), rest[rest > 0]]
+        shares.append(-np.sort(-np.concatenate(sizes)) if sizes else np.zeros(0, np.int64))
+    out = []
+    for s in streams:
+        for p in part_sizes:
+            cum = [np.cumsum(-(-sz // p)) for sz in shares]
+            # objects each process needs in flight so that s requests of p bytes can go at once
+            need = max((min(int(np.searchsorted(c, s)) + 1, len(c)) for c in cum if len(c)),
+                       default=1)
+            want = max(inflight, need)
+            n = max(1, min(want, cap))
+            parts = max((int(c[min(n, len(c)) - 1]) for c in cum if len(c)), default=0)
+            out.append(SweepPoint(s, p, n, parts, max(len(c) for c in cum) if cum else 0,
+                                  memory_capped=n < want))
+    return out
+
+
+def sweep_warnings(points: Sequence[SweepPoint], plan: Plan, processes: int, *,
+                   max_memory: int = DEFAULT_SWEEP_MEMORY) -> list[str]:
+    """One line per part size whose requested stream counts exceed what the points put in
+    flight (the extra streams idle, so those points measure the same concurrency): because of
+    the layout (too little data per process) or of the memory budget."""
+    human_bytes = units.human_bytes
+    lines = []
+    for part in dict.fromkeys(p.part_size for p in points):
+        capped = [p for p in points if p.part_size == part and p.capped]
+        if not capped:
+            continue
+        most = max(p.parts_in_flight for p in capped)
+        head = (f"--streams {','.join(str(p.streams) for p in capped)} with {human_bytes(part)} "
+                "parts: ")
+        tail = (f"so at most {most} stream(s) can be busy and these points measure the same "
+                f"concurrency as {most} stream(s).")
+        if any(p.memory_capped for p in capped):
+            n = max(p.inflight for p in capped)
+            lines.append(
+                f"{head}the sweep's memory budget ({human_bytes(max_memory)} per process) holds "
+                f"{n} object(s) of up to {human_bytes(plan.object_size)} in flight, {most} "
+                f"part(s), {tail} A smaller --part-size or --object-size lets more streams work.")
+        else:
+            share = plan.total_bytes / max(1, min(processes, plan.writing_ranks))
+            lines.append(
+                f"{head}each of the {processes} writing process(es) has at most {most} part(s) in "
+                f"flight (about {human_bytes(share)} each, in {max(p.objects for p in capped)} "
+                f"object(s)), {tail} A larger --total-size, fewer --ranks or a smaller "
+                "--part-size lets more streams work.")
+    return lines
+
+
 def sweep(
     url: str,
     plan: Plan,
@@ -891,12 +992,18 @@ def sweep(
     label: str | None = None,
     progress: Callable[[int], None] | None = None,
     layout: str = "file-per-shard",
+    say: Callable[[str], None] | None = None,
+    warn: bool = True,
     **kwargs: Any,
 ) -> RunSummary:
     """Throughput versus concurrency: run ``plan`` once per (streams, part size) pair, with
-    enough shard objects in flight to keep every stream busy, and write all points as one run
-    (``kind = "sweep"``) under ``out_dir``. ``layout``: the checkpoint layout of every point
-    (:data:`ckptio.checkpoint.LAYOUTS`). Other keyword arguments go to :func:`run_workload`."""
+    enough shard objects in flight to keep every stream busy where the plan has them
+    (:func:`sweep_points`), and write all points as one run (``kind = "sweep"``) under
+    ``out_dir``. ``layout``: the checkpoint layout of every point
+    (:data:`ckptio.checkpoint.LAYOUTS`). With ``warn`` (rank 0) a point whose streams exceed the
+    parts the layout puts in flight is logged as a warning (:func:`sweep_warnings`); the
+    sidecar lists every point with its ``parts_in_flight``. ``say`` (rank 0) gets a line per
+    point and phase. Other keyword arguments go to :func:`run_workload`."""
     comm = comm if comm is not None else detect()
     if not streams or not part_sizes:
         raise errors.InvalidArgumentError("a sweep needs at least one streams value and one part size")
@@ -908,23 +1015,26 @@ def sweep(
     base_options = dict(kwargs.pop("store_options", None) or {})
     keep = kwargs.pop("keep", "last")
     max_memory = parse_size(kwargs.pop("max_memory", DEFAULT_SWEEP_MEMORY), field="max_memory")
-    points = [(s, p) for s in streams for p in parts]
+    # enough objects in flight that s streams of p-byte requests can all be busy, within the
+    # memory budget (a client needs streams x part size in flight to use them all)
+    points = sweep_points(plan, comm.size, streams, parts, inflight=kwargs.get("inflight", 2),
+                          max_memory=max_memory)
+    if warn and comm.rank == 0:
+        for line in sweep_warnings(points, plan, comm.size, max_memory=max_memory):
+            log.warning("%s", line)
     run_id = None
     merged: RunSummary | None = None
     tables: dict[str, Any] = {"requests": [], "phases": [], "runs": []}
-    for n, (s, p) in enumerate(points):
-        # enough objects in flight that s streams of p-byte requests can all be busy, within
-        # the memory budget (a client needs streams x part size in flight to use them all)
-        want = max(kwargs.get("inflight", 2), -(-s * p // plan.object_size))
-        inflight = max(1, min(want, max_memory // plan.object_size))
-        if inflight < want and comm.rank == 0:
-            log.warning("sweep point streams=%d part_size=%d wants %d objects in flight; "
-                        "capped at %d by max_memory=%d bytes", s, p, want, inflight, max_memory)
+    for n, point in enumerate(points):
+        s, p, inflight = point.streams, point.part_size, point.inflight
+        if say is not None and comm.rank == 0:
+            say(f"sweep point {n + 1}/{len(points)}: {s} stream(s), "
+                f"{units.human_bytes(p)} parts, {inflight} object(s) in flight per process")
         opts = {**base_options, "streams": s, part_option: p}
         summary = run_workload(
             url, plan, iterations=iterations, comm=comm, out_dir=None,
             label=label, progress=progress, run_id=run_id, kind="sweep", sweep_streams=s,
-            sweep_part_size=p, store_options=opts, layout=layout,
+            sweep_part_size=p, store_options=opts, layout=layout, say=say,
             keep=keep if n == len(points) - 1 else "none",
             **{**kwargs, "inflight": inflight},
         )
@@ -949,6 +1059,8 @@ def sweep(
                                            "streams": list(streams), "part_sizes": parts,
                                            "iterations": iterations, "ranks": comm.size,
                                            "kind": "sweep",
+                                           "points": [{**vars(pt), "capped": pt.capped}
+                                                      for pt in points],
                                            "checkpoint_layout": layout},
                            target_path=merged.target_path, emulated=any(r["emulated"] for r in merged.runs),
                            profile=merged.runs[0]["profile"], mock=merged.runs[0]["mock"],
@@ -968,6 +1080,8 @@ def rank_main(comm: Communicator, url: str, plan: Plan, kwargs: dict[str, Any],
     """What every local-process rank runs (:func:`ckptio.dist.run_local` target)."""
     if comm.rank == 0 and PROGRESS_HOOK is not None:
         kwargs = {**kwargs, "progress": PROGRESS_HOOK}
+    if comm.rank == 0 and SAY_HOOK is not None:
+        kwargs = {**kwargs, "say": SAY_HOOK}
     if mode == "sweep":
         return sweep(url, plan, comm=comm, **kwargs)
     return run_workload(url, plan, comm=comm, **kwargs)
@@ -986,6 +1100,8 @@ def parse_list(text: str, *, field: str, sizes: bool = False) -> list[int]:
 PROGRESS_HOOK: Callable[[int], None] | None = None
 """Set by the CLI in rank 0's process: called with bytes done (a callback cannot travel to
 spawned ranks, so it is looked up here)."""
+SAY_HOOK: Callable[[str], None] | None = None
+"""Set likewise: called with a line per phase (and sweep point) done."""
 
 
 def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
@@ -1034,7 +1150,6 @@ def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
                    "./ckptio-results)")
     r.add_argument("--site", help="label of this site/machine in merged reports (default: hostname)")
     r.add_argument("--label", help="label of the target in reports")
-    r.add_argument("--json", action="store_true", help="machine-readable summary")
 
 
 def _options(args: Any, *, sweep_mode: bool) -> dict[str, Any]:
@@ -1053,23 +1168,59 @@ def _options(args: Any, *, sweep_mode: bool) -> dict[str, Any]:
     return opts
 
 
-def cmd_run(args: Any, console: Any, *, sweep_mode: bool = False) -> int:
-    """``ckptio run`` and ``ckptio sweep``."""
+@dataclass
+class RunJob:
+    """A ``ckptio run`` / ``sweep`` checked and ready (:func:`prepare_run`)."""
+
+    target: str
+    plan: Plan
+    mode: str
+    """``run`` or ``sweep``."""
+    kwargs: dict[str, Any]
+    comm: Communicator | None
+    """The launcher's communicator (mpiexec/srun/torchrun), else None: local processes."""
+    ranks: int
+    progress_bytes: int
+    """Bytes rank 0 writes and reads over the whole job (the progress bar's total)."""
+    points: list[SweepPoint] = field(default_factory=list)
+
+    @property
+    def is_root(self) -> bool:
+        return self.comm is None or self.comm.rank == 0
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the user should know before the job starts (sweep points whose streams the
+        layout cannot keep busy)."""
+        return sweep_warnings(self.points, self.plan, self.ranks) if self.points else []
+
+
+def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
+    """Check the options of ``ckptio run`` / ``sweep`` (``args``: their argparse namespace)
+    and the target, once, before any work: a wrong target, option or layout raises here."""
     from ckptio import dist
     from ckptio.workload import plan_from_args
 
     plan = plan_from_args(args)
     opts = _options(args, sweep_mode=sweep_mode)
+    probes = [opts]
+    if sweep_mode:  # a store that takes no streams or part size fails here, not at point 1
+        scheme = split_url(args.target)[0].split("+")[-1]
+        probes.append({**opts, "streams": parse_list(args.streams, field="--streams")[0],
+                       _PART_OPTION.get(scheme, "part_size"):
+                       parse_list(args.part_size, field="--part-size", sizes=True)[0]})
     # a wrong target or option fails here, once (through the shaped wrapper when emulating:
     # profile figures given as --option belong to it, not to the wrapped store)
-    if args.emulate:
-        probe = open_store(wrap_url("shaped", args.target), **{**opts, "profile": args.emulate})
-    else:
-        probe = open_store(args.target, **opts)
-    try:
-        check_layout(probe, args.layout, args.target)
-    finally:
-        probe.close()
+    for probe_opts in probes:
+        if args.emulate:
+            probe = open_store(wrap_url("shaped", args.target),
+                               **{**probe_opts, "profile": args.emulate})
+        else:
+            probe = open_store(args.target, **probe_opts)
+        try:
+            check_layout(probe, args.layout, args.target)
+        finally:
+            probe.close()
     kwargs: dict[str, Any] = {
         "iterations": args.iterations, "out_dir": args.out, "label": args.label,
         "pause": args.pause, "inflight": args.inflight, "read": not args.no_read,
@@ -1081,7 +1232,7 @@ def cmd_run(args: Any, console: Any, *, sweep_mode: bool = False) -> int:
         kwargs.pop("pause")
         kwargs["streams"] = parse_list(args.streams, field="--streams")
         kwargs["part_sizes"] = parse_list(args.part_size, field="--part-size", sizes=True)
-    mode = "sweep" if sweep_mode else "run"
+        kwargs["warn"] = False  # the caller shows RunJob.warnings before starting
     launched = dist.under_mpi() or dist.under_torchrun()
     comm = dist.detect() if launched else None
     ranks = comm.size if comm is not None else (args.ranks or 1)
@@ -1093,76 +1244,33 @@ def cmd_run(args: Any, console: Any, *, sweep_mode: bool = False) -> int:
         raise errors.InvalidArgumentError(
             f"--ranks {ranks} exceeds the {plan.ranks} GPUs of {plan.preset.name}'s layout; use "
             f"at most {plan.ranks} or more --gpus")
-    is_root = comm is None or comm.rank == 0
-    global PROGRESS_HOOK
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
-
     per_rank0 = int(plan.rank_bytes[_assign(plan, ranks)[0]].sum())
     passes = args.iterations * (1 if args.no_read else 2)
+    points: list[SweepPoint] = []
     if sweep_mode:
-        passes *= len(kwargs["streams"]) * len(kwargs["part_sizes"])
-    progress = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                        TransferSpeedColumn(), TimeRemainingColumn(), console=console,
-                        transient=True, disable=not is_root or args.json)
-    with progress:
-        task = progress.add_task(f"{mode} {plan.preset.name} rank 0 of {ranks}", total=per_rank0 * passes)
-        PROGRESS_HOOK = (lambda n: progress.advance(task, n)) if is_root else None
-        try:
-            if comm is not None:
-                summary = rank_main(comm, args.target, plan, kwargs, mode)
-            else:
-                summary = dist.run_local(ranks, rank_main, args.target, plan, kwargs, mode)
-        finally:
-            PROGRESS_HOOK = None
-    if comm is not None:  # on success only: a last barrier after a failure could hang
+        points = sweep_points(plan, ranks, kwargs["streams"], kwargs["part_sizes"],
+                              inflight=args.inflight)
+        passes *= len(points)
+    return RunJob(args.target, plan, "sweep" if sweep_mode else "run", kwargs, comm, ranks,
+                  per_rank0 * passes, points)
+
+
+def execute_run(job: RunJob, *, progress: Callable[[int], None] | None = None,
+                say: Callable[[str], None] | None = None) -> RunSummary:
+    """Run a prepared job on its ranks; ``progress`` and ``say`` are called in rank 0's
+    process (:data:`PROGRESS_HOOK`, :data:`SAY_HOOK`). Returns this rank's summary."""
+    from ckptio import dist
+
+    global PROGRESS_HOOK, SAY_HOOK
+    PROGRESS_HOOK, SAY_HOOK = (progress, say) if job.is_root else (None, None)
+    try:
+        if job.comm is not None:
+            summary = rank_main(job.comm, job.target, job.plan, job.kwargs, job.mode)
+        else:
+            summary = dist.run_local(job.ranks, rank_main, job.target, job.plan, job.kwargs,
+                                     job.mode)
+    finally:
+        PROGRESS_HOOK = SAY_HOOK = None
+    if job.comm is not None:  # on success only: a last barrier after a failure could hang
         dist.shutdown()
-    if not is_root:
-        return 0
-    if args.json:
-        from ckptio.cli import print_json
-
-        print_json({"run_id": summary.run_id, "runs": summary.runs,
-                    "paths": [str(p) for p in summary.paths],
-                    "peak_rss_bytes": summary.peak_rss_bytes,
-                    "cache": summary.cache, "generator": summary.generator})
-    else:
-        print_summary(summary, console)
-    return 0
-
-
-def print_summary(summary: RunSummary, console: Any) -> None:
-    from rich.table import Table
-
-    from ckptio.cli import human_bytes
-
-    first = summary.runs[0] if summary.runs else {}
-    tag = " [yellow](emulated: " + first.get("profile", "") + ")[/]" if first.get("emulated") else ""
-    tag += " [yellow](mock)[/]" if first.get("mock") else ""
-    t = Table(title=f"{summary.run_id}: {first.get('preset', '')} on {first.get('url', '')}{tag}")
-    is_sweep = any(r["kind"] == "sweep" for r in summary.runs)
-    cols = ["it", *(["streams", "part"] if is_sweep else []), "size", "write s", "GB/s",
-            "slowest rank", "read s", "GB/s", "slowest rank", "requests", "retries"]
-    for c in cols:
-        t.add_column(c, justify="right")
-    for r in summary.runs:
-        point = [str(r["sweep_streams"]), human_bytes(r["sweep_part_size"])] if is_sweep else []
-        t.add_row(str(r["iteration"]), *point, human_bytes(r["checkpoint_bytes"]),
-                  f"{r['write_seconds']:.2f}", f"{r['write_GBps']:.3f}",
-                  f"{r['min_rank_write_GBps']:.3f}", f"{r['read_seconds']:.2f}",
-                  f"{r['read_GBps']:.3f}", f"{r['min_rank_read_GBps']:.3f}",
-                  f"{r['requests']:,}", str(r["retries"] + r["throttled"]))
-    console.print(t)
-    rss = ", ".join(human_bytes(b) for b in summary.peak_rss_bytes)
-    gen = ", ".join(f"{r['generate_GBps']:.2f}" for r in summary.runs)
-    console.print(f"Layout: {first.get('layout', 'file-per-shard')}. "
-                  f"GB/s = 1e9 bytes/s; slowest rank: its own bytes over its own time. "
-                  f"Read cache bypass: {summary.cache or 'n/a'}. Data: {summary.generator}, "
-                  f"generated at {gen} GB/s per core. Peak RSS per rank: {rss}.", highlight=False)
-    for p in summary.paths:
-        console.print(f"[dim]{p}[/]", highlight=False)
+    return summary

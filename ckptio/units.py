@@ -311,7 +311,11 @@ def number_arg(*, maximum: float, positive: bool = False) -> Callable[[str], flo
 
 
 def list_arg(parse: Callable[..., Any], **kwargs: Any) -> Callable[[str], str]:
-    """argparse type: a comma-separated list (``1,4,16``), each part through ``parse``; the text
-    is kept."""
-    return arg(lambda text, field, **kw: parse_list(text, parse, field=field, **kw), "list",
-               keep_text=True, **kwargs)
+    """argparse type: a comma-separated list (``1,4,16``, ``70GB/s,7GB/s``), each part through
+    ``parse``; the text is kept. Its ``positive``/``allow_inf`` attributes are those of the
+    parts (a bandwidth or rate is above 0, or inf)."""
+    convert = arg(lambda text, field, **kw: parse_list(text, parse, field=field, **kw), "list",
+                  keep_text=True, **kwargs)
+    if parse in (parse_bandwidth, parse_rate):
+        convert.positive = convert.allow_inf = True  # type: ignore[attr-defined]
+    return convert

@@ -174,7 +174,8 @@ def _bad_values(option: str, action: argparse.Action) -> list[str]:
         values += BAD_UNLESS_INF_OK
     if option in COUNT_OPTIONS:
         values += BAD_COUNT
-    if isinstance(action.default, str) and "," in action.default:  # a list: 1,4,16
+    if (isinstance(action.default, str) and "," in action.default  # a list: 1,4,16
+            or getattr(action.type, "kind", None) == "list"):
         # (empty items are skipped: "1," is valid, and so is "1,1,2")
         values = [v for v in values if v.strip() and v != "1,2"]
         values = [*(f"1,{v}" for v in values), "", ","]
