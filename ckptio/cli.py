@@ -28,7 +28,6 @@ and ``ckptio backends`` do not pay for them.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
