@@ -1536,7 +1536,20 @@ class Checkpointer:
       :data:`LAYOUTS`), ``key_layout`` (``flat``/``hashed``; default: the store's
       ``preferred_key_layout``), ``chunk_size``, ``max_object_size`` (file-per-shard only);
       any other option goes to the store (``streams``, ``part_size``, ...).
+    - ``local`` (a URL, a URL with ``{rank}``, or one URL per rank): returns a
+      :class:`ckptio.tiered.TieredCheckpointer` instead, which saves every step on that fast
+      tier and drains some to ``url`` in the background (``keep_last_local``,
+      ``persist_every``, ``drain_backpressure``: see there).
     """
+
+    def __new__(cls, *args: Any, local: Any = None, **kwargs: Any) -> Any:
+        if local is not None:  # a tiered Checkpointer (see the class docstring)
+            if cls is not Checkpointer:
+                raise errors.InvalidArgumentError(f"{cls.__name__} takes no local= tier")
+            from ckptio.tiered import TieredCheckpointer
+
+            return TieredCheckpointer(*args, local=local, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -1701,7 +1714,7 @@ class Checkpointer:
         self._retained = True
         try:
             steps = committed_steps(self.store)
-            doomed = [s for s in steps if s <= newest][: -self.keep_last or None] if self.keep_last else []
+            doomed = self._doomed(steps, newest)
             for s in doomed:
                 retire(self.store, s)
             sweep = _sweep(self.store, before_step=newest, grace=self.retire_grace)
@@ -1716,6 +1729,11 @@ class Checkpointer:
                 )
         except Exception as err:  # retention must not fail a committed save
             log.warning("retention after step %d failed: %s", newest, err)
+
+    def _doomed(self, steps: Sequence[int], newest: int) -> list[int]:
+        """The committed ``steps`` retention retires: all but the newest ``keep_last`` up to
+        ``newest`` (a tier of :class:`ckptio.tiered.TieredCheckpointer` keeps more)."""
+        return [s for s in steps if s <= newest][: -self.keep_last or None] if self.keep_last else []
 
     def wait(self) -> SaveResult | None:
         """Wait for the save in flight, if any; raise its error if it failed, unless its
