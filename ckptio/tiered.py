@@ -433,8 +433,6 @@ class TieredCheckpointer:
                 try:
                     if job.cancel_event.is_set():
                         raise _Cancelled
-                    if self.durable.keep_last is not None and not self.durable._retained:
-                        self.durable._retain(step - 1)  # debris of a killed predecessor's drain
                     data = self.fast.store.get(mkey)
                     fmt.parse_manifest(data, expect_step=step)
                     if self.store.exists(mkey):
@@ -470,7 +468,7 @@ class TieredCheckpointer:
                 for lease in leases:
                     lease.release()
                 if verdict["ok"] and self.durable.keep_last is not None:
-                    self.durable._retain(step)
+                    self.durable._retain(step)  # also the debris of a killed predecessor's drains
             verdict = comm.bcast(verdict, root=0)
         finally:
             for lease in leases:
