@@ -758,6 +758,59 @@ def _plan_writers(gathered: Sequence[Mapping[str, list[Any]]]) -> dict[str, int]
     return writers
 
 
+def build_manifest(
+    step: int,
+    prepared: PreparedState,
+    plan: Mapping[str, Any],
+    results: Sequence[Mapping[str, Any]],
+    world_size: int,
+    layout: str,
+    key_layout: str,
+) -> tuple[bytes, dict[str, int]]:
+    """Rank 0: the manifest of a step whose data every rank reported written (``results``),
+    validated exactly as a reader will validate it, and the objects it names."""
+    objects: dict[str, int] = {}
+    chunk_lists: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        objects.update(r["objects"])
+        for path, cs in r["chunks"].items():
+            chunk_lists.setdefault(path, []).extend(cs)
+    metas = prepared.metas()
+    doc_tensors = {}
+    for path in plan["writers"]:
+        meta = metas.get(path)
+        if meta is None:
+            raise errors.SaveFailedError(
+                f"tensor {path!r} is held by another rank but not by rank 0; rank 0's state "
+                "must name every tensor (its structure is the checkpoint's)"
+            )
+        doc_tensors[path] = {
+            "dtype": meta[0],
+            "shape": meta[1],
+            "chunks": sorted(chunk_lists.get(path, []), key=lambda c: c["offsets"]),
+        }
+    manifest = fmt.Manifest(
+        step=step,
+        world_size=world_size,
+        tensors={},
+        objects=objects,
+        tree=prepared.tree,
+        metadata=prepared.metadata,
+        layout={"kind": layout, "key_layout": key_layout},
+        created=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+    )
+    data = manifest.to_json()
+    # splice the tensors in (as JSON) and validate what we are about to commit, exactly
+    # as a reader will: a save never publishes a manifest that load would refuse
+    import json
+
+    doc = json.loads(data)
+    doc["tensors"] = doc_tensors
+    data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+    fmt.parse_manifest(data, expect_step=step)
+    return data, objects
+
+
 def commit_step(
     store: Store,
     step: int,
@@ -784,45 +837,7 @@ def commit_step(
         discard_objects(store, sorted(set(written) | set(strays)))
         return {"ok": False, "error": "; ".join(f"rank {rank}: {e}" for rank, e in failed)}
     try:
-        objects: dict[str, int] = {}
-        chunk_lists: dict[str, list[dict[str, Any]]] = {}
-        for r in results:
-            objects.update(r["objects"])
-            for path, cs in r["chunks"].items():
-                chunk_lists.setdefault(path, []).extend(cs)
-        metas = prepared.metas()
-        doc_tensors = {}
-        for path in plan["writers"]:
-            meta = metas.get(path)
-            if meta is None:
-                raise errors.SaveFailedError(
-                    f"tensor {path!r} is held by another rank but not by rank 0; rank 0's state "
-                    "must name every tensor (its structure is the checkpoint's)"
-                )
-            doc_tensors[path] = {
-                "dtype": meta[0],
-                "shape": meta[1],
-                "chunks": sorted(chunk_lists.get(path, []), key=lambda c: c["offsets"]),
-            }
-        manifest = fmt.Manifest(
-            step=step,
-            world_size=world_size,
-            tensors={},
-            objects=objects,
-            tree=prepared.tree,
-            metadata=prepared.metadata,
-            layout={"kind": layout, "key_layout": key_layout},
-            created=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        )
-        data = manifest.to_json()
-        # splice the tensors in (as JSON) and validate what we are about to commit, exactly
-        # as a reader will: a save never publishes a manifest that load would refuse
-        import json
-
-        doc = json.loads(data)
-        doc["tensors"] = doc_tensors
-        data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
-        fmt.parse_manifest(data, expect_step=step)
+        data, objects = build_manifest(step, prepared, plan, results, world_size, layout, key_layout)
         if lease is not None:
             lease.check()
         check_objects_present(store, step, objects)

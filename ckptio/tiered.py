@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -65,20 +66,28 @@ from ckptio import format as fmt
 from ckptio.checkpoint import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_OBJECT_SIZE,
+    PARALLEL_OBJECTS,
     _RELISTS,
     CheckpointReader,
     Checkpointer,
+    PreparedState,
     SaveHandle,
     SaveResult,
+    _error_text,
+    _plan_writers,
     aligned_empty,
+    build_manifest,
     check_objects_present,
     committed_steps,
     crc32c,
     discard_objects,
     read_manifest,
+    write_rank_shards,
 )
 from ckptio.dist import Communicator, SingleProcess, detect
+from ckptio.forked import ForkedWriter
 from ckptio.lease import RETIRE_GRACE_SECONDS, SaveLease
+from ckptio.registry import open_store
 from ckptio.store import Store, option_int
 
 log = logging.getLogger(__name__)
@@ -185,22 +194,22 @@ class TieredSaveHandle:
 
 
 class _Overlay(Store):
-    """Read-only: each object from ``first`` where it is there, else from ``second``."""
+    """Read-only: each object from the first of ``stores`` that has it."""
 
     name = "tiers"
 
-    def __init__(self, first: Store, second: Store | None) -> None:
-        super().__init__(first.url, trace=first.trace)
-        self.first, self.second = first, second
-        self.capabilities = first.capabilities  # type: ignore[misc]
+    def __init__(self, stores: Sequence[Store]) -> None:
+        super().__init__(stores[0].url, trace=stores[0].trace)
+        self.stores = list(stores)
+        self.capabilities = stores[0].capabilities  # type: ignore[misc]
 
     def _either(self, op: str, key: str, *args: Any) -> Any:
-        try:
-            return getattr(self.first, op)(key, *args)
-        except FileNotFoundError:
-            if self.second is None:
-                raise
-            return getattr(self.second, op)(key, *args)
+        for store in self.stores[:-1]:
+            try:
+                return getattr(store, op)(key, *args)
+            except FileNotFoundError:
+                continue
+        return getattr(self.stores[-1], op)(key, *args)
 
     def read_into(self, key: str, offset: int, buffer: Any) -> int:
         return int(self._either("read_into", key, offset, buffer))
@@ -209,10 +218,7 @@ class _Overlay(Store):
         return int(self._either("size", key))
 
     def list(self, prefix: str = "") -> list[str]:
-        keys = set(self.first.list(prefix))
-        if self.second is not None:
-            keys |= set(self.second.list(prefix))
-        return sorted(keys)
+        return sorted({k for store in self.stores for k in store.list(prefix)})
 
     def open_writer(self, key: str, *, size_hint: int | None = None) -> Any:
         raise errors.InvalidArgumentError("a restore's view of two tiers is read-only")
@@ -226,13 +232,124 @@ class _Overlay(Store):
 
 
 class _FastTier(Checkpointer):
-    """The fast tier's Checkpointer: its retention also keeps what the drains need."""
+    """The fast tier's Checkpointer: its retention also keeps what the drains need; with a
+    root per rank, each rank saves on its own root and applies retention to it."""
 
     protected: Any = staticmethod(set)
+    per_rank = False
 
     def _doomed(self, steps: Sequence[int], newest: int) -> list[int]:
         keep = self.protected()
         return [s for s in super()._doomed(steps, newest) if s not in keep]
+
+    def _persist(
+        self, prepared: PreparedState, step: int, comm: Communicator, forked: ForkedWriter | None = None
+    ) -> SaveResult:
+        if not self.per_rank:
+            return super()._persist(prepared, step, comm, forked)
+        if self.keep_last is not None and not self._retained:
+            self._retain(step - 1)
+        try:
+            result = _save_own_roots(self, prepared, step, comm, forked)
+        finally:
+            if forked is not None:
+                forked.cancel()
+        if self.keep_last is not None:
+            self._retain(step)
+        return result
+
+
+def _save_own_roots(
+    ck: Checkpointer, prepared: PreparedState, step: int, comm: Communicator, forked: ForkedWriter | None
+) -> SaveResult:
+    """A save with a fast root per rank: rank 0 plans as usual; each rank publishes its lease
+    on its own root, writes its shards there, and checks them listed; the manifest, built by
+    rank 0, is published on every rank's root once every rank's check passed. A failure before
+    that discards every rank's data; one while publishing leaves the step complete on some
+    roots only, which a restore does not take unless the step is on the durable tier."""
+    t0 = time.perf_counter()
+    store, mkey = ck.store, fmt.manifest_key(step)
+    offer = ({"error": _error_text(prepared.error)} if prepared.error
+             else {"metas": prepared.metas(), "exists": store.exists(mkey)})
+    gathered = comm.gather(offer, root=0)
+    plan: dict[str, Any] = {}
+    if gathered is not None:
+        try:
+            refused = [f"rank {r}: {o['error']}" for r, o in enumerate(gathered) if "error" in o]
+            if refused:
+                raise errors.SaveFailedError("; ".join(refused))
+            there = [r for r, o in enumerate(gathered) if o["exists"]]
+            if there:
+                raise errors.AlreadyExistsError(f"step {step} is already committed on the fast root of rank(s) {there}")
+            plan = {"ok": True, "token": secrets.token_hex(4), "writers": _plan_writers([o["metas"] for o in gathered])}
+        except errors.CkptioError as err:
+            plan = {"ok": False, "error": _error_text(err)}
+    plan = comm.bcast(plan, root=0)
+    if not plan["ok"]:
+        raise errors.SaveFailedError(f"save of step {step} refused, nothing committed: {plan['error']}") from prepared.error
+    mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
+    lease = SaveLease(store, step, plan["token"])
+    written: dict[str, Any] = {"objects": {}, "chunks": {}}
+    local_error: BaseException | None = None
+    try:
+        try:
+            lease.acquire()  # before any data: gc and retention leave the step alone
+            if forked is not None:
+                written = forked.run({"token": plan["token"], "paths": [t.path for t in mine]})
+            else:
+                written = write_rank_shards(
+                    store, step, comm.rank, plan["token"], mine, key_layout=ck.key_layout,
+                    chunk_size=ck.chunk_size, max_object_size=ck.max_object_size, parallel=PARALLEL_OBJECTS,
+                )
+            outcome: dict[str, Any] = {"ok": True, **written}
+        except Exception as err:
+            local_error = err
+            outcome = {"ok": False, "error": _error_text(err)}
+        results = comm.gather(outcome, root=0)
+        doc: dict[str, Any] = {}
+        if results is not None:
+            failed = [f"rank {r}: {o['error']}" for r, o in enumerate(results) if not o["ok"]]
+            try:
+                if failed:
+                    raise errors.SaveFailedError("; ".join(failed))
+                data, objects = build_manifest(step, prepared, plan, results, comm.size, ck.layout, ck.key_layout)
+                doc = {"ok": True, "manifest": data.decode(), "nbytes": sum(objects.values())}
+            except Exception as err:
+                doc = {"ok": False, "error": _error_text(err)}
+        doc = comm.bcast(doc, root=0)
+        check: dict[str, Any] = {"ok": True}
+        if doc["ok"]:
+            try:
+                lease.check()
+                check_objects_present(store, step, written["objects"])
+            except Exception as err:
+                local_error = local_error or err
+                check = {"ok": False, "error": f"rank {comm.rank}: {_error_text(err)}"}
+        checks = comm.gather(check, root=0)
+        verdict = doc
+        if checks is not None and doc["ok"]:
+            bad = [c["error"] for c in checks if not c["ok"]]
+            verdict = {"ok": False, "error": "; ".join(bad)} if bad else doc
+        verdict = comm.bcast({k: v for k, v in verdict.items() if k != "manifest"}, root=0)
+        prefix = fmt.step_dir(step) + "/"
+        if not verdict["ok"]:
+            discard_objects(store, [prefix + k for k in written["objects"]])
+            raise errors.SaveFailedError(f"save of step {step} failed, nothing committed: {verdict['error']}") from local_error
+        try:
+            store.publish(mkey, doc["manifest"].encode(), overwrite=False)
+            published: dict[str, Any] = {"ok": True}
+        except Exception as err:
+            published = {"ok": False, "error": f"rank {comm.rank}: {_error_text(err)}"}
+        outcomes = comm.gather(published, root=0)
+        missing = comm.bcast(None if outcomes is None else [o["error"] for o in outcomes if not o["ok"]], root=0)
+        if missing:
+            raise errors.SaveFailedError(
+                f"step {step} was committed on some ranks' fast roots only ({'; '.join(missing)}); "
+                "a restore does not take it unless it is drained"
+            )
+    finally:
+        lease.release()
+    return SaveResult(step, sum(t.array.nbytes for t in mine), time.perf_counter() - t0, doc.get("nbytes", 0))
 
 
 def _fast_roots(local: Any, size: int) -> list[str]:
@@ -302,8 +419,6 @@ class TieredCheckpointer:
         if len(set(self.roots)) not in (1, self.comm.size):
             raise errors.InvalidArgumentError("local: give every rank its own fast-tier root, or all ranks one")
         self.per_rank = self.comm.size > 1 and len(set(self.roots)) > 1
-        if self.per_rank:
-            raise errors.InvalidArgumentError("per-rank fast-tier roots are not supported yet; give every rank one root")
         self.fast = _FastTier(
             self.roots[self.comm.rank], keep_last=keep_last_local, async_save=async_save, comm=self.comm,
             layout=layout, key_layout=key_layout or self.store.preferred_key_layout, chunk_size=chunk_size,
@@ -311,6 +426,7 @@ class TieredCheckpointer:
             **dict(local_options or {}),
         )
         self.fast.protected = self._protected
+        self.fast.per_rank = self.per_rank
         self._lock = threading.Lock()
         self._saves = 0
         self._drains: list[DrainHandle] = []  # queued or running, in order
@@ -454,6 +570,8 @@ class TieredCheckpointer:
             manifest = fmt.parse_manifest(plan["manifest"].encode(), expect_step=step)
             outcome: dict[str, Any] = {"ok": True, "keys": [], "nbytes": 0}
             try:
+                if self.per_rank and comm.rank != 0:  # what this rank reads stays on its root
+                    leases.append(SaveLease(self.fast.store, step).acquire())
                 self._copy_mine(manifest, comm.rank, job, outcome)
             except _Cancelled:
                 outcome.update(ok=False, cancelled=True)
@@ -614,18 +732,26 @@ class TieredCheckpointer:
     def _read(self, step: int, local: bool, select: Any, into: Any) -> tuple[Any, str]:
         """This rank's read of ``step``: (state, "") or (None, the error)."""
         tries: list[Store] = []
+        others: list[Store] = []
         durable = self.store.exists(fmt.manifest_key(step))
         if local:
-            tries.append(_Overlay(self.fast.store, self.store if durable else None))
+            # objects of other ranks (replicated tensors, a resharded read): from the durable
+            # tier if the step is there, else from their fast roots if this process reaches them
+            others = [open_store(u) for u in dict.fromkeys(self.roots) if u != self.roots[self.comm.rank]]
+            tries.append(_Overlay([self.fast.store, *([self.store] if durable else []), *others]))
         if durable:
             tries.append(self.store)
         error = "not on either tier"
-        for store in tries:
-            try:
-                return CheckpointReader(store, step, read_manifest(store, step)).state(select, into=into), ""
-            except (FileNotFoundError, errors.CorruptCheckpointError) as err:
-                log.info("step %d from %s: %s", step, store.url, err)
-                error = f"{store.url}: {type(err).__name__}: {err}"
+        try:
+            for store in tries:
+                try:
+                    return CheckpointReader(store, step, read_manifest(store, step)).state(select, into=into), ""
+                except (FileNotFoundError, errors.CorruptCheckpointError) as err:
+                    log.info("step %d from %s: %s", step, store.url, err)
+                    error = f"{store.url}: {type(err).__name__}: {err}"
+        finally:
+            for store in others if local else ():
+                store.close()
         return None, error
 
     # -- lifetime ---------------------------------------------------------------------------

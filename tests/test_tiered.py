@@ -345,3 +345,48 @@ def test_sigkill_mid_drain(tmp_path, s3_bucket, s3_env, s3_client, mode):
     check_gc(url, plain_first=False)
     check_gc(fast)
     assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
+
+
+# -- several ranks (real processes under mpiexec) ---------------------------------------------
+
+
+def run_ranks(n: int, *args: str) -> str:
+    from test_mpi_checkpoint import run_mpi
+
+    return run_mpi(n, str(MPI_SCRIPT), *args).stdout
+
+
+MPI_SCRIPT = __import__("pathlib").Path(__file__).parent / "mpi" / "tiered_ranks.py"
+
+
+@pytest.mark.mpi
+def test_two_ranks_with_their_own_fast_roots_and_one_node_replaced(tmp_path):
+    """Two ranks as two nodes (a fast root each): each root holds the manifest and that
+    rank's objects only; with both roots the newest step is restored from them (the
+    replicated tensor, written by rank 0, from rank 0's root); with rank 1's root gone, the
+    newest drained step: rank 0 from its root, rank 1 from the durable tier."""
+    import json
+
+    durable, local = f"file://{tmp_path}/durable", f"file://{tmp_path}/fast-{{rank}}"
+    out = run_ranks(2, "save", durable, local)
+    tiers = {d["rank"]: d for d in map(json.loads, out.strip().splitlines())}
+    assert tiers[0]["local"] == tiers[1]["local"] == [2, 3, 4]
+    assert tiers[0]["durable"] == [1, 3]
+    for rank in (0, 1):
+        with open_store(f"file://{tmp_path}/fast-{rank}") as store:
+            keys = store.list(fmt.step_dir(4) + "/data/")
+            assert keys and {object_rank(k.rsplit("/", 1)[1]) for k in keys} == {rank}
+            assert [k for k in store.list("step-") if "saving-" in k] == []
+    assert "rank 1 restored step 4 OK" in run_ranks(2, "load", durable, local, "4")
+    shutil.rmtree(tmp_path / "fast-1")
+    out = run_ranks(2, "load", durable, local, "3")
+    assert out.count("restored step 3 OK") == 2
+
+
+@pytest.mark.mpi
+def test_two_ranks_one_fast_root_async(tmp_path):
+    durable, local = f"file://{tmp_path}/durable", f"file://{tmp_path}/fast"
+    run_ranks(2, "save", durable, local, "async")
+    assert run_ranks(2, "load", durable, local, "4").count("OK") == 2
+    shutil.rmtree(tmp_path / "fast")
+    assert run_ranks(2, "load", durable, local, "3").count("OK") == 2
