@@ -276,7 +276,13 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     c = p.add_argument_group("cost and interval")
     c.add_argument("--interval", default="2h", help="time between checkpoints (default 2h)")
     c.add_argument("--mtbf", help="mean time between failures of the job, e.g. 24h")
-    c.add_argument("--restart", default="0", help="restart time after a failure, e.g. 10min")
+    c.add_argument("--restart", help="restart time after a failure, e.g. 10min (default: "
+                   "--restart-overhead + the restore time, read back from the storage)")
+    c.add_argument("--restart-overhead", default="5min",
+                   help="restart time besides the restore: reschedule, start, warm up "
+                   "(assumption: 5min)")
+    s.add_argument("--read-bandwidth", help="read bandwidth for the restore with --size and "
+                   "figures given directly, e.g. 50GB/s")
     c.add_argument("--price", type=float, default=0.0, help="price per GPU-hour")
     c.add_argument("--async-save", action="store_true",
                    help="asynchronous save: the stall is the snapshot (device->host copy)")

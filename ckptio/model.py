@@ -35,6 +35,17 @@ Daly's expected wall time ``T_w = M e^(R/M) (e^((tau+delta)/M) - 1) T_s / tau`` 
 + lost work + restarts): ``overhead = T_w / T_s - 1``. ``tau`` is compute time between
 checkpoints; ``delta`` the stall per checkpoint; ``M`` the mean time between failures of the
 job; ``R`` the restart time.
+
+**Restart.** Unless a restart time is given, ``R = fixed overhead + restore time``: the
+overhead (:data:`DEFAULT_RESTART_OVERHEAD`, an assumption) covers rescheduling, process start
+and warm-up; the restore is the read of the whole checkpoint back from the storage, projected
+like the write from the profile's read side (read request rate, no per-object metadata; the
+bandwidth and latency figures are shared by both directions), or ``size / read bandwidth``
+when figures are given. The restore reads each writing rank's bytes once, as written (ranks
+holding replicas of them are assumed to get them from a peer; their reads are not counted).
+``R`` enters Daly's overhead and the cost, and the share of wall time
+the GPUs idle restarting, ``R / M`` (``idle_fraction_with_restarts = idle_fraction + R / M``).
+Daly's optimal interval does not depend on ``R`` (it scales ``T_w`` by ``e^(R/M)`` only).
 """
 
 from __future__ import annotations
@@ -356,13 +367,15 @@ def estimate(
     total = data + t_meta
 
     n_w, s_used = w.writing_nodes, used
+    doing = "writing" if phase == "write" else "reading"
     details = {
-        "per-stream bandwidth": f"{n_w} writing node{'s' if n_w != 1 else ''} {X} {s_used} "
+        "per-stream bandwidth": f"{n_w} {doing} node{'s' if n_w != 1 else ''} {X} {s_used} "
         f"stream{'s' if s_used != 1 else ''} {X} {human_rate(sbw)}",
         "request latency": f"{rounds} requests per stream {X} "
         f"{human_seconds(lat)} ({human_size(part)} parts)",
-        "node link": f"{n_w} writing node{'s' if n_w != 1 else ''} {X} {human_rate(nbw)}",
-        "aggregate bandwidth": f"{human_rate(abw)} shared by all {w.writing_ranks} writers",
+        "node link": f"{n_w} {doing} node{'s' if n_w != 1 else ''} {X} {human_rate(nbw)}",
+        "aggregate bandwidth": f"{human_rate(abw)} shared by all {w.writing_ranks} "
+        f"{'writers' if phase == 'write' else 'readers'}",
         "request-rate limit": f"{total_requests} requests at {rate:g}/s per {p.rate_scope}"
         + (f" {X} {partitions} prefixes" if partitions > 1 else "")
         + (f" ({p.throttle.split(';')[0]} past it)" if p.throttle else ""),
@@ -472,6 +485,7 @@ class CostModel:
     mtbf: float = math.inf
     """Mean time between failures of the whole job, seconds."""
     restart_seconds: float = 0.0
+    """Idle time of one restart after a failure (overhead + restore)."""
 
     def report(self) -> dict[str, Any]:
         """JSON-able figures: ``checkpoint_seconds``, ``idle_fraction``, idle GPU-hours and
@@ -496,8 +510,20 @@ class CostModel:
             "overhead_at_interval": None,
             "overhead_at_optimum": None,
             "optimum_interval_seconds": None,
+            "restart_fraction": None,
+            "idle_fraction_with_restarts": None,
+            "idle_gpu_hours_per_day_with_restarts": None,
+            "idle_cost_per_day_with_restarts": None,
         }
         if not math.isinf(self.mtbf):
+            restarting = self.restart_seconds / self.mtbf  # idle restarting, per second of wall
+            with_restarts = min(1.0, idle + restarting)
+            out.update(
+                restart_fraction=restarting,
+                idle_fraction_with_restarts=with_restarts,
+                idle_gpu_hours_per_day_with_restarts=self.gpus * 24 * with_restarts,
+                idle_cost_per_day_with_restarts=self.gpus * 24 * with_restarts * self.price_per_gpu_hour,
+            )
             young = young_interval(d, self.mtbf)
             daly = daly_interval(d, self.mtbf)
             compute = max(t - d, 1e-9)  # compute between checkpoints at the chosen interval
@@ -607,6 +633,22 @@ def fit_latency_bandwidth(nbytes: list[float], seconds: list[float]) -> tuple[fl
 #: Assumption: ~25 GB/s, a PCIe Gen4 x16 link in practice (Gen5 doubles it).
 DEFAULT_SNAPSHOT_BANDWIDTH = 25e9
 
+#: Seconds of a restart besides reading the checkpoint back: reschedule, start the processes,
+#: initialise the job, warm up. Assumption: 5 minutes (no published figure fits every cluster).
+DEFAULT_RESTART_OVERHEAD = 300.0
+
+
+def _restart(given: float | None, overhead: float, restore: float | None, basis: str) -> dict[str, Any]:
+    """How the restart time of a target is made: the given one, or overhead + restore."""
+    if given is not None:
+        return {"restart_seconds": given, "restart_basis": "given (--restart)",
+                "restart_overhead_seconds": None}
+    if restore is None:
+        return {"restart_seconds": overhead, "restart_overhead_seconds": overhead,
+                "restart_basis": "fixed overhead only: no read side given (--read-bandwidth with --size)"}
+    return {"restart_seconds": overhead + restore, "restart_overhead_seconds": overhead,
+            "restart_basis": f"fixed overhead + restore ({basis})"}
+
 
 def evaluate(
     *,
@@ -617,7 +659,9 @@ def evaluate(
     write_bandwidth: float | None = None,
     interval: float = 7200.0,
     mtbf: float = math.inf,
-    restart_seconds: float = 0.0,
+    restart_seconds: float | None = None,
+    restart_overhead: float = DEFAULT_RESTART_OVERHEAD,
+    read_bandwidth: float | None = None,
     gpus: int | None = None,
     price_per_gpu_hour: float = 0.0,
     streams: int | None = None,
@@ -628,7 +672,10 @@ def evaluate(
     """The model's answer as JSON-able data.
 
     Give either figures directly (``checkpoint_seconds``, or ``size`` with
-    ``write_bandwidth``), or a ``workload`` with ``profiles``. The result has one entry per
+    ``write_bandwidth``), or a ``workload`` with ``profiles``. ``restart_seconds`` None:
+    each target's restart is ``restart_overhead`` + its restore time (projected from the
+    profile's read side, or ``size / read_bandwidth``; see the module docstring), and its
+    ``restore_binding`` names the limit of the restore. The result has one entry per
     target under ``targets`` and, at the top level, the first target's figures
     (``checkpoint_seconds``, ``idle_fraction``, ``young_interval_seconds``,
     ``daly_interval_seconds``, ...). Every figure derived from a profile is a projection.
@@ -636,12 +683,18 @@ def evaluate(
     targets: list[dict[str, Any]] = []
     n_gpus = gpus or (workload.gpus if workload else 1)
     cost_kw: dict[str, Any] = dict(interval=interval, gpus=n_gpus, price_per_gpu_hour=price_per_gpu_hour,
-                   mtbf=mtbf, restart_seconds=restart_seconds)
+                   mtbf=mtbf)
     if checkpoint_seconds is None and size is not None and write_bandwidth is not None:
         checkpoint_seconds = size / write_bandwidth
     if checkpoint_seconds is not None:
+        restore = size / read_bandwidth if size is not None and read_bandwidth else None
+        restart = _restart(restart_seconds, restart_overhead, restore, "size / read bandwidth")
         entry: dict[str, Any] = {"target": "given figures", "kind": "given",
-                                 **CostModel(checkpoint_seconds, **cost_kw).report()}
+                                 "restore_seconds": restore,
+                                 "restore_binding": "read bandwidth (given)" if restore is not None else None,
+                                 **restart,
+                                 **CostModel(checkpoint_seconds, restart_seconds=restart["restart_seconds"],
+                                             **cost_kw).report()}
         if size is not None:
             entry["checkpoint_bytes"] = size
             if write_bandwidth is not None:
@@ -653,7 +706,10 @@ def evaluate(
             r = estimate(workload, prof, phase="read", streams=streams, part_size=part_size)
             stall = w.seconds
             snapshot = workload.bytes_per_rank / snapshot_bandwidth
-            cost = CostModel(snapshot if async_save else stall, **cost_kw).report()
+            restart = _restart(restart_seconds, restart_overhead, r.seconds,
+                               f"projected: {r.binding} binds")
+            cost = CostModel(snapshot if async_save else stall, restart_seconds=restart["restart_seconds"],
+                             **cost_kw).report()
             targets.append({
                 "target": prof.name,
                 "kind": "projected",
@@ -662,6 +718,10 @@ def evaluate(
                 "read": r.as_dict(),
                 "write_seconds": w.seconds,
                 "read_seconds": r.seconds,
+                "restore_seconds": r.seconds,
+                "restore_binding": r.binding,
+                "restore_binding_detail": r.binding_detail,
+                **restart,
                 "binding": w.binding,
                 "binding_detail": w.binding_detail,
                 "async_save": async_save,
@@ -720,7 +780,9 @@ def run_model_cli(args: Any) -> dict[str, Any]:
     common: dict[str, Any] = dict(
         interval=parse_duration(args.interval, field="--interval"),
         mtbf=parse_duration(args.mtbf, field="--mtbf") if args.mtbf else math.inf,
-        restart_seconds=parse_duration(args.restart, field="--restart"),
+        restart_seconds=parse_duration(args.restart, field="--restart") if args.restart is not None else None,
+        restart_overhead=parse_duration(args.restart_overhead, field="--restart-overhead"),
+        read_bandwidth=parse_bandwidth(args.read_bandwidth, field="--read-bandwidth") if args.read_bandwidth else None,
         gpus=args.gpus,
         price_per_gpu_hour=args.price,
         streams=args.streams,

@@ -106,13 +106,32 @@ def print_model(result: dict[str, Any], console: Console) -> None:
                 + ("" if t["async_fits_interval"] else
                    " — but the background write is longer than the interval")
             )
+    for t in targets:
+        if "restart_seconds" not in t:
+            continue
+        if t.get("restart_overhead_seconds") is None:
+            line = f"restart {human_seconds(t['restart_seconds'])} ({t['restart_basis']})"
+        elif t.get("restore_seconds") is None:
+            line = f"restart {human_seconds(t['restart_seconds'])}: {t['restart_basis']}"
+        else:
+            line = (f"restart {human_seconds(t['restart_seconds'])} = "
+                    f"{human_seconds(t['restart_overhead_seconds'])} fixed (assumption) + restore "
+                    f"{human_seconds(t['restore_seconds'])}")
+        if t.get("restore_binding_detail"):
+            line += f"; the restore is bound by {t['restore_binding_detail']}"
+        elif t.get("restore_binding"):
+            line += f"; the restore is bound by the {t['restore_binding']}"
+        if t.get("idle_fraction_with_restarts") is not None:
+            line += f"; idle with restarts {t['idle_fraction_with_restarts']:.2%}"
+        console.print(f"{t['target']}: {line}", highlight=False)
     if first.get("young_interval_seconds") is not None:
         for t in targets:
             console.print(
                 f"{t['target']}: optimal interval Young {human_seconds(t['young_interval_seconds'])}"
                 f", Daly {human_seconds(t['daly_interval_seconds'])} of compute; total overhead "
                 f"{t['overhead_at_interval']:.2%} at {human_seconds(t['interval_seconds'])}, "
-                f"{t['overhead_at_optimum']:.2%} at the optimum"
+                f"{t['overhead_at_optimum']:.2%} at the optimum (restarts of "
+                f"{human_seconds(t['restart_seconds'])} included)"
             )
 
 
