@@ -281,6 +281,14 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     c.add_argument("--restart-overhead", default="5min",
                    help="restart time besides the restore: reschedule, start, warm up "
                    "(assumption: 5min)")
+    s.add_argument("--local", metavar="PROFILE",
+                   help="a fast tier (e.g. local-nvme): each profile also gets a tiered target "
+                   "that saves there and drains to it (ckptio.tiered)")
+    s.add_argument("--persist-every", type=int, default=1,
+                   help="with --local: every N-th checkpoint is drained (default 1)")
+    s.add_argument("--p-lose-node", type=float, default=0.78,
+                   help="with --local: probability that a failure loses a node's fast tier "
+                   "(assumption 0.78: Llama 3's share of hardware interruptions)")
     s.add_argument("--read-bandwidth", help="read bandwidth for the restore with --size and "
                    "figures given directly, e.g. 50GB/s")
     c.add_argument("--price", type=float, default=0.0, help="price per GPU-hour")

@@ -46,6 +46,17 @@ holding replicas of them are assumed to get them from a peer; their reads are no
 ``R`` enters Daly's overhead and the cost, and the share of wall time
 the GPUs idle restarting, ``R / M`` (``idle_fraction_with_restarts = idle_fraction + R / M``).
 Daly's optimal interval does not depend on ``R`` (it scales ``T_w`` by ``e^(R/M)`` only).
+
+**Tiers** (``local``: a fast tier's profile, as :class:`ckptio.tiered.TieredCheckpointer`
+uses one): the stall is the write to the fast tier (or the snapshot, async); every
+``persist_every``-th checkpoint is drained to the durable tier in the background, which takes
+as long as the slower of the durable write and the fast read of the same objects, and fits
+when it ends before the next drain is due (``persist_every * interval``). The restore reads the
+fast tier unless a failure lost a node's fast tier, with probability ``p_lose_node``
+(:data:`DEFAULT_P_LOSE_NODE`, an assumption with its source), when the durable tier is read:
+``restore = (1 - p) * fast read + p * durable read``. The newest checkpoint exists on the fast
+tier only for ``(persist_every - 1) * interval + drain`` at most (the *fast-only window*); a
+failure that loses a node in that window loses the work since the newest drained step.
 """
 
 from __future__ import annotations
@@ -638,6 +649,67 @@ DEFAULT_SNAPSHOT_BANDWIDTH = 25e9
 DEFAULT_RESTART_OVERHEAD = 300.0
 
 
+#: Probability that a failure loses a node's fast tier (the node is replaced). Assumption: 0.78,
+#: the share of unexpected interruptions that the Llama 3 paper (arXiv 2407.21783, section
+#: 3.3.4) attributes to confirmed or suspected hardware issues, taken as node replacements.
+DEFAULT_P_LOSE_NODE = 0.78
+
+
+def _tiered_target(workload: Workload, durable: Profile, local: Profile, *, streams: int | None,
+                   part_size: int | None, persist_every: int, p_lose_node: float, interval: float,
+                   async_save: bool, snapshot: float, restart_seconds: float | None,
+                   restart_overhead: float, cost_kw: Mapping[str, Any]) -> dict[str, Any]:
+    """One tiered target: ``durable`` drained from ``local`` (see the module docstring)."""
+    kw: dict[str, Any] = dict(streams=streams, part_size=part_size)
+    fast_w = estimate(workload, local, phase="write", **kw)
+    fast_r = estimate(workload, local, phase="read", **kw)
+    durable_w = estimate(workload, durable, phase="write", **kw)
+    durable_r = estimate(workload, durable, phase="read", **kw)
+    drain = max(durable_w.seconds, fast_r.seconds)
+    drain_binding = (f"{durable.name} write: {durable_w.binding}" if durable_w.seconds >= fast_r.seconds
+                     else f"{local.name} read: {fast_r.binding}")
+    restore = (1 - p_lose_node) * fast_r.seconds + p_lose_node * durable_r.seconds
+    binds = durable_r if p_lose_node * durable_r.seconds >= (1 - p_lose_node) * fast_r.seconds else fast_r
+    restart = _restart(restart_seconds, restart_overhead, restore,
+                       f"expected: {1 - p_lose_node:.0%} from {local.name}, {p_lose_node:.0%} from {durable.name}")
+    stall = fast_w.seconds
+    cost = CostModel(snapshot if async_save else stall, restart_seconds=restart["restart_seconds"],
+                     **cost_kw).report()
+    return {
+        "target": f"{durable.name}+{local.name}",
+        "kind": "projected",
+        "tiers": {"durable": durable.name, "local": local.name},
+        "profile": durable.as_dict(),
+        "local_profile": local.as_dict(),
+        "write": fast_w.as_dict(),
+        "read": fast_r.as_dict(),
+        "write_seconds": stall,
+        "read_seconds": fast_r.seconds,
+        "binding": fast_w.binding,
+        "binding_detail": fast_w.binding_detail,
+        "drain_seconds": drain,
+        "drain_binding": drain_binding,
+        "persist_every": persist_every,
+        "drain_fits_interval": drain <= persist_every * interval,
+        "fast_only_window_seconds": (persist_every - 1) * interval + drain,
+        "restore_fast_seconds": fast_r.seconds,
+        "restore_durable_seconds": durable_r.seconds,
+        "p_lose_node": p_lose_node,
+        "p_lose_node_source": "assumption (DEFAULT_P_LOSE_NODE: Llama 3's hardware share of "
+        "interruptions)" if p_lose_node == DEFAULT_P_LOSE_NODE else "given (--p-lose-node)",
+        "restore_seconds": restore,
+        "restore_binding": binds.binding,
+        "restore_binding_detail": binds.binding_detail,
+        **restart,
+        "async_save": async_save,
+        "blocking_stall_seconds": stall,
+        "snapshot_seconds": snapshot,
+        "snapshot_bandwidth": cost_kw.get("snapshot_bandwidth"),
+        "async_fits_interval": stall <= interval,
+        **cost,
+    }
+
+
 def _restart(given: float | None, overhead: float, restore: float | None, basis: str) -> dict[str, Any]:
     """How the restart time of a target is made: the given one, or overhead + restore."""
     if given is not None:
@@ -668,6 +740,9 @@ def evaluate(
     part_size: int | None = None,
     async_save: bool = False,
     snapshot_bandwidth: float = DEFAULT_SNAPSHOT_BANDWIDTH,
+    local: Profile | None = None,
+    persist_every: int = 1,
+    p_lose_node: float = DEFAULT_P_LOSE_NODE,
 ) -> dict[str, Any]:
     """The model's answer as JSON-able data.
 
@@ -675,7 +750,9 @@ def evaluate(
     ``write_bandwidth``), or a ``workload`` with ``profiles``. ``restart_seconds`` None:
     each target's restart is ``restart_overhead`` + its restore time (projected from the
     profile's read side, or ``size / read_bandwidth``; see the module docstring), and its
-    ``restore_binding`` names the limit of the restore. The result has one entry per
+    ``restore_binding`` names the limit of the restore. With ``local`` (a fast tier's
+    profile), each profile also gets a tiered target drained to it (``<profile>+<local>``)
+    after its own. The result has one entry per
     target under ``targets`` and, at the top level, the first target's figures
     (``checkpoint_seconds``, ``idle_fraction``, ``young_interval_seconds``,
     ``daly_interval_seconds``, ...). Every figure derived from a profile is a projection.
@@ -731,6 +808,13 @@ def evaluate(
                 "async_fits_interval": stall <= interval,
                 **cost,
             })
+            if local is not None:
+                targets.append(_tiered_target(
+                    workload, prof, local, streams=streams, part_size=part_size,
+                    persist_every=persist_every, p_lose_node=p_lose_node, interval=interval,
+                    async_save=async_save, snapshot=snapshot, restart_seconds=restart_seconds,
+                    restart_overhead=restart_overhead, cost_kw=cost_kw,
+                ))
     else:
         raise errors.InvalidArgumentError(
             "model needs figures (--checkpoint-seconds, or --size with --write-bandwidth) or a "
@@ -739,7 +823,7 @@ def evaluate(
     out: dict[str, Any] = {}
     if workload is not None:
         out["workload"] = asdict(workload)
-    out.update({k: v for k, v in targets[0].items() if k not in ("profile", "write", "read")})
+    out.update({k: v for k, v in targets[0].items() if k not in ("profile", "local_profile", "write", "read")})
     out["targets"] = targets
     return out
 
@@ -790,6 +874,16 @@ def run_model_cli(args: Any) -> dict[str, Any]:
         async_save=args.async_save,
         snapshot_bandwidth=parse_bandwidth(args.snapshot_bandwidth, field="--snapshot-bandwidth"),
     )
+    tiers: dict[str, Any] = {}
+    if getattr(args, "local", None):
+        from ckptio.profiles import load_profile
+
+        if not 0 <= args.p_lose_node <= 1:
+            raise errors.InvalidArgumentError(f"--p-lose-node: a probability in [0, 1], got {args.p_lose_node}")
+        if args.persist_every < 1:
+            raise errors.InvalidArgumentError(f"--persist-every: must be >= 1, got {args.persist_every}")
+        tiers = dict(local=load_profile(args.local, overrides), persist_every=args.persist_every,
+                     p_lose_node=args.p_lose_node)
     if args.checkpoint_seconds is not None:
         return evaluate(checkpoint_seconds=parse_duration(args.checkpoint_seconds,
                                                           field="--checkpoint-seconds"),
@@ -825,7 +919,7 @@ def run_model_cli(args: Any) -> dict[str, Any]:
             "model needs a workload: --preset NAME (see `ckptio plan`), or --size with --gpus; "
             "or figures: --checkpoint-seconds, or --size with --write-bandwidth"
         )
-    result = evaluate(profiles=profiles, workload=workload, **common)
+    result = evaluate(profiles=profiles, workload=workload, **common, **tiers)
     if calibrations:
         result["calibration"] = [asdict(c) for c in calibrations]
     return result

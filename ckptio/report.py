@@ -49,6 +49,9 @@ def profiles_table(profiles: list[Profile]) -> Table:
     return table
 
 
+X_SIGN = "\u00d7"
+
+
 def print_model(result: dict[str, Any], console: Console) -> None:
     """The model's answer for people: per target, time, binding limit, idle cost, intervals."""
     targets = result["targets"]
@@ -106,6 +109,22 @@ def print_model(result: dict[str, Any], console: Console) -> None:
                 + ("" if t["async_fits_interval"] else
                    " — but the background write is longer than the interval")
             )
+    for t in targets:
+        if t.get("drain_seconds") is None:
+            continue
+        tiers = t["tiers"]
+        fits = "fits" if t["drain_fits_interval"] else "does NOT fit"
+        console.print(
+            f"{t['target']}: stall {human_seconds(t['write_seconds'])} on {tiers['local']}; drain "
+            f"{human_seconds(t['drain_seconds'])} to {tiers['durable']} (bound by {t['drain_binding']}), "
+            f"{fits} in {t['persist_every']} {X_SIGN} {human_seconds(t['interval_seconds'])}; newest "
+            f"checkpoint on {tiers['local']} only for up to {human_seconds(t['fast_only_window_seconds'])}; "
+            f"restore {human_seconds(t['restore_fast_seconds'])} from {tiers['local']}, "
+            f"{human_seconds(t['restore_durable_seconds'])} from {tiers['durable']}, expected "
+            f"{human_seconds(t['restore_seconds'])} (a failure loses a node's fast tier with p = "
+            f"{t['p_lose_node']:.2f}, {t['p_lose_node_source']})",
+            highlight=False,
+        )
     for t in targets:
         if "restart_seconds" not in t:
             continue

@@ -166,3 +166,32 @@ def test_model_output_names_the_restore_limit(capsys: pytest.CaptureFixture[str]
     text = " ".join(capsys.readouterr().out.split())
     assert "fixed (assumption) + restore" in text
     assert "the restore is bound by cloud-s3: per-stream bandwidth" in text
+
+
+def test_tiered_projection(capsys: pytest.CaptureFixture[str]) -> None:
+    """cloud-s3 with a node-local NVMe tier: the stall is the NVMe write, the drain the S3
+    write (every 3rd checkpoint, fits in 3 intervals), the restore weighted by the probability
+    that a failure loses a node's fast tier."""
+    out = _model_json(capsys, "--preset", "gpt3-175b", "--gpus", "1536", "--profile", "cloud-s3",
+                      "--local", "local-nvme", "--persist-every", "3", "--mtbf", "24h",
+                      "--p-lose-node", "0.5", "--price", "2")
+    s3, tiered = out["targets"]
+    assert tiered["target"] == "cloud-s3+local-nvme"
+    assert tiered["write_seconds"] < s3["write_seconds"] / 5  # NVMe node links vs S3 streams
+    assert tiered["drain_seconds"] == pytest.approx(s3["write_seconds"])
+    assert tiered["drain_binding"] == "cloud-s3 write: per-stream bandwidth"
+    assert tiered["drain_fits_interval"]
+    assert tiered["fast_only_window_seconds"] == pytest.approx(2 * 7200 + tiered["drain_seconds"])
+    assert tiered["restore_durable_seconds"] == pytest.approx(s3["restore_seconds"])
+    assert tiered["restore_seconds"] == pytest.approx(
+        0.5 * tiered["restore_fast_seconds"] + 0.5 * tiered["restore_durable_seconds"])
+    assert tiered["restart_seconds"] == pytest.approx(300 + tiered["restore_seconds"])
+    assert tiered["p_lose_node_source"] == "given (--p-lose-node)"
+    assert tiered["idle_cost_per_day"] < s3["idle_cost_per_day"] / 5
+    assert main(["model", "--preset", "gpt3-175b", "--profile", "cloud-s3", "--local", "local-nvme"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "drain" in text and "p = 0.78, assumption" in text
+    assert main(["model", "--preset", "gpt3-175b", "--profile", "cloud-s3", "--local", "local-nvme",
+                 "--p-lose-node", "1.5"]) != 0
+    captured = capsys.readouterr()
+    assert "--p-lose-node: a probability in [0, 1]" in captured.out + captured.err
