@@ -1559,12 +1559,17 @@ class Checkpointer:
 
     def __new__(cls, *args: Any, local: Any = None, **kwargs: Any) -> Any:
         if local is not None:  # a tiered Checkpointer (see the class docstring)
-            if cls is not Checkpointer:
-                raise errors.InvalidArgumentError(f"{cls.__name__} takes no local= tier")
-            from ckptio.tiered import TieredCheckpointer
-
-            return TieredCheckpointer(*args, local=local, **kwargs)
+            return cls._tiered()(*args, local=local, **kwargs)
         return super().__new__(cls)
+
+    @classmethod
+    def _tiered(cls) -> Any:
+        """The class ``cls(url, local=...)`` returns instead (integrations override it)."""
+        if cls is not Checkpointer:
+            raise errors.InvalidArgumentError(f"{cls.__name__} takes no local= tier")
+        from ckptio.tiered import TieredCheckpointer
+
+        return TieredCheckpointer
 
     def __init__(
         self,

@@ -390,3 +390,18 @@ def test_two_ranks_one_fast_root_async(tmp_path):
     assert run_ranks(2, "load", durable, local, "4").count("OK") == 2
     shutil.rmtree(tmp_path / "fast")
     assert run_ranks(2, "load", durable, local, "3").count("OK") == 2
+
+
+def test_torch_checkpointer_tiered(tmp_path):
+    torch = pytest.importorskip("torch")
+    from ckptio import torch as ct
+
+    sd = {"layers": {0: torch.arange(12.0).reshape(3, 4), 1: torch.ones(5, dtype=torch.bfloat16)}, "step": 2}
+    with ct.Checkpointer(f"file://{tmp_path}/durable", local=f"file://{tmp_path}/fast") as c:
+        assert isinstance(c, ct.TieredCheckpointer)
+        assert c.save(sd, 2).wait_drain().status == "durable"
+    shutil.rmtree(tmp_path / "fast")
+    with ct.Checkpointer(f"file://{tmp_path}/durable", local=f"file://{tmp_path}/fast") as c:
+        got = c.load()
+    assert torch.equal(got["layers"][0], sd["layers"][0]) and torch.equal(got["layers"][1], sd["layers"][1])
+    assert got["step"] == 2
