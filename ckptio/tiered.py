@@ -56,6 +56,7 @@ import re
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -103,6 +104,16 @@ COPY_PIECE_BYTES = 8 << 20
 
 DRAIN_STREAMS = 4
 """Objects a rank copies at the same time while draining."""
+
+DRAIN_BUFFER_BYTES = 64 << 20
+"""Bytes of one object's copy read ahead of its writer (writers queue buffers without copying
+them): at least this, or two of the durable store's parts (or staging blocks) and a piece, so
+a writer that sends whole parts gets one while the next fills."""
+
+BUFFER_WAIT_SECONDS = 30.0
+"""How long a copy waits for its writer to let go of a buffer before it reads on regardless (a
+writer that holds every buffer until ``close`` would otherwise never let go): past it, memory
+is not bounded for that object."""
 
 _OWNER = re.compile(r"(?:^|/)rank-(\d{5})-\d{3}")
 
@@ -799,6 +810,10 @@ def _copy_object(
     """Copy one object, checking the CRC32C of every chunk as its bytes pass; abort (leaving
     nothing at ``dst``) on a mismatch, a short read or when ``stop()`` says so. Returns the
     bytes copied."""
+    # a writer may hold buffers until a part (S3) or a staging block (file://) is full
+    held = max(int(getattr(dst, "part_size", 0) or 0), int(getattr(dst, "block_size", 0) or 0))
+    parts = 2 * held + COPY_PIECE_BYTES
+    budget = threading.Semaphore(max(2, max(DRAIN_BUFFER_BYTES, parts) // COPY_PIECE_BYTES))
     writer = dst.open_writer(key, size_hint=size)
     try:
         ci = 0
@@ -808,7 +823,12 @@ def _copy_object(
             if stop():
                 raise _Cancelled
             n = min(COPY_PIECE_BYTES, size - pos)
+            bounded = budget.acquire(timeout=BUFFER_WAIT_SECONDS)
+            if not bounded:
+                log.debug("%s: its writer holds every buffer; reading on unbounded", key)
             buf = aligned_empty((n,), "uint8")  # the writer holds it until it is written
+            if bounded:  # given back when the writer lets go of it
+                weakref.finalize(buf, budget.release)
             got = src.read_into(key, pos, buf)
             if got != n:
                 raise errors.CorruptCheckpointError(f"{src.url}/{key}: {pos + got} bytes, the manifest says {size}")

@@ -405,3 +405,63 @@ def test_torch_checkpointer_tiered(tmp_path):
         got = c.load()
     assert torch.equal(got["layers"][0], sd["layers"][0]) and torch.equal(got["layers"][1], sd["layers"][1])
     assert got["step"] == 2
+
+
+def test_a_copy_reads_ahead_of_its_writer_by_a_bounded_amount(tmp_path, monkeypatch):
+    """Writers queue buffers without copying them: a copy reads at most its budget ahead of
+    what its writer has let go of, and a writer that holds everything until close still
+    finishes (past BUFFER_WAIT_SECONDS the copy reads on)."""
+    from ckptio import tiered as t
+
+    monkeypatch.setattr(t, "COPY_PIECE_BYTES", 64 * 1024)
+    monkeypatch.setattr(t, "DRAIN_BUFFER_BYTES", 256 * 1024)  # a budget of 4 pieces
+    src, dst = open_store(f"file://{tmp_path}/a"), open_store("memory://bounded-copy")
+    data = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()  # 16 pieces
+    src.put("obj", data)
+    chunk = fmt.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
+    inner = dst.open_writer
+    wrote = [threading.Event() for _ in range(17)]
+
+    class Holding:  # holds every buffer until let go of (or until close)
+        def __init__(self, key, **kw):
+            self.w, self.n, self.held, self.through = inner(key, **kw), 0, [], False
+
+        def write(self, buf):
+            self.held.append(buf)
+            self.n += 1
+            if self.through:
+                self.let_go(len(self.held))
+            wrote[self.n].set()
+
+        def let_go(self, n):  # a copy to the (memory) store: the buffer itself is dropped
+            for _ in range(n):
+                self.w.write(bytes(self.held.pop(0)))
+
+        def close(self):
+            self.let_go(len(self.held))
+            self.w.close()
+
+        def abort(self):
+            self.w.abort()
+
+    writers: list = []
+    dst.open_writer = lambda key, **kw: writers.append(Holding(key, **kw)) or writers[-1]
+    result: list = []
+    copier = threading.Thread(target=lambda: result.append(
+        t._copy_object(src, dst, "obj", len(data), [chunk], lambda: False)))
+    copier.start()
+    assert wrote[4].wait(30)
+    assert not wrote[5].wait(0.5), "the copy read past its budget while the writer held it all"
+    (w,) = writers
+    w.let_go(1)  # written and dropped: the copy may read one more piece
+    assert wrote[5].wait(30)
+    assert not wrote[6].wait(0.2)
+    w.through = True
+    w.let_go(len(w.held))
+    copier.join(60)
+    assert result == [len(data)] and dst.get("obj") == data
+
+    monkeypatch.setattr(t, "BUFFER_WAIT_SECONDS", 0.05)  # a writer that lets go at close only
+    writers.clear()
+    assert t._copy_object(src, dst, "obj", len(data), [chunk], lambda: False) == len(data)
+    assert writers[0].n == 16 and dst.get("obj") == data
