@@ -693,10 +693,13 @@ class TieredCheckpointer:
                 out.append(s)
         return out
 
-    def _choose(self, step: int | None, skip: set[int]) -> tuple[int, bool] | None:
-        """Collective: the step to restore and whether this rank reads it from its fast root."""
-        local = [s for s in self._local_complete(step) if s not in skip]
-        durable = [s for s in committed_steps(self.store) if s not in skip and (step is None or s == step)]
+    def _choose(self, step: int | None, skip: set[int]) -> tuple[int, bool, bool] | None:
+        """Collective: the step to restore, whether this rank reads it from its fast root, and
+        whether it is on the durable tier (listed while the fast root is looked at)."""
+        with ThreadPoolExecutor(1, thread_name_prefix="ckptio-restore") as ex:
+            listing = ex.submit(committed_steps, self.store)
+            local = [s for s in self._local_complete(step) if s not in skip]
+            durable = [s for s in listing.result() if s not in skip and (step is None or s == step)]
         gathered = self.comm.gather({"local": local, "durable": durable}, root=0)
         pick = None
         if gathered is not None:
@@ -707,7 +710,7 @@ class TieredCheckpointer:
                     pick = s
                     break
         pick = self.comm.bcast(pick, root=0)
-        return None if pick is None else (pick, pick in local)
+        return None if pick is None else (pick, pick in local, pick in durable)
 
     def latest(self) -> int | None:
         """The step :meth:`load` would read (collective), or None."""
@@ -730,8 +733,8 @@ class TieredCheckpointer:
                 raise errors.NotFoundError(
                     f"no {where} complete for every rank on {self.roots[self.comm.rank]} nor {self.store.url}"
                 )
-            s, local = choice
-            state, error = self._read(s, local, select, into)
+            s, local, durable = choice
+            state, error = self._read(s, local, durable, select, into)
             errs = self.comm.gather(error, root=0)
             failed = self.comm.bcast(None if errs is None else [e for e in errs if e], root=0)
             if not failed:
@@ -740,11 +743,10 @@ class TieredCheckpointer:
             skip.add(s)
         raise errors.NotFoundError(f"restoring failed {_RELISTS} times; the last tried: step {s}")
 
-    def _read(self, step: int, local: bool, select: Any, into: Any) -> tuple[Any, str]:
+    def _read(self, step: int, local: bool, durable: bool, select: Any, into: Any) -> tuple[Any, str]:
         """This rank's read of ``step``: (state, "") or (None, the error)."""
         tries: list[Store] = []
         others: list[Store] = []
-        durable = self.store.exists(fmt.manifest_key(step))
         if local:
             # objects of other ranks (replicated tensors, a resharded read): from the durable
             # tier if the step is there, else from their fast roots if this process reaches them
