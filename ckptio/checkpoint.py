@@ -788,6 +788,59 @@ def _plan_writers(gathered: Sequence[Mapping[str, list[Any]]]) -> dict[str, int]
     return writers
 
 
+def build_manifest(
+    step: int,
+    prepared: PreparedState,
+    plan: Mapping[str, Any],
+    results: Sequence[Mapping[str, Any]],
+    world_size: int,
+    layout: str,
+    key_layout: str,
+) -> tuple[bytes, dict[str, int]]:
+    """Rank 0: the manifest of a step whose data every rank reported written (``results``),
+    validated exactly as a reader will validate it, and the objects it names."""
+    objects: dict[str, int] = {}
+    chunk_lists: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        objects.update(r["objects"])
+        for path, cs in r["chunks"].items():
+            chunk_lists.setdefault(path, []).extend(cs)
+    metas = prepared.metas()
+    doc_tensors = {}
+    for path in plan["writers"]:
+        meta = metas.get(path)
+        if meta is None:
+            raise errors.SaveFailedError(
+                f"tensor {path!r} is held by another rank but not by rank 0; rank 0's state "
+                "must name every tensor (its structure is the checkpoint's)"
+            )
+        doc_tensors[path] = {
+            "dtype": meta[0],
+            "shape": meta[1],
+            "chunks": sorted(chunk_lists.get(path, []), key=lambda c: c["offsets"]),
+        }
+    manifest = fmt.Manifest(
+        step=step,
+        world_size=world_size,
+        tensors={},
+        objects=objects,
+        tree=prepared.tree,
+        metadata=prepared.metadata,
+        layout={"kind": layout, "key_layout": key_layout},
+        created=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+    )
+    data = manifest.to_json()
+    # splice the tensors in (as JSON) and validate what we are about to commit, exactly
+    # as a reader will: a save never publishes a manifest that load would refuse
+    import json
+
+    doc = json.loads(data)
+    doc["tensors"] = doc_tensors
+    data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+    fmt.parse_manifest(data, expect_step=step)
+    return data, objects
+
+
 def commit_step(
     store: Store,
     step: int,
@@ -814,45 +867,7 @@ def commit_step(
         discard_objects(store, sorted(set(written) | set(strays)))
         return {"ok": False, "error": "; ".join(f"rank {rank}: {e}" for rank, e in failed)}
     try:
-        objects: dict[str, int] = {}
-        chunk_lists: dict[str, list[dict[str, Any]]] = {}
-        for r in results:
-            objects.update(r["objects"])
-            for path, cs in r["chunks"].items():
-                chunk_lists.setdefault(path, []).extend(cs)
-        metas = prepared.metas()
-        doc_tensors = {}
-        for path in plan["writers"]:
-            meta = metas.get(path)
-            if meta is None:
-                raise errors.SaveFailedError(
-                    f"tensor {path!r} is held by another rank but not by rank 0; rank 0's state "
-                    "must name every tensor (its structure is the checkpoint's)"
-                )
-            doc_tensors[path] = {
-                "dtype": meta[0],
-                "shape": meta[1],
-                "chunks": sorted(chunk_lists.get(path, []), key=lambda c: c["offsets"]),
-            }
-        manifest = fmt.Manifest(
-            step=step,
-            world_size=world_size,
-            tensors={},
-            objects=objects,
-            tree=prepared.tree,
-            metadata=prepared.metadata,
-            layout={"kind": layout, "key_layout": key_layout},
-            created=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        )
-        data = manifest.to_json()
-        # splice the tensors in (as JSON) and validate what we are about to commit, exactly
-        # as a reader will: a save never publishes a manifest that load would refuse
-        import json
-
-        doc = json.loads(data)
-        doc["tensors"] = doc_tensors
-        data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
-        fmt.parse_manifest(data, expect_step=step)
+        data, objects = build_manifest(step, prepared, plan, results, world_size, layout, key_layout)
         if lease is not None:
             lease.check()
         check_objects_present(store, step, objects)
@@ -1618,7 +1633,25 @@ class Checkpointer:
       :data:`LAYOUTS`), ``key_layout`` (``flat``/``hashed``; default: the store's
       ``preferred_key_layout``), ``chunk_size``, ``max_object_size`` (file-per-shard only);
       any other option goes to the store (``streams``, ``part_size``, ...).
+    - ``local`` (a URL, a URL with ``{rank}``, or one URL per rank): returns a
+      :class:`ckptio.tiered.TieredCheckpointer` instead, which saves every step on that fast
+      tier and drains some to ``url`` in the background (``keep_last_local``,
+      ``persist_every``, ``drain_backpressure``: see there).
     """
+
+    def __new__(cls, *args: Any, local: Any = None, **kwargs: Any) -> Any:
+        if local is not None:  # a tiered Checkpointer (see the class docstring)
+            return cls._tiered()(*args, local=local, **kwargs)
+        return super().__new__(cls)
+
+    @classmethod
+    def _tiered(cls) -> Any:
+        """The class ``cls(url, local=...)`` returns instead (integrations override it)."""
+        if cls is not Checkpointer:
+            raise errors.InvalidArgumentError(f"{cls.__name__} takes no local= tier")
+        from ckptio.tiered import TieredCheckpointer
+
+        return TieredCheckpointer
 
     def __init__(
         self,
@@ -1787,7 +1820,11 @@ class Checkpointer:
         readers for the grace period, see :mod:`ckptio.lease`) and collect debris."""
         self._retained = True
         try:
-            sweep = retain(self.store, newest, self.keep_last, grace=self.retire_grace)
+            steps = committed_steps(self.store)
+            doomed = self._doomed(steps, newest)
+            for s in doomed:
+                retire(self.store, s)
+            sweep = _sweep(self.store, before_step=newest, grace=self.retire_grace)
             others = sorted({lease.holder() for lease in sweep.live if not lease.mine()})
             if others and not self._warned_other_writer:
                 self._warned_other_writer = True
@@ -1799,6 +1836,11 @@ class Checkpointer:
                 )
         except Exception as err:  # retention must not fail a committed save
             log.warning("retention after step %d failed: %s", newest, err)
+
+    def _doomed(self, steps: Sequence[int], newest: int) -> list[int]:
+        """The committed ``steps`` retention retires: all but the newest ``keep_last`` up to
+        ``newest`` (a tier of :class:`ckptio.tiered.TieredCheckpointer` keeps more)."""
+        return [s for s in steps if s <= newest][: -self.keep_last or None] if self.keep_last else []
 
     def wait(self) -> SaveResult | None:
         """Wait for the save in flight, if any; raise its error if it failed, unless its

@@ -325,8 +325,23 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="time between checkpoints (default 2h)")
     c.add_argument("--mtbf", type=duration_arg(positive=True, allow_inf=True),
                    help="mean time between failures of the job, e.g. 24h (inf: none)")
-    c.add_argument("--restart", type=duration_arg(), default="0",
-                   help="restart time after a failure, e.g. 10min")
+    c.add_argument("--restart", type=duration_arg(),
+                   help="restart time after a failure, e.g. 10min (default: --restart-overhead "
+                   "+ the restore time, read back from the storage)")
+    c.add_argument("--restart-overhead", type=duration_arg(), default="5min",
+                   help="restart time besides the restore: reschedule, start, warm up "
+                   "(assumption: 5min)")
+    s.add_argument("--local", metavar="PROFILE",
+                   help="a fast tier (e.g. local-nvme): each profile also gets a tiered target "
+                   "that saves there and drains to it (ckptio.tiered)")
+    s.add_argument("--persist-every", type=count_arg(1, MAX_COUNT), default=1,
+                   help="with --local: every N-th checkpoint is drained (default 1)")
+    s.add_argument("--p-lose-node", type=number_arg(maximum=1.0), default=0.78,
+                   help="with --local: probability that a failure loses a node's fast tier "
+                   "(assumption 0.78: Llama 3's share of hardware interruptions)")
+    s.add_argument("--read-bandwidth", type=bandwidth_arg(),
+                   help="read bandwidth for the restore with --size and figures given directly, "
+                   "e.g. 50GB/s")
     c.add_argument("--price", type=number_arg(maximum=MAX_PRICE), default=0.0,
                    help="price per GPU-hour")
     c.add_argument("--async-save", action="store_true",

@@ -391,12 +391,45 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
                      + ("" if t["async_fits_interval"] else
                         " — but the background write is longer than the interval"))
     for t in targets:
+        if t.get("drain_seconds") is None:
+            continue
+        tiers = t["tiers"]
+        fits = "fits" if t["drain_fits_interval"] else "does NOT fit"
+        out.line(
+            f"{t['target']}: stall {human_seconds(t['write_seconds'])} on {tiers['local']}; drain "
+            f"{human_seconds(t['drain_seconds'])} to {tiers['durable']} (bound by {t['drain_binding']}), "
+            f"{fits} in {t['persist_every']} \u00d7 {human_seconds(t['interval_seconds'])}; newest "
+            f"checkpoint on {tiers['local']} only for up to {human_seconds(t['fast_only_window_seconds'])}; "
+            f"restore {human_seconds(t['restore_fast_seconds'])} from {tiers['local']}, "
+            f"{human_seconds(t['restore_durable_seconds'])} from {tiers['durable']}, expected "
+            f"{human_seconds(t['restore_seconds'])} (a failure loses a node's fast tier with p = "
+            f"{t['p_lose_node']:.2f}, {t['p_lose_node_source']})")
+    for t in targets:
+        if "restart_seconds" not in t:
+            continue
+        if t.get("restart_overhead_seconds") is None:
+            line = f"restart {human_seconds(t['restart_seconds'])} ({t['restart_basis']})"
+        elif t.get("restore_seconds") is None:
+            line = f"restart {human_seconds(t['restart_seconds'])}: {t['restart_basis']}"
+        else:
+            line = (f"restart {human_seconds(t['restart_seconds'])} = "
+                    f"{human_seconds(t['restart_overhead_seconds'])} fixed (assumption) + restore "
+                    f"{human_seconds(t['restore_seconds'])}")
+        if t.get("restore_binding_detail"):
+            line += f"; the restore is bound by {t['restore_binding_detail']}"
+        elif t.get("restore_binding"):
+            line += f"; the restore is bound by the {t['restore_binding']}"
+        if t.get("idle_fraction_with_restarts") is not None:
+            line += f"; idle with restarts {t['idle_fraction_with_restarts']:.2%}"
+        out.line(f"{t['target']}: {line}")
+    for t in targets:
         if t.get("young_interval_seconds") is not None:
             out.line(f"{t['target']}: optimal interval Young "
                      f"{human_seconds(t['young_interval_seconds'])}, Daly "
                      f"{human_seconds(t['daly_interval_seconds'])} of compute; total overhead "
                      f"{t['overhead_at_interval']:.2%} at {human_seconds(t['interval_seconds'])}, "
-                     f"{t['overhead_at_optimum']:.2%} at the optimum")
+                     f"{t['overhead_at_optimum']:.2%} at the optimum (restarts of "
+                     f"{human_seconds(t['restart_seconds'])} included)")
 
 
 def comparison_sheet(summary: list[dict[str, Any]], title: str = "comparison") -> Sheet:

@@ -35,6 +35,28 @@ Daly's expected wall time ``T_w = M e^(R/M) (e^((tau+delta)/M) - 1) T_s / tau`` 
 + lost work + restarts): ``overhead = T_w / T_s - 1``. ``tau`` is compute time between
 checkpoints; ``delta`` the stall per checkpoint; ``M`` the mean time between failures of the
 job; ``R`` the restart time.
+
+**Restart.** Unless a restart time is given, ``R = fixed overhead + restore time``: the
+overhead (:data:`DEFAULT_RESTART_OVERHEAD`, an assumption) covers rescheduling, process start
+and warm-up; the restore is the read of the whole checkpoint back from the storage, projected
+like the write from the profile's read side (read request rate, no per-object metadata; the
+bandwidth and latency figures are shared by both directions), or ``size / read bandwidth``
+when figures are given. The restore reads each writing rank's bytes once, as written (ranks
+holding replicas of them are assumed to get them from a peer; their reads are not counted).
+``R`` enters Daly's overhead and the cost, and the share of wall time
+the GPUs idle restarting, ``R / M`` (``idle_fraction_with_restarts = idle_fraction + R / M``).
+Daly's optimal interval does not depend on ``R`` (it scales ``T_w`` by ``e^(R/M)`` only).
+
+**Tiers** (``local``: a fast tier's profile, as :class:`ckptio.tiered.TieredCheckpointer`
+uses one): the stall is the write to the fast tier (or the snapshot, async); every
+``persist_every``-th checkpoint is drained to the durable tier in the background, which takes
+as long as the slower of the durable write and the fast read of the same objects, and fits
+when it ends before the next drain is due (``persist_every * interval``). The restore reads the
+fast tier unless a failure lost a node's fast tier, with probability ``p_lose_node``
+(:data:`DEFAULT_P_LOSE_NODE`, an assumption with its source), when the durable tier is read:
+``restore = (1 - p) * fast read + p * durable read``. The newest checkpoint exists on the fast
+tier only for ``(persist_every - 1) * interval + drain`` at most (the *fast-only window*); a
+failure that loses a node in that window loses the work since the newest drained step.
 """
 
 from __future__ import annotations
@@ -305,13 +327,15 @@ def estimate(
     total = data + t_meta
 
     n_w, s_used = w.writing_nodes, used
+    doing = "writing" if phase == "write" else "reading"
     details = {
-        "per-stream bandwidth": f"{n_w} writing node{'s' if n_w != 1 else ''} {X} {s_used} "
+        "per-stream bandwidth": f"{n_w} {doing} node{'s' if n_w != 1 else ''} {X} {s_used} "
         f"stream{'s' if s_used != 1 else ''} {X} {human_rate(sbw)}",
         "request latency": f"{rounds} requests per stream {X} "
         f"{human_seconds(lat)} ({human_size(part)} parts)",
-        "node link": f"{n_w} writing node{'s' if n_w != 1 else ''} {X} {human_rate(nbw)}",
-        "aggregate bandwidth": f"{human_rate(abw)} shared by all {w.writing_ranks} writers",
+        "node link": f"{n_w} {doing} node{'s' if n_w != 1 else ''} {X} {human_rate(nbw)}",
+        "aggregate bandwidth": f"{human_rate(abw)} shared by all {w.writing_ranks} "
+        f"{'writers' if phase == 'write' else 'readers'}",
         "request-rate limit": f"{total_requests} requests at {rate:g}/s per {p.rate_scope}"
         + (f" {X} {partitions} prefixes" if partitions > 1 else "")
         + (f" ({p.throttle.split(';')[0]} past it)" if p.throttle else ""),
@@ -421,6 +445,7 @@ class CostModel:
     mtbf: float = math.inf
     """Mean time between failures of the whole job, seconds."""
     restart_seconds: float = 0.0
+    """Idle time of one restart after a failure (overhead + restore)."""
 
     def report(self) -> dict[str, Any]:
         """JSON-able figures: ``checkpoint_seconds``, ``idle_fraction``, idle GPU-hours and
@@ -445,8 +470,20 @@ class CostModel:
             "overhead_at_interval": None,
             "overhead_at_optimum": None,
             "optimum_interval_seconds": None,
+            "restart_fraction": None,
+            "idle_fraction_with_restarts": None,
+            "idle_gpu_hours_per_day_with_restarts": None,
+            "idle_cost_per_day_with_restarts": None,
         }
         if not math.isinf(self.mtbf):
+            restarting = self.restart_seconds / self.mtbf  # idle restarting, per second of wall
+            with_restarts = min(1.0, idle + restarting)
+            out.update(
+                restart_fraction=restarting,
+                idle_fraction_with_restarts=with_restarts,
+                idle_gpu_hours_per_day_with_restarts=self.gpus * 24 * with_restarts,
+                idle_cost_per_day_with_restarts=self.gpus * 24 * with_restarts * self.price_per_gpu_hour,
+            )
             young = young_interval(d, self.mtbf)
             daly = daly_interval(d, self.mtbf)
             compute = max(t - d, 1e-9)  # compute between checkpoints at the chosen interval
@@ -556,6 +593,83 @@ def fit_latency_bandwidth(nbytes: list[float], seconds: list[float]) -> tuple[fl
 #: Assumption: ~25 GB/s, a PCIe Gen4 x16 link in practice (Gen5 doubles it).
 DEFAULT_SNAPSHOT_BANDWIDTH = 25e9
 
+#: Seconds of a restart besides reading the checkpoint back: reschedule, start the processes,
+#: initialise the job, warm up. Assumption: 5 minutes (no published figure fits every cluster).
+DEFAULT_RESTART_OVERHEAD = 300.0
+
+
+#: Probability that a failure loses a node's fast tier (the node is replaced). Assumption: 0.78,
+#: the share of unexpected interruptions that the Llama 3 paper (arXiv 2407.21783, section
+#: 3.3.4) attributes to confirmed or suspected hardware issues, taken as node replacements.
+DEFAULT_P_LOSE_NODE = 0.78
+
+
+def _tiered_target(workload: Workload, durable: Profile, local: Profile, *, streams: int | None,
+                   part_size: int | None, persist_every: int, p_lose_node: float, interval: float,
+                   async_save: bool, snapshot: float, restart_seconds: float | None,
+                   restart_overhead: float, cost_kw: Mapping[str, Any]) -> dict[str, Any]:
+    """One tiered target: ``durable`` drained from ``local`` (see the module docstring)."""
+    kw: dict[str, Any] = dict(streams=streams, part_size=part_size)
+    fast_w = estimate(workload, local, phase="write", **kw)
+    fast_r = estimate(workload, local, phase="read", **kw)
+    durable_w = estimate(workload, durable, phase="write", **kw)
+    durable_r = estimate(workload, durable, phase="read", **kw)
+    drain = max(durable_w.seconds, fast_r.seconds)
+    drain_binding = (f"{durable.name} write: {durable_w.binding}" if durable_w.seconds >= fast_r.seconds
+                     else f"{local.name} read: {fast_r.binding}")
+    restore = (1 - p_lose_node) * fast_r.seconds + p_lose_node * durable_r.seconds
+    binds = durable_r if p_lose_node * durable_r.seconds >= (1 - p_lose_node) * fast_r.seconds else fast_r
+    restart = _restart(restart_seconds, restart_overhead, restore,
+                       f"expected: {1 - p_lose_node:.0%} from {local.name}, {p_lose_node:.0%} from {durable.name}")
+    stall = fast_w.seconds
+    cost = CostModel(snapshot if async_save else stall, restart_seconds=restart["restart_seconds"],
+                     **cost_kw).report()
+    return {
+        "target": f"{durable.name}+{local.name}",
+        "kind": "projected",
+        "tiers": {"durable": durable.name, "local": local.name},
+        "profile": durable.as_dict(),
+        "local_profile": local.as_dict(),
+        "write": fast_w.as_dict(),
+        "read": fast_r.as_dict(),
+        "write_seconds": stall,
+        "read_seconds": fast_r.seconds,
+        "binding": fast_w.binding,
+        "binding_detail": fast_w.binding_detail,
+        "drain_seconds": drain,
+        "drain_binding": drain_binding,
+        "persist_every": persist_every,
+        "drain_fits_interval": drain <= persist_every * interval,
+        "fast_only_window_seconds": (persist_every - 1) * interval + drain,
+        "restore_fast_seconds": fast_r.seconds,
+        "restore_durable_seconds": durable_r.seconds,
+        "p_lose_node": p_lose_node,
+        "p_lose_node_source": "assumption (DEFAULT_P_LOSE_NODE: Llama 3's hardware share of "
+        "interruptions)" if p_lose_node == DEFAULT_P_LOSE_NODE else "given (--p-lose-node)",
+        "restore_seconds": restore,
+        "restore_binding": binds.binding,
+        "restore_binding_detail": binds.binding_detail,
+        **restart,
+        "async_save": async_save,
+        "blocking_stall_seconds": stall,
+        "snapshot_seconds": snapshot,
+        "snapshot_bandwidth": cost_kw.get("snapshot_bandwidth"),
+        "async_fits_interval": stall <= interval,
+        **cost,
+    }
+
+
+def _restart(given: float | None, overhead: float, restore: float | None, basis: str) -> dict[str, Any]:
+    """How the restart time of a target is made: the given one, or overhead + restore."""
+    if given is not None:
+        return {"restart_seconds": given, "restart_basis": "given (--restart)",
+                "restart_overhead_seconds": None}
+    if restore is None:
+        return {"restart_seconds": overhead, "restart_overhead_seconds": overhead,
+                "restart_basis": "fixed overhead only: no read side given (--read-bandwidth with --size)"}
+    return {"restart_seconds": overhead + restore, "restart_overhead_seconds": overhead,
+            "restart_basis": f"fixed overhead + restore ({basis})"}
+
 
 def evaluate(
     *,
@@ -566,7 +680,9 @@ def evaluate(
     write_bandwidth: float | Sequence[float] | None = None,
     interval: float = 7200.0,
     mtbf: float = math.inf,
-    restart_seconds: float = 0.0,
+    restart_seconds: float | None = None,
+    restart_overhead: float = DEFAULT_RESTART_OVERHEAD,
+    read_bandwidth: float | None = None,
     gpus: int | None = None,
     writing_ranks: int | None = None,
     gpus_from: str | None = None,
@@ -575,15 +691,22 @@ def evaluate(
     part_size: int | None = None,
     async_save: bool = False,
     snapshot_bandwidth: float = DEFAULT_SNAPSHOT_BANDWIDTH,
+    local: Profile | None = None,
+    persist_every: int = 1,
+    p_lose_node: float = DEFAULT_P_LOSE_NODE,
 ) -> dict[str, Any]:
     """The model's answer as JSON-able data.
 
     Give either figures directly (``checkpoint_seconds``, or ``size`` with one or several
     ``write_bandwidth`` values: one target per bandwidth), or a ``workload`` with
-    ``profiles``. The result has one entry per target under ``targets`` and, at the top level,
-    the first target's figures (``checkpoint_seconds``, ``idle_fraction``,
-    ``young_interval_seconds``, ``daly_interval_seconds``, ...). Every figure derived from a
-    profile is a projection.
+    ``profiles``. ``restart_seconds`` None: each target's restart is ``restart_overhead`` +
+    its restore time (projected from the profile's read side, or ``size / read_bandwidth``;
+    see the module docstring), and its ``restore_binding`` names the limit of the restore.
+    With ``local`` (a fast tier's profile), each profile also gets a tiered target drained to
+    it (``<profile>+<local>``) after its own. The result has one entry per target under
+    ``targets`` and, at the top level, the first target's figures (``checkpoint_seconds``,
+    ``idle_fraction``, ``young_interval_seconds``, ``daly_interval_seconds``, ...). Every
+    figure derived from a profile is a projection.
 
     GPUs: ``gpus``, else the workload's, else 1; ``gpus_from`` says which (``given``,
     ``workload``, ``assumed``) and is in the result with ``gpus``. With ``async_save`` the
@@ -597,7 +720,7 @@ def evaluate(
     if gpus_from is None:
         gpus_from = "given" if gpus else "workload" if workload else "assumed"
     cost_kw: dict[str, Any] = dict(interval=interval, gpus=n_gpus, price_per_gpu_hour=price_per_gpu_hour,
-                   mtbf=mtbf, restart_seconds=restart_seconds)
+                   mtbf=mtbf)
     bandwidths = ([] if write_bandwidth is None else [float(write_bandwidth)]
                   if isinstance(write_bandwidth, int | float) else [float(b) for b in write_bandwidth])
     given: list[tuple[str, float, float | None]] = []  # (target, write seconds, bandwidth)
@@ -615,9 +738,15 @@ def evaluate(
                     "--async-save with --checkpoint-seconds needs --size: the stall is the "
                     "snapshot, each GPU's share of the size at --snapshot-bandwidth")
             snapshot = size / (writing_ranks or n_gpus) / snapshot_bandwidth
+        restore = size / read_bandwidth if size is not None and read_bandwidth else None
+        restart = _restart(restart_seconds, restart_overhead, restore, "size / read bandwidth")
         for name, write_seconds, bw in given:
             entry: dict[str, Any] = {"target": name, "kind": "given",
+                                     "restore_seconds": restore,
+                                     "restore_binding": "read bandwidth (given)" if restore is not None else None,
+                                     **restart,
                                      **CostModel(write_seconds if snapshot is None else snapshot,
+                                                 restart_seconds=restart["restart_seconds"],
                                                  **cost_kw).report()}
             entry.update(write_seconds=write_seconds, async_save=async_save,
                          blocking_stall_seconds=write_seconds)
@@ -635,7 +764,10 @@ def evaluate(
             r = estimate(workload, prof, phase="read", streams=streams, part_size=part_size)
             stall = w.seconds
             snapshot = workload.bytes_per_rank / snapshot_bandwidth
-            cost = CostModel(snapshot if async_save else stall, **cost_kw).report()
+            restart = _restart(restart_seconds, restart_overhead, r.seconds,
+                               f"projected: {r.binding} binds")
+            cost = CostModel(snapshot if async_save else stall, restart_seconds=restart["restart_seconds"],
+                             **cost_kw).report()
             targets.append({
                 "target": prof.name,
                 "kind": "projected",
@@ -644,6 +776,10 @@ def evaluate(
                 "read": r.as_dict(),
                 "write_seconds": w.seconds,
                 "read_seconds": r.seconds,
+                "restore_seconds": r.seconds,
+                "restore_binding": r.binding,
+                "restore_binding_detail": r.binding_detail,
+                **restart,
                 "binding": w.binding,
                 "binding_detail": w.binding_detail,
                 "async_save": async_save,
@@ -653,6 +789,13 @@ def evaluate(
                 "async_fits_interval": stall <= interval,
                 **cost,
             })
+            if local is not None:
+                targets.append(_tiered_target(
+                    workload, prof, local, streams=streams, part_size=part_size,
+                    persist_every=persist_every, p_lose_node=p_lose_node, interval=interval,
+                    async_save=async_save, snapshot=snapshot, restart_seconds=restart_seconds,
+                    restart_overhead=restart_overhead, cost_kw=cost_kw,
+                ))
     else:
         raise errors.InvalidArgumentError(
             "model needs figures (--checkpoint-seconds, or --size with --write-bandwidth) or a "
@@ -661,7 +804,7 @@ def evaluate(
     out: dict[str, Any] = {}
     if workload is not None:
         out["workload"] = asdict(workload)
-    out.update({k: v for k, v in targets[0].items() if k not in ("profile", "write", "read")})
+    out.update({k: v for k, v in targets[0].items() if k not in ("profile", "local_profile", "write", "read")})
     out["gpus_from"] = gpus_from
     out["targets"] = targets
     return out
@@ -704,7 +847,9 @@ def run_model_cli(args: Any) -> dict[str, Any]:
         interval=parse_duration(args.interval, field="--interval", positive=True),
         mtbf=(parse_duration(args.mtbf, field="--mtbf", positive=True, allow_inf=True)
               if args.mtbf else math.inf),
-        restart_seconds=parse_duration(args.restart, field="--restart"),
+        restart_seconds=parse_duration(args.restart, field="--restart") if args.restart is not None else None,
+        restart_overhead=parse_duration(args.restart_overhead, field="--restart-overhead"),
+        read_bandwidth=parse_bandwidth(args.read_bandwidth, field="--read-bandwidth") if args.read_bandwidth else None,
         gpus=args.gpus,
         writing_ranks=args.writing_ranks,
         price_per_gpu_hour=args.price,
@@ -713,6 +858,16 @@ def run_model_cli(args: Any) -> dict[str, Any]:
         async_save=args.async_save,
         snapshot_bandwidth=parse_bandwidth(args.snapshot_bandwidth, field="--snapshot-bandwidth"),
     )
+    tiers: dict[str, Any] = {}
+    if getattr(args, "local", None):
+        from ckptio.profiles import load_profile
+
+        if not 0 <= args.p_lose_node <= 1:
+            raise errors.InvalidArgumentError(f"--p-lose-node: a probability in [0, 1], got {args.p_lose_node}")
+        if args.persist_every < 1:
+            raise errors.InvalidArgumentError(f"--persist-every: must be >= 1, got {args.persist_every}")
+        tiers = dict(local=load_profile(args.local, overrides), persist_every=args.persist_every,
+                     p_lose_node=args.p_lose_node)
     if args.checkpoint_seconds is not None:
         return evaluate(checkpoint_seconds=parse_duration(args.checkpoint_seconds,
                                                           field="--checkpoint-seconds"),
@@ -750,7 +905,7 @@ def run_model_cli(args: Any) -> dict[str, Any]:
             "model needs a workload: --preset NAME (see `ckptio plan`), or --size with --gpus; "
             "or figures: --checkpoint-seconds, or --size with --write-bandwidth"
         )
-    result = evaluate(profiles=profiles, workload=workload, **common)
+    result = evaluate(profiles=profiles, workload=workload, **common, **tiers)
     if calibrations:
         result["calibration"] = [asdict(c) for c in calibrations]
     return result

@@ -72,6 +72,7 @@ from torch.futures import Future
 from ckptio import checkpoint as _ck
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import tiered as _tiered
 from ckptio.arrays import Target
 from ckptio.lease import SaveLease
 from ckptio.registry import open_store, split_url
@@ -335,6 +336,26 @@ class Checkpointer(_ck.Checkpointer):
         self.device = device
 
     def save(self, state: Any, step: int, **kwargs: Any) -> _ck.SaveHandle:
+        return super().save(encode(state), step, **kwargs)
+
+    def load(self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None) -> Any:
+        into = None if into is None else encode(into)
+        return decode(to_torch(super().load(step, select=select, into=into), device=self.device))
+
+    @classmethod
+    def _tiered(cls) -> Any:
+        return TieredCheckpointer
+
+
+class TieredCheckpointer(_tiered.TieredCheckpointer):
+    """:class:`ckptio.tiered.TieredCheckpointer` for torch state, as :class:`Checkpointer` is
+    for one tier; ``ckptio.torch.Checkpointer(url, local=...)`` returns one."""
+
+    def __init__(self, url: Any, *, device: str | torch.device | None = None, **options: Any) -> None:
+        super().__init__(url, **options)
+        self.device = device
+
+    def save(self, state: Any, step: int, **kwargs: Any) -> _tiered.TieredSaveHandle:
         return super().save(encode(state), step, **kwargs)
 
     def load(self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None) -> Any:

@@ -118,3 +118,80 @@ def test_units() -> None:
 def test_model_without_inputs_says_what_it_needs(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["model"]) == 2
     assert "--preset" in capsys.readouterr().err
+
+
+# -- restart = fixed overhead + restore, projected from the read side --------------------------
+
+
+def test_restart_is_overhead_plus_the_projected_restore(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _model_json(capsys, "--preset", "gpt3-175b", "--gpus", "1536", "--profile",
+                      "cloud-s3,abci-lustre", "--mtbf", "24h", "--price", "2")
+    for t in out["targets"]:
+        assert t["restore_seconds"] == pytest.approx(t["read"]["seconds"])
+        assert t["restart_seconds"] == pytest.approx(300 + t["restore_seconds"])
+        assert t["restore_binding"] == t["read"]["binding"]
+        assert t["restart_basis"].startswith("fixed overhead + restore")
+        assert t["idle_fraction_with_restarts"] == pytest.approx(
+            t["idle_fraction"] + t["restart_seconds"] / 86400)
+        # Daly's overhead counts the restart: with a longer one it grows
+        longer = overhead_fraction(t["daly_interval_seconds"], t["checkpoint_seconds"], 86400,
+                                   t["restart_seconds"] + 600)
+        assert t["overhead_at_optimum"] < longer
+    s3, lustre = out["targets"]
+    assert s3["restore_binding"] == "per-stream bandwidth"  # 16 streams x 50 MB/s per node
+    assert "reading nodes" in s3["restore_binding_detail"]
+    assert lustre["restore_binding"] == "aggregate bandwidth"
+    assert s3["restore_seconds"] > 5 * lustre["restore_seconds"]
+
+
+def test_a_given_restart_is_used_as_given(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _model_json(capsys, "--preset", "gpt3-175b", "--profile", "cloud-s3", "--mtbf", "24h",
+                      "--restart", "10min")
+    assert out["restart_seconds"] == 600 and out["restart_basis"] == "given (--restart)"
+
+
+def test_restart_from_figures_with_a_read_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
+    out = _model_json(capsys, "--size", "2TB", "--write-bandwidth", "70GB/s", "--read-bandwidth",
+                      "100GB/s", "--mtbf", "24h", "--restart-overhead", "2min")
+    assert out["restore_seconds"] == pytest.approx(20.0)
+    assert out["restart_seconds"] == pytest.approx(140.0)
+    assert out["restart_fraction"] == pytest.approx(140 / 86400)
+    out = _model_json(capsys, "--size", "2TB", "--write-bandwidth", "70GB/s", "--mtbf", "24h")
+    assert out["restart_seconds"] == 300 and "no read side" in out["restart_basis"]
+
+
+def test_model_output_names_the_restore_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["model", "--preset", "gpt3-175b", "--gpus", "1536", "--profile", "cloud-s3",
+                 "--mtbf", "24h"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "fixed (assumption) + restore" in text
+    assert "the restore is bound by cloud-s3: per-stream bandwidth" in text
+
+
+def test_tiered_projection(capsys: pytest.CaptureFixture[str]) -> None:
+    """cloud-s3 with a node-local NVMe tier: the stall is the NVMe write, the drain the S3
+    write (every 3rd checkpoint, fits in 3 intervals), the restore weighted by the probability
+    that a failure loses a node's fast tier."""
+    out = _model_json(capsys, "--preset", "gpt3-175b", "--gpus", "1536", "--profile", "cloud-s3",
+                      "--local", "local-nvme", "--persist-every", "3", "--mtbf", "24h",
+                      "--p-lose-node", "0.5", "--price", "2")
+    s3, tiered = out["targets"]
+    assert tiered["target"] == "cloud-s3+local-nvme"
+    assert tiered["write_seconds"] < s3["write_seconds"] / 5  # NVMe node links vs S3 streams
+    assert tiered["drain_seconds"] == pytest.approx(s3["write_seconds"])
+    assert tiered["drain_binding"] == "cloud-s3 write: per-stream bandwidth"
+    assert tiered["drain_fits_interval"]
+    assert tiered["fast_only_window_seconds"] == pytest.approx(2 * 7200 + tiered["drain_seconds"])
+    assert tiered["restore_durable_seconds"] == pytest.approx(s3["restore_seconds"])
+    assert tiered["restore_seconds"] == pytest.approx(
+        0.5 * tiered["restore_fast_seconds"] + 0.5 * tiered["restore_durable_seconds"])
+    assert tiered["restart_seconds"] == pytest.approx(300 + tiered["restore_seconds"])
+    assert tiered["p_lose_node_source"] == "given (--p-lose-node)"
+    assert tiered["idle_cost_per_day"] < s3["idle_cost_per_day"] / 5
+    assert main(["model", "--preset", "gpt3-175b", "--profile", "cloud-s3", "--local", "local-nvme"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "drain" in text and "p = 0.78, assumption" in text
+    assert main(["model", "--preset", "gpt3-175b", "--profile", "cloud-s3", "--local", "local-nvme",
+                 "--p-lose-node", "1.5"]) != 0
+    captured = capsys.readouterr()
+    assert "--p-lose-node: a probability in [0, 1]" in captured.out + captured.err

@@ -15,6 +15,11 @@ line; a SIGKILL loses no data already written to the kernel):
   at most the last step whose save *started* (nothing invented);
 - the loaded state equals ``expected_state(step)`` exactly (every tensor, dtype and value).
 
+Tiered (``store_options`` with ``local=``: a :class:`~ckptio.tiered.TieredCheckpointer`): the
+worker also loads the durable tier alone (as a node that lost its fast tier would) and reports
+it; the parent checks it is complete, exact, at least the last step whose drain the killed
+worker saw committed, and not newer than the tiered restore.
+
 Used by ``tests/test_crash.py``; usable for any backend URL.
 """
 
@@ -25,6 +30,7 @@ import multiprocessing
 import os
 import random
 import signal
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -111,7 +117,8 @@ def _worker(
     from ckptio.checkpoint import Checkpointer
 
     progress = open(progress_path, "a", buffering=1)  # noqa: SIM115 - lives until SIGKILL
-    latest = None
+    lock = threading.Lock()  # drains report from their own thread
+    latest = durable = None
     try:
         options = {**SAVE_OPTIONS, **store_options}
         ck = Checkpointer(url, keep_last=keep_last, async_save=mode != "sync",
@@ -121,30 +128,51 @@ def _worker(
         if latest is not None:
             problem = state_mismatch(ck.load(latest), expected_state(latest, big))
         # a manifest is published atomically: none may ever be torn (latest() would skip it)
-        from ckptio.checkpoint import read_manifest
+        from ckptio.checkpoint import committed_steps, open_checkpoint, read_manifest
 
-        for s in ck.steps():
+        tiered = hasattr(ck, "fast")
+        for store in (ck.store, ck.fast.store) if tiered else (ck.store,):
+            for s in committed_steps(store):
+                try:
+                    read_manifest(store, s)
+                except FileNotFoundError:
+                    continue  # deleted by retention meanwhile
+                except Exception as err:  # any failure here is the finding
+                    problem = problem or f"{store.url} step {s}: manifest does not validate: {err}"
+        if tiered and not problem:  # the durable tier alone, as a replaced node reads it
             try:
-                read_manifest(ck.store, s)
+                reader = open_checkpoint(ck.store)
             except FileNotFoundError:
-                continue  # deleted by retention meanwhile
-            except Exception as err:  # any failure here is the finding
-                problem = problem or f"step {s}: manifest does not validate: {err}"
+                pass
+            else:
+                durable = reader.step
+                wrong = state_mismatch(reader.state(), expected_state(durable, big))
+                problem = wrong and f"durable tier alone, step {durable}: {wrong}"
     except Exception as err:  # reported to the parent, which fails the test with it
-        conn.send({"latest": latest, "problem": f"{type(err).__name__}: {err}"})
+        conn.send({"latest": latest, "durable": durable, "problem": f"{type(err).__name__}: {err}"})
         return
-    conn.send({"latest": latest, "problem": problem})
+    conn.send({"latest": latest, "durable": durable, "problem": problem})
+
+    def drained(result: Any) -> None:
+        if result.status == "durable":
+            with lock:
+                progress.write(f"durable {result.step}\n")
     if problem or conn.recv() != "go":
         return
     step = (latest or 0) + 1
     previous = None
     while True:
-        progress.write(f"start {step}\n")
-        ck.save(expected_state(step, big), step)
-        if mode == "sync":
-            progress.write(f"committed {step}\n")
-        elif previous is not None:  # an async save returns after waiting for the previous one
-            progress.write(f"committed {previous}\n")
+        with lock:
+            progress.write(f"start {step}\n")
+        handle = ck.save(expected_state(step, big), step)
+        drain = getattr(handle, "drain", None)
+        if drain is not None:
+            drain.future.add_done_callback(lambda f: drained(f.result()))
+        with lock:
+            if mode == "sync":
+                progress.write(f"committed {step}\n")
+            elif previous is not None:  # an async save returns after waiting for the previous one
+                progress.write(f"committed {previous}\n")
         previous = step
         step += 1
 
@@ -157,7 +185,11 @@ class Trial:
     """Seconds between the worker starting to save and SIGKILL."""
     last_started: int | None
     last_committed: int | None
+    last_durable: int | None = None
+    """Tiered: the last step whose drain the worker saw committed on the durable tier."""
     loaded: int | None = None
+    durable_loaded: int | None = None
+    """Tiered: the step the next worker loaded from the durable tier alone."""
     debris: bool = False
     """The kill left temp files, open uploads or data without a manifest (it landed mid-save)."""
 
@@ -171,8 +203,9 @@ class CrashHarness:
     workdir: str
     seed: int = 0
     max_delay: float = 0.4
-    """Seconds: each kill comes uniform(0, max_delay) after the worker starts saving (the
-    window doubles, up to 16x, after a trial in which no save completed)."""
+    """Seconds: each kill comes uniform(min_delay, max_delay) after the worker starts saving
+    (the window doubles, up to 16x, after a trial in which no save completed)."""
+    min_delay: float = 0.0
     env: Mapping[str, str] = field(default_factory=dict)
     """Environment for the workers (e.g. the S3 endpoint and test credentials)."""
     store_options: Mapping[str, Any] = field(default_factory=dict)
@@ -220,13 +253,13 @@ class CrashHarness:
                 proc.join(30)
                 break
             conn.send("go")
-            delay = self._rng.uniform(0, self.max_delay * self._stretch)
+            delay = self._rng.uniform(self.min_delay, self.max_delay * self._stretch)
             time.sleep(delay)  # the random moment of the kill, not a synchronisation
             os.kill(proc.pid, signal.SIGKILL)
             proc.join(30)
             conn.close()
-            started, committed = _read_progress(progress)
-            trial = Trial(delay, started, committed)
+            started, committed, durable = _read_progress(progress)
+            trial = Trial(delay, started, committed, durable)
             # on a slow machine no save may finish within max_delay: stretch the window (up
             # to 16x) until saves commit again, so the trials keep exercising later steps
             self._stretch = 1.0 if committed is not None else min(self._stretch * 2, 16.0)
@@ -237,8 +270,19 @@ class CrashHarness:
 
     def _check(self, trial: Trial, report: Mapping[str, Any]) -> None:
         trial.loaded = report["latest"]
+        trial.durable_loaded = report.get("durable")
         if report["problem"]:
             raise AssertionError(f"after a kill, step {report['latest']} loaded wrong: {report['problem']}")
+        drained = [t.last_durable for t in self.trials if t.last_durable is not None]
+        if drained and (trial.durable_loaded is None or trial.durable_loaded < max(drained)):
+            raise AssertionError(
+                f"a drain that committed was lost: step {max(drained)} was durable, the durable "
+                f"tier alone gave {trial.durable_loaded}"
+            )
+        if trial.durable_loaded is not None and (trial.loaded is None or trial.loaded < trial.durable_loaded):
+            raise AssertionError(
+                f"the tiered restore took step {trial.loaded}, older than the durable tier's {trial.durable_loaded}"
+            )
         floor = trial.last_committed
         before = [t.loaded for t in self.trials[:-1] if t.loaded is not None]
         floor = max([x for x in (floor, *before) if x is not None], default=None)
@@ -264,8 +308,8 @@ class CrashHarness:
         }
 
 
-def _read_progress(path: str) -> tuple[int | None, int | None]:
-    started = committed = None
+def _read_progress(path: str) -> tuple[int | None, int | None, int | None]:
+    started = committed = durable = None
     try:
         with open(path) as f:
             for line in f:
@@ -276,9 +320,11 @@ def _read_progress(path: str) -> tuple[int | None, int | None]:
                     started = int(parts[1])
                 elif parts[0] == "committed":
                     committed = int(parts[1])
+                elif parts[0] == "durable":
+                    durable = max(durable or 0, int(parts[1]))
     except FileNotFoundError:
         pass
-    return started, committed
+    return started, committed, durable
 
 
 _CTX: Any = None
@@ -289,7 +335,7 @@ def _context() -> Any:
     global _CTX
     if _CTX is None:
         ctx = multiprocessing.get_context("forkserver")
-        preload = ["ckptio.testing.crash", "ckptio.checkpoint", "ckptio.backends.local"]
+        preload = ["ckptio.testing.crash", "ckptio.checkpoint", "ckptio.tiered", "ckptio.backends.local"]
         try:
             import boto3  # noqa: F401  - only to know whether to preload it
 

@@ -1,0 +1,867 @@
+"""Tiered checkpoints: every save commits on a fast tier, some are drained to a durable one.
+
+::
+
+    ck = ckptio.Checkpointer("s3://bucket/run", local="file:///nvme/run",
+                             keep_last_local=2, keep_last=5, persist_every=3)
+    ck.save(state, step=s)        # returns once step s is committed on the fast tier
+    state = ck.load()             # the newest step complete for every rank, on either tier
+
+``Checkpointer(url, local=...)`` returns a :class:`TieredCheckpointer` (composition: it holds
+one ordinary Checkpointer per tier; the on-storage format of each tier is the ordinary one).
+
+**Saving.** Every save is an ordinary ckptio checkpoint on the fast tier (shards, then the
+manifest, under the save's lease; see :mod:`ckptio.lease`); ``save`` blocks for that only (or,
+with ``async_save``, for the snapshot). The first save and every ``persist_every``-th after it
+is then *drained* in a background thread: the rank that committed it publishes a lease on the
+durable tier's step (and one on the fast tier's, so no gc or retention of another process
+deletes what is being read), every rank copies the shard objects that the fast manifest names
+for it (its own ``rank-NNNNN-…`` objects) byte for byte under the same keys, checking every
+chunk's CRC32C as the bytes pass, and once every rank reports its objects durable, the durable
+tier's commit publishes the same manifest there (after checking its lease and listing every
+object). A drain that fails or is cancelled discards what it copied and commits nothing.
+
+**Backpressure** (``drain_backpressure``), when the previous drain still runs at the next save
+that is to be drained: ``"wait"`` (the save first waits for it: the caller stalls),
+``"skip"`` (this step stays on the fast tier only), ``"cancel"`` (the older drain is abandoned
+and this step's drain starts after it has wound down). The handle records what was done and
+the drain lag (how long the running drain had been behind its fast commit).
+
+**Retention**, per tier, only ever by retirement (:func:`ckptio.lease.retire`): the durable
+tier keeps its newest ``keep_last`` steps; the fast tier keeps its newest ``keep_last_local``
+steps, plus every step whose drain is queued or running, plus the newest step chosen for
+draining while it is not yet committed on the durable tier (a failed or cancelled drain keeps
+it until a newer chosen step is chosen). A step skipped by backpressure is not chosen.
+
+**Restore** (``load``): every rank reports the steps whose objects it finds on its fast root
+(the manifest there and every object it names that belongs on that root) and the steps
+committed on the durable tier; the newest step that every rank has on its fast root or that
+is committed on the durable tier is read, each rank from its fast root where it has it (an
+object missing there is read from the durable tier when the step is committed there), else
+from the durable tier. A read that fails (an object gone, a CRC mismatch) falls back to the
+same step on the durable tier, then to the next older candidate, agreed by every rank.
+
+**Fast roots per rank** (node-local disks): ``local`` may name each rank's root, as a URL with
+``{rank}`` or a list of one URL per rank. Each rank then writes its shards, its lease and a
+copy of the manifest under its own root; a rank's root is complete for a step when the
+manifest and that rank's own objects are there. Tensors a rank reads that another rank wrote
+(replicated ones are written once, by the lowest rank holding them) are read from the durable
+tier when the step was drained, else from that rank's root if this process can reach it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ckptio import errors
+from ckptio import format as fmt
+from ckptio.checkpoint import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_MAX_OBJECT_SIZE,
+    PARALLEL_OBJECTS,
+    _RELISTS,
+    CheckpointReader,
+    Checkpointer,
+    PreparedState,
+    SaveHandle,
+    SaveResult,
+    _error_text,
+    _plan_writers,
+    aligned_empty,
+    build_manifest,
+    check_objects_present,
+    committed_steps,
+    crc32c,
+    discard_objects,
+    read_manifest,
+    write_rank_shards,
+)
+from ckptio.dist import Communicator, SingleProcess, detect
+from ckptio.forked import ForkedWriter
+from ckptio.lease import RETIRE_GRACE_SECONDS, SaveLease
+from ckptio.registry import open_store
+from ckptio.store import Store, option_int
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BACKPRESSURE", "DrainHandle", "DrainResult", "TieredCheckpointer", "TieredSaveHandle"]
+
+BACKPRESSURE = ("wait", "skip", "cancel")
+"""What a save chosen for draining does while the previous drain still runs (see the module
+docstring)."""
+
+COPY_PIECE_BYTES = 8 << 20
+"""Bytes read from the fast tier and handed to the durable tier's writer at a time."""
+
+DRAIN_STREAMS = 4
+"""Objects a rank copies at the same time while draining."""
+
+DRAIN_BUFFER_BYTES = 64 << 20
+"""Bytes of one object's copy read ahead of its writer (writers queue buffers without copying
+them): at least this, or two of the durable store's parts (or staging blocks) and a piece, so
+a writer that sends whole parts gets one while the next fills."""
+
+BUFFER_WAIT_SECONDS = 30.0
+"""How long a copy waits for its writer to let go of a buffer before it reads on regardless (a
+writer that holds every buffer until ``close`` would otherwise never let go): past it, memory
+is not bounded for that object."""
+
+_OWNER = re.compile(r"(?:^|/)rank-(\d{5})-\d{3}")
+
+
+def object_rank(key: str) -> int:
+    """The rank that wrote a file-per-shard object (``data/rank-00003-000-<token>.bin``); 0
+    for any other key (a layout whose objects rank 0 creates)."""
+    m = _OWNER.search(key)
+    return int(m.group(1)) if m else 0
+
+
+class _Cancelled(Exception):
+    pass
+
+
+@dataclass
+class DrainResult:
+    """What one drain of a step to the durable tier did, on this rank."""
+
+    step: int
+    status: str
+    """``durable`` (committed on the durable tier), ``cancelled`` (by backpressure
+    ``cancel``) or ``failed``."""
+    nbytes: int = 0
+    """Bytes this rank copied."""
+    seconds: float = 0.0
+    """From the start of the copy to the durable commit (or the end), on this rank."""
+    lag_seconds: float = 0.0
+    """From the step's commit on the fast tier to its commit on the durable tier (or the end):
+    how long the newest checkpoint existed on the fast tier only."""
+    error: str = ""
+
+
+class DrainHandle:
+    """A drain queued, running or done."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.cancel_event = threading.Event()
+        self.future: Future[DrainResult] = Future()
+        self.fast_committed: float | None = None
+        """time.monotonic() of the step's fast commit, once known."""
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def wait(self, timeout: float | None = None) -> DrainResult:
+        """The drain's result (a failed drain's is ``status="failed"``; it never raises but
+        ``TimeoutError``)."""
+        return self.future.result(timeout)
+
+    def cancel(self) -> None:
+        """Ask the drain to stop; it discards what it copied and commits nothing."""
+        self.cancel_event.set()
+
+
+@dataclass
+class TieredSaveHandle:
+    """A save on the fast tier, and its drain if the step was chosen for the durable tier."""
+
+    step: int
+    blocking_seconds: float
+    """How long ``save`` held the caller (the fast tier's save, or its snapshot, plus any
+    backpressure wait)."""
+    fast: SaveHandle
+    drain: DrainHandle | None = None
+    """None when the step is not drained (not chosen by ``persist_every``, or skipped)."""
+    backpressure: str = ""
+    """``""`` (no drain was running when this step was chosen), ``waited``, ``skipped`` or
+    ``cancelled``: what was done about the previous drain."""
+    drain_lag_seconds: float = 0.0
+    """When this step was chosen for draining: how long the previous drain, still running,
+    had been behind its fast commit (0 if none was running)."""
+    backpressure_seconds: float = 0.0
+    """Seconds this save waited for the previous drain (``wait``)."""
+
+    def done(self) -> bool:
+        return self.fast.done()
+
+    def wait(self, timeout: float | None = None) -> SaveResult:
+        """The fast tier's save (raises its failure, as :meth:`SaveHandle.wait`)."""
+        return self.fast.wait(timeout)
+
+    result = wait
+
+    def wait_drain(self, timeout: float | None = None) -> DrainResult | None:
+        """The drain's result, None if the step is not drained."""
+        return None if self.drain is None else self.drain.wait(timeout)
+
+
+class _Overlay(Store):
+    """Read-only: each object from the first of ``stores`` that has it."""
+
+    name = "tiers"
+
+    def __init__(self, stores: Sequence[Store]) -> None:
+        super().__init__(stores[0].url, trace=stores[0].trace)
+        self.stores = list(stores)
+        self.capabilities = stores[0].capabilities  # type: ignore[misc]
+
+    def _either(self, op: str, key: str, *args: Any) -> Any:
+        for store in self.stores[:-1]:
+            try:
+                return getattr(store, op)(key, *args)
+            except FileNotFoundError:
+                continue
+        return getattr(self.stores[-1], op)(key, *args)
+
+    def read_into(self, key: str, offset: int, buffer: Any) -> int:
+        return int(self._either("read_into", key, offset, buffer))
+
+    def size(self, key: str) -> int:
+        return int(self._either("size", key))
+
+    def list(self, prefix: str = "") -> list[str]:
+        return sorted({k for store in self.stores for k in store.list(prefix)})
+
+    def open_writer(self, key: str, *, size_hint: int | None = None) -> Any:
+        raise errors.InvalidArgumentError("a restore's view of two tiers is read-only")
+
+    def delete(self, keys: Any) -> None:
+        raise errors.InvalidArgumentError("a restore's view of two tiers is read-only")
+
+    def publish(self, key: str, data: bytes, *, overwrite: bool = True) -> None:
+        raise errors.InvalidArgumentError("a restore's view of two tiers is read-only")
+
+
+
+class _FastTier(Checkpointer):
+    """The fast tier's Checkpointer: its retention also keeps what the drains need; with a
+    root per rank, each rank saves on its own root and applies retention to it."""
+
+    protected: Any = staticmethod(set)
+    per_rank = False
+
+    def _doomed(self, steps: Sequence[int], newest: int) -> list[int]:
+        keep = self.protected()
+        return [s for s in super()._doomed(steps, newest) if s not in keep]
+
+    def _persist(
+        self, prepared: PreparedState, step: int, comm: Communicator, forked: ForkedWriter | None = None
+    ) -> SaveResult:
+        if not self.per_rank:
+            return super()._persist(prepared, step, comm, forked)
+        if self.keep_last is not None and not self._retained:
+            self._retain(step - 1)
+        try:
+            result = _save_own_roots(self, prepared, step, comm, forked)
+        finally:
+            if forked is not None:
+                forked.cancel()
+        if self.keep_last is not None:
+            self._retain(step)
+        return result
+
+
+def _save_own_roots(
+    ck: Checkpointer, prepared: PreparedState, step: int, comm: Communicator, forked: ForkedWriter | None
+) -> SaveResult:
+    """A save with a fast root per rank: rank 0 plans as usual; each rank publishes its lease
+    on its own root, writes its shards there, and checks them listed; the manifest, built by
+    rank 0, is published on every rank's root once every rank's check passed. A failure before
+    that discards every rank's data; one while publishing leaves the step complete on some
+    roots only, which a restore does not take unless the step is on the durable tier."""
+    t0 = time.perf_counter()
+    store, mkey = ck.store, fmt.manifest_key(step)
+    offer = ({"error": _error_text(prepared.error)} if prepared.error
+             else {"metas": prepared.metas(), "exists": store.exists(mkey)})
+    gathered = comm.gather(offer, root=0)
+    plan: dict[str, Any] = {}
+    if gathered is not None:
+        try:
+            refused = [f"rank {r}: {o['error']}" for r, o in enumerate(gathered) if "error" in o]
+            if refused:
+                raise errors.SaveFailedError("; ".join(refused))
+            there = [r for r, o in enumerate(gathered) if o["exists"]]
+            if there:
+                raise errors.AlreadyExistsError(f"step {step} is already committed on the fast root of rank(s) {there}")
+            plan = {"ok": True, "token": secrets.token_hex(4), "writers": _plan_writers([o["metas"] for o in gathered])}
+        except errors.CkptioError as err:
+            plan = {"ok": False, "error": _error_text(err)}
+    plan = comm.bcast(plan, root=0)
+    if not plan["ok"]:
+        raise errors.SaveFailedError(f"save of step {step} refused, nothing committed: {plan['error']}") from prepared.error
+    mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
+    lease = SaveLease(store, step, plan["token"])
+    written: dict[str, Any] = {"objects": {}, "chunks": {}}
+    local_error: BaseException | None = None
+    try:
+        try:
+            lease.acquire()  # before any data: gc and retention leave the step alone
+            if forked is not None:
+                written = forked.run({"token": plan["token"], "paths": [t.path for t in mine]})
+            else:
+                written = write_rank_shards(
+                    store, step, comm.rank, plan["token"], mine, key_layout=ck.key_layout,
+                    chunk_size=ck.chunk_size, max_object_size=ck.max_object_size, parallel=PARALLEL_OBJECTS,
+                )
+            outcome: dict[str, Any] = {"ok": True, **written}
+        except Exception as err:
+            local_error = err
+            outcome = {"ok": False, "error": _error_text(err)}
+        results = comm.gather(outcome, root=0)
+        doc: dict[str, Any] = {}
+        if results is not None:
+            failed = [f"rank {r}: {o['error']}" for r, o in enumerate(results) if not o["ok"]]
+            try:
+                if failed:
+                    raise errors.SaveFailedError("; ".join(failed))
+                data, objects = build_manifest(step, prepared, plan, results, comm.size, ck.layout, ck.key_layout)
+                doc = {"ok": True, "manifest": data.decode(), "nbytes": sum(objects.values())}
+            except Exception as err:
+                doc = {"ok": False, "error": _error_text(err)}
+        doc = comm.bcast(doc, root=0)
+        check: dict[str, Any] = {"ok": True}
+        if doc["ok"]:
+            try:
+                lease.check()
+                check_objects_present(store, step, written["objects"])
+            except Exception as err:
+                local_error = local_error or err
+                check = {"ok": False, "error": f"rank {comm.rank}: {_error_text(err)}"}
+        checks = comm.gather(check, root=0)
+        verdict = doc
+        if checks is not None and doc["ok"]:
+            bad = [c["error"] for c in checks if not c["ok"]]
+            verdict = {"ok": False, "error": "; ".join(bad)} if bad else doc
+        verdict = comm.bcast({k: v for k, v in verdict.items() if k != "manifest"}, root=0)
+        prefix = fmt.step_dir(step) + "/"
+        if not verdict["ok"]:
+            discard_objects(store, [prefix + k for k in written["objects"]])
+            raise errors.SaveFailedError(f"save of step {step} failed, nothing committed: {verdict['error']}") from local_error
+        try:
+            store.publish(mkey, doc["manifest"].encode(), overwrite=False)
+            published: dict[str, Any] = {"ok": True}
+        except Exception as err:
+            published = {"ok": False, "error": f"rank {comm.rank}: {_error_text(err)}"}
+        outcomes = comm.gather(published, root=0)
+        missing = comm.bcast(None if outcomes is None else [o["error"] for o in outcomes if not o["ok"]], root=0)
+        if missing:
+            raise errors.SaveFailedError(
+                f"step {step} was committed on some ranks' fast roots only ({'; '.join(missing)}); "
+                "a restore does not take it unless it is drained"
+            )
+    finally:
+        lease.release()
+    return SaveResult(step, sum(t.array.nbytes for t in mine), time.perf_counter() - t0, doc.get("nbytes", 0))
+
+
+def _fast_roots(local: Any, size: int) -> list[str]:
+    """One fast-tier URL per rank from ``local`` (a URL, a URL with ``{rank}``, or a list)."""
+    if isinstance(local, str):
+        if "{rank}" in local:
+            return [local.replace("{rank}", str(r)) for r in range(size)]
+        return [local] * size
+    if isinstance(local, Sequence) and all(isinstance(u, str) for u in local):
+        if len(local) != size:
+            raise errors.InvalidArgumentError(f"local: {len(local)} fast-tier roots for {size} ranks; give one per rank")
+        return list(local)
+    raise errors.InvalidArgumentError(
+        f"local: expected a URL, a URL with {{rank}}, or a list of one URL per rank; got {local!r}"
+    )
+
+
+class TieredCheckpointer:
+    """Checkpoints of one run on two tiers (see the module docstring).
+
+    Options: ``local`` (the fast tier: a URL, a URL with ``{rank}``, or one URL per rank),
+    ``keep_last_local`` (default 2; None keeps all), ``keep_last`` (the durable tier's; None
+    keeps all), ``persist_every`` (default 1: the first save and every N-th after it are
+    drained), ``drain_backpressure`` (``wait``, ``skip``, ``cancel``; default ``wait``),
+    ``local_options`` (store options of the fast tier); ``async_save``, ``snapshot``,
+    ``comm``, ``layout`` (``file-per-shard`` only: a drain copies each rank's own objects),
+    ``key_layout`` (default: the durable store's preference: the keys are the same on both
+    tiers), ``chunk_size``, ``max_object_size``, ``retire_grace`` as for
+    :class:`~ckptio.checkpoint.Checkpointer`; any other option goes to the durable store.
+    """
+
+    def __init__(
+        self,
+        url: Any,
+        *,
+        local: Any,
+        keep_last: int | None = None,
+        keep_last_local: int | None = 2,
+        persist_every: int = 1,
+        drain_backpressure: str = "wait",
+        async_save: bool = False,
+        comm: Communicator | None = None,
+        layout: str = "file-per-shard",
+        key_layout: str | None = None,
+        chunk_size: int | str = DEFAULT_CHUNK_SIZE,
+        max_object_size: int | str = DEFAULT_MAX_OBJECT_SIZE,
+        snapshot: str = "copy",
+        retire_grace: float = RETIRE_GRACE_SECONDS,
+        local_options: Mapping[str, Any] | None = None,
+        **store_options: Any,
+    ) -> None:
+        if drain_backpressure not in BACKPRESSURE:
+            raise errors.InvalidArgumentError(
+                f"drain_backpressure: unknown {drain_backpressure!r}; valid: {', '.join(BACKPRESSURE)}"
+            )
+        if layout != "file-per-shard":
+            raise errors.InvalidArgumentError(
+                f"layout {layout!r} cannot be tiered: a drain copies each rank's own objects; use file-per-shard"
+            )
+        self.persist_every = option_int(persist_every, field="persist_every", minimum=1)
+        self.drain_backpressure = drain_backpressure
+        self.comm: Communicator = comm if comm is not None else detect()
+        self.durable = Checkpointer(url, keep_last=keep_last, comm=self.comm, retire_grace=retire_grace,
+                                    **store_options)
+        self.store = self.durable.store
+        self.roots = _fast_roots(local, self.comm.size)
+        if len(set(self.roots)) not in (1, self.comm.size):
+            raise errors.InvalidArgumentError("local: give every rank its own fast-tier root, or all ranks one")
+        self.per_rank = self.comm.size > 1 and len(set(self.roots)) > 1
+        self.fast = _FastTier(
+            self.roots[self.comm.rank], keep_last=keep_last_local, async_save=async_save, comm=self.comm,
+            layout=layout, key_layout=key_layout or self.store.preferred_key_layout, chunk_size=chunk_size,
+            max_object_size=max_object_size, snapshot=snapshot, retire_grace=retire_grace,
+            **dict(local_options or {}),
+        )
+        self.fast.protected = self._protected
+        self.fast.per_rank = self.per_rank
+        self._lock = threading.Lock()
+        self._saves = 0
+        self._drains: list[DrainHandle] = []  # queued or running, in order
+        self._last_drain: DrainHandle | None = None
+        self._chosen: int | None = None  # the newest step chosen for draining
+        self._durable_steps: set[int] = set()  # steps this Checkpointer's drains committed
+        self._drain_comm: Communicator | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    # -- saving -----------------------------------------------------------------------------
+    def save(self, state: Any, step: int, *, metadata: Any = None, blocking: bool | None = None) -> TieredSaveHandle:
+        """Save ``state`` as ``step`` on the fast tier (returns when it is committed there, or
+        after the snapshot with ``async_save``); drain it if it is chosen (see the module
+        docstring). Every rank calls it together."""
+        fmt.step_dir(step)
+        t0 = time.perf_counter()
+        self.fast.wait()  # the previous save's commit (raising its failure): its drain may start
+        chosen = self._saves % self.persist_every == 0
+        self._saves += 1
+        action, lag, waited = "", 0.0, 0.0
+        if chosen:
+            running, lag = self._agree_running()
+            if running:
+                prev = self._last_drain
+                assert prev is not None
+                if self.drain_backpressure == "wait":
+                    action = "waited"
+                    w0 = time.perf_counter()
+                    prev.future.exception()  # a drain's failure is in its result, never raised
+                    waited = time.perf_counter() - w0
+                elif self.drain_backpressure == "skip":
+                    action, chosen = "skipped", False
+                else:
+                    action = "cancelled"
+                    prev.cancel()
+        job = DrainHandle(step) if chosen else None
+        if job is not None:
+            with self._lock:  # the fast tier's retention (in this save) must see it already
+                self._chosen = step
+                self._drains.append(job)
+                self._last_drain = job
+        try:
+            fast = self.fast.save(state, step, metadata=metadata, blocking=blocking)
+        except BaseException as err:
+            if job is not None:
+                self._finish(job, DrainResult(step, "failed", error=f"the fast tier's save failed: {err}"))
+            raise
+        if job is not None:
+            if fast._future is None:
+                job.fast_committed = time.monotonic()
+            else:
+                fast._future.add_done_callback(lambda _f, j=job: setattr(j, "fast_committed", time.monotonic()))
+            self._submit(job, fast)
+        return TieredSaveHandle(step, time.perf_counter() - t0, fast, job, action, lag, waited)
+
+    def _agree_running(self) -> tuple[bool, float]:
+        """Whether the previous drain still runs on any rank (every rank gets the same answer,
+        so all take the same backpressure action), and how far it is behind its fast commit."""
+        prev = self._last_drain
+        running = prev is not None and not prev.done()
+        lag = 0.0
+        if running and prev is not None and prev.fast_committed is not None:
+            lag = time.monotonic() - prev.fast_committed
+        if self.comm.size == 1:
+            return running, lag
+        flags = self.comm.gather((running, lag), root=0)
+        verdict = (any(f[0] for f in flags), max(f[1] for f in flags)) if flags is not None else None
+        running, lag = self.comm.bcast(verdict, root=0)
+        return bool(running), float(lag)
+
+    def _submit(self, job: DrainHandle, fast: SaveHandle) -> None:
+        if self._executor is None:
+            self._drain_comm = self.comm.dup() if self.comm.size > 1 else SingleProcess()
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="ckptio-drain")
+        self._executor.submit(self._run_drain, job, fast)
+
+    def _finish(self, job: DrainHandle, result: DrainResult) -> None:
+        with self._lock:
+            if job in self._drains:
+                self._drains.remove(job)
+            if result.status == "durable":
+                self._durable_steps.add(job.step)
+        if result.status == "failed":
+            log.warning("the drain of step %d to %s failed: %s", job.step, self.store.url, result.error)
+        job.future.set_result(result)
+
+    def _protected(self) -> set[int]:
+        """Steps the fast tier's retention keeps beyond its newest ``keep_last_local``."""
+        with self._lock:
+            keep = {j.step for j in self._drains}
+            if self._chosen is not None and self._chosen not in self._durable_steps:
+                keep.add(self._chosen)
+            return keep
+
+    # -- draining ---------------------------------------------------------------------------
+    def _run_drain(self, job: DrainHandle, fast: SaveHandle) -> None:
+        try:
+            result = self._drain(job, fast)
+        except BaseException as err:  # recorded in the result; training goes on
+            log.debug("drain of step %d failed", job.step, exc_info=True)
+            result = DrainResult(job.step, "failed", error=f"{type(err).__name__}: {err}")
+        if job.fast_committed is not None and result.lag_seconds == 0.0:
+            result.lag_seconds = time.monotonic() - job.fast_committed
+        self._finish(job, result)
+
+    def _drain(self, job: DrainHandle, fast: SaveHandle) -> DrainResult:
+        step = job.step
+        if fast._future is not None:
+            err = fast._future.exception()  # not claimed: the fast save's failure is the caller's
+            if err is not None:
+                return DrainResult(step, "failed", error=f"the fast tier's save failed: {err}")
+        comm = self._drain_comm
+        assert comm is not None
+        t0 = time.perf_counter()
+        mkey = fmt.manifest_key(step)
+        leases: list[SaveLease] = []
+        plan: dict[str, Any] = {}
+        try:
+            if comm.rank == 0:
+                try:
+                    if job.cancel_event.is_set():
+                        raise _Cancelled
+                    data = self.fast.store.get(mkey)
+                    fmt.parse_manifest(data, expect_step=step)
+                    if self.store.exists(mkey):
+                        raise errors.AlreadyExistsError(f"{self.store.url}: step {step} is already committed there")
+                    # leases first: nothing is written to the durable tier, nor read from the
+                    # fast one, before gc and retention elsewhere know to leave the step alone
+                    leases.append(SaveLease(self.store, step).acquire())
+                    leases.append(SaveLease(self.fast.store, step).acquire())
+                    plan = {"ok": True, "manifest": data.decode()}
+                except _Cancelled:
+                    plan = {"ok": False, "cancelled": True}
+                except Exception as err:
+                    plan = {"ok": False, "error": f"{type(err).__name__}: {err}"}
+            plan = comm.bcast(plan, root=0)
+            if not plan["ok"]:
+                if plan.get("cancelled"):
+                    return DrainResult(step, "cancelled")
+                return DrainResult(step, "failed", error=plan["error"])
+            manifest = fmt.parse_manifest(plan["manifest"].encode(), expect_step=step)
+            outcome: dict[str, Any] = {"ok": True, "keys": [], "nbytes": 0}
+            try:
+                if self.per_rank and comm.rank != 0:  # what this rank reads stays on its root
+                    leases.append(SaveLease(self.fast.store, step).acquire())
+                self._copy_mine(manifest, comm.rank, job, outcome)
+            except _Cancelled:
+                outcome.update(ok=False, cancelled=True)
+            except Exception as err:
+                log.debug("rank %d failed draining step %d", comm.rank, step, exc_info=True)
+                outcome.update(ok=False, error=f"{type(err).__name__}: {err}")
+            outcomes = comm.gather(outcome, root=0)
+            verdict: dict[str, Any] = {}
+            if comm.rank == 0:
+                assert outcomes is not None
+                verdict = self._commit_drain(step, plan["manifest"].encode(), manifest, outcomes, leases[0])
+                for lease in leases:
+                    lease.release()
+                if verdict["ok"] and self.durable.keep_last is not None:
+                    self.durable._retain(step)  # also the debris of a killed predecessor's drains
+            verdict = comm.bcast(verdict, root=0)
+        finally:
+            for lease in leases:
+                lease.release()
+        seconds = time.perf_counter() - t0
+        lag = time.monotonic() - job.fast_committed if job.fast_committed is not None else 0.0
+        status = "durable" if verdict["ok"] else "cancelled" if verdict.get("cancelled") else "failed"
+        return DrainResult(step, status, outcome["nbytes"], seconds, lag, verdict.get("error", ""))
+
+    def _commit_drain(
+        self, step: int, data: bytes, manifest: fmt.Manifest, outcomes: Sequence[Mapping[str, Any]], lease: SaveLease
+    ) -> dict[str, Any]:
+        """Rank 0: publish the manifest on the durable tier once every rank's objects are
+        there, or discard what the drain copied."""
+        copied = [f"{fmt.step_dir(step)}/{k}" for o in outcomes for k in o["keys"]]
+        cancelled = any(o.get("cancelled") for o in outcomes)
+        failed = [f"rank {r}: {o['error']}" for r, o in enumerate(outcomes) if not o["ok"] and "error" in o]
+        if cancelled or failed:
+            discard_objects(self.store, copied)
+            return {"ok": False, "cancelled": cancelled and not failed, "error": "; ".join(failed)}
+        try:
+            lease.check()
+            check_objects_present(self.store, step, manifest.objects)
+            self.store.publish(fmt.manifest_key(step), data, overwrite=False)
+        except Exception as err:
+            if not isinstance(err, errors.AlreadyExistsError):
+                discard_objects(self.store, copied)
+            return {"ok": False, "error": f"{type(err).__name__}: {err}"}
+        return {"ok": True}
+
+    def _copy_mine(self, manifest: fmt.Manifest, rank: int, job: DrainHandle, outcome: dict[str, Any]) -> None:
+        """Copy this rank's objects of ``manifest`` from the fast tier to the durable one,
+        recording each finished key in ``outcome`` (so a failure can discard them)."""
+        chunks: dict[str, list[fmt.Chunk]] = {}
+        for entry in manifest.tensors.values():
+            for c in entry.chunks:
+                chunks.setdefault(c.key, []).append(c)
+        mine = sorted(k for k in manifest.objects if object_rank(k) == rank)
+        prefix = fmt.step_dir(manifest.step) + "/"
+        lock = threading.Lock()
+        failed = threading.Event()  # one copy failed: the others stop
+
+        def copy(key: str) -> None:
+            try:
+                n = _copy_object(self.fast.store, self.store, prefix + key, manifest.objects[key],
+                                 sorted(chunks.get(key, []), key=lambda c: c.offset),
+                                 lambda: job.cancel_event.is_set() or failed.is_set())
+            except _Cancelled:
+                raise
+            except BaseException:
+                failed.set()
+                raise
+            with lock:
+                outcome["keys"].append(key)
+                outcome["nbytes"] += n
+
+        with ThreadPoolExecutor(max(1, min(DRAIN_STREAMS, len(mine))), thread_name_prefix="ckptio-drain-copy") as ex:
+            futures = [ex.submit(copy, k) for k in mine]
+        errs = [f.exception() for f in futures if f.exception() is not None]
+        real = [e for e in errs if not isinstance(e, _Cancelled)]
+        if real or errs:
+            raise (real or errs)[0]
+
+    # -- loading ----------------------------------------------------------------------------
+    def tiers(self) -> dict[str, list[int]]:
+        """Committed steps per tier, ascending: ``{"local": [...], "durable": [...]}`` (this
+        rank's fast root)."""
+        self.fast.wait()
+        return {"local": committed_steps(self.fast.store), "durable": committed_steps(self.store)}
+
+    def steps(self) -> list[int]:
+        """Steps committed on either tier (this rank's fast root), ascending."""
+        t = self.tiers()
+        return sorted(set(t["local"]) | set(t["durable"]))
+
+    def _local_complete(self, step: int | None) -> list[int]:
+        """Steps whose manifest is on this rank's fast root with every object that belongs
+        there, newest first."""
+        store, rank = self.fast.store, self.comm.rank
+        mine_only = self.per_rank
+        out = []
+        for s in reversed(committed_steps(store)):
+            if step is not None and s != step:
+                continue
+            try:
+                m = read_manifest(store, s)
+            except (FileNotFoundError, errors.CorruptCheckpointError, PermissionError):
+                continue
+            prefix = fmt.step_dir(s) + "/"
+            present = set(store.list(prefix))
+            need = [k for k in m.objects if not mine_only or object_rank(k) == rank]
+            if all(prefix + k in present for k in need):
+                out.append(s)
+        return out
+
+    def _choose(self, step: int | None, skip: set[int]) -> tuple[int, bool, bool] | None:
+        """Collective: the step to restore, whether this rank reads it from its fast root, and
+        whether it is on the durable tier (listed while the fast root is looked at)."""
+        with ThreadPoolExecutor(1, thread_name_prefix="ckptio-restore") as ex:
+            listing = ex.submit(committed_steps, self.store)
+            local = [s for s in self._local_complete(step) if s not in skip]
+            durable = [s for s in listing.result() if s not in skip and (step is None or s == step)]
+        gathered = self.comm.gather({"local": local, "durable": durable}, root=0)
+        pick = None
+        if gathered is not None:
+            durable0 = set(durable)
+            candidates = sorted({s for g in gathered for s in g["local"]} | durable0, reverse=True)
+            for s in candidates:
+                if all(s in g["local"] or s in durable0 for g in gathered):
+                    pick = s
+                    break
+        pick = self.comm.bcast(pick, root=0)
+        return None if pick is None else (pick, pick in local, pick in durable)
+
+    def latest(self) -> int | None:
+        """The step :meth:`load` would read (collective), or None."""
+        self.fast.wait()
+        choice = self._choose(None, set())
+        return None if choice is None else choice[0]
+
+    def load(self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None) -> Any:
+        """The state of the newest step complete for every rank (or of ``step``), read from
+        the fast tier where this rank has it, else from the durable tier (see the module
+        docstring). Every rank calls it together."""
+        self.fast.wait()
+        if step is not None:
+            fmt.step_dir(step)
+        skip: set[int] = set()
+        for _ in range(_RELISTS):
+            choice = self._choose(step, skip)
+            if choice is None:
+                where = f"step {step}" if step is not None else "a checkpoint"
+                raise errors.NotFoundError(
+                    f"no {where} complete for every rank on {self.roots[self.comm.rank]} nor {self.store.url}"
+                )
+            s, local, durable = choice
+            state, error = self._read(s, local, durable, select, into)
+            errs = self.comm.gather(error, root=0)
+            failed = self.comm.bcast(None if errs is None else [e for e in errs if e], root=0)
+            if not failed:
+                return state
+            log.warning("restoring step %d failed (%s); trying the next older one", s, "; ".join(failed))
+            skip.add(s)
+        raise errors.NotFoundError(f"restoring failed {_RELISTS} times; the last tried: step {s}")
+
+    def _read(self, step: int, local: bool, durable: bool, select: Any, into: Any) -> tuple[Any, str]:
+        """This rank's read of ``step``: (state, "") or (None, the error)."""
+        tries: list[Store] = []
+        others: list[Store] = []
+        if local:
+            # objects of other ranks (replicated tensors, a resharded read): from the durable
+            # tier if the step is there, else from their fast roots if this process reaches them
+            others = [open_store(u) for u in dict.fromkeys(self.roots) if u != self.roots[self.comm.rank]]
+            tries.append(_Overlay([self.fast.store, *([self.store] if durable else []), *others]))
+        if durable:
+            tries.append(self.store)
+        error = "not on either tier"
+        try:
+            for store in tries:
+                try:
+                    return CheckpointReader(store, step, read_manifest(store, step)).state(select, into=into), ""
+                except (FileNotFoundError, errors.CorruptCheckpointError) as err:
+                    log.info("step %d from %s: %s", step, store.url, err)
+                    error = f"{store.url}: {type(err).__name__}: {err}"
+        finally:
+            for store in others if local else ():
+                store.close()
+        return None, error
+
+    # -- lifetime ---------------------------------------------------------------------------
+    def wait(self) -> SaveResult | None:
+        """Wait for the fast tier's save in flight (raising its failure) and for every drain."""
+        result = self.fast.wait()
+        self.wait_drains()
+        return result
+
+    def wait_drains(self) -> list[DrainResult]:
+        """Wait for the drains queued or running; their results."""
+        with self._lock:
+            pending = list(self._drains)
+        return [j.wait() for j in pending]
+
+    def close(self) -> None:
+        """Wait for the save in flight (raising its failure) and the drains; release resources."""
+        try:
+            self.fast.close()
+        finally:
+            try:
+                self.wait_drains()
+            finally:
+                if self._executor is not None:
+                    self._executor.shutdown(wait=True)
+                    self._executor = None
+                self.durable.close()
+
+    def __enter__(self) -> TieredCheckpointer:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as err:  # the body's exception is the one to propagate
+            log.error("checkpoint save in flight failed while leaving the Checkpointer: %s", err)
+
+
+def _copy_object(
+    src: Store, dst: Store, key: str, size: int, chunks: Sequence[fmt.Chunk], stop: Callable[[], bool]
+) -> int:
+    """Copy one object, checking the CRC32C of every chunk as its bytes pass; abort (leaving
+    nothing at ``dst``) on a mismatch, a short read or when ``stop()`` says so. Returns the
+    bytes copied."""
+    # a writer may hold buffers until a part (S3) or a staging block (file://) is full
+    held = max(int(getattr(dst, "part_size", 0) or 0), int(getattr(dst, "block_size", 0) or 0))
+    parts = 2 * held + COPY_PIECE_BYTES
+    budget = threading.Semaphore(max(2, max(DRAIN_BUFFER_BYTES, parts) // COPY_PIECE_BYTES))
+    writer = dst.open_writer(key, size_hint=size)
+    try:
+        ci = 0
+        acc = 0
+        pos = 0
+        while pos < size:
+            if stop():
+                raise _Cancelled
+            n = min(COPY_PIECE_BYTES, size - pos)
+            bounded = budget.acquire(timeout=BUFFER_WAIT_SECONDS)
+            if not bounded:
+                log.debug("%s: its writer holds every buffer; reading on unbounded", key)
+            buf = aligned_empty((n,), "uint8")  # the writer holds it until it is written
+            if bounded:  # given back when the writer lets go of it
+                weakref.finalize(buf, budget.release)
+            got = src.read_into(key, pos, buf)
+            if got != n:
+                raise errors.CorruptCheckpointError(f"{src.url}/{key}: {pos + got} bytes, the manifest says {size}")
+            end = pos + n
+            while ci < len(chunks) and chunks[ci].offset < end:
+                c = chunks[ci]
+                lo, hi = max(c.offset, pos), min(c.offset + c.length, end)
+                acc = int(crc32c_update(buf[lo - pos : hi - pos], acc))
+                if hi < c.offset + c.length:
+                    break  # the chunk goes on in the next piece
+                if acc != c.crc32c:
+                    raise errors.ChecksumError(
+                        f"{src.url}/{key}: CRC32C mismatch in bytes {c.offset}..{c.offset + c.length} "
+                        f"(expected {c.crc32c:#010x}, read {acc:#010x}): not drained"
+                    )
+                acc = 0
+                ci += 1
+            writer.write(buf)
+            pos = end
+        if ci != len(chunks):
+            raise errors.CorruptCheckpointError(f"{src.url}/{key}: chunks beyond the object's end")
+        writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    return size
+
+
+def crc32c_update(data: Any, value: int) -> int:
+    """CRC32C of ``data`` continuing from ``value`` (the CRC of the bytes before it)."""
+    import crc32c as _crc32c
+
+    return int(_crc32c.crc32c(data, value)) if value else crc32c(data)
+

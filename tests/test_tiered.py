@@ -1,0 +1,467 @@
+"""Tiered checkpoints (ckptio.tiered): saves on a fast tier, drains to a durable one, per-tier
+retention, backpressure, and restore from the newest step complete on either tier.
+
+A drain is held at a chosen moment by a *gate* on the durable store (its ``open_writer``
+blocks until the test opens the gate), so what runs concurrently is decided by the test, not
+by timing."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+
+import numpy as np
+import pytest
+
+import ckptio
+from ckptio import checkpoint as ck
+from ckptio import errors
+from ckptio import format as fmt
+from ckptio.registry import open_store
+from ckptio.testing.crash import expected_state, state_mismatch
+from ckptio.tiered import TieredCheckpointer, object_rank
+
+SMALL = {"chunk_size": 256 * 1024, "max_object_size": 768 * 1024}  # 3 objects per step
+
+
+class Gate:
+    """Wraps ``store.open_writer``: the ``after``-th call and later ones block until ``open``."""
+
+    def __init__(self, store, after: int = 1) -> None:
+        self.store, self.after, self.calls = store, after, 0
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        inner = store.open_writer
+
+        def open_writer(key, **kw):
+            if "/data/" in key:
+                self.calls += 1
+                if self.calls >= self.after:
+                    self.entered.set()
+                    assert self.gate.wait(60), "the test never opened the gate"
+            return inner(key, **kw)
+
+        store.open_writer = open_writer
+
+    def open(self) -> None:
+        self.gate.set()
+
+
+def tiered(tmp_path, durable=None, **kw) -> TieredCheckpointer:
+    opts = {**SMALL, "keep_last_local": 2, **kw}
+    c = ckptio.Checkpointer(durable or f"file://{tmp_path}/durable", local=f"file://{tmp_path}/fast", **opts)
+    assert isinstance(c, TieredCheckpointer)
+    return c
+
+
+def test_every_nth_step_drained_retention_per_tier(tmp_path):
+    with tiered(tmp_path, keep_last=2, keep_last_local=2, persist_every=3) as c:
+        handles = [c.save(expected_state(s), s) for s in range(1, 9)]
+        results = c.wait_drains()
+        assert [h.step for h in handles if h.drain is not None] == [1, 4, 7]
+        assert all(r.status == "durable" for r in results)
+        assert c.tiers() == {"local": [7, 8], "durable": [4, 7]}
+        # the durable manifest is the fast one, byte for byte; every object copied whole
+        fast, durable = c.fast.store, c.store
+        assert fast.get(fmt.manifest_key(7)) == durable.get(fmt.manifest_key(7))
+        m = ck.read_manifest(durable, 7)
+        for key in m.objects:
+            assert durable.get(f"{fmt.step_dir(7)}/{key}") == fast.get(f"{fmt.step_dir(7)}/{key}")
+        r = handles[6].wait_drain()
+        assert r.nbytes == m.nbytes and r.lag_seconds >= r.seconds > 0
+        assert state_mismatch(c.load(), expected_state(8)) is None
+        assert state_mismatch(c.load(7), expected_state(7)) is None
+    # each tier is an ordinary ckptio root
+    assert state_mismatch(ckptio.load(f"file://{tmp_path}/durable"), expected_state(7)) is None
+    assert ck.verify(f"file://{tmp_path}/durable", 4) == []
+
+
+def test_restore_reads_the_durable_tier_when_the_fast_one_is_gone(tmp_path):
+    with tiered(tmp_path, persist_every=2) as c:
+        for s in range(1, 5):
+            c.save(expected_state(s), s)
+    shutil.rmtree(tmp_path / "fast")  # a replaced node
+    with tiered(tmp_path) as c:
+        assert c.latest() == 3
+        assert state_mismatch(c.load(), expected_state(3)) is None
+
+
+def test_restore_falls_back_past_a_damaged_fast_copy(tmp_path):
+    """A CRC mismatch on the fast tier: the same step from the durable tier if it was
+    drained, else the next older complete one."""
+    with tiered(tmp_path, persist_every=2, keep_last_local=3) as c:
+        for s in range(1, 4):
+            c.save(expected_state(s), s)
+    store = open_store(f"file://{tmp_path}/fast")
+
+    def damage(step):
+        key = next(k for k in store.list(fmt.step_dir(step) + "/data/"))
+        data = bytearray(store.get(key))
+        data[100] ^= 0xFF
+        store.put(key, bytes(data))
+
+    damage(3)  # drained (steps 1 and 3 are)
+    with tiered(tmp_path) as c:
+        assert state_mismatch(c.load(), expected_state(3)) is None
+    shutil.rmtree(tmp_path / "durable")
+    with tiered(tmp_path) as c:
+        assert state_mismatch(c.load(), expected_state(2)) is None
+
+
+def test_backpressure_skip_leaves_the_step_on_the_fast_tier(tmp_path):
+    durable = open_store(f"file://{tmp_path}/durable")
+    gate = Gate(durable)
+    with tiered(tmp_path, durable, drain_backpressure="skip") as c:
+        h1 = c.save(expected_state(1), 1)
+        assert gate.entered.wait(60)
+        h2 = c.save(expected_state(2), 2)
+        assert (h2.backpressure, h2.drain) == ("skipped", None)
+        assert not h1.drain.done()
+        gate.open()
+        assert h1.wait_drain().status == "durable"
+        h3 = c.save(expected_state(3), 3)
+        assert h3.backpressure == "" and h3.wait_drain().status == "durable"
+        assert c.tiers()["durable"] == [1, 3]
+
+
+def test_backpressure_cancel_abandons_the_older_drain(tmp_path):
+    durable = open_store(f"file://{tmp_path}/durable")
+    gate = Gate(durable)
+    with tiered(tmp_path, durable, drain_backpressure="cancel") as c:
+        h1 = c.save(expected_state(1), 1)
+        assert gate.entered.wait(60)
+        h2 = c.save(expected_state(2), 2)
+        assert h2.backpressure == "cancelled" and h2.drain_lag_seconds > 0
+        gate.open()
+        assert h1.wait_drain().status == "cancelled"
+        assert h2.wait_drain().status == "durable"
+        assert c.tiers()["durable"] == [2]
+        # the cancelled drain left nothing behind on the durable tier
+        assert durable.list(fmt.step_dir(1)) == []
+        assert durable.list_incomplete("step-") == []
+
+
+def test_backpressure_wait_stalls_the_save_until_the_drain_ends(tmp_path):
+    durable = open_store(f"file://{tmp_path}/durable")
+    gate = Gate(durable)
+    with tiered(tmp_path, durable, drain_backpressure="wait") as c:
+        h1 = c.save(expected_state(1), 1)
+        assert gate.entered.wait(60)
+        agree = c._agree_running
+
+        def agree_then_open():  # the save has seen the drain running; now let it end
+            verdict = agree()
+            gate.open()
+            return verdict
+
+        c._agree_running = agree_then_open
+        h2 = c.save(expected_state(2), 2)
+        assert h2.backpressure == "waited"
+        assert h1.drain.done() and h1.wait_drain().status == "durable"
+        assert h2.wait_drain().status == "durable"
+        assert c.tiers()["durable"] == [1, 2]
+
+
+def test_fast_retention_keeps_a_step_whose_drain_is_in_flight(tmp_path):
+    durable = open_store(f"file://{tmp_path}/durable")
+    gate = Gate(durable)
+    with tiered(tmp_path, durable, keep_last_local=1, drain_backpressure="skip") as c:
+        h1 = c.save(expected_state(1), 1)
+        assert gate.entered.wait(60)
+        c.save(expected_state(2), 2)
+        c.save(expected_state(3), 3)
+        assert c.tiers()["local"] == [1, 3]  # 2 retired; 1 is being drained
+        gate.open()
+        assert h1.wait_drain().status == "durable"
+        c.save(expected_state(4), 4)
+        c.wait_drains()
+        assert c.tiers() == {"local": [4], "durable": [1, 4]}
+
+
+def test_fast_retention_keeps_the_newest_chosen_step_until_it_is_durable(tmp_path):
+    durable = open_store(f"file://{tmp_path}/durable")
+
+    def refuse(key, **kw):
+        raise errors.StorageError("the durable tier is down")
+
+    durable.open_writer = refuse
+    with tiered(tmp_path, durable, keep_last_local=1, persist_every=3) as c:
+        h1 = c.save(expected_state(1), 1)
+        r = h1.wait_drain()
+        assert r.status == "failed" and "down" in r.error
+        c.save(expected_state(2), 2)
+        c.save(expected_state(3), 3)
+        assert c.tiers() == {"local": [1, 3], "durable": []}
+        c.save(expected_state(4), 4)  # chosen: 1 is no longer the newest chosen step
+        c.wait_drains()
+        assert c.tiers()["local"] == [4]
+        assert durable.list("step-") == []  # failed drains left nothing (no lease, no data)
+
+
+def test_a_drain_refuses_a_damaged_fast_copy(tmp_path):
+    durable = open_store(f"file://{tmp_path}/durable")
+    gate = Gate(durable)
+    with tiered(tmp_path, durable) as c:
+        h1 = c.save(expected_state(1), 1)
+        assert gate.entered.wait(60)
+        fast = c.fast.store
+        for key in fast.list(fmt.step_dir(1) + "/data/"):
+            data = bytearray(fast.get(key))
+            data[5000] ^= 1
+            fast.put(key, bytes(data))
+        gate.open()
+        r = h1.wait_drain()
+        assert r.status == "failed" and "CRC32C mismatch" in r.error
+        assert durable.list("step-") == [] and durable.list_incomplete("step-") == []
+
+
+def test_a_drain_holds_leases_on_both_tiers(tmp_path):
+    """While a drain copies step 1, gc of either root and retention by another process on the
+    fast root delete nothing it needs; it then commits."""
+    durable = open_store(f"file://{tmp_path}/durable")
+    gate = Gate(durable, after=2)  # one object copied, the second one held
+    with tiered(tmp_path, durable) as c:
+        h1 = c.save(expected_state(1), 1)
+        assert gate.entered.wait(60)
+        d_url, f_url = f"file://{tmp_path}/durable", f"file://{tmp_path}/fast"
+        with open_store(d_url) as d:
+            assert ck.collect_garbage(d, unfinished=True, older_than=0, grace=0) == []
+            (info,) = ck.list_steps(d)
+            assert "save in progress" in info.problem
+        with ck.Checkpointer(f_url, keep_last=1, retire_grace=0) as other:
+            other.save(expected_state(9), 9)  # its retention retires step 1 on the fast tier
+        with open_store(f_url) as f:
+            assert ck.collect_garbage(f, unfinished=True, older_than=0, grace=0) == []
+        gate.open()
+        assert h1.wait_drain().status == "durable"
+    with open_store(f"file://{tmp_path}/durable") as d:
+        assert state_mismatch(ck.open_checkpoint(d, 1).state(), expected_state(1)) is None
+        assert [k for k in d.list(fmt.step_dir(1)) if "saving-" in k] == []
+
+
+def test_async_saves_drain_after_their_fast_commit(tmp_path):
+    with tiered(tmp_path, async_save=True, keep_last=1) as c:
+        hs = [c.save(expected_state(s), s) for s in range(1, 4)]
+        for h in hs:
+            h.wait()
+        c.wait_drains()
+        assert c.tiers()["durable"][-1] == 3
+        assert state_mismatch(c.load(), expected_state(3)) is None
+
+
+def test_options_are_checked(tmp_path):
+    with pytest.raises(errors.InvalidArgumentError, match="drain_backpressure"):
+        tiered(tmp_path, drain_backpressure="later")
+    with pytest.raises(errors.InvalidArgumentError, match="file-per-shard"):
+        tiered(tmp_path, layout="shared-file")
+    with pytest.raises(errors.InvalidArgumentError, match="persist_every"):
+        tiered(tmp_path, persist_every=0)
+    with pytest.raises(errors.InvalidArgumentError, match="one per rank"):
+        ckptio.Checkpointer(f"file://{tmp_path}/d", local=["file:///a", "file:///b"])
+    assert object_rank("data/rank-00003-000-abcd1234.bin") == 3
+    assert object_rank("data/7f/rank-00012-001-abcd1234.bin") == 12
+
+
+def test_load_with_no_checkpoint_names_both_tiers(tmp_path):
+    with tiered(tmp_path) as c, pytest.raises(errors.NotFoundError, match="fast.*durable"):
+        c.load()
+    with tiered(tmp_path) as c:
+        assert c.latest() is None
+
+
+@pytest.mark.s3
+def test_drain_to_s3(tmp_path, s3_bucket, s3_env, monkeypatch):
+    for k, v in s3_env.items():
+        monkeypatch.setenv(k, v)
+    url = f"s3://{s3_bucket}/run"
+    with tiered(tmp_path, url, keep_last=2) as c:
+        for s in range(1, 4):
+            c.save(expected_state(s), s)
+        assert [r.status for r in c.wait_drains()] == ["durable"]
+        assert c.tiers()["durable"] == [2, 3]
+    shutil.rmtree(tmp_path / "fast")
+    assert state_mismatch(ckptio.load(url), expected_state(3)) is None
+
+
+# -- crash consistency across tiers -----------------------------------------------------------
+
+#: SIGKILL trials over file:// -> s3:// (moto): 15 sync + 15 async = 30 in CI (a kill costs
+#: about 1-2 s on moto); CKPTIO_CRASH_SCALE=4 runs four times as many
+CRASH_TRIALS = 15 * int(__import__("os").environ.get("CKPTIO_CRASH_SCALE", "1"))
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_sigkill_mid_drain(tmp_path, s3_bucket, s3_env, s3_client, mode):
+    """A worker saves step after step on a local fast tier, every 2nd step drained to S3
+    (moto), until SIGKILLed at a random moment; the next worker restores. After every kill
+    (ckptio.testing.crash): the tiered restore is exact and not older than the last save that
+    returned, the durable tier alone is exact and not older than the last drain that
+    committed, every manifest on both tiers validates. Then: kills landed mid-drain (the
+    durable tier held debris), some left the newest step on the fast tier only, retention
+    kept both tiers bounded, and gc of each tier removes exactly the debris."""
+    from test_crash import check_gc
+
+    from ckptio.testing.crash import CrashHarness
+
+    url, fast = f"s3://{s3_bucket}/run", f"file://{tmp_path}/fast"
+    seen: set[str] = set()
+
+    def new_debris() -> bool:
+        """The kill left debris on the durable tier that no earlier kill had left: it landed
+        inside a drain (data copied, no manifest)."""
+        with open_store(url) as store:
+            stray = set(ck.collect_garbage(store, unfinished=True, dry_run=True))
+            stray |= set(store.list_incomplete("step-"))
+        fresh = bool(stray - seen)
+        seen.update(stray)
+        return fresh
+
+    # sync: a drain per save, the next save waits for it; async: drains skip while one runs,
+    # so one is nearly always in flight while the saves go on at the fast tier's pace
+    harness = CrashHarness(
+        url, mode, str(tmp_path), seed={"sync": 7, "async": 8}[mode], min_delay=0.15, max_delay=0.8, env=s3_env,
+        has_debris=new_debris, keep_last=2,
+        store_options={"local": fast, "keep_last_local": 2, "persist_every": 1,
+                       "drain_backpressure": {"sync": "wait", "async": "skip"}[mode]},
+    )
+    trials = harness.run(CRASH_TRIALS)
+    for _ in range(4):  # kills that missed the drains (machine speed varies): some more
+        if sum(t.debris for t in harness.trials) >= 3:
+            break
+        trials = harness.run(4)
+    print(harness.summary())
+    mid_drain = sum(t.debris for t in trials)
+    assert mid_drain >= 3, [(t.delay, t.debris) for t in trials]
+    assert trials[-1].loaded is not None and trials[-1].loaded > CRASH_TRIALS // 2
+    assert trials[-1].durable_loaded is not None
+    # the newest step existed on the fast tier only at some kills (restored from there)
+    assert any(t.loaded > (t.durable_loaded or 0) for t in trials if t.loaded is not None)
+    for root in (url, fast):
+        with open_store(root) as store:
+            steps = ck.committed_steps(store)
+            assert len(steps) <= 3, (root, steps)
+    check_gc(url, plain_first=False)
+    check_gc(fast)
+    assert s3_client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
+
+
+# -- several ranks (real processes under mpiexec) ---------------------------------------------
+
+
+def run_ranks(n: int, *args: str) -> str:
+    from test_mpi_checkpoint import run_mpi
+
+    return run_mpi(n, str(MPI_SCRIPT), *args).stdout
+
+
+MPI_SCRIPT = __import__("pathlib").Path(__file__).parent / "mpi" / "tiered_ranks.py"
+
+
+@pytest.mark.mpi
+def test_two_ranks_with_their_own_fast_roots_and_one_node_replaced(tmp_path):
+    """Two ranks as two nodes (a fast root each): each root holds the manifest and that
+    rank's objects only; with both roots the newest step is restored from them (the
+    replicated tensor, written by rank 0, from rank 0's root); with rank 1's root gone, the
+    newest drained step: rank 0 from its root, rank 1 from the durable tier."""
+    import json
+
+    durable, local = f"file://{tmp_path}/durable", f"file://{tmp_path}/fast-{{rank}}"
+    out = run_ranks(2, "save", durable, local)
+    tiers = {d["rank"]: d for d in map(json.loads, out.strip().splitlines())}
+    assert tiers[0]["local"] == tiers[1]["local"] == [2, 3, 4]
+    assert tiers[0]["durable"] == [1, 3]
+    for rank in (0, 1):
+        with open_store(f"file://{tmp_path}/fast-{rank}") as store:
+            keys = store.list(fmt.step_dir(4) + "/data/")
+            assert keys and {object_rank(k.rsplit("/", 1)[1]) for k in keys} == {rank}
+            assert [k for k in store.list("step-") if "saving-" in k] == []
+    assert "rank 1 restored step 4 OK" in run_ranks(2, "load", durable, local, "4")
+    shutil.rmtree(tmp_path / "fast-1")
+    out = run_ranks(2, "load", durable, local, "3")
+    assert out.count("restored step 3 OK") == 2
+
+
+@pytest.mark.mpi
+def test_two_ranks_one_fast_root_async(tmp_path):
+    durable, local = f"file://{tmp_path}/durable", f"file://{tmp_path}/fast"
+    run_ranks(2, "save", durable, local, "async")
+    assert run_ranks(2, "load", durable, local, "4").count("OK") == 2
+    shutil.rmtree(tmp_path / "fast")
+    assert run_ranks(2, "load", durable, local, "3").count("OK") == 2
+
+
+def test_torch_checkpointer_tiered(tmp_path):
+    torch = pytest.importorskip("torch")
+    from ckptio import torch as ct
+
+    sd = {"layers": {0: torch.arange(12.0).reshape(3, 4), 1: torch.ones(5, dtype=torch.bfloat16)}, "step": 2}
+    with ct.Checkpointer(f"file://{tmp_path}/durable", local=f"file://{tmp_path}/fast") as c:
+        assert isinstance(c, ct.TieredCheckpointer)
+        assert c.save(sd, 2).wait_drain().status == "durable"
+    shutil.rmtree(tmp_path / "fast")
+    with ct.Checkpointer(f"file://{tmp_path}/durable", local=f"file://{tmp_path}/fast") as c:
+        got = c.load()
+    assert torch.equal(got["layers"][0], sd["layers"][0]) and torch.equal(got["layers"][1], sd["layers"][1])
+    assert got["step"] == 2
+
+
+def test_a_copy_reads_ahead_of_its_writer_by_a_bounded_amount(tmp_path, monkeypatch):
+    """Writers queue buffers without copying them: a copy reads at most its budget ahead of
+    what its writer has let go of, and a writer that holds everything until close still
+    finishes (past BUFFER_WAIT_SECONDS the copy reads on)."""
+    from ckptio import tiered as t
+
+    monkeypatch.setattr(t, "COPY_PIECE_BYTES", 64 * 1024)
+    monkeypatch.setattr(t, "DRAIN_BUFFER_BYTES", 256 * 1024)  # a budget of 4 pieces
+    src, dst = open_store(f"file://{tmp_path}/a"), open_store("memory://bounded-copy")
+    data = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()  # 16 pieces
+    src.put("obj", data)
+    chunk = fmt.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
+    inner = dst.open_writer
+    wrote = [threading.Event() for _ in range(17)]
+
+    class Holding:  # holds every buffer until let go of (or until close)
+        def __init__(self, key, **kw):
+            self.w, self.n, self.held, self.through = inner(key, **kw), 0, [], False
+
+        def write(self, buf):
+            self.held.append(buf)
+            self.n += 1
+            if self.through:
+                self.let_go(len(self.held))
+            wrote[self.n].set()
+
+        def let_go(self, n):  # a copy to the (memory) store: the buffer itself is dropped
+            for _ in range(n):
+                self.w.write(bytes(self.held.pop(0)))
+
+        def close(self):
+            self.let_go(len(self.held))
+            self.w.close()
+
+        def abort(self):
+            self.w.abort()
+
+    writers: list = []
+    dst.open_writer = lambda key, **kw: writers.append(Holding(key, **kw)) or writers[-1]
+    result: list = []
+    copier = threading.Thread(target=lambda: result.append(
+        t._copy_object(src, dst, "obj", len(data), [chunk], lambda: False)))
+    copier.start()
+    assert wrote[4].wait(30)
+    assert not wrote[5].wait(0.5), "the copy read past its budget while the writer held it all"
+    (w,) = writers
+    w.let_go(1)  # written and dropped: the copy may read one more piece
+    assert wrote[5].wait(30)
+    assert not wrote[6].wait(0.2)
+    w.through = True
+    w.let_go(len(w.held))
+    copier.join(60)
+    assert result == [len(data)] and dst.get("obj") == data
+
+    monkeypatch.setattr(t, "BUFFER_WAIT_SECONDS", 0.05)  # a writer that lets go at close only
+    writers.clear()
+    assert t._copy_object(src, dst, "obj", len(data), [chunk], lambda: False) == len(data)
+    assert writers[0].n == 16 and dst.get("obj") == data
