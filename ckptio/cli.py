@@ -28,6 +28,7 @@ and ``ckptio backends`` do not pay for them.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -331,7 +332,7 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     c.add_argument("--restart-overhead", type=duration_arg(), default="5min",
                    help="restart time besides the restore: reschedule, start, warm up "
                    "(assumption: 5min)")
-    s.add_argument("--local", metavar="PROFILE",
+    s.add_argument("--local", metavar="PROFILE", type=_profile_arg,
                    help="a fast tier (e.g. local-nvme): each profile also gets a tiered target "
                    "that saves there and drains to it (ckptio.tiered)")
     s.add_argument("--persist-every", type=count_arg(1, MAX_COUNT), default=1,
@@ -390,6 +391,17 @@ def _add_projection_arguments(p: argparse.ArgumentParser) -> None:
                    help="price per GPU-hour (default 2.0, an assumption)")
     g.add_argument("--restart", type=duration_arg(), default="10min",
                    help="restart time after a failure (default 10min, an assumption)")
+
+
+def _profile_arg(text: str) -> str:
+    """argparse type: the name of a storage profile (or a path to a .toml file)."""
+    from ckptio.profiles import available
+
+    if text in available() or (text.endswith(".toml") and os.path.isfile(text)):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"expected a storage profile ({', '.join(available())}) or a path to a .toml file, "
+        f"got {text!r}")
 
 
 def parse_projection(text: str, *, field: str = "--project") -> tuple[str, int | None]:

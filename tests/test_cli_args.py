@@ -34,15 +34,15 @@ BAD_COUNT = ["1.5", "1e3"]
 """Bad for options that take an integer."""
 
 ZERO_OK = {"--zero", "--step", "--restart", "--checkpoint-seconds", "--older-than", "--grace",
-           "--pause", "--price"}
+           "--pause", "--price", "--restart-overhead", "--p-lose-node"}
 """Options where 0 means something (ZeRO stage 0, step 0, no restart time, ...)."""
-INF_OK = {"--write-bandwidth", "--snapshot-bandwidth", "--mtbf"}
+INF_OK = {"--write-bandwidth", "--snapshot-bandwidth", "--read-bandwidth", "--mtbf"}
 """Options where ``inf`` means something (no bandwidth limit, no failures)."""
 COUNT_OPTIONS = {"--step", "--gpus", "--writing-ranks", "--ranks-per-node", "--objects-per-rank",
                  "--streams", "--iterations", "--tp", "--pp", "--zero", "--hidden", "--layers",
-                 "--ffn", "--vocab", "--heads", "--kv-heads", "--dp", "--ranks", "--inflight"}
+                 "--ffn", "--vocab", "--heads", "--kv-heads", "--dp", "--ranks", "--inflight", "--persist-every"}
 TEXT_OPTIONS = {"--preset", "--out", "--site", "--label", "--targets", "--profiles", "--profile",
-                "--emulate", "--option", "--set", "--from", "--help", "--project"}
+                "--emulate", "--option", "--set", "--from", "--help", "--project", "--local"}
 """Options whose values are names, paths or KEY=VALUE items (``--project``, ``--option`` and
 ``--set`` have corpora of their own below)."""
 

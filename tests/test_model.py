@@ -194,4 +194,4 @@ def test_tiered_projection(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["model", "--preset", "gpt3-175b", "--profile", "cloud-s3", "--local", "local-nvme",
                  "--p-lose-node", "1.5"]) != 0
     captured = capsys.readouterr()
-    assert "--p-lose-node: a probability in [0, 1]" in captured.out + captured.err
+    assert "--p-lose-node: expected a number from 0 to 1" in captured.out + captured.err
