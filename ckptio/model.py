@@ -104,9 +104,9 @@ def human_seconds(s: float) -> str:
 
 # -- workload -------------------------------------------------------------------------------
 
-#: Client-side processing rate per writing rank (bytes/s): CRC32C at ~11 GB/s per core on this
-#: project's reference machine (REFERENCE.md, measured); copies and framing cost about as much
-#: again, so half of it is assumed.
+#: Client-side processing rate per writing rank (bytes/s): CRC32C through the crc32c package
+#: runs at ~11 GB/s per core on this project's 2-core VM; copies and framing cost about as
+#: much again, so half of it is assumed (an assumption, not a measurement of your client).
 DEFAULT_CLIENT_CPU_BANDWIDTH = 5.5e9
 
 
