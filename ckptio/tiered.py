@@ -567,7 +567,7 @@ class TieredCheckpointer:
                     # leases first: nothing is written to the durable tier, nor read from the
                     # fast one, before gc and retention elsewhere know to leave the step alone
                     leases.append(SaveLease(self.store, step).acquire())
-                    leases.append(SaveLease(self.fast.store, step).acquire())
+                    leases.append(_acquire_beside(self.fast.store, step))
                     plan = {"ok": True, "manifest": data.decode()}
                 except _Cancelled:
                     plan = {"ok": False, "cancelled": True}
@@ -582,7 +582,7 @@ class TieredCheckpointer:
             outcome: dict[str, Any] = {"ok": True, "keys": [], "nbytes": 0}
             try:
                 if self.per_rank and comm.rank != 0:  # what this rank reads stays on its root
-                    leases.append(SaveLease(self.fast.store, step).acquire())
+                    leases.append(_acquire_beside(self.fast.store, step))
                 self._copy_mine(manifest, comm.rank, job, outcome)
             except _Cancelled:
                 outcome.update(ok=False, cancelled=True)
@@ -823,6 +823,19 @@ class TieredCheckpointer:
             self.close()
         except Exception as err:  # the body's exception is the one to propagate
             log.error("checkpoint save in flight failed while leaving the Checkpointer: %s", err)
+
+
+def _acquire_beside(store: Store, step: int, tries: int = 3) -> SaveLease:
+    """A lease on a committed step (a drain's, on the fast tier). Its publish can lose its temp
+    file to a concurrent retention's sweep of the step (temp files under a step without a
+    live lease are debris to it); while the step's manifest is still there, it is tried again."""
+    for attempt in range(tries):
+        try:
+            return SaveLease(store, step).acquire()
+        except FileNotFoundError:
+            if attempt == tries - 1 or not store.exists(fmt.manifest_key(step)):
+                raise
+    raise AssertionError("unreachable")
 
 
 def _copy_object(
