@@ -567,7 +567,7 @@ class TieredCheckpointer:
                     # leases first: nothing is written to the durable tier, nor read from the
                     # fast one, before gc and retention elsewhere know to leave the step alone
                     leases.append(SaveLease(self.store, step).acquire())
-                    leases.append(SaveLease(self.fast.store, step).acquire())
+                    leases.append(_acquire_beside(self.fast.store, step))
                     plan = {"ok": True, "manifest": data.decode()}
                 except _Cancelled:
                     plan = {"ok": False, "cancelled": True}
@@ -582,7 +582,7 @@ class TieredCheckpointer:
             outcome: dict[str, Any] = {"ok": True, "keys": [], "nbytes": 0}
             try:
                 if self.per_rank and comm.rank != 0:  # what this rank reads stays on its root
-                    leases.append(SaveLease(self.fast.store, step).acquire())
+                    leases.append(_acquire_beside(self.fast.store, step))
                 self._copy_mine(manifest, comm.rank, job, outcome)
             except _Cancelled:
                 outcome.update(ok=False, cancelled=True)
@@ -693,13 +693,28 @@ class TieredCheckpointer:
                 out.append(s)
         return out
 
-    def _choose(self, step: int | None, skip: set[int]) -> tuple[int, bool, bool] | None:
+    def _choose(self, step: int | None, skip: set[int], *, speculate: Any = None) -> tuple[Any, ...] | None:
         """Collective: the step to restore, whether this rank reads it from its fast root, and
-        whether it is on the durable tier (listed while the fast root is looked at)."""
+        whether it is on the durable tier. The durable tier is listed while the fast root is
+        looked at; with ``speculate`` (a read of a step: ``speculate(step) -> (state, error)``),
+        the newest step every rank has on its fast root is read meanwhile too, so a restore
+        from the fast tier does not wait for the listing. Returns ``(step, local, durable,
+        state, error)`` where state/error are the speculative read's if it read that step."""
+        want = (lambda s: s not in skip and (step is None or s == step))
         with ThreadPoolExecutor(1, thread_name_prefix="ckptio-restore") as ex:
             listing = ex.submit(committed_steps, self.store)
-            local = [s for s in self._local_complete(step) if s not in skip]
-            durable = [s for s in listing.result() if s not in skip and (step is None or s == step)]
+            local = [s for s in self._local_complete(step) if want(s)]
+            guess: Any = None
+            read: tuple[Any, str] = (None, "")
+            if speculate is not None:
+                everyone = self.comm.gather(local, root=0)
+                if everyone is not None:
+                    common = set(everyone[0]).intersection(*map(set, everyone[1:]))
+                    guess = max(common, default=None)
+                guess = self.comm.bcast(guess, root=0)
+                if guess is not None:
+                    read = speculate(guess)
+            durable = [s for s in listing.result() if want(s)]
         gathered = self.comm.gather({"local": local, "durable": durable}, root=0)
         pick = None
         if gathered is not None:
@@ -710,7 +725,10 @@ class TieredCheckpointer:
                     pick = s
                     break
         pick = self.comm.bcast(pick, root=0)
-        return None if pick is None else (pick, pick in local, pick in durable)
+        if pick is None:
+            return None
+        state, error = read if pick == guess else (None, "")
+        return pick, pick in local, pick in durable, pick == guess, state, error
 
     def latest(self) -> int | None:
         """The step :meth:`load` would read (collective), or None."""
@@ -727,14 +745,15 @@ class TieredCheckpointer:
             fmt.step_dir(step)
         skip: set[int] = set()
         for _ in range(_RELISTS):
-            choice = self._choose(step, skip)
+            choice = self._choose(step, skip, speculate=lambda s: self._read(s, True, True, select, into))
             if choice is None:
                 where = f"step {step}" if step is not None else "a checkpoint"
                 raise errors.NotFoundError(
                     f"no {where} complete for every rank on {self.roots[self.comm.rank]} nor {self.store.url}"
                 )
-            s, local, durable = choice
-            state, error = self._read(s, local, durable, select, into)
+            s, local, durable, done, state, error = choice
+            if not done:  # the durable tier has a newer step than every fast root holds
+                state, error = self._read(s, local, durable, select, into)
             errs = self.comm.gather(error, root=0)
             failed = self.comm.bcast(None if errs is None else [e for e in errs if e], root=0)
             if not failed:
@@ -804,6 +823,19 @@ class TieredCheckpointer:
             self.close()
         except Exception as err:  # the body's exception is the one to propagate
             log.error("checkpoint save in flight failed while leaving the Checkpointer: %s", err)
+
+
+def _acquire_beside(store: Store, step: int, tries: int = 3) -> SaveLease:
+    """A lease on a committed step (a drain's, on the fast tier). Its publish can lose its temp
+    file to a concurrent retention's sweep of the step (temp files under a step without a
+    live lease are debris to it); while the step's manifest is still there, it is tried again."""
+    for attempt in range(tries):
+        try:
+            return SaveLease(store, step).acquire()
+        except FileNotFoundError:
+            if attempt == tries - 1 or not store.exists(fmt.manifest_key(step)):
+                raise
+    raise AssertionError("unreachable")
 
 
 def _copy_object(
