@@ -59,6 +59,7 @@ from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.forked import SMAPS, ForkedWriter, PageReleaser, in_ranges, unforkable_ranges
 from ckptio.lease import (
     RETIRE_GRACE_SECONDS,
+    TEMP_MIN_AGE_SECONDS,
     LeaseInfo,
     SaveLease,
     is_lease_key,
@@ -1824,7 +1825,8 @@ class Checkpointer:
             doomed = self._doomed(steps, newest)
             for s in doomed:
                 retire(self.store, s)
-            sweep = _sweep(self.store, before_step=newest, grace=self.retire_grace)
+            sweep = _sweep(self.store, before_step=newest, grace=self.retire_grace,
+                           temp_min_age=TEMP_MIN_AGE_SECONDS)
             others = sorted({lease.holder() for lease in sweep.live if not lease.mine()})
             if others and not self._warned_other_writer:
                 self._warned_other_writer = True
@@ -1916,7 +1918,7 @@ def retain(store: Store, newest: int, keep_last: int | None, *, grace: float = R
     if keep_last:
         for s in [s for s in committed_steps(store) if s <= newest][:-keep_last]:
             retire(store, s)
-    return _sweep(store, before_step=newest, grace=grace)
+    return _sweep(store, before_step=newest, grace=grace, temp_min_age=TEMP_MIN_AGE_SECONDS)
 
 
 def delete_step(store: Store, step: int) -> None:
@@ -1974,7 +1976,12 @@ def _sweep(
     unfinished: bool = False,
     dry_run: bool = False,
     grace: float = RETIRE_GRACE_SECONDS,
+    temp_min_age: float = 0.0,
 ) -> _Sweep:
+    """:func:`collect_garbage`, also returning the live leases. ``temp_min_age``: temp files and
+    uploads younger than this are left under steps without a dead lease, whatever
+    ``older_than`` says (retention passes :data:`~ckptio.lease.TEMP_MIN_AGE_SECONDS`: it runs
+    beside other jobs' saves, whose lease is itself a temp file for an instant)."""
     by_step: dict[int, list[str]] = {}
     for key in store.list("step-"):
         s = fmt.parse_step_dir(key.partition("/")[0])
@@ -2032,11 +2039,11 @@ def _sweep(
         # temp files and open uploads: under every step when no save is in flight (that also
         # reaches steps with no listed object), else under the quiet steps only
         for prefix in quiet if live else ["step-"]:
-            store.cleanup_incomplete(prefix, older_than=older_than)
+            store.cleanup_incomplete(prefix, older_than=max(older_than, temp_min_age))
         # the temp files of a save whose lease is dead (a killed save) are debris at any age;
         # the leases are listed once more first, as above
         for prefix in over:
-            if older_than > 0 and not _live_leases(store, store.list(prefix), time.time()):
+            if max(older_than, temp_min_age) > 0 and not _live_leases(store, store.list(prefix), time.time()):
                 store.cleanup_incomplete(prefix)
     return _Sweep(removed, live)
 

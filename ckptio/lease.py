@@ -51,6 +51,7 @@ __all__ = [
     "LEASE_SECONDS",
     "REFRESH_SECONDS",
     "RETIRE_GRACE_SECONDS",
+    "TEMP_MIN_AGE_SECONDS",
     "LeaseInfo",
     "SaveLease",
     "is_lease_key",
@@ -69,6 +70,12 @@ REFRESH_SECONDS = 15.0
 
 RETIRE_GRACE_SECONDS = 60.0
 """Seconds the data of a step retired by retention stays for readers that opened it before."""
+
+TEMP_MIN_AGE_SECONDS = 60.0
+"""Seconds: retention leaves temp files and uploads younger than this under steps with no dead
+lease. It runs beside other jobs' saves, and a save's lease is a temp file for the instant
+before it is published (removing it would fail that save at its start). A killed save's temp
+files sit beside its dead lease and go at any age; ``ckptio gc --older-than`` is literal."""
 
 LEASE_PREFIX = "saving-"
 RETIRED_NAME = "retired.json"

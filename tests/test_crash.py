@@ -315,6 +315,11 @@ def test_retention_aborts_open_multipart_uploads_of_killed_saves(s3_bucket, s3_c
     url = f"s3://{s3_bucket}/run"
     with ck.Checkpointer(url, keep_last=2) as c:
         c.save(expected_state(1), 1)
+    # a save of step 2 that died: its lease (published by a process that ended without
+    # releasing it) and an upload it started and never completed
+    subprocess.run([sys.executable, "-c", "import os, sys; from ckptio.registry import open_store; "
+                    "from ckptio.lease import SaveLease; SaveLease(open_store(sys.argv[1]), 2).acquire(); "
+                    "os._exit(0)", url], check=True, env={**os.environ, **s3_env}, timeout=120)
     with open_store(url, part_size="5MiB") as store:
         w = store.open_writer("step-0000000002/data/rank-00000-000-0badf00d.bin")
         w.write(bytes(6 * 2**20))  # one full part: the upload is started, never completed

@@ -254,3 +254,21 @@ def test_loads_beside_saves_with_retention_never_fail(request, tmp_path, kind, l
     print(summary)
     assert summary["failures"] == {}, summary
     assert summary["steps"] >= 10, f"the trainer did not save beside the reader: {summary}"
+
+
+def test_retention_leaves_young_temp_files_of_other_saves(tmp_path):
+    """A save's lease is a temp file for the instant before it is published, and its first data
+    objects are temp files until closed: retention, which runs beside other jobs' saves, leaves
+    temp files younger than ``TEMP_MIN_AGE_SECONDS`` alone (a killed save's, beside its dead
+    lease, go at once)."""
+    url = f"file://{tmp_path}/run"
+    store = open_store(url)
+    w = store.open_writer("step-0000000009/data/rank-00000-000-cafecafe.bin")
+    w.write(b"another job, starting its save")
+    w._wait()
+    assert store.list_incomplete("step-0000000009/")
+    with ckptio.Checkpointer(url, keep_last=1) as c:
+        for step in (1, 2):
+            c.save({"x": np.arange(4) + step}, step)
+    assert store.list_incomplete("step-0000000009/"), "retention removed another save's temp file"
+    w.abort()
