@@ -253,6 +253,10 @@ def test_retention_removes_debris_of_killed_saves(tmp_path):
     with ck.Checkpointer(url, keep_last=2, **opts) as c:
         c.save(expected_state(1), 1)
         c.save(expected_state(2), 2)
+    # the killed save of step 3: its lease, left by a process that ended without releasing it
+    subprocess.run([sys.executable, "-c", "import os, sys; from ckptio.registry import open_store; "
+                    "from ckptio.lease import SaveLease; SaveLease(open_store(sys.argv[1]), 3).acquire(); "
+                    "os._exit(0)", url], check=True, timeout=120)
     with open_store(url) as store:
         store.put("step-0000000002/data/rank-00000-000-deadbeef.bin", b"x" * 100)  # earlier attempt
         store.put("step-0000000003/data/rank-00000-000-0badf00d.bin", b"y" * 100)  # killed save

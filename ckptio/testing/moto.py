@@ -65,6 +65,9 @@ def moto_server() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def rgw_server() -> Iterator[Any]:
+    """A single-node Ceph RADOS Gateway on loopback for the session (a real S3 implementation,
+    :mod:`ckptio.testing.rgw`); skips with the install hint where Debian's ``radosgw``,
+    ``ceph-mon`` and ``ceph-osd`` are missing, and fails instead under ``CI=true``."""
     from ckptio.testing.rgw import server_or_skip
 
     pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'ckptio[s3]')")
@@ -92,6 +95,8 @@ MOTO_AND_RGW = pytest.mark.parametrize(
 
 @pytest.fixture(scope="session")
 def s3_target(request: pytest.FixtureRequest) -> S3Target:
+    """The S3 server the S3 fixtures use: the moto server unless the test is parametrized
+    with ``rgw`` (``indirect``; see ``MOTO_AND_RGW``)."""
     name = getattr(request, "param", "moto")
     if name == "moto":
         return S3Target("moto", request.getfixturevalue("moto_server"))
