@@ -94,7 +94,7 @@ def run_and_check(
     trials = harness.run(n)
     # where the random kills happened to miss the save windows (machine speed varies), kill
     # some more rather than pass without having tested a torn save
-    for _ in range(4):
+    for _ in range(8):
         if harness.summary()["killed_mid_save"] >= 2:
             break
         trials = harness.run(4)
