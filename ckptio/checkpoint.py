@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 
 import crc32c as _crc32c
 import numpy as np
@@ -1821,12 +1821,8 @@ class Checkpointer:
         readers for the grace period, see :mod:`ckptio.lease`) and collect debris."""
         self._retained = True
         try:
-            steps = committed_steps(self.store)
-            doomed = self._doomed(steps, newest)
-            for s in doomed:
-                retire(self.store, s)
-            sweep = _sweep(self.store, before_step=newest, grace=self.retire_grace,
-                           temp_min_age=TEMP_MIN_AGE_SECONDS)
+            sweep = retain(self.store, newest, self.keep_last, grace=self.retire_grace,
+                           doomed=self._doomed)
             others = sorted({lease.holder() for lease in sweep.live if not lease.mine()})
             if others and not self._warned_other_writer:
                 self._warned_other_writer = True
@@ -1842,7 +1838,7 @@ class Checkpointer:
     def _doomed(self, steps: Sequence[int], newest: int) -> list[int]:
         """The committed ``steps`` retention retires: all but the newest ``keep_last`` up to
         ``newest`` (a tier of :class:`ckptio.tiered.TieredCheckpointer` keeps more)."""
-        return [s for s in steps if s <= newest][: -self.keep_last or None] if self.keep_last else []
+        return doomed_steps(steps, newest, self.keep_last)
 
     def wait(self) -> SaveResult | None:
         """Wait for the save in flight, if any; raise its error if it failed, unless its
@@ -1897,27 +1893,46 @@ class Checkpointer:
                 self._executor = None
             self._snapshots.release()
 
-    def __enter__(self) -> Checkpointer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        try:
-            self.close()
-        except Exception as err:  # the body's exception is the one to propagate
-            log.error("checkpoint save in flight failed while leaving the Checkpointer: %s", err)
+        close_on_exit(self.close, exc_type)
 
 
-def retain(store: Store, newest: int, keep_last: int | None, *, grace: float = RETIRE_GRACE_SECONDS) -> _Sweep:
-    """Retention and debris after a commit of ``newest`` (``Checkpointer`` and the DCP
-    writer): retire all but the newest ``keep_last`` committed steps up to ``newest`` (none
-    with ``keep_last=None``), then sweep debris as :func:`collect_garbage` does with
-    ``before_step=newest``."""
-    if keep_last:
-        for s in [s for s in committed_steps(store) if s <= newest][:-keep_last]:
-            retire(store, s)
+def close_on_exit(close: Callable[[], None], exc_type: Any) -> None:
+    """Leaving a Checkpointer's ``with`` block: ``close()``, raising its failure unless the
+    body raised (then the body's exception propagates and the failure is logged)."""
+    if exc_type is None:
+        close()
+        return
+    try:
+        close()
+    except Exception as err:
+        log.error("checkpoint save in flight failed while leaving the Checkpointer: %s", err)
+
+
+def doomed_steps(steps: Sequence[int], newest: int, keep_last: int | None) -> list[int]:
+    """Of the committed ``steps`` (ascending), those retention retires after a commit of
+    ``newest``: all but the newest ``keep_last`` up to ``newest`` (none with ``None``)."""
+    return [s for s in steps if s <= newest][:-keep_last] if keep_last else []
+
+
+def retain(
+    store: Store,
+    newest: int,
+    keep_last: int | None,
+    *,
+    grace: float = RETIRE_GRACE_SECONDS,
+    doomed: Callable[[Sequence[int], int], list[int]] | None = None,
+) -> _Sweep:
+    """Retention and debris after a commit of ``newest`` (every Checkpointer and the DCP
+    writer): retire the committed steps ``doomed`` names (default :func:`doomed_steps`), then
+    sweep debris as :func:`collect_garbage` does with ``before_step=newest``, leaving temp
+    files younger than :data:`~ckptio.lease.TEMP_MIN_AGE_SECONDS`."""
+    steps = committed_steps(store)
+    for s in doomed(steps, newest) if doomed else doomed_steps(steps, newest, keep_last):
+        retire(store, s)
     return _sweep(store, before_step=newest, grace=grace, temp_min_age=TEMP_MIN_AGE_SECONDS)
 
 

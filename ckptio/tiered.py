@@ -78,6 +78,7 @@ from ckptio.checkpoint import (
     _plan_writers,
     aligned_empty,
     build_manifest,
+    close_on_exit,
     check_objects_present,
     committed_steps,
     crc32c,
@@ -816,13 +817,7 @@ class TieredCheckpointer:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        try:
-            self.close()
-        except Exception as err:  # the body's exception is the one to propagate
-            log.error("checkpoint save in flight failed while leaving the Checkpointer: %s", err)
+        close_on_exit(self.close, exc_type)
 
 
 def _acquire_beside(store: Store, step: int, tries: int = 3) -> SaveLease:
