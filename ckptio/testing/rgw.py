@@ -326,17 +326,14 @@ def _stop_pid(name: str, pid: int) -> str | None:
     """SIGTERM, then SIGKILL after :data:`STOP_GRACE`; None when gone, else the problem."""
     if not _alive(pid):
         return None
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _alive(pid):
+    for sig in (signal.SIGTERM, signal.SIGKILL):  # the OSD ignores SIGTERM
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, sig)
         deadline = time.monotonic() + STOP_GRACE
         while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(0.05)  # polling a process that is not ours to wait() for
+        if not _alive(pid):
+            break
     if _alive(pid):
         return f"{name} (pid {pid}) still runs after SIGKILL"
     _CHILDREN.pop(pid, None)
