@@ -79,8 +79,13 @@ def _evaluate_shell(example: Example) -> None:
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     proc = subprocess.run(
         ["bash", "-e", "-o", "pipefail", "-c", example.parsed],
-        cwd=os.getcwd(), env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        timeout=SHELL_TIMEOUT, check=False,
+        cwd=os.getcwd(),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=SHELL_TIMEOUT,
+        check=False,
     )
     if proc.returncode != 0:
         raise AssertionError(

@@ -220,7 +220,9 @@ def canonical_options(options: Mapping[str, Any]) -> dict[str, Any]:
 def _aws_files(session: Any) -> tuple[str, str, str]:
     """``(profile, credentials file, config file)`` as this botocore session reads them."""
     profile = session.profile or os.environ.get("AWS_PROFILE") or "default"
-    creds = os.path.expanduser(session.get_config_variable("credentials_file") or "~/.aws/credentials")
+    creds = os.path.expanduser(
+        session.get_config_variable("credentials_file") or "~/.aws/credentials"
+    )
     config = os.path.expanduser(session.get_config_variable("config_file") or "~/.aws/config")
     return profile, creds, config
 
@@ -247,9 +249,14 @@ def no_credentials_message(where: str, session: Any, given: Mapping[str, Any]) -
     profile, creds, config = _aws_files(session)
     half = [n for n in ("access_key_id", "secret_access_key") if given.get(n)]
     env = [n for n in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if os.environ.get(n)]
-    files = ", ".join(f"{p} ({'exists' if os.path.isfile(p) else 'not found'})" for p in (creds, config))
-    imds = ("disabled by AWS_EC2_METADATA_DISABLED"
-            if str(os.environ.get("AWS_EC2_METADATA_DISABLED", "")).lower() == "true" else "nothing")
+    files = ", ".join(
+        f"{p} ({'exists' if os.path.isfile(p) else 'not found'})" for p in (creds, config)
+    )
+    imds = (
+        "disabled by AWS_EC2_METADATA_DISABLED"
+        if str(os.environ.get("AWS_EC2_METADATA_DISABLED", "")).lower() == "true"
+        else "nothing"
+    )
     return (
         f"{where}: no AWS credentials found. ckptio looked, in this order, at: "
         "1) the options access_key_id and secret_access_key (also spelled key/secret, "
@@ -281,14 +288,21 @@ def resolve_aws(options: dict[str, Any], *, where: str = "s3") -> AwsSettings:
     anonymous = option_bool(opts.get("anonymous", False), field="anonymous")
     session = botocore.session.Session(profile=opts.get("profile") or None)
     if session.profile is not None and session.profile not in session.available_profiles:
-        files = [os.path.expanduser(session.get_config_variable(n, methods=("env",)) or d)
-                 for n, d in (("credentials_file", "~/.aws/credentials"), ("config_file", "~/.aws/config"))]
+        files = [
+            os.path.expanduser(session.get_config_variable(n, methods=("env",)) or d)
+            for n, d in (
+                ("credentials_file", "~/.aws/credentials"),
+                ("config_file", "~/.aws/config"),
+            )
+        ]
         raise errors.InvalidArgumentError(
             f"{where}: profile {session.profile!r} (from the profile option or AWS_PROFILE) is "
             f"not in {' or '.join(files)}; profiles there: "
             f"{', '.join(sorted(session.available_profiles)) or 'none'}"
         )
-    session.register_component("data_loader", _data_loader(session.get_config_variable("data_path")))
+    session.register_component(
+        "data_loader", _data_loader(session.get_config_variable("data_path"))
+    )
     region = (
         opts.get("region")
         or os.environ.get("AWS_REGION")
@@ -380,8 +394,12 @@ def io_options(options: dict[str, Any]) -> tuple[int, int]:
             f"part_size: {part_size} bytes is outside S3's limits "
             f"({MIN_PART_SIZE} bytes = 5 MiB .. {MAX_PART_SIZE} bytes = 5 GiB)"
         )
-    streams = option_int(options.pop("streams", DEFAULT_STREAMS), field="streams", minimum=1,
-                         maximum=MAX_LOCAL_PROCESSES)
+    streams = option_int(
+        options.pop("streams", DEFAULT_STREAMS),
+        field="streams",
+        minimum=1,
+        maximum=MAX_LOCAL_PROCESSES,
+    )
     return part_size, streams
 
 
@@ -397,14 +415,17 @@ def part_size_for(total: int | None, part_size: int) -> int:
     return part_size
 
 
-def reject_unknown(name: str, options: Mapping[str, Any], valid: Iterable[str], *,
-                   spellings: bool = True) -> None:
+def reject_unknown(
+    name: str, options: Mapping[str, Any], valid: Iterable[str], *, spellings: bool = True
+) -> None:
     """Refuse the ``options`` left over, suggesting the closest of ``valid`` (and, with
     ``spellings``, of the other spellings :data:`OPTION_SPELLINGS` accepts)."""
     if options:
         groups = [(f"{name}://", valid)]
         if spellings:
-            groups.append((f"{name}:// (fsspec/boto3 spellings)", [*OPTION_SPELLINGS, *NESTED_OPTIONS]))
+            groups.append(
+                (f"{name}:// (fsspec/boto3 spellings)", [*OPTION_SPELLINGS, *NESTED_OPTIONS])
+            )
         raise errors.UnknownOptionError(f"{name}://", options, groups)
 
 
@@ -505,7 +526,16 @@ _RESET_WORDS = (
     "network_connection",
     "curl error",
 )
-_REFUSED_WORDS = ("connection refused", "couldn't connect", "could not connect", "name or service not known", "failed to resolve", "nodename nor servname", "name resolution", "connect error")
+_REFUSED_WORDS = (
+    "connection refused",
+    "couldn't connect",
+    "could not connect",
+    "name or service not known",
+    "failed to resolve",
+    "nodename nor servname",
+    "name resolution",
+    "connect error",
+)
 
 
 def _chain(err: BaseException) -> list[BaseException]:
@@ -552,16 +582,21 @@ def permission_hint(aws: AwsSettings | None) -> str:
     """What a refused request says next to the cause: an unsigned (anonymous) request names
     the bucket's access, not credentials; a signed one names where its credentials came from."""
     if aws is not None and aws.anonymous:
-        return (" (the request was anonymous (anonymous=true / anon=True, unsigned) and was "
-                "refused: the bucket or object is not public; give credentials instead of "
-                "anonymous access)")
+        return (
+            " (the request was anonymous (anonymous=true / anon=True, unsigned) and was "
+            "refused: the bucket or object is not public; give credentials instead of "
+            "anonymous access)"
+        )
     source = f" (from {aws.credential_source})" if aws is not None and aws.credential_source else ""
-    return (f" (check the credentials{source} and their permissions: AWS_ACCESS_KEY_ID / "
-            "AWS_SECRET_ACCESS_KEY / AWS_PROFILE)")
+    return (
+        f" (check the credentials{source} and their permissions: AWS_ACCESS_KEY_ID / "
+        "AWS_SECRET_ACCESS_KEY / AWS_PROFILE)"
+    )
 
 
-def translate_error(err: BaseException, *, action: str, key: str, where: str,
-                    aws: AwsSettings | None = None) -> errors.CkptioError:
+def translate_error(
+    err: BaseException, *, action: str, key: str, where: str, aws: AwsSettings | None = None
+) -> errors.CkptioError:
     """The ckptio error for a client library's exception ``err`` (call as
     ``raise translate_error(...) from err``). The message names the action, the key and the
     cause, and holds no credential (:func:`ckptio.redact.redact`); ``aws``, the store's
@@ -590,9 +625,11 @@ def translate_error(err: BaseException, *, action: str, key: str, where: str,
             cls = errors.StoragePermissionError
         elif any(isinstance(e, FileExistsError) for e in chain):
             cls = errors.AlreadyExistsError
-        elif any(
-            isinstance(e, ConnectionError | TimeoutError | socket.timeout) for e in chain
-        ) or any(w in text for w in _RESET_WORDS) or (status is not None and status >= 500):
+        elif (
+            any(isinstance(e, ConnectionError | TimeoutError | socket.timeout) for e in chain)
+            or any(w in text for w in _RESET_WORDS)
+            or (status is not None and status >= 500)
+        ):
             cls = errors.TransientStorageError
         else:
             cls = errors.StorageError
@@ -612,7 +649,9 @@ def translate_error(err: BaseException, *, action: str, key: str, where: str,
     return cls(msg)
 
 
-def guard(action: str, key: str, where: str, fn: Callable[[], Any], aws: AwsSettings | None = None) -> Any:
+def guard(
+    action: str, key: str, where: str, fn: Callable[[], Any], aws: AwsSettings | None = None
+) -> Any:
     """Run ``fn`` and translate whatever the client library raises."""
     try:
         return fn()
@@ -627,12 +666,20 @@ class PartSender(Protocol):
     """What a backend provides to :class:`MultipartWriter`: one method per S3 request. Each
     raises its client library's exceptions (translated by the engine)."""
 
-    def put_object(self, key: str, pieces: list[memoryview], nbytes: int, crc: int | None) -> None: ...
+    def put_object(
+        self, key: str, pieces: list[memoryview], nbytes: int, crc: int | None
+    ) -> None: ...
 
     def create_upload(self, key: str) -> str: ...
 
     def upload_part(
-        self, key: str, upload_id: str, number: int, pieces: list[memoryview], nbytes: int, crc: int | None
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        pieces: list[memoryview],
+        nbytes: int,
+        crc: int | None,
     ) -> dict[str, Any]: ...
 
     def complete_upload(self, key: str, upload_id: str, parts: list[dict[str, Any]]) -> None: ...
@@ -693,7 +740,9 @@ class MultipartWriter(Writer):
             if self._upload_id is None:
                 try:
                     self._upload_id = self._request(
-                        "create", 0, "start a multipart upload of",
+                        "create",
+                        0,
+                        "start a multipart upload of",
                         lambda: self._sender.create_upload(self._full),
                     )
                 except BaseException as err:
@@ -711,7 +760,9 @@ class MultipartWriter(Writer):
             self._failed = err
             raise
 
-    def _send_part_to(self, upload_id: str, number: int, pieces: list[memoryview], nbytes: int) -> dict[str, Any]:
+    def _send_part_to(
+        self, upload_id: str, number: int, pieces: list[memoryview], nbytes: int
+    ) -> dict[str, Any]:
         crc = crc32c_of(pieces) if self._checksum else None
         return self._request(
             "write",
@@ -752,7 +803,10 @@ class MultipartWriter(Writer):
                 pieces, nbytes = self._pending, self._pending_bytes
                 crc = crc32c_of(pieces) if self._checksum else None
                 self._request(
-                    "put", nbytes, "write", lambda: self._sender.put_object(self._full, pieces, nbytes, crc)
+                    "put",
+                    nbytes,
+                    "write",
+                    lambda: self._sender.put_object(self._full, pieces, nbytes, crc),
                 )
             else:
                 if self._pending_bytes:
@@ -788,7 +842,9 @@ class MultipartWriter(Writer):
         if upload_id is not None:
             with contextlib.suppress(errors.NotFoundError):  # already gone
                 self._request(
-                    "abort", 0, "abort the multipart upload of",
+                    "abort",
+                    0,
+                    "abort the multipart upload of",
                     lambda: self._sender.abort_upload(self._full, upload_id),
                 )
 
@@ -943,7 +999,9 @@ class S3Base(Store):
         options.clear()
         options.update(canon)
         self.bucket, self.prefix = self.location.bucket, self.location.prefix
-        reject_unknown(self.name, {k: v for k, v in options.items() if k not in self.OPTIONS}, self.OPTIONS)
+        reject_unknown(
+            self.name, {k: v for k, v in options.items() if k not in self.OPTIONS}, self.OPTIONS
+        )
         self.part_size, self.streams = io_options(options)
         self.aws = resolve_aws(options, where=f"{self.name}://{self.bucket}")
         reject_unknown(self.name, options, self.OPTIONS)
@@ -951,7 +1009,9 @@ class S3Base(Store):
         self._janitor_lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.url!r}, endpoint={redact_url(self.aws.endpoint_url)!r})"
+        return (
+            f"{type(self).__name__}({self.url!r}, endpoint={redact_url(self.aws.endpoint_url)!r})"
+        )
 
     @property
     def where(self) -> str:
@@ -1038,7 +1098,9 @@ class S3Base(Store):
         if out.nbytes == 0:
             return 0
         prefault(out)  # the body is copied in: map its pages in one call, not one fault each
-        return self._call("get", key, out.nbytes, "read", lambda: self._read_range(key, full, offset, out))
+        return self._call(
+            "get", key, out.nbytes, "read", lambda: self._read_range(key, full, offset, out)
+        )
 
     def _read_range(self, key: str, full: str, offset: int, out: memoryview) -> int:
         """One attempt of :meth:`read_into` (``out`` is not empty, ``offset`` >= 0)."""
@@ -1048,7 +1110,9 @@ class S3Base(Store):
         """``n``, when it is the ``want`` bytes the server said it sends; a short read (the
         connection ended early) is transient."""
         if n != want:
-            raise errors.TransientStorageError(f"{self.name}: short read of {key!r}: {n} of {want} bytes")
+            raise errors.TransientStorageError(
+                f"{self.name}: short read of {key!r}: {n} of {want} bytes"
+            )
         return n
 
     # -- multipart debris --------------------------------------------------------------------
@@ -1091,8 +1155,11 @@ class S3Base(Store):
         for u in self._uploads(prefix):
             if now - u["Initiated"].timestamp() < older_than:
                 continue
+
             def abort(u: dict[str, Any] = u) -> None:
-                client.abort_multipart_upload(Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"])
+                client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=u["Key"], UploadId=u["UploadId"]
+                )
 
             try:
                 self._call("abort", self._rel(u["Key"]), 0, "abort the multipart upload of", abort)
@@ -1115,15 +1182,23 @@ class S3Base(Store):
                 if u["Key"] == full:
                     with contextlib.suppress(errors.NotFoundError):  # gone already
                         guard(
-                            "abort the multipart upload of", key, self.where,
-                            lambda u=u: client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=u["UploadId"]),
+                            "abort the multipart upload of",
+                            key,
+                            self.where,
+                            lambda u=u: client.abort_multipart_upload(
+                                Bucket=self.bucket, Key=full, UploadId=u["UploadId"]
+                            ),
                         )
 
         where = self.where
         try:  # retried like any request, but not traced: the caller's trace is of its upload
             (getattr(self, "retry_policy", None) or DEFAULT_RETRY_POLICY).call(
                 lambda: guard("abort the leftover uploads of", key, where, abort_all),
-                trace=Trace(), op="abort", key=key, nbytes=0, backend=self.name,
+                trace=Trace(),
+                op="abort",
+                key=key,
+                nbytes=0,
+                backend=self.name,
             )
         except Exception as err:
             log.warning("could not abort leftover uploads of %s: %s", full, redact(str(err)))
@@ -1140,7 +1215,11 @@ class WholeObjectStore(S3Base):
     of ``publish`` is one ``_upload``."""
 
     def _upload(
-        self, full: str, pieces: list[memoryview], nbytes: int, mode: Literal["create", "overwrite"] = "overwrite"
+        self,
+        full: str,
+        pieces: list[memoryview],
+        nbytes: int,
+        mode: Literal["create", "overwrite"] = "overwrite",
     ) -> None:
         """Store the ``nbytes`` bytes of ``pieces`` as ``full`` (``mode="create"``: only if
         absent, where the library can say so)."""
@@ -1192,7 +1271,11 @@ class WholeObjectWriter(Writer):
         pieces, nbytes, full = self._pieces, self._nbytes, self._full
         try:
             self._store._call(
-                "write", self.key, nbytes, "write", lambda: self._store._upload_or_abort(full, pieces, nbytes)
+                "write",
+                self.key,
+                nbytes,
+                "write",
+                lambda: self._store._upload_or_abort(full, pieces, nbytes),
             )
         finally:
             self._done = True

@@ -52,7 +52,9 @@ class ArrowStore(c.WholeObjectStore):
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+arrow",)
     name: ClassVar[str] = "s3+arrow"
-    capabilities: ClassVar[Capabilities] = dataclasses.replace(c.S3_CAPABILITIES, conditional_create=False)
+    capabilities: ClassVar[Capabilities] = dataclasses.replace(
+        c.S3_CAPABILITIES, conditional_create=False
+    )
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
         pyarrow = errors.require("pyarrow", extra="s3", purpose="the s3+arrow backend")
@@ -71,7 +73,10 @@ class ArrowStore(c.WholeObjectStore):
         }
         kw.update(
             aws.signing(
-                anonymous=("anonymous", True), key="access_key", secret="secret_key", token="session_token"
+                anonymous=("anonymous", True),
+                key="access_key",
+                secret="secret_key",
+                token="session_token",
             )
         )
         if aws.endpoint_url:
@@ -87,7 +92,11 @@ class ArrowStore(c.WholeObjectStore):
 
     # -- writes -----------------------------------------------------------------------------
     def _upload(
-        self, full: str, pieces: list[memoryview], nbytes: int, mode: Literal["create", "overwrite"] = "overwrite"
+        self,
+        full: str,
+        pieces: list[memoryview],
+        nbytes: int,
+        mode: Literal["create", "overwrite"] = "overwrite",
     ) -> None:
         """Arrow has no conditional write: ``mode="create"`` is refused (publish checks first)."""
         if mode != "overwrite":
@@ -148,7 +157,11 @@ class ArrowStore(c.WholeObjectStore):
         if not overwrite and self.exists(key):
             raise errors.AlreadyExistsError(f"{self.name}://{self._path(full)} already exists")
         self._call(
-            "put", key, len(data), "publish", lambda: self._upload_or_abort(full, [memoryview(data)], len(data))
+            "put",
+            key,
+            len(data),
+            "publish",
+            lambda: self._upload_or_abort(full, [memoryview(data)], len(data)),
         )
 
     # -- reads ------------------------------------------------------------------------------

@@ -50,7 +50,9 @@ class FsspecStore(c.WholeObjectStore):
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES  # s3fs: If-None-Match for "create"
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
-        fsspec = errors.require("fsspec", extra="s3", purpose="the fsspec backends (s3+fsspec://, fsspec+<protocol>://)")
+        fsspec = errors.require(
+            "fsspec", extra="s3", purpose="the fsspec backends (s3+fsspec://, fsspec+<protocol>://)"
+        )
 
         super().__init__(url, trace=trace)
         loc = self.location
@@ -66,8 +68,12 @@ class FsspecStore(c.WholeObjectStore):
             if loc.local:  # fsspec's local filesystem writes into existing directories only
                 storage_options.setdefault("auto_mkdir", True)
             self.part_size, self.streams = c.io_options(options)
-            c.reject_unknown(f"fsspec+{proto}", options, ("part_size", "streams", "storage_options"),
-                             spellings=False)
+            c.reject_unknown(
+                f"fsspec+{proto}",
+                options,
+                ("part_size", "streams", "storage_options"),
+                spellings=False,
+            )
             self.aws = c.AwsSettings(region="", endpoint_url=None)
             self.bucket, self.prefix = loc.host, ""
             self._janitor_client = None
@@ -98,7 +104,11 @@ class FsspecStore(c.WholeObjectStore):
 
     # -- writes -----------------------------------------------------------------------------
     def _upload(
-        self, full: str, pieces: list[memoryview], nbytes: int, mode: Literal["create", "overwrite"] = "overwrite"
+        self,
+        full: str,
+        pieces: list[memoryview],
+        nbytes: int,
+        mode: Literal["create", "overwrite"] = "overwrite",
     ) -> None:
         data = c.one_buffer(pieces)  # pipe_file (aiobotocore underneath) takes bytes only
         path = self._path(full)

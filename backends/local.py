@@ -127,11 +127,15 @@ def why_unwritable(path: str, code: int | None = None) -> str:
         if not os.access(where, os.W_OK | (os.X_OK if where == cur else 0), effective_ids=True):
             st = os.stat(where)
             kind = "directory" if where == cur else "file"
-            return (f"{kind} {where} is not writable by this process (uid {uid}; owner uid "
-                    f"{st.st_uid}, mode {stat.filemode(st.st_mode)}): make it writable "
-                    "(chmod/chown) or choose another path")
-    return (f"refused although {cur} looks writable (an ACL, an immutable attribute, a security "
-            "module or the filesystem's own permissions)")
+            return (
+                f"{kind} {where} is not writable by this process (uid {uid}; owner uid "
+                f"{st.st_uid}, mode {stat.filemode(st.st_mode)}): make it writable "
+                "(chmod/chown) or choose another path"
+            )
+    return (
+        f"refused although {cur} looks writable (an ACL, an immutable attribute, a security "
+        "module or the filesystem's own permissions)"
+    )
 
 
 def _aligned_buffer(size: int) -> mmap.mmap:
@@ -141,8 +145,14 @@ def _aligned_buffer(size: int) -> mmap.mmap:
     return private_pages(max(ALIGN, -(-size // ALIGN) * ALIGN), inherit=False, huge=True)
 
 
-_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
-          stat.S_IFBLK: "a block device", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link"}
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFLNK: "a symbolic link",
+}
 
 
 def not_regular(path: str, mode: int) -> errors.NotRegularFileError:
@@ -150,7 +160,9 @@ def not_regular(path: str, mode: int) -> errors.NotRegularFileError:
     there (a :class:`~ckptio.errors.NotFoundError`, as on an object store), and nothing is
     read from or written to it."""
     kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
-    err = errors.NotRegularFileError(errno.ENOENT, f"refusing {path}: it is {kind}, not a regular file", path)
+    err = errors.NotRegularFileError(
+        errno.ENOENT, f"refusing {path}: it is {kind}, not a regular file", path
+    )
     err.mode = mode
     return err
 
@@ -300,7 +312,12 @@ class _LocalWriter(Writer):
                 self._flush_stage(final=False)
 
     def _flush_stage(self, *, final: bool) -> None:
-        stage, used, offset, segments = self._stage, self._stage_used, self._stage_offset, self._segments
+        stage, used, offset, segments = (
+            self._stage,
+            self._stage_used,
+            self._stage_offset,
+            self._segments,
+        )
         assert stage is not None
         self._stage = None
         self._segments = []
@@ -444,7 +461,9 @@ class _LocalPositionalWriter(PositionalWriter):
             if direct:
                 self._futures.append(store.pool.submit(self._staged, piece, offset + start))
             else:
-                self._futures.append(store.pool.submit(self._pwrite, self._fd, piece, offset + start))
+                self._futures.append(
+                    store.pool.submit(self._pwrite, self._fd, piece, offset + start)
+                )
 
     def _staged(self, piece: memoryview, offset: int) -> None:
         # O_DIRECT: copy into an aligned block, zero-pad the tail to ALIGN (the writer owns it)
@@ -564,8 +583,16 @@ class LocalStore(Store):
         **unknown: Any,
     ) -> None:
         if unknown:
-            raise errors.UnknownOptionError(f"{self.name}://", unknown, [(f"{self.name}://", (
-                "streams", "block_size", "direct", "direct_read", "fsync", "preallocate"))])
+            raise errors.UnknownOptionError(
+                f"{self.name}://",
+                unknown,
+                [
+                    (
+                        f"{self.name}://",
+                        ("streams", "block_size", "direct", "direct_read", "fsync", "preallocate"),
+                    )
+                ],
+            )
         super().__init__(url, trace=trace)
         self.root = local_root(url)
         self.streams = option_int(streams, field="streams", minimum=1, maximum=MAX_LOCAL_PROCESSES)
@@ -635,7 +662,9 @@ class LocalStore(Store):
 
     def direct_refused(self, path: str, err: OSError) -> None:
         if self.direct_auto:
-            log.debug("O_DIRECT refused at %s (%s); buffered I/O", path, os.strerror(err.errno or 0))
+            log.debug(
+                "O_DIRECT refused at %s (%s); buffered I/O", path, os.strerror(err.errno or 0)
+            )
         else:
             log.warning(
                 "O_DIRECT refused by the filesystem at %s (%s); using buffered I/O instead",
@@ -841,7 +870,9 @@ class LocalStore(Store):
                 hi = min(body_lo, lo - lo % ALIGN + block)
                 pieces.append((lo, hi, False))
                 lo = hi
-            pieces.extend((a, min(a + block, body_hi), True) for a in range(body_lo, body_hi, block))
+            pieces.extend(
+                (a, min(a + block, body_hi), True) for a in range(body_lo, body_hi, block)
+            )
             lo = max(lo, body_hi)
             while lo < end:  # staged tail
                 hi = min(end, lo - lo % ALIGN + block)

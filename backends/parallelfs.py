@@ -45,8 +45,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ckptio import errors
 from ckptio.backends.local import ALIGN, LocalStore, local_root, open_regular, os_error
+
+from ckptio import errors
 from ckptio.store import option_bool, option_int, parse_size
 from ckptio.trace import Trace
 
@@ -241,7 +242,9 @@ class ParallelFSStore(LocalStore):
                 raise errors.InvalidArgumentError(
                     f"unknown fs {fs!r}; valid: auto, {', '.join(KINDS)}"
                 )
-            self.fs = FsInfo(fs, self.fs.magic, self.fs.mount_point, self.fs.mount_type, self.fs.block_size)
+            self.fs = FsInfo(
+                fs, self.fs.magic, self.fs.mount_point, self.fs.mount_type, self.fs.block_size
+            )
         defaults = _DEFAULTS.get(self.fs.kind, _PLAIN)
         if direct is None and defaults.direct is not None:
             local_options["direct"] = defaults.direct
@@ -251,8 +254,11 @@ class ParallelFSStore(LocalStore):
             super().__init__(url, trace=trace, **local_options)
         except errors.UnknownOptionError as err:
             own = ("fs", "stripe_count", "stripe_size", "lfs", "fanout")
-            raise errors.UnknownOptionError(err.where, err.unknown, [
-                (err.where, [*own, *(n for _, names in err.groups for n in names)])]) from None
+            raise errors.UnknownOptionError(
+                err.where,
+                err.unknown,
+                [(err.where, [*own, *(n for _, names in err.groups for n in names)])],
+            ) from None
         except errors.InvalidArgumentError as err:
             raise errors.InvalidArgumentError(
                 f"{err} (pfs:// also takes: fs, stripe_count, stripe_size, lfs, fanout)"
@@ -262,7 +268,9 @@ class ParallelFSStore(LocalStore):
         else:
             self.stripe_count = option_int(stripe_count, field="stripe_count", minimum=-1)
             if self.stripe_count == 0:
-                raise errors.InvalidArgumentError("stripe_count: 0 is not a count; use auto, -1 (all OSTs) or >= 1")
+                raise errors.InvalidArgumentError(
+                    "stripe_count: 0 is not a count; use auto, -1 (all OSTs) or >= 1"
+                )
         self.stripe_size = parse_size(stripe_size, field="stripe_size")
         if self.stripe_size <= 0 or self.stripe_size % (64 * 1024):
             raise errors.InvalidArgumentError(

@@ -39,7 +39,11 @@ class _BotoSender:
 
     def put_object(self, key: str, pieces: list[memoryview], nbytes: int, crc: int | None) -> None:
         self.client.put_object(
-            Bucket=self.bucket, Key=key, Body=c.PieceReader(pieces), ContentLength=nbytes, **self._crc(crc)
+            Bucket=self.bucket,
+            Key=key,
+            Body=c.PieceReader(pieces),
+            ContentLength=nbytes,
+            **self._crc(crc),
         )
 
     def create_upload(self, key: str) -> str:
@@ -47,7 +51,13 @@ class _BotoSender:
         return self.client.create_multipart_upload(Bucket=self.bucket, Key=key, **extra)["UploadId"]
 
     def upload_part(
-        self, key: str, upload_id: str, number: int, pieces: list[memoryview], nbytes: int, crc: int | None
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        pieces: list[memoryview],
+        nbytes: int,
+        crc: int | None,
     ) -> dict[str, Any]:
         resp = self.client.upload_part(
             Bucket=self.bucket,
@@ -106,8 +116,10 @@ def _without_url(err: Exception) -> Exception:
     err.args = (_QUERY.sub("?...", str(err)),)
     kwargs = getattr(err, "kwargs", None)
     if isinstance(kwargs, dict):
-        err.kwargs = {k: _QUERY.sub("?...", v) if isinstance(v, str) else type(v).__name__  # type: ignore[attr-defined]
-                      for k, v in kwargs.items()}
+        err.kwargs = {
+            k: _QUERY.sub("?...", v) if isinstance(v, str) else type(v).__name__  # type: ignore[attr-defined]
+            for k, v in kwargs.items()
+        }
     err.__cause__ = err.__context__ = None
     return err
 
@@ -125,9 +137,13 @@ def _service_error(status: int, raw: Any) -> Exception:
     code = re.search(rb"<Code>([^<]{1,100})</Code>", body or b"")
     message = re.search(rb"<Message>([^<]{1,500})</Message>", body or b"")
     return ClientError(
-        {"Error": {"Code": code.group(1).decode() if code else str(status),
-                   "Message": message.group(1).decode(errors="replace") if message else ""},
-         "ResponseMetadata": {"HTTPStatusCode": status}},
+        {
+            "Error": {
+                "Code": code.group(1).decode() if code else str(status),
+                "Message": message.group(1).decode(errors="replace") if message else "",
+            },
+            "ResponseMetadata": {"HTTPStatusCode": status},
+        },
         "GetObject",
     )
 
@@ -231,13 +247,17 @@ class Boto3Store(c.S3Base):
         super().__init__(url, trace=trace)
         options = c.canonical_options(options)  # storage_options={"checksum": ...} too
         self.checksum = option_bool(options.pop("checksum", True), field="checksum")
-        self.presigned_reads = option_bool(options.pop("presigned_reads", True), field="presigned_reads")
+        self.presigned_reads = option_bool(
+            options.pop("presigned_reads", True), field="presigned_reads"
+        )
         self._setup(options)
         self.client = c.make_boto3_client(self.aws, pool_connections=self.streams + 4)
         self._janitor_client = self.client
         self._sender = _BotoSender(self.client, self.bucket, self.checksum)
         self._presigned: _PresignedGets | None = None
-        if self.presigned_reads and hasattr(getattr(self.client, "_endpoint", None), "http_session"):
+        if self.presigned_reads and hasattr(
+            getattr(self.client, "_endpoint", None), "http_session"
+        ):
             presigner = c.make_boto3_client(self.aws, pool_connections=1, sigv4=True)
             self._presigned = _PresignedGets(self.client, presigner, self.bucket)
         self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="ckptio-s3")

@@ -190,14 +190,19 @@ class ShapedStore(Store):
         own = {k: options.pop(k) for k in list(options) if k in _SHAPED_OPTIONS}
         profile = load_profile(own.get("profile", "cloud-s3"), figures)
         if "streams" in own:
-            profile = replace(profile, streams=option_int(own["streams"], field="streams",
-                                                          minimum=1, maximum=MAX_LOCAL_PROCESSES))
+            profile = replace(
+                profile,
+                streams=option_int(
+                    own["streams"], field="streams", minimum=1, maximum=MAX_LOCAL_PROCESSES
+                ),
+            )
         if "part_size" in own:
             profile = replace(profile, part_size=parse_size(own["part_size"], field="part_size"))
         self.profile: Profile = profile
         self.ranks = option_int(own.get("ranks", 1), field="ranks", minimum=1)
-        self.ranks_per_node = option_int(own.get("ranks_per_node", 1), field="ranks_per_node",
-                                         minimum=1)
+        self.ranks_per_node = option_int(
+            own.get("ranks_per_node", 1), field="ranks_per_node", minimum=1
+        )
         self.streams = profile.streams
         self.part_size = max(1, profile.part_size)
 
@@ -208,7 +213,9 @@ class ShapedStore(Store):
         try:
             self.inner: Store = open_store(inner_url, trace=Trace(max_events=10_000), **options)
         except errors.UnknownOptionError as err:
-            raise err.widened("shaped+", (*_SHAPED_OPTIONS, *FIGURES), f"shaped+{err.where}") from None
+            raise err.widened(
+                "shaped+", (*_SHAPED_OPTIONS, *FIGURES), f"shaped+{err.where}"
+            ) from None
         self.name = f"shaped:{profile.name}+{self.inner.name}"  # type: ignore[misc]
         # per instance: what the wrapped store can do (positional writes are not emulated)
         self.capabilities: Capabilities = replace(  # type: ignore[misc]
@@ -219,8 +226,9 @@ class ShapedStore(Store):
         self._aggregate = _Link(profile.aggregate_bandwidth / self.ranks)
         self._write_rate = _RateLimiter(profile.write_request_rate / self.ranks)
         self._read_rate = _RateLimiter(profile.read_request_rate / self.ranks)
-        self._pool = ThreadPoolExecutor(max_workers=self.streams,
-                                        thread_name_prefix="ckptio-shaped")
+        self._pool = ThreadPoolExecutor(
+            max_workers=self.streams, thread_name_prefix="ckptio-shaped"
+        )
 
     # -- emulated requests ----------------------------------------------------------------
     def _scope(self, key: str) -> str:
@@ -283,9 +291,13 @@ class ShapedStore(Store):
         pieces = [(lo, min(part, out.nbytes - lo)) for lo in range(0, out.nbytes, part)] or [(0, 0)]
 
         def one(lo: int, n: int) -> int:
-            return self._data("get", key, n,
-                              lambda: self.inner.read_into(key, offset + lo, out[lo:lo + n]),
-                              True)
+            return self._data(
+                "get",
+                key,
+                n,
+                lambda: self.inner.read_into(key, offset + lo, out[lo : lo + n]),
+                True,
+            )
 
         if len(pieces) == 1 or threading.current_thread().name.startswith("ckptio-shaped"):
             counts = [one(lo, n) for lo, n in pieces]

@@ -54,7 +54,9 @@ def machine_info(directory: str) -> dict[str, Any]:
     with contextlib.suppress(OSError, IndexError):
         out = subprocess.run(
             ["findmnt", "-n", "-o", "SOURCE,FSTYPE,OPTIONS", "--target", directory],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         info["mount"] = out.stdout.strip()
     info["versions"] = {
@@ -149,14 +151,26 @@ class Sample:
     def of(cls, t: Mapping[str, Any], *, seconds: float | None = None, **extra: Any) -> Sample:
         """The sample of one :func:`timed` block; ``seconds`` replaces its wall time where
         the tool timed itself (fio's own bandwidth)."""
-        return cls(t["seconds"] if seconds is None else seconds, t["cpu_seconds"],
-                   t["sys_seconds"], extra, t.get("machine", {}))
+        return cls(
+            t["seconds"] if seconds is None else seconds,
+            t["cpu_seconds"],
+            t["sys_seconds"],
+            extra,
+            t.get("machine", {}),
+        )
 
 
 _CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 _VMSTAT_FIELDS = (
-    "pgfault", "thp_fault_alloc", "thp_fault_fallback", "compact_stall", "pgscan_direct",
-    "pgscan_kswapd", "allocstall_normal", "allocstall_movable", "thp_split_pmd",
+    "pgfault",
+    "thp_fault_alloc",
+    "thp_fault_fallback",
+    "compact_stall",
+    "pgscan_direct",
+    "pgscan_kswapd",
+    "allocstall_normal",
+    "allocstall_movable",
+    "thp_split_pmd",
 )
 
 
@@ -194,8 +208,14 @@ def machine_counters() -> dict[str, float]:
     if _device_stat:
         with contextlib.suppress(OSError, ValueError, IndexError), open(_device_stat) as f:
             d = [int(x) for x in f.read().split()]
-            out.update({"disk_reads": d[0], "disk_read_bytes": d[2] * 512,
-                        "disk_writes": d[4], "disk_write_bytes": d[6] * 512})
+            out.update(
+                {
+                    "disk_reads": d[0],
+                    "disk_read_bytes": d[2] * 512,
+                    "disk_writes": d[4],
+                    "disk_write_bytes": d[6] * 512,
+                }
+            )
     with contextlib.suppress(OSError, ValueError):
         with open("/proc/stat") as f:
             ticks = f.readline().split()[1:]
@@ -223,9 +243,12 @@ def timed() -> Iterator[dict[str, Any]]:
         m1 = machine_counters()
         out["machine"] = {k: round(m1[k] - v, 3) for k, v in m0.items() if k in m1}
         out["seconds"] = time.perf_counter() - t0
-        out["cpu_seconds"] = (c1.user - c0.user) + (c1.system - c0.system) + (
-            c1.children_user - c0.children_user
-        ) + (c1.children_system - c0.children_system)
+        out["cpu_seconds"] = (
+            (c1.user - c0.user)
+            + (c1.system - c0.system)
+            + (c1.children_user - c0.children_user)
+            + (c1.children_system - c0.children_system)
+        )
         out["sys_seconds"] = (c1.system - c0.system) + (c1.children_system - c0.children_system)
 
 

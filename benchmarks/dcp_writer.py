@@ -65,7 +65,9 @@ def zeros_like(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--size", default="1GiB", help="bytes of tensor data (default 1GiB)")
     ap.add_argument("--tensors", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
@@ -80,8 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     state = make_state(total, args.tensors)
     nbytes = sum(t.numel() * t.element_size() for t in state.values())
     dropper = CacheDropper(str(base))
-    print(f"state: {len(state)} float32 tensors, {nbytes / 1e9:.3f} GB; {args.rounds} rounds in {base}; "
-          f"cache drop: {dropper.method}", flush=True)
+    print(
+        f"state: {len(state)} float32 tensors, {nbytes / 1e9:.3f} GB; {args.rounds} rounds in {base}; "
+        f"cache drop: {dropper.method}",
+        flush=True,
+    )
 
     samples: dict[str, list[float]] = {}
     stored: dict[str, int] = {}
@@ -102,18 +107,26 @@ def main(argv: list[str] | None = None) -> int:
             dropper.drop()
             out = zeros_like(state)
             reader: Any = (
-                dcp.FileSystemReader(str(target)) if name == "dcp-filesystem" else StorageReader(f"file://{target}", step=rnd)
+                dcp.FileSystemReader(str(target))
+                if name == "dcp-filesystem"
+                else StorageReader(f"file://{target}", step=rnd)
             )
             with timed() as t:
                 dcp.load(out, storage_reader=reader, no_dist=True)
             samples.setdefault(f"{name}:load", []).append(t["seconds"])
-            bad = [k for k in state if not torch.equal(out[k].view(torch.int32), state[k].view(torch.int32))]
+            bad = [
+                k
+                for k in state
+                if not torch.equal(out[k].view(torch.int32), state[k].view(torch.int32))
+            ]
             if bad:
                 raise SystemExit(f"{name}: loaded data differs in {bad[:3]}")
         remove(str(target))
 
     for rnd in range(args.rounds):
-        order = ["dcp-ckptio", "dcp-filesystem"] if rnd % 2 == 0 else ["dcp-filesystem", "dcp-ckptio"]
+        order = (
+            ["dcp-ckptio", "dcp-filesystem"] if rnd % 2 == 0 else ["dcp-filesystem", "dcp-ckptio"]
+        )
         for name in order:
             run_case(name, rnd)
         line = ", ".join(f"{k} {v[-1]:.3f} s" for k, v in samples.items())
@@ -125,20 +138,34 @@ def main(argv: list[str] | None = None) -> int:
     for key, xs in samples.items():
         name = key.split(":")[0]
         m = median(xs)
-        summary[key] = {"median_s": m, "GBps": gb_per_s(nbytes, m), "samples_s": xs, "stored_bytes": stored[name]}
-        print(f"{key:24} {m:9.3f} {gb_per_s(nbytes, m):7.3f} {min(xs):7.3f} {max(xs):7.3f} {stored[name]:14,}")
+        summary[key] = {
+            "median_s": m,
+            "GBps": gb_per_s(nbytes, m),
+            "samples_s": xs,
+            "stored_bytes": stored[name],
+        }
+        print(
+            f"{key:24} {m:9.3f} {gb_per_s(nbytes, m):7.3f} {min(xs):7.3f} {max(xs):7.3f} {stored[name]:14,}"
+        )
     ratios = {}
     for op in ("save", "load"):
         a, b = summary.get(f"dcp-filesystem:{op}"), summary.get(f"dcp-ckptio:{op}")
         if a and b:
             ratios[op] = a["median_s"] / b["median_s"]
-            print(f"{op}: FileSystemWriter/Reader time / ckptio time = {ratios[op]:.2f} "
-                  f"(>1: ckptio faster)")
+            print(
+                f"{op}: FileSystemWriter/Reader time / ckptio time = {ratios[op]:.2f} "
+                f"(>1: ckptio faster)"
+            )
     if args.json:
         doc = {
             "benchmark": "dcp_writer",
             "machine": machine_info(str(base)),
-            "config": {"size_bytes": nbytes, "tensors": len(state), "rounds": args.rounds, "cache_drop": dropper.method},
+            "config": {
+                "size_bytes": nbytes,
+                "tensors": len(state),
+                "rounds": args.rounds,
+                "cache_drop": dropper.method,
+            },
             "results": summary,
             "ratios_filesystem_over_ckptio": ratios,
         }

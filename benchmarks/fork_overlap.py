@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(a.dir, ignore_errors=True)
     results: dict[str, list[float]] = {}
     step = 0
-    with ckptio.Checkpointer(f"file://{a.dir}", async_save=True, snapshot="fork", keep_last=1) as ck:
+    with ckptio.Checkpointer(
+        f"file://{a.dir}", async_save=True, snapshot="fork", keep_last=1
+    ) as ck:
         st = fresh()
         step += 1
         save_seconds = ck.save(st, step).wait().seconds  # the write's length, to place the touches
@@ -67,8 +69,10 @@ def main(argv: list[str] | None = None) -> int:
             results.setdefault("after the write", []).append(cm.touch_pages(st))
     shutil.rmtree(a.dir, ignore_errors=True)
     size = n * 4 * a.tensors
-    print(f"state {size / 2**30:.2f} GiB in {a.tensors} tensors; one fork save takes {save_seconds:.2f} s; "
-          f"median of {a.rounds}; {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}")
+    print(
+        f"state {size / 2**30:.2f} GiB in {a.tensors} tensors; one fork save takes {save_seconds:.2f} s; "
+        f"median of {a.rounds}; {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}"
+    )
     print("| writing every page of the state | seconds |\n|---|---:|")
     for label, xs in results.items():
         print(f"| {label} | {cm.median(xs):.3f} |")

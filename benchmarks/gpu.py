@@ -55,7 +55,9 @@ def make_state(nbytes: int, tensors: int, device: str) -> dict[str, Any]:
     for i in range(tensors):
         dtype = torch.bfloat16 if i % 2 else torch.float32
         n = nbytes // tensors // (2 if dtype == torch.bfloat16 else 4)
-        state[f"layer{i:03d}"] = torch.randn(n, device=device, generator=g, dtype=torch.float32).to(dtype)
+        state[f"layer{i:03d}"] = torch.randn(n, device=device, generator=g, dtype=torch.float32).to(
+            dtype
+        )
     if device == "cuda":
         torch.cuda.synchronize()
     return state
@@ -78,7 +80,11 @@ def case_dcp_save(state: dict[str, Any], path: str) -> dict[str, float]:
     import torch.distributed.checkpoint as dcp
 
     t0 = time.perf_counter()
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(path, thread_count=4, sync_files=True), no_dist=True)
+    dcp.save(
+        state,
+        storage_writer=dcp.FileSystemWriter(path, thread_count=4, sync_files=True),
+        no_dist=True,
+    )
     total = time.perf_counter() - t0
     return {"blocking": total, "total": total}
 
@@ -88,8 +94,13 @@ def case_dcp_async(state: dict[str, Any], path: str) -> dict[str, float]:
 
     def save(sub: str) -> tuple[float, float]:
         t0 = time.perf_counter()
-        ret = dcp.async_save(state, storage_writer=dcp.FileSystemWriter(os.path.join(path, sub), thread_count=4,
-                                                                        sync_files=True), no_dist=True)
+        ret = dcp.async_save(
+            state,
+            storage_writer=dcp.FileSystemWriter(
+                os.path.join(path, sub), thread_count=4, sync_files=True
+            ),
+            no_dist=True,
+        )
         blocking = time.perf_counter() - t0
         getattr(ret, "upload_completion", ret).result()  # a Future, or an AsyncSaveResponse
         return blocking, time.perf_counter() - t0
@@ -118,7 +129,11 @@ def case_ckptio_async(state: dict[str, Any], path: str) -> dict[str, float]:
         handle = ck.save(state, step=2)
         handle.wait()
         total = time.perf_counter() - t0
-    return {"blocking": handle.blocking_seconds, "total": total, "first_blocking": first.blocking_seconds}
+    return {
+        "blocking": handle.blocking_seconds,
+        "total": total,
+        "first_blocking": first.blocking_seconds,
+    }
 
 
 CASES: dict[str, Callable[[dict[str, Any], str], dict[str, float]]] = {
@@ -139,19 +154,34 @@ def verify(state: dict[str, Any], path: str) -> bool:
     ct.save(state, path, step=1)
     into = {k: torch.empty_like(v) for k, v in state.items()}
     ct.load(path, into=into)
-    return all(torch.equal(into[k].view(torch.int16) if v.dtype == torch.bfloat16 else into[k],
-                           v.view(torch.int16) if v.dtype == torch.bfloat16 else v) for k, v in state.items())
+    return all(
+        torch.equal(
+            into[k].view(torch.int16) if v.dtype == torch.bfloat16 else into[k],
+            v.view(torch.int16) if v.dtype == torch.bfloat16 else v,
+        )
+        for k, v in state.items()
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", default="4GiB", help="bytes of the state on the GPU (default 4GiB)")
+    parser.add_argument(
+        "--size", default="4GiB", help="bytes of the state on the GPU (default 4GiB)"
+    )
     parser.add_argument("--tensors", type=int, default=32, help="tensors in the state (default 32)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
-    parser.add_argument("--dir", default=None, help="where the checkpoints are written (default: the temp dir)")
-    parser.add_argument("--out", type=Path, help="result file (default benchmarks/results/gpu-<date>.json)")
-    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cpu: the same cases on CPU tensors, to check this script without a GPU")
+    parser.add_argument(
+        "--dir", default=None, help="where the checkpoints are written (default: the temp dir)"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="result file (default benchmarks/results/gpu-<date>.json)"
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu: the same cases on CPU tensors, to check this script without a GPU",
+    )
     args = parser.parse_args()
     problem = _no_gpu() if args.device == "cuda" else None
     if problem is not None:
@@ -178,30 +208,56 @@ def main() -> int:
                 samples[name].append(case(state, path + (".pt" if name == "torch.save" else "")))
                 cm.remove(path + (".pt" if name == "torch.save" else ""))
                 s = samples[name][-1]
-                print(f"round {r + 1} {name}: blocking {s['blocking']:.3f} s, total {s['total']:.3f} s, "
-                      f"{nbytes / s['total'] / 1e9:.2f} GB/s", file=sys.stderr)
+                print(
+                    f"round {r + 1} {name}: blocking {s['blocking']:.3f} s, total {s['total']:.3f} s, "
+                    f"{nbytes / s['total'] / 1e9:.2f} GB/s",
+                    file=sys.stderr,
+                )
         verified = verify(state, os.path.join(work, "verify"))
         info = cm.machine_info(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     rows = []
-    print(f"\nstate: {nbytes / 2**30:.2f} GiB in {args.tensors} {args.device} tensors on {device_name}; "
-          f"{args.rounds} rounds; ckptio round trip bit-exact: {verified}\n")
+    print(
+        f"\nstate: {nbytes / 2**30:.2f} GiB in {args.tensors} {args.device} tensors on {device_name}; "
+        f"{args.rounds} rounds; ckptio round trip bit-exact: {verified}\n"
+    )
     print("| case | blocking s | total s | GB/s | first blocking s |\n|---|---:|---:|---:|---:|")
     for name, ss in samples.items():
         med = {k: statistics.median(s[k] for s in ss) for k in ss[0]}
-        rows.append({"case": name, **{f"{k}_s": v for k, v in med.items()}, "gb_per_s": nbytes / med["total"] / 1e9,
-                     "samples": ss})
+        rows.append(
+            {
+                "case": name,
+                **{f"{k}_s": v for k, v in med.items()},
+                "gb_per_s": nbytes / med["total"] / 1e9,
+                "samples": ss,
+            }
+        )
         first = f"{med['first_blocking']:.3f}" if "first_blocking" in med else ""
-        print(f"| {name} | {med['blocking']:.3f} | {med['total']:.3f} | {nbytes / med['total'] / 1e9:.2f} | {first} |")
+        print(
+            f"| {name} | {med['blocking']:.3f} | {med['total']:.3f} | {nbytes / med['total'] / 1e9:.2f} | {first} |"
+        )
     now = datetime.now(UTC)
     out = args.out or Path(__file__).resolve().parent / "results" / f"gpu-{now:%Y-%m-%d}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     info.update(device=device_name, torch=torch.__version__, cuda=torch.version.cuda)
-    out.write_text(json.dumps({"benchmark": "gpu", "utc": now.isoformat(timespec="seconds"), "bytes": nbytes,
-                               "tensors": args.tensors, "rounds": args.rounds, "verified": verified,
-                               "machine": info, "results": rows}, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "gpu",
+                "utc": now.isoformat(timespec="seconds"),
+                "bytes": nbytes,
+                "tensors": args.tensors,
+                "rounds": args.rounds,
+                "verified": verified,
+                "machine": info,
+                "results": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"\nwrote {out}")
     return 0 if verified else 1
 

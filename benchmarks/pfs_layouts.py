@@ -27,7 +27,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("url")
     ap.add_argument("--mib-per-rank", type=int, default=64)
-    ap.add_argument("--layouts", nargs="+", default=["file-per-shard", "shared-file"], choices=LAYOUTS)
+    ap.add_argument(
+        "--layouts", nargs="+", default=["file-per-shard", "shared-file"], choices=LAYOUTS
+    )
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     comm = detect()
@@ -48,7 +50,9 @@ def main() -> int:
             saves.append(max(times) if times else 0.0)
             comm.barrier()
             t0 = time.perf_counter()
-            back = ckptio.load(url, step=i, select={"w": np.s_[rows * comm.rank : rows * (comm.rank + 1)]})
+            back = ckptio.load(
+                url, step=i, select={"w": np.s_[rows * comm.rank : rows * (comm.rank + 1)]}
+            )
             dt = time.perf_counter() - t0
             assert np.array_equal(back["w"], local)
             times = comm.gather(dt)
@@ -58,12 +62,23 @@ def main() -> int:
                 delete_step(open_store(url), i)
         if comm.rank == 0:
             best_s, best_l = min(saves), min(loads)
-            print(json.dumps({
-                "url": args.url, "layout": layout, "ranks": comm.size, "bytes": total,
-                "save_s": round(best_s, 4), "save_GBps": round(total / best_s / 1e9, 3),
-                "load_own_slice_s": round(best_l, 4), "load_GBps": round(total / best_l / 1e9, 3),
-                "repeat": args.repeat, "measured": True,
-            }), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "url": args.url,
+                        "layout": layout,
+                        "ranks": comm.size,
+                        "bytes": total,
+                        "save_s": round(best_s, 4),
+                        "save_GBps": round(total / best_s / 1e9, 3),
+                        "load_own_slice_s": round(best_l, 4),
+                        "load_GBps": round(total / best_l / 1e9, 3),
+                        "repeat": args.repeat,
+                        "measured": True,
+                    }
+                ),
+                flush=True,
+            )
     return 0
 
 

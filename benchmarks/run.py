@@ -178,9 +178,20 @@ def _fio(ctx: Ctx, rw: str, *extra: str) -> cm.Sample:
     assert ctx.fio_engine is not None
     per_job = max(4 << 20, ctx.nbytes // 2 // (4 << 20) * (4 << 20))
     cmd = [
-        "fio", "--name=ckptio-bench", f"--directory={ctx.path('fio')}", f"--rw={rw}", "--bs=4M",
-        "--numjobs=2", "--iodepth=16", f"--ioengine={ctx.fio_engine}", "--direct=1",
-        f"--size={per_job}", "--end_fsync=1", "--group_reporting", "--output-format=json", *extra,
+        "fio",
+        "--name=ckptio-bench",
+        f"--directory={ctx.path('fio')}",
+        f"--rw={rw}",
+        "--bs=4M",
+        "--numjobs=2",
+        "--iodepth=16",
+        f"--ioengine={ctx.fio_engine}",
+        "--direct=1",
+        f"--size={per_job}",
+        "--end_fsync=1",
+        "--group_reporting",
+        "--output-format=json",
+        *extra,
     ]
     os.makedirs(ctx.path("fio"), exist_ok=True)
     with cm.timed() as t:
@@ -323,7 +334,11 @@ def case_ckptio_load(ctx: Ctx) -> cm.Sample:
     with cm.timed() as t:
         loaded = ckptio.load(_ckptio_url(ctx, "ckptio"))
     if ctx.round == 0:  # check the bytes once, outside the clock
-        bad = [k for k, v in ctx.state.items() if not np.array_equal(loaded[k].view(np.uint32), v.view(np.uint32))]
+        bad = [
+            k
+            for k, v in ctx.state.items()
+            if not np.array_equal(loaded[k].view(np.uint32), v.view(np.uint32))
+        ]
         if bad:
             raise RuntimeError(f"ckptio.load returned different bytes for {bad[:3]}")
     del loaded
@@ -336,7 +351,11 @@ def case_ckptio_load_into(ctx: Ctx) -> cm.Sample:
     with cm.timed() as t:
         ckptio.load(_ckptio_url(ctx, "ckptio"), into=into)
     if ctx.round == 0:  # check the bytes once, outside the clock (into held zeros before)
-        bad = [k for k, v in ctx.state.items() if not np.array_equal(into[k].view(np.uint32), v.view(np.uint32))]
+        bad = [
+            k
+            for k, v in ctx.state.items()
+            if not np.array_equal(into[k].view(np.uint32), v.view(np.uint32))
+        ]
         if bad:
             raise RuntimeError(f"ckptio.load(into=) left different bytes in {bad[:3]}")
     _free_case_memory(ctx)
@@ -399,7 +418,8 @@ def case_ckptio_async_fork(ctx: Ctx) -> cm.Sample:
     this splits huge pages, so it is timed on a fresh copy of the state, untimed to make)."""
     if ctx._fork_checkpointer is None:
         ctx._fork_checkpointer = ckptio.Checkpointer(
-            _ckptio_url(ctx, "ckptio-async-fork"), async_save=True, snapshot="fork")
+            _ckptio_url(ctx, "ckptio-async-fork"), async_save=True, snapshot="fork"
+        )
     ck = ctx._fork_checkpointer
     plain = cm.touch_pages(ctx.state)
     with cm.timed() as t:
@@ -413,8 +433,13 @@ def case_ckptio_async_fork(ctx: Ctx) -> cm.Sample:
     del scratch
     for step in ck.steps():
         ckptio.checkpoint.delete_step(ck.store, step)
-    return cm.Sample.of(t, blocking=handle.blocking_seconds, touch_during=during, touch_after=after,
-                        touch_plain=plain)
+    return cm.Sample.of(
+        t,
+        blocking=handle.blocking_seconds,
+        touch_during=during,
+        touch_after=after,
+        touch_plain=plain,
+    )
 
 
 def case_memcpy(ctx: Ctx) -> cm.Sample:
@@ -458,12 +483,21 @@ def manifest_100k() -> bytes:
     tensors = {}
     for t in range(1000):
         chunks = tuple(
-            fmt.Chunk((c * rows, 0), (rows, 1024), f"data/rank-{c:05d}-000-0000abcd.bin", t * rows * 4096, rows * 4096, 0x12345678)
+            fmt.Chunk(
+                (c * rows, 0),
+                (rows, 1024),
+                f"data/rank-{c:05d}-000-0000abcd.bin",
+                t * rows * 4096,
+                rows * 4096,
+                0x12345678,
+            )
             for c in range(per)
         )
         tensors[f"model/layers/{t}/w"] = fmt.TensorEntry("float32", (rows * per, 1024), chunks)
     tree = {"d": {p: {"t": p} for p in tensors}}
-    return fmt.Manifest(step=1, world_size=per, tensors=tensors, objects=objects, tree=tree).to_json()
+    return fmt.Manifest(
+        step=1, world_size=per, tensors=tensors, objects=objects, tree=tree
+    ).to_json()
 
 
 def case_manifest(ctx: Ctx) -> cm.Sample:
@@ -481,11 +515,35 @@ CASES: list[Case] = [
     Case("fio-write", "write", case_fio_write, ("exe:fio",), output="fio"),
     Case("fio-read", "read", case_fio_read, ("exe:fio",), after="fio-write"),
     Case("fio-write-nofalloc", "write", case_fio_write_nofalloc, ("exe:fio",), output="fio"),
-    Case("fio-write-hugepages", "write", case_fio_write_hugepages, ("exe:fio", "hugepages"), output="fio"),
-    Case("fio-read-hugepages", "read", case_fio_read_hugepages, ("exe:fio", "hugepages"), after="fio-write-hugepages"),
+    Case(
+        "fio-write-hugepages",
+        "write",
+        case_fio_write_hugepages,
+        ("exe:fio", "hugepages"),
+        output="fio",
+    ),
+    Case(
+        "fio-read-hugepages",
+        "read",
+        case_fio_read_hugepages,
+        ("exe:fio", "hugepages"),
+        after="fio-write-hugepages",
+    ),
     Case("torch-dcp", "write", case_dcp, ("torch",)),
-    Case("safetensors", "write", case_safetensors, ("torch", "safetensors"), output="state.safetensors"),
-    Case("safetensors-load", "read", case_safetensors_load, ("torch", "safetensors"), after="safetensors"),
+    Case(
+        "safetensors",
+        "write",
+        case_safetensors,
+        ("torch", "safetensors"),
+        output="state.safetensors",
+    ),
+    Case(
+        "safetensors-load",
+        "read",
+        case_safetensors_load,
+        ("torch", "safetensors"),
+        after="safetensors",
+    ),
     Case("torch-save", "write", case_torch_save, ("torch",)),
     Case("ckptio-sync", "write", case_ckptio_sync, output="ckptio"),
     Case("ckptio-sync-aligned", "write", case_ckptio_sync_aligned),
@@ -507,21 +565,75 @@ BY_NAME = {c.name: c for c in CASES}
 # ratio is of times (lower is better)
 TARGETS: list[tuple[str, str, str, str, float]] = [
     ("durable save vs fio O_DIRECT seq write", "ckptio-sync", "fio-write", "speed", 0.90),
-    ("durable save vs fio write, no preallocation", "ckptio-sync", "fio-write-nofalloc", "speed", 0.90),
-    ("durable save from page-aligned memory vs fio write (diagnostic)", "ckptio-sync-aligned", "fio-write", "speed", 0.90),
-    ("durable save vs fio write from hugetlb buffers (diagnostic)", "ckptio-sync", "fio-write-hugepages", "speed", 0.90),
+    (
+        "durable save vs fio write, no preallocation",
+        "ckptio-sync",
+        "fio-write-nofalloc",
+        "speed",
+        0.90,
+    ),
+    (
+        "durable save from page-aligned memory vs fio write (diagnostic)",
+        "ckptio-sync-aligned",
+        "fio-write",
+        "speed",
+        0.90,
+    ),
+    (
+        "durable save vs fio write from hugetlb buffers (diagnostic)",
+        "ckptio-sync",
+        "fio-write-hugepages",
+        "speed",
+        0.90,
+    ),
     ("durable save vs torch DCP", "ckptio-sync", "torch-dcp", "speed", 1.5),
     ("durable save vs safetensors + fsync", "ckptio-sync", "safetensors", "speed", 1.2),
     ("durable save vs torch.save + fsync", "ckptio-sync", "torch-save", "speed", 3.0),
     ("cold load vs fio O_DIRECT seq read", "ckptio-load", "fio-read", "speed", 0.90),
-    ("cold load in place (into=) vs fio O_DIRECT seq read", "ckptio-load-into", "fio-read", "speed", 0.90),
-    ("cold load vs fio read into hugetlb buffers (diagnostic)", "ckptio-load", "fio-read-hugepages", "speed", 0.90),
-    ("cold load in place (into=) vs fio read into hugetlb buffers (diagnostic)", "ckptio-load-into", "fio-read-hugepages", "speed", 0.90),
+    (
+        "cold load in place (into=) vs fio O_DIRECT seq read",
+        "ckptio-load-into",
+        "fio-read",
+        "speed",
+        0.90,
+    ),
+    (
+        "cold load vs fio read into hugetlb buffers (diagnostic)",
+        "ckptio-load",
+        "fio-read-hugepages",
+        "speed",
+        0.90,
+    ),
+    (
+        "cold load in place (into=) vs fio read into hugetlb buffers (diagnostic)",
+        "ckptio-load-into",
+        "fio-read-hugepages",
+        "speed",
+        0.90,
+    ),
     ("async blocking / one memcpy of the state", "ckptio-async:blocking", "memcpy", "time", 1.5),
     ("async blocking / sync save time", "ckptio-async:blocking", "ckptio-sync", "time", 0.10),
-    ("async blocking / the same with numpy's copy (diagnostic)", "ckptio-async:blocking", "ckptio-async-numpy-copy:blocking", "time", 1.0),
-    ("async blocking, snapshot=fork / one memcpy", "ckptio-async-fork:blocking", "memcpy", "time", 1.5),
-    ("async blocking, snapshot=fork / sync save time", "ckptio-async-fork:blocking", "ckptio-sync", "time", 0.10),
+    (
+        "async blocking / the same with numpy's copy (diagnostic)",
+        "ckptio-async:blocking",
+        "ckptio-async-numpy-copy:blocking",
+        "time",
+        1.0,
+    ),
+    (
+        "async blocking, snapshot=fork / one memcpy",
+        "ckptio-async-fork:blocking",
+        "memcpy",
+        "time",
+        1.5,
+    ),
+    (
+        "async blocking, snapshot=fork / sync save time",
+        "ckptio-async-fork:blocking",
+        "ckptio-sync",
+        "time",
+        0.10,
+    ),
 ]
 
 
@@ -554,7 +666,9 @@ def pick_fio_engine() -> str | None:
     if shutil.which("fio") is None:
         return None
     for engine in ("libaio", "io_uring"):
-        out = subprocess.run(["fio", f"--enghelp={engine}"], capture_output=True, text=True, check=False)
+        out = subprocess.run(
+            ["fio", f"--enghelp={engine}"], capture_output=True, text=True, check=False
+        )
         if out.returncode == 0:
             return engine
     return "psync"
@@ -566,7 +680,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     wanted = [c.name for c in CASES]
     if args.only:
         wanted = [n for n in args.only.split(",") if n]
-    unknown = [n for n in wanted + (args.skip.split(",") if args.skip else []) if n and n not in BY_NAME]
+    unknown = [
+        n for n in wanted + (args.skip.split(",") if args.skip else []) if n and n not in BY_NAME
+    ]
     if unknown:
         raise SystemExit(f"unknown case(s) {unknown}; valid: {', '.join(BY_NAME)}")
     skipped: dict[str, str] = {}
@@ -580,7 +696,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if missing:
             skipped[name] = "; ".join(
                 f"needs {FIO_HUGE_PAGES} free 2 MiB hugetlb pages (as root: echo {FIO_HUGE_PAGES} > /proc/sys/vm/nr_hugepages)"
-                if m == "hugepages" else "not installed: " + m.removeprefix("exe:") for m in missing)
+                if m == "hugepages"
+                else "not installed: " + m.removeprefix("exe:")
+                for m in missing
+            )
             continue
         if case.after and case.after not in wanted:
             skipped[name] = f"needs {case.after}"
@@ -616,7 +735,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 s = case.run(ctx)
             except Exception as err:  # a failing peer is reported, the other cases still run
                 failed[name] = f"{type(err).__name__}: {err}"[:300]
-                print(f"round {r + 1}/{args.rounds} {name}: FAILED {failed[name]}", file=sys.stderr, flush=True)
+                print(
+                    f"round {r + 1}/{args.rounds} {name}: FAILED {failed[name]}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 if producer.output:
                     cm.remove(ctx.path(producer.output))
                 continue
@@ -626,13 +749,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shown = f" (blocking {s.extra['blocking']:.3f} s)" if "blocking" in s.extra else ""
             if s.machine:
                 m = s.machine
-                shown += (f"  [machine: user {m.get('cpu_user', 0):.2f} sys {m.get('cpu_system', 0):.2f}"
-                          f" steal {m.get('cpu_steal', 0):.2f} s")
+                shown += (
+                    f"  [machine: user {m.get('cpu_user', 0):.2f} sys {m.get('cpu_system', 0):.2f}"
+                    f" steal {m.get('cpu_steal', 0):.2f} s"
+                )
                 for side in ("read", "write"):
                     if m.get(f"disk_{side}s"):
                         shown += f"; {side}s of {m[f'disk_{side}_bytes'] / m[f'disk_{side}s'] / 1024:.0f} KiB"
                 shown += "]"
-            print(f"round {r + 1}/{args.rounds} {name:20s} {s.seconds:8.3f} s  {cm.gb_per_s(ctx.nbytes, s.seconds):6.2f} GB/s{shown}", file=sys.stderr, flush=True)
+            print(
+                f"round {r + 1}/{args.rounds} {name:20s} {s.seconds:8.3f} s  {cm.gb_per_s(ctx.nbytes, s.seconds):6.2f} GB/s{shown}",
+                file=sys.stderr,
+                flush=True,
+            )
     if ctx._fork_checkpointer is not None:
         ctx._fork_checkpointer.close()
     cm.remove(ctx.path("ckptio-async"))
@@ -657,7 +786,13 @@ def _median_of(samples: dict[str, list[cm.Sample]], ref: str) -> float | None:
     return cm.median(xs) if xs else None
 
 
-def summarize(args: argparse.Namespace, ctx: Ctx, samples: dict[str, list[cm.Sample]], skipped: dict[str, str], wall: float) -> dict[str, Any]:
+def summarize(
+    args: argparse.Namespace,
+    ctx: Ctx,
+    samples: dict[str, list[cm.Sample]],
+    skipped: dict[str, str],
+    wall: float,
+) -> dict[str, Any]:
     rows = []
     for name, ss in samples.items():
         case = BY_NAME[name]
@@ -686,7 +821,9 @@ def summarize(args: argparse.Namespace, ctx: Ctx, samples: dict[str, list[cm.Sam
         if name == "manifest-100k":
             row["chunks"] = ss[0].extra["chunks"]
         if ss[0].machine:  # what the whole machine did meanwhile: steal, faults, compaction
-            row["median_machine"] = {k: cm.median([s.machine.get(k, 0) for s in ss]) for k in ss[0].machine}
+            row["median_machine"] = {
+                k: cm.median([s.machine.get(k, 0) for s in ss]) for k in ss[0].machine
+            }
             row["machine"] = [s.machine for s in ss]
         rows.append(row)
     targets = []
@@ -698,19 +835,47 @@ def summarize(args: argparse.Namespace, ctx: Ctx, samples: dict[str, list[cm.Sam
         ok = ratio >= target if how == "speed" else ratio <= target
         # the same ratio within each round, then its median: the two cases ran minutes apart
         # at most, so a disk whose speed drifts over the run moves both
-        pairs = list(zip(_per_round(samples, num), _per_round(samples, den), strict=False))  # a case that failed has fewer rounds
+        pairs = list(
+            zip(_per_round(samples, num), _per_round(samples, den), strict=False)
+        )  # a case that failed has fewer rounds
         paired = cm.median([y / x if how == "speed" else x / y for x, y in pairs])
-        targets.append({"target": label, "of": num, "against": den, "ratio": ratio, "paired_ratio": paired,
-                        "goal": (">=" if how == "speed" else "<=") + f" {target}", "met": ok})
+        targets.append(
+            {
+                "target": label,
+                "of": num,
+                "against": den,
+                "ratio": ratio,
+                "paired_ratio": paired,
+                "goal": (">=" if how == "speed" else "<=") + f" {target}",
+                "met": ok,
+            }
+        )
     if "manifest-100k" in samples:
         m = _median_of(samples, "manifest-100k")
         assert m is not None
-        targets.append({"target": "manifest of 100,000 chunks loads", "of": "manifest-100k", "against": "1 s", "ratio": m, "goal": "<= 1.0 s", "met": m <= 1.0})
+        targets.append(
+            {
+                "target": "manifest of 100,000 chunks loads",
+                "of": "manifest-100k",
+                "against": "1 s",
+                "ratio": m,
+                "goal": "<= 1.0 s",
+                "met": m <= 1.0,
+            }
+        )
     return {
         "benchmark": "ckptio local peers",
         "command": " ".join(["python", "benchmarks/run.py", *args.argv]),
         "started_utc": args.started_utc,
-        "config": {"size_bytes": ctx.nbytes, "tensors": len(ctx.state), "rounds": args.rounds, "settle_seconds": args.settle, "fio_engine": ctx.fio_engine, "cache_drop": ctx.caches.method, "warmup": args.warmup},
+        "config": {
+            "size_bytes": ctx.nbytes,
+            "tensors": len(ctx.state),
+            "rounds": args.rounds,
+            "settle_seconds": args.settle,
+            "fio_engine": ctx.fio_engine,
+            "cache_drop": ctx.caches.method,
+            "warmup": args.warmup,
+        },
         "machine": cm.machine_info(ctx.directory),
         "wall_seconds": wall,
         "cases": rows,
@@ -740,43 +905,73 @@ def markdown(result: dict[str, Any]) -> str:
         if "median_blocking_seconds" in row:
             name += f" (blocking {row['median_blocking_seconds']:.3f} s, first save {row['first_blocking_seconds']:.3f} s"
             if "median_touch_during_seconds" in row:
-                name += (f"; then writing every page of the state took {row['median_touch_during_seconds']:.3f} s "
-                         f"while the child wrote, {row['median_touch_after_seconds']:.3f} s after it ended, "
-                         f"{row['median_touch_plain_seconds']:.3f} s with no snapshot")
+                name += (
+                    f"; then writing every page of the state took {row['median_touch_during_seconds']:.3f} s "
+                    f"while the child wrote, {row['median_touch_after_seconds']:.3f} s after it ended, "
+                    f"{row['median_touch_plain_seconds']:.3f} s with no snapshot"
+                )
             name += ")"
-        lines.append(f"| {name} | {row['median_seconds']:.3f} | {g} | {row['min_seconds']:.3f}-{row['max_seconds']:.3f} | {row['median_cpu_seconds']:.2f} ({row['median_sys_seconds']:.2f}) |")
-    lines += ["", "| target | ratio of medians | median of per-round ratios | goal | met |", "|---|---:|---:|---|---|"]
+        lines.append(
+            f"| {name} | {row['median_seconds']:.3f} | {g} | {row['min_seconds']:.3f}-{row['max_seconds']:.3f} | {row['median_cpu_seconds']:.2f} ({row['median_sys_seconds']:.2f}) |"
+        )
+    lines += [
+        "",
+        "| target | ratio of medians | median of per-round ratios | goal | met |",
+        "|---|---:|---:|---|---|",
+    ]
     for t in result["targets"]:
         unit = " s" if t["against"] == "1 s" else "x"
         paired = f"{t['paired_ratio']:.2f}x" if "paired_ratio" in t else ""
-        lines.append(f"| {t['target']} | {t['ratio']:.2f}{unit} | {paired} | {t['goal']} | {'yes' if t['met'] else '**no**'} |")
+        lines.append(
+            f"| {t['target']} | {t['ratio']:.2f}{unit} | {paired} | {t['goal']} | {'yes' if t['met'] else '**no**'} |"
+        )
     if result["skipped"]:
         lines += ["", "Skipped: " + "; ".join(f"{k} ({v})" for k, v in result["skipped"].items())]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--size", default="3GiB", help="bytes of state (default 3GiB)")
     p.add_argument("--rounds", type=int, default=5, help="rounds; medians are reported (default 5)")
-    p.add_argument("--tensors", type=int, default=24, help="large tensors in the state (default 24)")
-    p.add_argument("--dir", default="/var/tmp/ckptio-bench", help="scratch directory on the disk under test")
+    p.add_argument(
+        "--tensors", type=int, default=24, help="large tensors in the state (default 24)"
+    )
+    p.add_argument(
+        "--dir", default="/var/tmp/ckptio-bench", help="scratch directory on the disk under test"
+    )
     p.add_argument("--only", default="", help=f"comma-separated cases; valid: {', '.join(BY_NAME)}")
     p.add_argument("--skip", default="", help="comma-separated cases to leave out")
-    p.add_argument("--no-warmup", dest="warmup", action="store_false", help="no untimed warm-up save")
     p.add_argument(
-        "--settle", type=float, default=3.0,
+        "--no-warmup", dest="warmup", action="store_false", help="no untimed warm-up save"
+    )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=3.0,
         help="seconds of idle before each case (default 3): memory a case freed is handed back "
         "to a VM's host about 2 s later (virtio-balloon free page reporting), which would "
         "otherwise slow whichever case runs next",
     )
     p.add_argument(
-        "--cache-drop", choices=("auto", "fadvise"), default="auto",
+        "--cache-drop",
+        choices=("auto", "fadvise"),
+        default="auto",
         help="auto: drop the whole page cache where permitted (root), else fadvise; fadvise: "
         "only this benchmark's files (posix_fadvise DONTNEED, which the kernel may honour in part)",
     )
-    p.add_argument("--json", default="benchmarks/results/latest.json", help="write the result document here ('' for none)")
-    p.add_argument("--markdown", default="benchmarks/results/latest.md", help="write the Markdown table here ('' for none)")
+    p.add_argument(
+        "--json",
+        default="benchmarks/results/latest.json",
+        help="write the result document here ('' for none)",
+    )
+    p.add_argument(
+        "--markdown",
+        default="benchmarks/results/latest.md",
+        help="write the Markdown table here ('' for none)",
+    )
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.rounds < 1 or args.tensors < 1:

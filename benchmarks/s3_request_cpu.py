@@ -50,8 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     base = statistics.median(per["get_object"])
     for name, ms in per.items():
         m = statistics.median(ms)
-        print(f"{name:14s} {m:6.2f} ms CPU per request (rounds: {', '.join(f'{x:.2f}' for x in ms)})"
-              f"  {base / m:4.2f}x of get_object's")
+        print(
+            f"{name:14s} {m:6.2f} ms CPU per request (rounds: {', '.join(f'{x:.2f}' for x in ms)})"
+            f"  {base / m:4.2f}x of get_object's"
+        )
     return 0
 
 

@@ -62,25 +62,38 @@ def run_once(args: list[str], env: dict[str, str], workdir: str) -> tuple[float,
     with tempfile.TemporaryDirectory(dir=workdir) as d:
         argv = [sys.executable, *(a.replace("{dir}", d) for a in args)]
         cpu0, t0 = _children_cpu(), time.perf_counter()
-        proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+        proc = subprocess.run(
+            argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False
+        )
         seconds, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     if proc.returncode != 0:
-        sys.exit(f"{' '.join(argv[:4])} failed ({proc.returncode}):\n{proc.stderr.decode()[-2000:]}")
+        sys.exit(
+            f"{' '.join(argv[:4])} failed ({proc.returncode}):\n{proc.stderr.decode()[-2000:]}"
+        )
     return seconds, cpu
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=15, help="measured rounds (default 15)")
-    parser.add_argument("--out", type=Path, help="result file (default benchmarks/results/startup-<date>.json)")
+    parser.add_argument(
+        "--out", type=Path, help="result file (default benchmarks/results/startup-<date>.json)"
+    )
     args = parser.parse_args()
 
     workdir = tempfile.mkdtemp(prefix="ckptio-startup-")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = os.path.join(workdir, "pycache")
-    where = subprocess.run([sys.executable, "-c", "import ckptio; print(ckptio.__file__)"], env=env,
-                           capture_output=True, text=True, check=True).stdout.strip()
-    print(f"interpreter {sys.executable}; ckptio from {where}; {args.rounds} rounds", file=sys.stderr)
+    where = subprocess.run(
+        [sys.executable, "-c", "import ckptio; print(ckptio.__file__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    print(
+        f"interpreter {sys.executable}; ckptio from {where}; {args.rounds} rounds", file=sys.stderr
+    )
     names = list(CASES)
     samples: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
@@ -88,12 +101,15 @@ def main() -> None:
         for n in names:  # warm-up: writes the bytecode cache
             run_once(CASES[n], env, workdir)
         for r in range(args.rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             for n in order:
                 wall, used = run_once(CASES[n], env, workdir)
                 samples[n].append(wall)
                 cpu[n].append(used)
-            print(f"round {r + 1}: " + ", ".join(f"{n} {samples[n][-1]:.3f}" for n in names), file=sys.stderr)
+            print(
+                f"round {r + 1}: " + ", ".join(f"{n} {samples[n][-1]:.3f}" for n in names),
+                file=sys.stderr,
+            )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -101,28 +117,54 @@ def main() -> None:
     cpu_medians = {n: statistics.median(s) for n, s in cpu.items()}
     base, cpu_base = medians[BASELINE], cpu_medians[BASELINE]
     rows = []
-    print(f"\n| command | wall s (median) | minus `{BASELINE}` | target | met | CPU s (median) | minus "
-          f"`{BASELINE}` |\n|---|---:|---:|---:|---|---:|---:|")
+    print(
+        f"\n| command | wall s (median) | minus `{BASELINE}` | target | met | CPU s (median) | minus "
+        f"`{BASELINE}` |\n|---|---:|---:|---:|---|---:|---:|"
+    )
     for n in names:
         delta, cpu_delta = medians[n] - base, cpu_medians[n] - cpu_base
         target = TARGETS.get(n)
         met = None if target is None else delta <= target
-        rows.append({"case": n, "median_s": medians[n], "minus_numpy_s": delta, "target_s": target,
-                     "met": met, "cpu_median_s": cpu_medians[n], "cpu_minus_numpy_s": cpu_delta,
-                     "samples_s": samples[n], "cpu_samples_s": cpu[n]})
+        rows.append(
+            {
+                "case": n,
+                "median_s": medians[n],
+                "minus_numpy_s": delta,
+                "target_s": target,
+                "met": met,
+                "cpu_median_s": cpu_medians[n],
+                "cpu_minus_numpy_s": cpu_delta,
+                "samples_s": samples[n],
+                "cpu_samples_s": cpu[n],
+            }
+        )
         first = n == BASELINE
-        print(f"| {n} | {medians[n]:.3f} | {'' if first else f'{delta:+.3f}'} | "
-              f"{'' if target is None else f'<= {target}'} | {'' if met is None else ('yes' if met else 'NO')} | "
-              f"{cpu_medians[n]:.3f} | {'' if first else f'{cpu_delta:+.3f}'} |")
+        print(
+            f"| {n} | {medians[n]:.3f} | {'' if first else f'{delta:+.3f}'} | "
+            f"{'' if target is None else f'<= {target}'} | {'' if met is None else ('yes' if met else 'NO')} | "
+            f"{cpu_medians[n]:.3f} | {'' if first else f'{cpu_delta:+.3f}'} |"
+        )
     now = datetime.now(UTC)
     out = args.out or Path(__file__).resolve().parent / "results" / f"startup-{now:%Y-%m-%d}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "benchmark": "startup", "utc": now.isoformat(timespec="seconds"), "rounds": args.rounds,
-        "python": sys.version.split()[0], "executable": sys.executable, "ckptio": where,
-        "platform": platform.platform(), "cpus": os.cpu_count(), "loadavg": os.getloadavg(),
-        "results": rows,
-    }, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "startup",
+                "utc": now.isoformat(timespec="seconds"),
+                "rounds": args.rounds,
+                "python": sys.version.split()[0],
+                "executable": sys.executable,
+                "ckptio": where,
+                "platform": platform.platform(),
+                "cpus": os.cpu_count(),
+                "loadavg": os.getloadavg(),
+                "results": rows,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"\nwrote {out}")
 
 

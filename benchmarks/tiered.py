@@ -38,8 +38,11 @@ def main() -> None:
     ap.add_argument("--size", default="256MiB")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dir", default="/var/tmp/ckptio-tiered")
-    ap.add_argument("--durable", default="shaped+file://{dir}/durable-{case}-{round}?profile=cloud-s3",
-                    help="durable URL template ({dir}, {case}, {round})")
+    ap.add_argument(
+        "--durable",
+        default="shaped+file://{dir}/durable-{case}-{round}?profile=cloud-s3",
+        help="durable URL template ({dir}, {case}, {round})",
+    )
     args = ap.parse_args()
     base = Path(args.dir)
     shutil.rmtree(base, ignore_errors=True)
@@ -48,11 +51,14 @@ def main() -> None:
     rng = np.random.default_rng(0)
     state = {f"t{i}": rng.standard_normal(n // 8, dtype=np.float32) for i in range(8)}
     nbytes = sum(a.nbytes for a in state.values())
-    samples: dict[str, list[float]] = {k: [] for k in (
-        "local-save", "tiered-save", "drain", "direct-save", "local-load", "tiered-load")}
+    samples: dict[str, list[float]] = {
+        k: []
+        for k in ("local-save", "tiered-save", "drain", "direct-save", "local-load", "tiered-load")
+    }
     drain_GBps: list[float] = []
     direct_GBps: list[float] = []
     for r in range(args.rounds):
+
         def durable(case: str, r: int = r) -> str:
             return args.durable.format(dir=base, case=case, round=r)
 
@@ -85,18 +91,31 @@ def main() -> None:
             direct_GBps.append(nbytes / s / 1e9)
 
         cases = [local_save, tiered_save, direct_save]
-        for case in cases[r % 3:] + cases[: r % 3]:
+        for case in cases[r % 3 :] + cases[: r % 3]:
             case()
-        print(f"round {r}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in samples.items()), flush=True)
+        print(
+            f"round {r}: " + ", ".join(f"{k} {v[-1]:.3f} s" for k, v in samples.items()), flush=True
+        )
     med = {k: statistics.median(v) for k, v in samples.items()}
     ratios = {
         "tiered_save_vs_local_save": med["tiered-save"] / med["local-save"],
-        "drain_vs_direct_throughput": statistics.median(drain_GBps) / statistics.median(direct_GBps),
+        "drain_vs_direct_throughput": statistics.median(drain_GBps)
+        / statistics.median(direct_GBps),
         "tiered_load_vs_local_load_speed": med["local-load"] / med["tiered-load"],
     }
-    print(json.dumps({"bytes": nbytes, "rounds": args.rounds, "median_seconds": med,
-                      "drain_GBps": statistics.median(drain_GBps),
-                      "direct_GBps": statistics.median(direct_GBps), "ratios": ratios}, indent=1))
+    print(
+        json.dumps(
+            {
+                "bytes": nbytes,
+                "rounds": args.rounds,
+                "median_seconds": med,
+                "drain_GBps": statistics.median(drain_GBps),
+                "direct_GBps": statistics.median(direct_GBps),
+                "ratios": ratios,
+            },
+            indent=1,
+        )
+    )
     shutil.rmtree(base, ignore_errors=True)
 
 

@@ -80,7 +80,11 @@ def memory_capacity() -> int | None:
 def _read_capacity() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
-            info = {k: int(v.split()[0]) * 1024 for k, _, v in (line.partition(":") for line in f) if v.strip()}
+            info = {
+                k: int(v.split()[0]) * 1024
+                for k, _, v in (line.partition(":") for line in f)
+                if v.strip()
+            }
         total = info["MemTotal"] + info.get("SwapTotal", 0)
     except (OSError, KeyError, ValueError):
         return None
@@ -164,7 +168,9 @@ except (OSError, AttributeError):  # no C library to call
 """libc's ``madvise(addr, length, advice)`` on any memory (``mmap.madvise`` takes only the
 maps Python made), or None where there is none."""
 
-MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None)
+MADV_POPULATE_WRITE = getattr(
+    mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None
+)
 """Linux 5.14+: fault a range in, writable, in one call (Python's mmap module has no name for
 it before 3.13)."""
 PREFAULT_MIN = 1 << 20
@@ -241,7 +247,9 @@ def as_target(obj: Any, path: str) -> Target | None:
     if it is not an array. Arrays that cannot be written in place are refused by name."""
     if isinstance(obj, np.ndarray):
         if not obj.flags.writeable:
-            raise errors.InvalidArgumentError(f"into= at {path!r}: a read-only numpy array cannot be filled in place")
+            raise errors.InvalidArgumentError(
+                f"into= at {path!r}: a read-only numpy array cannot be filled in place"
+            )
         return Target(obj, obj)
     fn = _adapter(obj, TARGETS)
     if fn is not None:

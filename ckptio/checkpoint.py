@@ -105,7 +105,9 @@ def cpu_pool() -> ThreadPoolExecutor:
     global _cpu_pool
     with _cpu_lock:
         if _cpu_pool is None:
-            _cpu_pool = ThreadPoolExecutor(max(2, os.cpu_count() or 2), thread_name_prefix="ckptio-cpu")
+            _cpu_pool = ThreadPoolExecutor(
+                max(2, os.cpu_count() or 2), thread_name_prefix="ckptio-cpu"
+            )
         return _cpu_pool
 
 
@@ -294,9 +296,14 @@ def _prepare(
             arr = as_host_array(leaf.array)
             if arr is None:
                 raise errors.InvalidArgumentError(f"Shard at {path!r} does not hold an array")
-            gshape, offs = tuple(int(x) for x in leaf.global_shape), tuple(int(x) for x in leaf.offsets)
-            if len(gshape) != arr.ndim or len(offs) != arr.ndim or any(
-                o < 0 or o + n > g for o, n, g in zip(offs, arr.shape, gshape, strict=True)
+            gshape, offs = (
+                tuple(int(x) for x in leaf.global_shape),
+                tuple(int(x) for x in leaf.offsets),
+            )
+            if (
+                len(gshape) != arr.ndim
+                or len(offs) != arr.ndim
+                or any(o < 0 or o + n > g for o, n, g in zip(offs, arr.shape, gshape, strict=True))
             ):
                 raise errors.InvalidArgumentError(
                     f"Shard at {path!r}: box at offsets {offs} of shape {arr.shape} does not fit "
@@ -330,7 +337,9 @@ def _prepare(
             raise errors.InvalidArgumentError(f"metadata must be JSON values: {err}") from None
         problem = fmt.metadata_problem(text.encode("utf-8", "surrogatepass"))
         if problem is not None:  # a load would refuse it: refused before anything is written
-            raise errors.InvalidArgumentError(f"metadata {problem}; store large data as arrays in the state")
+            raise errors.InvalidArgumentError(
+                f"metadata {problem}; store large data as arrays in the state"
+            )
         metadata = json.loads(text)  # a deep, JSON-only copy
     nbytes = _parallel_copy(copies)
     return PreparedState(tree, tensors, metadata, snapshot_bytes=nbytes)
@@ -352,7 +361,11 @@ def refuse_empty(state: Any) -> None:
     save is almost always a mistake (a function that returned None, a state not filled yet),
     and committing it would make an empty checkpoint the newest one to resume from."""
     if _holds_nothing(state):
-        what = "None" if state is None else f"a {type(state).__name__} with no array and no value in it"
+        what = (
+            "None"
+            if state is None
+            else f"a {type(state).__name__} with no array and no value in it"
+        )
         raise errors.InvalidArgumentError(
             f"nothing to save: the state is {what}; pass the state to checkpoint (arrays, "
             "tensors, values in dicts/lists), not the result of a function that returns None"
@@ -480,7 +493,9 @@ def write_rank_shards(
     pool = cpu_pool()
 
     def write_object(index: int, members: list[tuple[Piece, int]]) -> tuple[str, int, list[int]]:
-        key = fmt.shard_key(step, rank, index, key_layout=key_layout).replace(".bin", f"-{token}.bin")
+        key = fmt.shard_key(step, rank, index, key_layout=key_layout).replace(
+            ".bin", f"-{token}.bin"
+        )
         total = members[-1][1] + members[-1][0].view.nbytes
         crcs: list[Future[list[int]]] = []  # one CRC job per large piece or batch of small ones
         batch: list[np.ndarray] = []
@@ -522,7 +537,9 @@ def write_rank_shards(
         object_sizes[rel] = total
         for (piece, offset), crc in zip(members, crcs, strict=True):
             chunks.setdefault(piece.path, []).append(
-                fmt.Chunk(piece.offsets, piece.view.shape, rel, offset, piece.view.nbytes, crc).as_json()
+                fmt.Chunk(
+                    piece.offsets, piece.view.shape, rel, offset, piece.view.nbytes, crc
+                ).as_json()
             )
     return {"chunks": chunks, "objects": object_sizes}
 
@@ -554,8 +571,9 @@ class SharedRegion:
     """True on the lowest rank placed in this object (one rank per object says so)."""
 
 
-def place_shared_region(store: Store, step: int, comm: Communicator, token: str, need: int, *,
-                  per_node: bool) -> SharedRegion:
+def place_shared_region(
+    store: Store, step: int, comm: Communicator, token: str, need: int, *, per_node: bool
+) -> SharedRegion:
     """N-1 placement, collective: every rank asks for ``need`` bytes; rank 0 places the
     regions one after another in one object per checkpoint (or per host with ``per_node``),
     each aligned to ``store.positional_alignment`` so no two ranks share a stripe/block, and
@@ -563,7 +581,9 @@ def place_shared_region(store: Store, step: int, comm: Communicator, token: str,
     the creation failed."""
     import socket
 
-    asks = comm.gather({"need": int(need), "host": socket.gethostname() if per_node else ""}, root=0)
+    asks = comm.gather(
+        {"need": int(need), "host": socket.gethostname() if per_node else ""}, root=0
+    )
     prefix = fmt.step_dir(step) + "/"
     placement: dict[str, Any] = {}
     if comm.rank == 0:
@@ -594,8 +614,9 @@ def place_shared_region(store: Store, step: int, comm: Communicator, token: str,
     return SharedRegion(rel, int(start), int(placement["files"][rel]), owner)
 
 
-def pwrite_pieces(store: Store, step: int, region: SharedRegion,
-                   placed: Sequence[tuple[Piece, int]]) -> dict[str, list[dict[str, Any]]]:
+def pwrite_pieces(
+    store: Store, step: int, region: SharedRegion, placed: Sequence[tuple[Piece, int]]
+) -> dict[str, list[dict[str, Any]]]:
     """Open the shared object of ``region``, pwrite each piece at ``region.start`` + its
     offset (CRC32C computed alongside) and close: the pieces are durable when this returns.
     Returns the chunk index (tensor path -> chunk JSON). The pieces' memory must stay
@@ -619,8 +640,14 @@ def pwrite_pieces(store: Store, step: int, region: SharedRegion,
     chunks: dict[str, list[dict[str, Any]]] = {}
     for (piece, offset), crc in zip(placed, crcs, strict=True):
         chunks.setdefault(piece.path, []).append(
-            fmt.Chunk(piece.offsets, piece.view.shape, region.key, region.start + offset,
-                      piece.view.nbytes, crc.result()).as_json()
+            fmt.Chunk(
+                piece.offsets,
+                piece.view.shape,
+                region.key,
+                region.start + offset,
+                piece.view.nbytes,
+                crc.result(),
+            ).as_json()
         )
     return chunks
 
@@ -680,7 +707,9 @@ def _save_collective(
     t0 = time.perf_counter()
     mkey = fmt.manifest_key(step)
     # 1. plan: rank 0 decides who writes what (replicated tensors once), refuses conflicts
-    offer = {"error": _error_text(prepared.error)} if prepared.error else {"metas": prepared.metas()}
+    offer = (
+        {"error": _error_text(prepared.error)} if prepared.error else {"metas": prepared.metas()}
+    )
     gathered = comm.gather(offer, root=0)
     plan: dict[str, Any]
     lease: SaveLease | None = None
@@ -689,11 +718,15 @@ def _save_collective(
         if comm.rank == 0:
             assert gathered is not None
             try:
-                refused = [f"rank {r}: {o['error']}" for r, o in enumerate(gathered) if "error" in o]
+                refused = [
+                    f"rank {r}: {o['error']}" for r, o in enumerate(gathered) if "error" in o
+                ]
                 if refused:
                     raise errors.SaveFailedError("; ".join(refused))
                 if store.exists(mkey):
-                    raise errors.AlreadyExistsError(f"{store.url}: step {step} already has a committed checkpoint ({mkey})")
+                    raise errors.AlreadyExistsError(
+                        f"{store.url}: step {step} already has a committed checkpoint ({mkey})"
+                    )
                 writers = _plan_writers([o["metas"] for o in gathered])
                 # the lease is published before any rank writes: gc and retention leave the
                 # step alone while it is live (see ckptio.lease)
@@ -704,9 +737,21 @@ def _save_collective(
                 refusal = refusal or err
         else:
             plan = {}
-        return _write_and_commit(store, prepared, step, comm, plan, lease, refusal, t0, layout=layout,
-                                 key_layout=key_layout, chunk_size=chunk_size,
-                                 max_object_size=max_object_size, forked=forked)
+        return _write_and_commit(
+            store,
+            prepared,
+            step,
+            comm,
+            plan,
+            lease,
+            refusal,
+            t0,
+            layout=layout,
+            key_layout=key_layout,
+            chunk_size=chunk_size,
+            max_object_size=max_object_size,
+            forked=forked,
+        )
     finally:
         if lease is not None:
             lease.release()
@@ -730,7 +775,9 @@ def _write_and_commit(
 ) -> SaveResult:
     plan = comm.bcast(plan, root=0)
     if not plan["ok"]:
-        raise errors.SaveFailedError(f"save of step {step} refused, nothing committed: {plan['error']}") from refusal
+        raise errors.SaveFailedError(
+            f"save of step {step} refused, nothing committed: {plan['error']}"
+        ) from refusal
     mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
     # 2. write this rank's shards
     try:
@@ -738,14 +785,25 @@ def _write_and_commit(
             written = forked.run({"token": plan["token"], "paths": [t.path for t in mine]})
         elif layout == "file-per-shard":
             written = write_rank_shards(
-                store, step, comm.rank, plan["token"], mine,
-                key_layout=key_layout, chunk_size=chunk_size, max_object_size=max_object_size,
+                store,
+                step,
+                comm.rank,
+                plan["token"],
+                mine,
+                key_layout=key_layout,
+                chunk_size=chunk_size,
+                max_object_size=max_object_size,
                 parallel=PARALLEL_OBJECTS,
             )
         else:
             written = _write_rank_shared(
-                store, step, comm, plan["token"], mine,
-                per_node=layout == "shared-file-per-node", chunk_size=chunk_size,
+                store,
+                step,
+                comm,
+                plan["token"],
+                mine,
+                per_node=layout == "shared-file-per-node",
+                chunk_size=chunk_size,
             )
         outcome: dict[str, Any] = {"ok": True, **written}
     except Exception as err:  # reported to every rank below, then raised
@@ -759,12 +817,16 @@ def _write_and_commit(
     verdict: dict[str, Any] = {}
     if comm.rank == 0:
         assert results is not None
-        verdict = commit_step(store, step, prepared, plan, results, comm.size, layout, key_layout, lease=lease)
+        verdict = commit_step(
+            store, step, prepared, plan, results, comm.size, layout, key_layout, lease=lease
+        )
         if lease is not None:
             lease.release()  # before the other ranks return: the save is over when they do
     verdict = comm.bcast(verdict, root=0)
     if not verdict["ok"]:
-        raise errors.SaveFailedError(f"save of step {step} failed, nothing committed: {verdict['error']}") from local_error
+        raise errors.SaveFailedError(
+            f"save of step {step} failed, nothing committed: {verdict['error']}"
+        ) from local_error
     nbytes = sum(t.array.nbytes for t in mine)
     return SaveResult(step, nbytes, time.perf_counter() - t0, verdict.get("nbytes", 0))
 
@@ -868,7 +930,9 @@ def commit_step(
         discard_objects(store, sorted(set(written) | set(strays)))
         return {"ok": False, "error": "; ".join(f"rank {rank}: {e}" for rank, e in failed)}
     try:
-        data, objects = build_manifest(step, prepared, plan, results, world_size, layout, key_layout)
+        data, objects = build_manifest(
+            step, prepared, plan, results, world_size, layout, key_layout
+        )
         if lease is not None:
             lease.check()
         check_objects_present(store, step, objects)
@@ -878,7 +942,10 @@ def commit_step(
         if isinstance(err, errors.AlreadyExistsError):
             # create-if-absent refused: another writer committed this step first; its
             # checkpoint stands, ours (objects named by our own token) is left for gc
-            return {"ok": False, "error": f"another writer already committed step {step} ({_error_text(err)})"}
+            return {
+                "ok": False,
+                "error": f"another writer already committed step {step} ({_error_text(err)})",
+            }
         discard_objects(store, written)
         return {"ok": False, "error": _error_text(err)}
     return {"ok": True, "nbytes": sum(objects.values())}
@@ -921,31 +988,41 @@ def discard_objects(store: Store, keys: Sequence[str]) -> None:
 Index = tuple[slice | int, ...]
 
 
-def _normalize(index: Any, shape: tuple[int, ...], path: str) -> tuple[list[int], list[int], list[bool]]:
+def _normalize(
+    index: Any, shape: tuple[int, ...], path: str
+) -> tuple[list[int], list[int], list[bool]]:
     """(starts, stops, keep_dim) for a basic index; only unit-step slices and ints."""
     if not isinstance(index, tuple):
         index = (index,)
     if len(index) > len(shape):
-        raise errors.InvalidArgumentError(f"{path}: index {index} has more dimensions than shape {shape}")
+        raise errors.InvalidArgumentError(
+            f"{path}: index {index} has more dimensions than shape {shape}"
+        )
     index = index + (slice(None),) * (len(shape) - len(index))
     starts, stops, keep = [], [], []
     for d, (ix, n) in enumerate(zip(index, shape, strict=True)):
         if isinstance(ix, slice):
             a, b, s = ix.indices(n)
             if s != 1:
-                raise errors.InvalidArgumentError(f"{path}: only unit-step slices can be loaded (dim {d})")
+                raise errors.InvalidArgumentError(
+                    f"{path}: only unit-step slices can be loaded (dim {d})"
+                )
             starts.append(a)
             stops.append(max(a, b))
             keep.append(True)
         elif isinstance(ix, int | np.integer):
             i = int(ix) + n if ix < 0 else int(ix)
             if not 0 <= i < n:
-                raise errors.InvalidArgumentError(f"{path}: index {ix} out of range for dim {d} of size {n}")
+                raise errors.InvalidArgumentError(
+                    f"{path}: index {ix} out of range for dim {d} of size {n}"
+                )
             starts.append(i)
             stops.append(i + 1)
             keep.append(False)
         else:
-            raise errors.InvalidArgumentError(f"{path}: unsupported index {ix!r} (use slices and ints)")
+            raise errors.InvalidArgumentError(
+                f"{path}: unsupported index {ix!r} (use slices and ints)"
+            )
     return starts, stops, keep
 
 
@@ -956,7 +1033,9 @@ class CheckpointReader:
     and checking each chunk's CRC32C. ``state(select)`` rebuilds the saved structure.
     """
 
-    def __init__(self, store: Store, step: int, manifest: fmt.Manifest, *, readers: int = 8) -> None:
+    def __init__(
+        self, store: Store, step: int, manifest: fmt.Manifest, *, readers: int = 8
+    ) -> None:
         self.store = store
         self.step = step
         self.manifest = manifest
@@ -999,19 +1078,25 @@ class CheckpointReader:
             try:
                 return self.store.size(self._prefix + key)
             except errors.NotRegularFileError as err:  # a FIFO, say: never read
-                raise errors.CorruptCheckpointError(f"{self.store.url}/{self._prefix}{key}: {err.strerror}") from None
+                raise errors.CorruptCheckpointError(
+                    f"{self.store.url}/{self._prefix}{key}: {err.strerror}"
+                ) from None
             except FileNotFoundError:
                 return None
 
         if len(todo) == 1:
             actual = [size(todo[0])]
         else:
-            with ThreadPoolExecutor(min(self.readers, len(todo)), thread_name_prefix="ckptio-read") as pool:
+            with ThreadPoolExecutor(
+                min(self.readers, len(todo)), thread_name_prefix="ckptio-read"
+            ) as pool:
                 actual = list(pool.map(size, todo))
         for key, got in zip(todo, actual, strict=True):
             want = self.manifest.objects[key]
             if got is None:
-                raise errors.CorruptCheckpointError(f"{self.store.url}/{self._prefix}{key}: missing")
+                raise errors.CorruptCheckpointError(
+                    f"{self.store.url}/{self._prefix}{key}: missing"
+                )
             if got != want:
                 raise errors.CorruptCheckpointError(
                     f"{self.store.url}/{self._prefix}{key}: {got} bytes, the manifest says {want}; "
@@ -1050,6 +1135,7 @@ class CheckpointReader:
             if dest is not None:
                 copy_back.append((dest, path))  # strided (a transposed view): read, then copy
             return self._allocate(shape, dtype, path)
+
         unknown = [p for p in wanted if p not in self.manifest.tensors]
         if unknown:
             raise errors.NotFoundError(f"step {self.step} has no tensor {unknown[0]!r}")
@@ -1065,7 +1151,10 @@ class CheckpointReader:
             dest = into.get(path)
             if dest is None or not dest.flags.c_contiguous:
                 starts, stops, _ = _normalize(() if index is None else index, entry.shape, path)
-                need += math.prod(b - a for a, b in zip(starts, stops, strict=True)) * entry.np_dtype.itemsize
+                need += (
+                    math.prod(b - a for a, b in zip(starts, stops, strict=True))
+                    * entry.np_dtype.itemsize
+                )
         what = f"loading step {self.step} ({len(wanted)} tensor(s))"
         ensure_memory(need, what)
         for path, index in wanted.items():
@@ -1086,12 +1175,16 @@ class CheckpointReader:
                 index = ()
             starts, stops, keep = _normalize(() if index is None else index, entry.shape, path)
             shape = tuple(b - a for a, b in zip(starts, stops, strict=True))
-            out = results[path] if path in results else destination(path, shape, entry.np_dtype)  # every element is read: chunks tile it
+            out = (
+                results[path] if path in results else destination(path, shape, entry.np_dtype)
+            )  # every element is read: chunks tile it
             results[path] = out
             finals[path] = keep
             for chunk in entry.chunks:
                 lo = [max(a, o) for a, o in zip(starts, chunk.offsets, strict=True)]
-                hi = [min(b, o + n) for b, o, n in zip(stops, chunk.offsets, chunk.shape, strict=True)]
+                hi = [
+                    min(b, o + n) for b, o, n in zip(stops, chunk.offsets, chunk.shape, strict=True)
+                ]
                 if math.prod(shape) == 0 or any(h <= a for a, h in zip(lo, hi, strict=True)):
                     continue  # nothing of this chunk is wanted
                 jobs.append((chunk, (out, starts, lo, hi)))
@@ -1102,9 +1195,13 @@ class CheckpointReader:
                 return where, (), True
             out, starts, lo, hi = where
             dst_box = tuple(slice(a - s, h - s) for a, h, s in zip(lo, hi, starts, strict=True))
-            src_box = tuple(slice(a - o, h - o) for a, h, o in zip(lo, hi, chunk.offsets, strict=True))
+            src_box = tuple(
+                slice(a - o, h - o) for a, h, o in zip(lo, hi, chunk.offsets, strict=True)
+            )
             target = out[dst_box] if dst_box else out  # out[()] would be a scalar, not a view
-            whole = all(b.start == 0 and b.stop == n for b, n in zip(src_box, chunk.shape, strict=True))
+            whole = all(
+                b.start == 0 and b.stop == n for b, n in zip(src_box, chunk.shape, strict=True)
+            )
             return target, src_box, whole and target.flags.c_contiguous
 
         def run(job: tuple[fmt.Chunk, Any]) -> None:
@@ -1163,7 +1260,9 @@ class CheckpointReader:
 
         # the read buffers too, before any is taken (the arrays above are not touched yet): one
         # per reader, of a whole chunk that does not land in place, or of a group
-        partial = sorted((job[0].length for fn, job in tasks if fn is run and not place(job)[2]), reverse=True)
+        partial = sorted(
+            (job[0].length for fn, job in tasks if fn is run and not place(job)[2]), reverse=True
+        )
         groups = sum(fn is run_group for fn, _ in tasks)
         buffers = sum(partial[: self.readers]) + min(groups, self.readers) * COALESCE_REQUEST_BYTES
         if buffers:
@@ -1172,7 +1271,9 @@ class CheckpointReader:
             for fn, arg in tasks:
                 fn(arg)
         else:
-            with ThreadPoolExecutor(min(self.readers, len(tasks)), thread_name_prefix="ckptio-read") as pool:
+            with ThreadPoolExecutor(
+                min(self.readers, len(tasks)), thread_name_prefix="ckptio-read"
+            ) as pool:
                 wait_all([pool.submit(fn, arg) for fn, arg in tasks])
         for path, keep in finals.items():
             if not all(keep):
@@ -1200,14 +1301,19 @@ class CheckpointReader:
         boxes: dict[str, Any] = {}  # the boxes that Shard leaves of into= name
         targets = self._targets(into, select, boxes) if into is not None else {}
         arrays = self.read_many(
-            {p: boxes.get(p, select.get(p)) for p in paths}, into={p: t.view for p, t in targets.items()}
+            {p: boxes.get(p, select.get(p)) for p in paths},
+            into={p: t.view for p, t in targets.items()},
         )
         for t in targets.values():
             if t.finish is not None:
                 t.finish()
-        return fmt.decode_tree(self.manifest.tree, lambda p: targets[p].leaf if p in targets else arrays[p])
+        return fmt.decode_tree(
+            self.manifest.tree, lambda p: targets[p].leaf if p in targets else arrays[p]
+        )
 
-    def _targets(self, into: Any, select: Mapping[str, Any], boxes: dict[str, Any]) -> dict[str, Target]:
+    def _targets(
+        self, into: Any, select: Mapping[str, Any], boxes: dict[str, Any]
+    ) -> dict[str, Target]:
         """The arrays of ``into`` by tensor path, each checked against what will be read;
         the box each :class:`Shard` leaf names goes into ``boxes``."""
         targets: dict[str, Target] = {}
@@ -1218,7 +1324,9 @@ class CheckpointReader:
             target = as_target(leaf.array if isinstance(leaf, Shard) else leaf, path)
             if target is None:
                 if isinstance(leaf, Shard):
-                    raise errors.InvalidArgumentError(f"into= at {path!r}: the Shard does not hold an array")
+                    raise errors.InvalidArgumentError(
+                        f"into= at {path!r}: the Shard does not hold an array"
+                    )
                 return None
             entry = self.manifest.tensors.get(path)
             if entry is None:
@@ -1237,7 +1345,8 @@ class CheckpointReader:
             if got.shape != shape or got.dtype != entry.np_dtype:
                 raise errors.InvalidArgumentError(
                     f"into= at {path!r} is {got.dtype} {tuple(got.shape)}; step {self.step} holds "
-                    f"{entry.np_dtype} {shape}" + (f" (select={select[path]!r})" if path in select else "")
+                    f"{entry.np_dtype} {shape}"
+                    + (f" (select={select[path]!r})" if path in select else "")
                 )
             targets[path] = target
             return {"t": path}
@@ -1246,7 +1355,12 @@ class CheckpointReader:
         return targets
 
     def _shard_box(
-        self, path: str, shard: Shard, shape: tuple[int, ...], stored: tuple[int, ...], select: Mapping[str, Any]
+        self,
+        path: str,
+        shard: Shard,
+        shape: tuple[int, ...],
+        stored: tuple[int, ...],
+        select: Mapping[str, Any],
     ) -> tuple[slice, ...]:
         """The box of the stored tensor that ``shard`` (an ``into=`` leaf) is to hold."""
         if path in select:
@@ -1259,7 +1373,9 @@ class CheckpointReader:
             raise errors.InvalidArgumentError(
                 f"into= at {path!r} is a Shard of a tensor of shape {gshape}; step {self.step} holds {stored}"
             )
-        if len(offsets) != len(shape) or any(o < 0 or o + n > g for o, n, g in zip(offsets, shape, gshape, strict=True)):
+        if len(offsets) != len(shape) or any(
+            o < 0 or o + n > g for o, n, g in zip(offsets, shape, gshape, strict=True)
+        ):
             raise errors.InvalidArgumentError(
                 f"into= at {path!r}: a box of shape {shape} at offsets {offsets} does not fit the shape {gshape}"
             )
@@ -1297,7 +1413,11 @@ class CheckpointReader:
                     if n < len(view):
                         break  # the object ends early
                 self._check_chunk(chunk, done, None, crc=crc)
-            except (errors.CorruptCheckpointError, FileNotFoundError, errors.StoragePermissionError) as err:
+            except (
+                errors.CorruptCheckpointError,
+                FileNotFoundError,
+                errors.StoragePermissionError,
+            ) as err:
                 return str(err)
             return None
 
@@ -1377,7 +1497,9 @@ def list_steps(store: Store) -> list[StepInfo]:
     return out
 
 
-def open_checkpoint(url: str | os.PathLike[str] | Store, step: int | None = None, **options: Any) -> CheckpointReader:
+def open_checkpoint(
+    url: str | os.PathLike[str] | Store, step: int | None = None, **options: Any
+) -> CheckpointReader:
     """Open the checkpoint of ``step`` (default: the newest complete one) for reading."""
     store = open_store(url, **options)
     if step is not None:
@@ -1387,7 +1509,9 @@ def open_checkpoint(url: str | os.PathLike[str] | Store, step: int | None = None
         except errors.NotRegularFileError:
             raise  # a FIFO, say, where the manifest should be: named as such
         except FileNotFoundError:
-            raise errors.NotFoundError(f"{store.url}: no committed checkpoint at step {step}") from None
+            raise errors.NotFoundError(
+                f"{store.url}: no committed checkpoint at step {step}"
+            ) from None
     return _open_newest(store, skip=())
 
 
@@ -1410,7 +1534,11 @@ def _open_newest(store: Store, skip: Iterable[int]) -> CheckpointReader:
                 continue
             try:
                 return CheckpointReader(store, s, read_manifest(store, s))
-            except (errors.CorruptCheckpointError, PermissionError, errors.NotRegularFileError) as err:
+            except (
+                errors.CorruptCheckpointError,
+                PermissionError,
+                errors.NotRegularFileError,
+            ) as err:
                 log.warning("skipping step %d: its manifest cannot be used (%s)", s, err)
                 skipped.add(s)
             except FileNotFoundError:
@@ -1432,7 +1560,11 @@ def _read_newest(store: Store, select: Mapping[str, Any] | None, into: Any) -> A
         except (FileNotFoundError, errors.CorruptCheckpointError) as err:
             if store.exists(fmt.manifest_key(reader.step)):
                 raise
-            log.info("step %d was retired while being read (%s); reading the newest again", reader.step, err)
+            log.info(
+                "step %d was retired while being read (%s); reading the newest again",
+                reader.step,
+                err,
+            )
             skip.add(reader.step)
     raise errors.NotFoundError(
         f"{store.url}: every checkpoint read was retired before it could be read whole "
@@ -1469,7 +1601,9 @@ class SaveHandle:
 
     result = wait
 
-    def _outcome(self, timeout: float | None) -> tuple[SaveResult | None, BaseException | None, bool]:
+    def _outcome(
+        self, timeout: float | None
+    ) -> tuple[SaveResult | None, BaseException | None, bool]:
         """The save's result or error, and whether this call is the first to hand that error
         to the caller."""
         if self._result is None:
@@ -1491,7 +1625,7 @@ class _BackgroundSave:
     snapshot), so a dropped Checkpointer's memory is freed as usual.
     """
 
-    __slots__ = ("step", "url", "future", "error", "reported")
+    __slots__ = ("error", "future", "reported", "step", "url")
 
     def __init__(self, step: int, url: str, future: Future[SaveResult]) -> None:
         self.step, self.url = step, url
@@ -1525,7 +1659,9 @@ class _BackgroundSave:
         error = self.error
         if future is not None:
             if not future.done():
-                log.warning("interpreter exiting: waiting for the checkpoint save of step %d", self.step)
+                log.warning(
+                    "interpreter exiting: waiting for the checkpoint save of step %d", self.step
+                )
             try:
                 exc = future.exception()
             except KeyboardInterrupt:
@@ -1537,7 +1673,9 @@ class _BackgroundSave:
                 return
             error = None if exc is None else str(exc)
         if error is not None and self.claim():
-            _print_err(f"ckptio: the background save of step {self.step} FAILED and was not committed: {error}")
+            _print_err(
+                f"ckptio: the background save of step {self.step} FAILED and was not committed: {error}"
+            )
 
 
 def _print_err(msg: str) -> None:
@@ -1670,15 +1808,23 @@ class Checkpointer:
         **store_options: Any,
     ) -> None:
         if snapshot not in SNAPSHOTS:
-            raise errors.InvalidArgumentError(f"unknown snapshot {snapshot!r}; valid: {', '.join(SNAPSHOTS)}")
+            raise errors.InvalidArgumentError(
+                f"unknown snapshot {snapshot!r}; valid: {', '.join(SNAPSHOTS)}"
+            )
         if layout not in LAYOUTS:
-            raise errors.InvalidArgumentError(f"unknown layout {layout!r}; valid: {', '.join(LAYOUTS)}")
+            raise errors.InvalidArgumentError(
+                f"unknown layout {layout!r}; valid: {', '.join(LAYOUTS)}"
+            )
         if key_layout is not None and key_layout not in fmt.KEY_LAYOUTS:
-            raise errors.InvalidArgumentError(f"unknown key_layout {key_layout!r}; valid: {', '.join(fmt.KEY_LAYOUTS)}")
+            raise errors.InvalidArgumentError(
+                f"unknown key_layout {key_layout!r}; valid: {', '.join(fmt.KEY_LAYOUTS)}"
+            )
         if keep_last is not None:
             keep_last = option_int(keep_last, field="keep_last", minimum=1)
         if not isinstance(retire_grace, int | float) or not 0 <= retire_grace < math.inf:
-            raise errors.InvalidArgumentError(f"retire_grace: expected seconds >= 0, got {retire_grace!r}")
+            raise errors.InvalidArgumentError(
+                f"retire_grace: expected seconds >= 0, got {retire_grace!r}"
+            )
         self.retire_grace = float(retire_grace)
         try:
             self.store = open_store(url, **store_options)
@@ -1691,12 +1837,14 @@ class Checkpointer:
             )
         if snapshot == "fork":
             why = (
-                "this platform has no os.fork" if not hasattr(os, "fork")
+                "this platform has no os.fork"
+                if not hasattr(os, "fork")
                 else f"this platform has no {SMAPS} (Linux) to tell private memory from shared"
                 if not os.path.exists(SMAPS)
                 else f"{self.store.url} ({self.store.name}) cannot write from a forked process"
                 if not self.store.fork_safe
-                else f"layout {layout!r} coordinates ranks while writing" if layout != "file-per-shard"
+                else f"layout {layout!r} coordinates ranks while writing"
+                if layout != "file-per-shard"
                 else ""
             )
             if why:
@@ -1738,8 +1886,12 @@ class Checkpointer:
         try:
             if self.comm.rank == 0:  # rank 0's state is the checkpoint's structure
                 refuse_empty(state)
-            prepared = _prepare(state, metadata, copy=self._fork_copies() if fork else background,
-                                buffers=self._snapshots)
+            prepared = _prepare(
+                state,
+                metadata,
+                copy=self._fork_copies() if fork else background,
+                buffers=self._snapshots,
+            )
         except errors.CkptioError as err:
             if self.comm.size == 1:
                 raise
@@ -1778,22 +1930,36 @@ class Checkpointer:
         """Fork the child that will write this rank's shards of ``prepared`` (see
         :mod:`ckptio.forked`); it waits for the plan's token and its share of the tensors."""
         store, rank, tensors = self.store, self.comm.rank, prepared.tensors
-        key_layout, chunk_size, max_object_size = self.key_layout, self.chunk_size, self.max_object_size
+        key_layout, chunk_size, max_object_size = (
+            self.key_layout,
+            self.chunk_size,
+            self.max_object_size,
+        )
 
         def work(orders: Mapping[str, Any]) -> dict[str, Any]:
             # objects of at most FORK_OBJECT_BYTES: the memory of each is given back to the
             # parent (its pages become the parent's alone) as soon as it is durable
             return write_rank_shards(
-                store, step, rank, orders["token"], [tensors[p] for p in orders["paths"]],
-                key_layout=key_layout, chunk_size=chunk_size,
+                store,
+                step,
+                rank,
+                orders["token"],
+                [tensors[p] for p in orders["paths"]],
+                key_layout=key_layout,
+                chunk_size=chunk_size,
                 max_object_size=min(max_object_size, FORK_OBJECT_BYTES),
-                parallel=PARALLEL_OBJECTS, progress=PageReleaser(),
+                parallel=PARALLEL_OBJECTS,
+                progress=PageReleaser(),
             )
 
         return ForkedWriter(work, after_fork=store.after_fork)
 
     def _persist(
-        self, prepared: PreparedState, step: int, comm: Communicator, forked: ForkedWriter | None = None
+        self,
+        prepared: PreparedState,
+        step: int,
+        comm: Communicator,
+        forked: ForkedWriter | None = None,
     ) -> SaveResult:
         if comm.rank == 0 and self.keep_last is not None and not self._retained:
             self._retain(step - 1)  # what a killed predecessor left before its retention ran
@@ -1821,8 +1987,9 @@ class Checkpointer:
         readers for the grace period, see :mod:`ckptio.lease`) and collect debris."""
         self._retained = True
         try:
-            sweep = retain(self.store, newest, self.keep_last, grace=self.retire_grace,
-                           doomed=self._doomed)
+            sweep = retain(
+                self.store, newest, self.keep_last, grace=self.retire_grace, doomed=self._doomed
+            )
             others = sorted({lease.holder() for lease in sweep.live if not lease.mine()})
             if others and not self._warned_other_writer:
                 self._warned_other_writer = True
@@ -1830,7 +1997,9 @@ class Checkpointer:
                     "another process is saving under %s (%s): keep_last=%d applies to every "
                     "checkpoint under the root, its checkpoints too (saves in flight are never "
                     "touched); give each job its own root to keep their checkpoints apart",
-                    self.store.url, ", ".join(others), self.keep_last,
+                    self.store.url,
+                    ", ".join(others),
+                    self.keep_last,
                 )
         except Exception as err:  # retention must not fail a committed save
             log.warning("retention after step %d failed: %s", newest, err)
@@ -1852,7 +2021,9 @@ class Checkpointer:
             return result
         if isinstance(error, errors.CkptioError) or not isinstance(error, Exception):
             raise error
-        raise errors.SaveFailedError(f"background save of step {pending.step} failed: {error}") from error
+        raise errors.SaveFailedError(
+            f"background save of step {pending.step} failed: {error}"
+        ) from error
 
     # -- loading ----------------------------------------------------------------------------
     # Each of these first waits for this Checkpointer's save in flight (raising its failure),
@@ -1874,7 +2045,9 @@ class Checkpointer:
         self.wait()
         return open_checkpoint(self.store, step)
 
-    def load(self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None) -> Any:
+    def load(
+        self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None
+    ) -> Any:
         """The state of ``step`` (default: the newest complete checkpoint); ``select`` and
         ``into`` as for :func:`load`."""
         self.wait()
@@ -1967,8 +2140,14 @@ def collect_garbage(
     manifest once more, so a save that started or committed meanwhile keeps its data. Returns
     the keys removed (with ``dry_run``, that would be removed).
     """
-    return _sweep(store, before_step=before_step, older_than=older_than, unfinished=unfinished,
-                  dry_run=dry_run, grace=grace).removed
+    return _sweep(
+        store,
+        before_step=before_step,
+        older_than=older_than,
+        unfinished=unfinished,
+        dry_run=dry_run,
+        grace=grace,
+    ).removed
 
 
 @dataclass
@@ -2035,7 +2214,9 @@ def _sweep(
             if when is not None:
                 if now - when < grace:
                     continue
-            elif not (unfinished or (limit is not None and s < limit) or any(map(is_lease_key, keys))):
+            elif not (
+                unfinished or (limit is not None and s < limit) or any(map(is_lease_key, keys))
+            ):
                 continue  # may be a save in flight; a dead lease proves its save is over
             stray = keys
         # a save may have started (its lease listed after its first data) or committed since
@@ -2058,7 +2239,9 @@ def _sweep(
         # the temp files of a save whose lease is dead (a killed save) are debris at any age;
         # the leases are listed once more first, as above
         for prefix in over:
-            if max(older_than, temp_min_age) > 0 and not _live_leases(store, store.list(prefix), time.time()):
+            if max(older_than, temp_min_age) > 0 and not _live_leases(
+                store, store.list(prefix), time.time()
+            ):
                 store.cleanup_incomplete(prefix)
     return _Sweep(removed, live)
 
@@ -2072,9 +2255,12 @@ def _own_options(cls: type) -> list[str]:
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
         if init is not None and klass is not object:
-            names.update(p.name for p in inspect.signature(init).parameters.values()
-                         if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-                         and p.name not in ("self", "url"))
+            names.update(
+                p.name
+                for p in inspect.signature(init).parameters.values()
+                if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+                and p.name not in ("self", "url")
+            )
     return sorted(names)
 
 
@@ -2140,7 +2326,8 @@ def load(
     return _read_newest(open_store(url, **options), select, into)
 
 
-def verify(url: str | os.PathLike[str] | Store, step: int | None = None, **options: Any) -> list[str]:
+def verify(
+    url: str | os.PathLike[str] | Store, step: int | None = None, **options: Any
+) -> list[str]:
     """Re-read a checkpoint and check every CRC; the list of problems (empty when intact)."""
     return open_checkpoint(url, step, **options).verify()
-

@@ -66,11 +66,18 @@ def _add_format(p: argparse.ArgumentParser, *, table: bool = True) -> None:
     """``--json`` and, for a command that prints a table, ``--format`` (``--json`` is the same
     as ``--format json``)."""
     if table:
-        p.add_argument("--format", choices=FORMATS, default=None,
-                       help="output: table (default; plain full-width text when not on a "
-                       "terminal), markdown, csv, or json (the same as --json)")
-    p.add_argument("--json", action="store_true", help="machine-readable output"
-                   + (" (--format json)" if table else ""))
+        p.add_argument(
+            "--format",
+            choices=FORMATS,
+            default=None,
+            help="output: table (default; plain full-width text when not on a "
+            "terminal), markdown, csv, or json (the same as --json)",
+        )
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="machine-readable output" + (" (--format json)" if table else ""),
+    )
 
 
 def _printer(args: argparse.Namespace) -> Printer:
@@ -97,11 +104,25 @@ def _cmd_backends(args: argparse.Namespace) -> int:
     for scheme, info in sorted(backends().items()):
         try:
             cls = load_backend(scheme)
-            rows.append({"scheme": scheme, "available": True, "class": info.target,
-                         "capabilities": asdict(cls.capabilities), "problem": ""})
+            rows.append(
+                {
+                    "scheme": scheme,
+                    "available": True,
+                    "class": info.target,
+                    "capabilities": asdict(cls.capabilities),
+                    "problem": "",
+                }
+            )
         except errors.CkptioError as err:
-            rows.append({"scheme": scheme, "available": False, "class": info.target,
-                         "capabilities": {}, "problem": str(err)})
+            rows.append(
+                {
+                    "scheme": scheme,
+                    "available": False,
+                    "class": info.target,
+                    "capabilities": {},
+                    "problem": str(err),
+                }
+            )
     out = _printer(args)
     if out.fmt == "json":
         out.json(rows)
@@ -138,13 +159,14 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     if out.fmt == "json":
         out.json([asdict(s) for s in steps])
         return 0
-    sheet = Sheet(f"checkpoints under {redact_url(args.url)}",
-                  ["step", "state", "size", "objects", "created / problem"],
-                  right={"step", "size", "objects"})
+    sheet = Sheet(
+        f"checkpoints under {redact_url(args.url)}",
+        ["step", "state", "size", "objects", "created / problem"],
+        right={"step", "size", "objects"},
+    )
     for s in steps:
         state = Styled("complete", "green") if s.complete else Styled("incomplete", "yellow")
-        sheet.add(str(s.step), state, human_bytes(s.nbytes), str(s.objects),
-                  s.created or s.problem)
+        sheet.add(str(s.step), state, human_bytes(s.nbytes), str(s.objects), s.created or s.problem)
     if steps or out.fmt != "table":
         out.sheet(sheet)
     else:
@@ -157,11 +179,16 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "verify", help="re-read every byte of a checkpoint and check every CRC32C (exit 1 if damaged)"
+        "verify",
+        help="re-read every byte of a checkpoint and check every CRC32C (exit 1 if damaged)",
     )
     p.add_argument("url", help="root URL of a run")
-    p.add_argument("--step", type=count_arg(0, MAX_STEP), default=None,
-                   help="step to verify (default: the newest complete)")
+    p.add_argument(
+        "--step",
+        type=count_arg(0, MAX_STEP),
+        default=None,
+        help="step to verify (default: the newest complete)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -180,12 +207,22 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     ok = not problems
     if args.json:
-        print_json({"url": redact_url(args.url), "step": step, "ok": ok, "bytes": nbytes,
-                    "seconds": seconds, "problems": problems})
+        print_json(
+            {
+                "url": redact_url(args.url),
+                "step": step,
+                "ok": ok,
+                "bytes": nbytes,
+                "seconds": seconds,
+                "problems": problems,
+            }
+        )
     elif ok:
-        Printer().line(Styled("OK", "green"),
-                       f" step {step}: {human_bytes(nbytes)} re-read, every CRC32C matches "
-                       f"({seconds:.2f} s, {nbytes / max(seconds, 1e-9) / 1e9:.2f} GB/s)")
+        Printer().line(
+            Styled("OK", "green"),
+            f" step {step}: {human_bytes(nbytes)} re-read, every CRC32C matches "
+            f"({seconds:.2f} s, {nbytes / max(seconds, 1e-9) / 1e9:.2f} GB/s)",
+        )
     else:
         note(Styled("DAMAGED", "red"), f" step {step}: {len(problems)} problem(s)")
         for p in problems:
@@ -226,7 +263,9 @@ def _add_gc(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="also remove steps newer than the newest checkpoint that have no manifest and no "
         "live save (a save in flight is never touched, whatever the options)",
     )
-    p.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    p.add_argument(
+        "--dry-run", action="store_true", help="list what would be removed, remove nothing"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -237,13 +276,25 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     older_than, grace = args.older_than, args.grace
     with open_store(args.url) as store:
         incomplete_before = store.list_incomplete("step-")
-        removed = collect_garbage(store, older_than=older_than, unfinished=args.unfinished,
-                                  dry_run=args.dry_run, grace=grace)
+        removed = collect_garbage(
+            store,
+            older_than=older_than,
+            unfinished=args.unfinished,
+            dry_run=args.dry_run,
+            grace=grace,
+        )
         incomplete_after = incomplete_before if args.dry_run else store.list_incomplete("step-")
     incomplete = len(incomplete_before) - len(incomplete_after)
     if args.json:
-        print_json({"url": redact_url(args.url), "dry_run": args.dry_run, "removed": removed,
-                    "incomplete_removed": incomplete, "incomplete_left": len(incomplete_after)})
+        print_json(
+            {
+                "url": redact_url(args.url),
+                "dry_run": args.dry_run,
+                "removed": removed,
+                "incomplete_removed": incomplete,
+                "incomplete_left": len(incomplete_after),
+            }
+        )
         return 0
     verb = "would remove" if args.dry_run else "removed"
     out = Printer()
@@ -276,8 +327,12 @@ def _cmd_profiles(args: argparse.Namespace) -> int:
         out.json([p.as_dict() for p in profs])
         return 0
     out.sheet(profiles_sheet(profs))
-    out.line(Styled("* assumption (no published figure); see `ckptio profiles --json` for "
-                    "every source", "dim"))
+    out.line(
+        Styled(
+            "* assumption (no published figure); see `ckptio profiles --json` for every source",
+            "dim",
+        )
+    )
     return 0
 
 
@@ -296,61 +351,132 @@ def _add_model(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     w = p.add_argument_group("workload")
     w.add_argument("--preset", help="a model preset (see `ckptio plan`)")
-    w.add_argument("--gpus", type=count_arg(1, MAX_GPUS), help=f"GPUs (ranks) of the job (1 to {MAX_GPUS})")
+    w.add_argument(
+        "--gpus", type=count_arg(1, MAX_GPUS), help=f"GPUs (ranks) of the job (1 to {MAX_GPUS})"
+    )
     w.add_argument("--size", type=size_arg(), help="checkpoint size, e.g. 2TB (1 B to 1 EiB)")
-    w.add_argument("--writing-ranks", type=count_arg(1, MAX_GPUS),
-                   help="ranks that write (default: all GPUs)")
-    w.add_argument("--ranks-per-node", type=count_arg(1, MAX_LOCAL_PROCESSES), default=8,
-                   help="GPUs per node (default 8)")
-    w.add_argument("--objects-per-rank", type=count_arg(1, MAX_COUNT), default=1,
-                   help="objects each rank writes")
-    w.add_argument("--key-layout", choices=("flat", "hashed"), default="flat",
-                   help="hashed spreads keys over 256 prefixes (per-prefix request limits)")
-    w.add_argument("--from", dest="from_results", nargs="+", metavar="RESULTS",
-                   help="fit a profile from measured result files/dirs and project it")
+    w.add_argument(
+        "--writing-ranks", type=count_arg(1, MAX_GPUS), help="ranks that write (default: all GPUs)"
+    )
+    w.add_argument(
+        "--ranks-per-node",
+        type=count_arg(1, MAX_LOCAL_PROCESSES),
+        default=8,
+        help="GPUs per node (default 8)",
+    )
+    w.add_argument(
+        "--objects-per-rank",
+        type=count_arg(1, MAX_COUNT),
+        default=1,
+        help="objects each rank writes",
+    )
+    w.add_argument(
+        "--key-layout",
+        choices=("flat", "hashed"),
+        default="flat",
+        help="hashed spreads keys over 256 prefixes (per-prefix request limits)",
+    )
+    w.add_argument(
+        "--from",
+        dest="from_results",
+        nargs="+",
+        metavar="RESULTS",
+        help="fit a profile from measured result files/dirs and project it",
+    )
     s = p.add_argument_group("storage")
-    s.add_argument("--profile", action="append", help="profile name(s), comma-separated or "
-                   "repeated (default with a workload: all)")
-    s.add_argument("--set", action="append", metavar="FIELD=VALUE",
-                   help="override a profile figure, e.g. stream_bandwidth=100MB/s")
-    s.add_argument("--streams", type=count_arg(1, MAX_LOCAL_PROCESSES),
-                   help=f"streams per node, 1 to {MAX_LOCAL_PROCESSES} (default: the profile's)")
-    s.add_argument("--part-size", type=size_arg(), help="bytes per request (default: the profile's)")
-    s.add_argument("--write-bandwidth", type=list_arg(parse_bandwidth),
-                   help="measured/assumed bandwidth with --size, e.g. 70GB/s; several, "
-                   "comma-separated (70GB/s,7GB/s), give one row each")
-    s.add_argument("--checkpoint-seconds", type=duration_arg(),
-                   help="stall per checkpoint, e.g. 300 or 5min")
+    s.add_argument(
+        "--profile",
+        action="append",
+        help="profile name(s), comma-separated or repeated (default with a workload: all)",
+    )
+    s.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="override a profile figure, e.g. stream_bandwidth=100MB/s",
+    )
+    s.add_argument(
+        "--streams",
+        type=count_arg(1, MAX_LOCAL_PROCESSES),
+        help=f"streams per node, 1 to {MAX_LOCAL_PROCESSES} (default: the profile's)",
+    )
+    s.add_argument(
+        "--part-size", type=size_arg(), help="bytes per request (default: the profile's)"
+    )
+    s.add_argument(
+        "--write-bandwidth",
+        type=list_arg(parse_bandwidth),
+        help="measured/assumed bandwidth with --size, e.g. 70GB/s; several, "
+        "comma-separated (70GB/s,7GB/s), give one row each",
+    )
+    s.add_argument(
+        "--checkpoint-seconds", type=duration_arg(), help="stall per checkpoint, e.g. 300 or 5min"
+    )
     c = p.add_argument_group("cost and interval")
-    c.add_argument("--interval", type=duration_arg(positive=True), default="2h",
-                   help="time between checkpoints (default 2h)")
-    c.add_argument("--mtbf", type=duration_arg(positive=True, allow_inf=True),
-                   help="mean time between failures of the job, e.g. 24h (inf: none)")
-    c.add_argument("--restart", type=duration_arg(),
-                   help="restart time after a failure, e.g. 10min (default: --restart-overhead "
-                   "+ the restore time, read back from the storage)")
-    c.add_argument("--restart-overhead", type=duration_arg(), default="5min",
-                   help="restart time besides the restore: reschedule, start, warm up "
-                   "(assumption: 5min)")
-    s.add_argument("--local", metavar="PROFILE", type=_profile_arg,
-                   help="a fast tier (e.g. local-nvme): each profile also gets a tiered target "
-                   "that saves there and drains to it (ckptio.tiered)")
-    s.add_argument("--persist-every", type=count_arg(1, MAX_COUNT), default=1,
-                   help="with --local: every N-th checkpoint is drained (default 1)")
-    s.add_argument("--p-lose-node", type=number_arg(maximum=1.0), default=0.78,
-                   help="with --local: probability that a failure loses a node's fast tier "
-                   "(assumption 0.78: Llama 3's share of hardware interruptions)")
-    s.add_argument("--read-bandwidth", type=bandwidth_arg(),
-                   help="read bandwidth for the restore with --size and figures given directly, "
-                   "e.g. 50GB/s")
-    c.add_argument("--price", type=number_arg(maximum=MAX_PRICE), default=0.0,
-                   help="price per GPU-hour")
-    c.add_argument("--async-save", action="store_true",
-                   help="asynchronous save: the stall is the snapshot (device->host copy of "
-                   "each GPU's share: --size over --writing-ranks, default all --gpus); works "
-                   "with figures given directly and with profiles")
-    c.add_argument("--snapshot-bandwidth", type=bandwidth_arg(), default="25GB/s",
-                   help="device->host copy per GPU for --async-save (assumption: 25GB/s)")
+    c.add_argument(
+        "--interval",
+        type=duration_arg(positive=True),
+        default="2h",
+        help="time between checkpoints (default 2h)",
+    )
+    c.add_argument(
+        "--mtbf",
+        type=duration_arg(positive=True, allow_inf=True),
+        help="mean time between failures of the job, e.g. 24h (inf: none)",
+    )
+    c.add_argument(
+        "--restart",
+        type=duration_arg(),
+        help="restart time after a failure, e.g. 10min (default: --restart-overhead "
+        "+ the restore time, read back from the storage)",
+    )
+    c.add_argument(
+        "--restart-overhead",
+        type=duration_arg(),
+        default="5min",
+        help="restart time besides the restore: reschedule, start, warm up (assumption: 5min)",
+    )
+    s.add_argument(
+        "--local",
+        metavar="PROFILE",
+        type=_profile_arg,
+        help="a fast tier (e.g. local-nvme): each profile also gets a tiered target "
+        "that saves there and drains to it (ckptio.tiered)",
+    )
+    s.add_argument(
+        "--persist-every",
+        type=count_arg(1, MAX_COUNT),
+        default=1,
+        help="with --local: every N-th checkpoint is drained (default 1)",
+    )
+    s.add_argument(
+        "--p-lose-node",
+        type=number_arg(maximum=1.0),
+        default=0.78,
+        help="with --local: probability that a failure loses a node's fast tier "
+        "(assumption 0.78: Llama 3's share of hardware interruptions)",
+    )
+    s.add_argument(
+        "--read-bandwidth",
+        type=bandwidth_arg(),
+        help="read bandwidth for the restore with --size and figures given directly, e.g. 50GB/s",
+    )
+    c.add_argument(
+        "--price", type=number_arg(maximum=MAX_PRICE), default=0.0, help="price per GPU-hour"
+    )
+    c.add_argument(
+        "--async-save",
+        action="store_true",
+        help="asynchronous save: the stall is the snapshot (device->host copy of "
+        "each GPU's share: --size over --writing-ranks, default all --gpus); works "
+        "with figures given directly and with profiles",
+    )
+    c.add_argument(
+        "--snapshot-bandwidth",
+        type=bandwidth_arg(),
+        default="25GB/s",
+        help="device->host copy per GPU for --async-save (assumption: 25GB/s)",
+    )
     _add_format(p)
 
 
@@ -372,25 +498,44 @@ def _add_report(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "report",
         help="merge result files (any machines/sites) into index.html + report.md + plots",
     )
-    p.add_argument("results", nargs="+", help="result files or directories (from run/sweep/"
-                   "compare, on any machine)")
-    p.add_argument("--out", default="ckptio-report", help="output directory (default "
-                   "ckptio-report/)")
+    p.add_argument(
+        "results",
+        nargs="+",
+        help="result files or directories (from run/sweep/compare, on any machine)",
+    )
+    p.add_argument(
+        "--out", default="ckptio-report", help="output directory (default ckptio-report/)"
+    )
     _add_projection_arguments(p)
     _add_format(p)
 
 
 def _add_projection_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("full-scale projection (model)")
-    g.add_argument("--project", action="append", metavar="PRESET[:GPUS]",
-                   type=arg(parse_projection, "projection"),
-                   help="workload to project each target to (default gpt3-175b); repeatable")
-    g.add_argument("--interval", type=duration_arg(positive=True), default="2h",
-                   help="checkpoint interval (default 2h)")
-    g.add_argument("--price", type=number_arg(maximum=MAX_PRICE),
-                   help="price per GPU-hour (default 2.0, an assumption)")
-    g.add_argument("--restart", type=duration_arg(), default="10min",
-                   help="restart time after a failure (default 10min, an assumption)")
+    g.add_argument(
+        "--project",
+        action="append",
+        metavar="PRESET[:GPUS]",
+        type=arg(parse_projection, "projection"),
+        help="workload to project each target to (default gpt3-175b); repeatable",
+    )
+    g.add_argument(
+        "--interval",
+        type=duration_arg(positive=True),
+        default="2h",
+        help="checkpoint interval (default 2h)",
+    )
+    g.add_argument(
+        "--price",
+        type=number_arg(maximum=MAX_PRICE),
+        help="price per GPU-hour (default 2.0, an assumption)",
+    )
+    g.add_argument(
+        "--restart",
+        type=duration_arg(),
+        default="10min",
+        help="restart time after a failure (default 10min, an assumption)",
+    )
 
 
 def _profile_arg(text: str) -> str:
@@ -401,7 +546,8 @@ def _profile_arg(text: str) -> str:
         return text
     raise argparse.ArgumentTypeError(
         f"expected a storage profile ({', '.join(available())}) or a path to a .toml file, "
-        f"got {text!r}")
+        f"got {text!r}"
+    )
 
 
 def parse_projection(text: str, *, field: str = "--project") -> tuple[str, int | None]:
@@ -411,8 +557,10 @@ def parse_projection(text: str, *, field: str = "--project") -> tuple[str, int |
 
     name, colon, gpus_text = text.strip().partition(":")
     presets = [n for n in preset_names() if n != "custom"]
-    expected = (f"PRESET[:GPUS] with PRESET one of {', '.join(presets)} and GPUS an integer "
-                f"from 1 to {MAX_GPUS}")
+    expected = (
+        f"PRESET[:GPUS] with PRESET one of {', '.join(presets)} and GPUS an integer "
+        f"from 1 to {MAX_GPUS}"
+    )
     prefix = f"{field}: " if field else ""
     if name not in presets:
         raise errors.InvalidArgumentError(f"{prefix}expected {expected}, got {text!r}")
@@ -421,7 +569,9 @@ def parse_projection(text: str, *, field: str = "--project") -> tuple[str, int |
         try:
             gpus = parse_count(gpus_text, field="", minimum=1, maximum=MAX_GPUS)
         except errors.InvalidArgumentError:
-            raise errors.InvalidArgumentError(f"{prefix}expected {expected}, got {text!r}") from None
+            raise errors.InvalidArgumentError(
+                f"{prefix}expected {expected}, got {text!r}"
+            ) from None
     layout = get_preset(name).layout
     if gpus is not None and gpus % (layout.tp * layout.pp):
         raise errors.InvalidArgumentError(
@@ -467,25 +617,51 @@ def _add_compare(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         help="the main job: run a small scaled checkpoint against local disk, mock S3 and "
         "emulated cloud/HPC storage; print why each stalls; write a report",
     )
-    p.add_argument("--targets", help="comma-separated: local, mock-s3, rgw (a Ceph RADOS "
-                   "Gateway started on loopback: measured, a real S3 implementation), memory, "
-                   "or URLs (default: local,mock-s3, and rgw where radosgw, ceph-mon and "
-                   "ceph-osd are installed)")
-    p.add_argument("--profiles", help="storage profiles to emulate over memory:// "
-                   "(default: cloud-s3,abci-lustre; '' for none; see `ckptio profiles`)")
+    p.add_argument(
+        "--targets",
+        help="comma-separated: local, mock-s3, rgw (a Ceph RADOS "
+        "Gateway started on loopback: measured, a real S3 implementation), memory, "
+        "or URLs (default: local,mock-s3, and rgw where radosgw, ceph-mon and "
+        "ceph-osd are installed)",
+    )
+    p.add_argument(
+        "--profiles",
+        help="storage profiles to emulate over memory:// "
+        "(default: cloud-s3,abci-lustre; '' for none; see `ckptio profiles`)",
+    )
     p.add_argument("--preset", default="llama3-8b", help="model preset (default llama3-8b)")
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--total-size", type=size_arg(), default=None,
-                      help="scale the preset to about this size (default 256MiB)")
-    size.add_argument("--scale", type=number_arg(maximum=MAX_SCALE, positive=True),
-                      help=f"scale factor instead of --total-size (above 0, at most {MAX_SCALE:,.0f})")
-    p.add_argument("--object-size", type=size_arg(), default="16MiB",
-                   help="largest shard object (default 16MiB)")
-    p.add_argument("--iterations", type=count_arg(1, MAX_ITERATIONS), default=1,
-                   help=f"checkpoints to write per target, 1 to {MAX_ITERATIONS} (default 1)")
-    p.add_argument("--site", help="label of this machine/site in merged reports (default: hostname)")
-    p.add_argument("--out", default="ckptio-report", help="report directory (default "
-                   "ckptio-report/); results go to OUT/results/")
+    size.add_argument(
+        "--total-size",
+        type=size_arg(),
+        default=None,
+        help="scale the preset to about this size (default 256MiB)",
+    )
+    size.add_argument(
+        "--scale",
+        type=number_arg(maximum=MAX_SCALE, positive=True),
+        help=f"scale factor instead of --total-size (above 0, at most {MAX_SCALE:,.0f})",
+    )
+    p.add_argument(
+        "--object-size",
+        type=size_arg(),
+        default="16MiB",
+        help="largest shard object (default 16MiB)",
+    )
+    p.add_argument(
+        "--iterations",
+        type=count_arg(1, MAX_ITERATIONS),
+        default=1,
+        help=f"checkpoints to write per target, 1 to {MAX_ITERATIONS} (default 1)",
+    )
+    p.add_argument(
+        "--site", help="label of this machine/site in merged reports (default: hostname)"
+    )
+    p.add_argument(
+        "--out",
+        default="ckptio-report",
+        help="report directory (default ckptio-report/); results go to OUT/results/",
+    )
     _add_projection_arguments(p)
     _add_format(p)
 
@@ -499,10 +675,17 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     out = _printer(args)
     result = compare(
-        targets=names(args.targets), profiles=names(args.profiles), preset=args.preset,
+        targets=names(args.targets),
+        profiles=names(args.profiles),
+        preset=args.preset,
         total_size=args.total_size or (None if args.scale else DEFAULT_TOTAL_SIZE),
-        scale=args.scale, object_size=args.object_size, iterations=args.iterations,
-        out=args.out, site=args.site, **_projection_options(args), say=note,
+        scale=args.scale,
+        object_size=args.object_size,
+        iterations=args.iterations,
+        out=args.out,
+        site=args.site,
+        **_projection_options(args),
+        say=note,
     )
     if out.fmt == "json":
         out.json(result)
@@ -517,16 +700,21 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sub.add_parser("plan", help="checkpoint size, ranks, bytes/objects/requests per rank of a "
-                   "model preset and parallel layout", declare=_declare_plan)
+    sub.add_parser(
+        "plan",
+        help="checkpoint size, ranks, bytes/objects/requests per rank of a "
+        "model preset and parallel layout",
+        declare=_declare_plan,
+    )
 
 
 def _declare_plan(p: argparse.ArgumentParser) -> None:
     from ckptio.workload import add_workload_arguments
 
     add_workload_arguments(p)
-    p.add_argument("--part-size", type=size_arg(),
-                   help="request size to count requests at (default 8MiB)")
+    p.add_argument(
+        "--part-size", type=size_arg(), help="request size to count requests at (default 8MiB)"
+    )
     _add_format(p)
 
 
@@ -547,9 +735,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _add_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sub.add_parser("run", help="write and read back a synthetic sharded checkpoint of a "
-                   "preset on a target, on N ranks; Parquet results",
-                   declare=_declare_run)
+    sub.add_parser(
+        "run",
+        help="write and read back a synthetic sharded checkpoint of a "
+        "preset on a target, on N ranks; Parquet results",
+        declare=_declare_run,
+    )
 
 
 def _declare_run(p: argparse.ArgumentParser, *, sweep_mode: bool = False) -> None:
@@ -568,28 +759,39 @@ def _cmd_run(args: argparse.Namespace, *, sweep_mode: bool = False) -> int:
     if job.is_root:
         for line in job.warnings:
             warn(line)
-    what = (f"{job.mode} {job.plan.preset.name} ({job.plan.total_bytes / 2**20:,.1f} MiB) on "
-            f"{redact_url(job.target)}, {job.ranks} rank(s)")
-    with Progress(what, job.progress_bytes, enabled=job.is_root,
-                  short=f"{job.mode} {job.plan.preset.name}") as bar:
+    what = (
+        f"{job.mode} {job.plan.preset.name} ({job.plan.total_bytes / 2**20:,.1f} MiB) on "
+        f"{redact_url(job.target)}, {job.ranks} rank(s)"
+    )
+    with Progress(
+        what, job.progress_bytes, enabled=job.is_root, short=f"{job.mode} {job.plan.preset.name}"
+    ) as bar:
         summary = execute_run(job, progress=bar.advance, say=bar.say)
     if not job.is_root:
         return 0
     if out.fmt == "json":
-        out.json({"run_id": summary.run_id, "runs": summary.runs,
-                  "paths": [str(p) for p in summary.paths],
-                  "peak_rss_bytes": summary.peak_rss_bytes, "cache": summary.cache,
-                  "generator": summary.generator,
-                  "sweep_points": [{**vars(p), "capped": p.capped} for p in job.points]})
+        out.json(
+            {
+                "run_id": summary.run_id,
+                "runs": summary.runs,
+                "paths": [str(p) for p in summary.paths],
+                "peak_rss_bytes": summary.peak_rss_bytes,
+                "cache": summary.cache,
+                "generator": summary.generator,
+                "sweep_points": [{**vars(p), "capped": p.capped} for p in job.points],
+            }
+        )
     else:
         print_run(summary, out)
     return 0
 
 
 def _add_sweep(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    sub.add_parser("sweep", help="throughput versus concurrency: the workload at each "
-                   "--streams x --part-size",
-                   declare=lambda p: _declare_run(p, sweep_mode=True))
+    sub.add_parser(
+        "sweep",
+        help="throughput versus concurrency: the workload at each --streams x --part-size",
+        declare=lambda p: _declare_run(p, sweep_mode=True),
+    )
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -622,8 +824,12 @@ class ArgumentParser(argparse.ArgumentParser):
     parses or prints its help or usage, so a subcommand whose arguments come from a module
     that is slow to import (runner, workload) costs nothing unless it is the command given."""
 
-    def __init__(self, *args: Any, declare: Callable[[argparse.ArgumentParser], None] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        declare: Callable[[argparse.ArgumentParser], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._declare = declare
 

@@ -203,16 +203,22 @@ def compare(
     no_plots = plots_unavailable()  # said before the measurements, not after them
     if no_plots:
         say(f"warning: {no_plots}; the report will be written without plots")
-    plan = make_plan(preset, scale=scale, total_size=None if scale is not None else total_size,
-                     object_size=object_size)
+    plan = make_plan(
+        preset,
+        scale=scale,
+        total_size=None if scale is not None else total_size,
+        object_size=object_size,
+    )
     results_dir = os.path.join(out, "results")
     os.makedirs(results_dir, exist_ok=True)
     skipped: list[dict[str, str]] = []
     run_ids: list[str] = []
     with tempfile.TemporaryDirectory(prefix="ckptio-compare-") as tmp:
-        chosen = resolve_targets(list(targets if targets is not None else default_targets()),
-                                 list(profiles if profiles is not None else DEFAULT_PROFILES),
-                                 tmp=tmp)
+        chosen = resolve_targets(
+            list(targets if targets is not None else default_targets()),
+            list(profiles if profiles is not None else DEFAULT_PROFILES),
+            tmp=tmp,
+        )
         for t in chosen:  # a wrong URL or store option fails here, before any target runs
             if t.url and not t.emulate:
                 open_store(t.url).close()
@@ -226,13 +232,25 @@ def compare(
                         say(f"skipped {t.name}: {err}")
                         skipped.append({"target": t.name, "reason": str(err)})
                         continue
-                kind = ("mock — not a performance figure" if t.mock else
-                        f"emulated {t.emulate}" if t.emulate else measured_note(t.name))
+                kind = (
+                    "mock — not a performance figure"
+                    if t.mock
+                    else f"emulated {t.emulate}"
+                    if t.emulate
+                    else measured_note(t.name)
+                )
                 say(f"running {t.name} ({kind}) ...")
                 start = time.perf_counter()
                 summary = run_workload(
-                    url, plan, iterations=iterations, comm=SingleProcess(), out_dir=results_dir,
-                    label=t.name, site=site, emulate=t.emulate, mock=t.mock,
+                    url,
+                    plan,
+                    iterations=iterations,
+                    comm=SingleProcess(),
+                    out_dir=results_dir,
+                    label=t.name,
+                    site=site,
+                    emulate=t.emulate,
+                    mock=t.mock,
                     config={"command": "compare", "target": t.name},
                     say=lambda line: say(f"  {line}"),
                 )
@@ -242,7 +260,10 @@ def compare(
         raise errors.CkptioError("no target could run; see the lines above")
     files = [os.path.join(results_dir, f"{rid}.run.parquet") for rid in run_ids]
     report = build_report(
-        files, out, presets=presets, interval=interval,
+        files,
+        out,
+        presets=presets,
+        interval=interval,
         price=DEFAULT_PRICE_PER_GPU_HOUR if price is None else price,
         restart=DEFAULT_RESTART_SECONDS if restart is None else restart,
         title=f"ckptio compare: {preset} scaled to {plan.total_bytes / 2**20:.0f} MiB",

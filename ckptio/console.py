@@ -78,10 +78,18 @@ class Sheet:
     def drop_empty_columns(self, empty: str = "-") -> Sheet:
         """The sheet without columns whose every cell is ``empty`` (none are dropped from a
         sheet without rows)."""
-        keep = [i for i, _ in enumerate(self.columns)
-                if not self.rows or any(plain(r[i]) != empty for r in self.rows)]
-        return Sheet(self.title, [self.columns[i] for i in keep],
-                     [[r[i] for i in keep] for r in self.rows], self.right, self.caption)
+        keep = [
+            i
+            for i, _ in enumerate(self.columns)
+            if not self.rows or any(plain(r[i]) != empty for r in self.rows)
+        ]
+        return Sheet(
+            self.title,
+            [self.columns[i] for i in keep],
+            [[r[i] for i in keep] for r in self.rows],
+            self.right,
+            self.caption,
+        )
 
 
 def _isatty(stream: TextIO) -> bool:
@@ -110,8 +118,15 @@ class Printer:
         if self.tty:
             return Console(highlight=False)
         # plain: no colour, no terminal width (a log keeps every character of a line)
-        return Console(file=sys.stdout, highlight=False, color_system=None, force_terminal=False,
-                       soft_wrap=width is None, width=width or 80, emoji=False)
+        return Console(
+            file=sys.stdout,
+            highlight=False,
+            color_system=None,
+            force_terminal=False,
+            soft_wrap=width is None,
+            width=width or 80,
+            emoji=False,
+        )
 
     def sheet(self, s: Sheet) -> None:
         """One table in the chosen format (nothing for ``json``: the command prints its
@@ -122,8 +137,12 @@ class Printer:
         if self.fmt == "markdown":
             from ckptio.report import md_table
 
-            out.write(("\n" if self._sheets else "") + f"### {plain(s.title)}\n\n"
-                      + md_table(s.columns, [[plain(c) for c in r] for r in s.rows]) + "\n")
+            out.write(
+                ("\n" if self._sheets else "")
+                + f"### {plain(s.title)}\n\n"
+                + md_table(s.columns, [[plain(c) for c in r] for r in s.rows])
+                + "\n"
+            )
             if s.caption:
                 out.write(f"\n_{plain(s.caption)}_\n")
         elif self.fmt == "csv":
@@ -146,13 +165,18 @@ class Printer:
             return Text(plain(c), style=c.style if isinstance(c, Styled) else "")
 
         if self.tty:
-            t = Table(title=Text(plain(s.title)),
-                      caption=Text(plain(s.caption)) if s.caption else None)
+            t = Table(
+                title=Text(plain(s.title)), caption=Text(plain(s.caption)) if s.caption else None
+            )
         else:  # the title and caption as lines of their own: never wrapped to the table's width
             t = Table(box=box.ASCII, safe_box=True)
         for col in s.columns:
-            t.add_column(col, justify="right" if col in s.right else "left",
-                         no_wrap=not self.tty, overflow="fold")
+            t.add_column(
+                col,
+                justify="right" if col in s.right else "left",
+                no_wrap=not self.tty,
+                overflow="fold",
+            )
         for r in s.rows:
             t.add_row(*[cell(c) for c in r])
         if self.tty:
@@ -196,8 +220,12 @@ def note(*parts: Cell) -> None:
     from rich.text import Text
 
     tty = _isatty(sys.stderr)
-    console = Console(stderr=True, highlight=False, soft_wrap=True,
-                      **({} if tty else {"color_system": None, "force_terminal": False}))
+    console = Console(
+        stderr=True,
+        highlight=False,
+        soft_wrap=True,
+        **({} if tty else {"color_system": None, "force_terminal": False}),
+    )
     console.print(Text.assemble(*_parts(parts)))
 
 
@@ -214,8 +242,9 @@ class Progress:
     EVERY = 10.0
     """Plain lines: a line at each 10% of the bytes, at most one per this many seconds."""
 
-    def __init__(self, description: str, total: int = 0, *, enabled: bool = True,
-                 short: str | None = None) -> None:
+    def __init__(
+        self, description: str, total: int = 0, *, enabled: bool = True, short: str | None = None
+    ) -> None:
         self.description = description
         self.short = short or description
         """What the bar shows beside it (the lines say ``description``)."""
@@ -235,10 +264,15 @@ class Progress:
             from rich import progress as rp
             from rich.console import Console
 
-            self._bar = rp.Progress(rp.TextColumn("{task.description}", markup=False),
-                                    rp.BarColumn(), rp.DownloadColumn(),
-                                    rp.TransferSpeedColumn(), rp.TimeRemainingColumn(),
-                                    console=Console(stderr=True), transient=True)
+            self._bar = rp.Progress(
+                rp.TextColumn("{task.description}", markup=False),
+                rp.BarColumn(),
+                rp.DownloadColumn(),
+                rp.TransferSpeedColumn(),
+                rp.TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
             self._bar.start()
             self._task = self._bar.add_task(plain(self.short), total=self.total or None)
         else:
@@ -280,8 +314,10 @@ class Progress:
             self._last = now
             from ckptio.units import human_bytes
 
-            self._write(f"  {tenth * 10}% ({human_bytes(self.done)} of {human_bytes(self.total)}) "
-                        f"after {time.perf_counter() - self.start:.1f} s")
+            self._write(
+                f"  {tenth * 10}% ({human_bytes(self.done)} of {human_bytes(self.total)}) "
+                f"after {time.perf_counter() - self.start:.1f} s"
+            )
 
     def say(self, text: str) -> None:
         if self.enabled:
@@ -298,17 +334,25 @@ def profiles_sheet(profiles: list[Any]) -> Sheet:
     from ckptio.report import fig_text
 
     names = [p.name for p in profiles]
-    s = Sheet("storage profiles (* = assumption, no published figure)", ["figure", *names],
-              right=set(names))
+    s = Sheet(
+        "storage profiles (* = assumption, no published figure)",
+        ["figure", *names],
+        right=set(names),
+    )
     for name, unit in FIGURES.items():
-        s.add(name.replace("_", " "), *[fig_text(p.figures[name].value, unit)
-                                        + ("*" if p.figures[name].assumption else "")
-                                        for p in profiles])
+        s.add(
+            name.replace("_", " "),
+            *[
+                fig_text(p.figures[name].value, unit) + ("*" if p.figures[name].assumption else "")
+                for p in profiles
+            ],
+        )
     s.add("streams per node", *[str(p.streams) for p in profiles])
     s.add("part size", *[human_size(p.part_size) for p in profiles])
     s.add("rate limit per", *[p.rate_scope for p in profiles])
-    s.add("past the rate limit", *[(p.throttle.split(";")[0].split(":")[0] or "-")
-                                   for p in profiles])
+    s.add(
+        "past the rate limit", *[(p.throttle.split(";")[0].split(":")[0] or "-") for p in profiles]
+    )
     return s
 
 
@@ -328,9 +372,11 @@ def num(x: float) -> str:
 def gpus_text(result: dict[str, Any]) -> str:
     """Which GPU count the model used, and where it came from."""
     n, src = result.get("gpus", 1), result.get("gpus_from", "given")
-    how = {"given": "--gpus", "workload": "the workload",
-           "assumed": "assumed: no --gpus given; idle GPU-hours and the async snapshot scale "
-           "with it"}.get(src, f"the layout of {src}" if src.startswith("preset ") else src)
+    how = {
+        "given": "--gpus",
+        "workload": "the workload",
+        "assumed": "assumed: no --gpus given; idle GPU-hours and the async snapshot scale with it",
+    }.get(src, f"the layout of {src}" if src.startswith("preset ") else src)
     return f"GPUs: {n:,} ({how})"
 
 
@@ -341,21 +387,39 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
     targets = result["targets"]
     if "workload" in result:
         w = result["workload"]
-        out.line(f"workload {w['name'] or ''}: {human_size(w['total_bytes'])} per checkpoint, "
-                 f"{w['writing_ranks']} writing ranks of {max(w['ranks'], w['writing_ranks'])} "
-                 f"GPUs, {human_size(w['bytes_per_rank'])} per rank ({w['ranks_per_node']} per "
-                 "node)")
+        out.line(
+            f"workload {w['name'] or ''}: {human_size(w['total_bytes'])} per checkpoint, "
+            f"{w['writing_ranks']} writing ranks of {max(w['ranks'], w['writing_ranks'])} "
+            f"GPUs, {human_size(w['bytes_per_rank'])} per rank ({w['ranks_per_node']} per "
+            "node)"
+        )
     out.line(gpus_text(result))
     given = all(t.get("kind") == "given" for t in targets)
-    title = ("checkpoint stall and cost (from the figures given)" if given
-             else "checkpoint stall and cost (projected by the model)")
-    s = Sheet(title, ["target", "size", "write", "read", "binding limit", "GPU stall", "idle",
-                      "idle GPU-h/day", "cost/day"],
-              right={"size", "write", "read", "GPU stall", "idle", "idle GPU-h/day", "cost/day"})
+    title = (
+        "checkpoint stall and cost (from the figures given)"
+        if given
+        else "checkpoint stall and cost (projected by the model)"
+    )
+    s = Sheet(
+        title,
+        [
+            "target",
+            "size",
+            "write",
+            "read",
+            "binding limit",
+            "GPU stall",
+            "idle",
+            "idle GPU-h/day",
+            "cost/day",
+        ],
+        right={"size", "write", "read", "GPU stall", "idle", "idle GPU-h/day", "cost/day"},
+    )
     for t in targets:
         s.add(
             t["target"],
-            human_rate(t["checkpoint_bytes"]).removesuffix("/s") if t.get("checkpoint_bytes")
+            human_rate(t["checkpoint_bytes"]).removesuffix("/s")
+            if t.get("checkpoint_bytes")
             else "-",
             human_seconds(t.get("write_seconds", t["checkpoint_seconds"])),
             human_seconds(t["read_seconds"]) if "read_seconds" in t else "-",
@@ -368,15 +432,19 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
     out.sheet(s.drop_empty_columns())
     projected = [t for t in targets if "write" in t]
     if projected:
-        att = Sheet("write time by limit: alone / on the critical path (*: binding)",
-                    ["limit", *[t["target"] for t in projected]],
-                    right={t["target"] for t in projected})
+        att = Sheet(
+            "write time by limit: alone / on the critical path (*: binding)",
+            ["limit", *[t["target"] for t in projected]],
+            right={t["target"] for t in projected},
+        )
         for name in LIMITS:
             cells: list[Cell] = [name]
             for t in projected:
                 lim = next(x for x in t["write"]["limits"] if x["limit"] == name)
-                cell = (f"{human_seconds(lim['seconds'])} / "
-                        f"{human_seconds(lim['contribution_seconds'])}")
+                cell = (
+                    f"{human_seconds(lim['seconds'])} / "
+                    f"{human_seconds(lim['contribution_seconds'])}"
+                )
                 cells.append(Styled(cell + " *", "bold") if lim["binding"] else cell)
             att.add(*cells)
         out.sheet(att)
@@ -385,11 +453,16 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
             out.line(f"{t['target']}: what would fix it: {t['write']['remedy']}")
     for t in targets:
         if t.get("async_save"):
-            out.line(f"{t['target']}: async save stalls {human_seconds(t['snapshot_seconds'])} "
-                     f"(snapshot at {t['snapshot_bandwidth'] / 1e9:g} GB/s per GPU) instead of "
-                     f"{human_seconds(t['blocking_stall_seconds'])}"
-                     + ("" if t["async_fits_interval"] else
-                        " — but the background write is longer than the interval"))
+            out.line(
+                f"{t['target']}: async save stalls {human_seconds(t['snapshot_seconds'])} "
+                f"(snapshot at {t['snapshot_bandwidth'] / 1e9:g} GB/s per GPU) instead of "
+                f"{human_seconds(t['blocking_stall_seconds'])}"
+                + (
+                    ""
+                    if t["async_fits_interval"]
+                    else " — but the background write is longer than the interval"
+                )
+            )
     for t in targets:
         if t.get("drain_seconds") is None:
             continue
@@ -403,7 +476,8 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
             f"restore {human_seconds(t['restore_fast_seconds'])} from {tiers['local']}, "
             f"{human_seconds(t['restore_durable_seconds'])} from {tiers['durable']}, expected "
             f"{human_seconds(t['restore_seconds'])} (a failure loses a node's fast tier with p = "
-            f"{t['p_lose_node']:.2f}, {t['p_lose_node_source']})")
+            f"{t['p_lose_node']:.2f}, {t['p_lose_node_source']})"
+        )
     for t in targets:
         if "restart_seconds" not in t:
             continue
@@ -412,9 +486,11 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
         elif t.get("restore_seconds") is None:
             line = f"restart {human_seconds(t['restart_seconds'])}: {t['restart_basis']}"
         else:
-            line = (f"restart {human_seconds(t['restart_seconds'])} = "
-                    f"{human_seconds(t['restart_overhead_seconds'])} fixed (assumption) + restore "
-                    f"{human_seconds(t['restore_seconds'])}")
+            line = (
+                f"restart {human_seconds(t['restart_seconds'])} = "
+                f"{human_seconds(t['restart_overhead_seconds'])} fixed (assumption) + restore "
+                f"{human_seconds(t['restore_seconds'])}"
+            )
         if t.get("restore_binding_detail"):
             line += f"; the restore is bound by {t['restore_binding_detail']}"
         elif t.get("restore_binding"):
@@ -424,12 +500,14 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
         out.line(f"{t['target']}: {line}")
     for t in targets:
         if t.get("young_interval_seconds") is not None:
-            out.line(f"{t['target']}: optimal interval Young "
-                     f"{human_seconds(t['young_interval_seconds'])}, Daly "
-                     f"{human_seconds(t['daly_interval_seconds'])} of compute; total overhead "
-                     f"{t['overhead_at_interval']:.2%} at {human_seconds(t['interval_seconds'])}, "
-                     f"{t['overhead_at_optimum']:.2%} at the optimum (restarts of "
-                     f"{human_seconds(t['restart_seconds'])} included)")
+            out.line(
+                f"{t['target']}: optimal interval Young "
+                f"{human_seconds(t['young_interval_seconds'])}, Daly "
+                f"{human_seconds(t['daly_interval_seconds'])} of compute; total overhead "
+                f"{t['overhead_at_interval']:.2%} at {human_seconds(t['interval_seconds'])}, "
+                f"{t['overhead_at_optimum']:.2%} at the optimum (restarts of "
+                f"{human_seconds(t['restart_seconds'])} included)"
+            )
 
 
 def comparison_sheet(summary: list[dict[str, Any]], title: str = "comparison") -> Sheet:
@@ -443,23 +521,30 @@ def comparison_sheet(summary: list[dict[str, Any]], title: str = "comparison") -
     sizes = {s["checkpoint_bytes"] for s in summary}
     if len(sizes) == 1:
         title = f"{title}: {human_size(sizes.pop() or 0)} checkpoint"
-    cols = ["target", "kind", "write", "write GB/s", "read GB/s", "iterations", "reqs",
-            "throttled"]
+    cols = ["target", "kind", "write", "write GB/s", "read GB/s", "iterations", "reqs", "throttled"]
     if any(s.get("point") for s in summary):
         cols.insert(1, "point")
     if len(sizes) > 1:
         cols.insert(cols.index("write"), "size")
-    sheet = Sheet(title, cols, right=set(cols) - {"target", "point", "kind"},
-                  caption="mock: moto, not a performance figure; emulated: a profile imposed by "
-                  "sleeping (plus this machine's real CPU work); figures: mean over iterations")
+    sheet = Sheet(
+        title,
+        cols,
+        right=set(cols) - {"target", "point", "kind"},
+        caption="mock: moto, not a performance figure; emulated: a profile imposed by "
+        "sleeping (plus this machine's real CPU work); figures: mean over iterations",
+    )
     for s in summary:
         cells = {
-            "target": s["target"], "point": s.get("point", ""), "kind": s["kind"],
+            "target": s["target"],
+            "point": s.get("point", ""),
+            "kind": s["kind"],
             "size": human_size(s["checkpoint_bytes"] or 0),
             "write": "-" if s["write_seconds"] is None else human_seconds(s["write_seconds"]),
-            "write GB/s": g(s["write_GBps"]), "read GB/s": g(s["read_GBps"]),
+            "write GB/s": g(s["write_GBps"]),
+            "read GB/s": g(s["read_GBps"]),
             "iterations": str(s.get("iterations", "")),
-            "reqs": str(s["requests"]), "throttled": str(s["throttled"]),
+            "reqs": str(s["requests"]),
+            "throttled": str(s["throttled"]),
         }
         sheet.add(*[cells[c] for c in cols])
     return sheet
@@ -472,18 +557,27 @@ def projection_sheet(proj: list[dict[str, Any]]) -> Sheet:
     workloads = list(dict.fromkeys(f"{p['preset']} on {p['gpus']} GPUs" for p in proj))
     one = len(workloads) == 1
     title = "full-scale projection (model): why it stalls"
-    cols = ([] if one else ["workload"]) + ["target", "write", "binding limit", "idle",
-                                            "GPU-h/day idle"]
-    sheet = Sheet(f"{title} — {workloads[0]}" if one else title, cols,
-                  right={"write", "idle", "GPU-h/day idle"},
-                  caption="idle: share of each interval the GPUs wait for a blocking save")
+    cols = ([] if one else ["workload"]) + [
+        "target",
+        "write",
+        "binding limit",
+        "idle",
+        "GPU-h/day idle",
+    ]
+    sheet = Sheet(
+        f"{title} — {workloads[0]}" if one else title,
+        cols,
+        right={"write", "idle", "GPU-h/day idle"},
+        caption="idle: share of each interval the GPUs wait for a blocking save",
+    )
     for p in proj:
         done = bool(p.get("write_seconds"))
         cells = {
             "workload": f"{p['preset']} / {p['gpus']} GPUs",
             "target": f"{p['name']} ({p['kind']})" if p.get("name") else p["target"],
             "write": human_seconds(p["write_seconds"]) if done else "-",
-            "binding limit": p["binding_detail"].split(": ", 1)[-1] if done
+            "binding limit": p["binding_detail"].split(": ", 1)[-1]
+            if done
             else p["binding_detail"],
             "idle": idle_text(p["idle_fraction"]) if done else "-",
             "GPU-h/day idle": f"{p['idle_gpu_hours_per_day']:,.0f}" if done else "-",
@@ -500,24 +594,48 @@ def print_run(summary: Any, out: Printer) -> None:
     tag = f" (emulated: {first.get('profile', '')})" if first.get("emulated") else ""
     tag += " (mock)" if first.get("mock") else ""
     is_sweep = any(r["kind"] == "sweep" for r in summary.runs)
-    cols = ["it", *(["streams", "part"] if is_sweep else []), "size", "write s", "write GB/s",
-            "slowest rank write GB/s", "read s", "read GB/s", "slowest rank read GB/s",
-            "requests", "retries"]
-    s = Sheet(f"{summary.run_id}: {first.get('preset', '')} on {first.get('url', '')}{tag}",
-              cols, right=set(cols))
+    cols = [
+        "it",
+        *(["streams", "part"] if is_sweep else []),
+        "size",
+        "write s",
+        "write GB/s",
+        "slowest rank write GB/s",
+        "read s",
+        "read GB/s",
+        "slowest rank read GB/s",
+        "requests",
+        "retries",
+    ]
+    s = Sheet(
+        f"{summary.run_id}: {first.get('preset', '')} on {first.get('url', '')}{tag}",
+        cols,
+        right=set(cols),
+    )
     for r in summary.runs:
         point = [str(r["sweep_streams"]), human_bytes(r["sweep_part_size"])] if is_sweep else []
-        s.add(str(r["iteration"]), *point, human_bytes(r["checkpoint_bytes"]),
-              num(r["write_seconds"]), num(r["write_GBps"]), num(r["min_rank_write_GBps"]),
-              num(r["read_seconds"]), num(r["read_GBps"]), num(r["min_rank_read_GBps"]),
-              f"{r['requests']:,}", str(r["retries"] + r["throttled"]))
+        s.add(
+            str(r["iteration"]),
+            *point,
+            human_bytes(r["checkpoint_bytes"]),
+            num(r["write_seconds"]),
+            num(r["write_GBps"]),
+            num(r["min_rank_write_GBps"]),
+            num(r["read_seconds"]),
+            num(r["read_GBps"]),
+            num(r["min_rank_read_GBps"]),
+            f"{r['requests']:,}",
+            str(r["retries"] + r["throttled"]),
+        )
     out.sheet(s)
     rss = ", ".join(human_bytes(b) for b in summary.peak_rss_bytes)
     gen = ", ".join(num(r["generate_GBps"]) for r in summary.runs)
-    out.line(f"Layout: {first.get('layout', 'file-per-shard')}. GB/s = 1e9 bytes/s; slowest "
-             f"rank: its own bytes over its own time. Read cache bypass: {summary.cache or 'n/a'}. "
-             f"Data: {summary.generator}, generated at {gen} GB/s per core. Peak RSS per rank: "
-             f"{rss}.")
+    out.line(
+        f"Layout: {first.get('layout', 'file-per-shard')}. GB/s = 1e9 bytes/s; slowest "
+        f"rank: its own bytes over its own time. Read cache bypass: {summary.cache or 'n/a'}. "
+        f"Data: {summary.generator}, generated at {gen} GB/s per core. Peak RSS per rank: "
+        f"{rss}."
+    )
     for p in summary.paths:
         out.line(Styled(str(p), "dim"))
 
@@ -526,22 +644,31 @@ def print_plan(s: dict[str, Any], out: Printer) -> None:
     """A plan summary (``ckptio plan``)."""
     from ckptio.units import human_bytes
 
-    sheet = Sheet(f"checkpoint plan: {s['preset']} ({s['layout_text']}"
-                  + (f", scale {s['scale']:g}" if s["scale"] != 1 else "") + ")",
-                  ["", "value"], right={"value"})
+    sheet = Sheet(
+        f"checkpoint plan: {s['preset']} ({s['layout_text']}"
+        + (f", scale {s['scale']:g}" if s["scale"] != 1 else "")
+        + ")",
+        ["", "value"],
+        right={"value"},
+    )
     bpp = s["bytes_per_parameter"]
     rows = [
         ("parameters", f"{s['parameters']:,}"),
-        ("bytes / parameter", f"{bpp['total']} = {bpp['weights']} weights + {bpp['fp32_master']} "
-         f"fp32 master + {bpp['adam_exp_avg']} + {bpp['adam_exp_avg_sq']} Adam moments"),
+        (
+            "bytes / parameter",
+            f"{bpp['total']} = {bpp['weights']} weights + {bpp['fp32_master']} "
+            f"fp32 master + {bpp['adam_exp_avg']} + {bpp['adam_exp_avg_sq']} Adam moments",
+        ),
         ("checkpoint size", f"{human_bytes(s['total_bytes'])} ({s['total_bytes'] / 1e12:.3f} TB)"),
         ("  weights", human_bytes(s["weights_bytes"])),
         ("  optimizer state", human_bytes(s["optimizer_bytes"])),
         ("ranks", f"{s['ranks']:,}"),
         ("writing ranks", f"{s['writing_ranks']:,}"),
-        ("bytes per writing rank min / median / max",
-         f"{human_bytes(s['bytes_per_rank_min'])} / {human_bytes(s['bytes_per_rank_median'])} / "
-         f"{human_bytes(s['bytes_per_rank_max'])}"),
+        (
+            "bytes per writing rank min / median / max",
+            f"{human_bytes(s['bytes_per_rank_min'])} / {human_bytes(s['bytes_per_rank_median'])} / "
+            f"{human_bytes(s['bytes_per_rank_max'])}",
+        ),
         (f"objects (≤ {human_bytes(s['object_size'])})", f"{s['objects']:,}"),
         (f"requests of {human_bytes(s['part_size'])}", f"{s['requests']:,}"),
     ]

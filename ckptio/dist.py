@@ -88,7 +88,13 @@ class MPICommunicator:
         return f"MPICommunicator(rank={self.rank}, size={self.size})"
 
 
-_MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "SLURM_PMIXP_ABORTAGENTPORT")
+_MPI_ENV = (
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_SIZE",
+    "PMIX_RANK",
+    "MPI_LOCALNRANKS",
+    "SLURM_PMIXP_ABORTAGENTPORT",
+)
 
 
 def under_mpi() -> bool:
@@ -166,7 +172,9 @@ class LocalProcesses:
         try:
             conn.send_bytes(json.dumps(obj, separators=(",", ":")).encode())
         except (OSError, EOFError) as err:
-            raise RankFailedError(f"rank {peer} is gone (sending from rank {self.rank}): {err}") from err
+            raise RankFailedError(
+                f"rank {peer} is gone (sending from rank {self.rank}): {err}"
+            ) from err
 
     def _recv(self, conn: Any, peer: int) -> Any:
         import json
@@ -174,11 +182,15 @@ class LocalProcesses:
         try:
             return json.loads(conn.recv_bytes())
         except (OSError, EOFError) as err:
-            raise RankFailedError(f"rank {peer} died or failed (rank {self.rank} was waiting for it)") from err
+            raise RankFailedError(
+                f"rank {peer} died or failed (rank {self.rank} was waiting for it)"
+            ) from err
 
     def _root_only(self, root: int) -> None:
         if root != 0:
-            raise errors.InvalidArgumentError("local-process ranks gather to and broadcast from rank 0 only")
+            raise errors.InvalidArgumentError(
+                "local-process ranks gather to and broadcast from rank 0 only"
+            )
 
     def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
         self._root_only(root)
@@ -213,8 +225,9 @@ class LocalProcesses:
         return f"LocalProcesses(rank={self.rank}, size={self.size})"
 
 
-def _local_child(rank: int, size: int, conn: Any, target: Any, args: tuple[Any, ...],
-                 kwargs: dict[str, Any]) -> None:
+def _local_child(
+    rank: int, size: int, conn: Any, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> None:
     comm = LocalProcesses(rank, size, [conn])
     try:
         target(comm, *args, **kwargs)
@@ -239,8 +252,12 @@ def run_local(size: int, target: Any, /, *args: Any, **kwargs: Any) -> Any:
     try:
         for r in range(1, size):
             parent, child = ctx.Pipe(duplex=True)
-            p = ctx.Process(target=_local_child, args=(r, size, child, target, args, kwargs),
-                            name=f"ckptio-rank-{r}", daemon=True)
+            p = ctx.Process(
+                target=_local_child,
+                args=(r, size, child, target, args, kwargs),
+                name=f"ckptio-rank-{r}",
+                daemon=True,
+            )
             p.start()
             child.close()
             conns.append(parent)

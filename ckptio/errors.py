@@ -92,7 +92,9 @@ class UnknownOptionError(InvalidArgumentError):
     the valid ones, per taker (``groups``: ``(taker, names)`` pairs, e.g. the Checkpointer's
     own options and its store's); :meth:`widened` adds a caller's own options."""
 
-    def __init__(self, where: str, unknown: Iterable[str], groups: Iterable[tuple[str, Iterable[str]]]) -> None:
+    def __init__(
+        self, where: str, unknown: Iterable[str], groups: Iterable[tuple[str, Iterable[str]]]
+    ) -> None:
         self.where = where
         self.unknown = sorted(unknown)
         self.groups = [(taker, sorted(set(names))) for taker, names in groups]
@@ -106,7 +108,11 @@ class UnknownOptionError(InvalidArgumentError):
         for name in self.unknown:
             close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
             if close:
-                hints.append(f"did you mean {close[0]!r}" + (f" for {name!r}" if len(self.unknown) > 1 else "") + "?")
+                hints.append(
+                    f"did you mean {close[0]!r}"
+                    + (f" for {name!r}" if len(self.unknown) > 1 else "")
+                    + "?"
+                )
         text = f"{self.where}: unknown option(s) {', '.join(map(repr, self.unknown))}"
         if hints:
             text += f" ({'; '.join(hints)})"
@@ -117,7 +123,9 @@ class UnknownOptionError(InvalidArgumentError):
             return text + f"; valid options: {', '.join(groups[0][1])}"
         return text + "; valid options " + "; ".join(f"of {t}: {', '.join(n)}" for t, n in groups)
 
-    def widened(self, taker: str, names: Iterable[str], where: str | None = None) -> UnknownOptionError:
+    def widened(
+        self, taker: str, names: Iterable[str], where: str | None = None
+    ) -> UnknownOptionError:
         """The same refusal as seen by ``taker`` (at ``where``, default: the same place),
         which takes ``names`` itself and passes the rest on (to the store that refused them)."""
         return UnknownOptionError(where or self.where, self.unknown, [(taker, names), *self.groups])

@@ -168,7 +168,9 @@ class PageReleaser:
                     continue
                 busy = self._pending & (self._lo < hi) & (self._hi > lo)
                 cur = lo
-                for b_lo, b_hi in sorted(zip(self._lo[busy].tolist(), self._hi[busy].tolist(), strict=True)):
+                for b_lo, b_hi in sorted(
+                    zip(self._lo[busy].tolist(), self._hi[busy].tolist(), strict=True)
+                ):
                     if b_lo // PAGE * PAGE > cur:
                         free.append((cur, min(b_lo // PAGE * PAGE, hi)))
                     cur = max(cur, -(-b_hi // PAGE) * PAGE)
@@ -202,7 +204,9 @@ class ForkedWriter:
     be called.
     """
 
-    def __init__(self, work: Callable[[Any], Mapping[str, Any]], *, after_fork: Callable[[], None]) -> None:
+    def __init__(
+        self, work: Callable[[Any], Mapping[str, Any]], *, after_fork: Callable[[], None]
+    ) -> None:
         if not hasattr(os, "fork"):
             raise errors.InvalidArgumentError("snapshot='fork' needs os.fork (Linux, macOS)")
         parent = os.getpid()

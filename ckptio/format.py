@@ -76,8 +76,20 @@ MAX_STEP = 10**10 - 1
 _STEP_DIR = re.compile(r"^step-(\d{10})$")
 
 _NUMPY_DTYPES = (
-    "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64", "complex64", "complex128",
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
 )
 _ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
@@ -148,7 +160,11 @@ def dtype_name(dtype: np.dtype[Any]) -> str:
 
 
 def step_dir(step: int) -> str:
-    if not isinstance(step, int | np.integer) or isinstance(step, bool) or not 0 <= step <= MAX_STEP:
+    if (
+        not isinstance(step, int | np.integer)
+        or isinstance(step, bool)
+        or not 0 <= step <= MAX_STEP
+    ):
         raise errors.InvalidArgumentError(
             f"step must be an integer in [0, {MAX_STEP}], got {step!r}"
         )
@@ -287,13 +303,20 @@ class Manifest:
         }
         free = ("layout", "metadata", "tree", "extra")
         try:
-            return msgspec.json.encode({k: msgspec.Raw(_json(v, ascii_only=False)) if k in free else v for k, v in doc.items()})
+            return msgspec.json.encode(
+                {
+                    k: msgspec.Raw(_json(v, ascii_only=False)) if k in free else v
+                    for k, v in doc.items()
+                }
+            )
         except UnicodeEncodeError:
             return _json(msgspec.to_builtins(doc), ascii_only=True)
 
 
 def _json(value: Any, *, ascii_only: bool) -> bytes:
-    return json.dumps(value, allow_nan=False, ensure_ascii=ascii_only, separators=(",", ":")).encode()
+    return json.dumps(
+        value, allow_nan=False, ensure_ascii=ascii_only, separators=(",", ":")
+    ).encode()
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -380,7 +403,12 @@ def _decode_fast(data: bytes) -> tuple[dict[str, Any], dict[str, TensorEntry]] |
     if None in counts:
         return None
     chunks = sum(map(len, map(_CHUNKS, entries.values())))
-    decoded = len(top) + 1 + len(entries) * (1 + len(TensorEntry.__struct_fields__)) + chunks * len(Chunk.__struct_fields__)
+    decoded = (
+        len(top)
+        + 1
+        + len(entries) * (1 + len(TensorEntry.__struct_fields__))
+        + chunks * len(Chunk.__struct_fields__)
+    )
     if counts[0] != decoded + sum(c or 0 for c in counts[1:]):
         return None  # a repeated key: json's decoding names it
     # no key repeats, so ``top`` is all of the text besides the tensor table
@@ -434,7 +462,8 @@ def _check_free_values(top: Mapping[str, Any], free: int, tensor_bytes: int) -> 
     _want(problem is None, "metadata", str(problem))
     allowed = MAX_FREE_VALUES + int(tensor_bytes * FREE_VALUES_PER_TENSOR_BYTE)
     _want(
-        free <= allowed, "$",
+        free <= allowed,
+        "$",
         f"the values besides the tensor table (tree, objects, metadata, extra, ...) hold {free} JSON values "
         f"and keys, more than the {allowed} allowed with {tensor_bytes} bytes of tensor table",
     )
@@ -505,7 +534,9 @@ def _want(cond: bool, field: str, message: str) -> None:
 
 
 def _int(v: Any, field: str, lo: int = 0, hi: int = _MAX_INT) -> int:
-    _want(isinstance(v, int) and not isinstance(v, bool), field, f"expected an integer, got {v!r:.80}")
+    _want(
+        isinstance(v, int) and not isinstance(v, bool), field, f"expected an integer, got {v!r:.80}"
+    )
     _want(lo <= v <= hi, field, f"{v} is out of range [{lo}, {hi}]")
     return int(v)
 
@@ -518,16 +549,30 @@ def _int_list(v: Any, field: str, n: int | None = None) -> tuple[int, ...]:
     return tuple(_int(x, f"{field}[{i}]") for i, x in enumerate(v))
 
 
-def _validate(doc: Any, expect_step: int | None, entries: dict[str, TensorEntry] | None = None) -> Manifest | None:
+def _validate(
+    doc: Any, expect_step: int | None, entries: dict[str, TensorEntry] | None = None
+) -> Manifest | None:
     """The checks of a decoded manifest. ``entries``: the tensors as :func:`_decode_fast`
     built them (else they are in ``doc``); None is returned if their checks fail."""
     _want(isinstance(doc, dict), "$", "manifest is not a JSON object")
-    _want(doc.get("format") == FORMAT_NAME, "format", f"expected {FORMAT_NAME!r}, got {doc.get('format')!r:.80}")
+    _want(
+        doc.get("format") == FORMAT_NAME,
+        "format",
+        f"expected {FORMAT_NAME!r}, got {doc.get('format')!r:.80}",
+    )
     version = _int(doc.get("version"), "version")
-    _want(version == FORMAT_VERSION, "version", f"unsupported format version {version}; this ckptio reads {FORMAT_VERSION}")
+    _want(
+        version == FORMAT_VERSION,
+        "version",
+        f"unsupported format version {version}; this ckptio reads {FORMAT_VERSION}",
+    )
     step = _int(doc.get("step"), "step", 0, MAX_STEP)
     if expect_step is not None:
-        _want(step == expect_step, "step", f"manifest says step {step} but lies in {step_dir(expect_step)}")
+        _want(
+            step == expect_step,
+            "step",
+            f"manifest says step {step} but lies in {step_dir(expect_step)}",
+        )
     world = _int(doc.get("world_size"), "world_size", 1, 1 << 24)
 
     objects_doc = doc.get("objects")
@@ -535,7 +580,11 @@ def _validate(doc: Any, expect_step: int | None, entries: dict[str, TensorEntry]
     objects: dict[str, int] = {}
     for key, size in objects_doc.items():
         f = f"objects[{key!r:.80}]"
-        _want(_safe_key(key), f, "object key must be a relative key under the step directory (no '..', no absolute path)")
+        _want(
+            _safe_key(key),
+            f,
+            "object key must be a relative key under the step directory (no '..', no absolute path)",
+        )
         objects[key] = _int(size, f, 0, 1 << 50)
 
     if entries is not None:
@@ -546,7 +595,9 @@ def _validate(doc: Any, expect_step: int | None, entries: dict[str, TensorEntry]
         tensors_doc = doc.get("tensors")
         _want(isinstance(tensors_doc, dict), "tensors", "expected an object of path -> tensor")
         try:
-            tensors = _tensors_checked(msgspec.convert(tensors_doc, dict[str, TensorEntry]), objects)
+            tensors = _tensors_checked(
+                msgspec.convert(tensors_doc, dict[str, TensorEntry]), objects
+            )
         except msgspec.ValidationError:
             tensors = None
         if tensors is None:  # something is off: the per-field checks find it and name the field
@@ -580,7 +631,9 @@ def _check_byte_ranges(tensors: Mapping[str, TensorEntry]) -> None:
     by pointing many chunks at the same bytes."""
     every = list(itertools.chain.from_iterable(t.chunks for t in tensors.values()))
     codes: dict[str, int] = {}  # a number per object key (the first chunk's index), at C speed
-    keys = np.fromiter(map(codes.setdefault, map(_KEY, every), itertools.count()), np.int64, len(every))
+    keys = np.fromiter(
+        map(codes.setdefault, map(_KEY, every), itertools.count()), np.int64, len(every)
+    )
     starts = np.fromiter(map(_OFFSET, every), np.int64, len(every))
     lengths = np.fromiter(map(_LENGTH, every), np.int64, len(every))
     if not _ranges_clash(keys, starts, lengths):
@@ -629,11 +682,19 @@ def _validate_tensor(path: str, t: Any, objects: Mapping[str, int]) -> TensorEnt
     base = f"tensors[{path!r:.80}]"
     _want(isinstance(t, dict), base, "expected an object")
     dt = t.get("dtype")
-    _want(isinstance(dt, str) and dt in DTYPES, f"{base}.dtype", f"unknown dtype {dt!r:.40}; allowed: {', '.join(DTYPES)}")
+    _want(
+        isinstance(dt, str) and dt in DTYPES,
+        f"{base}.dtype",
+        f"unknown dtype {dt!r:.40}; allowed: {', '.join(DTYPES)}",
+    )
     itemsize = DTYPES[dt].itemsize
     shape = _int_list(t.get("shape"), f"{base}.shape")
     volume = math.prod(shape)
-    _want(volume * itemsize <= MAX_TENSOR_BYTES, f"{base}.shape", f"declares {volume * itemsize} bytes, more than the {MAX_TENSOR_BYTES}-byte limit")
+    _want(
+        volume * itemsize <= MAX_TENSOR_BYTES,
+        f"{base}.shape",
+        f"declares {volume * itemsize} bytes, more than the {MAX_TENSOR_BYTES}-byte limit",
+    )
     chunks_doc = t.get("chunks")
     _want(isinstance(chunks_doc, list), f"{base}.chunks", "expected a list")
     chunks = []
@@ -644,23 +705,41 @@ def _validate_tensor(path: str, t: Any, objects: Mapping[str, int]) -> TensorEnt
         offs = _int_list(c.get("offsets"), f"{f}.offsets", len(shape))
         cshape = _int_list(c.get("shape"), f"{f}.shape", len(shape))
         for d, (o, n, full) in enumerate(zip(offs, cshape, shape, strict=True)):
-            _want(o + n <= full, f"{f}.shape", f"dimension {d}: {o}+{n} exceeds the tensor's {full}")
+            _want(
+                o + n <= full, f"{f}.shape", f"dimension {d}: {o}+{n} exceeds the tensor's {full}"
+            )
         key = c.get("key")
-        _want(_safe_key(key), f"{f}.key", f"{key!r:.80} is not a key under the step's data/ directory")
+        _want(
+            _safe_key(key), f"{f}.key", f"{key!r:.80} is not a key under the step's data/ directory"
+        )
         _want(key in objects, f"{f}.key", f"{key!r:.80} is not listed in objects")
         offset = _int(c.get("offset"), f"{f}.offset")
         length = _int(c.get("length"), f"{f}.length")
-        _want(length == math.prod(cshape) * itemsize, f"{f}.length", f"{length} bytes disagrees with shape {list(cshape)} of {dt} ({math.prod(cshape) * itemsize} bytes)")
-        _want(offset + length <= objects[key], f"{f}.offset", f"bytes {offset}..{offset + length} lie past the end of {key} ({objects[key]} bytes)")
+        _want(
+            length == math.prod(cshape) * itemsize,
+            f"{f}.length",
+            f"{length} bytes disagrees with shape {list(cshape)} of {dt} ({math.prod(cshape) * itemsize} bytes)",
+        )
+        _want(
+            offset + length <= objects[key],
+            f"{f}.offset",
+            f"bytes {offset}..{offset + length} lie past the end of {key} ({objects[key]} bytes)",
+        )
         crc = _int(c.get("crc32c"), f"{f}.crc32c", 0, 0xFFFFFFFF)
         covered += math.prod(cshape)
         chunks.append(Chunk(offs, cshape, key, offset, length, crc))
-    _want(covered == volume, f"{base}.chunks", f"chunks hold {covered} elements but the shape has {volume}")
+    _want(
+        covered == volume,
+        f"{base}.chunks",
+        f"chunks hold {covered} elements but the shape has {volume}",
+    )
     _check_no_overlap(chunks, f"{base}.chunks")
     return TensorEntry(dt, shape, tuple(chunks))
 
 
-def _tensors_checked(tensors: dict[str, TensorEntry], objects: Mapping[str, int]) -> dict[str, TensorEntry] | None:
+def _tensors_checked(
+    tensors: dict[str, TensorEntry], objects: Mapping[str, int]
+) -> dict[str, TensorEntry] | None:
     """The rest of the checks of :func:`_validate_tensor` and :func:`_check_byte_ranges`, in
     bulk, on entries msgspec built (so every field's type and range is checked): those
     across fields, on numpy columns of all chunks at once.
@@ -670,7 +749,10 @@ def _tensors_checked(tensors: dict[str, TensorEntry], objects: Mapping[str, int]
     may refuse more, in cases no writer produces: the per-field checks then decide)."""
     by_nd: dict[int, list[TensorEntry]] = {}
     for t in tensors.values():
-        if t.dtype not in DTYPES or math.prod(t.shape) * DTYPES[t.dtype].itemsize > MAX_TENSOR_BYTES:
+        if (
+            t.dtype not in DTYPES
+            or math.prod(t.shape) * DTYPES[t.dtype].itemsize > MAX_TENSOR_BYTES
+        ):
             return None
         if math.prod(max(n, 1) for n in t.shape) > _MAX_INT:
             return None  # a chunk's product of extents might not fit an int64 (only with empty dimensions)
@@ -701,11 +783,15 @@ def _chunks_checked(
         return None
     offs = np.fromiter(itertools.chain.from_iterable(offs_col), np.int64, n * nd).reshape(n, nd)
     ext = np.fromiter(itertools.chain.from_iterable(shape_col), np.int64, n * nd).reshape(n, nd)
-    full = np.repeat(np.array([t.shape for t in group], np.int64).reshape(len(group), nd), counts, axis=0)
+    full = np.repeat(
+        np.array([t.shape for t in group], np.int64).reshape(len(group), nd), counts, axis=0
+    )
     if not ((ext <= full) & (offs <= full - ext)).all():
         return None
     elements = ext.prod(axis=1)  # at most the tensor's volume (checked by the caller)
-    itemsizes = np.repeat(np.fromiter((DTYPES[t.dtype].itemsize for t in group), np.int64, len(group)), counts)
+    itemsizes = np.repeat(
+        np.fromiter((DTYPES[t.dtype].itemsize for t in group), np.int64, len(group)), counts
+    )
     lengths = np.fromiter(map(_LENGTH, chunks), np.int64, n)
     if not (lengths == elements * itemsizes).all():
         return None
@@ -731,7 +817,9 @@ def _chunks_checked(
     # and compare neighbours, as _check_no_overlap does, for all such tensors at once.
     if nd and n:
         varies = np.zeros((len(group), nd), bool)
-        varies[some] = np.logical_or.reduceat(offs != offs[np.repeat(first, counts)], first[some], axis=0)
+        varies[some] = np.logical_or.reduceat(
+            offs != offs[np.repeat(first, counts)], first[some], axis=0
+        )
         split = varies.sum(axis=1)
         for i in np.flatnonzero((split != 1) & (counts > 1)):  # other tilings: one by one
             try:
@@ -763,19 +851,28 @@ def _check_no_overlap(chunks: Sequence[Chunk], field: str) -> None:
     if len(split) == 1:
         d = split[0]
         for a, b in itertools.pairwise(ordered):
-            _want(a.offsets[d] + a.shape[d] <= b.offsets[d], field, f"chunks at {list(a.offsets)} and {list(b.offsets)} overlap")
+            _want(
+                a.offsets[d] + a.shape[d] <= b.offsets[d],
+                field,
+                f"chunks at {list(a.offsets)} and {list(b.offsets)} overlap",
+            )
         return
     if len(chunks) > 4096:
         # general N-D tilings this large are not produced by ckptio; refuse rather than spend
         # quadratic time (the volume check already holds)
-        raise errors.ManifestError(f"{len(chunks)} chunks split along several dimensions", field=field)
+        raise errors.ManifestError(
+            f"{len(chunks)} chunks split along several dimensions", field=field
+        )
     for i, a in enumerate(ordered):
         for b in ordered[i + 1 :]:
             if all(
-                a.offsets[k] < b.offsets[k] + b.shape[k] and b.offsets[k] < a.offsets[k] + a.shape[k]
+                a.offsets[k] < b.offsets[k] + b.shape[k]
+                and b.offsets[k] < a.offsets[k] + a.shape[k]
                 for k in range(nd)
             ):
-                raise errors.ManifestError(f"chunks at {list(a.offsets)} and {list(b.offsets)} overlap", field=field)
+                raise errors.ManifestError(
+                    f"chunks at {list(a.offsets)} and {list(b.offsets)} overlap", field=field
+                )
 
 
 # -- the state tree ---------------------------------------------------------------------------
@@ -802,8 +899,12 @@ def join_path(parent: str, key: str) -> str:
 
 def _check_tree(node: Any, tensors: Mapping[str, TensorEntry], field: str, depth: int) -> None:
     _want(depth <= MAX_DEPTH, field, f"state nested deeper than {MAX_DEPTH} levels")
-    _want(isinstance(node, dict) and len(node) == 1 and next(iter(node)) in _NODE_KINDS, field, "not a valid tree node")
-    (kind, val), = node.items()
+    _want(
+        isinstance(node, dict) and len(node) == 1 and next(iter(node)) in _NODE_KINDS,
+        field,
+        "not a valid tree node",
+    )
+    ((kind, val),) = node.items()
     if kind == "d":
         _want(isinstance(val, dict), field, "expected an object")
         for k, v in val.items():
@@ -813,16 +914,34 @@ def _check_tree(node: Any, tensors: Mapping[str, TensorEntry], field: str, depth
         for i, v in enumerate(val):
             _check_tree(v, tensors, f"{field}[{i}]", depth + 1)
     elif kind == "t":
-        _want(isinstance(val, str) and val in tensors, field, f"tensor {val!r:.80} is not in tensors")
+        _want(
+            isinstance(val, str) and val in tensors, field, f"tensor {val!r:.80} is not in tensors"
+        )
     elif kind == "s":
-        _want(isinstance(val, list) and len(val) == 2 and isinstance(val[0], str) and val[0] in DTYPES and isinstance(val[1], str), field, "bad scalar")
+        _want(
+            isinstance(val, list)
+            and len(val) == 2
+            and isinstance(val[0], str)
+            and val[0] in DTYPES
+            and isinstance(val[1], str),
+            field,
+            "bad scalar",
+        )
         try:
             raw = bytes.fromhex(val[1])
         except ValueError:
             raise errors.ManifestError("scalar bytes are not hex", field=field) from None
-        _want(len(raw) == DTYPES[val[0]].itemsize, field, "scalar byte length disagrees with its dtype")
+        _want(
+            len(raw) == DTYPES[val[0]].itemsize,
+            field,
+            "scalar byte length disagrees with its dtype",
+        )
     elif kind == "v":
-        _want(val is None or isinstance(val, bool | int | float | str), field, "expected a JSON scalar")
+        _want(
+            val is None or isinstance(val, bool | int | float | str),
+            field,
+            "expected a JSON scalar",
+        )
     elif kind == "f":
         _want(val in ("nan", "inf", "-inf"), field, "bad float constant")
 
@@ -840,7 +959,9 @@ def encode_tree(state: Any, on_array: Any, path: str = "", depth: int = 0) -> An
     encoded node (normally ``{"t": path}``). Arrays are recognised by ``on_array`` itself
     returning non-None; see :func:`ckptio.checkpoint` for what counts as an array."""
     if depth > MAX_DEPTH:
-        raise errors.InvalidArgumentError(f"state nested deeper than {MAX_DEPTH} levels at {path!r}")
+        raise errors.InvalidArgumentError(
+            f"state nested deeper than {MAX_DEPTH} levels at {path!r}"
+        )
     node = on_array(path, state)
     if node is not None:
         return node
@@ -854,10 +975,18 @@ def encode_tree(state: Any, on_array: Any, path: str = "", depth: int = 0) -> An
             out[k] = encode_tree(v, on_array, join_path(path, k), depth + 1)
         return {"d": out}
     if isinstance(state, list | tuple):
-        items = [encode_tree(v, on_array, join_path(path, str(i)), depth + 1) for i, v in enumerate(state)]
+        items = [
+            encode_tree(v, on_array, join_path(path, str(i)), depth + 1)
+            for i, v in enumerate(state)
+        ]
         return {"u": items} if isinstance(state, tuple) else {"l": items}
     if isinstance(state, np.generic):
-        return {"s": [dtype_name(state.dtype), np.asarray(state).astype(state.dtype.newbyteorder("<")).tobytes().hex()]}
+        return {
+            "s": [
+                dtype_name(state.dtype),
+                np.asarray(state).astype(state.dtype.newbyteorder("<")).tobytes().hex(),
+            ]
+        }
     if isinstance(state, float) and not math.isfinite(state):
         return {"f": repr(state)}
     if state is None or isinstance(state, bool | int | float | str):
@@ -870,7 +999,7 @@ def encode_tree(state: Any, on_array: Any, path: str = "", depth: int = 0) -> An
 
 def decode_tree(node: Any, on_tensor: Any) -> Any:
     """Inverse of :func:`encode_tree` for a validated tree; ``on_tensor(path)`` gives arrays."""
-    (kind, val), = node.items()
+    ((kind, val),) = node.items()
     if kind == "d":
         return {k: decode_tree(v, on_tensor) for k, v in val.items()}
     if kind == "l":
@@ -888,7 +1017,7 @@ def decode_tree(node: Any, on_tensor: Any) -> Any:
 
 
 def tree_tensor_paths(node: Any) -> Iterator[str]:
-    (kind, val), = node.items()
+    ((kind, val),) = node.items()
     if kind == "t":
         yield val
     elif kind == "d":

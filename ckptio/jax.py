@@ -116,7 +116,9 @@ def _plain(tree: Any) -> Any:
 
     def finish(node: dict[Any, Any]) -> Any:
         kind = kinds[id(node)]
-        items = {k: finish(v) if isinstance(v, dict) and id(v) in kinds else v for k, v in node.items()}
+        items = {
+            k: finish(v) if isinstance(v, dict) and id(v) in kinds else v for k, v in node.items()
+        }
         if kind == "d":
             return items
         out = [None] * (max(items) + 1)
@@ -152,7 +154,9 @@ def _plain_to_save(tree: Any) -> Any:
     return _plain(tree)
 
 
-def save(tree: Any, url: str | os.PathLike[str] | Store, step: int, **options: Any) -> _ck.SaveHandle:
+def save(
+    tree: Any, url: str | os.PathLike[str] | Store, step: int, **options: Any
+) -> _ck.SaveHandle:
     """Save a pytree as ``step`` under ``url`` (options as :func:`ckptio.save`); a pytree
     with no leaves (None, empty containers) is refused."""
     return _ck.save(_plain_to_save(tree), url, step, **options)
@@ -165,9 +169,13 @@ def _place(value: Any, like: Any, path: str) -> Any:
         return value
     shape, dtype = getattr(like, "shape", None), getattr(like, "dtype", None)
     if shape is not None and tuple(shape) != value.shape:
-        raise errors.InvalidArgumentError(f"{path}: checkpoint has shape {value.shape}, target {tuple(shape)}")
+        raise errors.InvalidArgumentError(
+            f"{path}: checkpoint has shape {value.shape}, target {tuple(shape)}"
+        )
     if dtype is not None and np.dtype(dtype) != value.dtype:
-        raise errors.InvalidArgumentError(f"{path}: checkpoint has dtype {value.dtype}, target {np.dtype(dtype)}")
+        raise errors.InvalidArgumentError(
+            f"{path}: checkpoint has dtype {value.dtype}, target {np.dtype(dtype)}"
+        )
     if isinstance(like, np.ndarray):
         return value
     sharding = getattr(like, "sharding", None)
@@ -191,7 +199,9 @@ def _restore(plain: Any, target: Any) -> Any:
     import jax
 
     if target is None:
-        return jax.tree_util.tree_map(lambda v: jax.device_put(v) if isinstance(v, np.ndarray) else v, plain)
+        return jax.tree_util.tree_map(
+            lambda v: jax.device_put(v) if isinstance(v, np.ndarray) else v, plain
+        )
     leaves, treedef = jax.tree_util.tree_flatten_with_path(target)
     out = []
     for path, like in leaves:
@@ -223,6 +233,10 @@ class Checkpointer(_ck.Checkpointer):
         return super().save(_plain_to_save(state), step, **kwargs)
 
     def load(  # type: ignore[override]  # target= in place of into= (jax arrays are immutable)
-        self, step: int | None = None, *, target: Any = None, select: Mapping[str, Any] | None = None
+        self,
+        step: int | None = None,
+        *,
+        target: Any = None,
+        select: Mapping[str, Any] | None = None,
     ) -> Any:
         return _restore(super().load(step, select=select), target)

@@ -93,7 +93,7 @@ def retired_key(step: int) -> str:
 
 def is_lease_key(key: str) -> bool:
     """``step-…/saving-<token>.json`` (a lease, not data)."""
-    head, _, tail = key.partition("/")
+    _head, _, tail = key.partition("/")
     return tail.startswith(LEASE_PREFIX) and tail.endswith(".json") and "/" not in tail
 
 
@@ -141,7 +141,12 @@ class LeaseInfo:
 
     def live(self, now: float | None = None) -> bool:
         """Whether the save holding it may still be running (see the module docstring)."""
-        if self.host == _HOST and self.boot_id and self.boot_id == _BOOT and self.start_ticks is not None:
+        if (
+            self.host == _HOST
+            and self.boot_id
+            and self.boot_id == _BOOT
+            and self.start_ticks is not None
+        ):
             return _start_ticks(self.pid) == self.start_ticks
         now = time.time() if now is None else now
         return now - self.heartbeat < self.lease_seconds
@@ -171,8 +176,14 @@ def read_lease(store: Store, key: str) -> LeaseInfo | None:
             return dead
         ticks = doc.get("start_ticks")
         return LeaseInfo(
-            key, step, str(doc["token"]), str(doc["host"]), int(doc["pid"]), float(doc["heartbeat"]),
-            float(doc["lease_seconds"]), str(doc.get("boot_id", "")),
+            key,
+            step,
+            str(doc["token"]),
+            str(doc["host"]),
+            int(doc["pid"]),
+            float(doc["heartbeat"]),
+            float(doc["lease_seconds"]),
+            str(doc.get("boot_id", "")),
             int(ticks) if isinstance(ticks, int) else None,
         )
     except (ValueError, KeyError, TypeError):
@@ -209,12 +220,20 @@ class SaveLease:
         self._thread: threading.Thread | None = None
 
     def _doc(self) -> bytes:
-        return json.dumps({
-            "kind": _KIND, "version": 1, "step": self.step, "token": self.token,
-            "host": _HOST, "boot_id": _BOOT, "pid": os.getpid(),
-            "start_ticks": _start_ticks(os.getpid()), "heartbeat": time.time(),
-            "lease_seconds": self.lease_seconds,
-        }).encode()
+        return json.dumps(
+            {
+                "kind": _KIND,
+                "version": 1,
+                "step": self.step,
+                "token": self.token,
+                "host": _HOST,
+                "boot_id": _BOOT,
+                "pid": os.getpid(),
+                "start_ticks": _start_ticks(os.getpid()),
+                "heartbeat": time.time(),
+                "lease_seconds": self.lease_seconds,
+            }
+        ).encode()
 
     def _publish(self) -> None:
         t = time.monotonic()
@@ -234,7 +253,9 @@ class SaveLease:
                 self._error = None
             except Exception as err:  # judged by check(): a lapse fails the commit
                 self._error = err
-                log.warning("could not refresh the lease of the save of step %d: %s", self.step, err)
+                log.warning(
+                    "could not refresh the lease of the save of step %d: %s", self.step, err
+                )
 
     def check(self) -> None:
         """Raise if the last successful refresh is older than half the lease."""

@@ -78,7 +78,7 @@ STUB_KIND = "ckptio-lightning-stub"
 def _local_path(path: str) -> str | None:
     """The local file system path ``path`` names (a plain path or ``file://``), else None."""
     if path.startswith("file://"):
-        return path[len("file://"):] or None
+        return path[len("file://") :] or None
     return None if "://" in path else path
 
 
@@ -115,7 +115,11 @@ class CkptioCheckpointIO(CheckpointIO):  # type: ignore[misc]  # Lightning ships
             ck = self._checkpointers.get(root)
             if ck is None:
                 ck = ct.Checkpointer(
-                    root, async_save=self.async_save, keep_last=1, comm=SingleProcess(), **self.options
+                    root,
+                    async_save=self.async_save,
+                    keep_last=1,
+                    comm=SingleProcess(),
+                    **self.options,
                 )
                 self._checkpointers[root] = ck
             return ck
@@ -140,7 +144,9 @@ class CkptioCheckpointIO(CheckpointIO):  # type: ignore[misc]  # Lightning ships
             json.dump({"kind": STUB_KIND, "root": root, "step": step}, f)
         os.replace(tmp, stub)  # Lightning sees the whole stub or none
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None
+    ) -> None:
         if storage_options is not None:
             raise TypeError(
                 "CkptioCheckpointIO.save_checkpoint takes no storage_options; pass options to "
@@ -166,7 +172,9 @@ class CkptioCheckpointIO(CheckpointIO):  # type: ignore[misc]  # Lightning ships
 
         future.add_done_callback(committed)
 
-    def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path: Any, map_location: Any = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
         """The newest committed checkpoint of ``path`` (its root, also when ``path`` is a stub);
         tensors on ``map_location`` when it is a device (or its name), else on the CPU. Nothing
         is unpickled, so ``weights_only`` holds whatever it is set to."""
@@ -213,8 +221,13 @@ class CkptioCheckpointIO(CheckpointIO):  # type: ignore[misc]  # Lightning ships
             )
         _, store_options = _ck._split_options(dict(self.options))
         with open_store(self.url, **store_options) as store:
-            names = sorted({k.split("/", 1)[0] for k in store.list("")
-                            if k.count("/") == 2 and k.endswith("/" + fmt.MANIFEST_NAME)})
+            names = sorted(
+                {
+                    k.split("/", 1)[0]
+                    for k in store.list("")
+                    if k.count("/") == 2 and k.endswith("/" + fmt.MANIFEST_NAME)
+                }
+            )
         written = []
         for name in names:
             if not name.endswith(".ckpt"):

@@ -70,8 +70,8 @@ from ckptio import errors
 from ckptio.profiles import Profile
 from ckptio.units import parse_bandwidth as parse_bandwidth
 from ckptio.units import parse_duration as parse_duration
-from ckptio.units import parse_rate as parse_rate
 from ckptio.units import parse_list, parse_size
+from ckptio.units import parse_rate as parse_rate
 
 # -- units ----------------------------------------------------------------------------------
 # parse_duration, parse_bandwidth and parse_rate live in ckptio.units (one set of parsers for
@@ -134,11 +134,19 @@ class Workload:
     """Objects a rank writes at once (each object's parts still go out in parallel)."""
 
     def __post_init__(self) -> None:
-        for f in ("total_bytes", "writing_ranks", "bytes_per_rank", "objects_per_rank",
-                  "ranks_per_node", "prefixes", "object_concurrency"):
+        for f in (
+            "total_bytes",
+            "writing_ranks",
+            "bytes_per_rank",
+            "objects_per_rank",
+            "ranks_per_node",
+            "prefixes",
+            "object_concurrency",
+        ):
             if getattr(self, f) < (0 if f == "total_bytes" else 1):
-                raise errors.InvalidArgumentError(f"workload: {f} must be >= 1, got "
-                                                  f"{getattr(self, f)}")
+                raise errors.InvalidArgumentError(
+                    f"workload: {f} must be >= 1, got {getattr(self, f)}"
+                )
 
     @property
     def gpus(self) -> int:
@@ -157,8 +165,9 @@ class Workload:
         return self.bytes_per_rank * self.writers_per_node
 
     @classmethod
-    def from_plan(cls, plan: Any, *, ranks_per_node: int = 8, prefixes: int = 1,
-                  object_concurrency: int = 1) -> Workload:
+    def from_plan(
+        cls, plan: Any, *, ranks_per_node: int = 8, prefixes: int = 1, object_concurrency: int = 1
+    ) -> Workload:
         """A workload from a :class:`ckptio.workload.Plan` (or its ``summary()`` dict)."""
         d = plan if isinstance(plan, Mapping) else _plan_dict(plan)
         objects_per_rank = d.get("objects_per_rank_max")
@@ -171,8 +180,9 @@ class Workload:
                 total_bytes=int(d["total_bytes"]),
                 writing_ranks=writing,
                 bytes_per_rank=int(d.get("bytes_per_rank_max") or d["total_bytes"] // writing),
-                objects_per_rank=max(1, int(objects_per_rank
-                                            or -(-int(d.get("objects", writing)) // writing))),
+                objects_per_rank=max(
+                    1, int(objects_per_rank or -(-int(d.get("objects", writing)) // writing))
+                ),
                 ranks=int(d.get("ranks", writing)),
                 ranks_per_node=ranks_per_node,
                 name=str(d.get("preset") or d.get("name") or ""),
@@ -181,7 +191,6 @@ class Workload:
             )
         except KeyError as err:
             raise errors.InvalidArgumentError(f"plan lacks field {err.args[0]!r}") from None
-
 
     @classmethod
     def for_run(cls, plan: Any, *, processes: int = 1, inflight: int = 2) -> Workload:
@@ -341,8 +350,7 @@ def estimate(
         + (f" ({p.throttle.split(';')[0]} past it)" if p.throttle else ""),
         "client CPU": f"{w.writers_per_node} ranks per node {X} {human_rate(client_cpu_bandwidth)} "
         "(checksums, copies)",
-        "metadata": f"{groups * meta_ops + 1} "
-        f"operations in series {X} {human_seconds(meta)}",
+        "metadata": f"{groups * meta_ops + 1} operations in series {X} {human_seconds(meta)}",
     }
     path_binds = path >= others[slowest_other]
     if path_binds:
@@ -354,8 +362,12 @@ def estimate(
     if t_meta > data:
         binding = "metadata"
     contrib["metadata"] = t_meta
-    alone = {"per-stream bandwidth": t_stream, "request latency": t_latency, "metadata": t_meta,
-             **others}
+    alone = {
+        "per-stream bandwidth": t_stream,
+        "request latency": t_latency,
+        "metadata": t_meta,
+        **others,
+    }
     limits = [
         Limit(name, alone[name], contrib.get(name, 0.0), name == binding, details[name])
         for name in LIMITS
@@ -364,18 +376,24 @@ def estimate(
     next_limit = max([v for k, v in others.items() if k != binding] + [1e-9])
     if binding == "per-stream bandwidth":
         need = math.ceil(used * path / max(next_limit, t_meta, 1e-3))  # path ~ 1/streams
-        remedy = (f"more concurrent streams per node: ~{need} (now {used}) until the next "
-                  f"limit, or async save (stall {human_seconds(w.bytes_per_rank / 25e9)})")
+        remedy = (
+            f"more concurrent streams per node: ~{need} (now {used}) until the next "
+            f"limit, or async save (stall {human_seconds(w.bytes_per_rank / 25e9)})"
+        )
     elif binding == "request latency":
         remedy = "larger parts (fewer requests per stream) or more concurrent streams"
     elif binding == "request-rate limit":
-        remedy = ("spread keys over more prefixes (key_layout='hashed'), or larger parts/"
-                  "objects (fewer requests)")
+        remedy = (
+            "spread keys over more prefixes (key_layout='hashed'), or larger parts/"
+            "objects (fewer requests)"
+        )
     elif binding == "node link":
         remedy = "spread the writing over more nodes (shard the optimizer state), or async save"
     elif binding == "aggregate bandwidth":
-        remedy = ("async save (the stall becomes the snapshot), or a faster tier to absorb the "
-                  "burst (node-local NVMe, then drain)")
+        remedy = (
+            "async save (the stall becomes the snapshot), or a faster tier to absorb the "
+            "burst (node-local NVMe, then drain)"
+        )
     elif binding == "metadata":
         remedy = "fewer, larger objects (object size), or more objects in flight per rank"
     else:
@@ -417,8 +435,9 @@ def daly_interval(checkpoint_seconds: float, mtbf: float) -> float:
     return math.sqrt(2 * d * m) * (1 + math.sqrt(x) / 3 + x / 9) - d
 
 
-def overhead_fraction(interval: float, checkpoint_seconds: float, mtbf: float,
-                      restart_seconds: float) -> float:
+def overhead_fraction(
+    interval: float, checkpoint_seconds: float, mtbf: float, restart_seconds: float
+) -> float:
     """Expected wall time lost per unit of useful compute (checkpoints + lost work +
     restarts), Daly's model: ``M e^(R/M) (e^((tau+delta)/M) - 1) / tau - 1``."""
     tau, d, m, r = interval, checkpoint_seconds, mtbf, restart_seconds
@@ -482,7 +501,10 @@ class CostModel:
                 restart_fraction=restarting,
                 idle_fraction_with_restarts=with_restarts,
                 idle_gpu_hours_per_day_with_restarts=self.gpus * 24 * with_restarts,
-                idle_cost_per_day_with_restarts=self.gpus * 24 * with_restarts * self.price_per_gpu_hour,
+                idle_cost_per_day_with_restarts=self.gpus
+                * 24
+                * with_restarts
+                * self.price_per_gpu_hour,
             )
             young = young_interval(d, self.mtbf)
             daly = daly_interval(d, self.mtbf)
@@ -491,16 +513,21 @@ class CostModel:
                 young_interval_seconds=young,
                 daly_interval_seconds=daly,
                 optimum_interval_seconds=daly + d,
-                overhead_at_interval=overhead_fraction(compute, d, self.mtbf,
-                                                       self.restart_seconds),
+                overhead_at_interval=overhead_fraction(compute, d, self.mtbf, self.restart_seconds),
                 overhead_at_optimum=overhead_fraction(daly, d, self.mtbf, self.restart_seconds),
             )
         return out
 
 
-def cost_curve(checkpoint_seconds: float, intervals: list[float], *, gpus: int,
-               price_per_gpu_hour: float, mtbf: float = math.inf,
-               restart_seconds: float = 0.0) -> list[dict[str, float]]:
+def cost_curve(
+    checkpoint_seconds: float,
+    intervals: list[float],
+    *,
+    gpus: int,
+    price_per_gpu_hour: float,
+    mtbf: float = math.inf,
+    restart_seconds: float = 0.0,
+) -> list[dict[str, float]]:
     """Idle GPU-hours and cost per day at each interval (seconds, start to start); with an MTBF
     the lost work and restarts are included (Daly's overhead), else only the stall."""
     rows = []
@@ -508,12 +535,19 @@ def cost_curve(checkpoint_seconds: float, intervals: list[float], *, gpus: int,
         if math.isinf(mtbf):
             frac = min(1.0, checkpoint_seconds / t)
         else:
-            over = overhead_fraction(max(t - checkpoint_seconds, 1e-9), checkpoint_seconds, mtbf,
-                                     restart_seconds)
+            over = overhead_fraction(
+                max(t - checkpoint_seconds, 1e-9), checkpoint_seconds, mtbf, restart_seconds
+            )
             frac = over / (1 + over)  # share of wall time not spent on useful compute
         hours = gpus * 24 * frac
-        rows.append({"interval_seconds": t, "lost_fraction": frac,
-                     "idle_gpu_hours_per_day": hours, "cost_per_day": hours * price_per_gpu_hour})
+        rows.append(
+            {
+                "interval_seconds": t,
+                "lost_fraction": frac,
+                "idle_gpu_hours_per_day": hours,
+                "cost_per_day": hours * price_per_gpu_hour,
+            }
+        )
     return rows
 
 
@@ -551,18 +585,26 @@ class Calibration:
             "request_latency": Figure(max(self.request_latency, 1e-6), src),
             "stream_bandwidth": Figure(self.stream_bandwidth, src),
             # a run on one node measures that node's path to the storage, not the aggregate
-            "node_bandwidth": Figure(self.aggregate_bandwidth, src
-                                     + " (the highest throughput seen from one node)"),
+            "node_bandwidth": Figure(
+                self.aggregate_bandwidth, src + " (the highest throughput seen from one node)"
+            ),
             "aggregate_bandwidth": Figure(math.inf, unmeasured),
             "write_request_rate": Figure(math.inf, unmeasured),
             "read_request_rate": Figure(math.inf, unmeasured),
-            "metadata_latency": Figure(max(self.request_latency, 1e-6), src
-                                       + " (assumption: as request_latency)"),
+            "metadata_latency": Figure(
+                max(self.request_latency, 1e-6), src + " (assumption: as request_latency)"
+            ),
         }
         return Profile(
-            name=name or f"measured:{self.target}", title=f"fitted from {self.target}",
-            kind="object", figures=figures, streams=self.streams, part_size=self.part_size,
-            rate_scope="none", throttle="", sources={"streams": src, "part_size": src},
+            name=name or f"measured:{self.target}",
+            title=f"fitted from {self.target}",
+            kind="object",
+            figures=figures,
+            streams=self.streams,
+            part_size=self.part_size,
+            rate_scope="none",
+            throttle="",
+            sources={"streams": src, "part_size": src},
         )
 
 
@@ -604,10 +646,22 @@ DEFAULT_RESTART_OVERHEAD = 300.0
 DEFAULT_P_LOSE_NODE = 0.78
 
 
-def _tiered_target(workload: Workload, durable: Profile, local: Profile, *, streams: int | None,
-                   part_size: int | None, persist_every: int, p_lose_node: float, interval: float,
-                   async_save: bool, snapshot: float, restart_seconds: float | None,
-                   restart_overhead: float, cost_kw: Mapping[str, Any]) -> dict[str, Any]:
+def _tiered_target(
+    workload: Workload,
+    durable: Profile,
+    local: Profile,
+    *,
+    streams: int | None,
+    part_size: int | None,
+    persist_every: int,
+    p_lose_node: float,
+    interval: float,
+    async_save: bool,
+    snapshot: float,
+    restart_seconds: float | None,
+    restart_overhead: float,
+    cost_kw: Mapping[str, Any],
+) -> dict[str, Any]:
     """One tiered target: ``durable`` drained from ``local`` (see the module docstring)."""
     kw: dict[str, Any] = dict(streams=streams, part_size=part_size)
     fast_w = estimate(workload, local, phase="write", **kw)
@@ -615,15 +669,27 @@ def _tiered_target(workload: Workload, durable: Profile, local: Profile, *, stre
     durable_w = estimate(workload, durable, phase="write", **kw)
     durable_r = estimate(workload, durable, phase="read", **kw)
     drain = max(durable_w.seconds, fast_r.seconds)
-    drain_binding = (f"{durable.name} write: {durable_w.binding}" if durable_w.seconds >= fast_r.seconds
-                     else f"{local.name} read: {fast_r.binding}")
+    drain_binding = (
+        f"{durable.name} write: {durable_w.binding}"
+        if durable_w.seconds >= fast_r.seconds
+        else f"{local.name} read: {fast_r.binding}"
+    )
     restore = (1 - p_lose_node) * fast_r.seconds + p_lose_node * durable_r.seconds
-    binds = durable_r if p_lose_node * durable_r.seconds >= (1 - p_lose_node) * fast_r.seconds else fast_r
-    restart = _restart(restart_seconds, restart_overhead, restore,
-                       f"expected: {1 - p_lose_node:.0%} from {local.name}, {p_lose_node:.0%} from {durable.name}")
+    binds = (
+        durable_r
+        if p_lose_node * durable_r.seconds >= (1 - p_lose_node) * fast_r.seconds
+        else fast_r
+    )
+    restart = _restart(
+        restart_seconds,
+        restart_overhead,
+        restore,
+        f"expected: {1 - p_lose_node:.0%} from {local.name}, {p_lose_node:.0%} from {durable.name}",
+    )
     stall = fast_w.seconds
-    cost = CostModel(snapshot if async_save else stall, restart_seconds=restart["restart_seconds"],
-                     **cost_kw).report()
+    cost = CostModel(
+        snapshot if async_save else stall, restart_seconds=restart["restart_seconds"], **cost_kw
+    ).report()
     return {
         "target": f"{durable.name}+{local.name}",
         "kind": "projected",
@@ -645,7 +711,9 @@ def _tiered_target(workload: Workload, durable: Profile, local: Profile, *, stre
         "restore_durable_seconds": durable_r.seconds,
         "p_lose_node": p_lose_node,
         "p_lose_node_source": "assumption (DEFAULT_P_LOSE_NODE: Llama 3's hardware share of "
-        "interruptions)" if p_lose_node == DEFAULT_P_LOSE_NODE else "given (--p-lose-node)",
+        "interruptions)"
+        if p_lose_node == DEFAULT_P_LOSE_NODE
+        else "given (--p-lose-node)",
         "restore_seconds": restore,
         "restore_binding": binds.binding,
         "restore_binding_detail": binds.binding_detail,
@@ -659,16 +727,27 @@ def _tiered_target(workload: Workload, durable: Profile, local: Profile, *, stre
     }
 
 
-def _restart(given: float | None, overhead: float, restore: float | None, basis: str) -> dict[str, Any]:
+def _restart(
+    given: float | None, overhead: float, restore: float | None, basis: str
+) -> dict[str, Any]:
     """How the restart time of a target is made: the given one, or overhead + restore."""
     if given is not None:
-        return {"restart_seconds": given, "restart_basis": "given (--restart)",
-                "restart_overhead_seconds": None}
+        return {
+            "restart_seconds": given,
+            "restart_basis": "given (--restart)",
+            "restart_overhead_seconds": None,
+        }
     if restore is None:
-        return {"restart_seconds": overhead, "restart_overhead_seconds": overhead,
-                "restart_basis": "fixed overhead only: no read side given (--read-bandwidth with --size)"}
-    return {"restart_seconds": overhead + restore, "restart_overhead_seconds": overhead,
-            "restart_basis": f"fixed overhead + restore ({basis})"}
+        return {
+            "restart_seconds": overhead,
+            "restart_overhead_seconds": overhead,
+            "restart_basis": "fixed overhead only: no read side given (--read-bandwidth with --size)",
+        }
+    return {
+        "restart_seconds": overhead + restore,
+        "restart_overhead_seconds": overhead,
+        "restart_basis": f"fixed overhead + restore ({basis})",
+    }
 
 
 def evaluate(
@@ -719,10 +798,16 @@ def evaluate(
     n_gpus = gpus or (workload.gpus if workload else 1)
     if gpus_from is None:
         gpus_from = "given" if gpus else "workload" if workload else "assumed"
-    cost_kw: dict[str, Any] = dict(interval=interval, gpus=n_gpus, price_per_gpu_hour=price_per_gpu_hour,
-                   mtbf=mtbf)
-    bandwidths = ([] if write_bandwidth is None else [float(write_bandwidth)]
-                  if isinstance(write_bandwidth, int | float) else [float(b) for b in write_bandwidth])
+    cost_kw: dict[str, Any] = dict(
+        interval=interval, gpus=n_gpus, price_per_gpu_hour=price_per_gpu_hour, mtbf=mtbf
+    )
+    bandwidths = (
+        []
+        if write_bandwidth is None
+        else [float(write_bandwidth)]
+        if isinstance(write_bandwidth, int | float)
+        else [float(b) for b in write_bandwidth]
+    )
     given: list[tuple[str, float, float | None]] = []  # (target, write seconds, bandwidth)
     if checkpoint_seconds is not None:
         given = [("given figures", checkpoint_seconds, None)]
@@ -736,23 +821,35 @@ def evaluate(
             if size is None:
                 raise errors.InvalidArgumentError(
                     "--async-save with --checkpoint-seconds needs --size: the stall is the "
-                    "snapshot, each GPU's share of the size at --snapshot-bandwidth")
+                    "snapshot, each GPU's share of the size at --snapshot-bandwidth"
+                )
             snapshot = size / (writing_ranks or n_gpus) / snapshot_bandwidth
         restore = size / read_bandwidth if size is not None and read_bandwidth else None
         restart = _restart(restart_seconds, restart_overhead, restore, "size / read bandwidth")
         for name, write_seconds, bw in given:
-            entry: dict[str, Any] = {"target": name, "kind": "given",
-                                     "restore_seconds": restore,
-                                     "restore_binding": "read bandwidth (given)" if restore is not None else None,
-                                     **restart,
-                                     **CostModel(write_seconds if snapshot is None else snapshot,
-                                                 restart_seconds=restart["restart_seconds"],
-                                                 **cost_kw).report()}
-            entry.update(write_seconds=write_seconds, async_save=async_save,
-                         blocking_stall_seconds=write_seconds)
+            entry: dict[str, Any] = {
+                "target": name,
+                "kind": "given",
+                "restore_seconds": restore,
+                "restore_binding": "read bandwidth (given)" if restore is not None else None,
+                **restart,
+                **CostModel(
+                    write_seconds if snapshot is None else snapshot,
+                    restart_seconds=restart["restart_seconds"],
+                    **cost_kw,
+                ).report(),
+            }
+            entry.update(
+                write_seconds=write_seconds,
+                async_save=async_save,
+                blocking_stall_seconds=write_seconds,
+            )
             if snapshot is not None:
-                entry.update(snapshot_seconds=snapshot, snapshot_bandwidth=snapshot_bandwidth,
-                             async_fits_interval=write_seconds <= interval)
+                entry.update(
+                    snapshot_seconds=snapshot,
+                    snapshot_bandwidth=snapshot_bandwidth,
+                    async_fits_interval=write_seconds <= interval,
+                )
             if size is not None:
                 entry["checkpoint_bytes"] = size
             if bw is not None:
@@ -764,38 +861,55 @@ def evaluate(
             r = estimate(workload, prof, phase="read", streams=streams, part_size=part_size)
             stall = w.seconds
             snapshot = workload.bytes_per_rank / snapshot_bandwidth
-            restart = _restart(restart_seconds, restart_overhead, r.seconds,
-                               f"projected: {r.binding} binds")
-            cost = CostModel(snapshot if async_save else stall, restart_seconds=restart["restart_seconds"],
-                             **cost_kw).report()
-            targets.append({
-                "target": prof.name,
-                "kind": "projected",
-                "profile": prof.as_dict(),
-                "write": w.as_dict(),
-                "read": r.as_dict(),
-                "write_seconds": w.seconds,
-                "read_seconds": r.seconds,
-                "restore_seconds": r.seconds,
-                "restore_binding": r.binding,
-                "restore_binding_detail": r.binding_detail,
-                **restart,
-                "binding": w.binding,
-                "binding_detail": w.binding_detail,
-                "async_save": async_save,
-                "blocking_stall_seconds": stall,
-                "snapshot_seconds": snapshot,
-                "snapshot_bandwidth": snapshot_bandwidth,
-                "async_fits_interval": stall <= interval,
-                **cost,
-            })
+            restart = _restart(
+                restart_seconds, restart_overhead, r.seconds, f"projected: {r.binding} binds"
+            )
+            cost = CostModel(
+                snapshot if async_save else stall,
+                restart_seconds=restart["restart_seconds"],
+                **cost_kw,
+            ).report()
+            targets.append(
+                {
+                    "target": prof.name,
+                    "kind": "projected",
+                    "profile": prof.as_dict(),
+                    "write": w.as_dict(),
+                    "read": r.as_dict(),
+                    "write_seconds": w.seconds,
+                    "read_seconds": r.seconds,
+                    "restore_seconds": r.seconds,
+                    "restore_binding": r.binding,
+                    "restore_binding_detail": r.binding_detail,
+                    **restart,
+                    "binding": w.binding,
+                    "binding_detail": w.binding_detail,
+                    "async_save": async_save,
+                    "blocking_stall_seconds": stall,
+                    "snapshot_seconds": snapshot,
+                    "snapshot_bandwidth": snapshot_bandwidth,
+                    "async_fits_interval": stall <= interval,
+                    **cost,
+                }
+            )
             if local is not None:
-                targets.append(_tiered_target(
-                    workload, prof, local, streams=streams, part_size=part_size,
-                    persist_every=persist_every, p_lose_node=p_lose_node, interval=interval,
-                    async_save=async_save, snapshot=snapshot, restart_seconds=restart_seconds,
-                    restart_overhead=restart_overhead, cost_kw=cost_kw,
-                ))
+                targets.append(
+                    _tiered_target(
+                        workload,
+                        prof,
+                        local,
+                        streams=streams,
+                        part_size=part_size,
+                        persist_every=persist_every,
+                        p_lose_node=p_lose_node,
+                        interval=interval,
+                        async_save=async_save,
+                        snapshot=snapshot,
+                        restart_seconds=restart_seconds,
+                        restart_overhead=restart_overhead,
+                        cost_kw=cost_kw,
+                    )
+                )
     else:
         raise errors.InvalidArgumentError(
             "model needs figures (--checkpoint-seconds, or --size with --write-bandwidth) or a "
@@ -804,7 +918,13 @@ def evaluate(
     out: dict[str, Any] = {}
     if workload is not None:
         out["workload"] = asdict(workload)
-    out.update({k: v for k, v in targets[0].items() if k not in ("profile", "local_profile", "write", "read")})
+    out.update(
+        {
+            k: v
+            for k, v in targets[0].items()
+            if k not in ("profile", "local_profile", "write", "read")
+        }
+    )
     out["gpus_from"] = gpus_from
     out["targets"] = targets
     return out
@@ -822,9 +942,14 @@ def _profiles_from_args(names: list[str] | None, overrides: dict[str, str]) -> l
 DEFAULT_OBJECT_CONCURRENCY = 2
 
 
-def preset_workload(preset: str, *, gpus: int | None = None, ranks_per_node: int = 8,
-                    prefixes: int = 1,
-                    object_concurrency: int = DEFAULT_OBJECT_CONCURRENCY) -> Workload:
+def preset_workload(
+    preset: str,
+    *,
+    gpus: int | None = None,
+    ranks_per_node: int = 8,
+    prefixes: int = 1,
+    object_concurrency: int = DEFAULT_OBJECT_CONCURRENCY,
+) -> Workload:
     """A full-scale :class:`Workload` for a :mod:`ckptio.workload` preset."""
     from ckptio import workload as wl
 
@@ -832,8 +957,12 @@ def preset_workload(preset: str, *, gpus: int | None = None, ranks_per_node: int
     if gpus:
         kwargs["gpus"] = gpus
     plan = wl.make_plan(preset, **kwargs)
-    return Workload.from_plan(plan, ranks_per_node=ranks_per_node, prefixes=prefixes,
-                              object_concurrency=object_concurrency)
+    return Workload.from_plan(
+        plan,
+        ranks_per_node=ranks_per_node,
+        prefixes=prefixes,
+        object_concurrency=object_concurrency,
+    )
 
 
 def run_model_cli(args: Any) -> dict[str, Any]:
@@ -845,11 +974,18 @@ def run_model_cli(args: Any) -> dict[str, Any]:
     size = parse_size(args.size, field="--size") if args.size else None
     common: dict[str, Any] = dict(
         interval=parse_duration(args.interval, field="--interval", positive=True),
-        mtbf=(parse_duration(args.mtbf, field="--mtbf", positive=True, allow_inf=True)
-              if args.mtbf else math.inf),
-        restart_seconds=parse_duration(args.restart, field="--restart") if args.restart is not None else None,
+        mtbf=(
+            parse_duration(args.mtbf, field="--mtbf", positive=True, allow_inf=True)
+            if args.mtbf
+            else math.inf
+        ),
+        restart_seconds=parse_duration(args.restart, field="--restart")
+        if args.restart is not None
+        else None,
         restart_overhead=parse_duration(args.restart_overhead, field="--restart-overhead"),
-        read_bandwidth=parse_bandwidth(args.read_bandwidth, field="--read-bandwidth") if args.read_bandwidth else None,
+        read_bandwidth=parse_bandwidth(args.read_bandwidth, field="--read-bandwidth")
+        if args.read_bandwidth
+        else None,
         gpus=args.gpus,
         writing_ranks=args.writing_ranks,
         price_per_gpu_hour=args.price,
@@ -863,21 +999,36 @@ def run_model_cli(args: Any) -> dict[str, Any]:
         from ckptio.profiles import load_profile
 
         if not 0 <= args.p_lose_node <= 1:
-            raise errors.InvalidArgumentError(f"--p-lose-node: a probability in [0, 1], got {args.p_lose_node}")
+            raise errors.InvalidArgumentError(
+                f"--p-lose-node: a probability in [0, 1], got {args.p_lose_node}"
+            )
         if args.persist_every < 1:
-            raise errors.InvalidArgumentError(f"--persist-every: must be >= 1, got {args.persist_every}")
-        tiers = dict(local=load_profile(args.local, overrides), persist_every=args.persist_every,
-                     p_lose_node=args.p_lose_node)
+            raise errors.InvalidArgumentError(
+                f"--persist-every: must be >= 1, got {args.persist_every}"
+            )
+        tiers = dict(
+            local=load_profile(args.local, overrides),
+            persist_every=args.persist_every,
+            p_lose_node=args.p_lose_node,
+        )
     if args.checkpoint_seconds is not None:
-        return evaluate(checkpoint_seconds=parse_duration(args.checkpoint_seconds,
-                                                          field="--checkpoint-seconds"),
-                        size=size, **common)
+        return evaluate(
+            checkpoint_seconds=parse_duration(
+                args.checkpoint_seconds, field="--checkpoint-seconds"
+            ),
+            size=size,
+            **common,
+        )
     if args.write_bandwidth is not None:
         if size is None:
             raise errors.InvalidArgumentError("--write-bandwidth needs --size (e.g. --size 2TB)")
-        return evaluate(size=size, write_bandwidth=parse_list(args.write_bandwidth, parse_bandwidth,
-                                                              field="--write-bandwidth"),
-                        **common)
+        return evaluate(
+            size=size,
+            write_bandwidth=parse_list(
+                args.write_bandwidth, parse_bandwidth, field="--write-bandwidth"
+            ),
+            **common,
+        )
     profiles: list[Profile] = []
     calibrations: list[Calibration] = []
     if args.from_results:
@@ -888,18 +1039,24 @@ def run_model_cli(args: Any) -> dict[str, Any]:
     else:
         profiles = _profiles_from_args(args.profile, overrides)
     if args.preset:
-        workload = preset_workload(args.preset, gpus=args.gpus, ranks_per_node=args.ranks_per_node,
-                                   prefixes=prefixes)
+        workload = preset_workload(
+            args.preset, gpus=args.gpus, ranks_per_node=args.ranks_per_node, prefixes=prefixes
+        )
         common["gpus_from"] = "given" if args.gpus else f"preset {args.preset}"
     elif size is not None:
         common["gpus_from"] = "given" if args.gpus else "assumed"
         gpus = args.gpus or 1
         writing = args.writing_ranks or gpus
-        workload = Workload(total_bytes=size, writing_ranks=writing,
-                            bytes_per_rank=-(-size // writing),
-                            objects_per_rank=args.objects_per_rank, ranks=gpus,
-                            ranks_per_node=args.ranks_per_node, name=f"{args.size} checkpoint",
-                            prefixes=prefixes)
+        workload = Workload(
+            total_bytes=size,
+            writing_ranks=writing,
+            bytes_per_rank=-(-size // writing),
+            objects_per_rank=args.objects_per_rank,
+            ranks=gpus,
+            ranks_per_node=args.ranks_per_node,
+            name=f"{args.size} checkpoint",
+            prefixes=prefixes,
+        )
     else:
         raise errors.InvalidArgumentError(
             "model needs a workload: --preset NAME (see `ckptio plan`), or --size with --gpus; "
@@ -925,31 +1082,39 @@ def calibrate(requests: Any, runs: Any) -> list[Calibration]:
     run_rows = runs.to_pylist() if hasattr(runs, "to_pylist") else list(runs)
     out: list[Calibration] = []
     for target in sorted({r["target"] for r in run_rows}):
-        rows = [r for r in req if r["target"] == target and r["phase"] == "write"
-                and r["op"] in ("write", "put") and r["outcome"] == "ok" and r["nbytes"] > 0]
+        rows = [
+            r
+            for r in req
+            if r["target"] == target
+            and r["phase"] == "write"
+            and r["op"] in ("write", "put")
+            and r["outcome"] == "ok"
+            and r["nbytes"] > 0
+        ]
         mine = [r for r in run_rows if r["target"] == target]
         if not rows:
             continue
-        lat, bw = fit_latency_bandwidth([r["nbytes"] for r in rows],
-                                        [r["seconds"] for r in rows])
+        lat, bw = fit_latency_bandwidth([r["nbytes"] for r in rows], [r["seconds"] for r in rows])
         agg = max((r.get("write_GBps") or 0.0) for r in mine) * 1e9
         streams = max(int(r.get("streams") or 1) for r in mine)
         notes = []
         if agg <= 0:
             agg = math.inf
             notes.append("no write throughput in the runs table; aggregate unbounded")
-        out.append(Calibration(
-            target=target,
-            request_latency=lat,
-            stream_bandwidth=bw,
-            aggregate_bandwidth=agg,
-            streams=max(1, streams),
-            part_size=int(np.median([r["nbytes"] for r in rows])),
-            requests=len(rows),
-            emulated=any(bool(r.get("emulated")) for r in mine),
-            mock=any(bool(r.get("mock")) for r in mine),
-            notes=notes,
-        ))
+        out.append(
+            Calibration(
+                target=target,
+                request_latency=lat,
+                stream_bandwidth=bw,
+                aggregate_bandwidth=agg,
+                streams=max(1, streams),
+                part_size=int(np.median([r["nbytes"] for r in rows])),
+                requests=len(rows),
+                emulated=any(bool(r.get("emulated")) for r in mine),
+                mock=any(bool(r.get("mock")) for r in mine),
+                notes=notes,
+            )
+        )
     return out
 
 

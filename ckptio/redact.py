@@ -48,8 +48,10 @@ _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
 _NAMED_VALUES = (
     re.compile(r"(?P<name>[A-Za-z_][\w.-]*)(?P<sep>=)(?P<value>[^&\s,;'\"}]+)"),  # name=value
     # 'name': 'value' (a dict's repr, JSON)
-    re.compile(r"(?P<q>['\"])(?P<name>[A-Za-z_][\w.-]*)(?P=q)(?P<sep>\s*:\s*['\"]?)"
-               r"(?P<value>[^&\s,;'\"}]+)"),
+    re.compile(
+        r"(?P<q>['\"])(?P<name>[A-Za-z_][\w.-]*)(?P=q)(?P<sep>\s*:\s*['\"]?)"
+        r"(?P<value>[^&\s,;'\"}]+)"
+    ),
 )
 _AUTHORIZATION = re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?)[^\n'\"]+")
 
@@ -99,7 +101,7 @@ def redact_url(url: str) -> str:
         m = _SCHEME.match(url)
         if m is None or ("@" not in url and "?" not in url):
             return url
-        scheme, rest = m[0], url[m.end():]
+        scheme, rest = m[0], url[m.end() :]
     rest, hash_, fragment = rest.partition("#")
     head, qmark, query = rest.partition("?")
     authority, slash, path = head.partition("/")

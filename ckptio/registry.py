@@ -105,7 +105,9 @@ def load_backend(scheme: str) -> type[Store]:
     except ImportError as err:
         extra = INSTALL_HINTS.get(info.scheme) or INSTALL_HINTS.get(scheme)
         if extra:
-            raise errors.missing_package(err, extra=extra, purpose=f"backend {info.scheme!r}") from err
+            raise errors.missing_package(
+                err, extra=extra, purpose=f"backend {info.scheme!r}"
+            ) from err
         raise errors.BackendUnavailableError(
             f"backend {info.scheme!r} needs a module that is not installed ({err.name or err}); "
             f"install {info.distribution}'s dependencies"
@@ -117,7 +119,9 @@ def load_backend(scheme: str) -> type[Store]:
     for name in REQUIRES.get(info.scheme, ()):  # imported when a store opens: found, not imported
         if not _installed(name):
             err = ModuleNotFoundError(f"No module named {name!r}", name=name)
-            raise errors.missing_package(err, extra=extra or "all", purpose=f"backend {info.scheme!r}")
+            raise errors.missing_package(
+                err, extra=extra or "all", purpose=f"backend {info.scheme!r}"
+            )
     return cls
 
 
@@ -175,8 +179,14 @@ _FSSPEC_S3 = ("s3", "s3a")
 def accepted_forms() -> str:
     """The URL forms this installation accepts, as one line for error messages."""
     order = list(_FORMS)
-    schemes = sorted(_entry_points(), key=lambda s: (order.index(s) if s in order else len(order), s))
-    forms = ["/abs/path", "relative/path", *(_EXAMPLES[_FORMS.get(s, "host")].format(s) for s in schemes)]
+    schemes = sorted(
+        _entry_points(), key=lambda s: (order.index(s) if s in order else len(order), s)
+    )
+    forms = [
+        "/abs/path",
+        "relative/path",
+        *(_EXAMPLES[_FORMS.get(s, "host")].format(s) for s in schemes),
+    ]
     return ", ".join(forms)
 
 
@@ -226,11 +236,18 @@ def _query(query: str, text: str) -> dict[str, str]:
     return dict(pairs)  # a name given twice: the last one wins
 
 
-def _local(path: str, scheme: str = "file", backend: str = "file", options: dict[str, str] | None = None,
-           protocol: str = "") -> StoreURL:
+def _local(
+    path: str,
+    scheme: str = "file",
+    backend: str = "file",
+    options: dict[str, str] | None = None,
+    protocol: str = "",
+) -> StoreURL:
     if "\0" in path:
         raise errors.InvalidArgumentError(f"a path cannot contain a NUL character: {path!r}")
-    return StoreURL(scheme, backend, "", os.path.abspath(path), options or {}, protocol=protocol, local=True)
+    return StoreURL(
+        scheme, backend, "", os.path.abspath(path), options or {}, protocol=protocol, local=True
+    )
 
 
 def parse_url(url: str | os.PathLike[str]) -> StoreURL:
@@ -247,17 +264,24 @@ def parse_url(url: str | os.PathLike[str]) -> StoreURL:
             f"expected a storage URL, a path or a Store, got {type(url).__name__} {url!r}"
         )
     if not url:
-        raise errors.InvalidArgumentError(f"empty storage URL; expected a path or scheme://..., e.g. {accepted_forms()}")
+        raise errors.InvalidArgumentError(
+            f"empty storage URL; expected a path or scheme://..., e.g. {accepted_forms()}"
+        )
     if _CONTROL.search(url):
         raise _malformed(url, "it contains a control character")
     m = _SCHEME.match(url)
     if m is None:
         if "://" in url:
-            raise _malformed(url, "a scheme is letters, digits, '+', '-', '.' and starts with a letter")
+            raise _malformed(
+                url, "a scheme is letters, digits, '+', '-', '.' and starts with a letter"
+            )
         return _local(url)
     if not url.startswith("//", m.end()):
-        raise _malformed(url, f"'{m.group(1)}:' must be followed by '//' (a local path with a "
-                              f"':' in its first part: write ./{_shown(url)})")
+        raise _malformed(
+            url,
+            f"'{m.group(1)}:' must be followed by '//' (a local path with a "
+            f"':' in its first part: write ./{_shown(url)})",
+        )
     scheme = m.group(1).lower()
     backend, suffix = _resolve(scheme, url)
     form = _FORMS.get(backend, "host")
@@ -275,7 +299,9 @@ def parse_url(url: str | os.PathLike[str]) -> StoreURL:
     userinfo, at, host = parts.netloc.rpartition("@")
     if form == "protocol":
         _check_protocol(suffix, url)
-        form = "path" if suffix in _FSSPEC_LOCAL else "bucket" if suffix in _FSSPEC_S3 else "verbatim"
+        form = (
+            "path" if suffix in _FSSPEC_LOCAL else "bucket" if suffix in _FSSPEC_S3 else "verbatim"
+        )
     if form == "path":
         if at or host.lower() not in ("", "localhost"):
             raise _malformed(

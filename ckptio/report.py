@@ -83,11 +83,23 @@ def _targets(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for (site, target), rows in groups.items():
         kind = run_kind(rows[0])
         name = f"{target} @ {site}" if len(sites) > 1 and site else target
-        tag = {"mock": "mock", "emulated": f"emulated {rows[0].get('profile') or ''}".strip(),
-               "measured": measured_note(target)}[kind]
-        out.append({"name": name, "label": f"{name} ({tag})", "kind": kind, "site": site,
-                    "target": target, "rows": rows, "profile": rows[0].get("profile") or "",
-                    "backend": rows[0].get("backend") or ""})
+        tag = {
+            "mock": "mock",
+            "emulated": f"emulated {rows[0].get('profile') or ''}".strip(),
+            "measured": measured_note(target),
+        }[kind]
+        out.append(
+            {
+                "name": name,
+                "label": f"{name} ({tag})",
+                "kind": kind,
+                "site": site,
+                "target": target,
+                "rows": rows,
+                "profile": rows[0].get("profile") or "",
+                "backend": rows[0].get("backend") or "",
+            }
+        )
     order = {"measured": 0, "emulated": 1, "mock": 2}
     return sorted(out, key=lambda t: (order[t["kind"]], t["name"]))
 
@@ -106,7 +118,9 @@ def _g(x: float | None, fmt: str = ".3g") -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def _target_profile(t: dict[str, Any], requests: list[dict[str, Any]]) -> tuple[Profile | None, str]:
+def _target_profile(
+    t: dict[str, Any], requests: list[dict[str, Any]]
+) -> tuple[Profile | None, str]:
     """The profile a target is projected with: its emulated profile, or figures fitted from
     its measured requests; mock targets are not projected."""
     from ckptio import errors
@@ -132,9 +146,15 @@ def _target_profile(t: dict[str, Any], requests: list[dict[str, Any]]) -> tuple[
     )
 
 
-def projection_rows(targets: list[dict[str, Any]], requests: list[dict[str, Any]],
-                    presets: list[tuple[str, int | None]], *, interval: float,
-                    price: float, restart: float) -> list[dict[str, Any]]:
+def projection_rows(
+    targets: list[dict[str, Any]],
+    requests: list[dict[str, Any]],
+    presets: list[tuple[str, int | None]],
+    *,
+    interval: float,
+    price: float,
+    restart: float,
+) -> list[dict[str, Any]]:
     """Full-scale projections: for each preset and target, time, binding limit in words,
     idle fraction and cost per day."""
     from ckptio.model import DEFAULT_SNAPSHOT_BANDWIDTH, CostModel, estimate, preset_workload
@@ -146,26 +166,50 @@ def projection_rows(targets: list[dict[str, Any]], requests: list[dict[str, Any]
         for t in targets:
             prof, how = _target_profile(t, requests)
             if prof is None:
-                rows.append({"preset": preset, "gpus": w.gpus, "target": t["label"],
-                             "name": t["name"], "kind": t["kind"], "profile": how, "write_seconds": None,
-                             "binding_detail": how})
+                rows.append(
+                    {
+                        "preset": preset,
+                        "gpus": w.gpus,
+                        "target": t["label"],
+                        "name": t["name"],
+                        "kind": t["kind"],
+                        "profile": how,
+                        "write_seconds": None,
+                        "binding_detail": how,
+                    }
+                )
                 continue
             e = estimate(w, prof)
-            cost = CostModel(e.seconds, interval=interval, gpus=w.gpus,
-                             price_per_gpu_hour=price, mtbf=mtbf,
-                             restart_seconds=restart).report()
-            rows.append({
-                "preset": preset, "gpus": w.gpus, "writing_ranks": w.writing_ranks,
-                "checkpoint_bytes": w.total_bytes, "target": t["label"], "name": t["name"],
-                "kind": t["kind"],
-                "profile": how, "write_seconds": e.seconds, "write_GBps": e.GBps,
-                "binding": e.binding, "binding_detail": e.binding_detail,
-                "remedy": e.remedy, **cost,
-                # async save: GPUs wait only for the device->host snapshot (assumed 25 GB/s
-                # per GPU), if the background write finishes within the interval
-                "async_stall_seconds": w.bytes_per_rank / DEFAULT_SNAPSHOT_BANDWIDTH,
-                "async_fits_interval": e.seconds <= interval,
-            })
+            cost = CostModel(
+                e.seconds,
+                interval=interval,
+                gpus=w.gpus,
+                price_per_gpu_hour=price,
+                mtbf=mtbf,
+                restart_seconds=restart,
+            ).report()
+            rows.append(
+                {
+                    "preset": preset,
+                    "gpus": w.gpus,
+                    "writing_ranks": w.writing_ranks,
+                    "checkpoint_bytes": w.total_bytes,
+                    "target": t["label"],
+                    "name": t["name"],
+                    "kind": t["kind"],
+                    "profile": how,
+                    "write_seconds": e.seconds,
+                    "write_GBps": e.GBps,
+                    "binding": e.binding,
+                    "binding_detail": e.binding_detail,
+                    "remedy": e.remedy,
+                    **cost,
+                    # async save: GPUs wait only for the device->host snapshot (assumed 25 GB/s
+                    # per GPU), if the background write finishes within the interval
+                    "async_stall_seconds": w.bytes_per_rank / DEFAULT_SNAPSHOT_BANDWIDTH,
+                    "async_fits_interval": e.seconds <= interval,
+                }
+            )
     return rows
 
 
@@ -199,8 +243,16 @@ def _kind_legend(ax: Any, kinds: set[str], *, loc: str = "lower right", **where:
     """The measured / emulated / mock key; ``ax`` may be an Axes or a Figure."""
     from matplotlib.patches import Patch
 
-    handles = [Patch(facecolor=KIND_STYLE[k]["color"], hatch=KIND_STYLE[k]["hatch"],
-                     edgecolor="black", label=KIND_NOTE[k]) for k in KIND_STYLE if k in kinds]
+    handles = [
+        Patch(
+            facecolor=KIND_STYLE[k]["color"],
+            hatch=KIND_STYLE[k]["hatch"],
+            edgecolor="black",
+            label=KIND_NOTE[k],
+        )
+        for k in KIND_STYLE
+        if k in kinds
+    ]
     ax.legend(handles=handles, loc=loc, fontsize=8, framealpha=0.9, **where)
 
 
@@ -208,9 +260,14 @@ def plot_throughput(summary: list[dict[str, Any]], path: str) -> str:
     """Bars of write and read throughput (GB/s, mean over iterations) per row of
     :func:`summary_rows`: one per target and point, never points averaged together."""
     plt = _plt()
-    rows = [({**s, "label": f"{s['label']} {s['point']}".strip()},
-             s["write_GBps"] if s["write_GBps"] is not None else float("nan"),
-             s["read_GBps"] if s["read_GBps"] is not None else float("nan")) for s in summary]
+    rows = [
+        (
+            {**s, "label": f"{s['label']} {s['point']}".strip()},
+            s["write_GBps"] if s["write_GBps"] is not None else float("nan"),
+            s["read_GBps"] if s["read_GBps"] is not None else float("nan"),
+        )
+        for s in summary
+    ]
     n = len(rows)
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.9 * n))
     for i, (t, wgb, rgb) in enumerate(rows):
@@ -218,8 +275,15 @@ def plot_throughput(summary: list[dict[str, Any]], path: str) -> str:
         y = n - 1 - i
         for dy, val, phase, alpha in ((0.2, wgb, "write", 1.0), (-0.2, rgb, "read", 0.55)):
             if val == val:  # not NaN
-                ax.barh(y + dy, val, height=0.38, color=st["color"], hatch=st["hatch"],
-                        edgecolor="black", alpha=alpha)
+                ax.barh(
+                    y + dy,
+                    val,
+                    height=0.38,
+                    color=st["color"],
+                    hatch=st["hatch"],
+                    edgecolor="black",
+                    alpha=alpha,
+                )
                 ax.text(val, y + dy, f" {phase} {val:.3g} GB/s", va="center", fontsize=8)
     ax.set_yticks(range(n))
     ax.set_yticklabels([t["label"] for t, _, _ in reversed(rows)])
@@ -237,16 +301,24 @@ def plot_throughput(summary: list[dict[str, Any]], path: str) -> str:
 _DATA_OPS = ("write", "put", "get")
 
 
-def plot_latency(targets: list[dict[str, Any]], requests: list[dict[str, Any]], path: str) -> str | None:
+def plot_latency(
+    targets: list[dict[str, Any]], requests: list[dict[str, Any]], path: str
+) -> str | None:
     """Distributions (box plots, log scale) of data-request latency per target and phase."""
     plt = _plt()
     series = []
     for t in targets:
         ids = {r["run_id"] for r in t["rows"]}
         for phase in ("write", "read"):
-            vals = [r["seconds"] * 1e3 for r in requests
-                    if r["run_id"] in ids and r["phase"] == phase and r["op"] in _DATA_OPS
-                    and r["nbytes"] > 0 and r["outcome"] == "ok"]
+            vals = [
+                r["seconds"] * 1e3
+                for r in requests
+                if r["run_id"] in ids
+                and r["phase"] == phase
+                and r["op"] in _DATA_OPS
+                and r["nbytes"] > 0
+                and r["outcome"] == "ok"
+            ]
             if vals:
                 series.append((f"{t['label']} {phase}", vals, t["kind"]))
     if not series:
@@ -257,11 +329,19 @@ def plot_latency(targets: list[dict[str, Any]], requests: list[dict[str, Any]], 
     import inspect
 
     # matplotlib >= 3.10 says orientation=, older ones vert= (deprecated since 3.11)
-    horizontal = ({"orientation": "horizontal"}
-                  if "orientation" in inspect.signature(ax.boxplot).parameters
-                  else {"vert": False})
-    bp = ax.boxplot([s[1] for s in series], whis=(1, 99), showfliers=False,
-                    patch_artist=True, widths=0.6, **horizontal)
+    horizontal = (
+        {"orientation": "horizontal"}
+        if "orientation" in inspect.signature(ax.boxplot).parameters
+        else {"vert": False}
+    )
+    bp = ax.boxplot(
+        [s[1] for s in series],
+        whis=(1, 99),
+        showfliers=False,
+        patch_artist=True,
+        widths=0.6,
+        **horizontal,
+    )
     for patch, (_, _, kind) in zip(bp["boxes"], series, strict=True):
         patch.set_facecolor(KIND_STYLE[kind]["color"])
         patch.set_hatch(KIND_STYLE[kind]["hatch"])
@@ -305,16 +385,21 @@ def plot_sweep(targets: list[dict[str, Any]], path: str) -> str | None:
             pts: dict[int, list[float]] = {}
             for r in sweep:
                 if (r.get("sweep_part_size") or r.get("part_size") or 0) == part:
-                    pts.setdefault(int(r.get("sweep_streams") or r.get("streams") or 1),
-                                   []).append(r["write_GBps"])
+                    pts.setdefault(int(r.get("sweep_streams") or r.get("streams") or 1), []).append(
+                        r["write_GBps"]
+                    )
             if not pts:
                 continue
             xs = sorted(pts)
             all_streams.update(xs)
-            ax.plot(xs, [_mean(pts[x]) for x in xs], marker="o",
-                    color=colors[n_series % len(colors)],
-                    linestyle={"measured": "-", "emulated": "--", "mock": ":"}[t["kind"]],
-                    label=f"{t['label']}, {human_size_short(part)} parts")
+            ax.plot(
+                xs,
+                [_mean(pts[x]) for x in xs],
+                marker="o",
+                color=colors[n_series % len(colors)],
+                linestyle={"measured": "-", "emulated": "--", "mock": ":"}[t["kind"]],
+                label=f"{t['label']}, {human_size_short(part)} parts",
+            )
             n_series += 1
             drawn = True
             kinds.add(t["kind"])
@@ -325,8 +410,11 @@ def plot_sweep(targets: list[dict[str, Any]], path: str) -> str | None:
     ax.set_xticks(sorted(all_streams))
     ax.set_xticklabels([str(x) for x in sorted(all_streams)])
     ax.set_xlabel("streams (concurrent requests per rank; log scale)")
-    ax.set_title("Throughput against concurrency (sweep)\n(solid: measured, dashed: emulated, "
-                 "dotted: mock — not a performance figure)", fontsize=10)
+    ax.set_title(
+        "Throughput against concurrency (sweep)\n(solid: measured, dashed: emulated, "
+        "dotted: mock — not a performance figure)",
+        fontsize=10,
+    )
     ax.set_ylabel("write throughput, GB/s")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
@@ -354,16 +442,24 @@ def plot_timeline(proj: list[dict[str, Any]], interval: float, path: str) -> str
         stall = min(p["write_seconds"], interval)
         ax.barh(i, (interval - stall) / 60, color="#4caf50", edgecolor="black")
         ax.barh(i, stall / 60, left=(interval - stall) / 60, color="#e53935", edgecolor="black")
-        ax.text(interval / 60 * 1.01, i,
-                f"idle {human_seconds(stall)} ({stall / interval:.1%})", va="center", fontsize=8)
+        ax.text(
+            interval / 60 * 1.01,
+            i,
+            f"idle {human_seconds(stall)} ({stall / interval:.1%})",
+            va="center",
+            fontsize=8,
+        )
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([p["target"] for p in reversed(rows)], fontsize=8)
     ax.set_xlim(0, interval / 60 * 1.28)
     ax.set_xlabel("minutes into one checkpoint interval")
     first = rows[0]
-    ax.set_title(f"GPU utilisation over one {human_seconds(interval)} interval — projected, "
-                 f"{first['preset']} on {first['gpus']} GPUs\n(green: training, red: GPUs idle "
-                 "while the checkpoint is written, blocking save)", fontsize=10)
+    ax.set_title(
+        f"GPU utilisation over one {human_seconds(interval)} interval — projected, "
+        f"{first['preset']} on {first['gpus']} GPUs\n(green: training, red: GPUs idle "
+        "while the checkpoint is written, blocking save)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -387,16 +483,38 @@ def plot_cost(proj: list[dict[str, Any]], *, price: float, restart: float, path:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, p in enumerate(rows):
         mtbf = p["mtbf_seconds"]
-        curve = cost_curve(p["write_seconds"], intervals, gpus=p["gpus"],
-                           price_per_gpu_hour=price, mtbf=mtbf, restart_seconds=restart)
+        curve = cost_curve(
+            p["write_seconds"],
+            intervals,
+            gpus=p["gpus"],
+            price_per_gpu_hour=price,
+            mtbf=mtbf,
+            restart_seconds=restart,
+        )
         c = colors[i % len(colors)]
         opt = p["optimum_interval_seconds"]
-        best = cost_curve(p["write_seconds"], [opt], gpus=p["gpus"], price_per_gpu_hour=price,
-                          mtbf=mtbf, restart_seconds=restart)[0]
-        ax.plot([x / 3600 for x in intervals], [r["idle_gpu_hours_per_day"] for r in curve],
-                color=c, label=f"{p['target']} — optimum {human_seconds(opt)}")
-        ax.plot([opt / 3600], [best["idle_gpu_hours_per_day"]], marker="o", color=c,
-                markersize=8, markeredgecolor="black")
+        best = cost_curve(
+            p["write_seconds"],
+            [opt],
+            gpus=p["gpus"],
+            price_per_gpu_hour=price,
+            mtbf=mtbf,
+            restart_seconds=restart,
+        )[0]
+        ax.plot(
+            [x / 3600 for x in intervals],
+            [r["idle_gpu_hours_per_day"] for r in curve],
+            color=c,
+            label=f"{p['target']} — optimum {human_seconds(opt)}",
+        )
+        ax.plot(
+            [opt / 3600],
+            [best["idle_gpu_hours_per_day"]],
+            marker="o",
+            color=c,
+            markersize=8,
+            markeredgecolor="black",
+        )
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     ax.set_xscale("log")
@@ -417,10 +535,13 @@ def plot_cost(proj: list[dict[str, Any]], *, price: float, restart: float, path:
         sec.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
         sec.yaxis.set_minor_formatter(NullFormatter())
     first = rows[0]
-    ax.set_title(f"Lost GPU time against checkpoint interval — projected, {first['preset']} on "
-                 f"{first['gpus']} GPUs\n(stalls + work redone after failures + restarts; MTBF "
-                 f"{human_seconds(first['mtbf_seconds'])}, restart {human_seconds(restart)}; "
-                 "dot: optimum)", fontsize=10)
+    ax.set_title(
+        f"Lost GPU time against checkpoint interval — projected, {first['preset']} on "
+        f"{first['gpus']} GPUs\n(stalls + work redone after failures + restarts; MTBF "
+        f"{human_seconds(first['mtbf_seconds'])}, restart {human_seconds(restart)}; "
+        "dot: optimum)",
+        fontsize=10,
+    )
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -446,21 +567,29 @@ def run_point(row: dict[str, Any]) -> tuple[str, int, int, int, int]:
     sweep = row.get("kind") == "sweep"
     streams = (row.get("sweep_streams") if sweep else None) or row.get("streams") or 0
     part = (row.get("sweep_part_size") if sweep else None) or row.get("part_size") or 0
-    return ("sweep" if sweep else "run", int(streams), int(part),
-            int(row.get("checkpoint_bytes") or 0), int(row.get("ranks") or 0))
+    return (
+        "sweep" if sweep else "run",
+        int(streams),
+        int(part),
+        int(row.get("checkpoint_bytes") or 0),
+        int(row.get("ranks") or 0),
+    )
 
 
-def point_text(point: tuple[str, int, int, int, int], *, size: bool = False,
-               ranks: bool = False) -> str:
+def point_text(
+    point: tuple[str, int, int, int, int], *, size: bool = False, ranks: bool = False
+) -> str:
     """``sweep: 4 streams, 8 MiB parts`` (with the checkpoint size and the ranks when asked:
     the things that differ between a target's points)."""
     from ckptio.model import human_size
 
     kind, streams, part, nbytes, n_ranks = point
-    bits = [f"{streams} stream{'s' if streams != 1 else ''}" if streams else "",
-            f"{human_size(part)} parts" if part else "",
-            human_size(nbytes) if size else "",
-            f"{n_ranks} rank{'s' if n_ranks != 1 else ''}" if ranks else ""]
+    bits = [
+        f"{streams} stream{'s' if streams != 1 else ''}" if streams else "",
+        f"{human_size(part)} parts" if part else "",
+        human_size(nbytes) if size else "",
+        f"{n_ranks} rank{'s' if n_ranks != 1 else ''}" if ranks else "",
+    ]
     text = ", ".join(b for b in bits if b)
     return f"sweep: {text}" if kind == "sweep" else text
 
@@ -483,27 +612,39 @@ def summary_rows(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
             rows = points[key]
             r0 = rows[0]
             point = point_text(key, size=size, ranks=ranks) if several or key[0] == "sweep" else ""
-            out.append({
-                "target": t["name"], "label": t["label"], "kind": t["kind"], "site": t["site"],
-                "backend": t["backend"], "profile": t["profile"], "point": point,
-                "streams": key[1], "part_size": key[2], "sweep": key[0] == "sweep",
-                "preset": r0.get("preset"), "scale": r0.get("scale"), "ranks": r0.get("ranks"),
-                "checkpoint_bytes": r0.get("checkpoint_bytes"),
-                "write_seconds": _finite(_mean([r["write_seconds"] for r in rows])),
-                "write_GBps": _finite(_mean([r["write_GBps"] for r in rows])),
-                "read_GBps": _finite(_mean([r["read_GBps"] for r in rows])),
-                "min_rank_write_GBps": _finite(_mean([r["min_rank_write_GBps"] for r in rows])),
-                "requests": sum(int(r.get("requests") or 0) for r in rows),
-                "retries": sum(int(r.get("retries") or 0) for r in rows),
-                "throttled": sum(int(r.get("throttled") or 0) for r in rows),
-                "iterations": len(rows),
-                "note": KIND_NOTE[t["kind"]],
-            })
+            out.append(
+                {
+                    "target": t["name"],
+                    "label": t["label"],
+                    "kind": t["kind"],
+                    "site": t["site"],
+                    "backend": t["backend"],
+                    "profile": t["profile"],
+                    "point": point,
+                    "streams": key[1],
+                    "part_size": key[2],
+                    "sweep": key[0] == "sweep",
+                    "preset": r0.get("preset"),
+                    "scale": r0.get("scale"),
+                    "ranks": r0.get("ranks"),
+                    "checkpoint_bytes": r0.get("checkpoint_bytes"),
+                    "write_seconds": _finite(_mean([r["write_seconds"] for r in rows])),
+                    "write_GBps": _finite(_mean([r["write_GBps"] for r in rows])),
+                    "read_GBps": _finite(_mean([r["read_GBps"] for r in rows])),
+                    "min_rank_write_GBps": _finite(_mean([r["min_rank_write_GBps"] for r in rows])),
+                    "requests": sum(int(r.get("requests") or 0) for r in rows),
+                    "retries": sum(int(r.get("retries") or 0) for r in rows),
+                    "throttled": sum(int(r.get("throttled") or 0) for r in rows),
+                    "iterations": len(rows),
+                    "note": KIND_NOTE[t["kind"]],
+                }
+            )
     return out
 
 
 def md_table(header: list[str], rows: list[list[Any]]) -> str:
     """A Markdown table; a ``|`` in a cell is escaped, a newline becomes a space."""
+
     def cell(c: Any) -> str:
         return str(c).replace("|", "\\|").replace("\n", " ")
 
@@ -542,18 +683,26 @@ def build_report(
     targets = _targets(runs)
     summary = summary_rows(targets)
     presets = presets or [(p, None) for p in DEFAULT_PROJECTIONS]
-    proj = projection_rows(targets, requests, presets, interval=interval, price=price,
-                           restart=restart)
+    proj = projection_rows(
+        targets, requests, presets, interval=interval, price=price, restart=restart
+    )
     first_preset = [p for p in proj if p["preset"] == presets[0][0]]
     no_plots = plots_unavailable()
-    plots: dict[str, str | None] = {} if no_plots else {
-        "throughput": plot_throughput(summary, os.path.join(out_dir, "throughput.png")),
-        "latency": plot_latency(targets, requests, os.path.join(out_dir, "latency.png")),
-        "sweep": plot_sweep(targets, os.path.join(out_dir, "sweep.png")),
-        "timeline": plot_timeline(first_preset, interval, os.path.join(out_dir, "timeline.png")),
-        "cost": plot_cost(first_preset, price=price, restart=restart,
-                          path=os.path.join(out_dir, "cost.png")),
-    }
+    plots: dict[str, str | None] = (
+        {}
+        if no_plots
+        else {
+            "throughput": plot_throughput(summary, os.path.join(out_dir, "throughput.png")),
+            "latency": plot_latency(targets, requests, os.path.join(out_dir, "latency.png")),
+            "sweep": plot_sweep(targets, os.path.join(out_dir, "sweep.png")),
+            "timeline": plot_timeline(
+                first_preset, interval, os.path.join(out_dir, "timeline.png")
+            ),
+            "cost": plot_cost(
+                first_preset, price=price, restart=restart, path=os.path.join(out_dir, "cost.png")
+            ),
+        }
+    )
     sites = sorted({t["site"] for t in targets if t["site"]})
     captions = {
         "throughput": "Throughput per target and phase at the scale that was run.",
@@ -564,45 +713,112 @@ def build_report(
     }
 
     # Markdown
-    md = [f"# {title}", "",
-          f"Runs: {len(runs)} from {len(targets)} target(s)"
-          + (f" at sites {', '.join(sites)}" if sites else "") + ".", "",
-          "Kinds: **measured** — real storage; **emulated** — the shaped backend imposing a "
-          "storage profile by sleeping (not the real service); **mock** — moto, tests "
-          "correctness, *not a performance figure*; **projected** — the model at full scale.",
-          "", "## Comparison (this run's scale)", ""]
+    md = [
+        f"# {title}",
+        "",
+        f"Runs: {len(runs)} from {len(targets)} target(s)"
+        + (f" at sites {', '.join(sites)}" if sites else "")
+        + ".",
+        "",
+        "Kinds: **measured** — real storage; **emulated** — the shaped backend imposing a "
+        "storage profile by sleeping (not the real service); **mock** — moto, tests "
+        "correctness, *not a performance figure*; **projected** — the model at full scale.",
+        "",
+        "## Comparison (this run's scale)",
+        "",
+    ]
     # a target measured at several points (a sweep) has one row per point, named here
     points = any(s["point"] for s in summary)
 
     def pt(s: dict[str, Any]) -> list[str]:
         return [s["point"]] if points else []
 
-    md.append(md_table(
-        ["target", *(["point"] if points else []), "kind", "site", "size", "write s",
-         "write GB/s", "read GB/s", "min rank write GB/s", "requests", "retries", "throttled"],
-        [[s["target"], *pt(s), KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
-          s["site"], human_size(s["checkpoint_bytes"] or 0), _g(s["write_seconds"]),
-          _g(s["write_GBps"]), _g(s["read_GBps"]), _g(s["min_rank_write_GBps"]),
-          s["requests"], s["retries"], s["throttled"]] for s in summary]))
-    md += ["", "## Full-scale projection (model)", "",
-           f"Interval {human_seconds(interval)}; price {price:g} per GPU-hour (assumption); "
-           f"MTBF scaled from 7.9 h at 1,024 GPUs (arXiv 2410.21680); restart "
-           f"{human_seconds(restart)} (assumption).", ""]
-    md.append(md_table(
-        ["workload", "target", "projected with", "write", "binding limit", "idle",
-         "idle GPU-h/day", "optimal interval (Daly)", "stall with async save"],
-        [[f"{p['preset']} on {p['gpus']} GPUs", p["target"], p["profile"],
-          human_seconds(p["write_seconds"]) if p.get("write_seconds") else "-",
-          p["binding_detail"],
-          f"{p['idle_fraction']:.2%}" if p.get("write_seconds") else "-",
-          f"{p['idle_gpu_hours_per_day']:,.0f}" if p.get("write_seconds") else "-",
-          human_seconds(p["optimum_interval_seconds"]) if p.get("write_seconds") else "-",
-          (human_seconds(p["async_stall_seconds"]) + ("" if p["async_fits_interval"] else
-                                                      " (write outlasts the interval)"))
-          if p.get("write_seconds") else "-"]
-         for p in proj]))
-    md += ["", "Async save: the GPUs wait only for the snapshot to host memory (assumed 25 GB/s "
-           "per GPU); the write goes on in the background.", "", "What would fix it:", ""]
+    md.append(
+        md_table(
+            [
+                "target",
+                *(["point"] if points else []),
+                "kind",
+                "site",
+                "size",
+                "write s",
+                "write GB/s",
+                "read GB/s",
+                "min rank write GB/s",
+                "requests",
+                "retries",
+                "throttled",
+            ],
+            [
+                [
+                    s["target"],
+                    *pt(s),
+                    KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
+                    s["site"],
+                    human_size(s["checkpoint_bytes"] or 0),
+                    _g(s["write_seconds"]),
+                    _g(s["write_GBps"]),
+                    _g(s["read_GBps"]),
+                    _g(s["min_rank_write_GBps"]),
+                    s["requests"],
+                    s["retries"],
+                    s["throttled"],
+                ]
+                for s in summary
+            ],
+        )
+    )
+    md += [
+        "",
+        "## Full-scale projection (model)",
+        "",
+        f"Interval {human_seconds(interval)}; price {price:g} per GPU-hour (assumption); "
+        f"MTBF scaled from 7.9 h at 1,024 GPUs (arXiv 2410.21680); restart "
+        f"{human_seconds(restart)} (assumption).",
+        "",
+    ]
+    md.append(
+        md_table(
+            [
+                "workload",
+                "target",
+                "projected with",
+                "write",
+                "binding limit",
+                "idle",
+                "idle GPU-h/day",
+                "optimal interval (Daly)",
+                "stall with async save",
+            ],
+            [
+                [
+                    f"{p['preset']} on {p['gpus']} GPUs",
+                    p["target"],
+                    p["profile"],
+                    human_seconds(p["write_seconds"]) if p.get("write_seconds") else "-",
+                    p["binding_detail"],
+                    f"{p['idle_fraction']:.2%}" if p.get("write_seconds") else "-",
+                    f"{p['idle_gpu_hours_per_day']:,.0f}" if p.get("write_seconds") else "-",
+                    human_seconds(p["optimum_interval_seconds"]) if p.get("write_seconds") else "-",
+                    (
+                        human_seconds(p["async_stall_seconds"])
+                        + ("" if p["async_fits_interval"] else " (write outlasts the interval)")
+                    )
+                    if p.get("write_seconds")
+                    else "-",
+                ]
+                for p in proj
+            ],
+        )
+    )
+    md += [
+        "",
+        "Async save: the GPUs wait only for the snapshot to host memory (assumed 25 GB/s "
+        "per GPU); the write goes on in the background.",
+        "",
+        "What would fix it:",
+        "",
+    ]
     md += [f"- {p['target']}: {p['remedy']}" for p in proj if p.get("remedy")]
     md += [""]
     used = sorted({t["profile"] for t in targets if t["kind"] == "emulated" and t["profile"]})
@@ -617,13 +833,27 @@ def build_report(
                 md += [f"- {name}: not known here ({err})"]
                 continue
             md += [f"### {prof.name}: {prof.title}", ""]
-            md.append(md_table(["figure", "value", "source"], [
-                [k, fig_text(f.value, FIGURES[k]) + (" *" if f.assumption else ""), f.source]
-                for k, f in prof.figures.items()]))
+            md.append(
+                md_table(
+                    ["figure", "value", "source"],
+                    [
+                        [
+                            k,
+                            fig_text(f.value, FIGURES[k]) + (" *" if f.assumption else ""),
+                            f.source,
+                        ]
+                        for k, f in prof.figures.items()
+                    ],
+                )
+            )
             md += ["", "\\* an assumption, not a published figure."]
-            md += ["", f"Streams per node {prof.streams} ({prof.sources.get('streams', '')}); "
-                   f"part size {human_size(prof.part_size)}; past the rate limit: "
-                   f"{prof.throttle or 'n/a'}.", ""]
+            md += [
+                "",
+                f"Streams per node {prof.streams} ({prof.sources.get('streams', '')}); "
+                f"part size {human_size(prof.part_size)}; past the rate limit: "
+                f"{prof.throttle or 'n/a'}.",
+                "",
+            ]
     md += ["", "## Plots", ""]
     if no_plots:
         md += [f"_Plots not drawn: {no_plots}._", ""]
@@ -640,19 +870,36 @@ def build_report(
         head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
         body = "".join(
             f'<tr class="{k}">' + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>"
-            for r, k in zip(rows, kinds, strict=True))
+            for r, k in zip(rows, kinds, strict=True)
+        )
         return f"<table><tr>{head}</tr>{body}</table>"
 
-    comp_rows = [[s["target"], *pt(s), KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
-                  s["site"], human_size(s["checkpoint_bytes"] or 0), _g(s["write_GBps"]),
-                  _g(s["read_GBps"]), s["requests"], s["throttled"]] for s in summary]
-    proj_rows = [[f"{p['preset']} on {p['gpus']} GPUs", p["target"],
-                  human_seconds(p["write_seconds"]) if p.get("write_seconds") else "-",
-                  p["binding_detail"],
-                  f"{p['idle_fraction']:.2%}" if p.get("write_seconds") else "-",
-                  f"{p['idle_gpu_hours_per_day']:,.0f}" if p.get("write_seconds") else "-",
-                  p.get("remedy", "")]
-                 for p in proj]
+    comp_rows = [
+        [
+            s["target"],
+            *pt(s),
+            KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
+            s["site"],
+            human_size(s["checkpoint_bytes"] or 0),
+            _g(s["write_GBps"]),
+            _g(s["read_GBps"]),
+            s["requests"],
+            s["throttled"],
+        ]
+        for s in summary
+    ]
+    proj_rows = [
+        [
+            f"{p['preset']} on {p['gpus']} GPUs",
+            p["target"],
+            human_seconds(p["write_seconds"]) if p.get("write_seconds") else "-",
+            p["binding_detail"],
+            f"{p['idle_fraction']:.2%}" if p.get("write_seconds") else "-",
+            f"{p['idle_gpu_hours_per_day']:,.0f}" if p.get("write_seconds") else "-",
+            p.get("remedy", ""),
+        ]
+        for p in proj
+    ]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
@@ -662,27 +909,57 @@ def build_report(
         " moto, <i>not a performance figure</i>. <b>projected</b> (green): the model at full "
         "scale.</p>",
         "<h2>Comparison (this run's scale)</h2>",
-        table_html(["target", *(["point"] if points else []), "kind", "site", "size",
-                    "write GB/s", "read GB/s", "requests", "throttled"], comp_rows,
-                   [s["kind"] for s in summary]),
+        table_html(
+            [
+                "target",
+                *(["point"] if points else []),
+                "kind",
+                "site",
+                "size",
+                "write GB/s",
+                "read GB/s",
+                "requests",
+                "throttled",
+            ],
+            comp_rows,
+            [s["kind"] for s in summary],
+        ),
         "<h2>Full-scale projection (model)</h2>",
         f"<p>Interval {human_seconds(interval)}, price {price:g} per GPU-hour (assumption), "
         f"restart {human_seconds(restart)} (assumption); report.md has every profile figure "
         "with its source.</p>",
-        table_html(["workload", "target", "write", "binding limit", "idle",
-                    "idle GPU-h/day", "what would fix it"],
-                   proj_rows, ["projected"] * len(proj_rows)),
+        table_html(
+            [
+                "workload",
+                "target",
+                "write",
+                "binding limit",
+                "idle",
+                "idle GPU-h/day",
+                "what would fix it",
+            ],
+            proj_rows,
+            ["projected"] * len(proj_rows),
+        ),
     ]
     if no_plots:
         parts.append(f"<h2>Plots</h2><p><i>Plots not drawn: {html.escape(no_plots)}.</i></p>")
     for name, path in plots.items():
         if path:
-            parts.append(f"<h2>{html.escape(captions[name])}</h2>"
-                         f"<img src='{os.path.basename(path)}' alt='{name}'>")
+            parts.append(
+                f"<h2>{html.escape(captions[name])}</h2>"
+                f"<img src='{os.path.basename(path)}' alt='{name}'>"
+            )
     parts.append("</body></html>")
     with open(os.path.join(out_dir, "index.html"), "w", encoding="utf-8") as f:
         f.write("\n".join(parts) + "\n")
     written = [os.path.join(out_dir, n) for n in ("index.html", "report.md")]
     written += [p for p in plots.values() if p]
-    return {"out": out_dir, "files": written, "summary": summary, "projections": proj,
-            "sites": sites, "plots_missing": no_plots}
+    return {
+        "out": out_dir,
+        "files": written,
+        "summary": summary,
+        "projections": proj,
+        "sites": sites,
+        "plots_missing": no_plots,
+    }

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
 from ckptio import errors
 from ckptio.redact import redact, redact_obj, redact_strings
 
@@ -123,24 +124,53 @@ GBPS = "GB/s (1e9 bytes/s)"
 
 UNITS: dict[str, str] = {
     # labels and identifiers
-    **dict.fromkeys(("run_id", "target", "phase", "op", "key", "outcome", "backend", "cache",
-                     "url", "preset", "profile", "site", "kind", "layout"), "text"),
+    **dict.fromkeys(
+        (
+            "run_id",
+            "target",
+            "phase",
+            "op",
+            "key",
+            "outcome",
+            "backend",
+            "cache",
+            "url",
+            "preset",
+            "profile",
+            "site",
+            "kind",
+            "layout",
+        ),
+        "text",
+    ),
     **dict.fromkeys(("emulated", "mock"), "boolean"),
     **dict.fromkeys(("rank", "iteration"), "index (from 0)"),
     "attempt": "index (1 = the first attempt)",
     "thread": "thread id",
     # sizes, times, rates
-    **dict.fromkeys(("nbytes", "bytes", "checkpoint_bytes", "part_size", "sweep_part_size"),
-                    "bytes"),
+    **dict.fromkeys(
+        ("nbytes", "bytes", "checkpoint_bytes", "part_size", "sweep_part_size"), "bytes"
+    ),
     **dict.fromkeys(("seconds", "write_seconds", "read_seconds"), "seconds"),
     **dict.fromkeys(("start", "end"), "Unix seconds (UTC)"),
-    **dict.fromkeys(("write_GBps", "min_rank_write_GBps", "read_GBps", "min_rank_read_GBps"),
-                    GBPS),
+    **dict.fromkeys(("write_GBps", "min_rank_write_GBps", "read_GBps", "min_rank_read_GBps"), GBPS),
     "generate_GBps": "GB/s (1e9 bytes/s) per CPU core",
     "scale": "ratio to the preset's full size",
     # counts
-    **dict.fromkeys(("ranks", "writing_ranks", "objects", "requests", "retries", "throttled",
-                     "errors", "streams", "sweep_streams"), "count"),
+    **dict.fromkeys(
+        (
+            "ranks",
+            "writing_ranks",
+            "objects",
+            "requests",
+            "retries",
+            "throttled",
+            "errors",
+            "streams",
+            "sweep_streams",
+        ),
+        "count",
+    ),
 }
 """The unit of every column (of every table: a name means the same in each), stored as
 the Parquet field metadata ``unit`` by :func:`schema`."""
@@ -169,8 +199,12 @@ def schema(name: str) -> Any:
     """The Arrow schema of table ``requests``, ``phases`` or ``run``; each field's metadata
     holds its ``unit`` (:data:`UNITS`)."""
     pa = _pa()
-    return pa.schema([pa.field(col, getattr(pa, typ)(), metadata={"unit": UNITS[col]})
-                      for col, typ in TABLES[name]])
+    return pa.schema(
+        [
+            pa.field(col, getattr(pa, typ)(), metadata={"unit": UNITS[col]})
+            for col, typ in TABLES[name]
+        ]
+    )
 
 
 def table(name: str, columns: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]]) -> Any:
@@ -247,8 +281,21 @@ def machine_info(target_path: str | None = None) -> dict[str, Any]:
     }
 
 
-_VERSIONED = ("ckptio", "numpy", "pyarrow", "crc32c", "cryptography", "boto3", "botocore",
-              "s3fs", "fsspec", "obstore", "mpi4py", "torch", "moto")
+_VERSIONED = (
+    "ckptio",
+    "numpy",
+    "pyarrow",
+    "crc32c",
+    "cryptography",
+    "boto3",
+    "botocore",
+    "s3fs",
+    "fsspec",
+    "obstore",
+    "mpi4py",
+    "torch",
+    "moto",
+)
 
 
 def versions() -> dict[str, str]:
@@ -409,10 +456,14 @@ def read_results(paths: Sequence[str | os.PathLike[str]]) -> Results:
                 t = t.rename_columns([renamed.get(c, c) for c in t.column_names])
                 for col, value in ADDED_COLUMNS.get(name, {}).items():
                     if col not in t.column_names:
-                        t = t.append_column(col, pa.array([value] * t.num_rows, type=schema(name).field(col).type))
+                        t = t.append_column(
+                            col, pa.array([value] * t.num_rows, type=schema(name).field(col).type)
+                        )
                 # files of older versions may hold credentials in labels and URLs (object
                 # keys are ckptio's own)
-                parts[name].append(_redacted(t.select(schema(name).names).cast(schema(name)), skip=("key",)))
+                parts[name].append(
+                    _redacted(t.select(schema(name).names).cast(schema(name)), skip=("key",))
+                )
         side = run_file.with_name(f"{run_id}.json")
         if side.exists():
             try:

@@ -64,10 +64,9 @@ from typing import Any
 
 import numpy as np
 
-from ckptio import errors
+from ckptio import errors, units
 from ckptio import format as fmt
 from ckptio import results as res
-from ckptio import units
 from ckptio.checkpoint import (
     LAYOUTS,
     LocalTensor,
@@ -208,10 +207,26 @@ def _peak_rss() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def _events_columns(events: Sequence[Any], phase: str, iteration: int, rank: int) -> dict[str, list[Any]]:
-    cols: dict[str, list[Any]] = {k: [] for k in ("rank", "iteration", "phase", "op", "key",
-                                                  "nbytes", "start", "end", "attempt",
-                                                  "outcome", "backend", "thread")}
+def _events_columns(
+    events: Sequence[Any], phase: str, iteration: int, rank: int
+) -> dict[str, list[Any]]:
+    cols: dict[str, list[Any]] = {
+        k: []
+        for k in (
+            "rank",
+            "iteration",
+            "phase",
+            "op",
+            "key",
+            "nbytes",
+            "start",
+            "end",
+            "attempt",
+            "outcome",
+            "backend",
+            "thread",
+        )
+    }
     for ev in events:
         cols["rank"].append(rank)
         cols["iteration"].append(iteration)
@@ -250,7 +265,11 @@ def _target_label(url: str, emulate: str | None, layout: str = "file-per-shard")
     group runs by target, keep N-1 and N-N runs of one target apart."""
     scheme, bare, _ = split_url(url)
     bare = redact_url(bare)
-    tail = bare.split("://", 1)[-1].rstrip("/").rsplit("/", 1)[-1] if "://" in bare else Path(bare).name
+    tail = (
+        bare.split("://", 1)[-1].rstrip("/").rsplit("/", 1)[-1]
+        if "://" in bare
+        else Path(bare).name
+    )
     label = scheme if not tail else f"{scheme}-{tail}"
     label = f"{label}-{emulate}" if emulate else label
     return label if layout == "file-per-shard" else f"{label}-{layout}"
@@ -290,13 +309,16 @@ def _synthetic_prepared(plan: Plan, metadata: dict[str, Any]) -> PreparedState:
     tree: dict[str, Any] = {}
     for r in np.flatnonzero(plan.rank_bytes > 0).tolist():
         sub: dict[str, Any] = {}
-        for comp, elems, dtype in (("model", plan.model_elements[r], "bfloat16"),
-                                   ("optim", plan.optim_elements[r], "float32")):
+        for comp, elems, dtype in (
+            ("model", plan.model_elements[r], "bfloat16"),
+            ("optim", plan.optim_elements[r], "float32"),
+        ):
             if elems <= 0:
                 continue
             path = _tensor_path(r, comp)
-            tensors[path] = LocalTensor(path, np.empty(0, dtype=fmt.DTYPES[dtype]), (int(elems),), (0,),
-                                   replicated=False)
+            tensors[path] = LocalTensor(
+                path, np.empty(0, dtype=fmt.DTYPES[dtype]), (int(elems),), (0,), replicated=False
+            )
             sub[comp] = {"t": path}
         tree[f"rank-{r:05d}"] = {"d": sub}
     return PreparedState({"d": tree}, tensors, metadata)
@@ -365,11 +387,15 @@ def run_workload(
     if inflight < 1:
         raise errors.InvalidArgumentError(f"inflight must be >= 1, got {inflight}")
     if cache not in CACHE_MODES:
-        raise errors.InvalidArgumentError(f"unknown cache mode {cache!r}; valid: {', '.join(CACHE_MODES)}")
+        raise errors.InvalidArgumentError(
+            f"unknown cache mode {cache!r}; valid: {', '.join(CACHE_MODES)}"
+        )
     if keep not in KEEP:
         raise errors.InvalidArgumentError(f"unknown keep {keep!r}; valid: {', '.join(KEEP)}")
     if key_layout not in fmt.KEY_LAYOUTS:
-        raise errors.InvalidArgumentError(f"unknown key_layout {key_layout!r}; valid: {', '.join(fmt.KEY_LAYOUTS)}")
+        raise errors.InvalidArgumentError(
+            f"unknown key_layout {key_layout!r}; valid: {', '.join(fmt.KEY_LAYOUTS)}"
+        )
     if pause < 0:
         raise errors.InvalidArgumentError(f"pause must be >= 0 seconds, got {pause}")
     if layout not in LAYOUTS:
@@ -391,14 +417,35 @@ def run_workload(
     store = open_store(target_url, **options)
     try:
         check_layout(store, layout, url)  # the same verdict on every rank, before any collective
-        return _run(store, url, plan, comm, iterations=iterations, out_dir=out_dir, pause=pause,
-                    inflight=inflight, read=read, cache=cache, keep=keep, key_layout=key_layout,
-                    label=redact(label) if label else _target_label(url, emulate, layout),
-                    site=site, emulated=emulated,
-                    profile=profile, mock=mock, options=options, progress=progress,
-                    run_id=run_id, kind=kind, sweep_streams=sweep_streams,
-                    sweep_part_size=sweep_part_size, config=config or {},
-                    write_files=write_files, layout=layout, say=say)
+        return _run(
+            store,
+            url,
+            plan,
+            comm,
+            iterations=iterations,
+            out_dir=out_dir,
+            pause=pause,
+            inflight=inflight,
+            read=read,
+            cache=cache,
+            keep=keep,
+            key_layout=key_layout,
+            label=redact(label) if label else _target_label(url, emulate, layout),
+            site=site,
+            emulated=emulated,
+            profile=profile,
+            mock=mock,
+            options=options,
+            progress=progress,
+            run_id=run_id,
+            kind=kind,
+            sweep_streams=sweep_streams,
+            sweep_part_size=sweep_part_size,
+            config=config or {},
+            write_files=write_files,
+            layout=layout,
+            say=say,
+        )
     finally:
         store.close()
 
@@ -413,7 +460,8 @@ def check_layout(store: Store, layout: str, url: str) -> None:
             f"layout {layout!r} needs positional writes (several writers in one object), which "
             f"the {store.name} store at {redact_url(url)} does not offer; valid layouts "
             "there: file-per-shard (shared-file and shared-file-per-node need a filesystem "
-            "target: file://, pfs://)")
+            "target: file://, pfs://)"
+        )
 
 
 def _run(
@@ -451,8 +499,10 @@ def _run(
     def milestone(it: int, phase: str, start: float, end: float) -> None:
         if say is not None and rank == 0:
             secs = end - start
-            say(f"iteration {it + 1}/{iterations}: {phase} {units.human_bytes(plan.total_bytes)} "
-                f"in {secs:.3g} s, {_gb_per_s(plan.total_bytes, secs):.3g} GB/s")
+            say(
+                f"iteration {it + 1}/{iterations}: {phase} {units.human_bytes(plan.total_bytes)} "
+                f"in {secs:.3g} s, {_gb_per_s(plan.total_bytes, secs):.3g} GB/s"
+            )
 
     rank = comm.rank
     mine = _assign(plan, comm.size)[rank]
@@ -464,8 +514,11 @@ def _run(
     if rank == 0:
         try:
             steps = committed_steps(store)
-            first = {"run_id": run_id or res.new_run_id(label),
-                     "step": (steps[-1] + 1) if steps else 0, "seed": secrets.token_hex(8)}
+            first = {
+                "run_id": run_id or res.new_run_id(label),
+                "step": (steps[-1] + 1) if steps else 0,
+                "seed": secrets.token_hex(8),
+            }
         except errors.CkptioError as err:
             first = {"error": f"{type(err).__name__}: {err}"}
     first = comm.bcast(first, root=0)
@@ -475,19 +528,43 @@ def _run(
     gen = DataGenerator(first["seed"])
     buffers = _Buffers(inflight, plan.object_size)
     pool = ThreadPoolExecutor(inflight, thread_name_prefix="ckptio-runner")
-    metadata = {"workload": plan.preset.name, "scale": plan.scale, "layout": plan.layout.describe(),
-                "synthetic": True, "generator": gen.name, "run_id": run_id}
+    metadata = {
+        "workload": plan.preset.name,
+        "scale": plan.scale,
+        "layout": plan.layout.describe(),
+        "synthetic": True,
+        "generator": gen.name,
+        "run_id": run_id,
+    }
     phase_rows: list[dict[str, Any]] = []
     request_parts: list[dict[str, list[Any]]] = []
     per_iter: list[_Iter] = []
     written_steps: list[int] = []
     my_bytes = int(plan.rank_bytes[mine].sum()) if len(mine) else 0
 
-    def row(it: int, phase: str, nbytes: int, seconds: float, start: float, end: float,
-            cache_mode: str = "n/a") -> None:
-        phase_rows.append({"run_id": run_id, "target": label, "rank": rank, "iteration": it,
-                           "phase": phase, "bytes": int(nbytes), "seconds": float(seconds),
-                           "start": float(start), "end": float(end), "cache": cache_mode})
+    def row(
+        it: int,
+        phase: str,
+        nbytes: int,
+        seconds: float,
+        start: float,
+        end: float,
+        cache_mode: str = "n/a",
+    ) -> None:
+        phase_rows.append(
+            {
+                "run_id": run_id,
+                "target": label,
+                "rank": rank,
+                "iteration": it,
+                "phase": phase,
+                "bytes": int(nbytes),
+                "seconds": float(seconds),
+                "start": float(start),
+                "end": float(end),
+                "cache": cache_mode,
+            }
+        )
 
     leases: list[SaveLease] = []  # rank 0's, one per iteration; all released at the end
     try:
@@ -504,9 +581,14 @@ def _run(
 
             region: SharedRegion | None = None  # N-1: this process's range, placed below
 
-            def write_one(item: tuple[ObjectSpec, int, SharedRegion | None], step: int = step,
-                          token: str = token, it: int = it, lock: threading.Lock = gen_lock,
-                          info: _Iter = info) -> dict[str, Any]:
+            def write_one(
+                item: tuple[ObjectSpec, int, SharedRegion | None],
+                step: int = step,
+                token: str = token,
+                it: int = it,
+                lock: threading.Lock = gen_lock,
+                info: _Iter = info,
+            ) -> dict[str, Any]:
                 spec, offset, shared = item
                 buf = buffers.take()
                 try:
@@ -515,18 +597,36 @@ def _run(
                     t1 = time.thread_time()
                     dtype = fmt.DTYPES[spec.dtype]
                     arr = buf[: spec.nbytes].view(dtype)
-                    total = (int(plan.model_elements[spec.rank]) if spec.component == "model"
-                             else int(plan.optim_elements[spec.rank]))
-                    local = LocalTensor(_tensor_path(spec.rank, spec.component), arr, (total,),
-                                   (spec.element_offset,), replicated=False)
+                    total = (
+                        int(plan.model_elements[spec.rank])
+                        if spec.component == "model"
+                        else int(plan.optim_elements[spec.rank])
+                    )
+                    local = LocalTensor(
+                        _tensor_path(spec.rank, spec.component),
+                        arr,
+                        (total,),
+                        (spec.element_offset,),
+                        replicated=False,
+                    )
                     if shared is None:
-                        out = write_rank_shards(store, step, spec.rank, token, [local],
-                                          key_layout=key_layout, chunk_size=plan.object_size,
-                                          max_object_size=plan.object_size, first_index=spec.number)
+                        out = write_rank_shards(
+                            store,
+                            step,
+                            spec.rank,
+                            token,
+                            [local],
+                            key_layout=key_layout,
+                            chunk_size=plan.object_size,
+                            max_object_size=plan.object_size,
+                            first_index=spec.number,
+                        )
                     else:  # N-1: this object's place in the shared object, durable on return
                         piece = Piece(local.path, arr, local.offsets)
-                        out = {"chunks": pwrite_pieces(store, step, shared, [(piece, offset)]),
-                               "objects": {shared.key: shared.size}}
+                        out = {
+                            "chunks": pwrite_pieces(store, step, shared, [(piece, offset)]),
+                            "objects": {shared.key: shared.size},
+                        }
                 finally:
                     buffers.give(buf)
                 with lock:
@@ -544,11 +644,18 @@ def _run(
                 try:
                     if layout == "file-per-shard":
                         items: Iterator[tuple[ObjectSpec, int, SharedRegion | None]] = (
-                            (s, 0, None) for s in my_specs())
+                            (s, 0, None) for s in my_specs()
+                        )
                     else:  # collective: every process takes part, even one with no data
                         offsets, need = pack_pieces(s.nbytes for s in my_specs())
-                        region = place_shared_region(store, step, comm, token, need,
-                                               per_node=layout == "shared-file-per-node")
+                        region = place_shared_region(
+                            store,
+                            step,
+                            comm,
+                            token,
+                            need,
+                            per_node=layout == "shared-file-per-node",
+                        )
                         items = ((s, o, region) for s, o in zip(my_specs(), offsets, strict=True))
                     for out in _bounded_map(pool, write_one, items, inflight):
                         outcomes.append(out)
@@ -580,8 +687,17 @@ def _run(
                     prepared = _synthetic_prepared(plan, metadata)
                     # the token names rank 0's shared object: a failed commit finds it by it
                     plan_doc = {"writers": {p: -1 for p in prepared.tensors}, "token": token}
-                    verdict = commit_step(store, step, prepared, plan_doc, gathered, plan.ranks,
-                                          layout, key_layout, lease=leases[-1])
+                    verdict = commit_step(
+                        store,
+                        step,
+                        prepared,
+                        plan_doc,
+                        gathered,
+                        plan.ranks,
+                        layout,
+                        key_layout,
+                        lease=leases[-1],
+                    )
                     leases[-1].release()
             verdict = comm.bcast(verdict, root=0)
             if not verdict.get("ok"):
@@ -595,24 +711,46 @@ def _run(
             events = wphase.events + cphase.events
             request_parts.append(_events_columns(events, "write", it, rank))
             row(it, "generate", info.bytes, info.gen_seconds, wphase.start, info.write_done)
-            row(it, "write", info.bytes, info.write_done - wphase.start, wphase.start, info.write_done)
+            row(
+                it,
+                "write",
+                info.bytes,
+                info.write_done - wphase.start,
+                wphase.start,
+                info.write_done,
+            )
             fs = [e for e in wphase.events if e.op == "fsync"]
-            row(it, "flush", info.bytes, sum(e.seconds for e in fs),
+            row(
+                it,
+                "flush",
+                info.bytes,
+                sum(e.seconds for e in fs),
                 min((e.start for e in fs), default=info.write_done),
-                max((e.end for e in fs), default=info.write_done))
+                max((e.end for e in fs), default=info.write_done),
+            )
             if rank == 0:
                 row(it, "commit", 0, cphase.end - cphase.start, cphase.start, cphase.end)
             # -- read -------------------------------------------------------------------
             if read:
-                mine_objects = [(k, c) for p, cs in written.get("chunks", {}).items() for c in cs
-                                for k in [c["key"]]]
-                mode = _prepare_read(store, step, list(dict.fromkeys(k for k, _ in mine_objects)), cache)
+                mine_objects = [
+                    (k, c)
+                    for p, cs in written.get("chunks", {}).items()
+                    for c in cs
+                    for k in [c["key"]]
+                ]
+                mode = _prepare_read(
+                    store, step, list(dict.fromkeys(k for k, _ in mine_objects)), cache
+                )
                 info.cache = mode
                 comm.barrier()
                 vlock = threading.Lock()
 
-                def read_one(item: tuple[str, dict[str, Any]], step: int = step,
-                             lock: threading.Lock = vlock, info: _Iter = info) -> int:
+                def read_one(
+                    item: tuple[str, dict[str, Any]],
+                    step: int = step,
+                    lock: threading.Lock = vlock,
+                    info: _Iter = info,
+                ) -> int:
                     rel, chunk = item
                     key = f"{fmt.step_dir(step)}/{rel}"
                     buf = buffers.take()
@@ -624,14 +762,16 @@ def _run(
                         if n != chunk["length"]:
                             raise errors.CorruptCheckpointError(
                                 f"{redact_url(store.url)}/{key}: {n} bytes read, "
-                                f"{chunk['length']} expected (truncated object)")
+                                f"{chunk['length']} expected (truncated object)"
+                            )
                         got = crc32c(view)
                         t2 = time.perf_counter()
                         if got != chunk["crc32c"]:
                             raise errors.ChecksumError(
                                 f"{redact_url(store.url)}/{key}: CRC32C mismatch in bytes "
                                 f"{chunk['offset']}..{chunk['offset'] + chunk['length']} "
-                                f"(expected {chunk['crc32c']:#010x}, read {got:#010x})")
+                                f"(expected {chunk['crc32c']:#010x}, read {got:#010x})"
+                            )
                     finally:
                         buffers.give(buf)
                     with lock:
@@ -653,12 +793,20 @@ def _run(
                     # the filesystem refused O_DIRECT during the reads and the store fell back
                     # to buffered reads: they may have come from the page cache; say so
                     mode = info.cache = "none"
-                oks = comm.gather({"ok": rfail is None,
-                                   "error": f"{type(rfail).__name__}: {rfail}" if rfail else ""}, root=0)
-                report = comm.bcast([o["error"] for o in oks if not o["ok"]] if oks else None, root=0)
+                oks = comm.gather(
+                    {
+                        "ok": rfail is None,
+                        "error": f"{type(rfail).__name__}: {rfail}" if rfail else "",
+                    },
+                    root=0,
+                )
+                report = comm.bcast(
+                    [o["error"] for o in oks if not o["ok"]] if oks else None, root=0
+                )
                 if report:
                     raise errors.CorruptCheckpointError(
-                        f"iteration {it}: read-back failed: {'; '.join(report)}") from rfail
+                        f"iteration {it}: read-back failed: {'; '.join(report)}"
+                    ) from rfail
                 comm.barrier()
                 info.read_end = time.time()
                 milestone(it, "read", rphase.start, info.read_end)
@@ -684,9 +832,16 @@ def _run(
         "peak_rss": _peak_rss(),
     }
     everything = comm.gather(mine_summary, root=0)
-    summary = RunSummary(run_id, rank, phases=phase_rows, generator=gen.name,
-                         steps=written_steps, url=redact_url(url), target_path=_local_path(store),
-                         cache=per_iter[-1].cache if per_iter else "")
+    summary = RunSummary(
+        run_id,
+        rank,
+        phases=phase_rows,
+        generator=gen.name,
+        steps=written_steps,
+        url=redact_url(url),
+        target_path=_local_path(store),
+        cache=per_iter[-1].cache if per_iter else "",
+    )
     if rank != 0:
         summary.peak_rss_bytes = [mine_summary["peak_rss"]]
         return summary
@@ -694,14 +849,32 @@ def _run(
     all_phases = [r for e in everything for r in e["phases"]]
     reqs = _merge_columns([e["requests"] for e in everything])
     n = len(reqs.get("op", []))
-    reqs.update(run_id=[run_id] * n, target=[label] * n,
-                seconds=[e - s for s, e in zip(reqs.get("start", []), reqs.get("end", []), strict=True)])
+    reqs.update(
+        run_id=[run_id] * n,
+        target=[label] * n,
+        seconds=[e - s for s, e in zip(reqs.get("start", []), reqs.get("end", []), strict=True)],
+    )
     if n == 0:
         reqs = {c: [] for c, _ in res.REQUEST_COLUMNS}
-    runs = _run_rows(plan, everything, reqs, run_id=run_id, label=label, url=url, store=store,
-                     site=site, emulated=emulated, profile=profile, mock=mock, options=options,
-                     kind=kind, sweep_streams=sweep_streams, sweep_part_size=sweep_part_size,
-                     comm_size=comm.size, layout=layout)
+    runs = _run_rows(
+        plan,
+        everything,
+        reqs,
+        run_id=run_id,
+        label=label,
+        url=url,
+        store=store,
+        site=site,
+        emulated=emulated,
+        profile=profile,
+        mock=mock,
+        options=options,
+        kind=kind,
+        sweep_streams=sweep_streams,
+        sweep_part_size=sweep_part_size,
+        comm_size=comm.size,
+        layout=layout,
+    )
     summary.runs = runs
     summary.phases = all_phases
     summary.requests = n
@@ -710,26 +883,50 @@ def _run(
     if out_dir is not None and write_files:
         side = res.sidecar(
             run_id,
-            config={"url": url, "preset": plan.preset.name, "scale": plan.scale,
-                    "layout": plan.layout.describe(), "gpus": plan.ranks, "ranks": comm.size,
-                    "iterations": iterations, "object_size": plan.object_size,
-                    "inflight": inflight, "cache": cache, "keep": keep, "key_layout": key_layout,
-                    "checkpoint_layout": layout,
-                    "pause": pause, "store_options": options, **config},
-            target_path=_local_path(store), emulated=emulated, profile=profile, mock=mock,
+            config={
+                "url": url,
+                "preset": plan.preset.name,
+                "scale": plan.scale,
+                "layout": plan.layout.describe(),
+                "gpus": plan.ranks,
+                "ranks": comm.size,
+                "iterations": iterations,
+                "object_size": plan.object_size,
+                "inflight": inflight,
+                "cache": cache,
+                "keep": keep,
+                "key_layout": key_layout,
+                "checkpoint_layout": layout,
+                "pause": pause,
+                "store_options": options,
+                **config,
+            },
+            target_path=_local_path(store),
+            emulated=emulated,
+            profile=profile,
+            mock=mock,
             labels={"target": label, "site": site or ""},
-            extra={"generator": gen.name, "peak_rss_bytes": summary.peak_rss_bytes,
-                   "steps": written_steps, "cache_bypass": summary.cache,
-                   "communicator": type(comm).__name__},
+            extra={
+                "generator": gen.name,
+                "peak_rss_bytes": summary.peak_rss_bytes,
+                "steps": written_steps,
+                "cache_bypass": summary.cache,
+                "communicator": type(comm).__name__,
+            },
         )
-        summary.paths = res.write_run(out_dir, requests=res.table("requests", reqs),
-                                      phases=res.table("phases", all_phases),
-                                      runs=res.table("run", runs), sidecar=side)
+        summary.paths = res.write_run(
+            out_dir,
+            requests=res.table("requests", reqs),
+            phases=res.table("phases", all_phases),
+            runs=res.table("run", runs),
+            sidecar=side,
+        )
     return summary
 
 
-def _bounded_map(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Iterator[Any],
-                 limit: int) -> Iterator[Any]:
+def _bounded_map(
+    pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: Iterator[Any], limit: int
+) -> Iterator[Any]:
     """``pool.map`` that pulls at most ``limit`` items ahead (the items are lazy), yields
     results in order, and raises the first failure after the work in flight has ended."""
     pending: list[Any] = []
@@ -768,8 +965,10 @@ def _prepare_read(store: Store, step: int, keys: Sequence[str], cache: str) -> s
         store.direct_read = True  # type: ignore[attr-defined]
         return "o_direct"
     if cache == "o_direct":
-        raise errors.InvalidArgumentError(f"{store.name}:// cannot read with O_DIRECT; "
-                                          f"valid cache modes here: {_valid_modes(store)}")
+        raise errors.InvalidArgumentError(
+            f"{store.name}:// cannot read with O_DIRECT; "
+            f"valid cache modes here: {_valid_modes(store)}"
+        )
     if cache in ("auto", "fadvise") and has_fadvise:
         done = [store.drop_cache(prefix + k) for k in keys]  # type: ignore[attr-defined]
         if done and all(done):
@@ -785,21 +984,28 @@ def _prepare_read(store: Store, step: int, keys: Sequence[str], cache: str) -> s
         except OSError as err:
             raise errors.StoragePermissionError(
                 f"cannot drop the page cache ({err}); it needs root. Valid cache modes here: "
-                f"{_valid_modes(store)}") from err
+                f"{_valid_modes(store)}"
+            ) from err
         return "drop_caches"
     if cache == "fadvise":
-        raise errors.InvalidArgumentError(f"{store.name}:// has no local page cache to advise; "
-                                          f"valid cache modes here: {_valid_modes(store)}")
+        raise errors.InvalidArgumentError(
+            f"{store.name}:// has no local page cache to advise; "
+            f"valid cache modes here: {_valid_modes(store)}"
+        )
     return "n/a" if not (has_direct or has_fadvise) else "none"
 
 
 def _valid_cache(store: Store, cache: str) -> None:
     if cache == "o_direct" and not (store.capabilities.direct_io and hasattr(store, "direct_read")):
-        raise errors.InvalidArgumentError(f"{store.name}:// cannot read with O_DIRECT; "
-                                          f"valid cache modes here: {_valid_modes(store)}")
+        raise errors.InvalidArgumentError(
+            f"{store.name}:// cannot read with O_DIRECT; "
+            f"valid cache modes here: {_valid_modes(store)}"
+        )
     if cache == "fadvise" and not callable(getattr(store, "drop_cache", None)):
-        raise errors.InvalidArgumentError(f"{store.name}:// has no local page cache to advise; "
-                                          f"valid cache modes here: {_valid_modes(store)}")
+        raise errors.InvalidArgumentError(
+            f"{store.name}:// has no local page cache to advise; "
+            f"valid cache modes here: {_valid_modes(store)}"
+        )
 
 
 def _valid_modes(store: Store) -> str:
@@ -825,7 +1031,9 @@ def _delete_step(store: Store, comm: Communicator, step: int, my_objects: Sequen
     try:
         store.delete([prefix + k for k in my_objects])
     except errors.CkptioError as err:
-        log.warning("could not delete the objects of step %d: %s (`ckptio gc` removes them)", step, err)
+        log.warning(
+            "could not delete the objects of step %d: %s (`ckptio gc` removes them)", step, err
+        )
     if hasattr(store, "direct_read"):
         store.direct_read = False  # the next write phase is buffered again
 
@@ -834,10 +1042,26 @@ def _gb_per_s(nbytes: float, seconds: float) -> float:
     return nbytes / seconds / 1e9 if seconds > 0 else 0.0
 
 
-def _run_rows(plan: Plan, everything: Sequence[dict[str, Any]], reqs: dict[str, list[Any]], *,
-              run_id: str, label: str, url: str, store: Store, site: str | None, emulated: bool,
-              profile: str, mock: bool, options: dict[str, Any], kind: str, sweep_streams: int,
-              sweep_part_size: int, comm_size: int, layout: str) -> list[dict[str, Any]]:
+def _run_rows(
+    plan: Plan,
+    everything: Sequence[dict[str, Any]],
+    reqs: dict[str, list[Any]],
+    *,
+    run_id: str,
+    label: str,
+    url: str,
+    store: Store,
+    site: str | None,
+    emulated: bool,
+    profile: str,
+    mock: bool,
+    options: dict[str, Any],
+    kind: str,
+    sweep_streams: int,
+    sweep_part_size: int,
+    comm_size: int,
+    layout: str,
+) -> list[dict[str, Any]]:
     import socket
 
     rows = []
@@ -853,30 +1077,57 @@ def _run_rows(plan: Plan, everything: Sequence[dict[str, Any]], reqs: dict[str, 
         write_s = max(i["write_end"] - i["write_start"] for i in iters)
         read_s = max((i["read_end"] - i["read_start"] for i in iters if i["read_end"]), default=0.0)
         writers = [i for i in iters if i["bytes"] > 0]
-        min_w = min((_gb_per_s(i["bytes"], i["write_done"] - i["write_start"]) for i in writers), default=0.0)
-        min_r = min((_gb_per_s(i["bytes"], i["read_done"] - i["read_start"]) for i in writers
-                     if i["read_end"]), default=0.0)
+        min_w = min(
+            (_gb_per_s(i["bytes"], i["write_done"] - i["write_start"]) for i in writers),
+            default=0.0,
+        )
+        min_r = min(
+            (
+                _gb_per_s(i["bytes"], i["read_done"] - i["read_start"])
+                for i in writers
+                if i["read_end"]
+            ),
+            default=0.0,
+        )
         gen_s = sum(i["gen_seconds"] for i in iters)
         sel = req_iter == it
         outcomes = req_outcome[sel]
-        rows.append({
-            "run_id": run_id, "target": label, "url": redact_url(url), "backend": store.name,
-            "preset": plan.preset.name, "scale": float(plan.scale), "ranks": comm_size,
-            "writing_ranks": plan.writing_ranks, "iteration": it, "checkpoint_bytes": total,
-            "objects": sum(i["objects"] for i in iters),
-            "write_seconds": write_s, "write_GBps": _gb_per_s(total, write_s),
-            "min_rank_write_GBps": min_w,
-            "read_seconds": read_s, "read_GBps": _gb_per_s(total, read_s) if read_s else 0.0,
-            "min_rank_read_GBps": min_r,
-            "requests": int(sel.sum()), "retries": int((outcomes == "retry").sum()),
-            "throttled": int((outcomes == "throttled").sum()),
-            "errors": int((outcomes == "error").sum()),
-            "generate_GBps": _gb_per_s(total, gen_s), "streams": streams, "part_size": part_size,
-            "emulated": emulated, "profile": profile, "mock": mock,
-            "site": site or socket.gethostname(), "kind": kind,
-            "sweep_streams": sweep_streams, "sweep_part_size": sweep_part_size,
-            "layout": layout,
-        })
+        rows.append(
+            {
+                "run_id": run_id,
+                "target": label,
+                "url": redact_url(url),
+                "backend": store.name,
+                "preset": plan.preset.name,
+                "scale": float(plan.scale),
+                "ranks": comm_size,
+                "writing_ranks": plan.writing_ranks,
+                "iteration": it,
+                "checkpoint_bytes": total,
+                "objects": sum(i["objects"] for i in iters),
+                "write_seconds": write_s,
+                "write_GBps": _gb_per_s(total, write_s),
+                "min_rank_write_GBps": min_w,
+                "read_seconds": read_s,
+                "read_GBps": _gb_per_s(total, read_s) if read_s else 0.0,
+                "min_rank_read_GBps": min_r,
+                "requests": int(sel.sum()),
+                "retries": int((outcomes == "retry").sum()),
+                "throttled": int((outcomes == "throttled").sum()),
+                "errors": int((outcomes == "error").sum()),
+                "generate_GBps": _gb_per_s(total, gen_s),
+                "streams": streams,
+                "part_size": part_size,
+                "emulated": emulated,
+                "profile": profile,
+                "mock": mock,
+                "site": site or socket.gethostname(),
+                "kind": kind,
+                "sweep_streams": sweep_streams,
+                "sweep_part_size": sweep_part_size,
+                "layout": layout,
+            }
+        )
     return rows
 
 
@@ -913,9 +1164,15 @@ class SweepPoint:
         return self.streams > self.parts_in_flight
 
 
-def sweep_points(plan: Plan, processes: int, streams: Sequence[int], part_sizes: Sequence[int],
-                 *, inflight: int = 2,
-                 max_memory: int = DEFAULT_SWEEP_MEMORY) -> list[SweepPoint]:
+def sweep_points(
+    plan: Plan,
+    processes: int,
+    streams: Sequence[int],
+    part_sizes: Sequence[int],
+    *,
+    inflight: int = 2,
+    max_memory: int = DEFAULT_SWEEP_MEMORY,
+) -> list[SweepPoint]:
     """The (streams, part size) points of a sweep of ``plan`` over ``processes`` processes, in
     order, each with as many shard objects in flight per process as its streams need (at
     least ``inflight``; at most what ``max_memory`` holds at ``plan.object_size`` per object)
@@ -938,18 +1195,27 @@ def sweep_points(plan: Plan, processes: int, streams: Sequence[int], part_sizes:
         for p in part_sizes:
             cum = [np.cumsum(-(-sz // p)) for sz in shares]
             # objects each process needs in flight so that s requests of p bytes can go at once
-            need = max((min(int(np.searchsorted(c, s)) + 1, len(c)) for c in cum if len(c)),
-                       default=1)
+            need = max(
+                (min(int(np.searchsorted(c, s)) + 1, len(c)) for c in cum if len(c)), default=1
+            )
             want = max(inflight, need)
             n = max(1, min(want, cap))
             parts = max((int(c[min(n, len(c)) - 1]) for c in cum if len(c)), default=0)
-            out.append(SweepPoint(s, p, n, parts, max(len(c) for c in cum) if cum else 0,
-                                  memory_capped=n < want))
+            out.append(
+                SweepPoint(
+                    s, p, n, parts, max(len(c) for c in cum) if cum else 0, memory_capped=n < want
+                )
+            )
     return out
 
 
-def sweep_warnings(points: Sequence[SweepPoint], plan: Plan, processes: int, *,
-                   max_memory: int = DEFAULT_SWEEP_MEMORY) -> list[str]:
+def sweep_warnings(
+    points: Sequence[SweepPoint],
+    plan: Plan,
+    processes: int,
+    *,
+    max_memory: int = DEFAULT_SWEEP_MEMORY,
+) -> list[str]:
     """One line per part size whose requested stream counts exceed what the points put in
     flight (the extra streams idle, so those points measure the same concurrency): because of
     the layout (too little data per process) or of the memory budget."""
@@ -960,23 +1226,28 @@ def sweep_warnings(points: Sequence[SweepPoint], plan: Plan, processes: int, *,
         if not capped:
             continue
         most = max(p.parts_in_flight for p in capped)
-        head = (f"--streams {','.join(str(p.streams) for p in capped)} with {human_bytes(part)} "
-                "parts: ")
-        tail = (f"so at most {most} stream(s) can be busy and these points measure the same "
-                f"concurrency as {most} stream(s).")
+        head = (
+            f"--streams {','.join(str(p.streams) for p in capped)} with {human_bytes(part)} parts: "
+        )
+        tail = (
+            f"so at most {most} stream(s) can be busy and these points measure the same "
+            f"concurrency as {most} stream(s)."
+        )
         if any(p.memory_capped for p in capped):
             n = max(p.inflight for p in capped)
             lines.append(
                 f"{head}the sweep's memory budget ({human_bytes(max_memory)} per process) holds "
                 f"{n} object(s) of up to {human_bytes(plan.object_size)} in flight, {most} "
-                f"part(s), {tail} A smaller --part-size or --object-size lets more streams work.")
+                f"part(s), {tail} A smaller --part-size or --object-size lets more streams work."
+            )
         else:
             share = plan.total_bytes / max(1, min(processes, plan.writing_ranks))
             lines.append(
                 f"{head}each of the {processes} writing process(es) has at most {most} part(s) in "
                 f"flight (about {human_bytes(share)} each, in {max(p.objects for p in capped)} "
                 f"object(s)), {tail} A larger --total-size, fewer --ranks or a smaller "
-                "--part-size lets more streams work.")
+                "--part-size lets more streams work."
+            )
     return lines
 
 
@@ -1006,10 +1277,14 @@ def sweep(
     point and phase. Other keyword arguments go to :func:`run_workload`."""
     comm = comm if comm is not None else detect()
     if not streams or not part_sizes:
-        raise errors.InvalidArgumentError("a sweep needs at least one streams value and one part size")
+        raise errors.InvalidArgumentError(
+            "a sweep needs at least one streams value and one part size"
+        )
     parts = [parse_size(p, field="part_size") for p in part_sizes]
     if any(s < 1 for s in streams) or any(p <= 0 for p in parts):
-        raise errors.InvalidArgumentError(f"streams must be >= 1 and part sizes > 0; got {list(streams)}, {list(part_sizes)}")
+        raise errors.InvalidArgumentError(
+            f"streams must be >= 1 and part sizes > 0; got {list(streams)}, {list(part_sizes)}"
+        )
     scheme = split_url(url)[0].split("+")[-1]
     part_option = _PART_OPTION.get(scheme, "part_size")
     base_options = dict(kwargs.pop("store_options", None) or {})
@@ -1017,8 +1292,9 @@ def sweep(
     max_memory = parse_size(kwargs.pop("max_memory", DEFAULT_SWEEP_MEMORY), field="max_memory")
     # enough objects in flight that s streams of p-byte requests can all be busy, within the
     # memory budget (a client needs streams x part size in flight to use them all)
-    points = sweep_points(plan, comm.size, streams, parts, inflight=kwargs.get("inflight", 2),
-                          max_memory=max_memory)
+    points = sweep_points(
+        plan, comm.size, streams, parts, inflight=kwargs.get("inflight", 2), max_memory=max_memory
+    )
     if warn and comm.rank == 0:
         for line in sweep_warnings(points, plan, comm.size, max_memory=max_memory):
             log.warning("%s", line)
@@ -1028,13 +1304,26 @@ def sweep(
     for n, point in enumerate(points):
         s, p, inflight = point.streams, point.part_size, point.inflight
         if say is not None and comm.rank == 0:
-            say(f"sweep point {n + 1}/{len(points)}: {s} stream(s), "
-                f"{units.human_bytes(p)} parts, {inflight} object(s) in flight per process")
+            say(
+                f"sweep point {n + 1}/{len(points)}: {s} stream(s), "
+                f"{units.human_bytes(p)} parts, {inflight} object(s) in flight per process"
+            )
         opts = {**base_options, "streams": s, part_option: p}
         summary = run_workload(
-            url, plan, iterations=iterations, comm=comm, out_dir=None,
-            label=label, progress=progress, run_id=run_id, kind="sweep", sweep_streams=s,
-            sweep_part_size=p, store_options=opts, layout=layout, say=say,
+            url,
+            plan,
+            iterations=iterations,
+            comm=comm,
+            out_dir=None,
+            label=label,
+            progress=progress,
+            run_id=run_id,
+            kind="sweep",
+            sweep_streams=s,
+            sweep_part_size=p,
+            store_options=opts,
+            layout=layout,
+            say=say,
             keep=keep if n == len(points) - 1 else "none",
             **{**kwargs, "inflight": inflight},
         )
@@ -1049,34 +1338,51 @@ def sweep(
                 merged.runs.extend(summary.runs)
                 merged.phases.extend(summary.phases)
                 merged.requests += summary.requests
-                merged.peak_rss_bytes = [max(a, b) for a, b in zip(merged.peak_rss_bytes, summary.peak_rss_bytes, strict=True)]
+                merged.peak_rss_bytes = [
+                    max(a, b)
+                    for a, b in zip(merged.peak_rss_bytes, summary.peak_rss_bytes, strict=True)
+                ]
     assert run_id is not None
     if comm.rank != 0:
         return RunSummary(run_id, comm.rank)
     assert merged is not None
     if out_dir is not None:
-        side = res.sidecar(run_id, config={"url": url, "preset": plan.preset.name, "scale": plan.scale,
-                                           "streams": list(streams), "part_sizes": parts,
-                                           "iterations": iterations, "ranks": comm.size,
-                                           "kind": "sweep",
-                                           "points": [{**vars(pt), "capped": pt.capped}
-                                                      for pt in points],
-                                           "checkpoint_layout": layout},
-                           target_path=merged.target_path, emulated=any(r["emulated"] for r in merged.runs),
-                           profile=merged.runs[0]["profile"], mock=merged.runs[0]["mock"],
-                           extra={"peak_rss_bytes": merged.peak_rss_bytes})
+        side = res.sidecar(
+            run_id,
+            config={
+                "url": url,
+                "preset": plan.preset.name,
+                "scale": plan.scale,
+                "streams": list(streams),
+                "part_sizes": parts,
+                "iterations": iterations,
+                "ranks": comm.size,
+                "kind": "sweep",
+                "points": [{**vars(pt), "capped": pt.capped} for pt in points],
+                "checkpoint_layout": layout,
+            },
+            target_path=merged.target_path,
+            emulated=any(r["emulated"] for r in merged.runs),
+            profile=merged.runs[0]["profile"],
+            mock=merged.runs[0]["mock"],
+            extra={"peak_rss_bytes": merged.peak_rss_bytes},
+        )
         merged.paths = res.write_run(
-            out_dir, requests=res.table("requests", _merge_columns(tables["requests"])),
-            phases=res.table("phases", tables["phases"]), runs=res.table("run", tables["runs"]),
-            sidecar=side)
+            out_dir,
+            requests=res.table("requests", _merge_columns(tables["requests"])),
+            phases=res.table("phases", tables["phases"]),
+            runs=res.table("run", tables["runs"]),
+            sidecar=side,
+        )
     return merged
 
 
 # -- entry point for local-process ranks ------------------------------------------------------
 
 
-def rank_main(comm: Communicator, url: str, plan: Plan, kwargs: dict[str, Any],
-              mode: str = "run") -> RunSummary:
+def rank_main(
+    comm: Communicator, url: str, plan: Plan, kwargs: dict[str, Any], mode: str = "run"
+) -> RunSummary:
     """What every local-process rank runs (:func:`ckptio.dist.run_local` target)."""
     if comm.rank == 0 and PROGRESS_HOOK is not None:
         kwargs = {**kwargs, "progress": PROGRESS_HOOK}
@@ -1108,47 +1414,95 @@ def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
     """The options of ``ckptio run`` / ``ckptio sweep`` (argparse)."""
     from ckptio.workload import add_workload_arguments
 
-    p.add_argument("target", help="storage URL or path (file:///mnt/nvme/ckpt, s3://bucket/x, "
-                   "memory://, ...)")
+    p.add_argument(
+        "target", help="storage URL or path (file:///mnt/nvme/ckpt, s3://bucket/x, memory://, ...)"
+    )
     add_workload_arguments(p)
     r = p.add_argument_group("run")
     per_node = count_arg(1, MAX_LOCAL_PROCESSES)
-    r.add_argument("--ranks", type=per_node, help=f"processes on this node, 1 to "
-                   f"{MAX_LOCAL_PROCESSES} (started by ckptio); under mpiexec/srun/torchrun the "
-                   "launcher's ranks are used")
-    r.add_argument("--iterations", type=count_arg(1, MAX_ITERATIONS), default=1,
-                   help=f"checkpoints to write, 1 to {MAX_ITERATIONS} (default 1)")
-    r.add_argument("--pause", type=duration_arg(keep_text=False), default=0.0,
-                   help="time between iterations (the compute time): seconds, or 20ms, 10min, "
-                   "... (default 0)")
-    r.add_argument("--inflight", type=per_node, default=2, help="shard objects in flight per "
-                   f"rank, 1 to {MAX_LOCAL_PROCESSES} (memory per rank ~ inflight x object size)")
+    r.add_argument(
+        "--ranks",
+        type=per_node,
+        help=f"processes on this node, 1 to "
+        f"{MAX_LOCAL_PROCESSES} (started by ckptio); under mpiexec/srun/torchrun the "
+        "launcher's ranks are used",
+    )
+    r.add_argument(
+        "--iterations",
+        type=count_arg(1, MAX_ITERATIONS),
+        default=1,
+        help=f"checkpoints to write, 1 to {MAX_ITERATIONS} (default 1)",
+    )
+    r.add_argument(
+        "--pause",
+        type=duration_arg(keep_text=False),
+        default=0.0,
+        help="time between iterations (the compute time): seconds, or 20ms, 10min, ... (default 0)",
+    )
+    r.add_argument(
+        "--inflight",
+        type=per_node,
+        default=2,
+        help="shard objects in flight per "
+        f"rank, 1 to {MAX_LOCAL_PROCESSES} (memory per rank ~ inflight x object size)",
+    )
     r.add_argument("--no-read", action="store_true", help="skip the read-back phase")
-    r.add_argument("--cache", choices=CACHE_MODES, default="auto",
-                   help="how reads bypass the page cache (default auto)")
-    r.add_argument("--keep", choices=KEEP, default="last",
-                   help="checkpoints left on the target afterwards (default last)")
+    r.add_argument(
+        "--cache",
+        choices=CACHE_MODES,
+        default="auto",
+        help="how reads bypass the page cache (default auto)",
+    )
+    r.add_argument(
+        "--keep",
+        choices=KEEP,
+        default="last",
+        help="checkpoints left on the target afterwards (default last)",
+    )
     r.add_argument("--key-layout", choices=fmt.KEY_LAYOUTS, default="flat")
-    r.add_argument("--layout", choices=LAYOUTS, default="file-per-shard",
-                   help="checkpoint layout: file-per-shard (N-N, default), shared-file (N-1: one "
-                   "object per checkpoint, ranks pwrite their ranges), shared-file-per-node "
-                   "(one per host); the shared ones need file:// or pfs://")
-    r.add_argument("--emulate", metavar="PROFILE", help="wrap the target in the shaped backend "
-                   "with this storage profile (results are marked emulated)")
-    r.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="store option, repeatable (e.g. direct=true)")
+    r.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="file-per-shard",
+        help="checkpoint layout: file-per-shard (N-N, default), shared-file (N-1: one "
+        "object per checkpoint, ranks pwrite their ranges), shared-file-per-node "
+        "(one per host); the shared ones need file:// or pfs://",
+    )
+    r.add_argument(
+        "--emulate",
+        metavar="PROFILE",
+        help="wrap the target in the shaped backend "
+        "with this storage profile (results are marked emulated)",
+    )
+    r.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="store option, repeatable (e.g. direct=true)",
+    )
     if sweep_mode:
-        r.add_argument("--streams", default="1,4,16,64",
-                       type=list_arg(parse_count, minimum=1, maximum=MAX_LOCAL_PROCESSES),
-                       help="streams to try (default 1,4,16,64)")
-        r.add_argument("--part-size", default="8MiB,64MiB", type=list_arg(parse_size, minimum=1),
-                       help="request sizes to try (default 8MiB,64MiB)")
+        r.add_argument(
+            "--streams",
+            default="1,4,16,64",
+            type=list_arg(parse_count, minimum=1, maximum=MAX_LOCAL_PROCESSES),
+            help="streams to try (default 1,4,16,64)",
+        )
+        r.add_argument(
+            "--part-size",
+            default="8MiB,64MiB",
+            type=list_arg(parse_size, minimum=1),
+            help="request sizes to try (default 8MiB,64MiB)",
+        )
     else:
         r.add_argument("--streams", type=per_node, help="store option: concurrent streams")
         r.add_argument("--part-size", type=size_arg(), help="store option: bytes per request/part")
-    r.add_argument("--out", default="ckptio-results", help="result directory (default "
-                   "./ckptio-results)")
-    r.add_argument("--site", help="label of this site/machine in merged reports (default: hostname)")
+    r.add_argument(
+        "--out", default="ckptio-results", help="result directory (default ./ckptio-results)"
+    )
+    r.add_argument(
+        "--site", help="label of this site/machine in merged reports (default: hostname)"
+    )
     r.add_argument("--label", help="label of the target in reports")
 
 
@@ -1206,15 +1560,22 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
     probes = [opts]
     if sweep_mode:  # a store that takes no streams or part size fails here, not at point 1
         scheme = split_url(args.target)[0].split("+")[-1]
-        probes.append({**opts, "streams": parse_list(args.streams, field="--streams")[0],
-                       _PART_OPTION.get(scheme, "part_size"):
-                       parse_list(args.part_size, field="--part-size", sizes=True)[0]})
+        probes.append(
+            {
+                **opts,
+                "streams": parse_list(args.streams, field="--streams")[0],
+                _PART_OPTION.get(scheme, "part_size"): parse_list(
+                    args.part_size, field="--part-size", sizes=True
+                )[0],
+            }
+        )
     # a wrong target or option fails here, once (through the shaped wrapper when emulating:
     # profile figures given as --option belong to it, not to the wrapped store)
     for probe_opts in probes:
         if args.emulate:
-            probe = open_store(wrap_url("shaped", args.target),
-                               **{**probe_opts, "profile": args.emulate})
+            probe = open_store(
+                wrap_url("shaped", args.target), **{**probe_opts, "profile": args.emulate}
+            )
         else:
             probe = open_store(args.target, **probe_opts)
         try:
@@ -1222,11 +1583,20 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
         finally:
             probe.close()
     kwargs: dict[str, Any] = {
-        "iterations": args.iterations, "out_dir": args.out, "label": args.label,
-        "pause": args.pause, "inflight": args.inflight, "read": not args.no_read,
-        "cache": args.cache, "keep": args.keep, "key_layout": args.key_layout,
-        "emulate": args.emulate, "site": args.site, "store_options": opts,
-        "config": {"command": "sweep" if sweep_mode else "run"}, "layout": args.layout,
+        "iterations": args.iterations,
+        "out_dir": args.out,
+        "label": args.label,
+        "pause": args.pause,
+        "inflight": args.inflight,
+        "read": not args.no_read,
+        "cache": args.cache,
+        "keep": args.keep,
+        "key_layout": args.key_layout,
+        "emulate": args.emulate,
+        "site": args.site,
+        "store_options": opts,
+        "config": {"command": "sweep" if sweep_mode else "run"},
+        "layout": args.layout,
     }
     if sweep_mode:
         kwargs.pop("pause")
@@ -1239,24 +1609,39 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
     if comm is not None and args.ranks not in (None, comm.size):
         raise errors.InvalidArgumentError(
             f"--ranks {args.ranks} disagrees with the launcher's {comm.size} ranks; drop --ranks "
-            "under mpiexec/srun/torchrun")
+            "under mpiexec/srun/torchrun"
+        )
     if ranks > plan.ranks:
         raise errors.InvalidArgumentError(
             f"--ranks {ranks} exceeds the {plan.ranks} GPUs of {plan.preset.name}'s layout; use "
-            f"at most {plan.ranks} or more --gpus")
+            f"at most {plan.ranks} or more --gpus"
+        )
     per_rank0 = int(plan.rank_bytes[_assign(plan, ranks)[0]].sum())
     passes = args.iterations * (1 if args.no_read else 2)
     points: list[SweepPoint] = []
     if sweep_mode:
-        points = sweep_points(plan, ranks, kwargs["streams"], kwargs["part_sizes"],
-                              inflight=args.inflight)
+        points = sweep_points(
+            plan, ranks, kwargs["streams"], kwargs["part_sizes"], inflight=args.inflight
+        )
         passes *= len(points)
-    return RunJob(args.target, plan, "sweep" if sweep_mode else "run", kwargs, comm, ranks,
-                  per_rank0 * passes, points)
+    return RunJob(
+        args.target,
+        plan,
+        "sweep" if sweep_mode else "run",
+        kwargs,
+        comm,
+        ranks,
+        per_rank0 * passes,
+        points,
+    )
 
 
-def execute_run(job: RunJob, *, progress: Callable[[int], None] | None = None,
-                say: Callable[[str], None] | None = None) -> RunSummary:
+def execute_run(
+    job: RunJob,
+    *,
+    progress: Callable[[int], None] | None = None,
+    say: Callable[[str], None] | None = None,
+) -> RunSummary:
     """Run a prepared job on its ranks; ``progress`` and ``say`` are called in rank 0's
     process (:data:`PROGRESS_HOOK`, :data:`SAY_HOOK`). Returns this rank's summary."""
     from ckptio import dist
@@ -1267,8 +1652,9 @@ def execute_run(job: RunJob, *, progress: Callable[[int], None] | None = None,
         if job.comm is not None:
             summary = rank_main(job.comm, job.target, job.plan, job.kwargs, job.mode)
         else:
-            summary = dist.run_local(job.ranks, rank_main, job.target, job.plan, job.kwargs,
-                                     job.mode)
+            summary = dist.run_local(
+                job.ranks, rank_main, job.target, job.plan, job.kwargs, job.mode
+            )
     finally:
         PROGRESS_HOOK = SAY_HOOK = None
     if job.comm is not None:  # on success only: a last barrier after a failure could hang

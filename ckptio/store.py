@@ -85,6 +85,7 @@ class StoreURL:
             return f"{self.scheme}://{path}"
         return f"{self.scheme}://{self.host}{self.path}"
 
+
 Buffer = Any
 """Anything exposing the buffer protocol, or a numpy array (``collections.abc.Buffer`` is
 Python 3.12+)."""
@@ -432,6 +433,7 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY_POLICY = RetryPolicy()
+
 
 def _sleep(seconds: float) -> None:
     # time.sleep; kept as one function so tests can see all backoff goes through here

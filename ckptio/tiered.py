@@ -65,12 +65,12 @@ from typing import Any
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio.checkpoint import (
+    _RELISTS,
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_OBJECT_SIZE,
     PARALLEL_OBJECTS,
-    _RELISTS,
-    CheckpointReader,
     Checkpointer,
+    CheckpointReader,
     PreparedState,
     SaveHandle,
     SaveResult,
@@ -78,8 +78,8 @@ from ckptio.checkpoint import (
     _plan_writers,
     aligned_empty,
     build_manifest,
-    close_on_exit,
     check_objects_present,
+    close_on_exit,
     committed_steps,
     crc32c,
     discard_objects,
@@ -242,7 +242,6 @@ class _Overlay(Store):
         raise errors.InvalidArgumentError("a restore's view of two tiers is read-only")
 
 
-
 class _FastTier(Checkpointer):
     """The fast tier's Checkpointer: its retention also keeps what the drains need; with a
     root per rank, each rank saves on its own root and applies retention to it."""
@@ -255,7 +254,11 @@ class _FastTier(Checkpointer):
         return [s for s in super()._doomed(steps, newest) if s not in keep]
 
     def _persist(
-        self, prepared: PreparedState, step: int, comm: Communicator, forked: ForkedWriter | None = None
+        self,
+        prepared: PreparedState,
+        step: int,
+        comm: Communicator,
+        forked: ForkedWriter | None = None,
     ) -> SaveResult:
         if not self.per_rank:
             return super()._persist(prepared, step, comm, forked)
@@ -272,7 +275,11 @@ class _FastTier(Checkpointer):
 
 
 def _save_own_roots(
-    ck: Checkpointer, prepared: PreparedState, step: int, comm: Communicator, forked: ForkedWriter | None
+    ck: Checkpointer,
+    prepared: PreparedState,
+    step: int,
+    comm: Communicator,
+    forked: ForkedWriter | None,
 ) -> SaveResult:
     """A save with a fast root per rank: rank 0 plans as usual; each rank publishes its lease
     on its own root, writes its shards there, and checks them listed; the manifest, built by
@@ -281,8 +288,11 @@ def _save_own_roots(
     roots only, which a restore does not take unless the step is on the durable tier."""
     t0 = time.perf_counter()
     store, mkey = ck.store, fmt.manifest_key(step)
-    offer = ({"error": _error_text(prepared.error)} if prepared.error
-             else {"metas": prepared.metas(), "exists": store.exists(mkey)})
+    offer = (
+        {"error": _error_text(prepared.error)}
+        if prepared.error
+        else {"metas": prepared.metas(), "exists": store.exists(mkey)}
+    )
     gathered = comm.gather(offer, root=0)
     plan: dict[str, Any] = {}
     if gathered is not None:
@@ -292,13 +302,21 @@ def _save_own_roots(
                 raise errors.SaveFailedError("; ".join(refused))
             there = [r for r, o in enumerate(gathered) if o["exists"]]
             if there:
-                raise errors.AlreadyExistsError(f"step {step} is already committed on the fast root of rank(s) {there}")
-            plan = {"ok": True, "token": secrets.token_hex(4), "writers": _plan_writers([o["metas"] for o in gathered])}
+                raise errors.AlreadyExistsError(
+                    f"step {step} is already committed on the fast root of rank(s) {there}"
+                )
+            plan = {
+                "ok": True,
+                "token": secrets.token_hex(4),
+                "writers": _plan_writers([o["metas"] for o in gathered]),
+            }
         except errors.CkptioError as err:
             plan = {"ok": False, "error": _error_text(err)}
     plan = comm.bcast(plan, root=0)
     if not plan["ok"]:
-        raise errors.SaveFailedError(f"save of step {step} refused, nothing committed: {plan['error']}") from prepared.error
+        raise errors.SaveFailedError(
+            f"save of step {step} refused, nothing committed: {plan['error']}"
+        ) from prepared.error
     mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
     lease = SaveLease(store, step, plan["token"])
     written: dict[str, Any] = {"objects": {}, "chunks": {}}
@@ -310,8 +328,15 @@ def _save_own_roots(
                 written = forked.run({"token": plan["token"], "paths": [t.path for t in mine]})
             else:
                 written = write_rank_shards(
-                    store, step, comm.rank, plan["token"], mine, key_layout=ck.key_layout,
-                    chunk_size=ck.chunk_size, max_object_size=ck.max_object_size, parallel=PARALLEL_OBJECTS,
+                    store,
+                    step,
+                    comm.rank,
+                    plan["token"],
+                    mine,
+                    key_layout=ck.key_layout,
+                    chunk_size=ck.chunk_size,
+                    max_object_size=ck.max_object_size,
+                    parallel=PARALLEL_OBJECTS,
                 )
             outcome: dict[str, Any] = {"ok": True, **written}
         except Exception as err:
@@ -324,7 +349,9 @@ def _save_own_roots(
             try:
                 if failed:
                     raise errors.SaveFailedError("; ".join(failed))
-                data, objects = build_manifest(step, prepared, plan, results, comm.size, ck.layout, ck.key_layout)
+                data, objects = build_manifest(
+                    step, prepared, plan, results, comm.size, ck.layout, ck.key_layout
+                )
                 doc = {"ok": True, "manifest": data.decode(), "nbytes": sum(objects.values())}
             except Exception as err:
                 doc = {"ok": False, "error": _error_text(err)}
@@ -346,14 +373,18 @@ def _save_own_roots(
         prefix = fmt.step_dir(step) + "/"
         if not verdict["ok"]:
             discard_objects(store, [prefix + k for k in written["objects"]])
-            raise errors.SaveFailedError(f"save of step {step} failed, nothing committed: {verdict['error']}") from local_error
+            raise errors.SaveFailedError(
+                f"save of step {step} failed, nothing committed: {verdict['error']}"
+            ) from local_error
         try:
             store.publish(mkey, doc["manifest"].encode(), overwrite=False)
             published: dict[str, Any] = {"ok": True}
         except Exception as err:
             published = {"ok": False, "error": f"rank {comm.rank}: {_error_text(err)}"}
         outcomes = comm.gather(published, root=0)
-        missing = comm.bcast(None if outcomes is None else [o["error"] for o in outcomes if not o["ok"]], root=0)
+        missing = comm.bcast(
+            None if outcomes is None else [o["error"] for o in outcomes if not o["ok"]], root=0
+        )
         if missing:
             raise errors.SaveFailedError(
                 f"step {step} was committed on some ranks' fast roots only ({'; '.join(missing)}); "
@@ -361,7 +392,9 @@ def _save_own_roots(
             )
     finally:
         lease.release()
-    return SaveResult(step, sum(t.array.nbytes for t in mine), time.perf_counter() - t0, doc.get("nbytes", 0))
+    return SaveResult(
+        step, sum(t.array.nbytes for t in mine), time.perf_counter() - t0, doc.get("nbytes", 0)
+    )
 
 
 def _fast_roots(local: Any, size: int) -> list[str]:
@@ -372,7 +405,9 @@ def _fast_roots(local: Any, size: int) -> list[str]:
         return [local] * size
     if isinstance(local, Sequence) and all(isinstance(u, str) for u in local):
         if len(local) != size:
-            raise errors.InvalidArgumentError(f"local: {len(local)} fast-tier roots for {size} ranks; give one per rank")
+            raise errors.InvalidArgumentError(
+                f"local: {len(local)} fast-tier roots for {size} ranks; give one per rank"
+            )
         return list(local)
     raise errors.InvalidArgumentError(
         f"local: expected a URL, a URL with {{rank}}, or a list of one URL per rank; got {local!r}"
@@ -424,17 +459,27 @@ class TieredCheckpointer:
         self.persist_every = option_int(persist_every, field="persist_every", minimum=1)
         self.drain_backpressure = drain_backpressure
         self.comm: Communicator = comm if comm is not None else detect()
-        self.durable = Checkpointer(url, keep_last=keep_last, comm=self.comm, retire_grace=retire_grace,
-                                    **store_options)
+        self.durable = Checkpointer(
+            url, keep_last=keep_last, comm=self.comm, retire_grace=retire_grace, **store_options
+        )
         self.store = self.durable.store
         self.roots = _fast_roots(local, self.comm.size)
         if len(set(self.roots)) not in (1, self.comm.size):
-            raise errors.InvalidArgumentError("local: give every rank its own fast-tier root, or all ranks one")
+            raise errors.InvalidArgumentError(
+                "local: give every rank its own fast-tier root, or all ranks one"
+            )
         self.per_rank = self.comm.size > 1 and len(set(self.roots)) > 1
         self.fast = _FastTier(
-            self.roots[self.comm.rank], keep_last=keep_last_local, async_save=async_save, comm=self.comm,
-            layout=layout, key_layout=key_layout or self.store.preferred_key_layout, chunk_size=chunk_size,
-            max_object_size=max_object_size, snapshot=snapshot, retire_grace=retire_grace,
+            self.roots[self.comm.rank],
+            keep_last=keep_last_local,
+            async_save=async_save,
+            comm=self.comm,
+            layout=layout,
+            key_layout=key_layout or self.store.preferred_key_layout,
+            chunk_size=chunk_size,
+            max_object_size=max_object_size,
+            snapshot=snapshot,
+            retire_grace=retire_grace,
             **dict(local_options or {}),
         )
         self.fast.protected = self._protected
@@ -449,7 +494,9 @@ class TieredCheckpointer:
         self._executor: ThreadPoolExecutor | None = None
 
     # -- saving -----------------------------------------------------------------------------
-    def save(self, state: Any, step: int, *, metadata: Any = None, blocking: bool | None = None) -> TieredSaveHandle:
+    def save(
+        self, state: Any, step: int, *, metadata: Any = None, blocking: bool | None = None
+    ) -> TieredSaveHandle:
         """Save ``state`` as ``step`` on the fast tier (returns when it is committed there, or
         after the snapshot with ``async_save``); drain it if it is chosen (see the module
         docstring). Every rank calls it together."""
@@ -484,13 +531,17 @@ class TieredCheckpointer:
             fast = self.fast.save(state, step, metadata=metadata, blocking=blocking)
         except BaseException as err:
             if job is not None:
-                self._finish(job, DrainResult(step, "failed", error=f"the fast tier's save failed: {err}"))
+                self._finish(
+                    job, DrainResult(step, "failed", error=f"the fast tier's save failed: {err}")
+                )
             raise
         if job is not None:
             if fast._future is None:
                 job.fast_committed = time.monotonic()
             else:
-                fast._future.add_done_callback(lambda _f, j=job: setattr(j, "fast_committed", time.monotonic()))
+                fast._future.add_done_callback(
+                    lambda _f, j=job: setattr(j, "fast_committed", time.monotonic())
+                )
             self._submit(job, fast)
         return TieredSaveHandle(step, time.perf_counter() - t0, fast, job, action, lag, waited)
 
@@ -505,7 +556,9 @@ class TieredCheckpointer:
         if self.comm.size == 1:
             return running, lag
         flags = self.comm.gather((running, lag), root=0)
-        verdict = (any(f[0] for f in flags), max(f[1] for f in flags)) if flags is not None else None
+        verdict = (
+            (any(f[0] for f in flags), max(f[1] for f in flags)) if flags is not None else None
+        )
         running, lag = self.comm.bcast(verdict, root=0)
         return bool(running), float(lag)
 
@@ -522,7 +575,9 @@ class TieredCheckpointer:
             if result.status == "durable":
                 self._durable_steps.add(job.step)
         if result.status == "failed":
-            log.warning("the drain of step %d to %s failed: %s", job.step, self.store.url, result.error)
+            log.warning(
+                "the drain of step %d to %s failed: %s", job.step, self.store.url, result.error
+            )
         job.future.set_result(result)
 
     def _protected(self) -> set[int]:
@@ -564,7 +619,9 @@ class TieredCheckpointer:
                     data = self.fast.store.get(mkey)
                     fmt.parse_manifest(data, expect_step=step)
                     if self.store.exists(mkey):
-                        raise errors.AlreadyExistsError(f"{self.store.url}: step {step} is already committed there")
+                        raise errors.AlreadyExistsError(
+                            f"{self.store.url}: step {step} is already committed there"
+                        )
                     # leases first: nothing is written to the durable tier, nor read from the
                     # fast one, before gc and retention elsewhere know to leave the step alone
                     leases.append(SaveLease(self.store, step).acquire())
@@ -594,7 +651,9 @@ class TieredCheckpointer:
             verdict: dict[str, Any] = {}
             if comm.rank == 0:
                 assert outcomes is not None
-                verdict = self._commit_drain(step, plan["manifest"].encode(), manifest, outcomes, leases[0])
+                verdict = self._commit_drain(
+                    step, plan["manifest"].encode(), manifest, outcomes, leases[0]
+                )
                 for lease in leases:
                     lease.release()
                 if verdict["ok"] and self.durable.keep_last is not None:
@@ -605,17 +664,28 @@ class TieredCheckpointer:
                 lease.release()
         seconds = time.perf_counter() - t0
         lag = time.monotonic() - job.fast_committed if job.fast_committed is not None else 0.0
-        status = "durable" if verdict["ok"] else "cancelled" if verdict.get("cancelled") else "failed"
+        status = (
+            "durable" if verdict["ok"] else "cancelled" if verdict.get("cancelled") else "failed"
+        )
         return DrainResult(step, status, outcome["nbytes"], seconds, lag, verdict.get("error", ""))
 
     def _commit_drain(
-        self, step: int, data: bytes, manifest: fmt.Manifest, outcomes: Sequence[Mapping[str, Any]], lease: SaveLease
+        self,
+        step: int,
+        data: bytes,
+        manifest: fmt.Manifest,
+        outcomes: Sequence[Mapping[str, Any]],
+        lease: SaveLease,
     ) -> dict[str, Any]:
         """Rank 0: publish the manifest on the durable tier once every rank's objects are
         there, or discard what the drain copied."""
         copied = [f"{fmt.step_dir(step)}/{k}" for o in outcomes for k in o["keys"]]
         cancelled = any(o.get("cancelled") for o in outcomes)
-        failed = [f"rank {r}: {o['error']}" for r, o in enumerate(outcomes) if not o["ok"] and "error" in o]
+        failed = [
+            f"rank {r}: {o['error']}"
+            for r, o in enumerate(outcomes)
+            if not o["ok"] and "error" in o
+        ]
         if cancelled or failed:
             discard_objects(self.store, copied)
             return {"ok": False, "cancelled": cancelled and not failed, "error": "; ".join(failed)}
@@ -629,7 +699,9 @@ class TieredCheckpointer:
             return {"ok": False, "error": f"{type(err).__name__}: {err}"}
         return {"ok": True}
 
-    def _copy_mine(self, manifest: fmt.Manifest, rank: int, job: DrainHandle, outcome: dict[str, Any]) -> None:
+    def _copy_mine(
+        self, manifest: fmt.Manifest, rank: int, job: DrainHandle, outcome: dict[str, Any]
+    ) -> None:
         """Copy this rank's objects of ``manifest`` from the fast tier to the durable one,
         recording each finished key in ``outcome`` (so a failure can discard them)."""
         chunks: dict[str, list[fmt.Chunk]] = {}
@@ -643,9 +715,14 @@ class TieredCheckpointer:
 
         def copy(key: str) -> None:
             try:
-                n = _copy_object(self.fast.store, self.store, prefix + key, manifest.objects[key],
-                                 sorted(chunks.get(key, []), key=lambda c: c.offset),
-                                 lambda: job.cancel_event.is_set() or failed.is_set())
+                n = _copy_object(
+                    self.fast.store,
+                    self.store,
+                    prefix + key,
+                    manifest.objects[key],
+                    sorted(chunks.get(key, []), key=lambda c: c.offset),
+                    lambda: job.cancel_event.is_set() or failed.is_set(),
+                )
             except _Cancelled:
                 raise
             except BaseException:
@@ -655,7 +732,9 @@ class TieredCheckpointer:
                 outcome["keys"].append(key)
                 outcome["nbytes"] += n
 
-        with ThreadPoolExecutor(max(1, min(DRAIN_STREAMS, len(mine))), thread_name_prefix="ckptio-drain-copy") as ex:
+        with ThreadPoolExecutor(
+            max(1, min(DRAIN_STREAMS, len(mine))), thread_name_prefix="ckptio-drain-copy"
+        ) as ex:
             futures = [ex.submit(copy, k) for k in mine]
         errs = [f.exception() for f in futures if f.exception() is not None]
         real = [e for e in errs if not isinstance(e, _Cancelled)]
@@ -694,14 +773,19 @@ class TieredCheckpointer:
                 out.append(s)
         return out
 
-    def _choose(self, step: int | None, skip: set[int], *, speculate: Any = None) -> tuple[Any, ...] | None:
+    def _choose(
+        self, step: int | None, skip: set[int], *, speculate: Any = None
+    ) -> tuple[Any, ...] | None:
         """Collective: the step to restore, whether this rank reads it from its fast root, and
         whether it is on the durable tier. The durable tier is listed while the fast root is
         looked at; with ``speculate`` (a read of a step: ``speculate(step) -> (state, error)``),
         the newest step every rank has on its fast root is read meanwhile too, so a restore
         from the fast tier does not wait for the listing. Returns ``(step, local, durable,
         state, error)`` where state/error are the speculative read's if it read that step."""
-        want = (lambda s: s not in skip and (step is None or s == step))
+
+        def want(s):
+            return s not in skip and (step is None or s == step)
+
         with ThreadPoolExecutor(1, thread_name_prefix="ckptio-restore") as ex:
             listing = ex.submit(committed_steps, self.store)
             local = [s for s in self._local_complete(step) if want(s)]
@@ -737,7 +821,9 @@ class TieredCheckpointer:
         choice = self._choose(None, set())
         return None if choice is None else choice[0]
 
-    def load(self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None) -> Any:
+    def load(
+        self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None
+    ) -> Any:
         """The state of the newest step complete for every rank (or of ``step``), read from
         the fast tier where this rank has it, else from the durable tier (see the module
         docstring). Every rank calls it together."""
@@ -746,7 +832,9 @@ class TieredCheckpointer:
             fmt.step_dir(step)
         skip: set[int] = set()
         for _ in range(_RELISTS):
-            choice = self._choose(step, skip, speculate=lambda s: self._read(s, True, True, select, into))
+            choice = self._choose(
+                step, skip, speculate=lambda s: self._read(s, True, True, select, into)
+            )
             if choice is None:
                 where = f"step {step}" if step is not None else "a checkpoint"
                 raise errors.NotFoundError(
@@ -759,18 +847,24 @@ class TieredCheckpointer:
             failed = self.comm.bcast(None if errs is None else [e for e in errs if e], root=0)
             if not failed:
                 return state
-            log.warning("restoring step %d failed (%s); trying the next older one", s, "; ".join(failed))
+            log.warning(
+                "restoring step %d failed (%s); trying the next older one", s, "; ".join(failed)
+            )
             skip.add(s)
         raise errors.NotFoundError(f"restoring failed {_RELISTS} times; the last tried: step {s}")
 
-    def _read(self, step: int, local: bool, durable: bool, select: Any, into: Any) -> tuple[Any, str]:
+    def _read(
+        self, step: int, local: bool, durable: bool, select: Any, into: Any
+    ) -> tuple[Any, str]:
         """This rank's read of ``step``: (state, "") or (None, the error)."""
         tries: list[Store] = []
         others: list[Store] = []
         if local:
             # objects of other ranks (replicated tensors, a resharded read): from the durable
             # tier if the step is there, else from their fast roots if this process reaches them
-            others = [open_store(u) for u in dict.fromkeys(self.roots) if u != self.roots[self.comm.rank]]
+            others = [
+                open_store(u) for u in dict.fromkeys(self.roots) if u != self.roots[self.comm.rank]
+            ]
             tries.append(_Overlay([self.fast.store, *([self.store] if durable else []), *others]))
         if durable:
             tries.append(self.store)
@@ -778,7 +872,9 @@ class TieredCheckpointer:
         try:
             for store in tries:
                 try:
-                    return CheckpointReader(store, step, read_manifest(store, step)).state(select, into=into), ""
+                    return CheckpointReader(store, step, read_manifest(store, step)).state(
+                        select, into=into
+                    ), ""
                 except (FileNotFoundError, errors.CorruptCheckpointError) as err:
                     log.info("step %d from %s: %s", step, store.url, err)
                     error = f"{store.url}: {type(err).__name__}: {err}"
@@ -834,7 +930,12 @@ def _acquire_beside(store: Store, step: int, tries: int = 3) -> SaveLease:
 
 
 def _copy_object(
-    src: Store, dst: Store, key: str, size: int, chunks: Sequence[fmt.Chunk], stop: Callable[[], bool]
+    src: Store,
+    dst: Store,
+    key: str,
+    size: int,
+    chunks: Sequence[fmt.Chunk],
+    stop: Callable[[], bool],
 ) -> int:
     """Copy one object, checking the CRC32C of every chunk as its bytes pass; abort (leaving
     nothing at ``dst``) on a mismatch, a short read or when ``stop()`` says so. Returns the
@@ -860,7 +961,9 @@ def _copy_object(
                 weakref.finalize(buf, budget.release)
             got = src.read_into(key, pos, buf)
             if got != n:
-                raise errors.CorruptCheckpointError(f"{src.url}/{key}: {pos + got} bytes, the manifest says {size}")
+                raise errors.CorruptCheckpointError(
+                    f"{src.url}/{key}: {pos + got} bytes, the manifest says {size}"
+                )
             end = pos + n
             while ci < len(chunks) and chunks[ci].offset < end:
                 c = chunks[ci]
@@ -891,4 +994,3 @@ def crc32c_update(data: Any, value: int) -> int:
     import crc32c as _crc32c
 
     return int(_crc32c.crc32c(data, value)) if value else crc32c(data)
-

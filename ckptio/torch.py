@@ -58,7 +58,6 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
-from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.planner import (
     LoadItemType,
     LoadPlan,
@@ -67,6 +66,7 @@ from torch.distributed.checkpoint.planner import (
     SavePlanner,
     WriteItemType,
 )
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.futures import Future
 
 from ckptio import checkpoint as _ck
@@ -176,9 +176,13 @@ def _check_plain(t: torch.Tensor, where: str) -> None:
             f"{where}: {t.layout} tensors cannot be checkpointed; convert with .to_dense()"
         )
     if t.is_quantized:
-        raise errors.InvalidArgumentError(f"{where}: quantized tensors cannot be checkpointed; dequantize() first")
+        raise errors.InvalidArgumentError(
+            f"{where}: quantized tensors cannot be checkpointed; dequantize() first"
+        )
     if t.device.type == "meta":
-        raise errors.InvalidArgumentError(f"{where}: a tensor on the meta device has no data to save")
+        raise errors.InvalidArgumentError(
+            f"{where}: a tensor on the meta device has no data to save"
+        )
     if type(t).__name__ == "DTensor":
         raise errors.InvalidArgumentError(
             f"{where}: a DTensor; save it with dcp.save(..., storage_writer=ckptio.torch.StorageWriter(url)) "
@@ -223,7 +227,9 @@ def to_target(obj: Any, path: str) -> Target | None:
     where = f"into= at {path!r}"
     _check_plain(obj, where)
     if obj.is_conj() or obj.is_neg():
-        raise errors.InvalidArgumentError(f"{where}: a conjugate or negative view cannot be filled in place")
+        raise errors.InvalidArgumentError(
+            f"{where}: a conjugate or negative view cannot be filled in place"
+        )
     dtype_name(obj.dtype)
     t = obj.detach()  # the same memory, without autograd
     if not _is_cuda(t) and t.device.type == "cpu":
@@ -275,7 +281,9 @@ def encode(state: Any) -> Any:
     if isinstance(state, Mapping):
         if all(isinstance(k, str) for k in state):
             if ITEMS_MARKER in state:
-                raise errors.InvalidArgumentError(f"state keys must not be {ITEMS_MARKER!r} (reserved)")
+                raise errors.InvalidArgumentError(
+                    f"state keys must not be {ITEMS_MARKER!r} (reserved)"
+                )
             return {k: encode(v) for k, v in state.items()}
         bad = [k for k in state if not isinstance(k, str | int) or isinstance(k, bool)]
         if bad:
@@ -305,7 +313,9 @@ def decode(state: Any) -> Any:
     return state
 
 
-def save(state: Any, url: str | os.PathLike[str] | Store, step: int, **options: Any) -> _ck.SaveHandle:
+def save(
+    state: Any, url: str | os.PathLike[str] | Store, step: int, **options: Any
+) -> _ck.SaveHandle:
     """:func:`ckptio.save` of :func:`encode` (``state``): torch state dicts as they come."""
     return _ck.save(encode(state), url, step, **options)
 
@@ -331,14 +341,22 @@ class Checkpointer(_ck.Checkpointer):
     """:class:`ckptio.Checkpointer` for torch state: ``save`` takes state dicts as they come
     (integer keys included), ``load`` returns torch tensors on ``device``."""
 
-    def __init__(self, url: str | os.PathLike[str] | Store, *, device: str | torch.device | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        url: str | os.PathLike[str] | Store,
+        *,
+        device: str | torch.device | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(url, **options)
         self.device = device
 
     def save(self, state: Any, step: int, **kwargs: Any) -> _ck.SaveHandle:
         return super().save(encode(state), step, **kwargs)
 
-    def load(self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None) -> Any:
+    def load(
+        self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None
+    ) -> Any:
         into = None if into is None else encode(into)
         return decode(to_torch(super().load(step, select=select, into=into), device=self.device))
 
@@ -351,14 +369,18 @@ class TieredCheckpointer(_tiered.TieredCheckpointer):
     """:class:`ckptio.tiered.TieredCheckpointer` for torch state, as :class:`Checkpointer` is
     for one tier; ``ckptio.torch.Checkpointer(url, local=...)`` returns one."""
 
-    def __init__(self, url: Any, *, device: str | torch.device | None = None, **options: Any) -> None:
+    def __init__(
+        self, url: Any, *, device: str | torch.device | None = None, **options: Any
+    ) -> None:
         super().__init__(url, **options)
         self.device = device
 
     def save(self, state: Any, step: int, **kwargs: Any) -> _tiered.TieredSaveHandle:
         return super().save(encode(state), step, **kwargs)
 
-    def load(self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None) -> Any:
+    def load(
+        self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None
+    ) -> Any:
         into = None if into is None else encode(into)
         return decode(to_torch(super().load(step, select=select, into=into), device=self.device))
 
@@ -432,7 +454,9 @@ def _metadata_to_json(md: Metadata) -> dict[str, Any]:
                 "chunks": [[list(c.offsets), list(c.sizes)] for c in sm.chunks],
             }
         else:
-            raise errors.InvalidArgumentError(f"{fqn}: unknown DCP storage metadata {type(sm).__name__}")
+            raise errors.InvalidArgumentError(
+                f"{fqn}: unknown DCP storage metadata {type(sm).__name__}"
+            )
     planner_data: Any = None
     if md.planner_data is not None:
         pd = md.planner_data
@@ -484,16 +508,30 @@ def _metadata_from_json(doc: Any) -> Metadata:
         if e.get("type") == "bytes":
             sdm[fqn] = BytesStorageMetadata()
             continue
-        _want(e.get("type") == "tensor", f"{f}.type", f"expected 'tensor' or 'bytes', got {e.get('type')!r:.40}")
-        _want(e.get("dtype") in _TORCH_DTYPES, f"{f}.dtype", f"unknown dtype {e.get('dtype')!r:.40}; allowed: {', '.join(_TORCH_DTYPES)}")
+        _want(
+            e.get("type") == "tensor",
+            f"{f}.type",
+            f"expected 'tensor' or 'bytes', got {e.get('type')!r:.40}",
+        )
+        _want(
+            e.get("dtype") in _TORCH_DTYPES,
+            f"{f}.dtype",
+            f"unknown dtype {e.get('dtype')!r:.40}; allowed: {', '.join(_TORCH_DTYPES)}",
+        )
         _want(e.get("layout") in _LAYOUTS, f"{f}.layout", f"unknown layout {e.get('layout')!r:.40}")
-        _want(e.get("memory_format") in _MEMORY_FORMATS, f"{f}.memory_format", f"unknown memory format {e.get('memory_format')!r:.40}")
+        _want(
+            e.get("memory_format") in _MEMORY_FORMATS,
+            f"{f}.memory_format",
+            f"unknown memory format {e.get('memory_format')!r:.40}",
+        )
         size = fmt._int_list(e.get("size"), f"extra.dcp.{f}.size")
         chunks = []
         cl = e.get("chunks")
         _want(isinstance(cl, list), f"{f}.chunks", "expected a list")
         for i, c in enumerate(cl):
-            _want(isinstance(c, list) and len(c) == 2, f"{f}.chunks[{i}]", "expected [offsets, sizes]")
+            _want(
+                isinstance(c, list) and len(c) == 2, f"{f}.chunks[{i}]", "expected [offsets, sizes]"
+            )
             offs = fmt._int_list(c[0], f"extra.dcp.{f}.chunks[{i}].offsets", len(size))
             sizes = fmt._int_list(c[1], f"extra.dcp.{f}.chunks[{i}].sizes", len(size))
             chunks.append(ChunkStorageMetadata(torch.Size(offs), torch.Size(sizes)))
@@ -511,23 +549,42 @@ def _metadata_from_json(doc: Any) -> Metadata:
         _want(isinstance(pd, dict), "planner_data", "expected an object")
         planner_data = {}
         for k, v in pd.items():
-            _want(isinstance(v, list) and all(isinstance(x, str | int) and not isinstance(x, bool) for x in v), f"planner_data[{k!r:.80}]", "expected a list of keys")
+            _want(
+                isinstance(v, list)
+                and all(isinstance(x, str | int) and not isinstance(x, bool) for x in v),
+                f"planner_data[{k!r:.80}]",
+                "expected a list of keys",
+            )
             planner_data[k] = tuple(v)
     smd = doc.get("storage_meta")
     storage_meta = None
     if smd is not None:
         _want(isinstance(smd, dict), "storage_meta", "expected an object")
         mods = smd.get("modules", [])
-        _want(isinstance(mods, list) and all(isinstance(m, str) for m in mods), "storage_meta.modules", "expected a list of strings")
+        _want(
+            isinstance(mods, list) and all(isinstance(m, str) for m in mods),
+            "storage_meta.modules",
+            "expected a list of strings",
+        )
         storage_meta = StorageMeta(
-            checkpoint_id=smd.get("checkpoint_id"), save_id=smd.get("save_id"), load_id=smd.get("load_id"), modules=mods
+            checkpoint_id=smd.get("checkpoint_id"),
+            save_id=smd.get("save_id"),
+            load_id=smd.get("load_id"),
+            modules=mods,
         )
     version = doc.get("version")
     _want(version is None or isinstance(version, str), "version", "expected a string")
-    return Metadata(state_dict_metadata=sdm, planner_data=planner_data, storage_meta=storage_meta, version=version)
+    return Metadata(
+        state_dict_metadata=sdm,
+        planner_data=planner_data,
+        storage_meta=storage_meta,
+        version=version,
+    )
 
 
-def _reopen(store: Store | None, old_root: str | None, root: str, options: Mapping[str, Any]) -> Store:
+def _reopen(
+    store: Store | None, old_root: str | None, root: str, options: Mapping[str, Any]
+) -> Store:
     """The store for ``root``: the current one if the root is unchanged (a ``checkpoint_id``
     naming another step of the same run), else a new one (the old one is closed)."""
     if store is not None and old_root == root:
@@ -634,16 +691,23 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
                 "StorageWriter takes no _extensions (DCP's stream transforms): ckptio stores raw "
                 "tensor bytes with a CRC32C in its own format"
             )
-        if serialization_format is not None and getattr(serialization_format, "name", None) != "TORCH_SAVE":
+        if (
+            serialization_format is not None
+            and getattr(serialization_format, "name", None) != "TORCH_SAVE"
+        ):
             raise errors.InvalidArgumentError(
                 f"serialization_format={serialization_format!r}: ckptio stores raw tensor bytes in "
                 "its own format; only the default (SerializationFormat.TORCH_SAVE, for DCP's "
                 "non-tensor items) is accepted"
             )
         self.overwrite = bool(overwrite)
-        self.keep_last = None if keep_last is None else _ck.option_int(keep_last, field="keep_last", minimum=1)
+        self.keep_last = (
+            None if keep_last is None else _ck.option_int(keep_last, field="keep_last", minimum=1)
+        )
         if not isinstance(retire_grace, int | float) or not 0 <= retire_grace < float("inf"):
-            raise errors.InvalidArgumentError(f"retire_grace: expected seconds >= 0, got {retire_grace!r}")
+            raise errors.InvalidArgumentError(
+                f"retire_grace: expected seconds >= 0, got {retire_grace!r}"
+            )
         self.retire_grace = float(retire_grace)
         self.chunk_size = _ck.parse_size(chunk_size, field="chunk_size")
         self.max_object_size = _ck.parse_size(max_object_size, field="max_object_size")
@@ -665,7 +729,9 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
         options = dict(self._store_options)
         if not self.sync_files and split_url(root)[0] in ("file", "pfs"):
             options.setdefault("fsync", False)
-        self.store: Store = _reopen(getattr(self, "store", None), getattr(self, "root", None), root, options)
+        self.store: Store = _reopen(
+            getattr(self, "store", None), getattr(self, "root", None), root, options
+        )
         self.root = root
 
     @property
@@ -703,7 +769,12 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
     def reset(self, checkpoint_id: Any = None) -> None:
         self._release()  # a previous save that failed on another rank never reached finish
         if checkpoint_id:
-            self._target(os.fspath(checkpoint_id) if isinstance(checkpoint_id, os.PathLike) else str(checkpoint_id), None)
+            self._target(
+                os.fspath(checkpoint_id)
+                if isinstance(checkpoint_id, os.PathLike)
+                else str(checkpoint_id),
+                None,
+            )
         self.save_id = uuid.uuid4().hex
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -741,7 +812,9 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
                 raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
                 payload = np.frombuffer(raw, dtype=np.uint8)
                 path = BYTES_PREFIX + fmt.escape(item.index.fqn)
-                locals_.append(_ck.LocalTensor(path, payload, payload.shape, (0,), replicated=False))
+                locals_.append(
+                    _ck.LocalTensor(path, payload, payload.shape, (0,), replicated=False)
+                )
                 continue
             host = to_numpy(data)
             if host is None:
@@ -752,12 +825,27 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
             offsets = tuple(int(x) for x in item.index.offset or ())
             td = item.tensor_data
             gshape = tuple(int(x) for x in td.size) if td is not None else arr.shape
-            locals_.append(_ck.LocalTensor(fmt.escape(item.index.fqn), arr, gshape, offsets or (0,) * arr.ndim, replicated=False))
+            locals_.append(
+                _ck.LocalTensor(
+                    fmt.escape(item.index.fqn),
+                    arr,
+                    gshape,
+                    offsets or (0,) * arr.ndim,
+                    replicated=False,
+                )
+            )
         token = secrets.token_hex(4)
         try:
             written = _ck.write_rank_shards(
-                self.store, self.step, rank, token, locals_, key_layout="flat",
-                chunk_size=self.chunk_size, max_object_size=self.max_object_size, parallel=self.thread_count,
+                self.store,
+                self.step,
+                rank,
+                token,
+                locals_,
+                key_layout="flat",
+                chunk_size=self.chunk_size,
+                max_object_size=self.max_object_size,
+                parallel=self.thread_count,
             )
         except BaseException:
             self._release()  # the coordinator's own failure: DCP will not call finish
@@ -765,10 +853,16 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
         objects = written["objects"]
         results = []
         for item, local in zip(plan.items, locals_, strict=True):
-            mine = [c for c in written["chunks"].get(local.path, []) if _inside(c["offsets"], local)]
+            mine = [
+                c for c in written["chunks"].get(local.path, []) if _inside(c["offsets"], local)
+            ]
             keys = {c["key"] for c in mine}
             stored = _Stored(local.path, tuple(mine), tuple((k, objects[k]) for k in sorted(keys)))
-            results.append(_dcp_storage.WriteResult(index=item.index, size_in_bytes=local.array.nbytes, storage_data=stored))
+            results.append(
+                _dcp_storage.WriteResult(
+                    index=item.index, size_in_bytes=local.array.nbytes, storage_data=stored
+                )
+            )
         return _done(results)
 
     def finish(self, metadata: Metadata, results: list[list[Any]]) -> None:
@@ -804,7 +898,14 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
                 objects.update(dict(st.objects))
                 for c in st.chunks:
                     chunks.setdefault(st.path, []).append(
-                        fmt.Chunk(tuple(c["offsets"]), tuple(c["shape"]), c["key"], c["offset"], c["length"], c["crc32c"])
+                        fmt.Chunk(
+                            tuple(c["offsets"]),
+                            tuple(c["shape"]),
+                            c["key"],
+                            c["offset"],
+                            c["length"],
+                            c["crc32c"],
+                        )
                     )
         tensors: dict[str, fmt.TensorEntry] = {}
         tree: dict[str, Any] = {}
@@ -827,7 +928,11 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
             tensors=tensors,
             objects=objects,
             tree={"d": tree},
-            layout={"kind": "file-per-shard", "key_layout": "flat", "writer": "torch.distributed.checkpoint"},
+            layout={
+                "kind": "file-per-shard",
+                "key_layout": "flat",
+                "writer": "torch.distributed.checkpoint",
+            },
             created=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             extra={DCP_EXTRA: _metadata_to_json(metadata)},
         )
@@ -843,7 +948,9 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
 def _inside(offsets: Sequence[int], local: _ck.LocalTensor) -> bool:
     """Is a chunk (by its global offsets) part of this local piece? (two write items of one
     rank never share a path and box start, so the start decides)."""
-    return all(o <= c < o + n for c, o, n in zip(offsets, local.offsets, local.array.shape, strict=True))
+    return all(
+        o <= c < o + n for c, o, n in zip(offsets, local.offsets, local.array.shape, strict=True)
+    )
 
 
 def _valid_id(checkpoint_id: Any) -> bool:
@@ -899,13 +1006,19 @@ class StorageReader(_dcp_storage.StorageReader):
 
     def _target(self, url: str, step: int | None) -> None:
         root, s = _split_checkpoint_url(url, step)  # no step named: the newest committed one
-        self.store: Store = _reopen(getattr(self, "store", None), getattr(self, "root", None), root, self._store_options)
+        self.store: Store = _reopen(
+            getattr(self, "store", None), getattr(self, "root", None), root, self._store_options
+        )
         self.root = root
         self.step: int | None = s
 
     @property
     def checkpoint_id(self) -> str:
-        return self.store.url if self.step is None else f"{self.store.url.rstrip('/')}/{fmt.step_dir(self.step)}"
+        return (
+            self.store.url
+            if self.step is None
+            else f"{self.store.url.rstrip('/')}/{fmt.step_dir(self.step)}"
+        )
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id:
@@ -927,19 +1040,30 @@ class StorageReader(_dcp_storage.StorageReader):
             if isinstance(sm, TensorStorageMetadata):
                 path = fmt.escape(fqn)
                 entry = reader.manifest.tensors.get(path)
-                _want(entry is not None and entry.shape == tuple(sm.size) and entry.dtype == dtype_name(sm.properties.dtype),
-                      f"state_dict_metadata[{fqn!r:.80}]", "disagrees with the manifest's tensor of that name")
+                _want(
+                    entry is not None
+                    and entry.shape == tuple(sm.size)
+                    and entry.dtype == dtype_name(sm.properties.dtype),
+                    f"state_dict_metadata[{fqn!r:.80}]",
+                    "disagrees with the manifest's tensor of that name",
+                )
                 for c in sm.chunks:
                     index[MetadataIndex(fqn, c.offsets)] = path
             else:
                 path = BYTES_PREFIX + fmt.escape(fqn)
-                _want(path in reader.manifest.tensors, f"state_dict_metadata[{fqn!r:.80}]", "its bytes are not in the manifest")
+                _want(
+                    path in reader.manifest.tensors,
+                    f"state_dict_metadata[{fqn!r:.80}]",
+                    "its bytes are not in the manifest",
+                )
                 index[MetadataIndex(fqn)] = path
         md.storage_data = index
         self._reader, self._index, self.step = reader, index, reader.step
         return md
 
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
         if self._reader is None:  # DCP reads metadata on every rank first; tolerate re-use
             self.read_metadata()
         self.is_coordinator = is_coordinator
@@ -983,7 +1107,9 @@ class StorageReader(_dcp_storage.StorageReader):
             planner.commit_tensor(req, target)
 
         if len(tensor_items) > 1 and self.readers > 1:
-            with ThreadPoolExecutor(min(self.readers, len(tensor_items)), thread_name_prefix="ckptio-dcp-read") as pool:
+            with ThreadPoolExecutor(
+                min(self.readers, len(tensor_items)), thread_name_prefix="ckptio-dcp-read"
+            ) as pool:
                 for req, arr in pool.map(read_tensor, tensor_items):
                     copy_in(req, arr)
         else:
@@ -997,10 +1123,11 @@ class StorageReader(_dcp_storage.StorageReader):
     def _lookup(self, index: MetadataIndex) -> str:
         path = self._index.get(index)
         if path is None:
-            raise errors.NotFoundError(f"{self.checkpoint_id}: no stored item {index.fqn!r} at {index.offset}")
+            raise errors.NotFoundError(
+                f"{self.checkpoint_id}: no stored item {index.fqn!r} at {index.offset}"
+            )
         return path
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         return _valid_id(checkpoint_id)
-

@@ -77,8 +77,15 @@ _SIZE = re.compile(rf"\s*({_NUMBER})\s*([KMGTP]i?)?B?\s*")
 _SIZE_POWERS = {"": 0, "K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
 _DURATION = re.compile(rf"\s*({_NUMBER}|inf)\s*([a-z]*)\s*")
 _DURATION_UNITS = {
-    "": 1.0, "s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "min": 60.0, "m": 60.0,
-    "h": 3600.0, "d": 86400.0,
+    "": 1.0,
+    "s": 1.0,
+    "sec": 1.0,
+    "ms": 1e-3,
+    "us": 1e-6,
+    "min": 60.0,
+    "m": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
 }
 _UNLIMITED = ("inf", "unlimited", "none")
 
@@ -105,13 +112,15 @@ def _g(x: float) -> str:
     return f"{x:g}".replace("e+0", "e").replace("e+", "e")
 
 
-def parse_size(value: str | int | float, *, field: str = "size", minimum: int = 0,
-               maximum: int = MAX_BYTES) -> int:
+def parse_size(
+    value: str | int | float, *, field: str = "size", minimum: int = 0, maximum: int = MAX_BYTES
+) -> int:
     """Bytes from ``4GiB``, ``8MiB``, ``2TB``, ``1.5e9``, ``4096``. Decimal units are powers
     of 1000 (GB = 1e9 bytes), binary ones powers of 1024. Accepted: ``minimum`` .. ``maximum``
     bytes (default 0 .. 1 EiB)."""
-    expected = (f"a size from {human_bytes(minimum)} to {human_bytes(maximum)} "
-                f"(examples: {SIZE_EXAMPLES})")
+    expected = (
+        f"a size from {human_bytes(minimum)} to {human_bytes(maximum)} (examples: {SIZE_EXAMPLES})"
+    )
     if isinstance(value, bool):
         raise _refuse(field, expected, value)
     if isinstance(value, int):
@@ -135,13 +144,18 @@ def parse_size(value: str | int | float, *, field: str = "size", minimum: int = 
     return number
 
 
-def parse_duration(value: str | float | int, *, field: str = "duration", positive: bool = False,
-                   allow_inf: bool = False, maximum: float = MAX_SECONDS) -> float:
+def parse_duration(
+    value: str | float | int,
+    *,
+    field: str = "duration",
+    positive: bool = False,
+    allow_inf: bool = False,
+    maximum: float = MAX_SECONDS,
+) -> float:
     """Seconds from ``300``, ``20ms``, ``10min``, ``2h``, ``1.5d``. Accepted: 0 (above 0 with
     ``positive``) .. ``maximum`` seconds, and ``inf`` with ``allow_inf``."""
     span = f"> 0 s, at most {_g(maximum)} s" if positive else f"from 0 s to {_g(maximum)} s"
-    expected = (f"a duration {span}{', or inf' if allow_inf else ''} "
-                f"(examples: {DURATION_EXAMPLES})")
+    expected = f"a duration {span}{', or inf' if allow_inf else ''} (examples: {DURATION_EXAMPLES})"
     if isinstance(value, bool):
         raise _refuse(field, expected, value)
     if isinstance(value, int | float):
@@ -158,7 +172,7 @@ def parse_duration(value: str | float | int, *, field: str = "duration", positiv
                 raise _refuse(field, expected, value)
     if math.isinf(seconds) and seconds > 0 and allow_inf:
         return seconds
-    if not (0 < seconds if positive else 0 <= seconds) or not seconds <= maximum:
+    if not (seconds > 0 if positive else seconds >= 0) or not seconds <= maximum:
         raise _refuse(field, expected, value)
     return seconds
 
@@ -207,8 +221,7 @@ def parse_rate(value: str | float | int, *, field: str = "rate") -> float:
     return rate
 
 
-def parse_count(value: str | int, *, field: str, minimum: int = 0,
-                maximum: int = MAX_COUNT) -> int:
+def parse_count(value: str | int, *, field: str, minimum: int = 0, maximum: int = MAX_COUNT) -> int:
     """An integer in ``minimum`` .. ``maximum`` from an int or its decimal digits (a URL query
     string, a command line). ``1.5``, ``1e3`` and ``nan`` are not counts."""
     expected = f"an integer from {minimum} to {maximum}"
@@ -216,9 +229,9 @@ def parse_count(value: str | int, *, field: str, minimum: int = 0,
         raise _refuse(field, expected, value)
     if isinstance(value, int):
         n = value
-    elif isinstance(value, float) and value.is_integer():
-        n = int(value)
-    elif isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]{1,30}\s*", value):
+    elif (isinstance(value, float) and value.is_integer()) or (
+        isinstance(value, str) and re.fullmatch(r"\s*[+-]?[0-9]{1,30}\s*", value)
+    ):
         n = int(value)
     else:
         raise _refuse(field, expected, value)
@@ -227,11 +240,20 @@ def parse_count(value: str | int, *, field: str, minimum: int = 0,
     return n
 
 
-def parse_number(value: str | float | int, *, field: str, minimum: float = 0.0,
-                 maximum: float, positive: bool = False) -> float:
+def parse_number(
+    value: str | float | int,
+    *,
+    field: str,
+    minimum: float = 0.0,
+    maximum: float,
+    positive: bool = False,
+) -> float:
     """A finite number in ``minimum`` .. ``maximum`` (above ``minimum`` with ``positive``)."""
-    span = (f"> {_g(minimum)}, at most {_g(maximum)}" if positive
-            else f"from {_g(minimum)} to {_g(maximum)}")
+    span = (
+        f"> {_g(minimum)}, at most {_g(maximum)}"
+        if positive
+        else f"from {_g(minimum)} to {_g(maximum)}"
+    )
     expected = f"a number {span}"
     if isinstance(value, bool):
         raise _refuse(field, expected, value)
@@ -259,8 +281,9 @@ def parse_list(text: str, parse: Callable[..., Any], *, field: str, **kwargs: An
     return [parse(p, field=field, **kwargs) for p in parts]
 
 
-def arg(parse: Callable[..., Any], kind: str, *, keep_text: bool = False,
-        **kwargs: Any) -> Callable[[str], Any]:
+def arg(
+    parse: Callable[..., Any], kind: str, *, keep_text: bool = False, **kwargs: Any
+) -> Callable[[str], Any]:
     """An argparse ``type=`` function: ``parse(text, field="", **kwargs)``, its
     :class:`~ckptio.errors.InvalidArgumentError` turned into :class:`argparse.ArgumentTypeError`
     (argparse prefixes the option's name, so the message is one line naming it). With
@@ -292,12 +315,14 @@ def size_arg(minimum: int = 1, maximum: int = MAX_BYTES) -> Callable[[str], str]
     return arg(parse_size, "size", keep_text=True, minimum=minimum, maximum=maximum)
 
 
-def duration_arg(*, positive: bool = False, allow_inf: bool = False,
-                 keep_text: bool = True) -> Callable[[str], Any]:
+def duration_arg(
+    *, positive: bool = False, allow_inf: bool = False, keep_text: bool = True
+) -> Callable[[str], Any]:
     """argparse type: a duration (``10min``); the text is kept, or seconds without
     ``keep_text``."""
-    return arg(parse_duration, "duration", keep_text=keep_text, positive=positive,
-               allow_inf=allow_inf)
+    return arg(
+        parse_duration, "duration", keep_text=keep_text, positive=positive, allow_inf=allow_inf
+    )
 
 
 def bandwidth_arg() -> Callable[[str], str]:
@@ -314,8 +339,12 @@ def list_arg(parse: Callable[..., Any], **kwargs: Any) -> Callable[[str], str]:
     """argparse type: a comma-separated list (``1,4,16``, ``70GB/s,7GB/s``), each part through
     ``parse``; the text is kept. Its ``positive``/``allow_inf`` attributes are those of the
     parts (a bandwidth or rate is above 0, or inf)."""
-    convert = arg(lambda text, field, **kw: parse_list(text, parse, field=field, **kw), "list",
-                  keep_text=True, **kwargs)
+    convert = arg(
+        lambda text, field, **kw: parse_list(text, parse, field=field, **kw),
+        "list",
+        keep_text=True,
+        **kwargs,
+    )
     if parse in (parse_bandwidth, parse_rate):
         convert.positive = convert.allow_inf = True  # type: ignore[attr-defined]
     return convert

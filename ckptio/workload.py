@@ -242,8 +242,18 @@ PRESETS: Mapping[str, Preset] = {
         ),
         Preset(
             "gpt3-175b",
-            Transformer(12288, 96, 49152, 50257, 96, 96, gated_mlp=False, biases=True,
-                        tied_embeddings=True, positions=2048),
+            Transformer(
+                12288,
+                96,
+                49152,
+                50257,
+                96,
+                96,
+                gated_mlp=False,
+                biases=True,
+                tied_embeddings=True,
+                positions=2048,
+            ),
             Layout(tp=8, pp=16, dp=12, zero=0),
             source="Brown et al. 2020 (GPT-3, Table 2.1); layout of the 175B run in Narayanan "
             "et al. 2021 (Megatron-LM, Table 1: TP 8, PP 16 on 1,536 GPUs)",
@@ -252,16 +262,35 @@ PRESETS: Mapping[str, Preset] = {
         ),
         Preset(
             "opt-175b",
-            Transformer(12288, 96, 49152, 50272, 96, 96, gated_mlp=False, biases=True,
-                        tied_embeddings=True, positions=2050),
+            Transformer(
+                12288,
+                96,
+                49152,
+                50272,
+                96,
+                96,
+                gated_mlp=False,
+                biases=True,
+                tied_embeddings=True,
+                positions=2050,
+            ),
             Layout(tp=8, pp=1, dp=124, zero=3),
             source="Zhang et al. 2022 (OPT, §2.4): 992 A100s, Megatron tensor parallelism 8 with "
             "FSDP (fully sharded, ZeRO-3-like) over data parallelism",
         ),
         Preset(
             "bloom-176b",
-            Transformer(14336, 70, 57344, 250880, 112, 112, gated_mlp=False, biases=True,
-                        tied_embeddings=True),
+            Transformer(
+                14336,
+                70,
+                57344,
+                250880,
+                112,
+                112,
+                gated_mlp=False,
+                biases=True,
+                tied_embeddings=True,
+            ),
             Layout(tp=4, pp=12, dp=8, zero=1),
             source="BigScience 2022 (BLOOM, §3.4): 384 A100s, TP 4 x PP 12 x DP 8, ZeRO stage 1 "
             "(Megatron-DeepSpeed); ALiBi, no position embeddings",
@@ -369,8 +398,12 @@ class Plan:
     def rank_objects(self, rank: int) -> Iterator[ObjectSpec]:
         """The objects ``rank`` writes, in order (lazily: never a list of all of them)."""
         specs = (
-            ("model", "bfloat16" if self.preset.precision.weights == 2 else "float32",
-             int(self.model_bytes[rank]), self.preset.precision.weights),
+            (
+                "model",
+                "bfloat16" if self.preset.precision.weights == 2 else "float32",
+                int(self.model_bytes[rank]),
+                self.preset.precision.weights,
+            ),
             ("optim", "float32", int(self.optim_bytes[rank]), 4),
         )
         number = 0
@@ -437,8 +470,14 @@ def _check_layout(model: Transformer, layout: Layout) -> None:
     if problems:
         raise errors.InvalidArgumentError("invalid layout: " + "; ".join(problems))
     m = model
-    for name, v in (("hidden", m.hidden), ("layers", m.layers), ("ffn", m.ffn), ("vocab", m.vocab),
-                    ("heads", m.heads), ("kv_heads", m.kv_heads)):
+    for name, v in (
+        ("hidden", m.hidden),
+        ("layers", m.layers),
+        ("ffn", m.ffn),
+        ("vocab", m.vocab),
+        ("heads", m.heads),
+        ("kv_heads", m.kv_heads),
+    ):
         if v < 1:
             problems.append(f"{name} must be >= 1, got {v}")
     if problems:
@@ -447,15 +486,19 @@ def _check_layout(model: Transformer, layout: Layout) -> None:
         root = math.isqrt(m.heads)
         small = [d for d in range(1, root + 1) if m.heads % d == 0]
         valid = sorted({*small, *(m.heads // d for d in small)})
-        problems.append(f"{m.heads} attention heads do not divide over TP {layout.tp} "
-                        f"(valid TP: {', '.join(map(str, valid))})")
+        problems.append(
+            f"{m.heads} attention heads do not divide over TP {layout.tp} "
+            f"(valid TP: {', '.join(map(str, valid))})"
+        )
     if m.ffn % layout.tp:
         problems.append(f"FFN size {m.ffn} does not divide over TP {layout.tp}")
     if layout.pp > m.layers:
         problems.append(f"PP {layout.pp} exceeds the {m.layers} layers (valid PP: 1..{m.layers})")
     if layout.zero == 3 and layout.pp > 1:
-        problems.append("ZeRO 3 shards weights over data-parallel ranks and needs PP 1 "
-                        f"(got PP {layout.pp}); use ZeRO 1 or 2 with pipeline parallelism")
+        problems.append(
+            "ZeRO 3 shards weights over data-parallel ranks and needs PP 1 "
+            f"(got PP {layout.pp}); use ZeRO 1 or 2 with pipeline parallelism"
+        )
     if problems:
         raise errors.InvalidArgumentError(
             f"layout {layout.describe()} does not divide the model: " + "; ".join(problems)
@@ -475,8 +518,10 @@ def plan_layout(
         )
     # about the whole checkpoint (every parameter once, the optimizer's per-rank padding), in
     # Python integers, before int64 arrays could overflow
-    full = (model.num_parameters() * preset.precision.total
-            + layout.world * 3 * 5 * model.hidden * preset.precision.optimizer)
+    full = (
+        model.num_parameters() * preset.precision.total
+        + layout.world * 3 * 5 * model.hidden * preset.precision.optimizer
+    )
     if full > MAX_BYTES:
         raise errors.InvalidArgumentError(
             f"{preset.name} under {layout.describe()} would checkpoint about {human_bytes(full)}; "
@@ -520,7 +565,9 @@ def scale_plan(plan: Plan, scale: float) -> Plan:
     """The same layout with every rank's share multiplied by ``scale`` (> 0). A rank that
     writes something keeps writing at least one element of each component it has."""
     if not isinstance(scale, int | float) or not math.isfinite(scale) or scale <= 0:
-        raise errors.InvalidArgumentError(f"scale must be a number > 0 (e.g. 0.01, 2e-4), got {scale!r}")
+        raise errors.InvalidArgumentError(
+            f"scale must be a number > 0 (e.g. 0.01, 2e-4), got {scale!r}"
+        )
     if scale == 1:
         return plan
     if plan.total_bytes * scale > MAX_BYTES:
@@ -533,8 +580,12 @@ def scale_plan(plan: Plan, scale: float) -> Plan:
         out = np.floor(a.astype(np.float64) * scale).astype(np.int64)
         return np.where(a > 0, np.maximum(out, 1), 0)
 
-    return replace(plan, scale=float(scale), model_elements=shrink(plan.model_elements),
-                   optim_elements=shrink(plan.optim_elements))
+    return replace(
+        plan,
+        scale=float(scale),
+        model_elements=shrink(plan.model_elements),
+        optim_elements=shrink(plan.optim_elements),
+    )
 
 
 def make_plan(
@@ -554,8 +605,12 @@ def make_plan(
     wrong and what is valid."""
     p = get_preset(preset) if isinstance(preset, str) else preset
     lay = p.layout
-    lay = replace(lay, tp=tp if tp is not None else lay.tp, pp=pp if pp is not None else lay.pp,
-                  zero=zero if zero is not None else lay.zero)
+    lay = replace(
+        lay,
+        tp=tp if tp is not None else lay.tp,
+        pp=pp if pp is not None else lay.pp,
+        zero=zero if zero is not None else lay.zero,
+    )
     if gpus is not None:
         mp = lay.tp * lay.pp
         if gpus < 1 or gpus % mp:
@@ -602,8 +657,18 @@ def custom_preset(
     name: str = "custom",
 ) -> Preset:
     """A preset from an architecture and layout of your own."""
-    model = Transformer(hidden, layers, ffn, vocab, heads, kv_heads or heads, gated_mlp, biases,
-                        tied_embeddings, positions)
+    model = Transformer(
+        hidden,
+        layers,
+        ffn,
+        vocab,
+        heads,
+        kv_heads or heads,
+        gated_mlp,
+        biases,
+        tied_embeddings,
+        positions,
+    )
     layout = Layout(tp, pp, dp, zero)
     _check_layout(model, layout)
     return Preset(name, model, layout, source="user-defined")
@@ -615,26 +680,44 @@ def custom_preset(
 def add_workload_arguments(p: Any) -> None:
     """The workload options shared by ``ckptio plan``, ``run`` and ``sweep`` (argparse)."""
     w = p.add_argument_group("workload")
-    w.add_argument("--preset", default="llama3-8b",
-                   help=f"model preset: {', '.join(preset_names())} (default llama3-8b)")
+    w.add_argument(
+        "--preset",
+        default="llama3-8b",
+        help=f"model preset: {', '.join(preset_names())} (default llama3-8b)",
+    )
     gpus = count_arg(1, MAX_GPUS)
-    w.add_argument("--gpus", type=gpus, help="GPUs of the layout (data parallelism = GPUs / "
-                   f"(TPxPP)), 1 to {MAX_GPUS}; default: the preset's")
+    w.add_argument(
+        "--gpus",
+        type=gpus,
+        help="GPUs of the layout (data parallelism = GPUs / "
+        f"(TPxPP)), 1 to {MAX_GPUS}; default: the preset's",
+    )
     w.add_argument("--tp", type=gpus, help="tensor parallelism (default: the preset's)")
     w.add_argument("--pp", type=gpus, help="pipeline parallelism (default: the preset's)")
     w.add_argument("--zero", type=count_arg(0, 3), help="ZeRO stage 0-3 (default: the preset's)")
     size = w.add_mutually_exclusive_group()
-    size.add_argument("--scale", type=number_arg(maximum=MAX_SCALE, positive=True),
-                      help="shrink the checkpoint by this factor, keeping the layout (e.g. 2e-4; "
-                      f"above 0, at most {MAX_SCALE:,.0f}, and the result at most 1 EiB)")
-    size.add_argument("--total-size", type=size_arg(),
-                      help="shrink (or grow) to about this size, e.g. 4GiB (at most 1 EiB)")
-    w.add_argument("--object-size", type=size_arg(OBJECT_ALIGNMENT), default="64MiB",
-                   help="largest shard object (default 64MiB); bounds memory per rank")
+    size.add_argument(
+        "--scale",
+        type=number_arg(maximum=MAX_SCALE, positive=True),
+        help="shrink the checkpoint by this factor, keeping the layout (e.g. 2e-4; "
+        f"above 0, at most {MAX_SCALE:,.0f}, and the result at most 1 EiB)",
+    )
+    size.add_argument(
+        "--total-size",
+        type=size_arg(),
+        help="shrink (or grow) to about this size, e.g. 4GiB (at most 1 EiB)",
+    )
+    w.add_argument(
+        "--object-size",
+        type=size_arg(OBJECT_ALIGNMENT),
+        default="64MiB",
+        help="largest shard object (default 64MiB); bounds memory per rank",
+    )
     c = p.add_argument_group("custom model (--preset custom)")
     for flag in ("hidden", "layers", "ffn", "vocab", "heads", "kv-heads"):
-        c.add_argument(f"--{flag}", type=count_arg(1, MAX_MODEL_DIMENSION),
-                       help=f"1 to {MAX_MODEL_DIMENSION}")
+        c.add_argument(
+            f"--{flag}", type=count_arg(1, MAX_MODEL_DIMENSION), help=f"1 to {MAX_MODEL_DIMENSION}"
+        )
     c.add_argument("--dp", type=gpus, help="data parallelism of a custom model (default 1)")
 
 
@@ -643,15 +726,34 @@ def plan_from_args(args: Any) -> Plan:
     name = args.preset
     preset: str | Preset = name
     if name == "custom":
-        need = {"hidden": args.hidden, "layers": args.layers, "ffn": args.ffn,
-                "vocab": args.vocab, "heads": args.heads}
+        need = {
+            "hidden": args.hidden,
+            "layers": args.layers,
+            "ffn": args.ffn,
+            "vocab": args.vocab,
+            "heads": args.heads,
+        }
         missing = [f"--{k}" for k, v in need.items() if v is None]
         if missing:
             raise errors.InvalidArgumentError(
                 f"--preset custom needs {', '.join(missing)} (and optionally --kv-heads, "
                 "--tp, --pp, --dp, --zero)"
             )
-        preset = custom_preset(**need, kv_heads=args.kv_heads, tp=args.tp or 1, pp=args.pp or 1,
-                               dp=args.dp or 1, zero=1 if args.zero is None else args.zero)
-    return make_plan(preset, gpus=args.gpus, tp=args.tp, pp=args.pp, zero=args.zero,
-                     scale=args.scale, total_size=args.total_size, object_size=args.object_size)
+        preset = custom_preset(
+            **need,
+            kv_heads=args.kv_heads,
+            tp=args.tp or 1,
+            pp=args.pp or 1,
+            dp=args.dp or 1,
+            zero=1 if args.zero is None else args.zero,
+        )
+    return make_plan(
+        preset,
+        gpus=args.gpus,
+        tp=args.tp,
+        pp=args.pp,
+        zero=args.zero,
+        scale=args.scale,
+        total_size=args.total_size,
+        object_size=args.object_size,
+    )

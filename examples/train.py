@@ -54,19 +54,31 @@ def batch(seed: int, step: int, size: int = 32) -> tuple[torch.Tensor, torch.Ten
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--url", default="file:///tmp/ckptio-train", help="checkpoint root (any ckptio URL)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--url", default="file:///tmp/ckptio-train", help="checkpoint root (any ckptio URL)"
+    )
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--every", type=int, default=25, help="checkpoint every N steps")
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep-last", type=int, default=2)
-    ap.add_argument("--log", type=Path, help="append one JSON line per step: step, loss (float.hex)")
-    ap.add_argument("--no-sync-probe", action="store_true", help="do not measure a synchronous save")
-    ap.add_argument("--snapshot", choices=("copy", "fork"), default="copy",
-                    help="how async saves snapshot the state: a memory copy, or a forked "
-                    "copy-on-write writer (file:// and pfs:// only)")
+    ap.add_argument(
+        "--log", type=Path, help="append one JSON line per step: step, loss (float.hex)"
+    )
+    ap.add_argument(
+        "--no-sync-probe", action="store_true", help="do not measure a synchronous save"
+    )
+    ap.add_argument(
+        "--snapshot",
+        choices=("copy", "fork"),
+        default="copy",
+        help="how async saves snapshot the state: a memory copy, or a forked "
+        "copy-on-write writer (file:// and pfs:// only)",
+    )
     args = ap.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -78,8 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     nparams = sum(p.numel() for p in model.parameters())
 
-    ck = ct.Checkpointer(args.url, async_save=True, keep_last=args.keep_last, snapshot=args.snapshot)
-    probe = None if args.no_sync_probe else ct.Checkpointer(args.url.rstrip("/") + "-sync", keep_last=1)
+    ck = ct.Checkpointer(
+        args.url, async_save=True, keep_last=args.keep_last, snapshot=args.snapshot
+    )
+    probe = (
+        None if args.no_sync_probe else ct.Checkpointer(args.url.rstrip("/") + "-sync", keep_last=1)
+    )
     start = 0
     latest = ck.latest()
     if latest is not None:
@@ -91,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         random.setstate(state["rng"]["python"])
         start = state["data"]["position"]
         print(f"resumed from step {start} ({args.url})", flush=True)
-    print(f"model: {nparams:,} parameters; state with AdamW ~{nparams * 12 / 1e6:.1f} MB", flush=True)
+    print(
+        f"model: {nparams:,} parameters; state with AdamW ~{nparams * 12 / 1e6:.1f} MB", flush=True
+    )
 
     log = args.log.open("a") if args.log else None
     blocked: list[float] = []
@@ -114,12 +132,19 @@ def main(argv: list[str] | None = None) -> int:
             state = {
                 "model": model.state_dict(),
                 "optim": opt.state_dict(),
-                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+                "rng": {
+                    "torch": torch.get_rng_state(),
+                    "numpy": np.random.get_state(),
+                    "python": random.getstate(),
+                },
                 "data": {"position": step, "seed": args.seed},
             }
             if pending is not None and pending.done():
                 r = pending.wait()
-                print(f"  (step {r.step} committed in the background: write + commit {r.seconds * 1e3:.1f} ms)", flush=True)
+                print(
+                    f"  (step {r.step} committed in the background: write + commit {r.seconds * 1e3:.1f} ms)",
+                    flush=True,
+                )
             sync_ms = None
             if probe is not None:
                 t0 = time.perf_counter()
@@ -128,8 +153,15 @@ def main(argv: list[str] | None = None) -> int:
                 sync_costs.append(sync_ms)
             pending = ck.save(state, step=step)
             blocked.append(pending.blocking_seconds * 1e3)
-            also = f"; a synchronous save of the same state: {sync_ms:.1f} ms" if sync_ms is not None else ""
-            print(f"save step {step}: blocked {pending.blocking_seconds * 1e3:.1f} ms (async){also}", flush=True)
+            also = (
+                f"; a synchronous save of the same state: {sync_ms:.1f} ms"
+                if sync_ms is not None
+                else ""
+            )
+            print(
+                f"save step {step}: blocked {pending.blocking_seconds * 1e3:.1f} ms (async){also}",
+                flush=True,
+            )
     ck.close()  # waits for the save in flight
     if probe is not None:
         probe.close()

@@ -46,8 +46,11 @@ def profiles_markdown() -> str:
             "",
             f"{p.title}. Kind: {p.kind}; {p.streams} streams per node; "
             f"{human_size(p.part_size)} per request; "
-            + ("no request-rate limit" if p.rate_scope == "none"
-               else f"request-rate limits per {p.rate_scope}; throttling: {_cell(p.throttle)}")
+            + (
+                "no request-rate limit"
+                if p.rate_scope == "none"
+                else f"request-rate limits per {p.rate_scope}; throttling: {_cell(p.throttle)}"
+            )
             + ".",
             "",
             "| figure | value | source |",

@@ -13,7 +13,9 @@ from _smaps import mapping_flags, mapping_kib
 from ckptio import arrays
 from ckptio.arrays import PAGE, PREFAULT_MIN, prefault, private_pages
 
-linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux's")
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux's"
+)
 
 
 def _rss_bytes(addr: int, n: int) -> int:
@@ -43,10 +45,12 @@ def test_prefault_maps_the_whole_pages_of_a_view_and_changes_no_byte() -> None:
 def test_prefault_is_harmless_where_the_kernel_refuses() -> None:
     read_only = mmap.mmap(-1, 2 * PREFAULT_MIN, prot=mmap.PROT_READ)
     prefault(memoryview(read_only))  # the kernel refuses (EFAULT): nothing is raised
-    assert not any(read_only[:: PAGE])
+    assert not any(read_only[::PAGE])
 
 
-@pytest.mark.skipif(not Path("/sys/kernel/mm/transparent_hugepage").exists(), reason="no transparent huge pages")
+@pytest.mark.skipif(
+    not Path("/sys/kernel/mm/transparent_hugepage").exists(), reason="no transparent huge pages"
+)
 def test_staging_blocks_ask_for_huge_pages_and_other_scratch_memory_does_not() -> None:
     """Staging blocks are reused for every O_DIRECT transfer, so they are on huge pages (few,
     large device requests); memory touched once (snapshots, load buffers) keeps 4 KiB pages,
@@ -72,16 +76,26 @@ def copier(request, monkeypatch):
     return arrays.copy_into
 
 
-@pytest.mark.parametrize("n", [0, 1, 15, 16, 63, 64, 65, (256 << 10) - 1, 256 << 10, (256 << 10) + 77, 3 << 20])
+@pytest.mark.parametrize(
+    "n", [0, 1, 15, 16, 63, 64, 65, (256 << 10) - 1, 256 << 10, (256 << 10) + 77, 3 << 20]
+)
 def test_copy_into_copies_every_byte_at_every_alignment(copier, n) -> None:
     rng = np.random.default_rng(n)
     src_buf = rng.integers(0, 256, n + 64, dtype=np.uint8)
     for d_off, s_off in [(0, 0), (1, 0), (0, 3), (7, 13), (16, 1), (63, 62)]:
         dst_buf = np.full(n + 128, 0xA5, dtype=np.uint8)
         copier(dst_buf[d_off : d_off + n], src_buf[s_off : s_off + n])
-        assert np.array_equal(dst_buf[d_off : d_off + n], src_buf[s_off : s_off + n]), (n, d_off, s_off)
+        assert np.array_equal(dst_buf[d_off : d_off + n], src_buf[s_off : s_off + n]), (
+            n,
+            d_off,
+            s_off,
+        )
         # not a byte outside the destination: streaming stores write whole 16-byte lines
-        assert (dst_buf[:d_off] == 0xA5).all() and (dst_buf[d_off + n :] == 0xA5).all(), (n, d_off, s_off)
+        assert (dst_buf[:d_off] == 0xA5).all() and (dst_buf[d_off + n :] == 0xA5).all(), (
+            n,
+            d_off,
+            s_off,
+        )
 
 
 def test_copy_into_takes_any_dtype_as_bytes(copier) -> None:

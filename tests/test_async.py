@@ -42,7 +42,9 @@ class GatedStore(LocalStore):
         self.started.set()
         self.gate.wait(30)
         if self.fail:
-            raise errors.NoSpaceError(errno.ENOSPC, f"cannot create {key}: No space left on device", key)
+            raise errors.NoSpaceError(
+                errno.ENOSPC, f"cannot create {key}: No space left on device", key
+            )
         return super().open_writer(key, size_hint=size_hint)
 
 
@@ -107,19 +109,26 @@ def test_checkpointer_sees_its_own_save_in_flight(tmp_path, ask):
         assert store.started.wait(30)
         threading.Timer(0.2, store.gate.set).start()
         got = getattr(ck, ask)()
-        assert {"load": lambda: got["step"] == 1, "latest": lambda: got == 1,
-                "steps": lambda: got == [1], "open": lambda: got.step == 1}[ask](), got
+        assert {
+            "load": lambda: got["step"] == 1,
+            "latest": lambda: got == 1,
+            "steps": lambda: got == [1],
+            "open": lambda: got.step == 1,
+        }[ask](), got
 
 
 def test_with_block_body_error_propagates_and_failed_save_is_logged(tmp_path, caplog):
     store = GatedStore(str(tmp_path / "run"))
     store.fail = True
-    with pytest.raises(KeyError, match="training bug"), ckptio.Checkpointer(store, async_save=True) as ck:
+    with (
+        pytest.raises(KeyError, match="training bug"),
+        ckptio.Checkpointer(store, async_save=True) as ck,
+    ):
         ck.save(small_state(1), 1)
         raise KeyError("training bug")
-    assert any(
-        r.levelname == "ERROR" and "failed" in r.getMessage() for r in caplog.records
-    ), caplog.text
+    assert any(r.levelname == "ERROR" and "failed" in r.getMessage() for r in caplog.records), (
+        caplog.text
+    )
     assert ckptio.Checkpointer(f"file://{tmp_path}/run").steps() == []
 
 
@@ -165,7 +174,9 @@ def _run_exit_script(tmp_path: Path, mode: str) -> subprocess.CompletedProcess:
     script.write_text(EXIT_SCRIPT)
     return subprocess.run(
         [sys.executable, str(script), str(tmp_path / "run"), mode],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -181,7 +192,9 @@ def test_interpreter_exit_finishes_the_save_in_flight(tmp_path):
 
 def test_interpreter_exit_says_loudly_when_the_save_failed(tmp_path):
     proc = _run_exit_script(tmp_path, "fail")
-    assert proc.stderr.count("background save of step 2 FAILED and was not committed") == 1, proc.stderr
+    assert proc.stderr.count("background save of step 2 FAILED and was not committed") == 1, (
+        proc.stderr
+    )
     assert "Input/output error" in proc.stderr
     url = f"file://{tmp_path}/run"
     assert ckptio.Checkpointer(url).steps() == [1]  # no half-written step 2 is visible
@@ -285,15 +298,21 @@ def _run_lost_script(tmp_path: Path, scenario: str, snapshot: str) -> subprocess
     script.write_text(LOST_SCRIPT)
     proc = subprocess.run(
         [sys.executable, str(script), scenario, str(tmp_path / "run"), snapshot],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    assert "script ended" in proc.stdout and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert "script ended" in proc.stdout and "Traceback" not in proc.stderr, (
+        proc.stdout + proc.stderr
+    )
     return proc
 
 
 @pytest.mark.parametrize("snapshot", ["copy", "fork"])
 @pytest.mark.parametrize("scenario", ["dropped-handle", "dropped-checkpointer"])
-def test_failed_save_of_a_dropped_handle_or_checkpointer_is_reported_at_exit(tmp_path, scenario, snapshot):
+def test_failed_save_of_a_dropped_handle_or_checkpointer_is_reported_at_exit(
+    tmp_path, scenario, snapshot
+):
     """``ckptio.save(blocking=False)`` with its handle dropped, or a Checkpointer dropped
     (garbage-collected) with its failed save never waited: the failure is printed on stderr
     at exit, once."""
@@ -317,10 +336,16 @@ def test_failure_raised_to_the_caller_is_not_raised_again_nor_printed_at_exit(tm
     proc = _run_lost_script(tmp_path, "raised", snapshot)
     raised = [line for line in proc.stdout.splitlines() if line.startswith("raised by ")]
     assert raised == [
-        "raised by handle.wait", "raised by handle.wait in with", "raised by Checkpointer.wait",
-        "raised by Checkpointer.save", "raised by Checkpointer.close", "raised by leaving the with block",
+        "raised by handle.wait",
+        "raised by handle.wait in with",
+        "raised by Checkpointer.wait",
+        "raised by Checkpointer.save",
+        "raised by Checkpointer.close",
+        "raised by leaving the with block",
     ], proc.stdout
-    assert proc.returncode == 0 and "FAILED" not in proc.stderr and "failed" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and "FAILED" not in proc.stderr and "failed" not in proc.stderr, (
+        proc.stderr
+    )
     assert ckptio.Checkpointer(f"file://{tmp_path}/run/b").steps() == [2]
 
 
@@ -372,9 +397,23 @@ def test_no_deadlock_when_training_collectives_run_during_a_save(tmp_path, snaps
     script.write_text(MPI_SCRIPT)
     env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1"}
     proc = subprocess.run(
-        [exe, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "2",
-         sys.executable, str(script), f"file://{tmp_path}/run", snapshot],
-        capture_output=True, text=True, timeout=150, env=env,
+        [
+            exe,
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "-n",
+            "2",
+            sys.executable,
+            str(script),
+            f"file://{tmp_path}/run",
+            snapshot,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("done") == 2
@@ -386,7 +425,11 @@ def test_no_deadlock_when_training_collectives_run_during_a_save(tmp_path, snaps
 
 def test_fork_snapshot_is_the_state_at_save_time(tmp_path):
     url = f"file://{tmp_path}/run"
-    state = {"w": np.arange(4 << 20, dtype=np.float32).reshape(1024, -1), "b": np.ones(7), "step": 1}
+    state = {
+        "w": np.arange(4 << 20, dtype=np.float32).reshape(1024, -1),
+        "b": np.ones(7),
+        "step": 1,
+    }
     with ckptio.Checkpointer(url, async_save=True, snapshot="fork") as ck:
         for step in (1, 2):
             handle = ck.save(state, step)
@@ -397,7 +440,9 @@ def test_fork_snapshot_is_the_state_at_save_time(tmp_path):
     for step in (1, 2):
         back = ckptio.load(url, step)
         assert back["step"] == step
-        assert np.array_equal(back["w"], np.arange(4 << 20, dtype=np.float32).reshape(1024, -1) + (step - 1))
+        assert np.array_equal(
+            back["w"], np.arange(4 << 20, dtype=np.float32).reshape(1024, -1) + (step - 1)
+        )
         assert np.all(back["b"] == (1 if step == 1 else -1))
         assert ckptio.verify(url, step) == []
 
@@ -417,7 +462,9 @@ def test_fork_snapshot_refused_where_it_cannot_work(tmp_path, url, options, need
 
 
 @pytest.mark.parametrize("how", ["raises", "killed"])
-def test_fork_child_failure_fails_the_save_and_keeps_the_last_checkpoint(tmp_path, monkeypatch, how):
+def test_fork_child_failure_fails_the_save_and_keeps_the_last_checkpoint(
+    tmp_path, monkeypatch, how
+):
     """The child's error (or its death) is the save's error; nothing of the step is committed
     and the previous checkpoint is intact."""
     import signal
@@ -469,10 +516,17 @@ def _forked_children() -> list[int]:
         except (FileNotFoundError, ProcessLookupError):
             return b""
 
-    pids = [int(p) for task in Path("/proc/self/task").iterdir() for p in read(f"{task}/children").split()]
-    return [p for p in pids
-            if read(f"/proc/{p}/stat").rsplit(b")", 1)[-1].split()[:1] == [b"Z"]
-            or read(f"/proc/{p}/cmdline") == me]
+    pids = [
+        int(p)
+        for task in Path("/proc/self/task").iterdir()
+        for p in read(f"{task}/children").split()
+    ]
+    return [
+        p
+        for p in pids
+        if read(f"/proc/{p}/stat").rsplit(b")", 1)[-1].split()[:1] == [b"Z"]
+        or read(f"/proc/{p}/cmdline") == me
+    ]
 
 
 def test_fork_save_completes_while_the_trainer_has_forked_workers(tmp_path):
@@ -504,8 +558,9 @@ def test_fork_writer_stops_when_its_parent_is_killed(tmp_path):
     import time
 
     script = tmp_path / "parent.py"
-    script.write_text(textwrap.dedent(
-        """
+    script.write_text(
+        textwrap.dedent(
+            """
         import sys, threading, time
         from ckptio.forked import ForkedWriter
         w = ForkedWriter(lambda orders: time.sleep(60) or {}, after_fork=lambda: None)
@@ -514,7 +569,8 @@ def test_fork_writer_stops_when_its_parent_is_killed(tmp_path):
         print(w.pid, flush=True)
         time.sleep(60)
         """
-    ))
+        )
+    )
     with subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True) as proc:
         try:
             child = int(proc.stdout.readline())
@@ -551,8 +607,9 @@ def test_unforkable_ranges_from_smaps(tmp_path):
     from ckptio.forked import in_ranges, unforkable_ranges
 
     smaps = tmp_path / "smaps"
-    smaps.write_text(textwrap.dedent(
-        """\
+    smaps.write_text(
+        textwrap.dedent(
+            """\
         00001000-00003000 rw-p 00000000 00:00 0
         Size:                  8 kB
         VmFlags: rd wr mr mw me ac
@@ -564,7 +621,8 @@ def test_unforkable_ranges_from_smaps(tmp_path):
         7f0000000000-7f0000001000 r--p 00000000 08:01 42                 /usr/lib/libc.so.6
         VmFlags: rd mr mw me
         """
-    ))
+        )
+    )
     ranges = unforkable_ranges(str(smaps))
     assert ranges == [(0x3000, 0x6000)]  # shared and don't-fork, merged
 
@@ -573,7 +631,7 @@ def test_unforkable_ranges_from_smaps(tmp_path):
             self.nbytes, self.ctypes = n, type("C", (), {"data": addr})()
 
     assert not in_ranges(At(0x1000, 0x2000), ranges)
-    assert in_ranges(At(0x2fff, 2), ranges) and in_ranges(At(0x5fff, 1), ranges)
+    assert in_ranges(At(0x2FFF, 2), ranges) and in_ranges(At(0x5FFF, 1), ranges)
     assert not in_ranges(At(0x6000, 0x100), ranges) and not in_ranges(At(0x3000, 0), ranges)
     # ckptio's own buffers are private memory: a fork snapshots them
     assert not in_ranges(aligned_empty((1 << 20,), np.float32), unforkable_ranges())
@@ -609,7 +667,9 @@ def test_scratch_memory_is_not_inherited_by_forks(tmp_path):
     assert in_ranges(copied, ranges) and in_ranges(stage, ranges)
     assert not in_ranges(forked, ranges)
     for snapshot, inherited in (("copy", False), ("fork", True)):
-        with ckptio.Checkpointer(f"file://{tmp_path}/{snapshot}", async_save=True, snapshot=snapshot) as ck:
+        with ckptio.Checkpointer(
+            f"file://{tmp_path}/{snapshot}", async_save=True, snapshot=snapshot
+        ) as ck:
             assert ck._snapshots.inherit is inherited
 
 
@@ -671,14 +731,17 @@ def test_fork_child_gives_written_memory_back_while_it_writes(tmp_path):
     # buffered writes: an O_DIRECT write pins the pages, and the kernel then unshares them in
     # the child by itself (a copy there); the page cache path only reads them
     store = LastObjectWaits(str(tmp_path / "run"), direct=False)
-    with ckptio.Checkpointer(store, async_save=True, snapshot="fork", max_object_size="8MiB",
-                            chunk_size="8MiB") as ck:
+    with ckptio.Checkpointer(
+        store, async_save=True, snapshot="fork", max_object_size="8MiB", chunk_size="8MiB"
+    ) as ck:
         handle = ck.save({"w": w}, 1)
         try:
             deadline = time.monotonic() + 30
             while shared_kib() > (n >> 10) - (48 << 10) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert shared_kib() <= (n >> 10) - (48 << 10), "written pages still shared with the child"
+            assert shared_kib() <= (n >> 10) - (48 << 10), (
+                "written pages still shared with the child"
+            )
             w[:] = -1  # the training step, while the last object is still to be written
         finally:
             gate.touch()

@@ -17,16 +17,38 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_benchmark_runs_and_writes_its_tables(tmp_path):
     out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
-    cases = ("memcpy,fio-write,fio-read,fio-write-hugepages,fio-read-hugepages,ckptio-sync,ckptio-load,"
-             "ckptio-async,ckptio-async-fork")
+    cases = (
+        "memcpy,fio-write,fio-read,fio-write-hugepages,fio-read-hugepages,ckptio-sync,ckptio-load,"
+        "ckptio-async,ckptio-async-fork"
+    )
     proc = subprocess.run(
         [
-            sys.executable, os.path.join(ROOT, "benchmarks", "run.py"),
-            "--size", "4MiB", "--tensors", "3", "--rounds", "2", "--only", cases,
-            "--dir", str(tmp_path / "scratch"), "--json", str(out_json), "--markdown", str(out_md),
-            "--cache-drop", "fadvise", "--no-warmup", "--settle", "0",
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "run.py"),
+            "--size",
+            "4MiB",
+            "--tensors",
+            "3",
+            "--rounds",
+            "2",
+            "--only",
+            cases,
+            "--dir",
+            str(tmp_path / "scratch"),
+            "--json",
+            str(out_json),
+            "--markdown",
+            str(out_md),
+            "--cache-drop",
+            "fadvise",
+            "--no-warmup",
+            "--settle",
+            "0",
         ],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out_json.read_text())
@@ -35,23 +57,40 @@ def test_benchmark_runs_and_writes_its_tables(tmp_path):
     assert ran | set(doc["skipped"]) == set(cases.split(","))
     for row in doc["cases"]:
         assert row["rounds"] == 2 and len(row["seconds"]) == 2 and row["median_seconds"] > 0
-    for name in ("fio-write-hugepages", "fio-read-hugepages"):  # run where hugetlb pages are reserved
-        assert name in ran or "nr_hugepages" in doc["skipped"][name] or "fio" in doc["skipped"][name]
+    for name in (
+        "fio-write-hugepages",
+        "fio-read-hugepages",
+    ):  # run where hugetlb pages are reserved
+        assert (
+            name in ran or "nr_hugepages" in doc["skipped"][name] or "fio" in doc["skipped"][name]
+        )
     async_row = next(r for r in doc["cases"] if r["case"] == "ckptio-async")
     assert 0 < async_row["median_blocking_seconds"] <= async_row["median_seconds"]
     assert async_row["first_blocking_seconds"] > 0  # the untimed first save's, kept apart
     if sys.platform.startswith("linux"):  # what the machine did during each round
         sync_row = next(r for r in doc["cases"] if r["case"] == "ckptio-sync")
         assert len(sync_row["machine"]) == 2 and "cpu_steal" in sync_row["median_machine"]
-        assert all({"cpu_user", "cpu_system", "cpu_steal", "pgfault"} <= set(m) for m in sync_row["machine"])
+        assert all(
+            {"cpu_user", "cpu_system", "cpu_steal", "pgfault"} <= set(m)
+            for m in sync_row["machine"]
+        )
     assert any(t["of"] == "ckptio-async:blocking" for t in doc["targets"])
     fork_row = next(r for r in doc["cases"] if r["case"] == "ckptio-async-fork")
-    assert fork_row["median_touch_during_seconds"] > 0 and fork_row["median_touch_after_seconds"] > 0
+    assert (
+        fork_row["median_touch_during_seconds"] > 0 and fork_row["median_touch_after_seconds"] > 0
+    )
     assert doc["config"]["size_bytes"] >= 3 * 2**20 and doc["machine"]["versions"]["ckptio"]
     # the per-round ratio pairs each round's samples of the two cases
     rows = {row["case"]: row for row in doc["cases"]}
-    t = next(t for t in doc["targets"] if t["of"] == "ckptio-async:blocking" and t["against"] == "memcpy")
-    per_round = [b / m for b, m in zip(rows["ckptio-async"]["blocking_seconds"], rows["memcpy"]["seconds"], strict=True)]
+    t = next(
+        t for t in doc["targets"] if t["of"] == "ckptio-async:blocking" and t["against"] == "memcpy"
+    )
+    per_round = [
+        b / m
+        for b, m in zip(
+            rows["ckptio-async"]["blocking_seconds"], rows["memcpy"]["seconds"], strict=True
+        )
+    ]
     assert t["paired_ratio"] == pytest.approx(statistics.median(per_round))
     md = out_md.read_text()
     assert "| ckptio-sync |" in md and "| target |" in md and "median of per-round ratios" in md
@@ -60,15 +99,35 @@ def test_benchmark_runs_and_writes_its_tables(tmp_path):
 
 def test_fork_overlap_benchmark_runs(tmp_path):
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "fork_overlap.py"), "--size", "8MiB",
-         "--tensors", "2", "--rounds", "1", "--dir", str(tmp_path / "scratch")],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "fork_overlap.py"),
+            "--size",
+            "8MiB",
+            "--tensors",
+            "2",
+            "--rounds",
+            "1",
+            "--dir",
+            str(tmp_path / "scratch"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line]
+    rows = [
+        line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line
+    ]
     assert [r.split(" | ")[0][2:] for r in rows[1:]] == [
-        "no snapshot", "0% into the write", "25% into the write", "50% into the write",
-        "75% into the write", "after the write"]
+        "no snapshot",
+        "0% into the write",
+        "25% into the write",
+        "50% into the write",
+        "75% into the write",
+        "after the write",
+    ]
     assert not (tmp_path / "scratch").exists()
 
 
@@ -109,9 +168,16 @@ def test_s3_peers_pairs_rounds_and_pools_saved_runs(tmp_path):
     assert 0.6 <= lo <= tm["wall_ratio_median"] <= hi <= 1.2 + 1e-9
 
     results = os.path.join(ROOT, "benchmarks", "results")  # the runs the README pools
-    saved = [os.path.join(results, f) for f in sorted(os.listdir(results)) if f.startswith("s3-download")]
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "s3_peers.py"), "--pool", *saved],
-                          capture_output=True, text=True, timeout=120, check=False)
+    saved = [
+        os.path.join(results, f) for f in sorted(os.listdir(results)) if f.startswith("s3-download")
+    ]
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "s3_peers.py"), "--pool", *saved],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ckptio-s3+boto3 / s5cmd:" in proc.stdout
 
@@ -122,19 +188,52 @@ def test_gpu_benchmark_runs_on_cpu_tensors_and_says_when_there_is_no_gpu(tmp_pat
     pytest.importorskip("torch")
     script = os.path.join(ROOT, "benchmarks", "gpu.py")
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, script, "--device", "cpu", "--size", "4MiB", "--tensors", "4",
-                           "--rounds", "1", "--dir", str(tmp_path), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, check=False)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            script,
+            "--device",
+            "cpu",
+            "--size",
+            "4MiB",
+            "--tensors",
+            "4",
+            "--rounds",
+            "1",
+            "--dir",
+            str(tmp_path),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["verified"] is True and doc["bytes"] == 4 * 2**20
-    assert [r["case"] for r in doc["results"]] == ["torch.save", "dcp.save", "dcp.async_save", "ckptio-sync",
-                                                   "ckptio-async"]
+    assert [r["case"] for r in doc["results"]] == [
+        "torch.save",
+        "dcp.save",
+        "dcp.async_save",
+        "ckptio-sync",
+        "ckptio-async",
+    ]
     assert all(0 < r["blocking_s"] <= r["total_s"] for r in doc["results"])
     import torch
 
     if not torch.cuda.is_available():
-        proc = subprocess.run([sys.executable, script, "--out", str(tmp_path / "none.json")],
-                              capture_output=True, text=True, timeout=300, check=False)
-        assert proc.returncode == 0 and "sees no CUDA device" in proc.stderr and "nothing measured" in proc.stderr
+        proc = subprocess.run(
+            [sys.executable, script, "--out", str(tmp_path / "none.json")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert (
+            proc.returncode == 0
+            and "sees no CUDA device" in proc.stderr
+            and "nothing measured" in proc.stderr
+        )
         assert not (tmp_path / "none.json").exists()

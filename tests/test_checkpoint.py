@@ -36,7 +36,14 @@ def nested_state(seed: int = 0) -> dict:
             {"m": rng.standard_normal(10), "count": np.int64(7)},
             (np.float32(0.5), np.uint16(3)),
         ],
-        "meta": {"lr": 3e-4, "name": "run/1", "tags": ["a", "b"], "none": None, "flag": True, "inf": float("inf")},
+        "meta": {
+            "lr": 3e-4,
+            "name": "run/1",
+            "tags": ["a", "b"],
+            "none": None,
+            "flag": True,
+            "inf": float("inf"),
+        },
         "step": 42,
     }
 
@@ -125,8 +132,11 @@ def test_load_into_refuses_arrays_that_do_not_fit_before_reading(url: str) -> No
     read_only = np.zeros((2, 3), np.float32)
     read_only.flags.writeable = False
     cases = [
-        ({"b": np.zeros((3, 2), np.float32)}, errors.InvalidArgumentError,
-         r"into= at 'b' is float32 \(3, 2\); step 1 holds float32 \(2, 3\)"),
+        (
+            {"b": np.zeros((3, 2), np.float32)},
+            errors.InvalidArgumentError,
+            r"into= at 'b' is float32 \(3, 2\); step 1 holds float32 \(2, 3\)",
+        ),
         ({"b": np.zeros((2, 3), np.float64)}, errors.InvalidArgumentError, r"'b' is float64"),
         ({"c": np.zeros(2)}, errors.NotFoundError, r"array at 'c', but step 1 has no tensor 'c'"),
         ({"b": read_only}, errors.InvalidArgumentError, r"'b': a read-only numpy array"),
@@ -178,8 +188,9 @@ def test_async_save_snapshots_state(url: str) -> None:
     assert np.array_equal(ckptio.load(url)["a"], np.zeros(100_000, dtype=np.float32))
 
 
-
-def test_failed_save_leaves_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_save_leaves_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = f"file://{tmp_path}/ckpt"
     ckptio.save(nested_state(1), url, step=1)
     from ckptio.backends import local
@@ -304,7 +315,17 @@ def _first_chunk(doc: dict) -> dict:
         (lambda d: d.update(version=99), "version"),
         (lambda d: d["objects"].update({"../outside.bin": 10}), "objects"),
     ],
-    ids=["traversal", "absolute", "offset-past-end", "length", "dtype", "absurd-size", "shape", "version", "object-key"],
+    ids=[
+        "traversal",
+        "absolute",
+        "offset-past-end",
+        "length",
+        "dtype",
+        "absurd-size",
+        "shape",
+        "version",
+        "object-key",
+    ],
 )
 def test_bad_manifest_refused_naming_the_field(tmp_path: Path, edit, field: str) -> None:
     root = tmp_path / "ckpt"
@@ -345,7 +366,9 @@ def test_cli_ls_and_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     url = f"file://{tmp_path}/ckpt"
     ckptio.save({"x": np.zeros(1000)}, url, step=7)
     os.makedirs(tmp_path / "ckpt" / "step-0000000008" / "data")
-    (tmp_path / "ckpt" / "step-0000000008" / "data" / "rank-00000-000-x.bin").write_bytes(b"partial")
+    (tmp_path / "ckpt" / "step-0000000008" / "data" / "rank-00000-000-x.bin").write_bytes(
+        b"partial"
+    )
     assert cli_main(["ls", url, "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["step"], r["complete"]) for r in rows] == [(7, True), (8, False)]
@@ -363,7 +386,10 @@ def test_a_state_with_nothing_to_save_is_refused(tmp_path: Path, empty: object) 
     newest one to resume from; a state holding no array and no value is refused instead."""
     with pytest.raises(errors.InvalidArgumentError, match="nothing to save"):
         ckptio.save(empty, str(tmp_path), step=1)
-    with ckptio.Checkpointer(str(tmp_path), async_save=True) as ck, pytest.raises(errors.InvalidArgumentError, match="nothing to save"):
+    with (
+        ckptio.Checkpointer(str(tmp_path), async_save=True) as ck,
+        pytest.raises(errors.InvalidArgumentError, match="nothing to save"),
+    ):
         ck.save(empty, step=1)
     assert list(tmp_path.iterdir()) == []
     ckptio.save({"step": 0}, str(tmp_path), step=1)  # a value alone is something to save

@@ -25,34 +25,114 @@ import pytest
 from ckptio import cli
 
 HUGE = "1" + "0" * 30  # 10**30
-BAD = ["nan", "NaN", "-inf", "1e999", "1e400", "-3", "-1e999", "", " ", HUGE, "5XB", "abc",
-       "0x10", "1,2"]
+BAD = [
+    "nan",
+    "NaN",
+    "-inf",
+    "1e999",
+    "1e400",
+    "-3",
+    "-1e999",
+    "",
+    " ",
+    HUGE,
+    "5XB",
+    "abc",
+    "0x10",
+    "1,2",
+]
 """Bad for every numeric option of the command line."""
 BAD_UNLESS_ZERO_OK = ["0", "0.0", "0MiB"]
 BAD_UNLESS_INF_OK = ["inf", "Infinity"]
 BAD_COUNT = ["1.5", "1e3"]
 """Bad for options that take an integer."""
 
-ZERO_OK = {"--zero", "--step", "--restart", "--checkpoint-seconds", "--older-than", "--grace",
-           "--pause", "--price", "--restart-overhead", "--p-lose-node"}
+ZERO_OK = {
+    "--zero",
+    "--step",
+    "--restart",
+    "--checkpoint-seconds",
+    "--older-than",
+    "--grace",
+    "--pause",
+    "--price",
+    "--restart-overhead",
+    "--p-lose-node",
+}
 """Options where 0 means something (ZeRO stage 0, step 0, no restart time, ...)."""
 INF_OK = {"--write-bandwidth", "--snapshot-bandwidth", "--read-bandwidth", "--mtbf"}
 """Options where ``inf`` means something (no bandwidth limit, no failures)."""
-COUNT_OPTIONS = {"--step", "--gpus", "--writing-ranks", "--ranks-per-node", "--objects-per-rank",
-                 "--streams", "--iterations", "--tp", "--pp", "--zero", "--hidden", "--layers",
-                 "--ffn", "--vocab", "--heads", "--kv-heads", "--dp", "--ranks", "--inflight", "--persist-every"}
-TEXT_OPTIONS = {"--preset", "--out", "--site", "--label", "--targets", "--profiles", "--profile",
-                "--emulate", "--option", "--set", "--from", "--help", "--project", "--local"}
+COUNT_OPTIONS = {
+    "--step",
+    "--gpus",
+    "--writing-ranks",
+    "--ranks-per-node",
+    "--objects-per-rank",
+    "--streams",
+    "--iterations",
+    "--tp",
+    "--pp",
+    "--zero",
+    "--hidden",
+    "--layers",
+    "--ffn",
+    "--vocab",
+    "--heads",
+    "--kv-heads",
+    "--dp",
+    "--ranks",
+    "--inflight",
+    "--persist-every",
+}
+TEXT_OPTIONS = {
+    "--preset",
+    "--out",
+    "--site",
+    "--label",
+    "--targets",
+    "--profiles",
+    "--profile",
+    "--emulate",
+    "--option",
+    "--set",
+    "--from",
+    "--help",
+    "--project",
+    "--local",
+}
 """Options whose values are names, paths or KEY=VALUE items (``--project``, ``--option`` and
 ``--set`` have corpora of their own below)."""
 
-PROJECT_BAD = ["llama3-8b:abc", "llama3-8b:0", "llama3-8b:-8", "llama3-8b:1e999", "llama3-8b:nan",
-               f"llama3-8b:{HUGE}", "llama3-8b:", "nosuch", "nosuch:8", "", ":8", "custom",
-               "gpt3-175b:7"]
-SET_BAD = ["stream_bandwidth=1e999", "stream_bandwidth=nan", "stream_bandwidth=0",
-           "request_latency=nan", "request_latency=-1", "request_latency=1e999",
-           "write_request_rate=1e999", "write_request_rate=-5", "streams=0", f"streams={HUGE}",
-           "part_size=-1", "part_size=1e999", "part_size=5XB"]
+PROJECT_BAD = [
+    "llama3-8b:abc",
+    "llama3-8b:0",
+    "llama3-8b:-8",
+    "llama3-8b:1e999",
+    "llama3-8b:nan",
+    f"llama3-8b:{HUGE}",
+    "llama3-8b:",
+    "nosuch",
+    "nosuch:8",
+    "",
+    ":8",
+    "custom",
+    "gpt3-175b:7",
+]
+SET_BAD = [
+    "stream_bandwidth=1e999",
+    "stream_bandwidth=nan",
+    "stream_bandwidth=0",
+    "request_latency=nan",
+    "request_latency=-1",
+    "request_latency=1e999",
+    "write_request_rate=1e999",
+    "write_request_rate=-5",
+    "streams=0",
+    f"streams={HUGE}",
+    "part_size=-1",
+    "part_size=1e999",
+    "part_size=5XB",
+]
 STORE_SIZE_BAD = ["1e999", "1e400", "nan", "inf", "-1", "5XB", "", HUGE]
 STORE_COUNT_BAD = ["0", "-1", "nan", "1e999", "1.5", "", HUGE]
 
@@ -77,16 +157,24 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
 def _numeric_options() -> Iterator[tuple[str, argparse.Action]]:
     for name, parser in _subparsers().items():
         for action in parser._actions:
-            if (not action.option_strings or action.nargs == 0 or action.choices
-                    or set(action.option_strings) & TEXT_OPTIONS):
+            if (
+                not action.option_strings
+                or action.nargs == 0
+                or action.choices
+                or set(action.option_strings) & TEXT_OPTIONS
+            ):
                 continue
             yield name, action
 
 
 def _positionals(name: str, tmp: Path) -> list[str]:
     """Placeholder values for a subcommand's positional arguments."""
-    values = {"url": f"file://{tmp}/root", "target": "memory://cli-args", "results": str(tmp / "r"),
-              "names": None}
+    values = {
+        "url": f"file://{tmp}/root",
+        "target": "memory://cli-args",
+        "results": str(tmp / "r"),
+        "names": None,
+    }
     out = []
     for action in _subparsers()[name]._actions:
         if not action.option_strings and not isinstance(action, argparse._SubParsersAction):
@@ -174,8 +262,10 @@ def _bad_values(option: str, action: argparse.Action) -> list[str]:
         values += BAD_UNLESS_INF_OK
     if option in COUNT_OPTIONS:
         values += BAD_COUNT
-    if (isinstance(action.default, str) and "," in action.default  # a list: 1,4,16
-            or getattr(action.type, "kind", None) == "list"):
+    if (
+        (isinstance(action.default, str) and "," in action.default)  # a list: 1,4,16
+        or getattr(action.type, "kind", None) == "list"
+    ):
         # (empty items are skipped: "1," is valid, and so is "1,1,2")
         values = [v for v in values if v.strip() and v != "1,2"]
         values = [*(f"1,{v}" for v in values), "", ","]
@@ -194,29 +284,39 @@ def test_the_corpus_reaches_every_subcommand() -> None:
 
 
 @pytest.mark.parametrize(("command", "option"), NUMERIC, ids=[" ".join(n) for n in NUMERIC])
-def test_bad_numbers_are_one_line_and_exit_2(command: str, option: str, tmp_path: Path,
-                                             no_work: None,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_numbers_are_one_line_and_exit_2(
+    command: str, option: str, tmp_path: Path, no_work: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     action = next(a for n, a in _numeric_options() if n == command and option in a.option_strings)
     base = [command, *_positionals(command, tmp_path), *EXTRA.get(command, [])]
-    problems = [p for v in _bad_values(option, action)
-                if (p := check([*base, f"{option}={v}"], option, capsys))]
+    problems = [
+        p
+        for v in _bad_values(option, action)
+        if (p := check([*base, f"{option}={v}"], option, capsys))
+    ]
     assert not problems, "\n".join(problems)
 
 
 @pytest.mark.parametrize("command", ["compare", "report"])
-def test_bad_projections(command: str, tmp_path: Path, no_work: None,
-                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_projections(
+    command: str, tmp_path: Path, no_work: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = [command, *_positionals(command, tmp_path), *EXTRA.get(command, [])]
-    problems = [p for v in PROJECT_BAD if (p := check([*base, f"--project={v}"], "--project", capsys))]
+    problems = [
+        p for v in PROJECT_BAD if (p := check([*base, f"--project={v}"], "--project", capsys))
+    ]
     assert not problems, "\n".join(problems)
 
 
-def test_bad_profile_figures(tmp_path: Path, no_work: None,
-                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_profile_figures(
+    tmp_path: Path, no_work: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``model --set FIELD=VALUE``: refused even when no profile is used."""
-    problems = [p for v in SET_BAD
-                if (p := check(["model", *EXTRA["model"], "--set", v], v.split("=")[0], capsys))]
+    problems = [
+        p
+        for v in SET_BAD
+        if (p := check(["model", *EXTRA["model"], "--set", v], v.split("=")[0], capsys))
+    ]
     assert not problems, "\n".join(problems)
 
 
@@ -238,9 +338,13 @@ def _url_cases(tmp: Path, *, s3: bool) -> Iterator[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("command", ["ls", "verify", "gc", "run", "sweep", "compare"])
-def test_bad_store_options_in_urls(command: str, tmp_path: Path, no_work: None,
-                                   monkeypatch: pytest.MonkeyPatch,
-                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_store_options_in_urls(
+    command: str,
+    tmp_path: Path,
+    no_work: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     import importlib.util
 
     # opening an s3:// store must not look for a real endpoint or real credentials
@@ -260,8 +364,9 @@ def test_bad_store_options_in_urls(command: str, tmp_path: Path, no_work: None,
 
 
 @pytest.mark.parametrize("command", ["run", "sweep"])
-def test_bad_store_options_given_as_options(command: str, tmp_path: Path, no_work: None,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_store_options_given_as_options(
+    command: str, tmp_path: Path, no_work: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     base = [command, f"file://{tmp_path}/root"]
     problems = []
     for v in STORE_SIZE_BAD:
@@ -276,8 +381,11 @@ def test_bad_store_options_given_as_options(command: str, tmp_path: Path, no_wor
 def test_numeric_options_use_the_unit_parsers() -> None:
     """Each numeric option is read by a :mod:`ckptio.units` type (the library's parsers), so
     the command line and the library accept the same values."""
-    unchecked = [f"{name} {a.option_strings[-1]}" for name, a in _numeric_options()
-                 if not hasattr(a.type, "kind")]
+    unchecked = [
+        f"{name} {a.option_strings[-1]}"
+        for name, a in _numeric_options()
+        if not hasattr(a.type, "kind")
+    ]
     assert not unchecked
 
 
@@ -297,8 +405,13 @@ def test_the_declared_exceptions_match_the_types() -> None:
 def test_the_console_script_agrees(tmp_path: Path) -> None:
     """The same one line and exit status from a real ``ckptio`` process, on a narrow terminal
     (an error printed through rich must not be wrapped)."""
-    r = subprocess.run([sys.executable, "-m", "ckptio.cli", "ls", f"file://{tmp_path}/x?block_size=1e999"],
-                       capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "40"})
+    r = subprocess.run(
+        [sys.executable, "-m", "ckptio.cli", "ls", f"file://{tmp_path}/x?block_size=1e999"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "40"},
+    )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "block_size" in lines[0], r.stderr
 
@@ -316,8 +429,19 @@ def test_valid_values_keep_working(tmp_path: Path, capsys: pytest.CaptureFixture
     assert ok(["plan", "--preset", "gpt3-175b", "--gpus", "1024"])["total_bytes"] == 2446240874496
     for argv in (
         ["model", "--checkpoint-seconds", "0", "--mtbf", "inf", "--restart", "0", "--price", "0"],
-        ["model", "--size", "2TB", "--write-bandwidth", "inf", "--interval", "30min",
-         "--streams", "1024", "--gpus", "1048576"],
+        [
+            "model",
+            "--size",
+            "2TB",
+            "--write-bandwidth",
+            "inf",
+            "--interval",
+            "30min",
+            "--streams",
+            "1024",
+            "--gpus",
+            "1048576",
+        ],
         ["model", "--checkpoint-seconds", "5min", "--async-save", "--snapshot-bandwidth", "inf"],
         ["plan", "--zero", "0", "--total-size", "4GiB", "--part-size", "1"],
         ["plan", "--preset", "llama3-1t", "--gpus", "1048576"],
@@ -327,12 +451,31 @@ def test_valid_values_keep_working(tmp_path: Path, capsys: pytest.CaptureFixture
     ):
         ok(argv)
     # the human output formats the age as a number of seconds
-    code, err = run_cli(["gc", f"file://{tmp_path}/root", "--older-than", "2h", "--dry-run"], capsys)
+    code, err = run_cli(
+        ["gc", f"file://{tmp_path}/root", "--older-than", "2h", "--dry-run"], capsys
+    )
     assert code == 0 and "older than 7200 s would go" in capsys.readouterr().out, err
 
 
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1, -0.5, "1e999", "1e400", "nan",
-                                   "inf", "-1", "5XB", "", True, 2**61, "2048PiB"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        float("nan"),
+        float("inf"),
+        -1,
+        -0.5,
+        "1e999",
+        "1e400",
+        "nan",
+        "inf",
+        "-1",
+        "5XB",
+        "",
+        True,
+        2**61,
+        "2048PiB",
+    ],
+)
 def test_library_sizes_refuse_with_the_field_named(value: object) -> None:
     """The library's parser (``?block_size=``, ``chunk_size=``, profile settings) refuses what
     the command line refuses: an InvalidArgumentError naming the field and the range."""
@@ -348,13 +491,24 @@ def test_library_parsers_refuse_nan_overflow_and_huge_counts() -> None:
     from ckptio.model import parse_bandwidth, parse_duration, parse_rate
     from ckptio.store import option_int
 
-    for parse, value in ((parse_duration, "nan"), (parse_duration, "1e999"), (parse_duration, "-1"),
-                         (parse_duration, float("nan")), (parse_duration, "inf"),
-                         (parse_bandwidth, "1e999"), (parse_bandwidth, "nan"),
-                         (parse_bandwidth, float("nan")), (parse_bandwidth, "0"),
-                         (parse_rate, "1e999"), (parse_rate, "nan"), (parse_rate, "-3"),
-                         (option_int, HUGE), (option_int, float("inf")), (option_int, "1.5"),
-                         (option_int, float("nan"))):
+    for parse, value in (
+        (parse_duration, "nan"),
+        (parse_duration, "1e999"),
+        (parse_duration, "-1"),
+        (parse_duration, float("nan")),
+        (parse_duration, "inf"),
+        (parse_bandwidth, "1e999"),
+        (parse_bandwidth, "nan"),
+        (parse_bandwidth, float("nan")),
+        (parse_bandwidth, "0"),
+        (parse_rate, "1e999"),
+        (parse_rate, "nan"),
+        (parse_rate, "-3"),
+        (option_int, HUGE),
+        (option_int, float("inf")),
+        (option_int, "1.5"),
+        (option_int, float("nan")),
+    ):
         with pytest.raises(errors.InvalidArgumentError, match=r"^f: expected "):
             parse(value, field="f")  # type: ignore[operator]
     # and the values that mean something keep their meaning

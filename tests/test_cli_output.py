@@ -27,8 +27,13 @@ TINY = ["--total-size", "4MiB", "--object-size", "1MiB"]
 
 
 def ckptio(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "ckptio.cli", *args], capture_output=True,
-                          text=True, timeout=300, cwd=cwd)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckptio.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 
@@ -92,13 +97,19 @@ def test_formats_parse_and_json_is_an_alias(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_model_compares_bandwidths_in_one_call_and_names_the_gpu_count(
-        capsys: pytest.CaptureFixture[str]) -> None:
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """The README's two founding examples in one call: 2 TB every 2 h at 70 GB/s is 28.6 s,
     0.4% idle; at 7 GB/s 4.8 min, 4.0% idle."""
-    text, _ = run_main(capsys, "model", "--size", "2TB", "--write-bandwidth", "70GB/s,7GB/s",
-                       "--interval", "2h")
-    rows = {c[0]: c for ln in text.splitlines() if ln.startswith("| ")
-            for c in [[x.strip() for x in ln.strip("|").split("|")]]}
+    text, _ = run_main(
+        capsys, "model", "--size", "2TB", "--write-bandwidth", "70GB/s,7GB/s", "--interval", "2h"
+    )
+    rows = {
+        c[0]: c
+        for ln in text.splitlines()
+        if ln.startswith("| ")
+        for c in [[x.strip() for x in ln.strip("|").split("|")]]
+    }
     head = rows["target"]
     fast, slow = (dict(zip(head, rows[t], strict=True)) for t in ("70 GB/s", "7 GB/s"))
     assert fast["write"] == "28.6 s" and fast["idle"] == "0.40%"
@@ -106,13 +117,29 @@ def test_model_compares_bandwidths_in_one_call_and_names_the_gpu_count(
     assert unit == "min" and round(float(value), 1) == 4.8
     assert round(float(slow["idle"].rstrip("%")), 1) == 4.0
     assert "GPUs: 1 (assumed" in text
-    assert "GPUs: 1,024 (--gpus)" in run_main(capsys, "model", "--size", "2TB",
-                                              "--write-bandwidth", "70GB/s", "--gpus", "1024")[0]
+    assert (
+        "GPUs: 1,024 (--gpus)"
+        in run_main(
+            capsys, "model", "--size", "2TB", "--write-bandwidth", "70GB/s", "--gpus", "1024"
+        )[0]
+    )
 
 
 def test_model_async_save_with_figures_given_directly(capsys: pytest.CaptureFixture[str]) -> None:
-    doc = json.loads(run_main(capsys, "model", "--size", "2TB", "--write-bandwidth", "70GB/s",
-                              "--gpus", "1024", "--async-save", "--json")[0])
+    doc = json.loads(
+        run_main(
+            capsys,
+            "model",
+            "--size",
+            "2TB",
+            "--write-bandwidth",
+            "70GB/s",
+            "--gpus",
+            "1024",
+            "--async-save",
+            "--json",
+        )[0]
+    )
     for t, bw in zip(doc["targets"], (70e9,), strict=True):
         assert t["checkpoint_seconds"] == pytest.approx(2e12 / 1024 / 25e9)  # the snapshot
         assert t["async_save"] is True
@@ -125,12 +152,26 @@ def test_model_async_save_with_figures_given_directly(capsys: pytest.CaptureFixt
 
 
 @pytest.fixture(scope="module")
-def capped_sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+def capped_sweep(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[subprocess.CompletedProcess[str], Path]:
     """A sweep on a local directory of 4 MiB over llama3-8b's 8 GPUs in one process: 16 objects of at most 1 MiB,
     so at most 16 parts of 1 MiB in flight; 64 streams cannot all work."""
     out = tmp_path_factory.mktemp("sweep")
-    proc = ckptio("sweep", f"file://{out}/target", "--label", "sweep", *TINY, "--streams", "1,64",
-                  "--part-size", "1MiB", "--no-read", "--out", str(out))
+    proc = ckptio(
+        "sweep",
+        f"file://{out}/target",
+        "--label",
+        "sweep",
+        *TINY,
+        "--streams",
+        "1,64",
+        "--part-size",
+        "1MiB",
+        "--no-read",
+        "--out",
+        str(out),
+    )
     return proc, out
 
 
@@ -161,22 +202,54 @@ def test_sweep_points_follow_the_plan() -> None:
 
 def test_report_keeps_sweep_points_apart(capped_sweep, tmp_path: Path) -> None:
     _, results = capped_sweep
-    ckptio("run", "memory://cli-output-report", "--label", LABEL, *TINY, "--iterations", "2",
-           "--no-read", "--out", str(results / "run"))
+    ckptio(
+        "run",
+        "memory://cli-output-report",
+        "--label",
+        LABEL,
+        *TINY,
+        "--iterations",
+        "2",
+        "--no-read",
+        "--out",
+        str(results / "run"),
+    )
     out = tmp_path / "report"
-    doc = json.loads(ckptio("report", str(results), str(results / "run"), "--out", str(out),
-                            "--project", "llama3-8b", "--json").stdout)
+    doc = json.loads(
+        ckptio(
+            "report",
+            str(results),
+            str(results / "run"),
+            "--out",
+            str(out),
+            "--project",
+            "llama3-8b",
+            "--json",
+        ).stdout
+    )
     rows = [(s["target"], s.get("point"), s["iterations"]) for s in doc["summary"]]
-    assert sorted(rows) == [(LABEL, "", 2),  # the iterations of one point are averaged
-                            ("sweep", "sweep: 1 stream, 1 MiB parts", 1),
-                            ("sweep", "sweep: 64 streams, 1 MiB parts", 1)], rows
+    assert sorted(rows) == [
+        (LABEL, "", 2),  # the iterations of one point are averaged
+        ("sweep", "sweep: 1 stream, 1 MiB parts", 1),
+        ("sweep", "sweep: 64 streams, 1 MiB parts", 1),
+    ], rows
     md = (out / "report.md").read_text()
     assert "| point |" in md and "sweep: 64 streams, 1 MiB parts" in md
 
 
 def test_compare_progress_on_stderr(tmp_path: Path) -> None:
-    proc = ckptio("compare", *TINY, "--targets", "local", "--profiles", "", "--out",
-                  str(tmp_path), "--project", "llama3-8b")
+    proc = ckptio(
+        "compare",
+        *TINY,
+        "--targets",
+        "local",
+        "--profiles",
+        "",
+        "--out",
+        str(tmp_path),
+        "--project",
+        "llama3-8b",
+    )
     err = proc.stderr.splitlines()
     assert err[0] == "running local (measured) ..." and err[-1].startswith("local done in ")
     assert "…" not in proc.stdout and "binding limit" in proc.stdout

@@ -15,15 +15,34 @@ TINY = ["--total-size", "4MiB", "--object-size", "1MiB"]
 def test_compare_runs_every_kind_of_target_and_writes_the_report(tmp_path, capsys) -> None:
     pytest.importorskip("moto.server", reason="the mock S3 target needs moto[server]")
     out = tmp_path / "report"
-    argv = ["compare", *TINY, "--targets", "local,mock-s3", "--profiles", "cloud-s3,abci-lustre",
-            "--out", str(out), "--json"]
+    argv = [
+        "compare",
+        *TINY,
+        "--targets",
+        "local,mock-s3",
+        "--profiles",
+        "cloud-s3,abci-lustre",
+        "--out",
+        str(out),
+        "--json",
+    ]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     kinds = {s["target"]: s["kind"] for s in result["summary"]}
-    assert kinds == {"local": "measured", "mock-s3": "mock", "cloud-s3": "emulated",
-                     "abci-lustre": "emulated"}
-    for name in ("index.html", "report.md", "throughput.png", "latency.png", "timeline.png",
-                 "cost.png"):
+    assert kinds == {
+        "local": "measured",
+        "mock-s3": "mock",
+        "cloud-s3": "emulated",
+        "abci-lustre": "emulated",
+    }
+    for name in (
+        "index.html",
+        "report.md",
+        "throughput.png",
+        "latency.png",
+        "timeline.png",
+        "cost.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     md = (out / "report.md").read_text()
     assert "mock — not a performance figure" in md
@@ -88,6 +107,19 @@ def test_compare_against_rgw_is_measured_on_loopback(tmp_path, capsys) -> None:
     assert "measured — Ceph RGW on loopback" in (out / "report.md").read_text()
     # its results fit a profile, as any measured target's do
     capsys.readouterr()
-    assert main(["model", "--from", str(out / "results"), "--preset", "llama3-8b", "--gpus", "64",
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "model",
+                "--from",
+                str(out / "results"),
+                "--preset",
+                "llama3-8b",
+                "--gpus",
+                "64",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["target"] == "measured:rgw"

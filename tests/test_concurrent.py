@@ -74,7 +74,9 @@ def test_two_writers_same_step_s3(scheme, s3_bucket, s3_env):
 def test_second_save_of_a_committed_step_is_refused_and_harmless(tmp_path):
     url = f"file://{tmp_path}/run"
     ckptio.save(expected_state(1), url, step=1)
-    with pytest.raises(ckptio.errors.SaveFailedError, match="step 1 already has a committed checkpoint"):
+    with pytest.raises(
+        ckptio.errors.SaveFailedError, match="step 1 already has a committed checkpoint"
+    ):
         ckptio.save(expected_state(2), url, step=1)
     assert state_mismatch(ckptio.load(url, 1), expected_state(1)) is None
     with open_store(url) as store:
@@ -115,7 +117,9 @@ def test_default_gc_during_a_save_leaves_it_alone(tmp_path):
             assert store.list("step-0000000002/") and store.list_incomplete("step-0000000002/")
         assert main(["gc", url]) == 0
         with open_store(url) as store:
-            assert store.list("step-0000000002/") + store.list_incomplete("step-0000000002/") == before
+            assert (
+                store.list("step-0000000002/") + store.list_incomplete("step-0000000002/") == before
+            )
         w.abort()
         release.set()
         handle.wait()

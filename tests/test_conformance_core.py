@@ -28,7 +28,9 @@ class TestLocalStore(StoreTests):
 class TestLocalStoreDirect(TestLocalStore):
     @pytest.fixture
     def store(self, tmp_path: os.PathLike[str]) -> Store:
-        return LocalStore(f"file://{tmp_path}/root", direct=True, direct_read=True, block_size="1MiB")
+        return LocalStore(
+            f"file://{tmp_path}/root", direct=True, direct_read=True, block_size="1MiB"
+        )
 
 
 class TestMemoryStore(StoreTests):

@@ -22,9 +22,16 @@ S3_BACKENDS = ["s3+boto3", "s3+fsspec", "s3+arrow", "s3+obstore"]
 
 def _no_aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing in the environment or config files: only the options given count."""
-    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
-              "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION",
-              "AWS_PROFILE"):
+    for k in (
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_PROFILE",
+    ):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
@@ -58,9 +65,13 @@ def test_boto3_keyword_spellings_work_on_every_s3_backend(
     scheme: str, s3_bucket: str, moto_server: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _no_aws_env(monkeypatch)
-    store = open_store(f"{scheme}://{s3_bucket}/boto3", aws_access_key_id=TEST_ACCESS_KEY_ID,
-                       aws_secret_access_key=TEST_SECRET_ACCESS_KEY, region_name="eu-west-1",
-                       endpoint_url=moto_server)
+    store = open_store(
+        f"{scheme}://{s3_bucket}/boto3",
+        aws_access_key_id=TEST_ACCESS_KEY_ID,
+        aws_secret_access_key=TEST_SECRET_ACCESS_KEY,
+        region_name="eu-west-1",
+        endpoint_url=moto_server,
+    )
     assert store.aws.region == "eu-west-1"  # type: ignore[attr-defined]
     store.put("b.bin", b"boto3 spelling")
     assert store.get("b.bin") == b"boto3 spelling"
@@ -68,12 +79,18 @@ def test_boto3_keyword_spellings_work_on_every_s3_backend(
 
 
 @pytest.mark.s3
-def test_checkpoint_through_storage_options(s3_bucket: str, moto_server: str,
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_checkpoint_through_storage_options(
+    s3_bucket: str, moto_server: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What a Lightning/pandas user has: ``storage_options={...}`` handed to save and load."""
     _no_aws_env(monkeypatch)
-    opts = {"storage_options": {"key": TEST_ACCESS_KEY_ID, "secret": TEST_SECRET_ACCESS_KEY,
-                                "endpoint_url": moto_server}}
+    opts = {
+        "storage_options": {
+            "key": TEST_ACCESS_KEY_ID,
+            "secret": TEST_SECRET_ACCESS_KEY,
+            "endpoint_url": moto_server,
+        }
+    }
     state = {"w": np.arange(10, dtype=np.float32)}
     ckptio.save(state, f"s3://{s3_bucket}/ck", step=1, **opts)
     back = ckptio.load(f"s3://{s3_bucket}/ck", **opts)
@@ -82,7 +99,9 @@ def test_checkpoint_through_storage_options(s3_bucket: str, moto_server: str,
 
 def test_spellings_in_the_url_query_and_anon(monkeypatch: pytest.MonkeyPatch) -> None:
     _no_aws_env(monkeypatch)
-    store = open_store("s3://bucket/x?anon=true&region_name=eu-central-1&endpoint_url=http://127.0.0.1:9")
+    store = open_store(
+        "s3://bucket/x?anon=true&region_name=eu-central-1&endpoint_url=http://127.0.0.1:9"
+    )
     assert store.aws.anonymous and store.aws.region == "eu-central-1"  # type: ignore[attr-defined]
     store.close()
     store = open_store("s3+fsspec://bucket/x", anon=True, endpoint_url="http://127.0.0.1:9")
@@ -92,7 +111,9 @@ def test_spellings_in_the_url_query_and_anon(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_one_option_under_two_spellings_must_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     _no_aws_env(monkeypatch)
-    with pytest.raises(errors.InvalidArgumentError, match=r"key.*access_key_id|access_key_id.*key") as caught:
+    with pytest.raises(
+        errors.InvalidArgumentError, match=r"key.*access_key_id|access_key_id.*key"
+    ) as caught:
         open_store("s3://bucket/x", key="AKIAONE", access_key_id="AKIATWO", secret="s" * 8)
     assert "AKIAONE" not in str(caught.value) and "AKIATWO" not in str(caught.value)
     with pytest.raises(errors.InvalidArgumentError, match=r"storage_options.*dict"):
@@ -117,16 +138,28 @@ def test_the_spellings_are_documented_in_one_table() -> None:
 def test_every_shipped_fixture_has_a_docstring(tmp_path: Path) -> None:
     """``pytest --fixtures`` in a project that only installed ckptio (its pytest plugin)."""
     (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
-    out = subprocess.run([sys.executable, "-m", "pytest", "--fixtures", "-p", "no:cacheprovider"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--fixtures", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     shown: dict[str, str] = {}
     lines = out.stdout.splitlines()
     for i, line in enumerate(lines):
         if " -- " in line and "ckptio/testing/" in line.partition(" -- ")[2]:
             shown[line.split()[0]] = lines[i + 1].strip() if i + 1 < len(lines) else ""
-    assert {"memory_url", "moto_server", "s3_env", "s3_bucket", "s3_client", "fault_proxy",
-            "s3_url"} <= set(shown)
+    assert {
+        "memory_url",
+        "moto_server",
+        "s3_env",
+        "s3_bucket",
+        "s3_client",
+        "fault_proxy",
+        "s3_url",
+    } <= set(shown)
     assert [name for name, doc in shown.items() if doc in ("", "no docstring available")] == []
 
 
@@ -146,8 +179,21 @@ def one_run(tmp_path: Path) -> Path:
     from ckptio.cli import main
 
     out = tmp_path / "results"
-    assert main(["run", str(tmp_path / "ck"), "--total-size", "4MiB", "--object-size", "1MiB",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(tmp_path / "ck"),
+                "--total-size",
+                "4MiB",
+                "--object-size",
+                "1MiB",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -178,8 +224,13 @@ def test_result_files_with_the_old_gbps_names_are_still_read(one_run: Path, tmp_
 
     run_file = next(one_run.glob("*.run.parquet"))
     new = pq.read_table(run_file)
-    old = pa.table({c.replace("_GBps", "_gbps"): new.column(c).combine_chunks()
-                    for c in new.column_names if c != "layout"})  # before layout, too
+    old = pa.table(
+        {
+            c.replace("_GBps", "_gbps"): new.column(c).combine_chunks()
+            for c in new.column_names
+            if c != "layout"
+        }
+    )  # before layout, too
     old_dir = tmp_path / "old"
     old_dir.mkdir()
     for f in one_run.iterdir():

@@ -30,8 +30,13 @@ from ckptio.testing.moto import MOTO_AND_RGW
 #: CI (a kill costs about 0.3 s on a local disk, 1-2 s on moto or RGW; s3:// runs on both); CKPTIO_CRASH_SCALE=4 runs
 #: four times as many
 SCALE = int(os.environ.get("CKPTIO_CRASH_SCALE", "1"))
-TRIALS = {("file", "sync"): 16 * SCALE, ("file", "async"): 16 * SCALE, ("file", "fork"): 10 * SCALE,
-          ("s3", "sync"): 9 * SCALE, ("s3", "async"): 11 * SCALE}
+TRIALS = {
+    ("file", "sync"): 16 * SCALE,
+    ("file", "async"): 16 * SCALE,
+    ("file", "fork"): 10 * SCALE,
+    ("s3", "sync"): 9 * SCALE,
+    ("s3", "async"): 11 * SCALE,
+}
 
 
 def debris_probe(url: str, seen: list | None = None):
@@ -87,8 +92,14 @@ def run_and_check(
     url: str, mode: str, workdir: str, *, seed: int, env=None, max_delay=0.4, seen=None, **kw
 ):
     harness = CrashHarness(
-        url, mode, str(workdir), seed=seed, max_delay=max_delay, env=env or {},
-        has_debris=debris_probe(url, seen), **kw,
+        url,
+        mode,
+        str(workdir),
+        seed=seed,
+        max_delay=max_delay,
+        env=env or {},
+        has_debris=debris_probe(url, seen),
+        **kw,
     )
     n = TRIALS[url.split(":", 1)[0], mode]
     trials = harness.run(n)
@@ -113,7 +124,9 @@ def run_and_check(
         keys = store.list("step-")
         dirs = {fmt.parse_step_dir(k.partition("/")[0]) for k in keys}
         # retired steps keep their data for the grace period (readers may still be on them)
-        retired = {fmt.parse_step_dir(k.partition("/")[0]) for k in keys if k.endswith("/retired.json")}
+        retired = {
+            fmt.parse_step_dir(k.partition("/")[0]) for k in keys if k.endswith("/retired.json")
+        }
         assert not retired & set(steps), (steps, sorted(retired))
         assert len(steps) <= 3 and len(dirs - retired) <= 4, (steps, sorted(dirs - retired))
     return harness
@@ -163,8 +176,14 @@ def test_sigkill_s3(tmp_path, s3_bucket, s3_env, s3_client, mode):
     big = S3_BIG if mode == "sync" else 0
     seen: list = []
     harness = run_and_check(
-        url, mode, tmp_path, seed=3 if mode == "sync" else 4, env=s3_env,
-        max_delay=0.8 if big else 0.5, big=big, seen=seen,
+        url,
+        mode,
+        tmp_path,
+        seed=3 if mode == "sync" else 4,
+        env=s3_env,
+        max_delay=0.8 if big else 0.5,
+        big=big,
+        seen=seen,
         store_options={"max_object_size": "12MiB", "part_size": "5MiB"} if big else {},
     )
     assert harness.summary()["killed_mid_save"] >= 2
@@ -254,9 +273,18 @@ def test_retention_removes_debris_of_killed_saves(tmp_path):
         c.save(expected_state(1), 1)
         c.save(expected_state(2), 2)
     # the killed save of step 3: its lease, left by a process that ended without releasing it
-    subprocess.run([sys.executable, "-c", "import os, sys; from ckptio.registry import open_store; "
-                    "from ckptio.lease import SaveLease; SaveLease(open_store(sys.argv[1]), 3).acquire(); "
-                    "os._exit(0)", url], check=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; from ckptio.registry import open_store; "
+            "from ckptio.lease import SaveLease; SaveLease(open_store(sys.argv[1]), 3).acquire(); "
+            "os._exit(0)",
+            url,
+        ],
+        check=True,
+        timeout=120,
+    )
     with open_store(url) as store:
         store.put("step-0000000002/data/rank-00000-000-deadbeef.bin", b"x" * 100)  # earlier attempt
         store.put("step-0000000003/data/rank-00000-000-0badf00d.bin", b"y" * 100)  # killed save
@@ -307,10 +335,15 @@ def test_gc_cli_entry_point(tmp_path):
     with open_store(url) as store:
         store.put("step-0000000000/data/rank-00000-000-0badf00d.bin", b"y")
     proc = subprocess.run(
-        [sys.executable, "-m", "ckptio.cli", "gc", url, "--json"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "ckptio.cli", "gc", url, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["removed"] == ["step-0000000000/data/rank-00000-000-0badf00d.bin"]
+    assert json.loads(proc.stdout)["removed"] == [
+        "step-0000000000/data/rank-00000-000-0badf00d.bin"
+    ]
 
 
 @pytest.mark.s3
@@ -321,9 +354,19 @@ def test_retention_aborts_open_multipart_uploads_of_killed_saves(s3_bucket, s3_c
         c.save(expected_state(1), 1)
     # a save of step 2 that died: its lease (published by a process that ended without
     # releasing it) and an upload it started and never completed
-    subprocess.run([sys.executable, "-c", "import os, sys; from ckptio.registry import open_store; "
-                    "from ckptio.lease import SaveLease; SaveLease(open_store(sys.argv[1]), 2).acquire(); "
-                    "os._exit(0)", url], check=True, env={**os.environ, **s3_env}, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; from ckptio.registry import open_store; "
+            "from ckptio.lease import SaveLease; SaveLease(open_store(sys.argv[1]), 2).acquire(); "
+            "os._exit(0)",
+            url,
+        ],
+        check=True,
+        env={**os.environ, **s3_env},
+        timeout=120,
+    )
     with open_store(url, part_size="5MiB") as store:
         w = store.open_writer("step-0000000002/data/rank-00000-000-0badf00d.bin")
         w.write(bytes(6 * 2**20))  # one full part: the upload is started, never completed

@@ -43,7 +43,9 @@ def _bytes(t: torch.Tensor) -> bytes:
     return t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def _assert_same(got: dict[str, torch.Tensor], want: dict[str, bytes], dtypes: dict[str, torch.dtype]) -> None:
+def _assert_same(
+    got: dict[str, torch.Tensor], want: dict[str, bytes], dtypes: dict[str, torch.dtype]
+) -> None:
     for k, b in want.items():
         assert got[k].device.type == "cuda", k
         assert got[k].dtype == dtypes[k], k
@@ -54,7 +56,9 @@ def test_cuda_state_round_trips_bitwise_onto_the_device(tmp_path: Path) -> None:
     state = _state()
     ct.save(state, str(tmp_path), step=1)
     back = ct.load(str(tmp_path), device="cuda")
-    _assert_same(back, {k: _bytes(v) for k, v in state.items()}, {k: v.dtype for k, v in state.items()})
+    _assert_same(
+        back, {k: _bytes(v) for k, v in state.items()}, {k: v.dtype for k, v in state.items()}
+    )
     assert back["scalar"].shape == () and back["strided"].shape == state["strided"].shape
 
 
@@ -66,13 +70,17 @@ def test_load_into_cuda_tensors_fills_them_in_place(tmp_path: Path) -> None:
     out = ct.load(str(tmp_path), into=dest)
     for k in state:
         assert out[k] is dest[k] and dest[k].data_ptr() == ptrs[k], k
-    _assert_same(dest, {k: _bytes(v) for k, v in state.items()}, {k: v.dtype for k, v in state.items()})
+    _assert_same(
+        dest, {k: _bytes(v) for k, v in state.items()}, {k: v.dtype for k, v in state.items()}
+    )
 
 
 def test_async_save_snapshots_cuda_state_before_save_returns(tmp_path: Path) -> None:
     """The next training step may change the tensors as soon as ``save`` returns: what is
     committed is the state as it was when ``save`` was called."""
-    state = {k: v for k, v in _state().items() if v.dtype in (torch.float32, torch.bfloat16, torch.int64)}
+    state = {
+        k: v for k, v in _state().items() if v.dtype in (torch.float32, torch.bfloat16, torch.int64)
+    }
     want = {k: _bytes(v) for k, v in state.items()}
     with ct.Checkpointer(str(tmp_path), async_save=True, device="cuda") as ck:
         for step in (1, 2):  # the second save reuses the snapshot memory of the first
@@ -91,4 +99,6 @@ def test_dcp_save_and_load_of_cuda_tensors_through_ckptio(tmp_path: Path) -> Non
     dcp.save(state, storage_writer=ct.StorageWriter(url), no_dist=True)
     out = {k: torch.zeros_like(v) for k, v in state.items()}
     dcp.load(out, storage_reader=ct.StorageReader(url, allow_pickle=True), no_dist=True)
-    _assert_same(out, {k: _bytes(v) for k, v in state.items()}, {k: v.dtype for k, v in state.items()})
+    _assert_same(
+        out, {k: _bytes(v) for k, v in state.items()}, {k: v.dtype for k, v in state.items()}
+    )

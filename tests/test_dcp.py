@@ -104,7 +104,16 @@ def _torchrun(tmp_path: Path, root: str, env: dict[str, str] | None = None) -> l
     script.write_text(WORKER)
     run_env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script), root],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            root,
+        ],
         capture_output=True,
         text=True,
         timeout=180,
@@ -123,7 +132,9 @@ def _check_loads_in_one_process(root: str) -> None:
     for step in (1, 2):
         whole = {n: torch.zeros(SHAPES[n][0], dtype=SHAPES[n][1]) for n in SHAPES}
         whole["replicated"] = torch.zeros(10)
-        dcp.load(whole, storage_reader=StorageReader(root, step=step, allow_pickle=True), no_dist=True)
+        dcp.load(
+            whole, storage_reader=StorageReader(root, step=step, allow_pickle=True), no_dist=True
+        )
         for n in SHAPES:
             assert torch.equal(whole[n], _full(n)), n
         assert torch.equal(whole["replicated"], torch.arange(10, dtype=torch.float32))
@@ -134,7 +145,9 @@ def _check_loads_in_one_process(root: str) -> None:
         assert {c.key.split("-")[1] for c in m.tensors["bf16"].chunks} == {"00000", "00001"}
         assert ckptio.verify(root, step) == []
     state = ckptio.load(root, step=1)
-    np.testing.assert_array_equal(state["bf16"].view(np.int16), _full("bf16").view(torch.int16).numpy())
+    np.testing.assert_array_equal(
+        state["bf16"].view(np.int16), _full("bf16").view(torch.int16).numpy()
+    )
 
 
 @pytest.mark.slow
@@ -185,13 +198,21 @@ def test_memory_single_process_save_load_async(memory_url: str) -> None:
     state = _state()
     dcp.save(state, storage_writer=StorageWriter(f"{memory_url}/run/step-5"), no_dist=True)
     out = _zeros_like(state)
-    dcp.load(out, storage_reader=StorageReader(f"{memory_url}/run/step-5", allow_pickle=True), no_dist=True)
+    dcp.load(
+        out,
+        storage_reader=StorageReader(f"{memory_url}/run/step-5", allow_pickle=True),
+        no_dist=True,
+    )
     _assert_same(state, out)
 
-    fut = dcp.async_save(state, storage_writer=StorageWriter(f"{memory_url}/run", step=6), no_dist=True)
+    fut = dcp.async_save(
+        state, storage_writer=StorageWriter(f"{memory_url}/run", step=6), no_dist=True
+    )
     fut.result()
     out = _zeros_like(state)
-    dcp.load(out, storage_reader=StorageReader(f"{memory_url}/run", allow_pickle=True), no_dist=True)  # newest: 6
+    dcp.load(
+        out, storage_reader=StorageReader(f"{memory_url}/run", allow_pickle=True), no_dist=True
+    )  # newest: 6
     _assert_same(state, out)
     assert ckptio.Checkpointer(f"{memory_url}/run").steps() == [5, 6]
 
@@ -200,14 +221,18 @@ def test_manifest_is_json_with_dcp_metadata_and_no_pickle(tmp_path: Path) -> Non
     state = _state()
     dcp.save(state, storage_writer=StorageWriter(str(tmp_path), step=3), no_dist=True)
     files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
-    assert files[-1] == "step-0000000003/manifest.json" and all(f.startswith("step-0000000003/data/rank-00000-") for f in files[:-1])
+    assert files[-1] == "step-0000000003/manifest.json" and all(
+        f.startswith("step-0000000003/data/rank-00000-") for f in files[:-1]
+    )
     doc = json.loads((tmp_path / "step-0000000003/manifest.json").read_bytes())
     md = doc["extra"]["dcp"]["state_dict_metadata"]
     assert md["model.b"]["dtype"] == "bfloat16" and md["model.b"]["chunks"] == [[[0], [16]]]
     assert md["meta.step"] == {"type": "bytes"}
     # tensors are stored raw: the bytes in the object at the chunk are the tensor's own
     chunk = doc["tensors"]["model.w"]["chunks"][0]
-    raw = (tmp_path / "step-0000000003" / chunk["key"]).read_bytes()[chunk["offset"] : chunk["offset"] + chunk["length"]]
+    raw = (tmp_path / "step-0000000003" / chunk["key"]).read_bytes()[
+        chunk["offset"] : chunk["offset"] + chunk["length"]
+    ]
     assert raw == state["model"]["w"].numpy().tobytes()
     # ckptio reads it torch-free, and without unpickling the byte items
     loaded = ckptio.load(str(tmp_path), step=3)
@@ -219,9 +244,17 @@ def test_reader_refuses_pickled_items_when_asked(tmp_path: Path) -> None:
     dcp.save(state, storage_writer=StorageWriter(str(tmp_path), step=1), no_dist=True)
     out = _zeros_like(state)
     with pytest.raises(CheckpointException, match="allow_pickle=False"):
-        dcp.load(out, storage_reader=StorageReader(str(tmp_path), step=1, allow_pickle=False), no_dist=True)
+        dcp.load(
+            out,
+            storage_reader=StorageReader(str(tmp_path), step=1, allow_pickle=False),
+            no_dist=True,
+        )
     tensors_only = {"model": _zeros_like(state)["model"]}
-    dcp.load(tensors_only, storage_reader=StorageReader(str(tmp_path), step=1, allow_pickle=False), no_dist=True)
+    dcp.load(
+        tensors_only,
+        storage_reader=StorageReader(str(tmp_path), step=1, allow_pickle=False),
+        no_dist=True,
+    )
     assert torch.equal(tensors_only["model"]["w"], state["model"]["w"])
 
 
@@ -242,7 +275,10 @@ def test_committed_step_is_overwritten_as_dcp_does_unless_refused(tmp_path: Path
     _assert_same(changed, out)
     # the replaced step's objects are gone; only the new manifest's remain
     m = ckptio.open_checkpoint(str(tmp_path), 1).manifest
-    on_disk = {p.relative_to(tmp_path / "step-0000000001").as_posix() for p in (tmp_path / "step-0000000001/data").iterdir()}
+    on_disk = {
+        p.relative_to(tmp_path / "step-0000000001").as_posix()
+        for p in (tmp_path / "step-0000000001/data").iterdir()
+    }
     assert on_disk == set(m.objects)
 
 
@@ -256,13 +292,19 @@ def test_damaged_object_is_detected_on_load(tmp_path: Path) -> None:
     data[chunk.offset + 10] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(CheckpointException, match="CRC32C mismatch"):
-        dcp.load(_zeros_like(state), storage_reader=StorageReader(str(tmp_path), step=1, allow_pickle=True), no_dist=True)
+        dcp.load(
+            _zeros_like(state),
+            storage_reader=StorageReader(str(tmp_path), step=1, allow_pickle=True),
+            no_dist=True,
+        )
 
 
 def test_checkpoint_id_forms_and_errors(tmp_path: Path) -> None:
     assert StorageWriter.validate_checkpoint_id(f"file://{tmp_path}/step-12")
     assert StorageWriter.validate_checkpoint_id("memory://x/run/step-0")
-    assert StorageWriter.validate_checkpoint_id(f"{tmp_path}/no-step-here")  # DCP's any-directory form
+    assert StorageWriter.validate_checkpoint_id(
+        f"{tmp_path}/no-step-here"
+    )  # DCP's any-directory form
     assert not StorageWriter.validate_checkpoint_id("nosuchscheme://b/step-1")
     w = StorageWriter(f"file://{tmp_path}/run/step-12")
     assert w.step == 12 and w.checkpoint_id.endswith("run/step-0000000012")
@@ -271,7 +313,9 @@ def test_checkpoint_id_forms_and_errors(tmp_path: Path) -> None:
     w.reset(f"file://{tmp_path}/epoch5")  # names no step: a root holding one checkpoint, step 0
     assert w.step == 0 and w.checkpoint_id.endswith("epoch5/step-0000000000")
     ckptio.save({"w": np.zeros(3)}, str(tmp_path), step=4)
-    with pytest.raises(errors.ManifestError, match=r"not written by torch\.distributed\.checkpoint"):
+    with pytest.raises(
+        errors.ManifestError, match=r"not written by torch\.distributed\.checkpoint"
+    ):
         StorageReader(str(tmp_path), step=4).read_metadata()
     with pytest.raises(FileNotFoundError):
         StorageReader(str(tmp_path), step=99).read_metadata()
@@ -279,7 +323,11 @@ def test_checkpoint_id_forms_and_errors(tmp_path: Path) -> None:
 
 def test_unsupported_dtype_is_refused_with_the_valid_list(tmp_path: Path) -> None:
     with pytest.raises(CheckpointException, match="cannot be checkpointed by ckptio; supported"):
-        dcp.save({"c": torch.zeros(2, dtype=torch.float8_e4m3fnuz)}, storage_writer=StorageWriter(str(tmp_path), step=1), no_dist=True)
+        dcp.save(
+            {"c": torch.zeros(2, dtype=torch.float8_e4m3fnuz)},
+            storage_writer=StorageWriter(str(tmp_path), step=1),
+            no_dist=True,
+        )
     assert not (tmp_path / "step-0000000001/manifest.json").exists()
 
 
@@ -292,11 +340,15 @@ def test_writer_survives_being_sent_to_a_worker_process(tmp_path: Path) -> None:
     state = _state()
     dcp.save(state, storage_writer=w, no_dist=True)
     out = _zeros_like(state)
-    dcp.load(out, storage_reader=StorageReader(f"file://{tmp_path}", allow_pickle=True), no_dist=True)
+    dcp.load(
+        out, storage_reader=StorageReader(f"file://{tmp_path}", allow_pickle=True), no_dist=True
+    )
     _assert_same(state, out)
 
 
-def test_failed_save_commits_nothing_and_keeps_the_previous_step(memory_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_save_commits_nothing_and_keeps_the_previous_step(
+    memory_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     state = _state()
     dcp.save(state, storage_writer=StorageWriter(memory_url, step=1), no_dist=True)
     writer = StorageWriter(memory_url, step=2)
@@ -343,7 +395,12 @@ def test_only_dcp_byte_items_are_ever_unpickled(tmp_path: Path) -> None:
     byte items (non-tensor values) are unpickled, by DCP's planner, when dcp.load asks."""
     script = tmp_path / "audit.py"
     script.write_text(AUDIT)
-    proc = subprocess.run([sys.executable, str(script), f"file://{tmp_path}/ck"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(script), f"file://{tmp_path}/ck"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     counts = dict(line.split() for line in proc.stdout.splitlines())
     assert counts["tensors"] == "0" and counts["ckptio"] == "0"
@@ -383,7 +440,9 @@ KILLED = textwrap.dedent(
 def _killed_async_save(tmp_path: Path, checkpoint_id: str) -> None:
     script = tmp_path / "killed.py"
     script.write_text(KILLED)
-    proc = subprocess.run([sys.executable, str(script), checkpoint_id], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(script), checkpoint_id], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == -9, proc.stderr[-3000:]
 
 
@@ -399,7 +458,12 @@ def test_killed_async_save_debris_is_removed_by_gc(tmp_path: Path) -> None:
     _killed_async_save(tmp_path, f"{root}/step-1")
     left = _files(root)
     assert any("ckptio-tmp" in f for f in left) and any(f.endswith(".bin") for f in left), left
-    proc = subprocess.run([sys.executable, "-m", "ckptio.cli", "gc", str(root)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckptio.cli", "gc", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert _files(root) == set(), proc.stdout
 
@@ -413,9 +477,15 @@ def test_a_resave_of_a_killed_async_save_cleans_its_debris(tmp_path: Path) -> No
     state = {"a": torch.arange(100000, dtype=torch.float32), "b": torch.ones(100000)}
     dcp.save(state, storage_writer=StorageWriter(root, max_object_size=262144), no_dist=True)
     m = ckptio.open_checkpoint(str(root)).manifest
-    assert _files(root) == {"step-0000000000/manifest.json"} | {f"step-0000000000/{k}" for k in m.objects}
-    proc = subprocess.run([sys.executable, "-m", "ckptio.cli", "gc", "--dry-run", "--json", str(root)],
-                          capture_output=True, text=True, timeout=120)
+    assert _files(root) == {"step-0000000000/manifest.json"} | {
+        f"step-0000000000/{k}" for k in m.objects
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "ckptio.cli", "gc", "--dry-run", "--json", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     doc = json.loads(proc.stdout)
     assert doc["removed"] == [] and doc["incomplete_left"] == 0, doc
     out = {"a": torch.zeros(100000), "b": torch.zeros(100000)}
@@ -426,11 +496,19 @@ def test_a_resave_of_a_killed_async_save_cleans_its_debris(tmp_path: Path) -> No
 def test_keep_last_retires_older_dcp_checkpoints(tmp_path: Path) -> None:
     root = f"file://{tmp_path}"
     for step in range(1, 5):
-        dcp.save({"w": torch.full((4,), float(step))}, storage_writer=StorageWriter(root, step=step, keep_last=2), no_dist=True)
+        dcp.save(
+            {"w": torch.full((4,), float(step))},
+            storage_writer=StorageWriter(root, step=step, keep_last=2),
+            no_dist=True,
+        )
     assert ckptio.Checkpointer(root).steps() == [3, 4]
     # retired steps keep their data for readers for the grace period (default 60 s)
     assert (tmp_path / "step-0000000001/retired.json").exists()
-    dcp.save({"w": torch.full((4,), 5.0)}, storage_writer=StorageWriter(f"{root}/step-5", keep_last=2, retire_grace=0), no_dist=True)
+    dcp.save(
+        {"w": torch.full((4,), 5.0)},
+        storage_writer=StorageWriter(f"{root}/step-5", keep_last=2, retire_grace=0),
+        no_dist=True,
+    )
     assert ckptio.Checkpointer(root).steps() == [4, 5]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-0000000004", "step-0000000005"]
     out = {"w": torch.zeros(4)}
@@ -462,7 +540,9 @@ def test_writer_holds_a_lease_from_before_the_first_write_until_the_commit(tmp_p
     assert leases() == []  # released after the commit
 
 
-def test_a_failed_write_releases_the_lease(memory_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_write_releases_the_lease(
+    memory_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     writer = StorageWriter(memory_url, step=1)
 
     def broken(key: str, *, size_hint: int | None = None) -> None:
@@ -490,8 +570,14 @@ def test_an_object_gone_before_the_commit_is_never_named_by_a_manifest(tmp_path:
 def test_filesystemwriter_keywords_are_taken_and_mapped(tmp_path: Path) -> None:
     from torch.distributed.checkpoint.filesystem import FileSystemWriter, SerializationFormat
 
-    kwargs = {"single_file_per_rank": False, "sync_files": False, "thread_count": 4,
-              "per_thread_copy_ahead": 0, "cache_staged_state_dict": False, "overwrite": True}
+    kwargs = {
+        "single_file_per_rank": False,
+        "sync_files": False,
+        "thread_count": 4,
+        "per_thread_copy_ahead": 0,
+        "cache_staged_state_dict": False,
+        "overwrite": True,
+    }
     FileSystemWriter(tmp_path / "dcp", **kwargs)  # the same keywords DCP's writer takes
     w = StorageWriter(tmp_path / "ck", max_object_size=4096, **kwargs)
     assert w.overwrite and w.thread_count == 4 and w.store.fsync is False

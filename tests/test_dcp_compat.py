@@ -49,7 +49,12 @@ def _canon(obj: Any) -> Any:
     """A comparable form: tensors as (dtype, shape, bytes); containers recursively."""
     if isinstance(obj, torch.Tensor):
         t = obj.detach().contiguous().reshape(-1)
-        return ("tensor", str(obj.dtype), tuple(obj.shape), t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        return (
+            "tensor",
+            str(obj.dtype),
+            tuple(obj.shape),
+            t.view(torch.uint8).numpy().tobytes() if t.numel() else b"",
+        )
     if isinstance(obj, dict):
         return {k: _canon(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
@@ -92,9 +97,23 @@ def _roundtrip(kind: str, path: Path, state: dict[str, Any], **load_kw: Any) -> 
 
 
 DTYPES = [
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
-    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32,
-    torch.uint64, torch.bool, torch.float8_e4m3fn, torch.float8_e5m2,
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.complex64,
+    torch.complex128,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
+    torch.bool,
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
 ]
 
 
@@ -120,8 +139,10 @@ def test_nested_containers_and_non_tensor_values(tmp_path: Path) -> None:
     state = {
         "model": {"enc": {"w": torch.randn(4, 3), "b": torch.randn(3)}, "head": torch.randn(2)},
         "list": [torch.arange(5), {"x": torch.ones(2, 2)}],
-        "optim": {"state": {0: {"exp_avg": torch.randn(4, 3), "step": torch.tensor(7.0)}},
-                  "param_groups": [{"lr": 0.1, "params": [0]}]},
+        "optim": {
+            "state": {0: {"exp_avg": torch.randn(4, 3), "step": torch.tensor(7.0)}},
+            "param_groups": [{"lr": 0.1, "params": [0]}],
+        },
         "epoch": 3,
         "name": "run-a",
     }
@@ -142,7 +163,13 @@ def test_overwrite_of_an_existing_checkpoint_id(tmp_path: Path) -> None:
         first, second = {"w": torch.ones(4)}, {"w": torch.full((4,), 2.0)}
         dcp.save(first, storage_writer=_writer(kind, p / "c"), no_dist=True)
         dcp.save(second, storage_writer=_writer(kind, p / "c"), no_dist=True)
-        refused = _outcome(lambda: dcp.save({"w": torch.zeros(4)}, storage_writer=_writer(kind, p / "c", overwrite=False), no_dist=True))
+        refused = _outcome(
+            lambda: dcp.save(
+                {"w": torch.zeros(4)},
+                storage_writer=_writer(kind, p / "c", overwrite=False),
+                no_dist=True,
+            )
+        )
         out = {"w": torch.zeros(4)}
         dcp.load(out, storage_reader=_reader(kind, p / "c"), no_dist=True)
         return refused[0], _canon(out)
@@ -157,9 +184,16 @@ def test_checkpoint_id_given_to_save_and_load(tmp_path: Path) -> None:
     state = {"w": torch.randn(3, 3), "n": 5}
 
     def scenario(kind: str, p: Path) -> Any:
-        dcp.save(state, checkpoint_id=p / "epoch5", storage_writer=_writer(kind, p / "elsewhere"), no_dist=True)
+        dcp.save(
+            state,
+            checkpoint_id=p / "epoch5",
+            storage_writer=_writer(kind, p / "elsewhere"),
+            no_dist=True,
+        )
         out = _zeros(state)
-        dcp.load(out, checkpoint_id=p / "epoch5", storage_reader=_reader(kind, p / "other"), no_dist=True)
+        dcp.load(
+            out, checkpoint_id=p / "epoch5", storage_reader=_reader(kind, p / "other"), no_dist=True
+        )
         return _canon(out), (p / "epoch5").is_dir(), (p / "elsewhere").exists()
 
     assert _side_by_side(tmp_path, scenario) == (_canon(state), True, False)
@@ -172,13 +206,32 @@ def test_planners_and_a_partial_load(tmp_path: Path) -> None:
     state = {"a": {"w": torch.randn(5)}, "b": torch.arange(3)}
 
     def scenario(kind: str, p: Path) -> Any:
-        dcp.save(state, storage_writer=_writer(kind, p / "c"), planner=DefaultSavePlanner(flatten_state_dict=True), no_dist=True)
-        out = {"a": {"w": torch.zeros(5)}, "b": torch.zeros(3, dtype=torch.int64), "missing": torch.zeros(2)}
-        strict = _outcome(lambda: dcp.load(dict(out), storage_reader=_reader(kind, p / "c"), no_dist=True))
-        dcp.load(out, storage_reader=_reader(kind, p / "c"), planner=DefaultLoadPlanner(allow_partial_load=True), no_dist=True)
+        dcp.save(
+            state,
+            storage_writer=_writer(kind, p / "c"),
+            planner=DefaultSavePlanner(flatten_state_dict=True),
+            no_dist=True,
+        )
+        out = {
+            "a": {"w": torch.zeros(5)},
+            "b": torch.zeros(3, dtype=torch.int64),
+            "missing": torch.zeros(2),
+        }
+        strict = _outcome(
+            lambda: dcp.load(dict(out), storage_reader=_reader(kind, p / "c"), no_dist=True)
+        )
+        dcp.load(
+            out,
+            storage_reader=_reader(kind, p / "c"),
+            planner=DefaultLoadPlanner(allow_partial_load=True),
+            no_dist=True,
+        )
         return strict[0], _canon(out)
 
-    assert _side_by_side(tmp_path, scenario) == ("error", _canon({**state, "missing": torch.zeros(2)}))
+    assert _side_by_side(tmp_path, scenario) == (
+        "error",
+        _canon({**state, "missing": torch.zeros(2)}),
+    )
 
 
 def test_async_save(tmp_path: Path) -> None:

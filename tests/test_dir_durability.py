@@ -115,7 +115,9 @@ def test_no_directory_fsync_per_object(tmp_path: Path, recorder: Recorder) -> No
             store.publish(f"step-1/data/o{i}", b"x")
     finally:
         store.close()
-    parent_syncs = [ev for ev in recorder.events if ev == ("fsync", str(tmp_path / "run" / "step-1"))]
+    parent_syncs = [
+        ev for ev in recorder.events if ev == ("fsync", str(tmp_path / "run" / "step-1"))
+    ]
     assert len(parent_syncs) == 1
 
 

@@ -43,7 +43,11 @@ def _documented() -> set[str]:
     names: set[str] = set()
     for page in (DOCS / "reference").glob("*.md"):
         names |= set(re.findall(r"^::: ([\w.]+)", page.read_text(), flags=re.MULTILINE))
-        for block in re.finditer(r"^::: ([\w.]+)\n(?:    .*\n)*?\s+members: \[(.*)\]", page.read_text(), flags=re.MULTILINE):
+        for block in re.finditer(
+            r"^::: ([\w.]+)\n(?:    .*\n)*?\s+members: \[(.*)\]",
+            page.read_text(),
+            flags=re.MULTILINE,
+        ):
             names |= {f"{block.group(1)}.{m.strip()}" for m in block.group(2).split(",")}
     return names
 
@@ -57,8 +61,13 @@ def test_every_public_name_is_in_the_api_reference(module: str) -> None:
 
 def test_the_store_contract_and_the_conformance_suite_are_in_the_api_reference() -> None:
     documented = _documented()
-    for name in ("ckptio.store.Store", "ckptio.store.Writer", "ckptio.store.Capabilities",
-                 "ckptio.testing.store_tests.StoreTests", "ckptio.testing.moto.s3_bucket"):
+    for name in (
+        "ckptio.store.Store",
+        "ckptio.store.Writer",
+        "ckptio.store.Capabilities",
+        "ckptio.testing.store_tests.StoreTests",
+        "ckptio.testing.moto.s3_bucket",
+    ):
         assert name in documented, name
 
 
@@ -94,8 +103,11 @@ def test_profile_table_is_generated_from_every_profile() -> None:
 def test_readme_is_a_readme() -> None:
     text = (ROOT / "README.md").read_text()
     assert len(text.encode()) < 12 * 1024, f"README.md is {len(text.encode())} bytes (< 12 KiB)"
-    dated = [line for line in text.splitlines()
-             if re.search(r"\b20\d\d-\d\d-\d\d\b|\b\d\d:\d\d\b.*UTC|\bUTC\b", line)]
+    dated = [
+        line
+        for line in text.splitlines()
+        if re.search(r"\b20\d\d-\d\d-\d\d\b|\b\d\d:\d\d\b.*UTC|\bUTC\b", line)
+    ]
     assert not dated, f"dated measurement lines belong in docs/performance.md: {dated}"
 
 
@@ -112,6 +124,11 @@ def test_relative_links_outside_the_site_resolve(page: str) -> None:
     # (mkdocs build --strict checks the links of docs/; these pages are not part of the site)
     text = (ROOT / page).read_text()
     targets = re.findall(r"\]\(([^)\s]+)\)", text)
-    broken = [t for t in targets if "://" not in t and not t.startswith("#")
-              and not (ROOT / page).parent.joinpath(t.split("#")[0]).exists()]
+    broken = [
+        t
+        for t in targets
+        if "://" not in t
+        and not t.startswith("#")
+        and not (ROOT / page).parent.joinpath(t.split("#")[0]).exists()
+    ]
     assert not broken, f"{page}: links to missing files: {broken}"

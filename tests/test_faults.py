@@ -65,7 +65,9 @@ def test_async_checkpointer_through_bursts_of_faults(s3_bucket, s3_client, fault
     """Five async saves (multipart objects) with retention, then load and verify, all
     through a proxy that fails >= 5% of requests of every kind (bursts of SlowDown, 500s,
     resets, slow responses): everything succeeds; the trace counts one retry per fault."""
-    proxy = fault_proxy(rate=0.08, kinds=("slowdown", "internal", "drop", "slow"), slow_seconds=0.2, seed=21)
+    proxy = fault_proxy(
+        rate=0.08, kinds=("slowdown", "internal", "drop", "slow"), slow_seconds=0.2, seed=21
+    )
     store = _s3_store(s3_bucket, proxy.url)
     with ckptio.Checkpointer(store, async_save=True, keep_last=2, max_object_size="8MiB") as ck:
         bursts = {3: ("slowdown", 4), 4: ("slow", 3)}
@@ -141,7 +143,10 @@ def test_runner_results_count_retries(s3_bucket, fault_proxy, tmp_path):
     proxy = fault_proxy(rate=0.1, kinds=("slowdown", "internal", "drop"), seed=8)
     plan = make_plan("llama3-8b", total_size="12MiB", object_size="1MiB")
     summary = run_workload(
-        f"s3://{s3_bucket}/bench", plan, comm=SingleProcess(), out_dir=tmp_path / "out",
+        f"s3://{s3_bucket}/bench",
+        plan,
+        comm=SingleProcess(),
+        out_dir=tmp_path / "out",
         store_options={"endpoint_url": proxy.url, "streams": 4},
     )
     faults = proxy.stats().get("faults", 0)
@@ -161,8 +166,11 @@ def test_runner_results_count_retries(s3_bucket, fault_proxy, tmp_path):
 @contextlib.contextmanager
 def small_tmpfs(path: Path, size: str = "4m"):
     path.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {proc.stderr.strip()}")
     try:
@@ -228,7 +236,9 @@ def test_efbig_under_a_file_size_limit(tmp_path):
     script = tmp_path / "efbig.py"
     script.write_text(EFBIG_SCRIPT)
     url = f"file://{tmp_path}/run"
-    proc = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(script), url], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert "FAILED NoSpaceError" in proc.stdout and "File too large" in proc.stdout, proc.stdout
     assert "LOADED (1000,)" in proc.stdout
@@ -279,7 +289,9 @@ def test_eio_while_loading_injected(tmp_path, monkeypatch):
         return real_preadv(fd, buffers, offset)
 
     monkeypatch.setattr(local.os, "preadv", preadv)
-    with pytest.raises(errors.StorageError, match=r"cannot read .*step-0000000001/data/.*Input/output error"):
+    with pytest.raises(
+        errors.StorageError, match=r"cannot read .*step-0000000001/data/.*Input/output error"
+    ):
         ckptio.load(url)
     monkeypatch.undo()
     assert state_mismatch(ckptio.load(url), expected_state(1)) is None

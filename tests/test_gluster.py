@@ -80,14 +80,19 @@ def test_gluster_positional_and_direct_writes(gluster_root: str) -> None:
         assert np.array_equal(data[i * 3 * 2**20 : i * 3 * 2**20 + p.nbytes], p)
 
 
-def test_gluster_read_only_mount_error_names_the_path(gluster_volume: GlusterVolume, gluster_root: str, tmp_path: Path) -> None:
+def test_gluster_read_only_mount_error_names_the_path(
+    gluster_volume: GlusterVolume, gluster_root: str, tmp_path: Path
+) -> None:
     ckptio.save({"x": np.ones(5)}, f"pfs://{gluster_root}", step=1)
     ro = gluster_volume.mount_again(str(tmp_path / "ro"), readonly=True)
     try:
         name = os.path.basename(gluster_root)
         url = f"file://{ro}/{name}"
         assert np.array_equal(ckptio.load(url)["x"], np.ones(5))
-        with pytest.raises(errors.SaveFailedError, match=re.escape(f"{ro}/{name}/step-0000000002") + ".*Read-only file system") as info:
+        with pytest.raises(
+            errors.SaveFailedError,
+            match=re.escape(f"{ro}/{name}/step-0000000002") + ".*Read-only file system",
+        ) as info:
             ckptio.save({"x": np.zeros(5)}, url, step=2)
         assert isinstance(info.value.__cause__, errors.StoragePermissionError)
     finally:
@@ -107,13 +112,15 @@ def mpiexec() -> list[str]:
 def run_layouts(url: str) -> None:
     proc = subprocess.run(
         [*mpiexec(), "-n", "4", sys.executable, str(WORKER), url, *LAYOUTS],
-        capture_output=True, text=True, timeout=240,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for layout in LAYOUTS:
-        assert sorted(line for line in proc.stdout.splitlines() if line.startswith(f"OK {layout} ")) == [
-            f"OK {layout} rank {r}" for r in range(4)
-        ]
+        assert sorted(
+            line for line in proc.stdout.splitlines() if line.startswith(f"OK {layout} ")
+        ) == [f"OK {layout} rank {r}" for r in range(4)]
 
 
 def check_layouts(base: str) -> None:
@@ -124,7 +131,9 @@ def check_layouts(base: str) -> None:
         assert m.world_size == 4 and m.layout["kind"] == layout
         owners = {c.key for c in m.tensors["model/w"].chunks}
         if layout == "file-per-shard":
-            assert {re.search(r"rank-(\d{5})", k).group(1) for k in owners} == {f"{r:05d}" for r in range(4)}  # type: ignore[union-attr]
+            assert {re.search(r"rank-(\d{5})", k).group(1) for k in owners} == {
+                f"{r:05d}" for r in range(4)
+            }  # type: ignore[union-attr]
         else:
             assert len(m.objects) == 1 and owners == set(m.objects)  # one host: one file
             starts = sorted({c.offset for c in m.tensors["model/w"].chunks})
@@ -139,7 +148,9 @@ def test_pfs_four_ranks_all_layouts_on_local_disk(tmp_path: Path) -> None:
 
 
 @pytest.mark.mpi
-def test_gluster_four_ranks_all_layouts_and_bricks_share_the_data(gluster_volume: GlusterVolume, gluster_root: str) -> None:
+def test_gluster_four_ranks_all_layouts_and_bricks_share_the_data(
+    gluster_volume: GlusterVolume, gluster_root: str
+) -> None:
     run_layouts(f"file://{gluster_root}")
     check_layouts(gluster_root)
     # the N-N checkpoint's data files really lie on more than one brick: count regular
@@ -170,8 +181,20 @@ def test_lustre_four_ranks_shared_file_ranges_start_on_stripe_boundaries(tmp_pat
     fixtures = Path(__file__).parent / "fixtures"
     url = f"pfs://{tmp_path}/run?fs=lustre&stripe_size=1MiB&lfs={fixtures / 'lfs'}"
     proc = subprocess.run(
-        [*mpiexec(), "-x", f"LFS_LOG={log}", "-n", "4", sys.executable, str(WORKER), url, "shared-file"],
-        capture_output=True, text=True, timeout=240,
+        [
+            *mpiexec(),
+            "-x",
+            f"LFS_LOG={log}",
+            "-n",
+            "4",
+            sys.executable,
+            str(WORKER),
+            url,
+            "shared-file",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (call,) = [line.split(" ") for line in log.read_text().splitlines()]  # rank 0 creates it

@@ -34,14 +34,18 @@ FAKE_AWS = {
 }
 
 
-def run_without(blocked: list[str], code: str, *, cwd: Path | None = None,
-                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_without(
+    blocked: list[str], code: str, *, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``code`` in a fresh interpreter in which the packages ``blocked`` cannot be
     imported (as if not installed)."""
     prelude = f"import sys\nfor _name in {blocked!r}:\n    sys.modules[_name] = None\n"
     return subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)],
-        capture_output=True, text=True, timeout=300, cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
         env={**os.environ, **FAKE_AWS, **(env or {})},
     )
 
@@ -79,14 +83,17 @@ def test_missing_package_of_a_backend_names_the_extra(url: str, blocked: str) ->
 
 
 def test_missing_pyarrow_for_result_files_names_the_extra(tmp_path: Path) -> None:
-    out = run_without(["pyarrow"], f"""
+    out = run_without(
+        ["pyarrow"],
+        f"""
         from ckptio import errors
         from ckptio.results import read_results
         try:
             read_results([{str(tmp_path)!r}])
         except errors.BackendUnavailableError as err:
             print("ERROR", err)
-    """)
+    """,
+    )
     assert "ERROR" in out.stdout and "pip install 'ckptio[report]'" in out.stdout, out.stderr
 
 
@@ -96,8 +103,23 @@ def results_dir(tmp_path: Path) -> Path:
     from ckptio.cli import main
 
     out = tmp_path / "results"
-    assert main(["run", str(tmp_path / "ck"), "--preset", "llama3-8b",
-                 "--total-size", "4MiB", "--object-size", "1MiB", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                str(tmp_path / "ck"),
+                "--preset",
+                "llama3-8b",
+                "--total-size",
+                "4MiB",
+                "--object-size",
+                "1MiB",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -105,11 +127,14 @@ def test_report_without_matplotlib_is_written_without_plots_and_says_why(
     results_dir: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "report"
-    run = run_without(["matplotlib"], f"""
+    run = run_without(
+        ["matplotlib"],
+        f"""
         import sys
         from ckptio.cli import main
         sys.exit(main(["report", {str(results_dir)!r}, "--out", {str(out)!r}]))
-    """)
+    """,
+    )
     assert run.returncode == 0, run.stderr
     assert "Traceback" not in run.stderr
     assert "pip install 'ckptio[report]'" in run.stderr
@@ -121,12 +146,15 @@ def test_report_without_matplotlib_is_written_without_plots_and_says_why(
 
 def test_compare_without_matplotlib_says_so_before_measuring(tmp_path: Path) -> None:
     out = tmp_path / "report"
-    run = run_without(["matplotlib"], f"""
+    run = run_without(
+        ["matplotlib"],
+        f"""
         import sys
         from ckptio.cli import main
         sys.exit(main(["compare", "--targets", "local", "--profiles", "", "--total-size",
                        "4MiB", "--object-size", "1MiB", "--out", {str(out)!r}]))
-    """)
+    """,
+    )
     assert run.returncode == 0, run.stderr
     assert "Traceback" not in run.stderr
     warning = run.stderr.find("pip install 'ckptio[report]'")
@@ -160,8 +188,9 @@ def test_misspelt_checkpoint_option_suggests_the_checkpoint_option(tmp_path: Pat
         ("s3+obstore://bucket/x", "part_sise", "part_size"),
     ],
 )
-def test_unknown_store_option_suggests_the_closest_name(url: str, option: str, meant: str | None,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unknown_store_option_suggests_the_closest_name(
+    url: str, option: str, meant: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for k, v in FAKE_AWS.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(errors.InvalidArgumentError) as caught:
@@ -180,8 +209,15 @@ S3_BACKENDS = ["s3+boto3", "s3+fsspec", "s3+arrow", "s3+obstore"]
 
 
 def _no_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID",
-              "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+    for k in (
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+    ):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
@@ -196,9 +232,16 @@ def test_no_credentials_says_where_ckptio_looked_and_how_to_set_them(
     with pytest.raises(errors.StoragePermissionError) as caught:
         open_store(f"{scheme}://bucket/x", endpoint_url="http://127.0.0.1:9")
     msg = str(caught.value)
-    for looked in ("access_key_id", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "profile 'default'",
-                   str(tmp_path / "credentials"), str(tmp_path / "config"), "AWS_PROFILE",
-                   "anonymous=true"):
+    for looked in (
+        "access_key_id",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "profile 'default'",
+        str(tmp_path / "credentials"),
+        str(tmp_path / "config"),
+        "AWS_PROFILE",
+        "anonymous=true",
+    ):
         assert looked in msg, looked
 
 
@@ -206,8 +249,12 @@ def test_an_unknown_profile_is_named_with_the_profiles_there(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     _no_aws_env(monkeypatch, tmp_path)
-    (tmp_path / "credentials").write_text("[train]\naws_access_key_id = A\naws_secret_access_key = B\n")
-    with pytest.raises(errors.InvalidArgumentError, match=r"profile 'trian'.*profiles there: train"):
+    (tmp_path / "credentials").write_text(
+        "[train]\naws_access_key_id = A\naws_secret_access_key = B\n"
+    )
+    with pytest.raises(
+        errors.InvalidArgumentError, match=r"profile 'trian'.*profiles there: train"
+    ):
         open_store("s3://bucket/x", profile="trian")
 
 
@@ -261,8 +308,12 @@ def test_refused_anonymous_access_does_not_blame_credentials(
         msg = str(caught.value)
         assert "check the credentials" not in msg
         assert "anonymous" in msg and "public" in msg
-        signed = open_store(f"{scheme}://bucket/x", access_key_id=TEST_ACCESS_KEY_ID,
-                            secret_access_key=TEST_SECRET_ACCESS_KEY, endpoint_url=endpoint)
+        signed = open_store(
+            f"{scheme}://bucket/x",
+            access_key_id=TEST_ACCESS_KEY_ID,
+            secret_access_key=TEST_SECRET_ACCESS_KEY,
+            endpoint_url=endpoint,
+        )
         with pytest.raises(errors.StoragePermissionError) as caught:
             signed.put("a.bin", b"x" * 10)
         signed.close()
@@ -289,10 +340,16 @@ def test_permission_error_names_the_directory_that_is_not_writable(tmp_path: Pat
     locked.mkdir()
     locked.chmod(0o555)
     try:
-        code = ("import numpy as np, ckptio\n"
-                f"ckptio.save({{'w': np.zeros(4)}}, {str(locked / 'run' / 'ckpt')!r}, step=1)\n")
-        out = subprocess.run([*_as_unprivileged(), sys.executable, "-c", code],
-                             capture_output=True, text=True, timeout=120)
+        code = (
+            "import numpy as np, ckptio\n"
+            f"ckptio.save({{'w': np.zeros(4)}}, {str(locked / 'run' / 'ckpt')!r}, step=1)\n"
+        )
+        out = subprocess.run(
+            [*_as_unprivileged(), sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     finally:
         locked.chmod(0o755)
     assert out.returncode != 0
@@ -305,12 +362,18 @@ def test_permission_error_names_the_directory_that_is_not_writable(tmp_path: Pat
 def test_backends_command_reports_a_missing_package_with_its_extra() -> None:
     """``ckptio backends`` checks each backend's packages (without importing them): a backend
     whose client library is missing is not 'ok'."""
-    out = run_without(["obstore"], """
+    out = run_without(
+        ["obstore"],
+        """
         import sys
         from ckptio.cli import main
         sys.exit(main(["backends"]))
-    """, env={"COLUMNS": "200"})
+    """,
+        env={"COLUMNS": "200"},
+    )
     assert out.returncode == 0, out.stderr
     line = next(ln for ln in out.stdout.splitlines() if "s3+obstore" in ln)
     assert "missing" in line and "pip install 'ckptio[s3]'" in line
-    assert "fsspec" in out.stdout and "ok" in next(ln for ln in out.stdout.splitlines() if "s3+boto3" in ln)
+    assert "fsspec" in out.stdout and "ok" in next(
+        ln for ln in out.stdout.splitlines() if "s3+boto3" in ln
+    )

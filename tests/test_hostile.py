@@ -47,7 +47,11 @@ def _set(path: str | tuple, value):
     """A mutation that sets doc[path...] (dotted or a tuple; ints index lists) to value."""
 
     def mutate(doc: dict) -> None:
-        parts = list(path) if isinstance(path, tuple) else [int(p) if p.isdigit() else p for p in path.split(".")]
+        parts = (
+            list(path)
+            if isinstance(path, tuple)
+            else [int(p) if p.isdigit() else p for p in path.split(".")]
+        )
         node = doc
         for p in parts[:-1]:
             node = node[p]
@@ -94,7 +98,10 @@ def _rename_object(old_new):
 MUTATIONS = {
     # name: (mutation of the JSON doc, words the error must contain)
     "traversal_key": (_chunk("key", "data/../../../etc/passwd"), ["key"]),
-    "traversal_object": (_rename_object(("data/rank-00000-000-x.bin", "../../outside.bin")), ["objects["]),
+    "traversal_object": (
+        _rename_object(("data/rank-00000-000-x.bin", "../../outside.bin")),
+        ["objects["],
+    ),
     "absolute_key": (_chunk("key", "/etc/passwd"), ["key"]),
     "absolute_object": (_rename_object(("data/rank-00000-000-x.bin", "/etc/passwd")), ["objects["]),
     "backslash_key": (_chunk("key", "data\\..\\x"), ["key"]),
@@ -103,8 +110,14 @@ MUTATIONS = {
     "offset_past_end": (_chunk("offset", 1 << 40), ["offset", "past the end"]),
     "negative_offset": (_chunk("offset", -4096), ["offset", "out of range"]),
     "negative_length": (_chunk("length", -1), ["length"]),
-    "negative_object_size": (_set(("objects", "data/rank-00000-000-x.bin"), -1), ["objects[", "out of range"]),
-    "huge_object_size": (_set(("objects", "data/rank-00000-000-x.bin"), 1 << 60), ["objects[", "out of range"]),
+    "negative_object_size": (
+        _set(("objects", "data/rank-00000-000-x.bin"), -1),
+        ["objects[", "out of range"],
+    ),
+    "huge_object_size": (
+        _set(("objects", "data/rank-00000-000-x.bin"), 1 << 60),
+        ["objects[", "out of range"],
+    ),
     "negative_shape": (_set("tensors.w.shape", [-64, 64]), ["shape"]),
     "huge_shape": (_set("tensors.w.shape", [1 << 40, 1 << 40]), ["shape", "limit"]),
     "too_many_dims": (_set("tensors.w.shape", [1] * 40), ["shape", "dimensions"]),
@@ -140,7 +153,9 @@ def ckpt(tmp_path: Path):
     doc = make_checkpoint(root)
     # rename the first object to a fixed name so mutations can address it
     first = first_chunk(doc)["key"]
-    (root / "step-0000000007" / first).rename(root / "step-0000000007" / "data/rank-00000-000-x.bin")
+    (root / "step-0000000007" / first).rename(
+        root / "step-0000000007" / "data/rank-00000-000-x.bin"
+    )
     _rename_object((first, "data/rank-00000-000-x.bin"))(doc)
     write_manifest(root, doc)
     assert ckptio.verify(f"file://{root}") == []
@@ -242,7 +257,9 @@ def test_flipped_byte_detected_naming_object_and_range(ckpt):
     raw = bytearray(path.read_bytes())
     raw[5] ^= 0x40
     path.write_bytes(bytes(raw))
-    with pytest.raises(errors.ChecksumError, match=r"rank-00000-000-x\.bin: CRC32C mismatch in bytes 0\.\.4096"):
+    with pytest.raises(
+        errors.ChecksumError, match=r"rank-00000-000-x\.bin: CRC32C mismatch in bytes 0\.\.4096"
+    ):
         ckptio.load(f"file://{root}", step=7)
 
 
@@ -289,7 +306,13 @@ def test_load_never_opens_outside_the_root_nor_runs_code(ckpt, tmp_path):
     secret = tmp_path / "secret.bin"
     secret.write_bytes((root / "step-0000000007" / "data/rank-00000-000-x.bin").read_bytes())
     cases = {}
-    for name in ("traversal_key", "absolute_key", "traversal_object", "dtype_not_string", "unknown_dtype_pickle"):
+    for name in (
+        "traversal_key",
+        "absolute_key",
+        "traversal_object",
+        "dtype_not_string",
+        "unknown_dtype_pickle",
+    ):
         d = json.loads(json.dumps(doc))
         MUTATIONS[name][0](d)
         cases[name] = json.dumps(d)
@@ -359,7 +382,9 @@ def test_load_never_opens_outside_the_root_nor_runs_code(ckpt, tmp_path):
     cases_path.write_text(json.dumps(cases))
     proc = subprocess.run(
         [sys.executable, "-c", script, str(root), str(cases_path), str(secret)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -395,7 +420,16 @@ LOAD_PATH = [
     "ckptio/dist.py",
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "backends").glob("*.py")),
 ]
-FORBIDDEN_MODULES = {"pickle", "_pickle", "cPickle", "dill", "cloudpickle", "marshal", "shelve", "joblib"}
+FORBIDDEN_MODULES = {
+    "pickle",
+    "_pickle",
+    "cPickle",
+    "dill",
+    "cloudpickle",
+    "marshal",
+    "shelve",
+    "joblib",
+}
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__"}
 
 
@@ -412,17 +446,36 @@ def test_no_code_execution_primitive_on_the_load_path():
                 names = [(node.module or "").split(".")[0]]
             else:
                 names = []
-            problems += [f"{rel}:{node.lineno}: imports {n}" for n in names if n in FORBIDDEN_MODULES]
+            problems += [
+                f"{rel}:{node.lineno}: imports {n}" for n in names if n in FORBIDDEN_MODULES
+            ]
             if isinstance(node, ast.Call):
                 f = node.func
-                name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+                name = (
+                    f.id
+                    if isinstance(f, ast.Name)
+                    else f.attr
+                    if isinstance(f, ast.Attribute)
+                    else ""
+                )
                 constant = all(isinstance(a, ast.Constant) for a in node.args)
-                if isinstance(f, ast.Name) and name in FORBIDDEN_CALLS and not (name == "__import__" and constant):
+                if (
+                    isinstance(f, ast.Name)
+                    and name in FORBIDDEN_CALLS
+                    and not (name == "__import__" and constant)
+                ):
                     problems.append(f"{rel}:{node.lineno}: calls {name}()")
-                if isinstance(f, ast.Attribute) and name == "load" and isinstance(f.value, ast.Name) and f.value.id in ("np", "numpy", "torch"):
+                if (
+                    isinstance(f, ast.Attribute)
+                    and name == "load"
+                    and isinstance(f.value, ast.Name)
+                    and f.value.id in ("np", "numpy", "torch")
+                ):
                     problems.append(f"{rel}:{node.lineno}: calls {f.value.id}.load()")
                 for kw in node.keywords:
-                    if kw.arg == "allow_pickle" and not (isinstance(kw.value, ast.Constant) and kw.value.value is False):
+                    if kw.arg == "allow_pickle" and not (
+                        isinstance(kw.value, ast.Constant) and kw.value.value is False
+                    ):
                         problems.append(f"{rel}:{node.lineno}: allow_pickle")
     assert problems == [], problems
     assert len(LOAD_PATH) > 12  # the backends were found
@@ -473,7 +526,9 @@ def _peak_of(root: Path, ops: list[str], good_step: int, new_step: int = 0) -> d
     and of the same process before them (warmed up by loading ``good_step``)."""
     proc = subprocess.run(
         [sys.executable, "-c", _PEAK_SCRIPT, f"file://{root}", str(good_step), str(new_step), *ops],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -487,9 +542,13 @@ def _bomb(n_bytes: int) -> str:
 FREE_FORM_BOMBS = {
     # where the bomb sits: (mutation of the manifest text, built from the doc and the bomb)
     "metadata": lambda doc, bomb: json.dumps(dict(doc, metadata="@")).replace('"@"', bomb),
-    "tree": lambda doc, bomb: json.dumps(dict(doc, tree={"d": {"w": {"t": "w"}, "x": {"v": "@"}}})).replace('"@"', bomb),
+    "tree": lambda doc, bomb: json.dumps(
+        dict(doc, tree={"d": {"w": {"t": "w"}, "x": {"v": "@"}}})
+    ).replace('"@"', bomb),
     # a repeated key: msgspec keeps the last (small) value, json would build the first
-    "repeated_metadata": lambda doc, bomb: json.dumps(dict(doc, metadata="@")).replace('"metadata": "@"', f'"metadata": {bomb}, "metadata": 1'),
+    "repeated_metadata": lambda doc, bomb: json.dumps(dict(doc, metadata="@")).replace(
+        '"metadata": "@"', f'"metadata": {bomb}, "metadata": 1'
+    ),
 }
 
 
@@ -508,15 +567,25 @@ def test_free_form_json_bomb_bounded_in_load_ls_gc_and_retention(tmp_path, where
     size = len(text)
     got = _peak_of(root, ["load", "ls", "gc", "retention"], good_step=5, new_step=9)
     grew = got["peak"] - got["base"]
-    assert grew < size + (32 << 20), f"peak grew by {grew >> 20} MiB for a {size >> 20} MiB manifest ({got})"
-    assert got["outcomes"] == {"load": "loaded step 5", "ls": "exit 0", "gc": "exit 0", "retention": "saved"}, got
+    assert grew < size + (32 << 20), (
+        f"peak grew by {grew >> 20} MiB for a {size >> 20} MiB manifest ({got})"
+    )
+    assert got["outcomes"] == {
+        "load": "loaded step 5",
+        "ls": "exit 0",
+        "gc": "exit 0",
+        "retention": "saved",
+    }, got
     with pytest.raises(errors.ManifestError, match=where.replace("repeated_", "")):
         ckptio.load(f"file://{root}", step=7)
 
 
 def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "ckptio.cli", *args], capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "ckptio.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env=dict(os.environ, COLUMNS="400"),  # one line per message: rich wraps at 80 otherwise
     )
 
@@ -543,11 +612,15 @@ def test_non_regular_data_object_refused_without_blocking(ckpt, kind):
     except subprocess.TimeoutExpired:
         pytest.fail(f"ckptio verify blocked on {kind} for 60 s")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert f"rank-00000-000-x.bin: it is {words}, not a regular file" in proc.stdout + proc.stderr, proc
+    assert (
+        f"rank-00000-000-x.bin: it is {words}, not a regular file" in proc.stdout + proc.stderr
+    ), proc
     for cmd in ("ls", "gc"):
         proc = _cli(cmd, f"file://{root}", "--json", timeout=60)
         assert proc.returncode == 0, (cmd, proc.stdout + proc.stderr)
-    with pytest.raises(errors.CorruptCheckpointError, match=f"rank-00000-000-x.bin: refusing .*it is {words}"):
+    with pytest.raises(
+        errors.CorruptCheckpointError, match=f"rank-00000-000-x.bin: refusing .*it is {words}"
+    ):
         ckptio.load(f"file://{root}", step=7)
 
 
@@ -603,7 +676,11 @@ _UNREADABLE_SCRIPT = textwrap.dedent(
 NEWEST_REFUSED = {
     # how the newest manifest is spoiled: (spoil(manifest path, tmp_path), error of an explicit load)
     "symlink_out_of_root": (
-        lambda m, tmp: (tmp.joinpath("m.json").write_bytes(m.read_bytes()), m.unlink(), m.symlink_to(tmp / "m.json")),
+        lambda m, tmp: (
+            tmp.joinpath("m.json").write_bytes(m.read_bytes()),
+            m.unlink(),
+            m.symlink_to(tmp / "m.json"),
+        ),
         "StoragePermissionError",
     ),
     "fifo": (lambda m, tmp: (m.unlink(), os.mkfifo(m)), "NotRegularFileError"),
@@ -625,14 +702,22 @@ def test_refused_newest_manifest_falls_back_to_the_newest_good_step(tmp_path, ho
     manifest = root / fmt.manifest_key(8)
     spoil(manifest, tmp_path)
     if how == "unreadable":  # in a process without root's power to read anything
-        proc = subprocess.run([sys.executable, "-c", _UNREADABLE_SCRIPT, str(root)], capture_output=True,
-                              text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", _UNREADABLE_SCRIPT, str(root)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
-        assert "explicit: StoragePermissionError" in proc.stdout and "manifest.json" in proc.stdout, proc.stdout
+        assert (
+            "explicit: StoragePermissionError" in proc.stdout and "manifest.json" in proc.stdout
+        ), proc.stdout
         assert "loaded 5" in proc.stdout, proc.stdout
         assert "skipping step 8" in proc.stderr and "Permission denied" in proc.stderr, proc.stderr
         return
-    with pytest.raises(getattr(errors, error, errors.CkptioError), match=r"step-0000000008/manifest\.json"):
+    with pytest.raises(
+        getattr(errors, error, errors.CkptioError), match=r"step-0000000008/manifest\.json"
+    ):
         ckptio.load(f"file://{root}", step=8)
     with caplog.at_level("WARNING", logger="ckptio"):
         reader = ckptio.open_checkpoint(f"file://{root}")
@@ -659,9 +744,14 @@ def _sparse_checkpoint(root: Path, apparent: int, declared: int) -> None:
     zeros = bytes(16 << 20)
     for start in range(0, declared if declared <= 4 << 30 else 0, len(zeros)):  # larger: never read
         crc = crc32c.crc32c(zeros[: min(len(zeros), declared - start)], crc)
-    chunk = dict(first_chunk(doc), offsets=[0], shape=[declared], offset=0, length=declared, crc32c=crc)
-    doc.update(objects={key: apparent}, tensors={"w": {"dtype": "uint8", "shape": [declared], "chunks": [chunk]}},
-               tree={"d": {"w": {"t": "w"}}})
+    chunk = dict(
+        first_chunk(doc), offsets=[0], shape=[declared], offset=0, length=declared, crc32c=crc
+    )
+    doc.update(
+        objects={key: apparent},
+        tensors={"w": {"dtype": "uint8", "shape": [declared], "chunks": [chunk]}},
+        tree={"d": {"w": {"t": "w"}}},
+    )
     write_manifest(root, doc)
 
 
@@ -682,7 +772,9 @@ def test_load_larger_than_the_machine_refused_before_allocating(tmp_path):
     _sparse_checkpoint(root, apparent=n, declared=n)
     refused = getattr(errors, "InsufficientMemoryError", errors.CkptioError)
     before = _vm("VmPeak")
-    with pytest.raises(refused, match=f"needs {n} bytes of memory, more than this machine can give"):
+    with pytest.raises(
+        refused, match=f"needs {n} bytes of memory, more than this machine can give"
+    ):
         ckptio.load(f"file://{root}", step=7)
     with pytest.raises(refused, match=f"needs {n + 16} bytes of memory"):  # 16 + the chunk's buffer
         ckptio.load(f"file://{root}", step=7, select={"w": np.s_[:16]})
@@ -700,7 +792,9 @@ def test_sparse_object_load_allocates_the_declared_bytes(tmp_path):
     got = _peak_of(root, ["load"], good_step=5)
     assert got["outcomes"] == {"load": "loaded step 7"}, got
     grew = got["peak"] - got["base"]
-    assert grew < declared + (32 << 20), f"peak grew by {grew >> 20} MiB for {declared >> 20} MiB declared"
+    assert grew < declared + (32 << 20), (
+        f"peak grew by {grew >> 20} MiB for {declared >> 20} MiB declared"
+    )
 
 
 def test_metadata_limits_hold_at_save_and_leave_room_for_real_metadata(tmp_path):
@@ -708,12 +802,22 @@ def test_metadata_limits_hold_at_save_and_leave_room_for_real_metadata(tmp_path)
     the save, before anything is written; metadata just under the limits saves and loads."""
     url = f"file://{tmp_path / 'run'}"
     state = {"w": np.arange(8, dtype=np.float32)}
-    with pytest.raises(errors.InvalidArgumentError, match="metadata holds 1100001 JSON values and keys, more than the limit of 1000000"):
+    with pytest.raises(
+        errors.InvalidArgumentError,
+        match="metadata holds 1100001 JSON values and keys, more than the limit of 1000000",
+    ):
         ckptio.save(state, url, step=1, metadata=[0] * 1_100_000)
-    with pytest.raises(errors.InvalidArgumentError, match="metadata 17825794 bytes of JSON, more than the limit of 16777216"):
+    with pytest.raises(
+        errors.InvalidArgumentError,
+        match="metadata 17825794 bytes of JSON, more than the limit of 16777216",
+    ):
         ckptio.save(state, url, step=1, metadata="x" * (17 << 20))
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
-    big = {"losses": [0.5] * 300_000, "config": {f"k{i}": "v" * 20 for i in range(50_000)}, "vocab": "t" * (4 << 20)}
+    big = {
+        "losses": [0.5] * 300_000,
+        "config": {f"k{i}": "v" * 20 for i in range(50_000)},
+        "vocab": "t" * (4 << 20),
+    }
     ckptio.save(state, url, step=2, metadata=big)
     assert ckptio.open_checkpoint(url).metadata == big
 

@@ -29,7 +29,14 @@ def _tree() -> dict:
     b = jnp.arange(8, dtype=jnp.bfloat16)
     params = {"dense": {"w": w, "b": b}, "layers": [w * 2, None, jnp.ones((3,), jnp.int32)]}
     opt = AdamState(jnp.array(7, jnp.int32), {"w": w + 1, "b": b}, {"w": w * 0, "b": b})
-    return {"params": params, "opt": opt, "step": 100, "lr": 0.5, "name": "run-1", "pair": (w[0], 3)}
+    return {
+        "params": params,
+        "opt": opt,
+        "step": 100,
+        "lr": 0.5,
+        "name": "run-1",
+        "pair": (w[0], 3),
+    }
 
 
 def _same(a: object, b: object) -> None:
@@ -39,7 +46,9 @@ def _same(a: object, b: object) -> None:
     for x, y in zip(la, lb, strict=True):
         if isinstance(x, jax.Array):
             assert isinstance(y, jax.Array) and x.dtype == y.dtype and x.shape == y.shape
-            np.testing.assert_array_equal(np.asarray(x).reshape(-1).view(np.uint8), np.asarray(y).reshape(-1).view(np.uint8))
+            np.testing.assert_array_equal(
+                np.asarray(x).reshape(-1).view(np.uint8), np.asarray(y).reshape(-1).view(np.uint8)
+            )
         else:
             assert x == y and type(x) is type(y)
 
@@ -47,7 +56,9 @@ def _same(a: object, b: object) -> None:
 def test_pytree_round_trip_with_target(tmp_path: Path) -> None:
     tree = _tree()
     cj.save(tree, f"file://{tmp_path}", step=100)
-    target = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.Array) else x, tree)
+    target = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.Array) else x, tree
+    )
     back = cj.load(f"file://{tmp_path}", target=target)
     assert isinstance(back["opt"], AdamState) and isinstance(back["pair"], tuple)
     assert back["params"]["layers"][1] is None
@@ -63,19 +74,26 @@ def test_pytree_without_target_is_plain_nested_containers(memory_url: str) -> No
     plain = cj.load(memory_url)
     assert set(plain["opt"]) == {"count", "mu", "nu"}  # the NamedTuple's fields, by name
     assert isinstance(plain["opt"]["mu"]["w"], jax.Array)
-    np.testing.assert_array_equal(np.asarray(plain["params"]["layers"][0]), np.asarray(tree["params"]["layers"][0]))
+    np.testing.assert_array_equal(
+        np.asarray(plain["params"]["layers"][0]), np.asarray(tree["params"]["layers"][0])
+    )
     # also readable with plain ckptio (numpy), no jax needed
     assert ckptio.load(memory_url)["opt"]["count"] == 7
 
 
 def test_target_mismatch_is_named(memory_url: str) -> None:
     cj.save({"w": jnp.zeros((4, 2))}, memory_url, step=1)
-    with pytest.raises(errors.InvalidArgumentError, match=r"\['w'\]: checkpoint has shape \(4, 2\), target \(2, 4\)"):
+    with pytest.raises(
+        errors.InvalidArgumentError,
+        match=r"\['w'\]: checkpoint has shape \(4, 2\), target \(2, 4\)",
+    ):
         cj.load(memory_url, target={"w": jax.ShapeDtypeStruct((2, 4), jnp.float32)})
     with pytest.raises(errors.NotFoundError, match="no leaf at"):
         cj.load(memory_url, target={"v": jax.ShapeDtypeStruct((4, 2), jnp.float32)})
     # jax arrays are immutable: a load cannot fill them in place, and says what to use
-    with pytest.raises(errors.InvalidArgumentError, match=r"into= at 'w': .*immutable: use ckptio.jax.load"):
+    with pytest.raises(
+        errors.InvalidArgumentError, match=r"into= at 'w': .*immutable: use ckptio.jax.load"
+    ):
         ckptio.load(memory_url, into={"w": jnp.zeros((4, 2))})
 
 
@@ -90,7 +108,9 @@ def test_cpu_arrays_are_not_copied_and_keys_are_refused() -> None:
 
 
 def _abstract(tree: object) -> object:
-    return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.Array) else x, tree)
+    return jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype) if isinstance(x, jax.Array) else x, tree
+    )
 
 
 def _at_step(step: int) -> dict:
@@ -101,7 +121,9 @@ def _at_step(step: int) -> dict:
 
 
 @pytest.mark.parametrize("async_save", [False, True])
-def test_checkpointer_saves_pytrees_keeps_the_last_and_loads_its_own_save(tmp_path: Path, async_save: bool) -> None:
+def test_checkpointer_saves_pytrees_keeps_the_last_and_loads_its_own_save(
+    tmp_path: Path, async_save: bool
+) -> None:
     url = f"file://{tmp_path}"
     with cj.Checkpointer(url, async_save=async_save, keep_last=2, retire_grace=0) as ck:
         for step in range(1, 5):
@@ -119,7 +141,7 @@ def test_checkpointer_saves_pytrees_keeps_the_last_and_loads_its_own_save(tmp_pa
     assert plain["step"] == 4 and isinstance(plain["params"]["dense"]["w"], jax.Array)
 
 
-KILLED = '''
+KILLED = """
 import os, signal, sys
 import jax.numpy as jnp
 import ckptio.jax as cj
@@ -132,7 +154,7 @@ for step in range(1, 100):
             f.write("3")
     if step == 4:
         os.kill(os.getpid(), signal.SIGKILL)  # step 4 in flight
-'''
+"""
 
 
 def test_checkpointer_resumes_after_a_sigkill(tmp_path: Path) -> None:
@@ -142,26 +164,41 @@ def test_checkpointer_resumes_after_a_sigkill(tmp_path: Path) -> None:
     script = tmp_path / "child.py"
     script.write_text(KILLED)
     url = f"file://{tmp_path}/run"
-    proc = subprocess.run([sys.executable, str(script), url, str(tmp_path / "done")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(script), url, str(tmp_path / "done")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == -9, proc.stderr[-2000:]
     ck = cj.Checkpointer(url, keep_last=2)
     latest = ck.latest()
     assert latest in (3, 4) and (tmp_path / "done").read_text() == "3"
     back = ck.load(target={"w": jax.ShapeDtypeStruct((256, 64), jnp.float32), "step": 0})
     assert back["step"] == latest
-    np.testing.assert_array_equal(np.asarray(back["w"]), np.full((256, 64), float(latest), np.float32))
-    ck.save({"w": jnp.zeros((256, 64)), "step": latest + 1}, step=latest + 1)  # retention and gc of the killed save
+    np.testing.assert_array_equal(
+        np.asarray(back["w"]), np.full((256, 64), float(latest), np.float32)
+    )
+    ck.save(
+        {"w": jnp.zeros((256, 64)), "step": latest + 1}, step=latest + 1
+    )  # retention and gc of the killed save
     assert ck.steps() == [latest, latest + 1]
-    assert sorted(p.name for p in (tmp_path / "run").iterdir() if not (p / "retired.json").exists()) == [
-        f"step-{latest:010d}", f"step-{latest + 1:010d}"]
+    assert sorted(
+        p.name for p in (tmp_path / "run").iterdir() if not (p / "retired.json").exists()
+    ) == [f"step-{latest:010d}", f"step-{latest + 1:010d}"]
 
 
-@pytest.mark.parametrize("empty", [None, {}, [], (), {"a": None}, {"a": {}, "b": [None, ()]}], ids=repr)
+@pytest.mark.parametrize(
+    "empty", [None, {}, [], (), {"a": None}, {"a": {}, "b": [None, ()]}], ids=repr
+)
 def test_nothing_to_save_is_refused(tmp_path: Path, empty: object) -> None:
     url = f"file://{tmp_path}"
     with pytest.raises(errors.InvalidArgumentError, match="nothing to save"):
         cj.save(empty, url, step=1)
     for async_save in (False, True):
-        with cj.Checkpointer(url, async_save=async_save) as ck, pytest.raises(errors.InvalidArgumentError, match="nothing to save"):
+        with (
+            cj.Checkpointer(url, async_save=async_save) as ck,
+            pytest.raises(errors.InvalidArgumentError, match="nothing to save"),
+        ):
             ck.save(empty, step=1)
     assert list(tmp_path.iterdir()) == []

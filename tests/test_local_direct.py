@@ -141,7 +141,9 @@ def test_pieces_hold_whole_pages_when_rows_allow():
     pieces = _pieces(LocalTensor("w", arr, arr.shape, (0, 0), True), 400_000)
     assert sum(p.view.shape[0] for p in pieces) == 1000
     assert all(p.view.nbytes % 4096 == 0 for p in pieces[:-1])
-    assert [p.offsets[0] for p in pieces] == list(np.cumsum([0] + [p.view.shape[0] for p in pieces[:-1]]))
+    assert [p.offsets[0] for p in pieces] == list(
+        np.cumsum([0] + [p.view.shape[0] for p in pieces[:-1]])
+    )
 
 
 def test_snapshot_buffers_are_reused_and_page_aligned():
@@ -167,8 +169,13 @@ def test_async_snapshots_isolate_each_save_from_later_updates(tmp_path):
         h2 = ck.save(state, step=2)
         state["w"] += 1
         h2.wait()
-    assert np.array_equal(ckptio.load(url, step=1)["w"], np.arange(3 * MiB // 4, dtype=np.float32).reshape(-1, 256))
-    assert np.array_equal(ckptio.load(url, step=2)["w"], np.arange(3 * MiB // 4, dtype=np.float32).reshape(-1, 256) + 1)
+    assert np.array_equal(
+        ckptio.load(url, step=1)["w"], np.arange(3 * MiB // 4, dtype=np.float32).reshape(-1, 256)
+    )
+    assert np.array_equal(
+        ckptio.load(url, step=2)["w"],
+        np.arange(3 * MiB // 4, dtype=np.float32).reshape(-1, 256) + 1,
+    )
     assert ckptio.verify(url, step=2) == []
 
 
@@ -194,7 +201,9 @@ def test_a_large_rank_is_written_as_parallel_objects(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ck, "PARALLEL_OBJECTS_MIN", MiB)
     rng = np.random.default_rng(8)
-    state = {f"w{i}": rng.standard_normal((256, 1024)).astype(np.float32) for i in range(4)}  # 4 MiB
+    state = {
+        f"w{i}": rng.standard_normal((256, 1024)).astype(np.float32) for i in range(4)
+    }  # 4 MiB
     url = "file://" + str(tmp_path)
     ckptio.save(state, url, step=1, chunk_size="512KiB")
     reader = ckptio.open_checkpoint(url)

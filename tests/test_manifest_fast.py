@@ -28,7 +28,14 @@ def _doc(ntensors: int = 3, per: int = 20, rows: int = 8) -> dict[str, Any]:
     tensors = {}
     for t in range(ntensors):
         chunks = [
-            fmt.Chunk((c * rows, 0), (rows, 16), f"data/rank-{c:05d}-000-ab.bin", t * 4096, rows * 16 * 4, 7 + c).as_json()
+            fmt.Chunk(
+                (c * rows, 0),
+                (rows, 16),
+                f"data/rank-{c:05d}-000-ab.bin",
+                t * 4096,
+                rows * 16 * 4,
+                7 + c,
+            ).as_json()
             for c in range(per)
         ]
         tensors[f"w{t}"] = {"dtype": "float32", "shape": [rows * per, 16], "chunks": chunks}
@@ -59,7 +66,12 @@ def _outcome(data: Any, path: str = "fast", monkeypatch: pytest.MonkeyPatch | No
             man = fmt.parse_manifest(data)
         except errors.ManifestError as err:
             return ("error", err.field if hasattr(err, "field") else None, type(err), str(err))
-    return ("ok", {p: (t.dtype, t.shape, t.chunks) for p, t in man.tensors.items()}, man.tree, man.metadata)
+    return (
+        "ok",
+        {p: (t.dtype, t.shape, t.chunks) for p, t in man.tensors.items()},
+        man.tree,
+        man.metadata,
+    )
 
 
 def _same_on_every_path(data: Any) -> Any:
@@ -126,10 +138,15 @@ def test_the_fast_path_is_the_one_taken_for_what_ckptio_writes(monkeypatch):
     assert taken[-1] is not None
 
 
-@pytest.mark.parametrize("text", [
-    lambda doc: json.dumps(doc, indent=2),  # whitespace after strings: the keys cannot be counted
-    lambda doc: json.dumps(doc).replace('"tensors"', '"tens\\u006frs"'),  # an escape
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        lambda doc: json.dumps(
+            doc, indent=2
+        ),  # whitespace after strings: the keys cannot be counted
+        lambda doc: json.dumps(doc).replace('"tensors"', '"tens\\u006frs"'),  # an escape
+    ],
+)
 def test_what_the_fast_path_cannot_count_is_decoded_by_json(text):
     data = text(_doc()).encode()
     assert fmt._decode_fast(data) is None
@@ -162,7 +179,9 @@ def test_a_repeated_key_is_refused_on_every_path(old, new):
 
 def test_an_escaped_twin_of_a_key_is_refused():
     # "off\u0073et" decodes to "offset": a count of the text's keys would see two names
-    text = json.dumps(_doc(), separators=(",", ":")).replace('"offset":4096', '"offset":4096,"off\\u0073et":0', 1)
+    text = json.dumps(_doc(), separators=(",", ":")).replace(
+        '"offset":4096', '"offset":4096,"off\\u0073et":0', 1
+    )
     outcome = _same_on_every_path(text.encode())
     assert outcome[0] == "error" and "duplicate key 'offset'" in outcome[3]
 
@@ -226,28 +245,87 @@ def _manifests(draw: Any) -> dict[str, Any]:
     for t in range(draw(st.integers(1, 4))):
         nd = draw(st.integers(0, 3))
         shape = [draw(st.integers(0, 6)) for _ in range(nd)]
-        dims = draw(st.sampled_from([[], [0], [0, 1]])) if nd >= 2 else ([0] if nd and draw(st.booleans()) else [])
+        dims = (
+            draw(st.sampled_from([[], [0], [0, 1]]))
+            if nd >= 2
+            else ([0] if nd and draw(st.booleans()) else [])
+        )
         boxes = [([0] * nd, list(shape))]
         for d in dims:  # split every box along d at the drawn cuts
-            cuts = sorted(set(draw(st.lists(st.integers(0, shape[d]), min_size=1, max_size=3))) | {0, shape[d]})
+            cuts = sorted(
+                set(draw(st.lists(st.integers(0, shape[d]), min_size=1, max_size=3)))
+                | {0, shape[d]}
+            )
             boxes = [
-                ([*o[:d], a, *o[d + 1:]], [*e[:d], b - a, *e[d + 1:]])
-                for o, e in boxes for a, b in itertools.pairwise(cuts)
+                ([*o[:d], a, *o[d + 1 :]], [*e[:d], b - a, *e[d + 1 :]])
+                for o, e in boxes
+                for a, b in itertools.pairwise(cuts)
             ]
         chunks = []
         for c, (offs, ext) in enumerate(boxes):
             key = f"data/rank-{draw(st.integers(0, 2)):05d}-000-ab.bin"
             length = int(np.prod(ext, dtype=np.int64)) * 2
-            chunks.append({"offsets": offs, "shape": ext, "key": key, "offset": objects.get(key, 0), "length": length, "crc32c": c})
+            chunks.append(
+                {
+                    "offsets": offs,
+                    "shape": ext,
+                    "key": key,
+                    "offset": objects.get(key, 0),
+                    "length": length,
+                    "crc32c": c,
+                }
+            )
             objects[key] = objects.get(key, 0) + -(-length // 4096) * 4096
         tensors[f"t{t}"] = {"dtype": "float16", "shape": shape, "chunks": chunks}
     objects = {k: v + draw(st.integers(0, 8192)) for k, v in objects.items()}
-    return {"format": "ckptio", "version": 1, "step": 1, "world_size": 1, "objects": objects,
-            "tensors": tensors, "tree": {"d": {p: {"t": p} for p in tensors}}}
+    return {
+        "format": "ckptio",
+        "version": 1,
+        "step": 1,
+        "world_size": 1,
+        "objects": objects,
+        "tensors": tensors,
+        "tree": {"d": {p: {"t": p} for p in tensors}},
+    }
 
 
-_VALUES = st.sampled_from([0, 1, 2, 3, 6, 7, 4096, -1, 1 << 62, (1 << 62) + 1, 1 << 64, True, 1.0, None, "0", [], [0], [1, 1]])
-_FIELDS = st.sampled_from(["offsets", "shape", "offset", "length", "crc32c", "key", "offsets.0", "shape.0", "offsets.1", "shape.1", "like"])
+_VALUES = st.sampled_from(
+    [
+        0,
+        1,
+        2,
+        3,
+        6,
+        7,
+        4096,
+        -1,
+        1 << 62,
+        (1 << 62) + 1,
+        1 << 64,
+        True,
+        1.0,
+        None,
+        "0",
+        [],
+        [0],
+        [1, 1],
+    ]
+)
+_FIELDS = st.sampled_from(
+    [
+        "offsets",
+        "shape",
+        "offset",
+        "length",
+        "crc32c",
+        "key",
+        "offsets.0",
+        "shape.0",
+        "offsets.1",
+        "shape.1",
+        "like",
+    ]
+)
 """A chunk's field, or an element of its offsets or shape; "like": another chunk's offsets and
 shape (an overlap that keeps the volume), or its offset (shared bytes)."""
 
@@ -282,11 +360,20 @@ def test_dtype_names_of_native_and_foreign_dtypes():
 def test_to_json_round_trips_through_the_fast_path():
     chunk = fmt.Chunk((0,), (4,), "data/rank-00000-000-ab.bin", 0, 16, 5)
     scalar = fmt.Chunk((), (), "data/rank-00000-000-ab.bin", 4096, 8, 6)
-    tensors = {"modèle/w": fmt.TensorEntry("float32", (4,), (chunk,)), "step": fmt.TensorEntry("int64", (), (scalar,))}
+    tensors = {
+        "modèle/w": fmt.TensorEntry("float32", (4,), (chunk,)),
+        "step": fmt.TensorEntry("int64", (), (scalar,)),
+    }
     m = fmt.Manifest(
-        step=3, world_size=1, tensors=tensors, objects={"data/rank-00000-000-ab.bin": 8192},
-        tree={"d": {p: {"t": p} for p in tensors}}, metadata={"note": "café", "lr": 0.5},
-        layout={"kind": "file-per-shard"}, created="2026-12-03T18:00:00Z", extra={"x": [1]},
+        step=3,
+        world_size=1,
+        tensors=tensors,
+        objects={"data/rank-00000-000-ab.bin": 8192},
+        tree={"d": {p: {"t": p} for p in tensors}},
+        metadata={"note": "café", "lr": 0.5},
+        layout={"kind": "file-per-shard"},
+        created="2026-12-03T18:00:00Z",
+        extra={"x": [1]},
     )
     data = m.to_json()
     assert fmt._decode_fast(data) is not None  # no escapes: UTF-8 is written as it is
@@ -295,14 +382,23 @@ def test_to_json_round_trips_through_the_fast_path():
 
 
 def test_to_json_refuses_non_finite_metadata():
-    m = fmt.Manifest(step=1, world_size=1, tensors={}, objects={}, tree={"d": {}}, metadata={"loss": float("nan")})
+    m = fmt.Manifest(
+        step=1,
+        world_size=1,
+        tensors={},
+        objects={},
+        tree={"d": {}},
+        metadata={"loss": float("nan")},
+    )
     with pytest.raises(ValueError, match="not JSON compliant"):
         m.to_json()
 
 
 def test_to_json_escapes_a_lone_surrogate_rather_than_fail():
     tensors = {"w\ud800": fmt.TensorEntry("float32", (0,), ())}
-    m = fmt.Manifest(step=1, world_size=1, tensors=tensors, objects={}, tree={"d": {"w\ud800": {"t": "w\ud800"}}})
+    m = fmt.Manifest(
+        step=1, world_size=1, tensors=tensors, objects={}, tree={"d": {"w\ud800": {"t": "w\ud800"}}}
+    )
     data = m.to_json()
     assert data.isascii() and b"\\ud800" in data
     assert fmt.parse_manifest(data) == m

@@ -42,8 +42,11 @@ def test_intervals_from_mtbf(capsys: pytest.CaptureFixture[str]) -> None:
     out = _model_json(capsys, "--checkpoint-seconds", "300", "--mtbf", "24h", "--restart", "10min")
     assert out["young_interval_seconds"] == pytest.approx(math.sqrt(2 * 300 * 86400))
     # Daly's higher-order estimate is a little below Young's for small delta/M
-    assert 0.9 * out["young_interval_seconds"] < out["daly_interval_seconds"] < out[
-        "young_interval_seconds"]
+    assert (
+        0.9 * out["young_interval_seconds"]
+        < out["daly_interval_seconds"]
+        < out["young_interval_seconds"]
+    )
     assert out["overhead_at_optimum"] <= out["overhead_at_interval"]
 
 
@@ -57,8 +60,9 @@ def test_daly_overhead_is_minimal_near_daly_interval() -> None:
 
 
 def test_idle_cost_per_day() -> None:
-    rep = CostModel(checkpoint_seconds=300, interval=7200, gpus=992,
-                    price_per_gpu_hour=2.0).report()
+    rep = CostModel(
+        checkpoint_seconds=300, interval=7200, gpus=992, price_per_gpu_hour=2.0
+    ).report()
     assert rep["idle_gpu_hours_per_day"] == pytest.approx(992 * 24 * 300 / 7200)
     assert rep["idle_cost_per_day"] == pytest.approx(2 * rep["idle_gpu_hours_per_day"])
 
@@ -73,8 +77,9 @@ def test_per_stream_bandwidth_binds_on_s3_with_few_writers() -> None:
 
 
 def test_aggregate_binds_on_abci_for_gpt3_size() -> None:
-    w = Workload(total_bytes=2 * 10**12, writing_ranks=992, bytes_per_rank=2 * 10**12 // 992,
-                 ranks=992)
+    w = Workload(
+        total_bytes=2 * 10**12, writing_ranks=992, bytes_per_rank=2 * 10**12 // 992, ranks=992
+    )
     e = estimate(w, load_profile("abci-lustre"))
     assert e.binding == "aggregate bandwidth"
     assert e.seconds == pytest.approx(2e12 / 70e9, rel=0.02)
@@ -82,8 +87,9 @@ def test_aggregate_binds_on_abci_for_gpt3_size() -> None:
 
 def test_request_rate_binds_and_hashed_keys_relieve_it() -> None:
     s3 = load_profile("cloud-s3")
-    kw = dict(total_bytes=2 * 10**12, writing_ranks=992, bytes_per_rank=2 * 10**12 // 992,
-              ranks=992)
+    kw = dict(
+        total_bytes=2 * 10**12, writing_ranks=992, bytes_per_rank=2 * 10**12 // 992, ranks=992
+    )
     flat = estimate(Workload(**kw), s3)
     hashed = estimate(Workload(**kw, prefixes=256), s3)
     assert flat.binding == "request-rate limit" and flat.throttled
@@ -92,8 +98,20 @@ def test_request_rate_binds_and_hashed_keys_relieve_it() -> None:
 
 
 def test_async_save_stall_is_the_snapshot(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _model_json(capsys, "--size", "64GiB", "--gpus", "64", "--writing-ranks", "64",
-                      "--profile", "cloud-s3", "--async-save", "--snapshot-bandwidth", "25GB/s")
+    out = _model_json(
+        capsys,
+        "--size",
+        "64GiB",
+        "--gpus",
+        "64",
+        "--writing-ranks",
+        "64",
+        "--profile",
+        "cloud-s3",
+        "--async-save",
+        "--snapshot-bandwidth",
+        "25GB/s",
+    )
     t = out["targets"][0]
     assert t["checkpoint_seconds"] == pytest.approx(2**30 / 25e9)
     assert t["blocking_stall_seconds"] > 10 * t["checkpoint_seconds"]
@@ -124,18 +142,31 @@ def test_model_without_inputs_says_what_it_needs(capsys: pytest.CaptureFixture[s
 
 
 def test_restart_is_overhead_plus_the_projected_restore(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _model_json(capsys, "--preset", "gpt3-175b", "--gpus", "1536", "--profile",
-                      "cloud-s3,abci-lustre", "--mtbf", "24h", "--price", "2")
+    out = _model_json(
+        capsys,
+        "--preset",
+        "gpt3-175b",
+        "--gpus",
+        "1536",
+        "--profile",
+        "cloud-s3,abci-lustre",
+        "--mtbf",
+        "24h",
+        "--price",
+        "2",
+    )
     for t in out["targets"]:
         assert t["restore_seconds"] == pytest.approx(t["read"]["seconds"])
         assert t["restart_seconds"] == pytest.approx(300 + t["restore_seconds"])
         assert t["restore_binding"] == t["read"]["binding"]
         assert t["restart_basis"].startswith("fixed overhead + restore")
         assert t["idle_fraction_with_restarts"] == pytest.approx(
-            t["idle_fraction"] + t["restart_seconds"] / 86400)
+            t["idle_fraction"] + t["restart_seconds"] / 86400
+        )
         # Daly's overhead counts the restart: with a longer one it grows
-        longer = overhead_fraction(t["daly_interval_seconds"], t["checkpoint_seconds"], 86400,
-                                   t["restart_seconds"] + 600)
+        longer = overhead_fraction(
+            t["daly_interval_seconds"], t["checkpoint_seconds"], 86400, t["restart_seconds"] + 600
+        )
         assert t["overhead_at_optimum"] < longer
     s3, lustre = out["targets"]
     assert s3["restore_binding"] == "per-stream bandwidth"  # 16 streams x 50 MB/s per node
@@ -145,14 +176,34 @@ def test_restart_is_overhead_plus_the_projected_restore(capsys: pytest.CaptureFi
 
 
 def test_a_given_restart_is_used_as_given(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _model_json(capsys, "--preset", "gpt3-175b", "--profile", "cloud-s3", "--mtbf", "24h",
-                      "--restart", "10min")
+    out = _model_json(
+        capsys,
+        "--preset",
+        "gpt3-175b",
+        "--profile",
+        "cloud-s3",
+        "--mtbf",
+        "24h",
+        "--restart",
+        "10min",
+    )
     assert out["restart_seconds"] == 600 and out["restart_basis"] == "given (--restart)"
 
 
 def test_restart_from_figures_with_a_read_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
-    out = _model_json(capsys, "--size", "2TB", "--write-bandwidth", "70GB/s", "--read-bandwidth",
-                      "100GB/s", "--mtbf", "24h", "--restart-overhead", "2min")
+    out = _model_json(
+        capsys,
+        "--size",
+        "2TB",
+        "--write-bandwidth",
+        "70GB/s",
+        "--read-bandwidth",
+        "100GB/s",
+        "--mtbf",
+        "24h",
+        "--restart-overhead",
+        "2min",
+    )
     assert out["restore_seconds"] == pytest.approx(20.0)
     assert out["restart_seconds"] == pytest.approx(140.0)
     assert out["restart_fraction"] == pytest.approx(140 / 86400)
@@ -161,8 +212,22 @@ def test_restart_from_figures_with_a_read_bandwidth(capsys: pytest.CaptureFixtur
 
 
 def test_model_output_names_the_restore_limit(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["model", "--preset", "gpt3-175b", "--gpus", "1536", "--profile", "cloud-s3",
-                 "--mtbf", "24h"]) == 0
+    assert (
+        main(
+            [
+                "model",
+                "--preset",
+                "gpt3-175b",
+                "--gpus",
+                "1536",
+                "--profile",
+                "cloud-s3",
+                "--mtbf",
+                "24h",
+            ]
+        )
+        == 0
+    )
     text = " ".join(capsys.readouterr().out.split())
     assert "fixed (assumption) + restore" in text
     assert "the restore is bound by cloud-s3: per-stream bandwidth" in text
@@ -172,9 +237,25 @@ def test_tiered_projection(capsys: pytest.CaptureFixture[str]) -> None:
     """cloud-s3 with a node-local NVMe tier: the stall is the NVMe write, the drain the S3
     write (every 3rd checkpoint, fits in 3 intervals), the restore weighted by the probability
     that a failure loses a node's fast tier."""
-    out = _model_json(capsys, "--preset", "gpt3-175b", "--gpus", "1536", "--profile", "cloud-s3",
-                      "--local", "local-nvme", "--persist-every", "3", "--mtbf", "24h",
-                      "--p-lose-node", "0.5", "--price", "2")
+    out = _model_json(
+        capsys,
+        "--preset",
+        "gpt3-175b",
+        "--gpus",
+        "1536",
+        "--profile",
+        "cloud-s3",
+        "--local",
+        "local-nvme",
+        "--persist-every",
+        "3",
+        "--mtbf",
+        "24h",
+        "--p-lose-node",
+        "0.5",
+        "--price",
+        "2",
+    )
     s3, tiered = out["targets"]
     assert tiered["target"] == "cloud-s3+local-nvme"
     assert tiered["write_seconds"] < s3["write_seconds"] / 5  # NVMe node links vs S3 streams
@@ -184,14 +265,32 @@ def test_tiered_projection(capsys: pytest.CaptureFixture[str]) -> None:
     assert tiered["fast_only_window_seconds"] == pytest.approx(2 * 7200 + tiered["drain_seconds"])
     assert tiered["restore_durable_seconds"] == pytest.approx(s3["restore_seconds"])
     assert tiered["restore_seconds"] == pytest.approx(
-        0.5 * tiered["restore_fast_seconds"] + 0.5 * tiered["restore_durable_seconds"])
+        0.5 * tiered["restore_fast_seconds"] + 0.5 * tiered["restore_durable_seconds"]
+    )
     assert tiered["restart_seconds"] == pytest.approx(300 + tiered["restore_seconds"])
     assert tiered["p_lose_node_source"] == "given (--p-lose-node)"
     assert tiered["idle_cost_per_day"] < s3["idle_cost_per_day"] / 5
-    assert main(["model", "--preset", "gpt3-175b", "--profile", "cloud-s3", "--local", "local-nvme"]) == 0
+    assert (
+        main(["model", "--preset", "gpt3-175b", "--profile", "cloud-s3", "--local", "local-nvme"])
+        == 0
+    )
     text = " ".join(capsys.readouterr().out.split())
     assert "drain" in text and "p = 0.78, assumption" in text
-    assert main(["model", "--preset", "gpt3-175b", "--profile", "cloud-s3", "--local", "local-nvme",
-                 "--p-lose-node", "1.5"]) != 0
+    assert (
+        main(
+            [
+                "model",
+                "--preset",
+                "gpt3-175b",
+                "--profile",
+                "cloud-s3",
+                "--local",
+                "local-nvme",
+                "--p-lose-node",
+                "1.5",
+            ]
+        )
+        != 0
+    )
     captured = capsys.readouterr()
     assert "--p-lose-node: expected a number from 0 to 1" in captured.out + captured.err

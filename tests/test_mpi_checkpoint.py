@@ -26,10 +26,17 @@ def mpiexec() -> list[str]:
 
 
 def run_mpi(n: int, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1", "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe"}
+    env = {
+        **os.environ,
+        "OMPI_MCA_rmaps_base_oversubscribe": "1",
+        "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+    }
     proc = subprocess.run(
         [*mpiexec(), "-n", str(n), sys.executable, *args],
-        capture_output=True, text=True, timeout=180, env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
@@ -71,6 +78,11 @@ def test_failure_on_one_rank_commits_nothing(tmp_path: Path) -> None:
         "else:\n    print('SAVED', flush=True)\n"
     )
     # rank 1 raises before the collective: mpiexec must not hang, and nothing is committed
-    proc = subprocess.run([*mpiexec(), "-n", "2", sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [*mpiexec(), "-n", "2", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "SAVED" not in proc.stdout
     assert ckptio.open_checkpoint(url).step == 1

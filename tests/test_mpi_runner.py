@@ -18,16 +18,30 @@ pytest.importorskip("pyarrow")
 from ckptio.results import read_results
 from ckptio.workload import make_plan
 
-RUN = ["-m", "ckptio.cli", "run", "memory://", "--preset", "llama3-8b", "--scale", "2e-4",
-       "--iterations", "1", "--json"]
+RUN = [
+    "-m",
+    "ckptio.cli",
+    "run",
+    "memory://",
+    "--preset",
+    "llama3-8b",
+    "--scale",
+    "2e-4",
+    "--iterations",
+    "1",
+    "--json",
+]
 
 
-def _check(out: Path, proc: subprocess.CompletedProcess[str], ranks: int, communicator: str) -> None:
+def _check(
+    out: Path, proc: subprocess.CompletedProcess[str], ranks: int, communicator: str
+) -> None:
     try:
         _check_results(out, proc.stdout, ranks, communicator)
     except (AssertionError, ValueError) as err:
-        raise AssertionError(f"{err}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n"
-                             f"{proc.stderr[-4000:]}") from err
+        raise AssertionError(
+            f"{err}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
+        ) from err
 
 
 def _check_results(out: Path, stdout: str, ranks: int, communicator: str) -> None:
@@ -47,13 +61,17 @@ def _check_results(out: Path, stdout: str, ranks: int, communicator: str) -> Non
 
 def _launch(cmd: list[str], out: Path, env: dict[str, str], communicator: str) -> None:
     """Run the 2-rank command under its launcher, writing to ``out``, and check the results."""
-    proc = subprocess.run([*cmd, "--out", str(out)], capture_output=True, text=True, timeout=240, env=env)
+    proc = subprocess.run(
+        [*cmd, "--out", str(out)], capture_output=True, text=True, timeout=240, env=env
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     _check(out, proc, 2, communicator)
 
 
-needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None,
-                                 reason="torch is not installed (CI installs torch==2.13.0)")
+needs_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None,
+    reason="torch is not installed (CI installs torch==2.13.0)",
+)
 
 
 @pytest.mark.mpi
@@ -64,8 +82,22 @@ def test_run_under_mpiexec_two_ranks(tmp_path: Path) -> None:
     pytest.importorskip("mpi4py")
     out = tmp_path / "out"
     env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-    _launch([exe, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "2",
-             sys.executable, *RUN], out, env, "MPICommunicator")
+    _launch(
+        [
+            exe,
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "-n",
+            "2",
+            sys.executable,
+            *RUN,
+        ],
+        out,
+        env,
+        "MPICommunicator",
+    )
 
 
 @pytest.mark.torch
@@ -73,8 +105,20 @@ def test_run_under_mpiexec_two_ranks(tmp_path: Path) -> None:
 def test_run_under_torchrun_two_ranks(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI", "PMIX"))}
-    _launch([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-             "--standalone", *RUN], out, env, "TorchCommunicator")
+    _launch(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--standalone",
+            *RUN,
+        ],
+        out,
+        env,
+        "TorchCommunicator",
+    )
 
 
 @pytest.mark.torch
@@ -91,8 +135,12 @@ def test_shutdown_ends_only_the_group_ckptio_started(monkeypatch: pytest.MonkeyP
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": str(port)}.items():
+    for k, v in {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr(dist, "_DETECTED", None)  # what earlier tests detected (one process)
     assert dist.under_torchrun() and not tdist.is_initialized()

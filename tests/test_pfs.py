@@ -82,7 +82,9 @@ def test_pfs_mount_table_parsing(tmp_path: Path) -> None:
 def test_pfs_unknown_fs_and_options_are_refused(tmp_path: Path) -> None:
     with pytest.raises(errors.InvalidArgumentError, match="valid: auto, lustre, gpfs"):
         ParallelFSStore(f"pfs://{tmp_path}", fs="zfs")
-    with pytest.raises(errors.InvalidArgumentError, match="stripe_size must be a positive multiple of 64 KiB"):
+    with pytest.raises(
+        errors.InvalidArgumentError, match="stripe_size must be a positive multiple of 64 KiB"
+    ):
         ParallelFSStore(f"pfs://{tmp_path}", stripe_size="100KiB")
     with pytest.raises(errors.InvalidArgumentError, match="stripe_count"):
         ParallelFSStore(f"pfs://{tmp_path}", stripe_count=0)
@@ -97,7 +99,10 @@ def test_pfs_url_options_and_kind_defaults(tmp_path: Path) -> None:
     assert s.direct and s.fanout and s.preferred_key_layout == "hashed"
     g = open_store(f"pfs://{tmp_path}/r?fs=glusterfs")
     assert not g.fanout and g.preferred_key_layout == "flat"  # type: ignore[attr-defined]
-    assert open_store(f"pfs://{tmp_path}/r?fs=gpfs&fanout=0&direct=false").preferred_key_layout == "flat"
+    assert (
+        open_store(f"pfs://{tmp_path}/r?fs=gpfs&fanout=0&direct=false").preferred_key_layout
+        == "flat"
+    )
 
 
 # -- conformance on local disk -----------------------------------------------------------------
@@ -118,7 +123,9 @@ class TestPfsLocalDiskAsLustreDirect(TestPfsLocalDisk):
     @pytest.fixture
     def store(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
         monkeypatch.setenv("LFS_LOG", str(tmp_path / "lfs.log"))
-        return ParallelFSStore(f"pfs://{tmp_path}/root", fs="lustre", lfs=str(FIXTURES / "lfs"), block_size="1MiB")
+        return ParallelFSStore(
+            f"pfs://{tmp_path}/root", fs="lustre", lfs=str(FIXTURES / "lfs"), block_size="1MiB"
+        )
 
 
 # -- positional writes -------------------------------------------------------------------------
@@ -152,7 +159,9 @@ def test_pfs_positional_open_of_a_missing_object_names_it(tmp_path: Path) -> Non
 
 
 def test_pfs_memory_store_refuses_the_shared_file_layout(memory_url: str) -> None:
-    with pytest.raises(errors.InvalidArgumentError, match=r"needs positional writes.*valid here: file-per-shard"):
+    with pytest.raises(
+        errors.InvalidArgumentError, match=r"needs positional writes.*valid here: file-per-shard"
+    ):
         ckptio.save({"x": np.zeros(4)}, memory_url, step=1, layout="shared-file")
     with pytest.raises(errors.InvalidArgumentError, match="valid: file-per-shard, shared-file"):
         ckptio.save({"x": np.zeros(4)}, memory_url, step=1, layout="n-1")
@@ -161,7 +170,10 @@ def test_pfs_memory_store_refuses_the_shared_file_layout(memory_url: str) -> Non
 # -- layouts, one process ----------------------------------------------------------------------
 
 STATE = {
-    "model": {"w": np.arange(200 * 300, dtype=np.float32).reshape(200, 300), "b": np.ones(7, np.float16)},
+    "model": {
+        "w": np.arange(200 * 300, dtype=np.float32).reshape(200, 300),
+        "b": np.ones(7, np.float16),
+    },
     "opt": {"m": np.full((50, 50), 3, dtype=np.int8)},
     "step": 3,
 }
@@ -236,7 +248,15 @@ def lfs_calls(log: Path) -> list[list[str]]:
 
 def test_lustre_stripe_count_by_size() -> None:
     gib = 2**30
-    assert [stripe_for(n) for n in (1, gib - 1, gib, 8 * gib - 1, 8 * gib, 64 * gib, 10**15)] == [1, 1, 4, 4, 8, -1, -1]
+    assert [stripe_for(n) for n in (1, gib - 1, gib, 8 * gib - 1, 8 * gib, 64 * gib, 10**15)] == [
+        1,
+        1,
+        4,
+        4,
+        8,
+        -1,
+        -1,
+    ]
 
 
 def test_lustre_each_shard_file_is_created_by_lfs_setstripe(tmp_path: Path, lfs_log: Path) -> None:
@@ -247,7 +267,9 @@ def test_lustre_each_shard_file_is_created_by_lfs_setstripe(tmp_path: Path, lfs_
     store.publish("a/manifest.json", b"{}")  # small commit object: default layout, no lfs
     (call,) = lfs_calls(lfs_log)
     assert call[:5] == ["setstripe", "-c", "1", "-S", str(4 * MiB)]
-    assert re.fullmatch(re.escape(f"{tmp_path}/run/a/.shard.bin.ckptio-tmp-") + "[0-9a-f]{12}", call[5])
+    assert re.fullmatch(
+        re.escape(f"{tmp_path}/run/a/.shard.bin.ckptio-tmp-") + "[0-9a-f]{12}", call[5]
+    )
     assert store.get("a/shard.bin") == data.tobytes()
     assert [e.op for e in store.trace.events() if e.op == "setstripe"] == ["setstripe"]
 
@@ -274,10 +296,13 @@ def test_lustre_shared_file_and_shards_in_a_checkpoint(tmp_path: Path, lfs_log: 
     assert len(calls) == 2
     shared, shard = calls
     assert shared[:5] == ["setstripe", "-c", "1", "-S", "1048576"]
-    assert re.fullmatch(re.escape(f"{tmp_path}/run/step-0000000005/data/shared-") + "[0-9a-f]{8}\\.bin", shared[5])
+    assert re.fullmatch(
+        re.escape(f"{tmp_path}/run/step-0000000005/data/shared-") + "[0-9a-f]{8}\\.bin", shared[5]
+    )
     # N-N: the shard object's temp file, in a fan-out directory (hashed keys on Lustre)
     assert re.fullmatch(
-        re.escape(f"{tmp_path}/run/step-0000000006/data/") + r"[0-9a-f]{2}/\.rank-00000-000-[0-9a-f]{8}\.bin\.ckptio-tmp-[0-9a-f]{12}",
+        re.escape(f"{tmp_path}/run/step-0000000006/data/")
+        + r"[0-9a-f]{2}/\.rank-00000-000-[0-9a-f]{8}\.bin\.ckptio-tmp-[0-9a-f]{12}",
         shard[5],
     )
     for step in (5, 6):
@@ -285,17 +310,25 @@ def test_lustre_shared_file_and_shards_in_a_checkpoint(tmp_path: Path, lfs_log: 
         assert ckptio.verify(url, step=step) == []
 
 
-def test_lustre_lfs_failure_is_a_clear_error(tmp_path: Path, lfs_log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lustre_lfs_failure_is_a_clear_error(
+    tmp_path: Path, lfs_log: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("LFS_FAIL", "1")
     store = ParallelFSStore(f"pfs://{tmp_path}/run", fs="lustre")
     with pytest.raises(errors.StorageError) as info:
         store.put("x.bin", b"z" * 100)
     msg = str(info.value)
-    assert f"cannot stripe {tmp_path}/run/x.bin" in msg and "lfs setstripe -c 1" in msg and "exited 28" in msg
+    assert (
+        f"cannot stripe {tmp_path}/run/x.bin" in msg
+        and "lfs setstripe -c 1" in msg
+        and "exited 28" in msg
+    )
     assert store.list("") == [] and store.list_incomplete("") == []
 
 
-def test_lustre_without_lfs_warns_and_still_writes(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_lustre_without_lfs_warns_and_still_writes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     store = ParallelFSStore(f"pfs://{tmp_path}/run", fs="lustre", lfs="no-such-lfs-here")
     with caplog.at_level(logging.WARNING, logger="ckptio.backends.parallelfs"):
         store.put("x.bin", b"z" * 100)
@@ -328,28 +361,41 @@ def test_pfs_read_only_filesystem_error_names_the_path(small_tmpfs: Path) -> Non
     subprocess.run(["mount", "-o", "remount,ro", str(small_tmpfs)], check=True)
     store = ParallelFSStore(url)
     assert store.fs.kind == "tmpfs"
-    with pytest.raises(errors.StoragePermissionError, match=re.escape(f"{small_tmpfs}/run/a.bin") + ".*Read-only file system"):
+    with pytest.raises(
+        errors.StoragePermissionError,
+        match=re.escape(f"{small_tmpfs}/run/a.bin") + ".*Read-only file system",
+    ):
         store.put("a.bin", b"x")
-    with pytest.raises(errors.SaveFailedError, match=re.escape(f"{small_tmpfs}/run/step-0000000002") + ".*Read-only file system") as info:
+    with pytest.raises(
+        errors.SaveFailedError,
+        match=re.escape(f"{small_tmpfs}/run/step-0000000002") + ".*Read-only file system",
+    ) as info:
         ckptio.save({"x": np.zeros(10)}, url, step=2)
     assert isinstance(info.value.__cause__, errors.StoragePermissionError)
     assert np.array_equal(ckptio.load(url)["x"], np.ones(10))  # still readable
 
 
 @pytest.mark.parametrize("layout", ["file-per-shard", "shared-file"])
-def test_pfs_full_filesystem_mid_save_keeps_the_earlier_checkpoint(small_tmpfs: Path, layout: str) -> None:
+def test_pfs_full_filesystem_mid_save_keeps_the_earlier_checkpoint(
+    small_tmpfs: Path, layout: str
+) -> None:
     url = f"pfs://{small_tmpfs}/run"
     small = {"w": np.arange(64 * 1024, dtype=np.float32)}  # 256 KiB
     ckptio.save(small, url, step=1, layout=layout)
     big = {"w": np.random.default_rng(0).random(3 * MiB // 8)}  # 3 MiB > 2 MiB: ENOSPC midway
-    with pytest.raises(errors.SaveFailedError, match=re.escape(f"{small_tmpfs}/run/step-0000000002/data/") + ".*No space left") as info:
+    with pytest.raises(
+        errors.SaveFailedError,
+        match=re.escape(f"{small_tmpfs}/run/step-0000000002/data/") + ".*No space left",
+    ) as info:
         ckptio.save(big, url, step=2, layout=layout, chunk_size=256 * 1024)
     assert isinstance(info.value.__cause__, errors.NoSpaceError)
     # the earlier checkpoint loads and verifies; the failed one left no data or temp files
     assert ckptio.open_checkpoint(url).step == 1
     assert np.array_equal(ckptio.load(url)["w"], small["w"])
     assert ckptio.verify(url) == []
-    assert [p for p in walk_files(str(small_tmpfs / "run")) if p.startswith("step-0000000002")] == []
+    assert [
+        p for p in walk_files(str(small_tmpfs / "run")) if p.startswith("step-0000000002")
+    ] == []
     # and after freeing nothing, a small save still fits: the space of the failed one came back
     ckptio.save(small, url, step=3, layout=layout)
     assert ckptio.open_checkpoint(url).step == 3

@@ -60,7 +60,9 @@ json_values = st.recursive(
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=12)
     | st.sampled_from([0, -1, 1 << 62, 1 << 63, 4096, "data/../x", "/etc/passwd", "float32", "O"]),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -99,7 +101,11 @@ def mutated_docs(draw):
             del parent[last]
         elif action == "add" and isinstance(parent, dict):
             parent[draw(st.text(max_size=8))] = draw(json_values)
-        elif action == "nudge" and isinstance(parent[last], int) and not isinstance(parent[last], bool):
+        elif (
+            action == "nudge"
+            and isinstance(parent[last], int)
+            and not isinstance(parent[last], bool)
+        ):
             parent[last] += draw(st.sampled_from([-4097, -1, 1, 4096, 1 << 40]))
     return doc
 
@@ -260,8 +266,13 @@ def test_save_load_round_trip(state, chunk_size, max_object_size, metadata, bloc
         return
     try:
         handle = ckptio.save(
-            state, url, step=1, metadata=metadata, blocking=blocking,
-            chunk_size=chunk_size, max_object_size=max_object_size,
+            state,
+            url,
+            step=1,
+            metadata=metadata,
+            blocking=blocking,
+            chunk_size=chunk_size,
+            max_object_size=max_object_size,
         )
         handle.wait()
         back = ckptio.load(url)
@@ -273,8 +284,6 @@ def test_save_load_round_trip(state, chunk_size, max_object_size, metadata, bloc
         memory._SPACES.pop(url.split("://", 1)[1], None)
 
 
-
-
 @st.composite
 def boxes(draw):
     """An array and a basic index (unit-step slices, negative bounds, ints) into it."""
@@ -284,7 +293,12 @@ def boxes(draw):
         if n and draw(st.booleans()):
             index.append(draw(st.integers(-n, n - 1)))
         else:
-            index.append(slice(draw(st.none() | st.integers(-n - 2, n + 2)), draw(st.none() | st.integers(-n - 2, n + 2))))
+            index.append(
+                slice(
+                    draw(st.none() | st.integers(-n - 2, n + 2)),
+                    draw(st.none() | st.integers(-n - 2, n + 2)),
+                )
+            )
     return arr, tuple(index)
 
 

@@ -54,10 +54,15 @@ SAVER = textwrap.dedent(
 )
 
 
-def start_held_saver(url: str, step: int, *, keep_last: int | None = None, env=None) -> subprocess.Popen:
+def start_held_saver(
+    url: str, step: int, *, keep_last: int | None = None, env=None
+) -> subprocess.Popen:
     proc = subprocess.Popen(
         [sys.executable, "-c", SAVER, url, str(step), str(keep_last or "-"), json.dumps(OPTS)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         env={**os.environ, **(env or {})},
     )
     line = proc.stdout.readline().strip()
@@ -97,8 +102,13 @@ def test_default_gc_spares_a_resumed_runs_older_save(target):
     with open_store(url) as store:
         written = [k for k in store.list("step-0000000060/") if "/data/" in k]
     assert len(written) > 20
-    gc = subprocess.run([sys.executable, "-m", "ckptio.cli", "gc", url, "--json"],
-                        capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=120)
+    gc = subprocess.run(
+        [sys.executable, "-m", "ckptio.cli", "gc", url, "--json"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
     assert gc.returncode == 0, gc.stderr
     assert not [k for k in json.loads(gc.stdout)["removed"] if k.startswith("step-0000000060/")]
     finish(saver)
@@ -112,11 +122,16 @@ def test_another_jobs_retention_spares_a_save_in_flight(target, caplog):
     and A is told that another process saves under its root."""
     url, env = target
     saver = start_held_saver(url, 7, keep_last=2, env=env)
-    with caplog.at_level("WARNING", logger="ckptio.checkpoint"), ckptio.Checkpointer(url, keep_last=2, **OPTS) as a:
+    with (
+        caplog.at_level("WARNING", logger="ckptio.checkpoint"),
+        ckptio.Checkpointer(url, keep_last=2, **OPTS) as a,
+    ):
         for step in (8, 9, 10):
             a.save(expected_state(step), step)
-    assert any("another process is saving" in r.getMessage() and f"pid {saver.pid}" in r.getMessage()
-               for r in caplog.records), caplog.text
+    assert any(
+        "another process is saving" in r.getMessage() and f"pid {saver.pid}" in r.getMessage()
+        for r in caplog.records
+    ), caplog.text
     finish(saver)
     committed_whole(url, 7)
 
@@ -129,7 +144,7 @@ def test_a_manifest_never_names_a_missing_object(tmp_path):
     store = open_store(url)
     victim = next(k for k in store.list("step-0000000003/") if "/data/" in k)
     store.delete([victim])
-    out, err = saver.communicate("go\n", timeout=120)
+    _out, err = saver.communicate("go\n", timeout=120)
     assert saver.returncode != 0
     assert "vanished before its commit" in err and victim in err, err
     assert ck.committed_steps(store) == []
@@ -138,8 +153,9 @@ def test_a_manifest_never_names_a_missing_object(tmp_path):
 def test_a_save_whose_lease_lapsed_does_not_commit(tmp_path, monkeypatch):
     """A save held up longer than half its lease (a stalled host) may have had its data taken
     by a gc elsewhere: it fails instead of publishing."""
-    from ckptio import lease as leases
     from ckptio.backends.local import LocalStore
+
+    from ckptio import lease as leases
 
     monkeypatch.setattr(leases, "LEASE_SECONDS", 0.4)
     monkeypatch.setattr(leases, "REFRESH_SECONDS", 60.0)  # no refresh in time
@@ -163,16 +179,27 @@ def test_leases_are_judged_by_heartbeat_from_another_host(tmp_path):
     store.put("step-0000000004/data/rank-00000-000-aaaaaaaa.bin", b"x" * 10)
 
     def lease(heartbeat: float) -> None:
-        doc = {"kind": "ckptio-save-lease", "version": 1, "step": 4, "token": "aaaaaaaa",
-               "host": "elsewhere", "boot_id": "", "pid": 1, "start_ticks": None,
-               "heartbeat": heartbeat, "lease_seconds": 300.0}
+        doc = {
+            "kind": "ckptio-save-lease",
+            "version": 1,
+            "step": 4,
+            "token": "aaaaaaaa",
+            "host": "elsewhere",
+            "boot_id": "",
+            "pid": 1,
+            "start_ticks": None,
+            "heartbeat": heartbeat,
+            "lease_seconds": 300.0,
+        }
         store.publish("step-0000000004/saving-aaaaaaaa.json", json.dumps(doc).encode())
 
     lease(time.time() - 10)
     assert ckptio.collect_garbage(store, unfinished=True) == []
     lease(time.time() - 400)
     assert sorted(ckptio.collect_garbage(store, unfinished=True)) == [
-        "step-0000000004/data/rank-00000-000-aaaaaaaa.bin", "step-0000000004/saving-aaaaaaaa.json"]
+        "step-0000000004/data/rank-00000-000-aaaaaaaa.bin",
+        "step-0000000004/saving-aaaaaaaa.json",
+    ]
     store.put("step-0000000005/data/rank-00000-000-bbbbbbbb.bin", b"y")
     store.publish("step-0000000005/saving-bbbbbbbb.json", b"\x00not json")
     assert len(ckptio.collect_garbage(store, unfinished=True)) == 2
@@ -240,16 +267,27 @@ def test_loads_beside_saves_with_retention_never_fail(request, tmp_path, kind, l
         url = f"s3://{request.getfixturevalue('s3_bucket')}/run"
         env = request.getfixturevalue("s3_env")
     full_env = {**os.environ, **env}
-    trainer = subprocess.Popen([sys.executable, "-c", TRAINER, url, str(grace)], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
+    trainer = subprocess.Popen(
+        [sys.executable, "-c", TRAINER, url, str(grace)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+    )
     try:
         assert trainer.stdout.readline().strip() == "first", trainer.stderr.read()
-        reader = subprocess.run([sys.executable, "-c", READER, url, str(loads)], capture_output=True,
-                                text=True, env=full_env, timeout=900)
+        reader = subprocess.run(
+            [sys.executable, "-c", READER, url, str(loads)],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=900,
+        )
         assert reader.returncode == 0, reader.stderr
         summary = json.loads(reader.stdout)
     finally:
-        out, err = trainer.communicate("stop\n", timeout=120)
+        _out, err = trainer.communicate("stop\n", timeout=120)
     assert trainer.returncode == 0, err
     print(summary)
     assert summary["failures"] == {}, summary

@@ -19,11 +19,30 @@ def two_sites(tmp_path):
     """One result directory written "on another machine" (--site lab, emulated cloud-s3 with
     fast figures), one local (--site laptop, file://)."""
     lab, here = tmp_path / "from-lab", tmp_path / "here"
-    assert main(["run", "memory://lab", *RUN, "--site", "lab", "--emulate", "cloud-s3",
-                 "--option", "request_latency=5ms", "--option", "metadata_latency=5ms",
-                 "--out", str(lab)]) == 0
-    assert main(["run", f"file://{tmp_path / 'data'}", *RUN, "--site", "laptop",
-                 "--out", str(here)]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "memory://lab",
+                *RUN,
+                "--site",
+                "lab",
+                "--emulate",
+                "cloud-s3",
+                "--option",
+                "request_latency=5ms",
+                "--option",
+                "metadata_latency=5ms",
+                "--out",
+                str(lab),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(["run", f"file://{tmp_path / 'data'}", *RUN, "--site", "laptop", "--out", str(here)])
+        == 0
+    )
     return lab, here
 
 
@@ -31,8 +50,12 @@ def test_results_from_two_sites_merge_into_one_report(two_sites, tmp_path, capsy
     lab, here = two_sites
     capsys.readouterr()
     out = tmp_path / "merged"
-    assert main(["report", str(lab), str(here), "--out", str(out), "--json",
-                 "--project", "llama3-70b"]) == 0
+    assert (
+        main(
+            ["report", str(lab), str(here), "--out", str(out), "--json", "--project", "llama3-70b"]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out, parse_constant=_no_nan)  # strict JSON
     assert result["sites"] == ["lab", "laptop"]
     by_site = {s["site"]: s for s in result["summary"]}
@@ -66,9 +89,28 @@ def test_report_of_nothing_is_an_error(tmp_path, capsys) -> None:
 
 def test_sweep_results_give_the_concurrency_plot(tmp_path, capsys) -> None:
     sweep_dir = tmp_path / "sweep"
-    assert main(["sweep", "memory://sweep", *RUN, "--emulate", "cloud-s3", "--streams", "1,4",
-                 "--part-size", "512KiB", "--option", "request_latency=5ms",
-                 "--option", "metadata_latency=5ms", "--out", str(sweep_dir)]) == 0
+    assert (
+        main(
+            [
+                "sweep",
+                "memory://sweep",
+                *RUN,
+                "--emulate",
+                "cloud-s3",
+                "--streams",
+                "1,4",
+                "--part-size",
+                "512KiB",
+                "--option",
+                "request_latency=5ms",
+                "--option",
+                "metadata_latency=5ms",
+                "--out",
+                str(sweep_dir),
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     out = tmp_path / "r"
     assert main(["report", str(sweep_dir), "--out", str(out), "--json"]) == 0
@@ -94,9 +136,12 @@ def test_plot_axes_fit_the_data_and_name_their_units(two_sites, tmp_path, monkey
     assert main(["report", str(lab), str(here), "--out", str(tmp_path / "rep")]) == 0
     import pyarrow.parquet as pq
 
-    slowest = max(max(pq.read_table(p).column("seconds").to_pylist())
-                  for d in (lab, here) for p in d.glob("*.requests.parquet"))
-    lo, hi = seen["latency.png"].axes[0].get_xlim()
+    slowest = max(
+        max(pq.read_table(p).column("seconds").to_pylist())
+        for d in (lab, here)
+        for p in d.glob("*.requests.parquet")
+    )
+    _lo, hi = seen["latency.png"].axes[0].get_xlim()
     assert hi <= slowest * 1e3 * 100, (hi, slowest)  # ms; room for the labels, not 3 decades
     labels = [a.get_ylabel() for ax in seen["cost.png"].axes for a in (ax, *ax.child_axes)]
     assert any("price units per GPU-hour" in label for label in labels), labels

@@ -13,13 +13,43 @@ from ckptio import errors, results
 
 
 def _rows(run_id: str, site: str) -> dict:
-    req = [{"run_id": run_id, "target": "t", "rank": 0, "iteration": 0, "phase": "write",
-            "op": "write", "key": "k", "nbytes": 10, "start": 1.0, "end": 2.0, "seconds": 1.0,
-            "attempt": 1, "outcome": "ok", "backend": "memory", "thread": 1}]
-    ph = [{"run_id": run_id, "target": "t", "rank": 0, "iteration": 0, "phase": "write",
-           "bytes": 10, "seconds": 1.0, "start": 1.0, "end": 2.0, "cache": "n/a"}]
-    run = [{c: None for c, _ in results.RUN_COLUMNS} | {"run_id": run_id, "site": site,
-            "checkpoint_bytes": 10, "ranks": 1, "kind": "run"}]
+    req = [
+        {
+            "run_id": run_id,
+            "target": "t",
+            "rank": 0,
+            "iteration": 0,
+            "phase": "write",
+            "op": "write",
+            "key": "k",
+            "nbytes": 10,
+            "start": 1.0,
+            "end": 2.0,
+            "seconds": 1.0,
+            "attempt": 1,
+            "outcome": "ok",
+            "backend": "memory",
+            "thread": 1,
+        }
+    ]
+    ph = [
+        {
+            "run_id": run_id,
+            "target": "t",
+            "rank": 0,
+            "iteration": 0,
+            "phase": "write",
+            "bytes": 10,
+            "seconds": 1.0,
+            "start": 1.0,
+            "end": 2.0,
+            "cache": "n/a",
+        }
+    ]
+    run = [
+        {c: None for c, _ in results.RUN_COLUMNS}
+        | {"run_id": run_id, "site": site, "checkpoint_bytes": 10, "ranks": 1, "kind": "run"}
+    ]
     return {"requests": req, "phases": ph, "runs": run}
 
 
@@ -55,8 +85,15 @@ def test_credentials_are_hidden(tmp_path: Path) -> None:
     clean = redact_url(url)
     assert "supersecret" not in clean and "AKIAXXXX" not in clean
     assert "abc" not in clean and "zzz" not in clean and "region=us-east-1" in clean
-    side = results.sidecar("r", config={"url": url, "aws_secret_access_key": "k2",
-                                        "env": {"AWS_SECRET_ACCESS_KEY": "k3"}, "streams": 4})
+    side = results.sidecar(
+        "r",
+        config={
+            "url": url,
+            "aws_secret_access_key": "k2",
+            "env": {"AWS_SECRET_ACCESS_KEY": "k3"},
+            "streams": 4,
+        },
+    )
     text = json.dumps(side)
     for secret in ("supersecret", "abc", "zzz", "k2", "k3"):
         assert secret not in text

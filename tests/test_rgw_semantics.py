@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from ckptio.backends import _s3common
 
 import ckptio
 from ckptio import errors
 from ckptio import format as fmt
-from ckptio.backends import _s3common
 from ckptio.registry import open_store
 from ckptio.store import RetryPolicy
 from ckptio.testing.moto import MOTO_AND_RGW, S3Target
@@ -62,8 +62,11 @@ def raw(s3_target: S3Target) -> Any:
     from ckptio.testing.motoserver import TEST_ACCESS_KEY_ID, TEST_REGION, TEST_SECRET_ACCESS_KEY
 
     client = boto3.client(
-        "s3", endpoint_url=s3_target.endpoint, region_name=TEST_REGION,
-        aws_access_key_id=TEST_ACCESS_KEY_ID, aws_secret_access_key=TEST_SECRET_ACCESS_KEY,
+        "s3",
+        endpoint_url=s3_target.endpoint,
+        region_name=TEST_REGION,
+        aws_access_key_id=TEST_ACCESS_KEY_ID,
+        aws_secret_access_key=TEST_SECRET_ACCESS_KEY,
         config=Config(retries={"max_attempts": 1, "mode": "standard"}),
     )
     yield client
@@ -79,7 +82,9 @@ def _mpu(client: Any, bucket: str, key: str, nparts: int = 1) -> tuple[str, list
     upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
     parts = []
     for n in range(1, nparts + 1):
-        etag = client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=n, Body=bytes([n]) * PART)["ETag"]
+        etag = client.upload_part(
+            Bucket=bucket, Key=key, UploadId=upload, PartNumber=n, Body=bytes([n]) * PART
+        )["ETag"]
         parts.append({"PartNumber": n, "ETag": etag})
     return upload, parts
 
@@ -94,13 +99,23 @@ def test_conditional_complete_is_not_relied_on(
     upload, parts = _mpu(s3_client, s3_bucket, "raw/k")
     answer = _answer(
         lambda: s3_client.complete_multipart_upload(
-            Bucket=s3_bucket, Key="raw/k", UploadId=upload, MultipartUpload={"Parts": parts}, IfNoneMatch="*"
+            Bucket=s3_bucket,
+            Key="raw/k",
+            UploadId=upload,
+            MultipartUpload={"Parts": parts},
+            IfNoneMatch="*",
         )
     )
     kept = s3_client.get_object(Bucket=s3_bucket, Key="raw/k")["Body"].read() == b"first"
-    _record(record_property, s3_target, "CompleteMultipartUpload If-None-Match on an existing key",
-            f"{answer}, {'kept' if kept else 'overwritten'}")
-    put = _answer(lambda: s3_client.put_object(Bucket=s3_bucket, Key="raw/k", Body=b"x", IfNoneMatch="*"))
+    _record(
+        record_property,
+        s3_target,
+        "CompleteMultipartUpload If-None-Match on an existing key",
+        f"{answer}, {'kept' if kept else 'overwritten'}",
+    )
+    put = _answer(
+        lambda: s3_client.put_object(Bucket=s3_bucket, Key="raw/k", Body=b"x", IfNoneMatch="*")
+    )
     _record(record_property, s3_target, "PUT If-None-Match on an existing key", put)
 
     # ckptio: a create-if-absent larger than several parts is still one PUT, and refused
@@ -147,8 +162,12 @@ def test_multipart_object_size_and_content(
         Bucket=s3_bucket, Key="raw/mpu", UploadId=upload, MultipartUpload={"Parts": parts}
     )
     head = s3_client.head_object(Bucket=s3_bucket, Key="raw/mpu")
-    _record(record_property, s3_target, "CompleteMultipartUpload ETag / HEAD ETag",
-            f"{resp.get('ETag')!r} / {head['ETag']!r}")
+    _record(
+        record_property,
+        s3_target,
+        "CompleteMultipartUpload ETag / HEAD ETag",
+        f"{resp.get('ETag')!r} / {head['ETag']!r}",
+    )
 
     url = f"{scheme}://{s3_bucket}/ck?part_size=5MiB"
     state = {"w": np.random.default_rng(1).standard_normal(2 * PART // 8 + 123)}  # 2+ parts
@@ -159,7 +178,10 @@ def test_multipart_object_size_and_content(
         manifest = ckptio.checkpoint.read_manifest(store, 1)
         for key in manifest.objects:
             full = f"ck/{fmt.step_dir(1)}/{key}"
-            assert store.size(f"{fmt.step_dir(1)}/{key}") == s3_client.head_object(Bucket=s3_bucket, Key=full)["ContentLength"]
+            assert (
+                store.size(f"{fmt.step_dir(1)}/{key}")
+                == s3_client.head_object(Bucket=s3_bucket, Key=full)["ContentLength"]
+            )
 
 
 # -- integrity ---------------------------------------------------------------------------------
@@ -170,8 +192,16 @@ def test_wrong_checksums_and_a_corrupted_object(
 ) -> None:
     s3_client = raw
     wrong_md5 = base64.b64encode(hashlib.md5(b"other").digest()).decode()
-    md5 = _answer(lambda: s3_client.put_object(Bucket=s3_bucket, Key="raw/md5", Body=b"abc", ContentMD5=wrong_md5))
-    crc = _answer(lambda: s3_client.put_object(Bucket=s3_bucket, Key="raw/crc", Body=b"abc", ChecksumCRC32C="AAAAAA=="))
+    md5 = _answer(
+        lambda: s3_client.put_object(
+            Bucket=s3_bucket, Key="raw/md5", Body=b"abc", ContentMD5=wrong_md5
+        )
+    )
+    crc = _answer(
+        lambda: s3_client.put_object(
+            Bucket=s3_bucket, Key="raw/crc", Body=b"abc", ChecksumCRC32C="AAAAAA=="
+        )
+    )
     _record(record_property, s3_target, "PUT with a wrong Content-MD5", md5)
     _record(record_property, s3_target, "PUT with a wrong x-amz-checksum-crc32c", crc)
 
@@ -179,7 +209,10 @@ def test_wrong_checksums_and_a_corrupted_object(
     try:
         s3_client.put_object(Bucket=s3_bucket, Key="raw/md5", Body=b"abc", ContentMD5=wrong_md5)
     except Exception as err:
-        assert isinstance(_s3common.translate_error(err, action="write", key="k", where="w"), errors.TransientStorageError)
+        assert isinstance(
+            _s3common.translate_error(err, action="write", key="k", where="w"),
+            errors.TransientStorageError,
+        )
     # and an object damaged anyway (the server accepted what it did not check) is found at load
     url = f"s3://{s3_bucket}/run"
     ckptio.save({"w": np.arange(4096, dtype=np.float32)}, url, step=1)
@@ -202,8 +235,14 @@ def test_abort_leaves_nothing(
 ) -> None:
     upload, _ = _mpu(s3_client, s3_bucket, "raw/aborted")
     s3_client.abort_multipart_upload(Bucket=s3_bucket, Key="raw/aborted", UploadId=upload)
-    listed = _answer(lambda: s3_client.list_parts(Bucket=s3_bucket, Key="raw/aborted", UploadId=upload))
-    again = _answer(lambda: s3_client.abort_multipart_upload(Bucket=s3_bucket, Key="raw/aborted", UploadId=upload))
+    listed = _answer(
+        lambda: s3_client.list_parts(Bucket=s3_bucket, Key="raw/aborted", UploadId=upload)
+    )
+    again = _answer(
+        lambda: s3_client.abort_multipart_upload(
+            Bucket=s3_bucket, Key="raw/aborted", UploadId=upload
+        )
+    )
     _record(record_property, s3_target, "list_parts / abort after an abort", f"{listed} / {again}")
 
     with open_store(f"{scheme}://{s3_bucket}/w", part_size="5MiB", streams=2) as store:
@@ -222,10 +261,22 @@ def test_a_write_whose_upload_was_aborted_fails_and_leaves_nothing(
     s3_client = raw
     upload, parts = _mpu(s3_client, s3_bucket, "raw/gone")
     s3_client.abort_multipart_upload(Bucket=s3_bucket, Key="raw/gone", UploadId=upload)
-    part = _answer(lambda: s3_client.upload_part(Bucket=s3_bucket, Key="raw/gone", UploadId=upload, PartNumber=2, Body=b"x"))
-    done = _answer(lambda: s3_client.complete_multipart_upload(
-        Bucket=s3_bucket, Key="raw/gone", UploadId=upload, MultipartUpload={"Parts": parts}))
-    _record(record_property, s3_target, "UploadPart / CompleteMultipartUpload after an abort", f"{part} / {done}")
+    part = _answer(
+        lambda: s3_client.upload_part(
+            Bucket=s3_bucket, Key="raw/gone", UploadId=upload, PartNumber=2, Body=b"x"
+        )
+    )
+    done = _answer(
+        lambda: s3_client.complete_multipart_upload(
+            Bucket=s3_bucket, Key="raw/gone", UploadId=upload, MultipartUpload={"Parts": parts}
+        )
+    )
+    _record(
+        record_property,
+        s3_target,
+        "UploadPart / CompleteMultipartUpload after an abort",
+        f"{part} / {done}",
+    )
 
     with open_store(f"s3+boto3://{s3_bucket}/w", part_size="5MiB", streams=2) as store:
         store.retry_policy = FAST_RETRIES

@@ -22,8 +22,9 @@ from ckptio.workload import make_plan
 
 
 def ckptio_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ckptio.cli", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ckptio.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def check_request_rows(out: Path, ranks: int) -> None:
@@ -47,7 +48,8 @@ def check_request_rows(out: Path, ranks: int) -> None:
     assert sum(r["nbytes"] for r in written) == plan.total_bytes
     phases = res.phases.to_pylist()
     assert {(p["rank"], p["phase"]) for p in phases} >= {
-        (r, ph) for r in range(ranks) for ph in ("generate", "write", "flush", "read", "verify")}
+        (r, ph) for r in range(ranks) for ph in ("generate", "write", "flush", "read", "verify")
+    }
     assert run["write_GBps"] > 0 and run["read_GBps"] > 0 and run["generate_GBps"] > 0
     assert run["min_rank_write_GBps"] <= run["write_GBps"] * ranks
     assert res.sidecars[0]["config"]["ranks"] == ranks
@@ -55,8 +57,21 @@ def check_request_rows(out: Path, ranks: int) -> None:
 
 def test_run_memory_on_two_local_ranks_writes_a_row_per_request(tmp_path: Path) -> None:
     out = tmp_path / "results"
-    r = ckptio_cli("run", "memory://", "--preset", "llama3-8b", "--scale", "2e-4", "--ranks", "2",
-                   "--iterations", "1", "--out", str(out), "--json")
+    r = ckptio_cli(
+        "run",
+        "memory://",
+        "--preset",
+        "llama3-8b",
+        "--scale",
+        "2e-4",
+        "--ranks",
+        "2",
+        "--iterations",
+        "1",
+        "--out",
+        str(out),
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert len(doc["peak_rss_bytes"]) == 2
@@ -66,8 +81,9 @@ def test_run_memory_on_two_local_ranks_writes_a_row_per_request(tmp_path: Path) 
 def test_run_on_files_leaves_a_checkpoint_that_verifies(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/target"
     plan = make_plan("llama3-8b", total_size="24MiB", object_size="1MiB")
-    summary = run_workload(url, plan, iterations=2, comm=SingleProcess(), out_dir=tmp_path / "out",
-                           pause=0.01)
+    summary = run_workload(
+        url, plan, iterations=2, comm=SingleProcess(), out_dir=tmp_path / "out", pause=0.01
+    )
     assert len(summary.runs) == 2
     assert summary.cache in ("o_direct", "fadvise")
     # keep=last: only the second iteration's checkpoint is left, and it is a valid one
@@ -102,10 +118,26 @@ def test_data_is_incompressible_and_unique_per_object(tmp_path: Path) -> None:
 
 
 def _peak_rss(tmp_path: Path, size: str, name: str) -> list[int]:
-    r = ckptio_cli("run", f"file://{tmp_path}/{name}", "--preset", "llama3-8b",
-                   "--total-size", size, "--object-size", "4MiB", "--inflight", "2",
-                   "--ranks", "2", "--keep", "none", "--out", str(tmp_path / "out"), "--json",
-                   timeout=180)
+    r = ckptio_cli(
+        "run",
+        f"file://{tmp_path}/{name}",
+        "--preset",
+        "llama3-8b",
+        "--total-size",
+        size,
+        "--object-size",
+        "4MiB",
+        "--inflight",
+        "2",
+        "--ranks",
+        "2",
+        "--keep",
+        "none",
+        "--out",
+        str(tmp_path / "out"),
+        "--json",
+        timeout=180,
+    )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)["peak_rss_bytes"]
 
@@ -119,22 +151,45 @@ def test_memory_per_rank_does_not_grow_with_checkpoint_size(tmp_path: Path) -> N
 
 def test_sweep_records_one_point_per_streams_and_part_size(tmp_path: Path) -> None:
     plan = make_plan("llama3-8b", total_size="8MiB", object_size="1MiB")
-    summary = sweep(f"file://{tmp_path}/t", plan, streams=[1, 4], part_sizes=["256KiB", "1MiB"],
-                    comm=SingleProcess(), out_dir=tmp_path / "out", read=False)
+    summary = sweep(
+        f"file://{tmp_path}/t",
+        plan,
+        streams=[1, 4],
+        part_sizes=["256KiB", "1MiB"],
+        comm=SingleProcess(),
+        out_dir=tmp_path / "out",
+        read=False,
+    )
     merged = read_results([tmp_path / "out"])
     rows = merged.runs.to_pylist()
     assert merged.sidecars[0]["machine"]["filesystem"]  # statfs type of the file:// target
     assert len(rows) == 4 and {r["kind"] for r in rows} == {"sweep"}
     assert {(r["sweep_streams"], r["sweep_part_size"]) for r in rows} == {
-        (1, 256 * 1024), (1, 2**20), (4, 256 * 1024), (4, 2**20)}
+        (1, 256 * 1024),
+        (1, 2**20),
+        (4, 256 * 1024),
+        (4, 2**20),
+    }
     assert {r["run_id"] for r in rows} == {summary.run_id}
     assert all(r["checkpoint_bytes"] == plan.total_bytes for r in rows)
 
 
 def test_cli_sweep(tmp_path: Path) -> None:
-    r = ckptio_cli("sweep", f"file://{tmp_path}/t", "--total-size", "4MiB", "--object-size",
-                   "1MiB", "--streams", "1,2", "--part-size", "1MiB", "--no-read",
-                   "--out", str(tmp_path / "out"))
+    r = ckptio_cli(
+        "sweep",
+        f"file://{tmp_path}/t",
+        "--total-size",
+        "4MiB",
+        "--object-size",
+        "1MiB",
+        "--streams",
+        "1,2",
+        "--part-size",
+        "1MiB",
+        "--no-read",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert r.returncode == 0, r.stderr
     assert len(read_results([tmp_path / "out"]).runs) == 2
 
@@ -151,8 +206,9 @@ def test_cli_sweep(tmp_path: Path) -> None:
         (["memory://", "--scale", "1e-4", "--streams", "4"], ["memory:// takes no options"]),
     ],
 )
-def test_cli_run_wrong_input(tmp_path: Path, args: list[str], words: list[str],
-                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_run_wrong_input(
+    tmp_path: Path, args: list[str], words: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     from ckptio.cli import main
 
     assert main(["run", *args, "--out", str(tmp_path)]) == 2
@@ -170,8 +226,9 @@ def test_run_refuses_bad_options() -> None:
 
 def test_emulated_run_is_marked_emulated(tmp_path: Path) -> None:
     plan = make_plan("llama3-8b", total_size="2MiB", object_size="1MiB")
-    summary = run_workload("memory://emu", plan, comm=SingleProcess(), emulate="cloud-s3",
-                           out_dir=tmp_path)
+    summary = run_workload(
+        "memory://emu", plan, comm=SingleProcess(), emulate="cloud-s3", out_dir=tmp_path
+    )
     run = read_results([tmp_path]).runs.to_pylist()[0]
     assert run["emulated"] is True and run["profile"] == "cloud-s3"
     assert "cloud-s3" in run["target"]
@@ -185,20 +242,36 @@ def test_a_failing_target_commits_nothing_and_says_why(tmp_path: Path) -> None:
     with pytest.raises(errors.CkptioError) as info:
         run_workload(f"file://{blocker}/ckpt", plan, comm=SingleProcess())
     assert str(blocker) in str(info.value)
-    r = ckptio_cli("run", f"file://{blocker}/ckpt", "--total-size", "2MiB", "--ranks", "2",
-                   "--out", str(tmp_path / "out"))
+    r = ckptio_cli(
+        "run",
+        f"file://{blocker}/ckpt",
+        "--total-size",
+        "2MiB",
+        "--ranks",
+        "2",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert r.returncode == 2 and str(blocker) in r.stderr, r.stderr
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.parquet"))
 
 
 @pytest.mark.s3
-def test_run_on_mock_s3_records_requests_and_leaks_no_credentials(s3_bucket: str, tmp_path: Path) -> None:
+def test_run_on_mock_s3_records_requests_and_leaks_no_credentials(
+    s3_bucket: str, tmp_path: Path
+) -> None:
     from ckptio.testing.moto import TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY
 
     url = f"s3://{s3_bucket}/run1"
     plan = make_plan("llama3-8b", total_size="12MiB", object_size="1MiB")
-    summary = run_workload(url, plan, comm=SingleProcess(), out_dir=tmp_path, mock=True,
-                           store_options={"part_size": "5MiB"})
+    summary = run_workload(
+        url,
+        plan,
+        comm=SingleProcess(),
+        out_dir=tmp_path,
+        mock=True,
+        store_options={"part_size": "5MiB"},
+    )
     res = read_results([tmp_path])
     run = res.runs.to_pylist()[0]
     assert run["mock"] is True and run["backend"].startswith("s3")
@@ -208,11 +281,14 @@ def test_run_on_mock_s3_records_requests_and_leaks_no_credentials(s3_bucket: str
     assert ckptio.verify(url) == []
     for f in tmp_path.iterdir():
         blob = f.read_bytes()
-        assert TEST_SECRET_ACCESS_KEY.encode() not in blob and TEST_ACCESS_KEY_ID.encode() not in blob
+        assert (
+            TEST_SECRET_ACCESS_KEY.encode() not in blob and TEST_ACCESS_KEY_ID.encode() not in blob
+        )
 
 
-def test_credentials_in_the_url_never_reach_result_files(tmp_path: Path, s3_bucket: str,
-                                                       moto_server: str) -> None:
+def test_credentials_in_the_url_never_reach_result_files(
+    tmp_path: Path, s3_bucket: str, moto_server: str
+) -> None:
     plan = make_plan("llama3-8b", total_size="1MiB", object_size="1MiB")
     url = f"s3://AKIAHUNTER:hunter2@{s3_bucket}/run?endpoint_url={moto_server}"
     summary = run_workload(url, plan, comm=SingleProcess(), out_dir=tmp_path, read=False)
@@ -275,8 +351,30 @@ def test_read_back_detects_damaged_data(tmp_path: Path) -> None:
     plan = make_plan("llama3-8b", total_size="2MiB", object_size="1MiB")
     store = Flipping("memory://flip")
     with pytest.raises(errors.CorruptCheckpointError, match=r"rank-00000-000-.*CRC32C mismatch"):
-        _run(store, "memory://flip", plan, SingleProcess(), iterations=1, out_dir=None, pause=0.0,
-             inflight=2, read=True, cache="auto", keep="last", key_layout="flat", label="flip",
-             site=None, emulated=False, profile="", mock=False, options={}, progress=None,
-             run_id=None, kind="run", sweep_streams=0, sweep_part_size=0, config={},
-             write_files=False)
+        _run(
+            store,
+            "memory://flip",
+            plan,
+            SingleProcess(),
+            iterations=1,
+            out_dir=None,
+            pause=0.0,
+            inflight=2,
+            read=True,
+            cache="auto",
+            keep="last",
+            key_layout="flat",
+            label="flip",
+            site=None,
+            emulated=False,
+            profile="",
+            mock=False,
+            options={},
+            progress=None,
+            run_id=None,
+            kind="run",
+            sweep_streams=0,
+            sweep_part_size=0,
+            config={},
+            write_files=False,
+        )

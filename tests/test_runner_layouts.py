@@ -28,8 +28,18 @@ from ckptio.results import read_results
 from ckptio.runner import rank_main, run_workload, sweep
 from ckptio.workload import make_plan
 
-RUN = ["-m", "ckptio.cli", "run", "--preset", "llama3-8b", "--scale", "2e-4", "--iterations", "1",
-       "--json"]
+RUN = [
+    "-m",
+    "ckptio.cli",
+    "run",
+    "--preset",
+    "llama3-8b",
+    "--scale",
+    "2e-4",
+    "--iterations",
+    "1",
+    "--json",
+]
 
 
 def _data_files(root: Path) -> list[Path]:
@@ -51,7 +61,9 @@ def check_shared_checkpoint(root: Path, out: Path, ranks: int, layout: str = "sh
     files = _data_files(root)
     assert len(files) == 1, files
     assert list(manifest.objects) == [f"data/{files[0].name}"]
-    assert files[0].name.startswith("node-00000-" if layout == "shared-file-per-node" else "shared-")
+    assert files[0].name.startswith(
+        "node-00000-" if layout == "shared-file-per-node" else "shared-"
+    )
     assert manifest.layout["kind"] == layout
     assert manifest.world_size == plan.ranks
     chunks = [c for t in manifest.tensors.values() for c in t.chunks]
@@ -62,8 +74,12 @@ def check_shared_checkpoint(root: Path, out: Path, ranks: int, layout: str = "sh
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))  # disjoint
     assert files[0].stat().st_size == manifest.objects[f"data/{files[0].name}"] >= spans[-1][1]
     assert ckptio.verify(url) == []
-    r = subprocess.run([sys.executable, "-m", "ckptio.cli", "verify", url], capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "ckptio.cli", "verify", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     res = read_results([out])
     run = res.runs.to_pylist()[0]
@@ -74,7 +90,11 @@ def check_shared_checkpoint(root: Path, out: Path, ranks: int, layout: str = "sh
     assert {r["rank"] for r in reqs} == set(range(ranks))
     writes = [r for r in reqs if r["phase"] == "write" and r["op"] == "write"]
     # (direct writes carry each range's tail padded to 4 KiB)
-    assert plan.total_bytes <= sum(r["nbytes"] for r in writes) <= plan.total_bytes + plan.objects * fmt.ALIGNMENT
+    assert (
+        plan.total_bytes
+        <= sum(r["nbytes"] for r in writes)
+        <= plan.total_bytes + plan.objects * fmt.ALIGNMENT
+    )
     assert {r["key"] for r in writes} == {f"{fmt.step_dir(steps[0])}/data/{files[0].name}"}
     # rank 0 created the shared file once; the data were read back and checked
     creates = [r for r in reqs if r["op"] == "create" and r["key"].endswith(".bin")]
@@ -85,9 +105,23 @@ def check_shared_checkpoint(root: Path, out: Path, ranks: int, layout: str = "sh
 
 def test_layout_shared_file_cli_two_local_ranks(tmp_path: Path) -> None:
     root, out = tmp_path / "ckpt", tmp_path / "out"
-    r = subprocess.run([sys.executable, *RUN[:3], f"file://{root}", *RUN[3:], "--ranks", "2",
-                        "--layout", "shared-file", "--out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            *RUN[:3],
+            f"file://{root}",
+            *RUN[3:],
+            "--ranks",
+            "2",
+            "--layout",
+            "shared-file",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(r.stdout)
     assert [row["layout"] for row in doc["runs"]] == ["shared-file"]
@@ -105,10 +139,27 @@ def test_layout_shared_file_under_mpiexec_two_ranks(tmp_path: Path) -> None:
     root, out = tmp_path / "ckpt", tmp_path / "out"
     env = {**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1"}
     proc = subprocess.run(
-        [exe, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", "2",
-         sys.executable, *RUN[:3], f"file://{root}", *RUN[3:], "--layout", "shared-file",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=180, env=env,
+        [
+            exe,
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "-n",
+            "2",
+            sys.executable,
+            *RUN[:3],
+            f"file://{root}",
+            *RUN[3:],
+            "--layout",
+            "shared-file",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     check_shared_checkpoint(root, out, 2)
@@ -118,9 +169,13 @@ def test_layout_shared_file_under_mpiexec_two_ranks(tmp_path: Path) -> None:
 def test_layout_per_node_two_ranks_keeps_only_the_last_checkpoint(tmp_path: Path) -> None:
     root, out = tmp_path / "ckpt", tmp_path / "out"
     plan = make_plan("llama3-8b", scale=2e-4)
-    summary = run_local(2, rank_main, f"file://{root}", plan,
-                        {"iterations": 2, "out_dir": str(out), "layout": "shared-file-per-node",
-                         "keep": "last"})
+    summary = run_local(
+        2,
+        rank_main,
+        f"file://{root}",
+        plan,
+        {"iterations": 2, "out_dir": str(out), "layout": "shared-file-per-node", "keep": "last"},
+    )
     assert [r["layout"] for r in summary.runs] == ["shared-file-per-node"] * 2
     assert len(summary.steps) == 2
     # results of both iterations, one (shared) object each; the files hold the second only
@@ -135,16 +190,39 @@ def check_shared_checkpoint_last(root: Path, step: int) -> None:
     assert ckptio.verify(f"file://{root}") == []
 
 
-def test_layout_shared_file_refused_on_memory_store(tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_layout_shared_file_refused_on_memory_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from ckptio.cli import main
 
     out = tmp_path / "out"
-    assert main(["run", "memory://nopos", "--preset", "llama3-8b", "--scale", "2e-4", "--ranks",
-                 "2", "--layout", "shared-file", "--out", str(out)]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "memory://nopos",
+                "--preset",
+                "llama3-8b",
+                "--scale",
+                "2e-4",
+                "--ranks",
+                "2",
+                "--layout",
+                "shared-file",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )
     err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
-    for word in ("'shared-file'", "positional writes", "memory", "memory://nopos",
-                 "valid layouts there: file-per-shard"):
+    for word in (
+        "'shared-file'",
+        "positional writes",
+        "memory",
+        "memory://nopos",
+        "valid layouts there: file-per-shard",
+    ):
         assert word in err, err
     assert not out.exists() or not list(out.iterdir())
     plan = make_plan("llama3-8b", total_size="2MiB", object_size="1MiB")
@@ -152,16 +230,28 @@ def test_layout_shared_file_refused_on_memory_store(tmp_path: Path,
         run_workload("memory://nopos2", plan, comm=SingleProcess(), layout="shared-file-per-node")
     # the emulated (shaped) wrapper writes whole objects only: refused too, not silently N-N
     with pytest.raises(errors.InvalidArgumentError, match="positional writes"):
-        run_workload(f"file://{tmp_path}/emu", plan, comm=SingleProcess(), emulate="cloud-s3",
-                     layout="shared-file")
+        run_workload(
+            f"file://{tmp_path}/emu",
+            plan,
+            comm=SingleProcess(),
+            emulate="cloud-s3",
+            layout="shared-file",
+        )
     with pytest.raises(errors.InvalidArgumentError, match=r"valid: file-per-shard, shared-file"):
         run_workload(f"file://{tmp_path}/x", plan, comm=SingleProcess(), layout="n-1")
 
 
 def test_layout_sweep_records_the_layout_of_every_point(tmp_path: Path) -> None:
     plan = make_plan("llama3-8b", total_size="4MiB", object_size="1MiB")
-    sweep(f"file://{tmp_path}/t", plan, streams=[1, 2], part_sizes=["1MiB"], comm=SingleProcess(),
-          out_dir=tmp_path / "out", layout="shared-file")
+    sweep(
+        f"file://{tmp_path}/t",
+        plan,
+        streams=[1, 2],
+        part_sizes=["1MiB"],
+        comm=SingleProcess(),
+        out_dir=tmp_path / "out",
+        layout="shared-file",
+    )
     res = read_results([tmp_path / "out"])
     rows = res.runs.to_pylist()
     assert len(rows) == 2 and {r["layout"] for r in rows} == {"shared-file"}
@@ -196,11 +286,34 @@ def test_layout_failed_write_commits_nothing_and_removes_the_shared_file(tmp_pat
     store = FailingThird(url)
     try:
         with pytest.raises(errors.SaveFailedError, match="injected"):
-            _run(store, url, plan, SingleProcess(), iterations=1, out_dir=None, pause=0.0,
-                 inflight=2, read=True, cache="auto", keep="last", key_layout="flat",
-                 label="fail", site=None, emulated=False, profile="", mock=False, options={},
-                 progress=None, run_id=None, kind="run", sweep_streams=0, sweep_part_size=0,
-                 config={}, write_files=False, layout="shared-file")
+            _run(
+                store,
+                url,
+                plan,
+                SingleProcess(),
+                iterations=1,
+                out_dir=None,
+                pause=0.0,
+                inflight=2,
+                read=True,
+                cache="auto",
+                keep="last",
+                key_layout="flat",
+                label="fail",
+                site=None,
+                emulated=False,
+                profile="",
+                mock=False,
+                options={},
+                progress=None,
+                run_id=None,
+                kind="run",
+                sweep_streams=0,
+                sweep_part_size=0,
+                config={},
+                write_files=False,
+                layout="shared-file",
+            )
     finally:
         store.close()
     assert FailingThird.opened >= 3
@@ -218,8 +331,13 @@ def test_layout_old_result_files_without_the_column_read_as_file_per_shard(tmp_p
 
     plan = make_plan("llama3-8b", total_size="2MiB", object_size="1MiB")
     run_workload("memory://old", plan, comm=SingleProcess(), out_dir=tmp_path / "old")
-    run_workload(f"file://{tmp_path}/t", plan, comm=SingleProcess(), out_dir=tmp_path / "new",
-                 layout="shared-file")
+    run_workload(
+        f"file://{tmp_path}/t",
+        plan,
+        comm=SingleProcess(),
+        out_dir=tmp_path / "new",
+        layout="shared-file",
+    )
     # rewrite the first run's table as a result file from before the layout column
     (old,) = (tmp_path / "old").glob("*.run.parquet")
     t = pq.read_table(old)
@@ -231,26 +349,53 @@ def test_layout_old_result_files_without_the_column_read_as_file_per_shard(tmp_p
 
 
 def _layout_peak_rss(tmp_path: Path, size: str, name: str) -> list[int]:
-    r = subprocess.run([sys.executable, "-m", "ckptio.cli", "run", f"file://{tmp_path}/{name}",
-                        "--preset", "llama3-8b", "--total-size", size, "--object-size", "4MiB",
-                        "--inflight", "2", "--ranks", "2", "--keep", "none", "--layout",
-                        "shared-file", "--out", str(tmp_path / "out"), "--json"],
-                       capture_output=True, text=True, timeout=180)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ckptio.cli",
+            "run",
+            f"file://{tmp_path}/{name}",
+            "--preset",
+            "llama3-8b",
+            "--total-size",
+            size,
+            "--object-size",
+            "4MiB",
+            "--inflight",
+            "2",
+            "--ranks",
+            "2",
+            "--keep",
+            "none",
+            "--layout",
+            "shared-file",
+            "--out",
+            str(tmp_path / "out"),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads(r.stdout)
     assert [(row["layout"], row["objects"]) for row in doc["runs"]] == [("shared-file", 1)]
     return doc["peak_rss_bytes"]
 
 
-def test_layout_shared_file_memory_per_rank_does_not_grow_with_checkpoint_size(tmp_path: Path) -> None:
+def test_layout_shared_file_memory_per_rank_does_not_grow_with_checkpoint_size(
+    tmp_path: Path,
+) -> None:
     small = _layout_peak_rss(tmp_path, "48MiB", "small")
     large = _layout_peak_rss(tmp_path, "384MiB", "large")  # 8x larger, one shared file too
     for s, big in zip(small, large, strict=True):
         assert abs(big - s) <= 0.10 * s, (small, large)
 
 
-def test_layout_gluster_runner_shared_file_and_per_node_two_ranks(gluster_volume: Any,
-                                                                  tmp_path: Path) -> None:
+def test_layout_gluster_runner_shared_file_and_per_node_two_ranks(
+    gluster_volume: Any, tmp_path: Path
+) -> None:
     """The runner's N-1 layouts on the real GlusterFS volume (FUSE; file:// opens as pfs
     there), two local-process ranks each."""
     import uuid
@@ -258,9 +403,23 @@ def test_layout_gluster_runner_shared_file_and_per_node_two_ranks(gluster_volume
     for layout in ("shared-file", "shared-file-per-node"):
         root = Path(gluster_volume.mount) / f"runner-{uuid.uuid4().hex[:10]}"
         out = tmp_path / layout
-        r = subprocess.run([sys.executable, *RUN[:3], f"file://{root}", *RUN[3:], "--ranks", "2",
-                            "--layout", layout, "--out", str(out)],
-                           capture_output=True, text=True, timeout=180)
+        r = subprocess.run(
+            [
+                sys.executable,
+                *RUN[:3],
+                f"file://{root}",
+                *RUN[3:],
+                "--ranks",
+                "2",
+                "--layout",
+                layout,
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         assert [row["backend"] for row in json.loads(r.stdout)["runs"]] == ["pfs"]
         check_shared_checkpoint(root, out, 2, layout)

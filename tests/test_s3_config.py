@@ -19,13 +19,21 @@ BACKENDS = ["s3+boto3", "s3+fsspec", "s3+arrow", "s3+obstore"]
 
 def _clear_aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for k in (
-        "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE",
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_REGION",
+        "AWS_DEFAULT_REGION",
+        "AWS_PROFILE",
     ):
         monkeypatch.delenv(k, raising=False)
 
 
-def _profile_files(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, moto_server: str, extra: str = "") -> None:
+def _profile_files(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, moto_server: str, extra: str = ""
+) -> None:
     """A clean environment plus AWS config and credentials files with a profile ``ckpt``
     that points at moto (``extra``: more lines for the profile's config)."""
     _clear_aws_env(monkeypatch)
@@ -56,7 +64,9 @@ def test_profile_option_settings_reach_the_boto3_client(
 ) -> None:
     """``profile=`` (not ``AWS_PROFILE``): the client is made from the session that resolved
     the profile, so the profile's settings that ckptio does not set itself still apply."""
-    _profile_files(tmp_path, monkeypatch, moto_server, "request_min_compression_size_bytes = 12345\n")
+    _profile_files(
+        tmp_path, monkeypatch, moto_server, "request_min_compression_size_bytes = 12345\n"
+    )
     store = open_store(f"s3+boto3://{s3_bucket}/profile", profile="ckpt")
     assert store.client.meta.config.request_min_compression_size_bytes == 12345  # type: ignore[attr-defined]
     store.put("c.bin", b"profile option")
@@ -97,29 +107,51 @@ def test_bad_options_are_named(scheme: str, s3_env: dict[str, str]) -> None:
 def test_one_error_table_for_every_library() -> None:
     from botocore.exceptions import ClientError
     from ckptio.backends._s3common import translate_error
+
     from ckptio.redact import register_secret
 
     def tr(err: BaseException) -> errors.CkptioError:
         return translate_error(err, action="write", key="k.bin", where="s3://b")
 
-    slow = ClientError({"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject")
+    slow = ClientError(
+        {"Error": {"Code": "SlowDown"}, "ResponseMetadata": {"HTTPStatusCode": 503}}, "PutObject"
+    )
     assert isinstance(tr(slow), errors.ThrottledError)
     wrapped = OSError(16, "Please reduce your request rate.")  # how s3fs re-raises it
     wrapped.__cause__ = slow
     assert isinstance(tr(wrapped), errors.ThrottledError)
-    arrow = OSError("When uploading part for key 'k' in bucket 'b': AWS Error SLOW_DOWN during UploadPart")
+    arrow = OSError(
+        "When uploading part for key 'k' in bucket 'b': AWS Error SLOW_DOWN during UploadPart"
+    )
     assert isinstance(tr(arrow), errors.ThrottledError)
-    obst = Exception("Server returned non-2xx status code: 500: <Error><Code>InternalError</Code></Error>")
+    obst = Exception(
+        "Server returned non-2xx status code: 500: <Error><Code>InternalError</Code></Error>"
+    )
     assert type(tr(obst)) is errors.TransientStorageError
-    assert isinstance(tr(OSError("AWS Error ACCESS_DENIED during PutObject")), errors.StoragePermissionError)
-    assert isinstance(tr(ClientError({"Error": {"Code": "NoSuchKey"}}, "GetObject")), FileNotFoundError)
-    assert isinstance(tr(ClientError({"Error": {"Code": "PreconditionFailed"}}, "PutObject")), FileExistsError)
+    assert isinstance(
+        tr(OSError("AWS Error ACCESS_DENIED during PutObject")), errors.StoragePermissionError
+    )
+    assert isinstance(
+        tr(ClientError({"Error": {"Code": "NoSuchKey"}}, "GetObject")), FileNotFoundError
+    )
+    assert isinstance(
+        tr(ClientError({"Error": {"Code": "PreconditionFailed"}}, "PutObject")), FileExistsError
+    )
     refused = tr(ConnectionRefusedError(111, "Connection refused"))
     assert type(refused) is errors.StorageError and "endpoint" in str(refused)
-    assert isinstance(tr(ConnectionResetError(104, "Connection reset by peer")), errors.TransientStorageError)
+    assert isinstance(
+        tr(ConnectionResetError(104, "Connection reset by peer")), errors.TransientStorageError
+    )
     assert isinstance(tr(TimeoutError("read timed out")), errors.TransientStorageError)
     register_secret(TEST_SECRET_ACCESS_KEY)  # what resolving the configuration does
-    msg = str(tr(ClientError({"Error": {"Code": "AccessDenied", "Message": f"key {TEST_SECRET_ACCESS_KEY}"}}, "Put")))
+    msg = str(
+        tr(
+            ClientError(
+                {"Error": {"Code": "AccessDenied", "Message": f"key {TEST_SECRET_ACCESS_KEY}"}},
+                "Put",
+            )
+        )
+    )
     assert TEST_SECRET_ACCESS_KEY not in msg and "credentials" in msg
 
 
@@ -131,7 +163,9 @@ def test_redact_removes_registered_secrets_and_signatures() -> None:
     assert "abcdef" not in text and "s3cr3t-value-xyz" not in text and "AKIA/2026" not in text
 
 
-def test_boto3_sends_crc32c_with_every_part_and_no_md5(s3_bucket: str, s3_env: dict[str, str]) -> None:
+def test_boto3_sends_crc32c_with_every_part_and_no_md5(
+    s3_bucket: str, s3_env: dict[str, str]
+) -> None:
     import os
 
     from ckptio.backends._s3common import crc32c_b64
@@ -142,7 +176,10 @@ def test_boto3_sends_crc32c_with_every_part_and_no_md5(s3_bucket: str, s3_env: d
 
     def capture(request: Any, **kwargs: Any) -> None:
         sent.append(
-            {k.lower(): v.decode() if isinstance(v, bytes) else str(v) for k, v in request.headers.items()}
+            {
+                k.lower(): v.decode() if isinstance(v, bytes) else str(v)
+                for k, v in request.headers.items()
+            }
         )
 
     store.client.meta.events.register("before-send.s3.UploadPart", capture)  # type: ignore[attr-defined]

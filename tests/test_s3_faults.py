@@ -30,7 +30,9 @@ def _state() -> dict[str, Any]:
 
 
 def _store(scheme: str, bucket: str, endpoint: str, **kw: Any) -> Store:
-    st = open_store(f"{scheme}://{bucket}/run", endpoint_url=endpoint, part_size="5MiB", streams=4, **kw)
+    st = open_store(
+        f"{scheme}://{bucket}/run", endpoint_url=endpoint, part_size="5MiB", streams=4, **kw
+    )
     st.retry_policy = FAST_RETRIES
     return st
 
@@ -89,8 +91,13 @@ def test_save_past_retry_budget_fails_cleanly(
     # every PUT of data or the manifest (parts, single PUTs) fails, not the save's lease;
     # starting, completing and aborting uploads still works, so an upload gets opened and must
     # be aborted
-    proxy = fault_proxy(rate=1.0, kinds=("slowdown", "internal", "drop"), methods=["PUT"],
-                        paths=["/data/", "/manifest.json"], seed=5)
+    proxy = fault_proxy(
+        rate=1.0,
+        kinds=("slowdown", "internal", "drop"),
+        methods=["PUT"],
+        paths=["/data/", "/manifest.json"],
+        seed=5,
+    )
     store = _store(scheme, s3_bucket, proxy.url)
     with pytest.raises(Exception) as info:
         ckptio.save(_state(), store, step=2)
@@ -109,7 +116,9 @@ def test_save_past_retry_budget_fails_cleanly(
 
 
 @pytest.mark.parametrize("scheme", BACKENDS)
-def test_unknown_bucket_is_one_clear_error(scheme: str, s3_bucket: str, s3_env: dict[str, str]) -> None:
+def test_unknown_bucket_is_one_clear_error(
+    scheme: str, s3_bucket: str, s3_env: dict[str, str]
+) -> None:
     store = open_store(f"{scheme}://no-such-bucket-ckptio/run")
     with pytest.raises(errors.CkptioError) as info:
         store.put("x.bin", b"1" * 100)
@@ -132,7 +141,9 @@ def test_endpoint_nobody_listens_on_is_one_clear_error(scheme: str, s3_env: dict
 
 
 @pytest.fixture
-def refused_credentials(s3_target: S3Target, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Any:
+def refused_credentials(
+    s3_target: S3Target, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> Any:
     """The server refuses the test's credentials: moto is told to check them against its IAM
     (which knows none); RGW checks signatures, so the secret is made wrong."""
     if s3_target.is_rgw:

@@ -31,7 +31,9 @@ def _no_get_object(store: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def test_ranged_reads_go_through_presigned_urls(s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ranged_reads_go_through_presigned_urls(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = _store(s3_bucket)
     _no_get_object(store, monkeypatch)
     buf = bytearray(100_000)
@@ -47,7 +49,9 @@ def test_ranged_reads_go_through_presigned_urls(s3_bucket: str, monkeypatch: pyt
     store.close()
 
 
-def test_any_other_answer_falls_back_to_get_object(s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_any_other_answer_falls_back_to_get_object(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = _store(s3_bucket)
     store.get("obj.bin")
     full = "pre/obj.bin"
@@ -79,7 +83,9 @@ def test_a_missing_object_is_not_found_through_get_object(s3_bucket: str) -> Non
     store.close()
 
 
-def test_presigned_reads_off_sends_get_object(s3_bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_presigned_reads_off_sends_get_object(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = _store(s3_bucket, presigned_reads=False)
     assert store._presigned is None
     assert store.get("obj.bin") == DATA
@@ -90,7 +96,9 @@ def test_presigned_reads_off_sends_get_object(s3_bucket: str, monkeypatch: pytes
     store.close()
 
 
-def test_a_failed_send_shows_no_signature_or_key(s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_send_shows_no_signature_or_key(
+    s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     import socket
 
     with socket.socket() as s:  # a port nobody listens on

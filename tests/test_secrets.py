@@ -39,14 +39,38 @@ pytestmark = pytest.mark.s3
 
 SESSION_TOKEN = "ckptioSessionTokenMarker/DoNotLeak=9876543210"
 # one set per place a credential can be given ('/', '+', '=' as real AWS secrets have them)
-QUERY = ("AKIAQUERYKEYID000X01", "ckptioQuerySecret/DoNotLeak+01abcdef", "ckptioQueryToken=DoNotLeak02")
+QUERY = (
+    "AKIAQUERYKEYID000X01",
+    "ckptioQuerySecret/DoNotLeak+01abcdef",
+    "ckptioQueryToken=DoNotLeak02",
+)
 USERINFO = ("AKIAUSERINFOKEY00X03", "ckptioUserinfoSecretDoNotLeak03xyz")
-OPTION = ("AKIAOPTIONKEYID00X04", "ckptioOptionSecret/DoNotLeak04qrstu", "ckptioOptionToken+DoNotLeak04")
-ENVIRON = ("AKIAENVIRONKEYID0X05", "ckptioEnvironSecret/DoNotLeak+05vw", "ckptioEnvironToken/DoNotLeak05")
-PROFILE = ("AKIAPROFILEKEYID0X06", "ckptioProfileSecret/DoNotLeak06klmn", "ckptioProfileToken+DoNotLeak06")
+OPTION = (
+    "AKIAOPTIONKEYID00X04",
+    "ckptioOptionSecret/DoNotLeak04qrstu",
+    "ckptioOptionToken+DoNotLeak04",
+)
+ENVIRON = (
+    "AKIAENVIRONKEYID0X05",
+    "ckptioEnvironSecret/DoNotLeak+05vw",
+    "ckptioEnvironToken/DoNotLeak05",
+)
+PROFILE = (
+    "AKIAPROFILEKEYID0X06",
+    "ckptioProfileSecret/DoNotLeak06klmn",
+    "ckptioProfileToken+DoNotLeak06",
+)
 PROFILE_NAME = "ckptio-leak-test"
-MARKERS = (TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY, SESSION_TOKEN, *QUERY, *USERINFO, *OPTION,
-           *ENVIRON, *PROFILE)
+MARKERS = (
+    TEST_ACCESS_KEY_ID,
+    TEST_SECRET_ACCESS_KEY,
+    SESSION_TOKEN,
+    *QUERY,
+    *USERINFO,
+    *OPTION,
+    *ENVIRON,
+    *PROFILE,
+)
 
 
 def leaks(text: str | bytes) -> list[str]:
@@ -68,8 +92,11 @@ def _decoded(path: Path) -> str:
 
     table = pq.read_table(path)
     return json.dumps(table.to_pylist(), default=str) + json.dumps(
-        {k.decode(errors="replace"): v.decode(errors="replace")
-         for k, v in (table.schema.metadata or {}).items()})
+        {
+            k.decode(errors="replace"): v.decode(errors="replace")
+            for k, v in (table.schema.metadata or {}).items()
+        }
+    )
 
 
 def files_leaking(root: Path) -> dict[str, list[str]]:
@@ -91,7 +118,9 @@ def bucket_leaking(client: Any, bucket: str) -> dict[str, list[str]]:
     out = {}
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         for obj in page.get("Contents", []):
-            hit = leaks(obj["Key"]) + leaks(client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read())
+            hit = leaks(obj["Key"]) + leaks(
+                client.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
+            )
             if hit:
                 out[obj["Key"]] = hit
     return out
@@ -99,8 +128,10 @@ def bucket_leaking(client: Any, bucket: str) -> dict[str, list[str]]:
 
 def _query_url(bucket: str, prefix: str, extra: str = "") -> str:
     key, secret, token = QUERY
-    return (f"s3://{bucket}/{prefix}?access_key_id={quote(key, safe='')}&secret_access_key="
-            f"{quote(secret, safe='')}&session_token={quote(token, safe='')}&region=us-east-1{extra}")
+    return (
+        f"s3://{bucket}/{prefix}?access_key_id={quote(key, safe='')}&secret_access_key="
+        f"{quote(secret, safe='')}&session_token={quote(token, safe='')}&region=us-east-1{extra}"
+    )
 
 
 @pytest.fixture
@@ -113,7 +144,9 @@ def aws_profile(tmp_path: Path) -> dict[str, str]:
     body = f"aws_access_key_id = {key}\naws_secret_access_key = {secret}\naws_session_token = {token}\n"
     creds.write_text(f"[default]\n{body}\n[{PROFILE_NAME}]\n{body}")
     config = tmp_path / "aws" / "config"
-    config.write_text(f"[default]\nregion = us-east-1\n\n[profile {PROFILE_NAME}]\nregion = us-east-1\n")
+    config.write_text(
+        f"[default]\nregion = us-east-1\n\n[profile {PROFILE_NAME}]\nregion = us-east-1\n"
+    )
     return {"AWS_CONFIG_FILE": str(config), "AWS_SHARED_CREDENTIALS_FILE": str(creds)}
 
 
@@ -122,8 +155,12 @@ def moto_auth(moto_server: str) -> Iterator[Any]:
     """``check(True)``: moto checks keys against its IAM (every key here is then refused)."""
 
     def check(on: bool) -> None:
-        req = urllib.request.Request(f"{moto_server}/moto-api/reset-auth", data=b"0" if on else b"inf",
-                                     method="POST", headers={"Content-Type": "text/plain"})
+        req = urllib.request.Request(
+            f"{moto_server}/moto-api/reset-auth",
+            data=b"0" if on else b"inf",
+            method="POST",
+            headers={"Content-Type": "text/plain"},
+        )
         urllib.request.urlopen(req, timeout=10).read()
 
     yield check
@@ -148,9 +185,19 @@ class Cli:
         procs = []
         for ok, args, extra, drop in commands:
             env = {k: v for k, v in {**self.env, **extra}.items() if k not in drop}
-            procs.append((ok, args, subprocess.Popen(
-                [sys.executable, "-m", "ckptio.cli", "-v", *args], env=env, cwd=self.cwd,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE)))
+            procs.append(
+                (
+                    ok,
+                    args,
+                    subprocess.Popen(
+                        [sys.executable, "-m", "ckptio.cli", "-v", *args],
+                        env=env,
+                        cwd=self.cwd,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE,
+                    ),
+                )
+            )
         outs = []
         for ok, args, proc in procs:
             stdout, stderr = proc.communicate(timeout=300)
@@ -165,29 +212,50 @@ class Cli:
         return outs
 
 
-def ok(*args: str, env: dict[str, str] | None = None, drop: tuple[str, ...] = ()) -> tuple[Any, ...]:
+def ok(
+    *args: str, env: dict[str, str] | None = None, drop: tuple[str, ...] = ()
+) -> tuple[Any, ...]:
     return (True, args, env or {}, drop)
 
 
-def fails(*args: str, env: dict[str, str] | None = None, drop: tuple[str, ...] = ()) -> tuple[Any, ...]:
+def fails(
+    *args: str, env: dict[str, str] | None = None, drop: tuple[str, ...] = ()
+) -> tuple[Any, ...]:
     return (False, args, env or {}, drop)
 
 
 @pytest.mark.slow
 def test_every_cli_command_hides_credentials_from_every_place(
-    s3_bucket: str, s3_env: dict[str, str], s3_client: Any, moto_server: str, tmp_path: Path,
-    aws_profile: dict[str, str], moto_auth: Any,
+    s3_bucket: str,
+    s3_env: dict[str, str],
+    s3_client: Any,
+    moto_server: str,
+    tmp_path: Path,
+    aws_profile: dict[str, str],
+    moto_auth: Any,
 ) -> None:
     env_key, env_secret, env_token = ENVIRON
-    env = {**os.environ, **s3_env, **aws_profile, "AWS_ACCESS_KEY_ID": env_key,
-           "AWS_SECRET_ACCESS_KEY": env_secret, "AWS_SESSION_TOKEN": env_token,
-           "COLUMNS": "400"}  # rich wraps at 80 columns otherwise: a split secret is still shown
+    env = {
+        **os.environ,
+        **s3_env,
+        **aws_profile,
+        "AWS_ACCESS_KEY_ID": env_key,
+        "AWS_SECRET_ACCESS_KEY": env_secret,
+        "AWS_SESSION_TOKEN": env_token,
+        "COLUMNS": "400",
+    }  # rich wraps at 80 columns otherwise: a split secret is still shown
     work = tmp_path / "work"
     work.mkdir()
     cli = Cli(env, work)
     url = _query_url(s3_bucket, "run")
-    opts = ["--option", f"access_key_id={OPTION[0]}", "--option", f"secret_access_key={OPTION[1]}",
-            "--option", f"session_token={OPTION[2]}"]
+    opts = [
+        "--option",
+        f"access_key_id={OPTION[0]}",
+        "--option",
+        f"secret_access_key={OPTION[1]}",
+        "--option",
+        f"session_token={OPTION[2]}",
+    ]
     small = ["--total-size", "2MiB", "--object-size", "1MiB"]
     no_env_keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
     ukey, usecret = USERINFO
@@ -196,10 +264,31 @@ def test_every_cli_command_hides_credentials_from_every_place(
     # options, an endpoint nobody listens on
     shown = cli.batch(
         ok("run", url, *small, *opts, "--out", "results"),
-        ok("sweep", f"s3://{ukey}:{quote(usecret, safe='')}@{s3_bucket}/sweep", *small, "--streams",
-           "2", "--part-size", "5MiB", "--out", "results", "--label", url, "--json"),
+        ok(
+            "sweep",
+            f"s3://{ukey}:{quote(usecret, safe='')}@{s3_bucket}/sweep",
+            *small,
+            "--streams",
+            "2",
+            "--part-size",
+            "5MiB",
+            "--out",
+            "results",
+            "--label",
+            url,
+            "--json",
+        ),
         # compare against the URL only (no emulated profiles, no mock)
-        ok("compare", "--targets", _query_url(s3_bucket, "cmp"), "--profiles", "", *small, "--out", "cmp"),
+        ok(
+            "compare",
+            "--targets",
+            _query_url(s3_bucket, "cmp"),
+            "--profiles",
+            "",
+            *small,
+            "--out",
+            "cmp",
+        ),
         ok("backends"),
         ok("ls", f"s3+fsspec://{ukey}:{quote(usecret, safe='')}@{s3_bucket}/sweep"),
         fails("ls", f"s3://{ukey}:abc/{usecret}@{s3_bucket}/run"),
@@ -211,7 +300,9 @@ def test_every_cli_command_hides_credentials_from_every_place(
     # the checkpoint tools on the root the run left a checkpoint in (one by an AWS profile
     # named in the query, no keys in the environment); the report tools on the results
     shown += cli.batch(
-        ok("ls", url), ok("verify", url, "--json"), ok("gc", url, "--json"),
+        ok("ls", url),
+        ok("verify", url, "--json"),
+        ok("gc", url, "--json"),
         ok("ls", f"s3://{s3_bucket}/run?profile={PROFILE_NAME}", drop=no_env_keys),
         ok("report", "results", "cmp/results", "--out", "report", "--json"),
         ok("model", "--from", "results", "--preset", "llama3-8b"),
@@ -231,7 +322,9 @@ def test_every_cli_command_hides_credentials_from_every_place(
     assert PROFILE_NAME in shown[13]  # a profile's name is not a secret; its keys are
     text = "\n".join(cli.text)
     assert "region=us-east-1" in text and "127.0.0.1:9" in text
-    assert list((work / "results").glob("*.parquet")) and list((work / "cmp" / "results").glob("*.parquet"))
+    assert list((work / "results").glob("*.parquet")) and list(
+        (work / "cmp" / "results").glob("*.parquet")
+    )
     assert (work / "report" / "index.html").exists() and (work / "cmp" / "report.md").exists()
 
 
@@ -299,10 +392,19 @@ def _error_texts(failures: list[BaseException]) -> list[str]:
 
 @pytest.mark.parametrize("scheme", ["s3+boto3", "s3+fsspec", "s3+arrow", "s3+obstore"])
 def test_library_error_paths_hide_credentials_from_url_userinfo_options_and_profile(
-    scheme: str, s3_bucket: str, s3_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
-    aws_profile: dict[str, str], moto_auth: Any, caplog: pytest.LogCaptureFixture,
+    scheme: str,
+    s3_bucket: str,
+    s3_env: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    aws_profile: dict[str, str],
+    moto_auth: Any,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    pytest.importorskip({"s3+fsspec": "s3fs", "s3+arrow": "pyarrow.fs", "s3+obstore": "obstore"}.get(scheme, "boto3"))
+    pytest.importorskip(
+        {"s3+fsspec": "s3fs", "s3+arrow": "pyarrow.fs", "s3+obstore": "obstore"}.get(
+            scheme, "boto3"
+        )
+    )
     caplog.set_level(logging.DEBUG, logger="ckptio")
     for k, v in aws_profile.items():
         monkeypatch.setenv(k, v)
@@ -310,7 +412,9 @@ def test_library_error_paths_hide_credentials_from_url_userinfo_options_and_prof
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", ENVIRON[1])
     monkeypatch.setenv("AWS_SESSION_TOKEN", ENVIRON[2])
     url = _query_url(s3_bucket, "lib").replace("s3://", f"{scheme}://", 1)
-    options = dict(zip(("access_key_id", "secret_access_key", "session_token"), OPTION, strict=True))
+    options = dict(
+        zip(("access_key_id", "secret_access_key", "session_token"), OPTION, strict=True)
+    )
     texts: list[str] = []
     failures: list[BaseException] = []
 
@@ -320,8 +424,11 @@ def test_library_error_paths_hide_credentials_from_url_userinfo_options_and_prof
         failures.append(info.value)
 
     state = {"w": np.arange(1000, dtype=np.float32)}
-    for store in (open_store(url), open_store(url, **options),
-                  open_store(f"{scheme}://{s3_bucket}/lib", profile=PROFILE_NAME)):
+    for store in (
+        open_store(url),
+        open_store(url, **options),
+        open_store(f"{scheme}://{s3_bucket}/lib", profile=PROFILE_NAME),
+    ):
         with store:
             texts += [repr(store), str(store), store.url]
             expect_error(ckptio.load, store, step=7)  # no such step
@@ -329,7 +436,9 @@ def test_library_error_paths_hide_credentials_from_url_userinfo_options_and_prof
     userinfo = f"{scheme}://{ukey}:{quote(usecret, safe='')}@{s3_bucket}/lib"
     expect_error(ckptio.load, userinfo, step=7)
     expect_error(open_store, f"{scheme}://{ukey}:abc/{usecret}@{s3_bucket}/lib")
-    expect_error(ckptio.load, _query_url(f"no-such-{s3_bucket}", "x").replace("s3://", f"{scheme}://", 1))
+    expect_error(
+        ckptio.load, _query_url(f"no-such-{s3_bucket}", "x").replace("s3://", f"{scheme}://", 1)
+    )
     expect_error(open_store, url + "&no_such_option=" + quote(OPTION[1], safe=""))
     expect_error(open_store, url, part_size="lots", **options)
     expect_error(open_store, url, endpoint_url=f"ftp://{ukey}:{usecret}@127.0.0.1:9")
@@ -352,33 +461,49 @@ def test_the_redaction_rule() -> None:
     """What is hidden and what stays readable, in URLs, free text and result documents."""
     from ckptio.redact import redact, redact_obj, redact_url, register_secret
 
-    url = ("s3+boto3://AKIAUSER:pa%2Fss@bucket/run?endpoint_url=http%3A%2F%2Fh%3A9000&region=eu-west-1"
-           "&part_size=8MiB&profile=prod&access_key_id=AKIAX&secret_access_key=s%2Fk&session_token=t"
-           "&X-Amz-Signature=abc&X-Amz-Credential=AKIAX%2F2026&sig=zz&password=pw&api_key=k&token=q")
+    url = (
+        "s3+boto3://AKIAUSER:pa%2Fss@bucket/run?endpoint_url=http%3A%2F%2Fh%3A9000&region=eu-west-1"
+        "&part_size=8MiB&profile=prod&access_key_id=AKIAX&secret_access_key=s%2Fk&session_token=t"
+        "&X-Amz-Signature=abc&X-Amz-Credential=AKIAX%2F2026&sig=zz&password=pw&api_key=k&token=q"
+    )
     shown = redact_url(url)
-    assert shown == ("s3+boto3://***@bucket/run?endpoint_url=http%3A%2F%2Fh%3A9000&region=eu-west-1"
-                     "&part_size=8MiB&profile=prod&access_key_id=***&secret_access_key=***"
-                     "&session_token=***&X-Amz-Signature=***&X-Amz-Credential=***&sig=***"
-                     "&password=***&api_key=***&token=***")
+    assert shown == (
+        "s3+boto3://***@bucket/run?endpoint_url=http%3A%2F%2Fh%3A9000&region=eu-west-1"
+        "&part_size=8MiB&profile=prod&access_key_id=***&secret_access_key=***"
+        "&session_token=***&X-Amz-Signature=***&X-Amz-Credential=***&sig=***"
+        "&password=***&api_key=***&token=***"
+    )
     assert redact_url("s3://KEY:abc/def@bucket/run") == "s3://***@bucket/run"  # '/' in the secret
     assert redact_url("s3:/KEY:SECRET@bucket/run") == "s3:/***@bucket/run"  # malformed, in errors
     assert redact_url("s3://bucket/a@b/c") == "s3://bucket/a@b/c"  # '@' in a key is no user part
     assert redact_url("file:///tmp/x") == "file:///tmp/x" and redact_url("/tmp/x") == "/tmp/x"
     assert redact_url("pfs:///lustre/run?direct=true&key_layout=hashed") == (
-        "pfs:///lustre/run?direct=true&key_layout=hashed")
+        "pfs:///lustre/run?direct=true&key_layout=hashed"
+    )
     register_secret("ckptio-registered-secret-value")
-    text = redact("failed on s3://u:p@b/x?secret_access_key=zz&region=r: got "
-                  "ckptio-registered-secret-value; {'aws_secret_access_key': 'v1'} token=v2 "
-                  "Authorization: AWS4-HMAC-SHA256 Credential=AKIAX/2026, Signature=ff")
+    text = redact(
+        "failed on s3://u:p@b/x?secret_access_key=zz&region=r: got "
+        "ckptio-registered-secret-value; {'aws_secret_access_key': 'v1'} token=v2 "
+        "Authorization: AWS4-HMAC-SHA256 Credential=AKIAX/2026, Signature=ff"
+    )
     for gone in ("u:p", "zz", "ckptio-registered", "v1", "v2", "AKIAX", "ff"):
         assert gone not in text, (gone, text)
     assert "s3://***@b/x?secret_access_key=***&region=r" in text
-    for same in ("--option wants KEY=VALUE, got 'x'", '{"key": "step-000001/a.bin"}',
-                 "part_size=8MiB key_layout=hashed profile=prod"):
+    for same in (
+        "--option wants KEY=VALUE, got 'x'",
+        '{"key": "step-000001/a.bin"}',
+        "part_size=8MiB key_layout=hashed profile=prod",
+    ):
         assert redact(same) == same
-    doc = redact_obj({"url": url, "store_options": {"secret_access_key": "v3", "streams": 4,
-                                                     "profile": "prod"},
-                      "env": {"HOME": "/root"}, "key_layout": "flat", "n": [1, "x"]})
+    doc = redact_obj(
+        {
+            "url": url,
+            "store_options": {"secret_access_key": "v3", "streams": 4, "profile": "prod"},
+            "env": {"HOME": "/root"},
+            "key_layout": "flat",
+            "n": [1, "x"],
+        }
+    )
     assert doc["store_options"] == {"secret_access_key": "***", "streams": 4, "profile": "prod"}
     assert "env" not in doc and doc["key_layout"] == "flat" and doc["n"] == [1, "x"]
     assert doc["url"] == shown

@@ -37,15 +37,17 @@ def _write_checkpoint(store, *, objects: int, object_bytes: int) -> float:
     for i in range(objects):
         with store.open_writer(f"step-0000000001/data/rank-00000-{i:03d}.bin") as w:
             for lo in range(0, object_bytes, 256 * 1024):  # the caller's buffers: 256 KiB
-                w.write(data[lo:lo + 256 * 1024])
+                w.write(data[lo : lo + 256 * 1024])
     store.publish("step-0000000001/manifest.json", b"{}", overwrite=False)
     return time.monotonic() - t0
 
 
 @pytest.mark.parametrize(
     ("extra", "binding"),
-    [("&stream_bandwidth=10MB/s", "per-stream bandwidth"),
-     ("&stream_bandwidth=10MB/s&node_bandwidth=15MB/s", "node link")],
+    [
+        ("&stream_bandwidth=10MB/s", "per-stream bandwidth"),
+        ("&stream_bandwidth=10MB/s&node_bandwidth=15MB/s", "node link"),
+    ],
 )
 def test_shaped_run_agrees_with_the_model(extra: str, binding: str) -> None:
     objects, object_bytes, part = 5, 4 * 2**20, 512 * 1024
@@ -60,9 +62,13 @@ def test_shaped_run_agrees_with_the_model(extra: str, binding: str) -> None:
 
     overrides = dict(p.split("=") for p in (FIGS + extra).split("&"))
     profile = load_profile("cloud-s3", overrides)
-    w = Workload(total_bytes=objects * object_bytes, writing_ranks=1,
-                 bytes_per_rank=objects * object_bytes, objects_per_rank=objects,
-                 ranks_per_node=1)
+    w = Workload(
+        total_bytes=objects * object_bytes,
+        writing_ranks=1,
+        bytes_per_rank=objects * object_bytes,
+        objects_per_rank=objects,
+        ranks_per_node=1,
+    )
     predicted = estimate(w, profile, streams=4, part_size=part)
     assert predicted.binding == binding
     measured = _agrees(measure, predicted.seconds)
@@ -88,9 +94,11 @@ def test_data_arrives_intact_and_requests_are_traced() -> None:
 
 def test_request_rate_limit_throttles_and_retries() -> None:
     # 4 requests/s per prefix: a burst of 4, then 503 SlowDown answers; the retry path recovers.
-    store = open_store("shaped+memory://throttle?profile=cloud-s3&streams=8&part_size=65536"
-                       "&write_request_rate=4&request_latency=1ms&metadata_latency=1ms"
-                       "&stream_bandwidth=1GB/s")
+    store = open_store(
+        "shaped+memory://throttle?profile=cloud-s3&streams=8&part_size=65536"
+        "&write_request_rate=4&request_latency=1ms&metadata_latency=1ms"
+        "&stream_bandwidth=1GB/s"
+    )
     data = bytes(range(256)) * 2048  # 512 KiB -> 8 parts
     with store.open_writer("p/obj") as w:
         w.write(data)
@@ -136,9 +144,15 @@ def test_runner_on_shaped_agrees_with_the_model(tmp_path) -> None:
 
     def measure(phase: str) -> float:
         out = tmp_path / f"run-{len(rows)}"
-        summary = run_workload(f"memory://agree-run-{len(rows)}", plan, comm=SingleProcess(),
-                               out_dir=out, emulate="cloud-s3", inflight=2,
-                               store_options={"streams": 8, "part_size": 256 * 1024, **figs})
+        summary = run_workload(
+            f"memory://agree-run-{len(rows)}",
+            plan,
+            comm=SingleProcess(),
+            out_dir=out,
+            emulate="cloud-s3",
+            inflight=2,
+            store_options={"streams": 8, "part_size": 256 * 1024, **figs},
+        )
         rows.append((out, summary.runs[0]))
         return float(summary.runs[0][f"{phase}_seconds"])
 

@@ -17,14 +17,19 @@ import pytest
 
 def _run(code: str, *args: str) -> dict:
     """Run ``code`` in a fresh interpreter; it prints one JSON object as its last line."""
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_float32_save_and_load_do_not_import_ml_dtypes(tmp_path):
-    out = _run("""
+    out = _run(
+        """
         import json, sys
         import numpy as np
         import ckptio
@@ -34,12 +39,15 @@ def test_float32_save_and_load_do_not_import_ml_dtypes(tmp_path):
         back = ckptio.load(sys.argv[1])
         ok = np.array_equal(back["w"], state["w"]) and back["n"] == state["n"] and back["step"] == 3
         print(json.dumps({"after_save": after_save, "after_load": "ml_dtypes" in sys.modules, "ok": bool(ok)}))
-    """, str(tmp_path))
+    """,
+        str(tmp_path),
+    )
     assert out == {"after_save": False, "after_load": False, "ok": True}
 
 
 def test_unsupported_dtype_is_refused_naming_every_dtype_without_importing_ml_dtypes(tmp_path):
-    out = _run("""
+    out = _run(
+        """
         import json, sys
         import numpy as np
         import ckptio
@@ -48,20 +56,27 @@ def test_unsupported_dtype_is_refused_naming_every_dtype_without_importing_ml_dt
         except ckptio.CkptioError as err:
             message = str(err)
         print(json.dumps({"message": message, "ml_dtypes": "ml_dtypes" in sys.modules}))
-    """, str(tmp_path))
+    """,
+        str(tmp_path),
+    )
     assert not out["ml_dtypes"]
     assert "cannot be checkpointed" in out["message"] and "bfloat16" in out["message"]
 
 
 def _bf16_state() -> dict:
     a = (np.arange(40, dtype=np.float32) / 7).astype(ml_dtypes.bfloat16).reshape(5, 8)
-    return {"bf16": a, "e4m3": a.astype(ml_dtypes.float8_e4m3fn), "e5m2": a.astype(ml_dtypes.float8_e5m2),
-            "scalar": a[1, 1]}
+    return {
+        "bf16": a,
+        "e4m3": a.astype(ml_dtypes.float8_e4m3fn),
+        "e5m2": a.astype(ml_dtypes.float8_e5m2),
+        "scalar": a[1, 1],
+    }
 
 
 def test_ml_dtypes_state_round_trips_exactly_and_a_manifest_naming_them_imports_ml_dtypes(tmp_path):
     # save in a fresh process that has only just imported ml_dtypes to build its state
-    _run("""
+    _run(
+        """
         import json, sys
         import numpy as np, ml_dtypes
         import ckptio
@@ -69,23 +84,38 @@ def test_ml_dtypes_state_round_trips_exactly_and_a_manifest_naming_them_imports_
         ckptio.save({"bf16": a, "e4m3": a.astype(ml_dtypes.float8_e4m3fn),
                      "e5m2": a.astype(ml_dtypes.float8_e5m2), "scalar": a[1, 1]}, sys.argv[1], step=1)
         print(json.dumps({}))
-    """, str(tmp_path))
+    """,
+        str(tmp_path),
+    )
     # load in a fresh process that never imported ml_dtypes: the manifest brings it in
-    out = _run("""
+    out = _run(
+        """
         import json, sys
         import ckptio
         before = "ml_dtypes" in sys.modules
         back = ckptio.load(sys.argv[1])
         print(json.dumps({"before": before, "after": "ml_dtypes" in sys.modules,
                           "leaves": {k: [str(v.dtype), v.tobytes().hex()] for k, v in back.items()}}))
-    """, str(tmp_path))
+    """,
+        str(tmp_path),
+    )
     assert out["before"] is False and out["after"] is True
     expected = {k: [str(v.dtype), v.tobytes().hex()] for k, v in _bf16_state().items()}
     assert out["leaves"] == expected
 
 
-_HEAVY = ("ml_dtypes", "numpy", "rich", "ckptio.checkpoint", "ckptio.format", "ckptio.runner",
-          "ckptio.workload", "ckptio.model", "ckptio.report", "ckptio.compare")
+_HEAVY = (
+    "ml_dtypes",
+    "numpy",
+    "rich",
+    "ckptio.checkpoint",
+    "ckptio.format",
+    "ckptio.runner",
+    "ckptio.workload",
+    "ckptio.model",
+    "ckptio.report",
+    "ckptio.compare",
+)
 
 
 def _cli(argv: list[str]) -> dict:
@@ -109,11 +139,20 @@ def test_help_imports_no_array_machinery_rich_or_subcommand_modules():
     assert out["imported"] == []
 
 
-@pytest.mark.parametrize(("argv", "allowed"), [
-    (["backends", "--json"], {"numpy", "rich"}),  # numpy: the file:// backend is loaded to list it
-    (["model", "--size", "2TB", "--write-bandwidth", "70GB/s", "--json"], {"ckptio.model", "ckptio.report", "rich"}),
-    (["plan", "--preset", "llama3-8b", "--json"], {"ckptio.workload", "numpy", "rich"}),
-])
+@pytest.mark.parametrize(
+    ("argv", "allowed"),
+    [
+        (
+            ["backends", "--json"],
+            {"numpy", "rich"},
+        ),  # numpy: the file:// backend is loaded to list it
+        (
+            ["model", "--size", "2TB", "--write-bandwidth", "70GB/s", "--json"],
+            {"ckptio.model", "ckptio.report", "rich"},
+        ),
+        (["plan", "--preset", "llama3-8b", "--json"], {"ckptio.workload", "numpy", "rich"}),
+    ],
+)
 def test_commands_import_only_what_they_use(argv, allowed):
     out = _cli(argv)
     assert out["code"] == 0, out
@@ -129,7 +168,8 @@ def test_subcommand_help_declares_its_arguments_on_use():
 
 def test_torch_float32_state_does_not_import_ml_dtypes_and_bfloat16_does(tmp_path):
     pytest.importorskip("torch")
-    out = _run("""
+    out = _run(
+        """
         import json, sys
         import torch
         import ckptio
@@ -142,7 +182,9 @@ def test_torch_float32_state_does_not_import_ml_dtypes_and_bfloat16_does(tmp_pat
         print(json.dumps({"f32": f32, "bf16": "ml_dtypes" in sys.modules,
                           "exact": bool(torch.equal(back["w"], torch.arange(6, dtype=torch.float32))
                                         and torch.equal(again["b"], b))}))
-    """, str(tmp_path))
+    """,
+        str(tmp_path),
+    )
     assert out == {"f32": False, "bf16": True, "exact": True}
 
 

@@ -49,7 +49,9 @@ class Gate:
 
 def tiered(tmp_path, durable=None, **kw) -> TieredCheckpointer:
     opts = {**SMALL, "keep_last_local": 2, **kw}
-    c = ckptio.Checkpointer(durable or f"file://{tmp_path}/durable", local=f"file://{tmp_path}/fast", **opts)
+    c = ckptio.Checkpointer(
+        durable or f"file://{tmp_path}/durable", local=f"file://{tmp_path}/fast", **opts
+    )
     assert isinstance(c, TieredCheckpointer)
     return c
 
@@ -263,7 +265,7 @@ def test_options_are_checked(tmp_path):
 
 
 def test_load_with_no_checkpoint_names_both_tiers(tmp_path):
-    with tiered(tmp_path) as c, pytest.raises(errors.NotFoundError, match="fast.*durable"):
+    with tiered(tmp_path) as c, pytest.raises(errors.NotFoundError, match=r"fast.*durable"):
         c.load()
     with tiered(tmp_path) as c:
         assert c.latest() is None
@@ -322,10 +324,22 @@ def test_sigkill_mid_drain(tmp_path, s3_bucket, s3_env, s3_client, mode):
     # so one is nearly always in flight while the saves go on at the fast tier's pace;
     # retire_grace=0 keeps retention's share of a drain (and of a kill's chances) small
     harness = CrashHarness(
-        url, mode, str(tmp_path), seed={"sync": 7, "async": 8}[mode], min_delay=0.15, max_delay=0.8, env=s3_env,
-        has_debris=new_debris, keep_last=2,
-        store_options={"local": fast, "keep_last_local": 2, "persist_every": 1, "retire_grace": 0,
-                       "drain_backpressure": {"sync": "wait", "async": "skip"}[mode]},
+        url,
+        mode,
+        str(tmp_path),
+        seed={"sync": 7, "async": 8}[mode],
+        min_delay=0.15,
+        max_delay=0.8,
+        env=s3_env,
+        has_debris=new_debris,
+        keep_last=2,
+        store_options={
+            "local": fast,
+            "keep_last_local": 2,
+            "persist_every": 1,
+            "retire_grace": 0,
+            "drain_backpressure": {"sync": "wait", "async": "skip"}[mode],
+        },
     )
     trials = harness.run(CRASH_TRIALS)
     for _ in range(4):  # kills that missed the drains (machine speed varies): some more
@@ -401,14 +415,19 @@ def test_torch_checkpointer_tiered(tmp_path):
     torch = pytest.importorskip("torch")
     from ckptio import torch as ct
 
-    sd = {"layers": {0: torch.arange(12.0).reshape(3, 4), 1: torch.ones(5, dtype=torch.bfloat16)}, "step": 2}
+    sd = {
+        "layers": {0: torch.arange(12.0).reshape(3, 4), 1: torch.ones(5, dtype=torch.bfloat16)},
+        "step": 2,
+    }
     with ct.Checkpointer(f"file://{tmp_path}/durable", local=f"file://{tmp_path}/fast") as c:
         assert isinstance(c, ct.TieredCheckpointer)
         assert c.save(sd, 2).wait_drain().status == "durable"
     shutil.rmtree(tmp_path / "fast")
     with ct.Checkpointer(f"file://{tmp_path}/durable", local=f"file://{tmp_path}/fast") as c:
         got = c.load()
-    assert torch.equal(got["layers"][0], sd["layers"][0]) and torch.equal(got["layers"][1], sd["layers"][1])
+    assert torch.equal(got["layers"][0], sd["layers"][0]) and torch.equal(
+        got["layers"][1], sd["layers"][1]
+    )
     assert got["step"] == 2
 
 
@@ -452,8 +471,11 @@ def test_a_copy_reads_ahead_of_its_writer_by_a_bounded_amount(tmp_path, monkeypa
     writers: list = []
     dst.open_writer = lambda key, **kw: writers.append(Holding(key, **kw)) or writers[-1]
     result: list = []
-    copier = threading.Thread(target=lambda: result.append(
-        t._copy_object(src, dst, "obj", len(data), [chunk], lambda: False)))
+    copier = threading.Thread(
+        target=lambda: result.append(
+            t._copy_object(src, dst, "obj", len(data), [chunk], lambda: False)
+        )
+    )
     copier.start()
     assert wrote[4].wait(30)
     assert not wrote[5].wait(0.5), "the copy read past its budget while the writer held it all"

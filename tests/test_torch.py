@@ -51,7 +51,9 @@ def test_every_ckptio_dtype_round_trips_bitwise(tmp_path: Path) -> None:
         assert torch.equal(_bits(out[k]), _bits(v.contiguous())), k
     # no pickle anywhere: the step is a JSON manifest plus raw data objects
     files = [p.name for p in tmp_path.rglob("*") if p.is_file()]
-    assert files.count("manifest.json") == 1 and all(f.endswith(".bin") for f in files if f != "manifest.json")
+    assert files.count("manifest.json") == 1 and all(
+        f.endswith(".bin") for f in files if f != "manifest.json"
+    )
 
 
 def test_cpu_tensors_are_not_copied() -> None:
@@ -85,7 +87,9 @@ def test_cuda_tensors_are_staged_through_pinned_memory(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(ct, "_is_cuda", lambda t: True)
     monkeypatch.setattr(ct, "_pinned_empty", pinned_empty)
-    monkeypatch.setattr(ct, "_synchronize", lambda device: calls.append(("synchronize", device.type)))
+    monkeypatch.setattr(
+        ct, "_synchronize", lambda device: calls.append(("synchronize", device.type))
+    )
     monkeypatch.setattr(torch.Tensor, "copy_", copy_)
     src = _sample(torch.bfloat16, (8, 2))
     arr = ct.to_numpy(src)

@@ -23,7 +23,9 @@ pytestmark = [
     # Lightning's own advice (num_workers, logger, ...) on a deliberately tiny CPU run
     pytest.mark.filterwarnings("ignore::UserWarning"),
     pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:`isinstance:FutureWarning"),  # lightning 2.6 vs torch 2.13 pytree API
+    pytest.mark.filterwarnings(
+        "ignore:`isinstance:FutureWarning"
+    ),  # lightning 2.6 vs torch 2.13 pytree API
 ]
 
 
@@ -44,20 +46,38 @@ class Tiny(pl.LightningModule):
 def _data() -> torch.utils.data.DataLoader:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 8, generator=g)
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    return torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8
+    )
 
 
 def _trainer(tmp_path: Path, io: CkptioCheckpointIO, steps: int) -> pl.Trainer:
-    ckpt = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpts", every_n_train_steps=4, save_top_k=2, monitor="step", mode="max", save_last=True)
+    ckpt = pl.callbacks.ModelCheckpoint(
+        dirpath=tmp_path / "ckpts",
+        every_n_train_steps=4,
+        save_top_k=2,
+        monitor="step",
+        mode="max",
+        save_last=True,
+    )
     return pl.Trainer(
-        max_steps=steps, plugins=[io], callbacks=[ckpt], logger=False, enable_progress_bar=False,
-        enable_model_summary=False, accelerator="cpu", devices=1, default_root_dir=tmp_path,
+        max_steps=steps,
+        plugins=[io],
+        callbacks=[ckpt],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        default_root_dir=tmp_path,
     )
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("async_save", [False, True])
-def test_lightning_saves_resumes_and_removes_through_ckptio(tmp_path: Path, async_save: bool) -> None:
+def test_lightning_saves_resumes_and_removes_through_ckptio(
+    tmp_path: Path, async_save: bool
+) -> None:
     torch.manual_seed(0)
     model = Tiny()
     _trainer(tmp_path, CkptioCheckpointIO(async_save=async_save), 12).fit(model, _data())
@@ -90,7 +110,7 @@ def test_lightning_saves_resumes_and_removes_through_ckptio(tmp_path: Path, asyn
 # with Lightning's own ``ckpt_path="last"`` and must start at the saved step with the saved
 # weights.
 
-_CHILD = r'''
+_CHILD = r"""
 import json, os, signal, sys
 import torch, pytorch_lightning as pl
 from ckptio.lightning import CkptioCheckpointIO
@@ -132,15 +152,26 @@ torch.manual_seed(0)
 trainer.fit(Tiny(), data, ckpt_path="last")
 with open(os.path.join(out, phase + "-end.json"), "w") as f:
     json.dump({"global_step": trainer.global_step}, f)
-'''
+"""
 
 
-def _run_child(tmp_path: Path, phase: str, url: str, async_save: bool) -> subprocess.CompletedProcess[str]:
+def _run_child(
+    tmp_path: Path, phase: str, url: str, async_save: bool
+) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
     return subprocess.run(
-        [sys.executable, str(script), phase, url, str(tmp_path / "run"), "1" if async_save else "0"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(script),
+            phase,
+            url,
+            str(tmp_path / "run"),
+            "1" if async_save else "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -169,11 +200,13 @@ def _dirs_and_files(root: Path) -> tuple[set[str], set[str]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("async_save", [False, True])
-def test_ckpt_path_last_resumes_after_a_kill_with_a_file_url(tmp_path: Path, async_save: bool) -> None:
+def test_ckpt_path_last_resumes_after_a_kill_with_a_file_url(
+    tmp_path: Path, async_save: bool
+) -> None:
     store = tmp_path / "store"
     _kill_and_resume(tmp_path, f"file://{store}", async_save)
     # the top-1 checkpoint of step 4, then 8, was removed through the plugin: no folder is left
-    dirs, files = _dirs_and_files(store)
+    dirs, _files = _dirs_and_files(store)
     tops = {d for d in dirs if "/" not in d}
     assert tops == {"last.ckpt", "epoch=1-step=12.ckpt"}, dirs
     assert all(any(Path(store, d).iterdir()) for d in dirs), f"an empty folder is left: {dirs}"
@@ -201,13 +234,18 @@ def test_restore_stubs_lets_last_resolve_on_a_machine_without_them(tmp_path: Pat
     io = CkptioCheckpointIO(url)
     ckpts = tmp_path / "node1" / "ckpts"
     io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 8}, ckpts / "last.ckpt")
-    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 8}, ckpts / "epoch=0-step=8.ckpt")
+    io.save_checkpoint(
+        {"state_dict": {"w": torch.ones(3)}, "global_step": 8}, ckpts / "epoch=0-step=8.ckpt"
+    )
     io.teardown()
     fresh = tmp_path / "node2" / "ckpts"
     finder = pl.callbacks.ModelCheckpoint(dirpath=fresh)
     assert finder._find_last_checkpoints(None) == set()
     io2 = CkptioCheckpointIO(url)
-    assert sorted(io2.restore_stubs(fresh)) == [str(fresh / "epoch=0-step=8.ckpt"), str(fresh / "last.ckpt")]
+    assert sorted(io2.restore_stubs(fresh)) == [
+        str(fresh / "epoch=0-step=8.ckpt"),
+        str(fresh / "last.ckpt"),
+    ]
     assert finder._find_last_checkpoints(None) == {str(fresh / "last.ckpt")}
     assert io2.load_checkpoint(fresh / "last.ckpt")["global_step"] == 8
     with pytest.raises(errors.InvalidArgumentError, match="needs CkptioCheckpointIO"):

@@ -31,16 +31,40 @@ def _losses(log: Path) -> tuple[dict[int, str], dict[int, list[str]]]:
 def test_resume_after_kill_reproduces_the_loss_curve(tmp_path: Path) -> None:
     ref_log, run_log = tmp_path / "ref.jsonl", tmp_path / "run.jsonl"
     ref = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--url", f"file://{tmp_path}/ref", "--log", str(ref_log), *ARGS],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "--url",
+            f"file://{tmp_path}/ref",
+            "--log",
+            str(ref_log),
+            *ARGS,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert ref.returncode == 0, ref.stderr[-3000:]
-    assert "a synchronous save of the same state" in ref.stdout and "summary: median blocking time" in ref.stdout
+    assert (
+        "a synchronous save of the same state" in ref.stdout
+        and "summary: median blocking time" in ref.stdout
+    )
     reference, _ = _losses(ref_log)
     assert sorted(reference) == list(range(1, 201))
 
-    cmd = [sys.executable, str(EXAMPLE), "--url", f"file://{tmp_path}/run", "--log", str(run_log), "--no-sync-probe", *ARGS]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
+    cmd = [
+        sys.executable,
+        str(EXAMPLE),
+        "--url",
+        f"file://{tmp_path}/run",
+        "--log",
+        str(run_log),
+        "--no-sync-probe",
+        *ARGS,
+    ]
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:  # the loop prints "step N loss ..." every 10 steps
             if line.startswith("step ") and int(line.split()[1]) >= 130:

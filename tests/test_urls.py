@@ -19,7 +19,18 @@ import ckptio
 from ckptio import errors
 from ckptio.registry import backends, open_store
 
-BUILTIN = {"file", "pfs", "memory", "shaped", "s3", "s3+boto3", "s3+fsspec", "fsspec", "s3+arrow", "s3+obstore"}
+BUILTIN = {
+    "file",
+    "pfs",
+    "memory",
+    "shaped",
+    "s3",
+    "s3+boto3",
+    "s3+fsspec",
+    "fsspec",
+    "s3+arrow",
+    "s3+obstore",
+}
 S3_SCHEMES = ["s3", "s3+boto3", "s3+fsspec", "s3+arrow", "s3+obstore", "fsspec+s3"]
 LOCAL_SCHEMES = ["file", "pfs"]
 
@@ -36,7 +47,12 @@ def _refused(url: Any, *, unknown: bool = False) -> str:
         open_store(url)
     msg = str(info.value)
     # the accepted forms are shown
-    for form in ("file:///abs/path", "/abs/path", "s3://bucket/prefix", "s3+obstore://bucket/prefix"):
+    for form in (
+        "file:///abs/path",
+        "/abs/path",
+        "s3://bucket/prefix",
+        "s3+obstore://bucket/prefix",
+    ):
         assert form in msg, msg
     return msg
 
@@ -142,7 +158,9 @@ def test_a_colon_that_looks_like_a_scheme_is_refused(in_tmp: Path) -> None:
     _refused("")
 
 
-@pytest.mark.parametrize("url", ["s3:/bucket/x", "file:/data/x", "file://relative/dir", "s3+boto://bucket/x"])
+@pytest.mark.parametrize(
+    "url", ["s3:/bucket/x", "file:/data/x", "file://relative/dir", "s3+boto://bucket/x"]
+)
 def test_the_reported_urls_no_longer_write_a_local_folder(in_tmp: Path, url: str) -> None:
     with pytest.raises(errors.InvalidArgumentError) as info:
         ckptio.save({"w": np.zeros(3)}, url, step=1)
@@ -176,7 +194,13 @@ def test_memory_url_forms(form: str, space: str, prefix: str) -> None:
 
 @pytest.mark.parametrize(
     "url",
-    ["memory:/space", "memory:space", "memory://user:pw@space", "memory://space#f", "memory+x://space"],
+    [
+        "memory:/space",
+        "memory:space",
+        "memory://user:pw@space",
+        "memory://space#f",
+        "memory+x://space",
+    ],
 )
 def test_malformed_memory_urls_are_refused(url: str) -> None:
     _refused(url, unknown="+x" in url)
@@ -197,7 +221,9 @@ def test_malformed_memory_urls_are_refused(url: str) -> None:
         ("{s}://AKIAUSERINFO:se%2Fcret@{b}/run", "run", {"key": "AKIAUSERINFO"}),
     ],
 )
-def test_s3_url_forms(s3_env: dict[str, str], scheme: str, form: str, prefix: str, extra: dict[str, Any]) -> None:
+def test_s3_url_forms(
+    s3_env: dict[str, str], scheme: str, form: str, prefix: str, extra: dict[str, Any]
+) -> None:
     bucket = "urls-bucket"
     store = open_store(form.format(s=scheme, S=scheme.upper(), b=bucket))
     try:
@@ -236,7 +262,13 @@ def test_malformed_s3_urls_are_refused(scheme: str, form: str) -> None:
 
 
 def test_unknown_clients_are_refused() -> None:
-    for url in ("s3+boto://b1/x", "s3+obstor://b1/x", "s3+boto3+x://b1/x", "gs://b1/x", "pfs+lustre:///x"):
+    for url in (
+        "s3+boto://b1/x",
+        "s3+obstor://b1/x",
+        "s3+boto3+x://b1/x",
+        "gs://b1/x",
+        "pfs+lustre:///x",
+    ):
         _refused(url, unknown=True)
 
 

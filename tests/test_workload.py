@@ -37,8 +37,12 @@ def test_mlperf_presets_reproduce_published_checkpoint_sizes(name: str) -> None:
 
 
 def test_mlperf_layouts_are_table_2() -> None:
-    want = {"llama3-8b": (1, 1, 8, 3), "llama3-70b": (8, 1, 8, 3),
-            "llama3-405b": (8, 32, 2, 1), "llama3-1t": (8, 64, 2, 1)}
+    want = {
+        "llama3-8b": (1, 1, 8, 3),
+        "llama3-70b": (8, 1, 8, 3),
+        "llama3-405b": (8, 32, 2, 1),
+        "llama3-1t": (8, 64, 2, 1),
+    }
     for name, (tp, pp, dp, zero) in want.items():
         assert PRESETS[name].layout == Layout(tp, pp, dp, zero)
     assert make_plan("llama3-405b").ranks == 512
@@ -51,8 +55,13 @@ def test_llama3_8b_parameter_count_is_8b() -> None:
 
 def test_bytes_per_parameter_breakdown() -> None:
     s = make_plan("llama3-8b").summary()
-    assert s["bytes_per_parameter"] == {"weights": 2, "fp32_master": 4, "adam_exp_avg": 4,
-                                        "adam_exp_avg_sq": 4, "total": 14}
+    assert s["bytes_per_parameter"] == {
+        "weights": 2,
+        "fp32_master": 4,
+        "adam_exp_avg": 4,
+        "adam_exp_avg_sq": 4,
+        "total": 14,
+    }
     # weights are 2/14 of the checkpoint, optimizer state 12/14 (to within the small extras)
     assert s["weights_bytes"] / s["total_bytes"] == pytest.approx(2 / 14, rel=1e-3)
 
@@ -107,7 +116,9 @@ def test_objects_and_requests() -> None:
     total_objects = sum(1 for r in range(plan.ranks) for _ in plan.rank_objects(r))
     assert plan.objects == total_objects
     assert plan.requests(8 * 2**20) >= plan.objects
-    assert plan.requests(8 * 2**20) == pytest.approx(plan.total_bytes / (8 * 2**20), abs=2 * plan.objects)
+    assert plan.requests(8 * 2**20) == pytest.approx(
+        plan.total_bytes / (8 * 2**20), abs=2 * plan.objects
+    )
 
 
 @pytest.mark.parametrize(
@@ -151,8 +162,9 @@ def test_plan_is_fast_for_every_preset() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ckptio.cli", *args], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "ckptio.cli", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_cli_plan_json_for_every_preset(capsys: pytest.CaptureFixture[str]) -> None:

@@ -172,8 +172,9 @@ def parse_profile(data: dict[str, Any], *, path: str = "") -> Profile:
         if required not in data:
             raise errors.InvalidArgumentError(f"{where}: missing field {required!r}")
     unknown = sorted(
-        k for k in data if k not in (*FIGURES, *SETTINGS, "name", "streams_source",
-                                     "part_size_source")
+        k
+        for k in data
+        if k not in (*FIGURES, *SETTINGS, "name", "streams_source", "part_size_source")
     )
     if unknown:
         raise errors.InvalidArgumentError(
@@ -200,8 +201,9 @@ def parse_profile(data: dict[str, Any], *, path: str = "") -> Profile:
         figures=figures,
         streams=int(data.get("streams", 16)),
         part_size=int(data.get("part_size", 8 * 2**20)),
-        rate_scope=_choice(str(data.get("rate_scope", "prefix")), RATE_SCOPES,
-                           f"{where}: rate_scope"),
+        rate_scope=_choice(
+            str(data.get("rate_scope", "prefix")), RATE_SCOPES, f"{where}: rate_scope"
+        ),
         throttle=str(data.get("throttle", "")),
         sources={
             "streams": str(data.get("streams_source", "assumption")),

@@ -121,8 +121,13 @@ def _worker(
     latest = durable = None
     try:
         options = {**SAVE_OPTIONS, **store_options}
-        ck = Checkpointer(url, keep_last=keep_last, async_save=mode != "sync",
-                          snapshot="fork" if mode == "fork" else "copy", **options)
+        ck = Checkpointer(
+            url,
+            keep_last=keep_last,
+            async_save=mode != "sync",
+            snapshot="fork" if mode == "fork" else "copy",
+            **options,
+        )
         latest = ck.latest()
         problem = None
         if latest is not None:
@@ -157,6 +162,7 @@ def _worker(
         if result.status == "durable":
             with lock:
                 progress.write(f"durable {result.step}\n")
+
     if problem or conn.recv() != "go":
         return
     step = (latest or 0) + 1
@@ -228,7 +234,16 @@ class CrashHarness:
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(
             target=_worker,
-            args=(self.url, self.mode, progress, child, dict(self.env), dict(self.store_options), self.keep_last, self.big),
+            args=(
+                self.url,
+                self.mode,
+                progress,
+                child,
+                dict(self.env),
+                dict(self.store_options),
+                self.keep_last,
+                self.big,
+            ),
             daemon=True,
         )
         proc.start()
@@ -272,14 +287,18 @@ class CrashHarness:
         trial.loaded = report["latest"]
         trial.durable_loaded = report.get("durable")
         if report["problem"]:
-            raise AssertionError(f"after a kill, step {report['latest']} loaded wrong: {report['problem']}")
+            raise AssertionError(
+                f"after a kill, step {report['latest']} loaded wrong: {report['problem']}"
+            )
         drained = [t.last_durable for t in self.trials if t.last_durable is not None]
         if drained and (trial.durable_loaded is None or trial.durable_loaded < max(drained)):
             raise AssertionError(
                 f"a drain that committed was lost: step {max(drained)} was durable, the durable "
                 f"tier alone gave {trial.durable_loaded}"
             )
-        if trial.durable_loaded is not None and (trial.loaded is None or trial.loaded < trial.durable_loaded):
+        if trial.durable_loaded is not None and (
+            trial.loaded is None or trial.loaded < trial.durable_loaded
+        ):
             raise AssertionError(
                 f"the tiered restore took step {trial.loaded}, older than the durable tier's {trial.durable_loaded}"
             )
@@ -292,7 +311,11 @@ class CrashHarness:
                 f"loaded {trial.loaded}"
             )
         ceiling = max(
-            [x for x in (trial.last_started, *(t.last_started for t in self.trials)) if x is not None],
+            [
+                x
+                for x in (trial.last_started, *(t.last_started for t in self.trials))
+                if x is not None
+            ],
             default=None,
         )
         if trial.loaded is not None and (ceiling is None or trial.loaded > ceiling):
@@ -335,7 +358,12 @@ def _context() -> Any:
     global _CTX
     if _CTX is None:
         ctx = multiprocessing.get_context("forkserver")
-        preload = ["ckptio.testing.crash", "ckptio.checkpoint", "ckptio.tiered", "ckptio.backends.local"]
+        preload = [
+            "ckptio.testing.crash",
+            "ckptio.checkpoint",
+            "ckptio.tiered",
+            "ckptio.backends.local",
+        ]
         try:
             import boto3  # noqa: F401  - only to know whether to preload it
 
@@ -404,7 +432,12 @@ def _race_worker(
 
 
 def race(
-    url: str, step: int, *, writers: int = 2, at_publish: bool = False, env: Mapping[str, str] | None = None
+    url: str,
+    step: int,
+    *,
+    writers: int = 2,
+    at_publish: bool = False,
+    env: Mapping[str, str] | None = None,
 ) -> list[tuple[str, str]]:
     """Start ``writers`` processes that save ``step`` under ``url`` at the same moment;
     return each one's ``(outcome, message)``: ``("ok", "")`` or the error's class and text."""
@@ -414,7 +447,9 @@ def race(
     for w in range(writers):
         parent, child = ctx.Pipe()
         p = ctx.Process(
-            target=_race_worker, args=(url, step, w, barrier, child, dict(env or {}), at_publish), daemon=True
+            target=_race_worker,
+            args=(url, step, w, barrier, child, dict(env or {}), at_publish),
+            daemon=True,
         )
         p.start()
         child.close()

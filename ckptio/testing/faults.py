@@ -39,7 +39,12 @@ KINDS = ("slowdown", "internal", "drop", "slow")
 
 _S3_ERRORS = {
     "slowdown": (503, "Service Unavailable", "SlowDown", "Please reduce your request rate."),
-    "internal": (500, "Internal Server Error", "InternalError", "We encountered an internal error. Please try again."),
+    "internal": (
+        500,
+        "Internal Server Error",
+        "InternalError",
+        "We encountered an internal error. Please try again.",
+    ),
 }
 
 
@@ -106,7 +111,9 @@ class FaultProxy:
         server = _QuietServer(("127.0.0.1", 0), Handler)
         server.daemon_threads = True
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="ckptio-fault-proxy", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever, name="ckptio-fault-proxy", daemon=True
+        )
         self._thread.start()
         self._timer = threading.Timer(self.lifetime, self.stop)
         self._timer.daemon = True
@@ -257,7 +264,14 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                     raise
         self.send_response(resp.status, resp.reason)
         for name, value in resp.getheaders():
-            if name.lower() in ("transfer-encoding", "connection", "keep-alive", "content-length", "server", "date"):
+            if name.lower() in (
+                "transfer-encoding",
+                "connection",
+                "keep-alive",
+                "content-length",
+                "server",
+                "date",
+            ):
                 continue
             self.send_header(name, value)
         if self.command != "HEAD":

@@ -103,16 +103,34 @@ def _operations(backing: str) -> Any:
         # -- metadata
         def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
             st = os.fstat(fh) if fh is not None else os.lstat(self._full(path))
-            keys = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_blocks",
-                    "st_blksize")
+            keys = (
+                "st_mode",
+                "st_ino",
+                "st_nlink",
+                "st_uid",
+                "st_gid",
+                "st_size",
+                "st_blocks",
+                "st_blksize",
+            )
             out: dict[str, Any] = {k: getattr(st, k) for k in keys}
             out.update(st_atime=st.st_atime_ns, st_mtime=st.st_mtime_ns, st_ctime=st.st_ctime_ns)
             return out
 
         def statfs(self, path: str) -> dict[str, int]:
             sv = os.statvfs(self._full(path))
-            keys = ("f_bavail", "f_bfree", "f_blocks", "f_bsize", "f_favail", "f_ffree",
-                    "f_files", "f_flag", "f_frsize", "f_namemax")
+            keys = (
+                "f_bavail",
+                "f_bfree",
+                "f_blocks",
+                "f_bsize",
+                "f_favail",
+                "f_ffree",
+                "f_files",
+                "f_flag",
+                "f_frsize",
+                "f_namemax",
+            )
             return {k: getattr(sv, k) for k in keys}
 
         def access(self, path: str, amode: int) -> int:
@@ -237,7 +255,9 @@ def _control(ops: Any) -> None:
             continue
         try:
             req = json.loads(line)
-            ops.set_faults(req.get("ops", ()), req.get("match", ""), int(req.get("errno", errno.EIO)))
+            ops.set_faults(
+                req.get("ops", ()), req.get("match", ""), int(req.get("errno", errno.EIO))
+            )
             answer = "ok"
         except Exception as err:
             answer = f"error {type(err).__name__}: {err}"
@@ -252,8 +272,15 @@ def serve(backing: str, mountpoint: str, *, debug: bool = False) -> None:
     ops = _operations(backing)
     threading.Thread(target=_control, args=(ops,), name="faultyfs-control", daemon=True).start()
     mfusepy.FUSE(
-        ops, mountpoint, foreground=True, debug=debug, fsname="faultyfs", subtype="faultyfs",
-        direct_io=True, hard_remove=True, use_ino=True,
+        ops,
+        mountpoint,
+        foreground=True,
+        debug=debug,
+        fsname="faultyfs",
+        subtype="faultyfs",
+        direct_io=True,
+        hard_remove=True,
+        use_ino=True,
     )
 
 
@@ -265,7 +292,10 @@ def _mounted_at(mountpoint: str) -> bool:
     with open("/proc/self/mountinfo") as fh:
         for line in fh:
             fields = line.split()
-            if len(fields) > 4 and re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4]) == want:
+            if (
+                len(fields) > 4
+                and re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4]) == want
+            ):
                 return True
     return False
 
@@ -285,11 +315,15 @@ class FaultyFS:
         ``match`` with ``err``; no ``ops``: no faults. In effect when this returns."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         with self._lock:
-            self.proc.stdin.write(json.dumps({"ops": list(ops), "match": match, "errno": err}) + "\n")
+            self.proc.stdin.write(
+                json.dumps({"ops": list(ops), "match": match, "errno": err}) + "\n"
+            )
             self.proc.stdin.flush()
             answer = self.proc.stdout.readline().strip()
         if answer != "ok":
-            raise RuntimeError(f"faultyfs did not take the faults: {answer or 'no answer'}; {self.tail()}")
+            raise RuntimeError(
+                f"faultyfs did not take the faults: {answer or 'no answer'}; {self.tail()}"
+            )
 
     def clear(self) -> None:
         """No more faults."""
@@ -358,17 +392,33 @@ def start(
     os.makedirs(back, exist_ok=True)
     os.makedirs(point, exist_ok=True)
     log = os.path.join(os.path.dirname(point), f".{os.path.basename(point)}.faultyfs.log")
-    cmd = [sys.executable, "-m", "ckptio.testing.faultyfs", back, point, *(["--debug"] if debug else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ckptio.testing.faultyfs",
+        back,
+        point,
+        *(["--debug"] if debug else []),
+    ]
     env = {**os.environ, "FUSE_LIBRARY_NAME": LIBFUSE}
     with open(log, "w") as err_out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err_out,
-                                text=True, bufsize=1, env=env)
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err_out,
+            text=True,
+            bufsize=1,
+            env=env,
+        )
     fs = FaultyFS(back, point, proc, log)
     try:
         deadline = time.monotonic() + MOUNT_TIMEOUT
         while not _mounted_at(point):
             if proc.poll() is not None:
-                raise FaultyFSUnavailable(f"the FUSE server exited {proc.returncode} before mounting; {fs.tail()}")
+                raise FaultyFSUnavailable(
+                    f"the FUSE server exited {proc.returncode} before mounting; {fs.tail()}"
+                )
             if time.monotonic() > deadline:
                 raise FaultyFSUnavailable(f"not mounted within {MOUNT_TIMEOUT:.0f} s; {fs.tail()}")
             time.sleep(0.02)
@@ -414,7 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in args
     args = [a for a in args if a != "--debug"]
     if len(args) != 2:
-        print("usage: python -m ckptio.testing.faultyfs BACKING MOUNTPOINT [--debug]", file=sys.stderr)
+        print(
+            "usage: python -m ckptio.testing.faultyfs BACKING MOUNTPOINT [--debug]", file=sys.stderr
+        )
         return 2
     serve(args[0], args[1], debug=debug)
     return 0

@@ -94,14 +94,19 @@ def _run(cmd: list[str], *, timeout: float = COMMAND_TIMEOUT) -> str:
 def _glusterd_answers() -> bool:
     try:
         done = subprocess.run(
-            ["gluster", "--mode=script", "pool", "list"], capture_output=True, timeout=20, check=False
+            ["gluster", "--mode=script", "pool", "list"],
+            capture_output=True,
+            timeout=20,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         return False
     return done.returncode == 0
 
 
-def start_volume(workdir: str | os.PathLike[str], *, bricks: int = 2, name: str | None = None) -> GlusterVolume:
+def start_volume(
+    workdir: str | os.PathLike[str], *, bricks: int = 2, name: str | None = None
+) -> GlusterVolume:
     """Start glusterd if needed, create and start a distributed volume of ``bricks`` bricks
     under ``workdir``, and mount it at ``workdir/mnt``. Raises :class:`GlusterUnavailable`."""
     reason = unavailable_reason()
@@ -118,7 +123,9 @@ def start_volume(workdir: str | os.PathLike[str], *, bricks: int = 2, name: str 
         deadline = time.monotonic() + 60
         while not _glusterd_answers():
             if time.monotonic() > deadline:
-                raise GlusterUnavailable(f"glusterd did not answer within 60 s; see {work / 'glusterd.log'}")
+                raise GlusterUnavailable(
+                    f"glusterd did not answer within 60 s; see {work / 'glusterd.log'}"
+                )
             time.sleep(0.2)
         pid = int(pidfile.read_text().strip() or 0) if pidfile.exists() else 0
     brick_dirs = [str(work / f"brick{i}") for i in range(bricks)]
@@ -126,7 +133,17 @@ def start_volume(workdir: str | os.PathLike[str], *, bricks: int = 2, name: str 
         os.makedirs(b, exist_ok=True)
     vol = GlusterVolume(name, brick_dirs, str(work / "mnt"), str(work), started, pid)
     try:
-        _run(["gluster", "--mode=script", "volume", "create", name, *(f"{BRICK_HOST}:{b}" for b in brick_dirs), "force"])
+        _run(
+            [
+                "gluster",
+                "--mode=script",
+                "volume",
+                "create",
+                name,
+                *(f"{BRICK_HOST}:{b}" for b in brick_dirs),
+                "force",
+            ]
+        )
         _run(["gluster", "--mode=script", "volume", "start", name])
         os.makedirs(vol.mount, exist_ok=True)
         _run(["mount", "-t", "glusterfs", f"{BRICK_HOST}:/{name}", vol.mount])
@@ -219,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m ckptio.testing.gluster start DIR [BRICKS]`` / ``stop DIR``."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 2 or args[0] not in ("start", "stop"):
-        print("usage: python -m ckptio.testing.gluster start DIR [BRICKS] | stop DIR", file=sys.stderr)
+        print(
+            "usage: python -m ckptio.testing.gluster start DIR [BRICKS] | stop DIR", file=sys.stderr
+        )
         return 2
     if args[0] == "start":
         try:

@@ -54,7 +54,9 @@ from ckptio.testing.motoserver import (  # noqa: F401  (re-exported for tests)
 def moto_server() -> Iterator[str]:
     """A moto S3 server on 127.0.0.1 (a free port) for the whole session; yields its endpoint
     URL ``http://127.0.0.1:<port>``. Skips the test when moto[server] or boto3 is missing."""
-    pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install 'ckptio[test]')")
+    pytest.importorskip(
+        "moto.server", reason="moto[server] is not installed (pip install 'ckptio[test]')"
+    )
     pytest.importorskip("boto3", reason="boto3 is not installed (pip install 'ckptio[s3]')")
     server, endpoint = start_moto_server()
     try:

@@ -23,7 +23,9 @@ import pytest
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "rgw: runs against Ceph's RADOS Gateway (ckptio.testing.rgw)")
+    config.addinivalue_line(
+        "markers", "rgw: runs against Ceph's RADOS Gateway (ckptio.testing.rgw)"
+    )
 
 
 @pytest.fixture

@@ -98,7 +98,6 @@ class RgwServer:
         return boto3_client(self.endpoint)
 
 
-
 def empty_bucket(client: Any, bucket: str, *, delete: bool = True) -> None:
     """With the boto3 S3 ``client``: abort the open multipart uploads of ``bucket``, delete its
     objects and (``delete``) the bucket. RGW's garbage collection frees the data seconds later."""
@@ -191,7 +190,9 @@ def _run(cmd: list[str], *, timeout: float = COMMAND_TIMEOUT) -> str:
     except subprocess.TimeoutExpired as err:
         raise RgwUnavailable(f"`{' '.join(cmd)}` did not finish in {timeout:.0f} s") from err
     if done.returncode != 0:
-        raise RgwUnavailable(f"`{' '.join(cmd)}` exited {done.returncode}: {(done.stdout + done.stderr).strip()[-800:]}")
+        raise RgwUnavailable(
+            f"`{' '.join(cmd)}` exited {done.returncode}: {(done.stdout + done.stderr).strip()[-800:]}"
+        )
     return done.stdout
 
 
@@ -201,7 +202,11 @@ def _spawn(server: RgwServer, name: str, cmd: list[str]) -> None:
     log = Path(server.workdir) / "log" / f"{name}.out"
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [*cmd, "-f", "-c", server.conf], stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+            [*cmd, "-f", "-c", server.conf],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
         )
     _CHILDREN[proc.pid] = proc
     server.pids[name] = proc.pid
@@ -214,14 +219,18 @@ def _check_alive(server: RgwServer, name: str) -> None:
         raise RgwUnavailable(f"{name} exited; see {server.workdir}/log/{name}.log and .out")
 
 
-def _wait(what: str, server: RgwServer, daemons: list[str], until: float, probe: Callable[[], bool]) -> None:
+def _wait(
+    what: str, server: RgwServer, daemons: list[str], until: float, probe: Callable[[], bool]
+) -> None:
     while True:
         for name in daemons:
             _check_alive(server, name)
         if probe():
             return
         if time.monotonic() > until:
-            raise RgwUnavailable(f"{what} within {READY_TIMEOUT:.0f} s of start; logs in {server.workdir}/log")
+            raise RgwUnavailable(
+                f"{what} within {READY_TIMEOUT:.0f} s of start; logs in {server.workdir}/log"
+            )
         time.sleep(0.1)
 
 
@@ -283,7 +292,18 @@ def start_rgw(workdir: str | os.PathLike[str] | None = None) -> RgwServer:
     until = time.monotonic() + READY_TIMEOUT
     try:
         monmap = str(work / "monmap")
-        _run(["monmaptool", "--create", "--fsid", fsid, "--addv", "a", f"[v2:127.0.0.1:{mon_port}]", monmap])
+        _run(
+            [
+                "monmaptool",
+                "--create",
+                "--fsid",
+                fsid,
+                "--addv",
+                "a",
+                f"[v2:127.0.0.1:{mon_port}]",
+                monmap,
+            ]
+        )
         _run(["ceph-mon", "-c", conf, "--mkfs", "-i", "a", "--monmap", monmap])
         _spawn(server, "mon.a", ["ceph-mon", "-i", "a"])
         osd_uuid = str(uuid.uuid4())
@@ -294,13 +314,32 @@ def start_rgw(workdir: str | os.PathLike[str] | None = None) -> RgwServer:
         _wait("the OSD was not up", server, list(server.pids), until, lambda: _osd_up(conf))
         _run(
             [
-                "radosgw-admin", "-c", conf, "user", "create", f"--uid={USER}", f"--display-name={USER}",
-                f"--access-key={TEST_ACCESS_KEY_ID}", f"--secret-key={TEST_SECRET_ACCESS_KEY}",
+                "radosgw-admin",
+                "-c",
+                conf,
+                "user",
+                "create",
+                f"--uid={USER}",
+                f"--display-name={USER}",
+                f"--access-key={TEST_ACCESS_KEY_ID}",
+                f"--secret-key={TEST_SECRET_ACCESS_KEY}",
             ]
         )
         _spawn(server, "client.rgw", ["radosgw", "-n", "client.rgw"])
-        _wait("radosgw did not answer HTTP", server, list(server.pids), until, lambda: _rgw_answers(server))
-        _wait("a PUT to RGW did not succeed", server, list(server.pids), until, lambda: _put_works(server))
+        _wait(
+            "radosgw did not answer HTTP",
+            server,
+            list(server.pids),
+            until,
+            lambda: _rgw_answers(server),
+        )
+        _wait(
+            "a PUT to RGW did not succeed",
+            server,
+            list(server.pids),
+            until,
+            lambda: _put_works(server),
+        )
     except BaseException:
         stop_rgw(server)
         raise
@@ -343,7 +382,9 @@ def _stop_pid(name: str, pid: int) -> str | None:
 def stop_rgw(server: RgwServer, *, keep: bool = False) -> list[str]:
     """Stop every daemon of ``server`` by its PID (radosgw first, the monitor last) and delete
     its directory (``keep``: leave it, for the logs). Best effort: returns the problems met."""
-    problems = [p for name, pid in reversed(list(server.pids.items())) if (p := _stop_pid(name, pid))]
+    problems = [
+        p for name, pid in reversed(list(server.pids.items())) if (p := _stop_pid(name, pid))
+    ]
     if not keep and not problems:
         shutil.rmtree(server.workdir, ignore_errors=True)
     return problems

@@ -37,7 +37,9 @@ def main() -> int:
     for layout in layouts:
         target = f"{base}/{layout}" + (f"?{query}" if query else "")
         # small chunks and objects: ~6 objects per rank (many files to spread over bricks)
-        ckptio.save(state, target, step=7, comm=comm, layout=layout, chunk_size=65536, max_object_size=65536)
+        ckptio.save(
+            state, target, step=7, comm=comm, layout=layout, chunk_size=65536, max_object_size=65536
+        )
         comm.barrier()
         back = ckptio.load(target)
         assert back["step"] == 7

@@ -33,7 +33,9 @@ def main() -> None:
             "model": {
                 # row-sharded (like ZeRO / DP shards) and column-sharded (like tensor parallel)
                 "w_rows": ckptio.Shard(g["w_rows"][r0:r1], (ROWS, COLS), (r0, 0)),
-                "w_cols": ckptio.Shard(np.ascontiguousarray(g["w_cols"][:, c0:c1]), (ROWS, COLS), (0, c0)),
+                "w_cols": ckptio.Shard(
+                    np.ascontiguousarray(g["w_cols"][:, c0:c1]), (ROWS, COLS), (0, c0)
+                ),
                 "bias": g["bias"],  # replicated: written once
             },
             "step": 11,

@@ -16,17 +16,29 @@ ROWS, COLS = 600, 40
 def state(step: int, rank: int, size: int) -> dict:
     lo, hi = rank * ROWS // size, (rank + 1) * ROWS // size
     w = np.arange(ROWS * COLS, dtype=np.float32).reshape(ROWS, COLS) + step
-    return {"model": {"w": ckptio.Shard(w[lo:hi].copy(), (ROWS, COLS), (lo, 0)),
-                      "bias": np.linspace(0, 1, 37) + step},  # replicated: rank 0 writes it
-            "step": step}
+    return {
+        "model": {
+            "w": ckptio.Shard(w[lo:hi].copy(), (ROWS, COLS), (lo, 0)),
+            "bias": np.linspace(0, 1, 37) + step,
+        },  # replicated: rank 0 writes it
+        "step": step,
+    }
 
 
 def main() -> None:
     mode, durable, local = sys.argv[1:4]
     comm = detect()
     opts = {"chunk_size": 16 * 1024, "max_object_size": 64 * 1024}
-    with ckptio.Checkpointer(durable, local=local, comm=comm, persist_every=2, keep_last_local=3, keep_last=3,
-                             async_save="async" in sys.argv[4:], **opts) as ck:
+    with ckptio.Checkpointer(
+        durable,
+        local=local,
+        comm=comm,
+        persist_every=2,
+        keep_last_local=3,
+        keep_last=3,
+        async_save="async" in sys.argv[4:],
+        **opts,
+    ) as ck:
         if mode == "save":
             for s in range(1, 5):
                 ck.save(state(s, comm.rank, comm.size), s)
