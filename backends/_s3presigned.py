@@ -1,88 +1,16 @@
-"""Amazon S3 (and S3-compatible stores) through boto3/botocore: ``s3+boto3://bucket/prefix``,
-and plain ``s3://`` (the backend that measured fastest and cheapest in
-``benchmarks/s3_peers.py``; see docs/performance.md, "S3 clients").
-
-Writes are S3 multipart uploads driven by ckptio itself (:class:`MultipartWriter`): parts of
-``part_size`` bytes, sent by a pool of ``streams`` threads shared by every object of the store,
-each part carrying its CRC32C (``x-amz-checksum-crc32c``, verified by S3 before it accepts the
-part), no whole-object MD5. Buffers are sliced, never joined, when a part lies inside one
-caller buffer. Reads are ranged GETs of presigned URLs (:class:`_PresignedGets`), received
-straight into the caller's buffer.
-
-botocore's own retries are off (``total_max_attempts=1``): every attempt goes through
-:meth:`Store.retrying`, so the trace counts each retry and each 503 SlowDown.
+"""Presigned reads: ranged GETs of presigned (SigV4 query-signed) URLs sent through a
+botocore client's own HTTP session (:class:`PresignedGets`), and :func:`receive`, which reads
+a urllib3 response body straight into the caller's buffer.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar
-
-from ckptio import errors
-from ckptio.store import Capabilities, Writer, option_bool
-from ckptio.trace import Trace
-
-from . import _s3common as c
+from typing import Any
 
 
-class _BotoSender:
-    def __init__(self, client: Any, bucket: str, checksum: bool) -> None:
-        self.client = client
-        self.bucket = bucket
-        self.checksum = checksum
-
-    def _crc(self, crc: int | None) -> dict[str, str]:
-        return {"ChecksumCRC32C": c.crc32c_b64(crc)} if crc is not None else {}
-
-    def put_object(self, key: str, pieces: list[memoryview], nbytes: int, crc: int | None) -> None:
-        self.client.put_object(
-            Bucket=self.bucket,
-            Key=key,
-            Body=c.PieceReader(pieces),
-            ContentLength=nbytes,
-            **self._crc(crc),
-        )
-
-    def create_upload(self, key: str) -> str:
-        extra = {"ChecksumAlgorithm": "CRC32C"} if self.checksum else {}
-        return self.client.create_multipart_upload(Bucket=self.bucket, Key=key, **extra)["UploadId"]
-
-    def upload_part(
-        self,
-        key: str,
-        upload_id: str,
-        number: int,
-        pieces: list[memoryview],
-        nbytes: int,
-        crc: int | None,
-    ) -> dict[str, Any]:
-        resp = self.client.upload_part(
-            Bucket=self.bucket,
-            Key=key,
-            UploadId=upload_id,
-            PartNumber=number,
-            Body=c.PieceReader(pieces),
-            ContentLength=nbytes,
-            **self._crc(crc),
-        )
-        part = {"PartNumber": number, "ETag": resp["ETag"]}
-        if crc is not None:
-            part["ChecksumCRC32C"] = resp.get("ChecksumCRC32C") or c.crc32c_b64(crc)
-        return part
-
-    def complete_upload(self, key: str, upload_id: str, parts: list[dict[str, Any]]) -> None:
-        self.client.complete_multipart_upload(
-            Bucket=self.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
-        )
-
-    def abort_upload(self, key: str, upload_id: str) -> None:
-        self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
-
-
-def _receive(raw: Any, expected: int, out: memoryview) -> tuple[int, int]:
+def receive(raw: Any, expected: int, out: memoryview) -> tuple[int, int]:
     """Read the ``expected`` body bytes of the urllib3 response ``raw`` into ``out``; returns
     ``(bytes read, expected)``. The connection goes back to the pool when the whole body was
     read, and is closed otherwise."""
@@ -148,7 +76,7 @@ def _service_error(status: int, raw: Any) -> Exception:
     )
 
 
-class _PresignedGets:
+class PresignedGets:
     """Ranged GETs sent as presigned (SigV4 query-signed) URLs through the botocore client's
     own HTTP session, bypassing botocore's per-request machinery.
 
@@ -206,7 +134,7 @@ class _PresignedGets:
             raise _without_url(err) from None
         raw = resp.raw
         if resp.status_code in (200, 206):
-            return _receive(raw, int(resp.headers["Content-Length"]), out)
+            return receive(raw, int(resp.headers["Content-Length"]), out)
         if resp.status_code >= 500:  # the service's own trouble: an error, retried as any
             raise _service_error(resp.status_code, raw)
         raw.close()
@@ -214,137 +142,3 @@ class _PresignedGets:
             return 0, 0
         self._urls.pop(full, None)
         return None
-
-
-class Boto3Store(c.S3Base):
-    """S3 through boto3/botocore.
-
-    URL: ``s3+boto3://bucket/prefix``. Options (keyword-only; URL query strings work too):
-
-    - ``part_size`` (bytes or ``"16MiB"``; default 8 MiB; S3 limits 5 MiB..5 GiB, raised
-      automatically so an object fits in 10,000 parts when ``size_hint`` is given);
-    - ``streams`` (int, default 8): requests in flight for the whole store;
-    - ``checksum`` (bool, default True): send CRC32C with every part and PUT;
-    - ``presigned_reads`` (bool, default True): send ranged GETs as presigned URLs through
-      botocore's HTTP session, not ``get_object`` (less than half the client CPU per request;
-      see :class:`_PresignedGets`); False sends every read through ``get_object``;
-    - ``endpoint_url``, ``region``, ``profile``, ``access_key_id``, ``secret_access_key``,
-      ``session_token``, ``anonymous``, ``addressing_style`` (``path``/``virtual``), ``connect_timeout`` / ``read_timeout`` (seconds): the AWS
-      connection; unset ones come from the environment and AWS config files as the AWS CLI
-      does (``AWS_ENDPOINT_URL`` included); the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3common.OPTION_SPELLINGS`;
-    - ``trace``: a :class:`~ckptio.trace.Trace`.
-
-    Commit: ``publish`` is one PUT; with ``overwrite=False`` it sends ``If-None-Match: *`` so
-    S3 itself refuses a second manifest (S3 and moto support it; some S3 clones do not).
-    """
-
-    schemes: ClassVar[tuple[str, ...]] = ("s3+boto3", "s3")
-    name: ClassVar[str] = "s3+boto3"
-    capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES
-    OPTIONS = ("checksum", "presigned_reads", *c.S3Base.OPTIONS)
-
-    def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
-        super().__init__(url, trace=trace)
-        options = c.canonical_options(options)  # storage_options={"checksum": ...} too
-        self.checksum = option_bool(options.pop("checksum", True), field="checksum")
-        self.presigned_reads = option_bool(
-            options.pop("presigned_reads", True), field="presigned_reads"
-        )
-        self._setup(options)
-        self.client = c.make_boto3_client(self.aws, pool_connections=self.streams + 4)
-        self._janitor_client = self.client
-        self._sender = _BotoSender(self.client, self.bucket, self.checksum)
-        self._presigned: _PresignedGets | None = None
-        if self.presigned_reads and hasattr(
-            getattr(self.client, "_endpoint", None), "http_session"
-        ):
-            presigner = c.make_boto3_client(self.aws, pool_connections=1, sigv4=True)
-            self._presigned = _PresignedGets(self.client, presigner, self.bucket)
-        self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="ckptio-s3")
-
-    # -- writes ---------------------------------------------------------------------------------
-    def open_writer(self, key: str, *, size_hint: int | None = None) -> Writer:
-        return c.MultipartWriter(
-            self,
-            self._sender,
-            self._full(key),
-            key,
-            part_size=self.part_size,
-            pool=self._pool,
-            checksum=self.checksum,
-            size_hint=size_hint,
-        )
-
-    def _publish_request(self, full: str, data: bytes, *, overwrite: bool) -> Callable[[], None]:
-        """One PUT; ``If-None-Match: *`` when not overwriting; CRC32C computed once."""
-        extra: dict[str, Any] = {} if overwrite else {"IfNoneMatch": "*"}
-        if self.checksum:
-            extra["ChecksumCRC32C"] = c.crc32c_b64(c.crc32c_of([memoryview(data)]))
-        return lambda: self.client.put_object(Bucket=self.bucket, Key=full, Body=data, **extra)
-
-    # -- reads ----------------------------------------------------------------------------------
-    def _read_range(self, key: str, full: str, offset: int, out: memoryview) -> int:
-        rng = f"bytes={offset}-{offset + out.nbytes - 1}"
-        if self._presigned is not None:
-            got = self._presigned.get(full, rng, out)
-            if got is not None:
-                return self._check_read(key, *got)
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=full, Range=rng)
-        except Exception as err:
-            code, status = c.error_details(err)
-            if code == "InvalidRange" or status == 416:
-                return 0  # offset at or past the end
-            raise
-        raw = resp["Body"]._raw_stream  # the urllib3 response
-        return self._check_read(key, *_receive(raw, int(resp["ContentLength"]), out))
-
-    # -- metadata -------------------------------------------------------------------------------
-    def list(self, prefix: str = "") -> list[str]:
-        full = self._full_prefix(prefix)
-
-        def run() -> list[str]:
-            keys: list[str] = []
-            token: str | None = None
-            while True:
-                kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full}
-                if token:
-                    kw["ContinuationToken"] = token
-                resp = self.client.list_objects_v2(**kw)
-                keys += [self._rel(o["Key"]) for o in resp.get("Contents", ())]
-                if not resp.get("IsTruncated"):
-                    return keys
-                token = resp["NextContinuationToken"]
-
-        return sorted(self._call("list", prefix, 0, "list", run))
-
-    def size(self, key: str) -> int:
-        full = self._full(key)
-        resp = self._call(
-            "head", key, 0, "stat", lambda: self.client.head_object(Bucket=self.bucket, Key=full)
-        )
-        return int(resp["ContentLength"])
-
-    def delete(self, keys: Iterable[str]) -> None:
-        fulls = [self._full(k) for k in keys]
-        for start in range(0, len(fulls), 1000):  # S3 DeleteObjects takes at most 1000 keys
-            batch = fulls[start : start + 1000]
-
-            def run(batch: list[str] = batch) -> None:
-                resp = self.client.delete_objects(
-                    Bucket=self.bucket,
-                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
-                )
-                failed = [e for e in resp.get("Errors", ()) if e.get("Code") != "NoSuchKey"]
-                if failed:
-                    raise errors.StorageError(
-                        f"{self.name}: cannot delete {len(failed)} object(s), first: "
-                        f"{failed[0].get('Key')!r}: {failed[0].get('Code')} {failed[0].get('Message')}"
-                    )
-
-            self._call("delete", c.batch_label(batch), 0, "delete", run)
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-        self.client.close()
-        self._janitor_client = None

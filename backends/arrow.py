@@ -47,7 +47,7 @@ class ArrowStore(c.WholeObjectStore):
     module notes), ``streams`` (int, default 8: Arrow I/O threads at least), the AWS
     connection options shared by every S3 backend (``endpoint_url``, ``region``,
     ``profile``, ``access_key_id``, ``secret_access_key``, ``session_token``, ``anonymous``,
-    ``addressing_style``, ``connect_timeout``, ``read_timeout``; the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3common.OPTION_SPELLINGS`), ``trace``.
+    ``addressing_style``, ``connect_timeout``, ``read_timeout``; the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3config.OPTION_SPELLINGS`), ``trace``.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+arrow",)

@@ -24,6 +24,9 @@ from ckptio.store import Capabilities
 from ckptio.trace import Trace
 
 from . import _s3common as c
+from ._s3config import AwsSettings, botocore_config, io_options, reject_unknown
+from ._s3errors import error_details
+from ._s3multipart import one_buffer
 
 
 class FsspecStore(c.WholeObjectStore):
@@ -39,7 +42,7 @@ class FsspecStore(c.WholeObjectStore):
     - for S3, the AWS connection options of every S3 backend (``endpoint_url``, ``region``,
       ``profile``, ``access_key_id``, ``secret_access_key``, ``session_token``, ``anonymous``,
       ``addressing_style``, ``connect_timeout``, ``read_timeout``), resolved the AWS way (environment, config files);
-      the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3common.OPTION_SPELLINGS`;
+      the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3config.OPTION_SPELLINGS`;
     - for other protocols, ``storage_options`` (a dict) goes to ``fsspec.filesystem``
       (``fsspec+file://``: ``auto_mkdir`` defaults to True);
     - ``trace``.
@@ -67,14 +70,14 @@ class FsspecStore(c.WholeObjectStore):
             storage_options = dict(options.pop("storage_options", None) or {})
             if loc.local:  # fsspec's local filesystem writes into existing directories only
                 storage_options.setdefault("auto_mkdir", True)
-            self.part_size, self.streams = c.io_options(options)
-            c.reject_unknown(
+            self.part_size, self.streams = io_options(options)
+            reject_unknown(
                 f"fsspec+{proto}",
                 options,
                 ("part_size", "streams", "storage_options"),
                 spellings=False,
             )
-            self.aws = c.AwsSettings(region="", endpoint_url=None)
+            self.aws = AwsSettings(region="", endpoint_url=None)
             self.bucket, self.prefix = loc.host, ""
             self._janitor_client = None
             self.fs = fsspec.filesystem(proto, **storage_options)
@@ -110,7 +113,7 @@ class FsspecStore(c.WholeObjectStore):
         nbytes: int,
         mode: Literal["create", "overwrite"] = "overwrite",
     ) -> None:
-        data = c.one_buffer(pieces)  # pipe_file (aiobotocore underneath) takes bytes only
+        data = one_buffer(pieces)  # pipe_file (aiobotocore underneath) takes bytes only
         path = self._path(full)
         if self._is_s3:
             # s3fs sends one PUT below 2 chunks: "create" always is one (see S3Base.publish)
@@ -137,7 +140,7 @@ class FsspecStore(c.WholeObjectStore):
         try:
             data = self.fs.cat_file(path, start=offset, end=offset + out.nbytes)
         except Exception as err:
-            code, status = c.error_details(err)
+            code, status = error_details(err)
             if code == "InvalidRange" or status == 416:
                 self.fs.info(path)  # raises if the key is missing
                 return 0
@@ -194,13 +197,13 @@ class FsspecStore(c.WholeObjectStore):
         return super().cleanup_incomplete(prefix, older_than=older_than) if self._is_s3 else 0
 
 
-def _s3fs(aws: c.AwsSettings, streams: int) -> Any:
+def _s3fs(aws: AwsSettings, streams: int) -> Any:
     s3fs = errors.require("s3fs", extra="s3", purpose="the s3+fsspec backend")
     fs = s3fs.S3FileSystem(
         **aws.signing(anonymous=("anon", True), key="key", secret="secret", token="token"),
         endpoint_url=aws.endpoint_url,
         client_kwargs={"region_name": aws.region},
-        config_kwargs=c.botocore_config(aws, pool_connections=streams + 4),
+        config_kwargs=botocore_config(aws, pool_connections=streams + 4),
         skip_instance_cache=True,
         use_listings_cache=False,
         max_concurrency=streams,

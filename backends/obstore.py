@@ -30,7 +30,7 @@ class ObstoreStore(c.WholeObjectStore):
     URL: ``s3+obstore://bucket/prefix``. Options: ``part_size`` (bytes, default 8 MiB,
     5 MiB..5 GiB), ``streams`` (int, default 8), the AWS connection options shared by every S3
     backend (``endpoint_url``, ``region``, ``profile``, ``access_key_id``,
-    ``secret_access_key``, ``session_token``, ``anonymous``, ``addressing_style``, ``connect_timeout``, ``read_timeout``; the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3common.OPTION_SPELLINGS`), ``trace``.
+    ``secret_access_key``, ``session_token``, ``anonymous``, ``addressing_style``, ``connect_timeout``, ``read_timeout``; the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3config.OPTION_SPELLINGS`), ``trace``.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+obstore",)

@@ -123,12 +123,12 @@ def test_one_option_under_two_spellings_must_agree(monkeypatch: pytest.MonkeyPat
 
 
 def test_the_spellings_are_documented_in_one_table() -> None:
-    from ckptio.backends import _s3common
+    from ckptio.backends import _s3config
 
-    doc = _s3common.__doc__ or ""
-    for other, ours in _s3common.OPTION_SPELLINGS.items():
+    doc = _s3config.__doc__ or ""
+    for other, ours in _s3config.OPTION_SPELLINGS.items():
         assert f"``{other}``" in doc and f"``{ours}``" in doc
-    for nested in _s3common.NESTED_OPTIONS:
+    for nested in _s3config.NESTED_OPTIONS:
         assert f"``{nested}" in doc
 
 
