@@ -95,9 +95,9 @@ class S3Base(Store):
         self._janitor_lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return (
-            f"{type(self).__name__}({self.url!r}, endpoint={redact_url(self.aws.endpoint_url)!r})"
-        )
+        endpoint = self.aws.endpoint_url
+        shown = redact_url(endpoint) if endpoint is not None else None
+        return f"{type(self).__name__}({self.url!r}, endpoint={shown!r})"
 
     @property
     def where(self) -> str:
@@ -266,15 +266,15 @@ class S3Base(Store):
             resp = client.list_multipart_uploads(Bucket=self.bucket, Prefix=full)
             for u in resp.get("Uploads", []):
                 if u["Key"] == full:
-                    with contextlib.suppress(errors.NotFoundError):  # gone already
-                        guard(
-                            "abort the multipart upload of",
-                            key,
-                            self.where,
-                            lambda u=u: client.abort_multipart_upload(
-                                Bucket=self.bucket, Key=full, UploadId=u["UploadId"]
-                            ),
+                    upload_id: str = u["UploadId"]
+
+                    def abort(upload_id: str = upload_id) -> None:
+                        client.abort_multipart_upload(
+                            Bucket=self.bucket, Key=full, UploadId=upload_id
                         )
+
+                    with contextlib.suppress(errors.NotFoundError):  # gone already
+                        guard("abort the multipart upload of", key, self.where, abort)
 
         where = self.where
         try:  # retried like any request, but not traced: the caller's trace is of its upload

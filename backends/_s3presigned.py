@@ -44,8 +44,8 @@ def _without_url(err: Exception) -> Exception:
     err.args = (_QUERY.sub("?...", str(err)),)
     kwargs = getattr(err, "kwargs", None)
     if isinstance(kwargs, dict):
-        err.kwargs = {
-            k: _QUERY.sub("?...", v) if isinstance(v, str) else type(v).__name__  # type: ignore[attr-defined]
+        err.kwargs = {  # type: ignore[attr-defined]  # botocore's exceptions carry kwargs
+            k: _QUERY.sub("?...", v) if isinstance(v, str) else type(v).__name__
             for k, v in kwargs.items()
         }
     err.__cause__ = err.__context__ = None
