@@ -73,7 +73,27 @@ class S3Base(Store):
     requests wrapped in translation + retries + trace, the shape of ``publish`` and
     ``read_into``, and the janitor for multipart debris (listing and aborting uploads goes
     through botocore for every backend, since pyarrow and obstore do not expose those S3
-    calls)."""
+    calls).
+
+    Options every S3 store takes (keyword-only, or in the URL's query; a parameter left None
+    takes the default named here), checked by :meth:`_setup`:
+
+    - ``part_size`` (bytes or ``"16MiB"``, default 8 MiB, 5 MiB..5 GiB) and ``streams``
+      (int, default 8): the size of an upload's parts and the requests in flight;
+    - ``endpoint_url`` (``http(s)://host[:port]``), ``region``, ``profile``,
+      ``access_key_id``, ``secret_access_key``, ``session_token`` (str, default: resolved
+      as the AWS CLI does, from ``AWS_*`` environment variables, ``~/.aws/credentials`` and
+      ``~/.aws/config``, then instance metadata; region ``us-east-1`` when nothing says);
+    - ``anonymous`` (bool, default False): unsigned requests, for public buckets;
+    - ``addressing_style`` (``"path"`` or ``"virtual"``, default ``"path"``);
+    - ``connect_timeout`` / ``read_timeout`` (seconds or ``"3s"``, default 3 s / 60 s);
+    - ``storage_options`` (dict): options nested as fsspec passes them, under any spelling;
+    - ``**spellings``: the fsspec/s3fs and boto3 names of these (``key``, ``anon``,
+      ``region_name``, ``client_kwargs={...}``, ...; the table is
+      :data:`~ckptio.backends._s3config.OPTION_SPELLINGS`). One option under two spellings
+      with different values, or a name nobody takes, is an
+      :class:`~ckptio.errors.InvalidArgumentError` naming it.
+    """
 
     OPTIONS: tuple[str, ...] = ("part_size", "streams", *AWS_OPTIONS)
 

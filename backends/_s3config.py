@@ -39,7 +39,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypedDict
 
 from ckptio import errors
 from ckptio.redact import redact_url, register_secret
@@ -156,6 +156,38 @@ NESTED_OPTIONS = ("storage_options", "client_kwargs")
 """Options that hold a dict of options: fsspec's ``storage_options`` (what pandas, Lightning,
 xarray pass on to a filesystem) and s3fs's ``client_kwargs`` (what it passes to the boto
 client: ``endpoint_url``, ``region_name``, ...)."""
+
+
+class OptionSpellings(TypedDict, total=False):
+    """What an S3 store's ``**spellings`` takes: the other libraries' names of its options
+    (:data:`OPTION_SPELLINGS`; each means the ckptio option it maps to, with its type) and
+    s3fs's ``client_kwargs`` (:data:`NESTED_OPTIONS`; ``storage_options`` is a parameter of
+    every S3 store). A name outside these is refused when the store opens
+    (:func:`reject_unknown`)."""
+
+    key: str
+    secret: str
+    token: str
+    anon: bool | str
+    aws_access_key_id: str
+    aws_secret_access_key: str
+    aws_session_token: str
+    region_name: str
+    profile_name: str
+    client_kwargs: Mapping[str, Any]
+
+
+def given(
+    params: Mapping[str, Any], names: Iterable[str], spellings: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The options an S3 store's constructor was given, as it was given them: of its
+    parameters ``params`` (its ``locals()`` on entry), those in ``names`` and
+    ``storage_options`` that are not None (None means not given: the documented default, or
+    a value another spelling or ``storage_options`` sets), then the ``spellings`` it took as
+    ``**spellings``. :func:`canonical_options` (in :meth:`S3Base._setup`) renames and
+    flattens them."""
+    named = {n: params[n] for n in (*names, "storage_options") if params.get(n) is not None}
+    return {**named, **spellings}
 
 
 def canonical_options(options: Mapping[str, Any]) -> dict[str, Any]:

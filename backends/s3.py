@@ -15,16 +15,16 @@ botocore's own retries are off (``total_max_attempts=1``): every attempt goes th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Unpack
 
 from ckptio import errors
 from ckptio.store import Capabilities, Writer, option_bool
 from ckptio.trace import Trace
 
 from . import _s3common as c
-from ._s3config import canonical_options, make_boto3_client
+from ._s3config import OptionSpellings, canonical_options, given, make_boto3_client
 from ._s3errors import error_details
 from ._s3multipart import MultipartWriter, PieceReader, crc32c_b64, crc32c_of
 from ._s3presigned import PresignedGets, receive
@@ -87,7 +87,8 @@ class _BotoSender:
 class Boto3Store(c.S3Base):
     """S3 through boto3/botocore.
 
-    URL: ``s3+boto3://bucket/prefix``. Options (keyword-only; URL query strings work too):
+    URL: ``s3+boto3://bucket/prefix``. Options (keyword-only; URL query strings work too;
+    None means the default named here):
 
     - ``part_size`` (bytes or ``"16MiB"``; default 8 MiB; S3 limits 5 MiB..5 GiB, raised
       automatically so an object fits in 10,000 parts when ``size_hint`` is given);
@@ -95,11 +96,13 @@ class Boto3Store(c.S3Base):
     - ``checksum`` (bool, default True): send CRC32C with every part and PUT;
     - ``presigned_reads`` (bool, default True): send ranged GETs as presigned URLs through
       botocore's HTTP session, not ``get_object`` (less than half the client CPU per request;
-      see :class:`PresignedGets`); False sends every read through ``get_object``;
-    - ``endpoint_url``, ``region``, ``profile``, ``access_key_id``, ``secret_access_key``,
-      ``session_token``, ``anonymous``, ``addressing_style`` (``path``/``virtual``), ``connect_timeout`` / ``read_timeout`` (seconds): the AWS
-      connection; unset ones come from the environment and AWS config files as the AWS CLI
-      does (``AWS_ENDPOINT_URL`` included); the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3config.OPTION_SPELLINGS`;
+      see :class:`~ckptio.backends._s3presigned.PresignedGets`); False sends every read
+      through ``get_object``;
+    - the AWS connection options of every S3 store (``endpoint_url``, ``region``,
+      ``profile``, ``access_key_id``, ``secret_access_key``, ``session_token``,
+      ``anonymous``, ``addressing_style``, ``connect_timeout``, ``read_timeout``,
+      ``storage_options`` and the fsspec/boto3 spellings): see
+      :class:`~ckptio.backends._s3common.S3Base`;
     - ``trace``: a :class:`~ckptio.trace.Trace`.
 
     Commit: ``publish`` is one PUT; with ``overwrite=False`` it sends ``If-None-Match: *`` so
@@ -111,9 +114,31 @@ class Boto3Store(c.S3Base):
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES
     OPTIONS = ("checksum", "presigned_reads", *c.S3Base.OPTIONS)
 
-    def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        trace: Trace | None = None,
+        part_size: int | str | None = None,
+        streams: int | str | None = None,
+        checksum: bool | str | None = None,
+        presigned_reads: bool | str | None = None,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        profile: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+        anonymous: bool | str | None = None,
+        addressing_style: str | None = None,
+        connect_timeout: float | str | None = None,
+        read_timeout: float | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        **spellings: Unpack[OptionSpellings],
+    ) -> None:
+        # under ckptio's names first: storage_options={"checksum": ...} sets checksum too
+        options = canonical_options(given(locals(), self.OPTIONS, spellings))
         super().__init__(url, trace=trace)
-        options = canonical_options(options)  # storage_options={"checksum": ...} too
         self.checksum = option_bool(options.pop("checksum", True), field="checksum")
         self.presigned_reads = option_bool(
             options.pop("presigned_reads", True), field="presigned_reads"
