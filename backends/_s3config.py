@@ -57,7 +57,8 @@ MAX_SINGLE_PUT = 5 * 2**30
 """Bytes; S3 refuses a single PUT above 5 GiB."""
 DEFAULT_PART_SIZE = 8 * 2**20
 """Bytes; 8 MiB, the low end of the 8-16 MiB part size AWS recommends: large enough that
-per-request latency is amortised, small enough that a 2-core client keeps several in flight."""
+per-request latency is amortised, small enough that a client with few cores keeps several
+parts in flight (``benchmarks/s3_peers.py --part-size`` compares sizes)."""
 DEFAULT_STREAMS = 8
 """Requests in flight per store (parts of one object and of different objects together)."""
 CONNECT_TIMEOUT = 3.0
@@ -363,10 +364,10 @@ def _data_loader(data_path: str | None) -> Any:
     """One botocore data loader per ``AWS_DATA_PATH`` for the whole process.
 
     Each botocore session otherwise makes its own, and reads and parses S3's service model,
-    endpoint rules and ``endpoints.json`` again: ~0.1 s of CPU for every store opened (each
-    ``ckptio.load("s3://...")`` opens one). The loader holds only those read-only data files
-    (no credentials or settings); botocore's clients of one session already share it across
-    threads."""
+    endpoint rules and ``endpoints.json`` again for every store opened (each
+    ``ckptio.load("s3://...")`` opens one): a cost paid once per process instead of once per
+    store. The loader holds only those read-only data files (no credentials or settings);
+    botocore's clients of one session already share it across threads."""
     from botocore.loaders import create_loader
 
     return create_loader(data_path)

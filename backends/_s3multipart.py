@@ -255,7 +255,8 @@ class PieceReader:
 
     MIN_READ = 2**20
     """Bytes; reads are served in blocks of at least this size: http.client asks for 8 KiB
-    at a time and sends whatever it gets, so larger blocks cut Python calls ~100-fold."""
+    at a time and sends whatever it gets, so 1 MiB blocks make 128 times fewer Python calls
+    per part."""
 
     def read(self, n: int = -1) -> bytes | memoryview:
         """At least ``n`` bytes (up to :attr:`MIN_READ`, or the rest): a slice of a caller

@@ -80,15 +80,15 @@ class PresignedGets:
     """Ranged GETs sent as presigned (SigV4 query-signed) URLs through the botocore client's
     own HTTP session, bypassing botocore's per-request machinery.
 
-    Why by hand: a ``get_object`` call costs ~4 ms of client CPU on this project's VM (event
-    hooks, endpoint rules, signing, response parsing, user agent), which at 8 MiB ranges is
-    most of the client CPU of a download; a GET of a presigned URL kept per object costs
-    ~1.4 ms (``benchmarks/s3_request_cpu.py``; the effect on whole downloads:
-    docs/performance.md, "S3 clients"). No library sends botocore-configured ranged GETs without botocore's
-    per-request pipeline. The URL is
-    made by botocore (same endpoint, addressing style, region and credentials as the
-    client), sent by botocore's ``URLLib3Session`` (same proxies, TLS verification, timeouts
-    and connection pool), and kept for :attr:`REUSE` seconds of its :attr:`EXPIRES`.
+    Why by hand: botocore's per-request pipeline (event hooks, endpoint rules, signing,
+    response parsing, user agent) costs several times the client CPU of a GET of a presigned
+    URL kept per object, and at part-sized ranges it is most of the client CPU of a
+    download; ``benchmarks/s3_request_cpu.py`` measures the two side by side
+    (``benchmarks/s3_peers.py --op read``: whole downloads). No library sends
+    botocore-configured ranged GETs without that pipeline. The URL is made by botocore (same
+    endpoint, addressing style, region and credentials as the client), sent by botocore's
+    ``URLLib3Session`` (same proxies, TLS verification, timeouts and connection pool), and
+    kept for :attr:`REUSE` seconds of its :attr:`EXPIRES`.
 
     2xx bodies are received into the caller's buffer, 416 means past the end, and a 5xx
     answer (503 SlowDown, 500) raises botocore's ``ClientError`` with the S3 error code, so

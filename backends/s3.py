@@ -1,6 +1,7 @@
 """Amazon S3 (and S3-compatible stores) through boto3/botocore: ``s3+boto3://bucket/prefix``,
-and plain ``s3://`` (the backend that measured fastest and cheapest in
-``benchmarks/s3_peers.py``; see docs/performance.md, "S3 clients").
+and plain ``s3://``: of the four S3 backends, this one is the default, because it moves a
+checkpoint with the least client CPU per GB and the highest throughput
+(``benchmarks/s3_peers.py`` measures the four side by side).
 
 Writes are S3 multipart uploads driven by ckptio itself (:class:`MultipartWriter`): parts of
 ``part_size`` bytes, sent by a pool of ``streams`` threads shared by every object of the store,
@@ -95,9 +96,9 @@ class Boto3Store(c.S3Base):
     - ``streams`` (int, default 8): requests in flight for the whole store;
     - ``checksum`` (bool, default True): send CRC32C with every part and PUT;
     - ``presigned_reads`` (bool, default True): send ranged GETs as presigned URLs through
-      botocore's HTTP session, not ``get_object`` (less than half the client CPU per request;
-      see :class:`~ckptio.backends._s3presigned.PresignedGets`); False sends every read
-      through ``get_object``;
+      botocore's HTTP session, not ``get_object`` (less client CPU per request:
+      :class:`~ckptio.backends._s3presigned.PresignedGets`, measured by
+      ``benchmarks/s3_request_cpu.py``); False sends every read through ``get_object``;
     - the AWS connection options of every S3 store (``endpoint_url``, ``region``,
       ``profile``, ``access_key_id``, ``secret_access_key``, ``session_token``,
       ``anonymous``, ``addressing_style``, ``connect_timeout``, ``read_timeout``,
