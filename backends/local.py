@@ -20,6 +20,7 @@ passes through page-aligned staging blocks that the I/O threads fill.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import logging
@@ -31,7 +32,7 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Unpack
 
 import numpy as np
 
@@ -40,6 +41,7 @@ from ckptio.arrays import address, copy_into, not_inherited, private_pages
 from ckptio.store import (
     Buffer,
     Capabilities,
+    NoOptions,
     PositionalWriter,
     Store,
     Writer,
@@ -54,6 +56,15 @@ from ckptio.trace import Trace
 from ckptio.units import MAX_LOCAL_PROCESSES
 
 log = logging.getLogger(__name__)
+
+LOCAL_OPTIONS = ("streams", "block_size", "direct", "direct_read", "fsync", "preallocate")
+"""The options of :class:`LocalStore` (keyword-only, or from the URL query)."""
+
+DEFAULT_STREAMS = 8
+"""I/O threads of a store unless ``streams`` says otherwise."""
+
+DEFAULT_BLOCK_SIZE = "16MiB"
+"""Bytes per write request unless ``block_size`` says otherwise."""
 
 TMP_MARK = ".ckptio-tmp-"
 """Every temp file has this in its name; ``list`` hides them and ``gc`` removes them."""
@@ -580,24 +591,17 @@ class LocalStore(Store):
         url: str,
         *,
         trace: Trace | None = None,
-        streams: int | str = 8,
-        block_size: int | str = "16MiB",
+        streams: int | str = DEFAULT_STREAMS,
+        block_size: int | str = DEFAULT_BLOCK_SIZE,
         direct: bool | str | None = None,
         direct_read: bool | str | None = None,
         fsync: bool | str = True,
         preallocate: bool | str = False,
-        **unknown: Any,
+        **unknown: Unpack[NoOptions],
     ) -> None:
         if unknown:
             raise errors.UnknownOptionError(
-                f"{self.name}://",
-                unknown,
-                [
-                    (
-                        f"{self.name}://",
-                        ("streams", "block_size", "direct", "direct_read", "fsync", "preallocate"),
-                    )
-                ],
+                f"{self.name}://", unknown, [(f"{self.name}://", LOCAL_OPTIONS)]
             )
         super().__init__(url, trace=trace)
         self.root = local_root(url)
@@ -1064,7 +1068,7 @@ class LocalStore(Store):
             todo.append(os.path.dirname(d))
             todo.sort(key=len, reverse=True)
 
-    def list_incomplete(self, prefix: str = "") -> list[str]:
+    def list_incomplete(self, prefix: str = "") -> builtins.list[str]:
         return sorted(k for k, _ in self._walk(prefix) if TMP_MARK in k)
 
     def cleanup_incomplete(self, prefix: str = "", *, older_than: float = 0.0) -> int:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import TracebackType
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Self, TypedDict, TypeVar
 
 from ckptio import errors
 from ckptio.redact import redact_url
@@ -455,6 +455,20 @@ def option_bool(value: Any, *, field: str) -> bool:
 def option_int(value: Any, *, field: str, minimum: int = 0, maximum: int = MAX_COUNT) -> int:
     """An integer option that may come from a URL query string (``minimum`` .. ``maximum``)."""
     return parse_count(value, field=field, minimum=minimum, maximum=maximum)
+
+
+class NoOptions(TypedDict, total=False):
+    """The type of a backend's ``**unknown`` parameter: no keyword beyond the named ones.
+    A type checker refuses any other name in a call; one that arrives anyway (from a URL's
+    query string, through :func:`~ckptio.registry.open_store`) the store refuses with
+    :class:`~ckptio.errors.UnknownOptionError`, which names it and suggests the closest
+    valid option::
+
+        def __init__(self, url, *, trace=None, streams: int | str = 8,
+                     **unknown: Unpack[NoOptions]) -> None:
+            if unknown:
+                raise errors.UnknownOptionError("x://", unknown, [("x://", ("streams",))])
+    """
 
 
 def as_byte_view(data: Buffer) -> memoryview:
