@@ -53,7 +53,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from crc32c import crc32c
 
@@ -990,6 +990,11 @@ class S3Base(Store):
     calls)."""
 
     OPTIONS: tuple[str, ...] = ("part_size", "streams", *AWS_OPTIONS)
+    client_packages: ClassVar[tuple[str, ...]] = ("botocore",)  # the janitor's client
+
+    @property
+    def request_size(self) -> int:
+        return self.part_size
 
     def _setup(self, options: dict[str, Any]) -> None:
         """Take the bucket and prefix from the URL (:attr:`location`) and pop the I/O and AWS

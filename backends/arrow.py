@@ -55,6 +55,7 @@ class ArrowStore(c.WholeObjectStore):
     capabilities: ClassVar[Capabilities] = dataclasses.replace(
         c.S3_CAPABILITIES, conditional_create=False
     )
+    client_packages: ClassVar[tuple[str, ...]] = ("pyarrow", "botocore")
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
         pyarrow = errors.require("pyarrow", extra="s3", purpose="the s3+arrow backend")

@@ -36,6 +36,7 @@ class ObstoreStore(c.WholeObjectStore):
     schemes: ClassVar[tuple[str, ...]] = ("s3+obstore",)
     name: ClassVar[str] = "s3+obstore"
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES
+    client_packages: ClassVar[tuple[str, ...]] = ("obstore", "botocore")
 
     def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
         obstore = errors.require("obstore", extra="s3", purpose="the s3+obstore backend")
