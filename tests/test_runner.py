@@ -339,7 +339,7 @@ def test_read_back_detects_damaged_data(tmp_path: Path) -> None:
     naming the object."""
     from ckptio.backends.memory import MemoryStore
 
-    from ckptio.runner import _run
+    from ckptio.runner import RunSettings, _run
 
     class Flipping(MemoryStore):
         def read_into(self, key: str, offset: int, buffer: Any) -> int:
@@ -356,25 +356,5 @@ def test_read_back_detects_damaged_data(tmp_path: Path) -> None:
             "memory://flip",
             plan,
             SingleProcess(),
-            iterations=1,
-            out_dir=None,
-            pause=0.0,
-            inflight=2,
-            read=True,
-            cache="auto",
-            keep="last",
-            key_layout="flat",
-            label="flip",
-            site=None,
-            emulated=False,
-            profile="",
-            mock=False,
-            options={},
-            progress=None,
-            run_id=None,
-            kind="run",
-            sweep_streams=0,
-            sweep_part_size=0,
-            config={},
-            write_files=False,
+            RunSettings(label="flip", write_files=False),
         )
