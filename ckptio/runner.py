@@ -965,40 +965,7 @@ class _Run:
         summary.peak_rss_bytes = [int(e["peak_rss"]) for e in everything]
         summary.tables = {"requests": reqs, "phases": all_phases, "runs": runs}
         if s.out_dir is not None and s.write_files:
-            side = res.sidecar(
-                self.run_id,
-                config={
-                    "url": self.url,
-                    "preset": plan.preset.name,
-                    "scale": plan.scale,
-                    "layout": plan.layout.describe(),
-                    "gpus": plan.ranks,
-                    "ranks": comm.size,
-                    "iterations": s.iterations,
-                    "object_size": plan.object_size,
-                    "inflight": s.inflight,
-                    "cache": s.cache,
-                    "keep": s.keep,
-                    "key_layout": s.key_layout,
-                    "checkpoint_layout": s.layout,
-                    "pause": s.pause,
-                    "store_options": s.options,
-                    **s.config,
-                },
-                target_path=store.local_path,
-                emulated=s.emulated,
-                profile=s.profile,
-                mock=s.mock,
-                labels={"target": s.label, "site": s.site or ""},
-                extra={
-                    "generator": self.gen.name,
-                    "peak_rss_bytes": summary.peak_rss_bytes,
-                    "steps": self.written_steps,
-                    "cache_bypass": summary.cache,
-                    "communicator": type(comm).__name__,
-                },
-                client_versions=summary.client_versions,
-            )
+            side = self._sidecar(summary)
             summary.paths = res.write_run(
                 s.out_dir,
                 requests=res.table("requests", reqs),
@@ -1007,6 +974,44 @@ class _Run:
                 sidecar=side,
             )
         return summary
+
+    def _sidecar(self, summary: RunSummary) -> dict[str, Any]:
+        """The run's JSON sidecar: configuration, machine, versions (the store's clients')."""
+        s, plan, comm = self.s, self.plan, self.comm
+        return res.sidecar(
+            self.run_id,
+            config={
+                "url": self.url,
+                "preset": plan.preset.name,
+                "scale": plan.scale,
+                "layout": plan.layout.describe(),
+                "gpus": plan.ranks,
+                "ranks": comm.size,
+                "iterations": s.iterations,
+                "object_size": plan.object_size,
+                "inflight": s.inflight,
+                "cache": s.cache,
+                "keep": s.keep,
+                "key_layout": s.key_layout,
+                "checkpoint_layout": s.layout,
+                "pause": s.pause,
+                "store_options": s.options,
+                **s.config,
+            },
+            target_path=self.store.local_path,
+            emulated=s.emulated,
+            profile=s.profile,
+            mock=s.mock,
+            labels={"target": s.label, "site": s.site or ""},
+            extra={
+                "generator": self.gen.name,
+                "peak_rss_bytes": summary.peak_rss_bytes,
+                "steps": self.written_steps,
+                "cache_bypass": summary.cache,
+                "communicator": type(comm).__name__,
+            },
+            client_versions=summary.client_versions,
+        )
 
 
 def _bounded_map(
