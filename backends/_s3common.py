@@ -14,7 +14,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from ckptio import errors
 from ckptio.arrays import prefault
@@ -96,6 +96,11 @@ class S3Base(Store):
     """
 
     OPTIONS: tuple[str, ...] = ("part_size", "streams", *AWS_OPTIONS)
+    client_packages: ClassVar[tuple[str, ...]] = ("botocore",)  # the janitor's client
+
+    @property
+    def request_size(self) -> int:
+        return self.part_size
 
     def _setup(self, options: dict[str, Any]) -> None:
         """Take the bucket and prefix from the URL (:attr:`location`) and pop the I/O and AWS

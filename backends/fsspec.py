@@ -60,6 +60,7 @@ class FsspecStore(c.WholeObjectStore):
     schemes: ClassVar[tuple[str, ...]] = ("s3+fsspec", "fsspec")
     name: ClassVar[str] = "s3+fsspec"
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES  # s3fs: If-None-Match for "create"
+    client_packages: ClassVar[tuple[str, ...]] = ("fsspec", "s3fs", "botocore")
 
     def __init__(
         self,
@@ -116,6 +117,10 @@ class FsspecStore(c.WholeObjectStore):
             self.capabilities = Capabilities(  # type: ignore[misc]
                 atomic_rename=False, conditional_create=False, multipart=False, listing=True
             )
+
+    @property
+    def local_path(self) -> str | None:
+        return self.root if self.location.local else None
 
     @property
     def where(self) -> str:

@@ -35,7 +35,7 @@ import builtins
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, ClassVar, TypeVar
@@ -337,10 +337,31 @@ class ShapedStore(Store):
     def cleanup_incomplete(self, prefix: str = "", *, older_than: float = 0.0) -> int:
         return self.inner.cleanup_incomplete(prefix, older_than=older_than)
 
-    def drop_cache(self, key: str) -> bool:
-        """Pass the wrapped store's page-cache drop through (used by the runner's read phase)."""
-        fn = getattr(self.inner, "drop_cache", None)
-        return bool(fn(key)) if callable(fn) else False
+    # -- the contract's figures: the emulated service's, the wrapped store's local facts ---
+    @property
+    def request_size(self) -> int:
+        return self.part_size
+
+    @property
+    def local_path(self) -> str | None:
+        return self.inner.local_path
+
+    def client_versions(self) -> dict[str, str]:
+        return self.inner.client_versions()
+
+    @property
+    def cold_read_modes(self) -> tuple[str, ...]:
+        """The wrapped store's page-cache drop passes through; its reads are not switched
+        to direct I/O (what a read costs here is the profile's)."""
+        return tuple(m for m in self.inner.cold_read_modes if m == "fadvise")
+
+    def start_cold_reads(self, keys: Sequence[str], mode: str) -> str:
+        if mode not in self.cold_read_modes:
+            return super().start_cold_reads(keys, mode)
+        return self.inner.start_cold_reads(keys, mode)
+
+    def end_cold_reads(self) -> bool:
+        return self.inner.end_cold_reads()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
