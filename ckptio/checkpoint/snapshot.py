@@ -151,9 +151,10 @@ class SnapshotBuffers:
 
     A Checkpointer has one save in flight at a time, so when a save starts the previous
     snapshot's memory is free again. Reusing it avoids the page fault per 4 KiB that fresh
-    memory costs (on a 2-core VM: ~3.5 GB/s to fill fresh memory vs ~12 GB/s for memory
-    already touched), and page alignment lets ``file://`` write it with O_DIRECT without a
-    copy. Holds one state's worth of memory until :meth:`release`.
+    memory costs, which makes a copy into fresh memory several times slower than into memory
+    already touched (the ``memcpy`` and ``memcpy-fresh`` cases of ``benchmarks/run.py``), and
+    page alignment lets ``file://`` write it with O_DIRECT without a copy. Holds one state's
+    worth of memory until :meth:`release`.
     """
 
     def __init__(self, *, inherit: bool = True) -> None:
@@ -216,8 +217,8 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     for transparent huge pages (``MADV_HUGEPAGE``), and where the kernel compacts memory on
     such faults (``defrag=madvise``, the usual default) or a VM's host has reclaimed freed
     memory, fresh huge pages cost several times more to fill than 4 KiB pages. The
-    measurements behind both choices are in ``docs/performance.md`` ("Cold load") and the
-    ``memcpy-fresh`` cases of ``benchmarks/run.py``."""
+    ``memcpy-fresh`` and ``memcpy-fresh-numpy`` cases of ``benchmarks/run.py`` measure both
+    choices; ``ckptio-sync-aligned`` against ``ckptio-sync`` the saves from such memory."""
     dt = np.dtype(dtype)
     nbytes = math.prod(shape) * dt.itemsize
     if nbytes < PAGE_ALIGNED_MIN:
