@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -97,6 +98,121 @@ def _normalize(
                 f"{path}: unsupported index {ix!r} (use slices and ints)"
             )
     return starts, stops, keep
+
+
+_Job = tuple[fmt.Chunk, Any]
+"""A chunk to read and where it lands: a byte view of contiguous output (a whole chunk), or
+``(out, starts, lo, hi)``: the box ``lo..hi`` of the tensor, whose output ``out`` begins at
+``starts``."""
+
+
+@dataclass
+class _Reads:
+    """What :meth:`CheckpointReader.read_many` reads, and into what."""
+
+    jobs: list[_Job] = field(default_factory=list)
+    results: dict[str, np.ndarray] = field(default_factory=dict)
+    finals: dict[str, list[bool]] = field(default_factory=dict)
+    """Path -> the dimensions its result keeps (an int index drops one)."""
+    copy_back: list[tuple[np.ndarray, str]] = field(default_factory=list)
+    """``into=`` arrays read through a new array (strided ones), copied once read."""
+
+    def finish(self, into: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The results once every job has run: int-indexed dimensions dropped, strided
+        ``into=`` arrays filled, and the ``into=`` arrays themselves returned."""
+        results = self.results
+        for path, keep in self.finals.items():
+            if not all(keep):
+                results[path] = results[path].reshape(
+                    tuple(n for n, k in zip(results[path].shape, keep, strict=True) if k)
+                )
+        for dest, path in self.copy_back:
+            np.copyto(dest, results[path])
+        for path, dest in into.items():
+            results[path] = dest
+        return results
+
+
+def _row_jobs(entry: fmt.TensorEntry, out: np.ndarray) -> list[_Job] | None:
+    """A whole tensor whose chunks are split along dim 0 (how ckptio writes them): each chunk
+    lands on contiguous rows of ``out``, with no box arithmetic. None for other chunkings."""
+    rows = [c for c in entry.chunks if c.shape[1:] == entry.shape[1:]]
+    if not (len(rows) == len(entry.chunks) and all(not any(c.offsets[1:]) for c in rows)):
+        return None
+    flat = out.reshape(entry.shape[0], -1) if out.ndim else out.reshape(1, -1)
+    jobs: list[_Job] = []
+    for c in rows:
+        o = c.offsets[0] if c.offsets else 0
+        n = c.shape[0] if c.shape else 1
+        jobs.append((c, flat[o : o + n].reshape(-1).view(np.uint8)))
+    return jobs
+
+
+def _box_jobs(
+    entry: fmt.TensorEntry,
+    out: np.ndarray,
+    starts: list[int],
+    stops: list[int],
+    shape: tuple[int, ...],
+) -> list[_Job]:
+    """The chunks of ``entry`` that overlap the box ``starts..stops`` (read into ``out``,
+    of that box's ``shape``), each with the part of it that is wanted."""
+    jobs: list[_Job] = []
+    for chunk in entry.chunks:
+        lo = [max(a, o) for a, o in zip(starts, chunk.offsets, strict=True)]
+        hi = [min(b, o + n) for b, o, n in zip(stops, chunk.offsets, chunk.shape, strict=True)]
+        if math.prod(shape) == 0 or any(h <= a for a, h in zip(lo, hi, strict=True)):
+            continue  # nothing of this chunk is wanted
+        jobs.append((chunk, (out, starts, lo, hi)))
+    return jobs
+
+
+def _place(job: _Job) -> tuple[np.ndarray, tuple[slice, ...], bool]:
+    """Where a job's chunk goes: the target view, the box of the chunk it takes, and whether
+    the whole chunk lands on contiguous bytes of the target (read straight into it)."""
+    chunk, where = job
+    if isinstance(where, np.ndarray):  # a whole chunk onto contiguous output bytes
+        return where, (), True
+    out, starts, lo, hi = where
+    dst_box = tuple(slice(a - s, h - s) for a, h, s in zip(lo, hi, starts, strict=True))
+    src_box = tuple(slice(a - o, h - o) for a, h, o in zip(lo, hi, chunk.offsets, strict=True))
+    target = out[dst_box] if dst_box else out  # out[()] would be a scalar, not a view
+    whole = all(b.start == 0 and b.stop == n for b, n in zip(src_box, chunk.shape, strict=True))
+    return target, src_box, whole and target.flags.c_contiguous
+
+
+def _coalesce(jobs: list[_Job]) -> tuple[list[_Job], list[list[_Job]]]:
+    """The jobs read one request each (chunks of :data:`COALESCE_CHUNK_BYTES` and more), and
+    groups of small chunks that lie next to each other in one object, each group read with one
+    request of at most :data:`COALESCE_REQUEST_BYTES`."""
+    singles: list[_Job] = []
+    small: dict[str, list[_Job]] = {}
+    for job in jobs:
+        if job[0].length < COALESCE_CHUNK_BYTES:
+            small.setdefault(job[0].key, []).append(job)
+        else:
+            singles.append(job)
+    groups: list[list[_Job]] = []
+    for group_jobs in small.values():
+        group_jobs.sort(key=lambda j: j[0].offset)
+        group: list[_Job] = []
+        g_start = g_end = 0
+        for job in group_jobs:
+            c = job[0]
+            if group and (
+                c.offset < g_end  # never, chunks do not share bytes; but stay exact
+                or c.offset - g_end > fmt.ALIGNMENT
+                or c.offset + c.length - g_start > COALESCE_REQUEST_BYTES
+            ):
+                groups.append(group)
+                group = []
+            if not group:
+                g_start = c.offset
+            group.append(job)
+            g_end = max(g_end, c.offset + c.length)
+        if group:
+            groups.append(group)
+    return singles, groups
 
 
 class CheckpointReader:
@@ -195,20 +311,33 @@ class CheckpointReader:
         """Several tensors (or boxes of them), their chunks read in parallel. ``into`` maps
         some of those paths to writable arrays of the result's shape and dtype (checked by
         the caller), which are filled in place and returned instead of new arrays."""
-        jobs: list[tuple[fmt.Chunk, Any]] = []
-        results: dict[str, np.ndarray] = {}
-        finals: dict[str, list[bool]] = {}
         into = into or {}
-        copy_back: list[tuple[np.ndarray, str]] = []  # destinations read through a new array
+        self._check_wanted(wanted)
+        # this machine can hold the arrays to be allocated: else a clear error before allocating
+        need = self._allocation(wanted, into)
+        what = f"loading step {self.step} ({len(wanted)} tensor(s))"
+        ensure_memory(need, what)
+        reads = self._plan(wanted, into)
+        singles, groups = _coalesce(reads.jobs)
+        # the read buffers too, before any is taken (the arrays above are not touched yet)
+        buffers = self._buffer_bytes(singles, groups)
+        if buffers:
+            ensure_memory(need + buffers, what)
+        tasks: list[tuple[Callable[[Any], None], Any]] = [(self._read_job, j) for j in singles]
+        tasks += [(self._read_group, g) for g in groups]
+        if len(tasks) <= 1:
+            for fn, arg in tasks:
+                fn(arg)
+        else:
+            with ThreadPoolExecutor(
+                min(self.readers, len(tasks)), thread_name_prefix="ckptio-read"
+            ) as pool:
+                wait_all([pool.submit(fn, arg) for fn, arg in tasks])
+        return reads.finish(into)
 
-        def destination(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-            dest = into.get(path)
-            if dest is not None and dest.flags.c_contiguous:
-                return dest.reshape(shape)  # a view: only unit dims of an int index differ
-            if dest is not None:
-                copy_back.append((dest, path))  # strided (a transposed view): read, then copy
-            return self._allocate(shape, dtype, path)
-
+    def _check_wanted(self, wanted: Mapping[str, Any]) -> None:
+        """Raise unless every wanted path is a tensor of this step and the objects holding
+        them have the sizes the manifest declares."""
         unknown = [p for p in wanted if p not in self.manifest.tensors]
         if unknown:
             raise errors.NotFoundError(f"step {self.step} has no tensor {unknown[0]!r}")
@@ -216,8 +345,10 @@ class CheckpointReader:
         # manifest is validated so that no two chunks share bytes, so what is allocated is at
         # most what the storage reports holding; a sparse file reports its apparent size)
         self._check_sizes({c.key for p in wanted for c in self.manifest.tensors[p].chunks})
-        # ... and this machine can hold the arrays to be allocated (the declared bytes of what
-        # is read, less what into= receives in place): else a clear error before allocating
+
+    def _allocation(self, wanted: Mapping[str, Any], into: Mapping[str, np.ndarray]) -> int:
+        """Bytes of the arrays a read of ``wanted`` allocates: the declared bytes of what is
+        read, less what ``into`` receives in place."""
         need = 0
         for path, index in wanted.items():
             entry = self.manifest.tensors[path]
@@ -228,136 +359,77 @@ class CheckpointReader:
                     math.prod(b - a for a, b in zip(starts, stops, strict=True))
                     * entry.np_dtype.itemsize
                 )
-        what = f"loading step {self.step} ({len(wanted)} tensor(s))"
-        ensure_memory(need, what)
+        return need
+
+    def _plan(self, wanted: Mapping[str, Any], into: Mapping[str, np.ndarray]) -> _Reads:
+        """The output arrays (allocated, not touched yet) and the chunk reads that fill them."""
+        reads = _Reads()
+
+        def destination(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+            dest = into.get(path)
+            if dest is not None and dest.flags.c_contiguous:
+                return dest.reshape(shape)  # a view: only unit dims of an int index differ
+            if dest is not None:
+                reads.copy_back.append((dest, path))  # strided (a transposed view): read, copy
+            return self._allocate(shape, dtype, path)
+
         for path, index in wanted.items():
             entry = self.manifest.tensors[path]
             if index is None and entry.chunks and math.prod(entry.shape):
-                # the whole tensor: chunks split along dim 0 (how ckptio writes them) land on
-                # contiguous rows of the output, with no box arithmetic per chunk
                 out = destination(path, entry.shape, entry.np_dtype)
-                results[path] = out
-                rows = [c for c in entry.chunks if c.shape[1:] == entry.shape[1:]]
-                if len(rows) == len(entry.chunks) and all(not any(c.offsets[1:]) for c in rows):
-                    flat = out.reshape(entry.shape[0], -1) if out.ndim else out.reshape(1, -1)
-                    for c in rows:
-                        o = c.offsets[0] if c.offsets else 0
-                        n = c.shape[0] if c.shape else 1
-                        jobs.append((c, flat[o : o + n].reshape(-1).view(np.uint8)))
+                reads.results[path] = out
+                rows = _row_jobs(entry, out)
+                if rows is not None:
+                    reads.jobs.extend(rows)
                     continue
                 index = ()
             starts, stops, keep = _normalize(() if index is None else index, entry.shape, path)
             shape = tuple(b - a for a, b in zip(starts, stops, strict=True))
             out = (
-                results[path] if path in results else destination(path, shape, entry.np_dtype)
+                reads.results[path]
+                if path in reads.results
+                else destination(path, shape, entry.np_dtype)
             )  # every element is read: chunks tile it
-            results[path] = out
-            finals[path] = keep
-            for chunk in entry.chunks:
-                lo = [max(a, o) for a, o in zip(starts, chunk.offsets, strict=True)]
-                hi = [
-                    min(b, o + n) for b, o, n in zip(stops, chunk.offsets, chunk.shape, strict=True)
-                ]
-                if math.prod(shape) == 0 or any(h <= a for a, h in zip(lo, hi, strict=True)):
-                    continue  # nothing of this chunk is wanted
-                jobs.append((chunk, (out, starts, lo, hi)))
+            reads.results[path] = out
+            reads.finals[path] = keep
+            reads.jobs.extend(_box_jobs(entry, out, starts, stops, shape))
+        return reads
 
-        def place(job: tuple[fmt.Chunk, Any]) -> tuple[np.ndarray, tuple[slice, ...], bool]:
-            chunk, where = job
-            if isinstance(where, np.ndarray):  # a whole chunk onto contiguous output bytes
-                return where, (), True
-            out, starts, lo, hi = where
-            dst_box = tuple(slice(a - s, h - s) for a, h, s in zip(lo, hi, starts, strict=True))
-            src_box = tuple(
-                slice(a - o, h - o) for a, h, o in zip(lo, hi, chunk.offsets, strict=True)
-            )
-            target = out[dst_box] if dst_box else out  # out[()] would be a scalar, not a view
-            whole = all(
-                b.start == 0 and b.stop == n for b, n in zip(src_box, chunk.shape, strict=True)
-            )
-            return target, src_box, whole and target.flags.c_contiguous
+    def _buffer_bytes(self, singles: list[_Job], groups: list[list[_Job]]) -> int:
+        """Bytes of the read buffers in use at once: one per reader, of a whole chunk that
+        does not land in place, or of a group."""
+        partial = sorted((job[0].length for job in singles if not _place(job)[2]), reverse=True)
+        grouped = min(len(groups), self.readers) * COALESCE_REQUEST_BYTES
+        return sum(partial[: self.readers]) + grouped
 
-        def run(job: tuple[fmt.Chunk, Any]) -> None:
+    def _read_job(self, job: _Job) -> None:
+        """Read one chunk: straight into its target, or through a buffer when only part of it
+        is wanted or the target is not contiguous."""
+        chunk = job[0]
+        target, src_box, direct = _place(job)
+        if direct:
+            self._read_chunk_into(chunk, memoryview(target.reshape(-1).view(np.uint8)))
+            return
+        tmp = self._allocate((chunk.length,), np.dtype(np.uint8), chunk.key)
+        self._read_chunk_into(chunk, memoryview(tmp))
+        target[...] = tmp.view(target.dtype).reshape(chunk.shape)[src_box]
+
+    def _read_group(self, group: list[_Job]) -> None:
+        """Neighbouring small chunks of one object: one request, then each copied out."""
+        start = group[0][0].offset
+        end = max(c.offset + c.length for c, _ in group)
+        buf = aligned_empty((end - start,), np.uint8)
+        n = self.store.read_into(self._prefix + group[0][0].key, start, memoryview(buf))
+        for job in group:
             chunk = job[0]
-            target, src_box, direct = place(job)
+            a = chunk.offset - start
+            data = buf[a : a + chunk.length]
+            self._check_chunk(chunk, max(0, min(n - a, chunk.length)), data)
+            target, src_box, direct = _place(job)
             if direct:
-                self._read_chunk_into(chunk, memoryview(target.reshape(-1).view(np.uint8)))
-                return
-            tmp = self._allocate((chunk.length,), np.dtype(np.uint8), chunk.key)
-            self._read_chunk_into(chunk, memoryview(tmp))
-            target[...] = tmp.view(target.dtype).reshape(chunk.shape)[src_box]
-
-        def run_group(group: list[tuple[fmt.Chunk, Any]]) -> None:
-            # neighbouring small chunks of one object: one request, then copy each out
-            start = group[0][0].offset
-            end = max(c.offset + c.length for c, _ in group)
-            buf = aligned_empty((end - start,), np.uint8)
-            n = self.store.read_into(self._prefix + group[0][0].key, start, memoryview(buf))
-            for job in group:
-                chunk = job[0]
-                a = chunk.offset - start
-                data = buf[a : a + chunk.length]
-                self._check_chunk(chunk, max(0, min(n - a, chunk.length)), data)
-                target, src_box, direct = place(job)
-                if direct:
-                    np.copyto(target.reshape(-1).view(np.uint8), data)
-                else:
-                    target[...] = data.view(target.dtype).reshape(chunk.shape)[src_box]
-
-        tasks: list[tuple[Any, Any]] = []
-        small: dict[str, list[tuple[fmt.Chunk, Any]]] = {}
-        for job in jobs:
-            if job[0].length < COALESCE_CHUNK_BYTES:
-                small.setdefault(job[0].key, []).append(job)
+                np.copyto(target.reshape(-1).view(np.uint8), data)
             else:
-                tasks.append((run, job))
-        for group_jobs in small.values():
-            group_jobs.sort(key=lambda j: j[0].offset)
-            group: list[tuple[fmt.Chunk, Any]] = []
-            g_start = g_end = 0
-            for job in group_jobs:
-                c = job[0]
-                if group and (
-                    c.offset < g_end  # never, chunks do not share bytes; but stay exact
-                    or c.offset - g_end > fmt.ALIGNMENT
-                    or c.offset + c.length - g_start > COALESCE_REQUEST_BYTES
-                ):
-                    tasks.append((run_group, group))
-                    group = []
-                if not group:
-                    g_start = c.offset
-                group.append(job)
-                g_end = max(g_end, c.offset + c.length)
-            if group:
-                tasks.append((run_group, group))
-
-        # the read buffers too, before any is taken (the arrays above are not touched yet): one
-        # per reader, of a whole chunk that does not land in place, or of a group
-        partial = sorted(
-            (job[0].length for fn, job in tasks if fn is run and not place(job)[2]), reverse=True
-        )
-        groups = sum(fn is run_group for fn, _ in tasks)
-        buffers = sum(partial[: self.readers]) + min(groups, self.readers) * COALESCE_REQUEST_BYTES
-        if buffers:
-            ensure_memory(need + buffers, what)
-        if len(tasks) <= 1:
-            for fn, arg in tasks:
-                fn(arg)
-        else:
-            with ThreadPoolExecutor(
-                min(self.readers, len(tasks)), thread_name_prefix="ckptio-read"
-            ) as pool:
-                wait_all([pool.submit(fn, arg) for fn, arg in tasks])
-        for path, keep in finals.items():
-            if not all(keep):
-                results[path] = results[path].reshape(
-                    tuple(n for n, k in zip(results[path].shape, keep, strict=True) if k)
-                )
-        for dest, path in copy_back:
-            np.copyto(dest, results[path])
-        for path, dest in into.items():
-            results[path] = dest
-        return results
+                target[...] = data.view(target.dtype).reshape(chunk.shape)[src_box]
 
     def state(self, select: Mapping[str, Any] | None = None, *, into: Any = None) -> Any:
         """The saved structure with every tensor read (``select``: path -> index, to read
