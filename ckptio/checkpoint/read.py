@@ -375,7 +375,7 @@ class CheckpointReader:
 
         for path, index in wanted.items():
             entry = self.manifest.tensors[path]
-            if index is None and entry.chunks and math.prod(entry.shape):
+            if index is None and entry.chunks and math.prod(entry.shape) > 0:
                 out = destination(path, entry.shape, entry.np_dtype)
                 reads.results[path] = out
                 rows = _row_jobs(entry, out)
