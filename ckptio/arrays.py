@@ -137,13 +137,12 @@ def private_pages(nbytes: int, *, inherit: bool = True, huge: bool = False) -> m
     ``huge=True`` (memory that is reused for ``O_DIRECT`` transfers: staging blocks) asks for
     transparent huge pages (``MADV_HUGEPAGE``), where the kernel has them: memory physically
     contiguous in 2 MiB pieces. The block layer builds a request from physically contiguous
-    segments, and a device takes a bounded number of segments per request (254 on this
-    project's virtio disk), so a 4 MiB transfer from scattered 4 KiB pages is split into
-    requests of about 1 MiB, from huge pages it goes as one. How scattered 4 KiB pages are
-    depends on how fragmented free memory was when they were first touched: staged saves and
-    loads ran at 0.6-1.8 MiB per device request from 4 KiB blocks and at 3.1-3.9 MiB from huge
-    ones, and an in-place load of 3 GiB took 2.8-3.3 s against 1.9-2.2 s
-    (docs/performance.md, "Durable save"). The first touch of a huge page costs more (zeroing 2 MiB, and
+    segments, and a device takes a bounded number of segments per request
+    (``/sys/block/<dev>/queue/max_segments``), so a large transfer from scattered 4 KiB pages
+    is split into several requests, from huge pages it goes as one. How scattered 4 KiB pages
+    are depends on how fragmented free memory was when they were first touched. The
+    ``ckptio-sync`` and ``ckptio-load-into`` cases of ``benchmarks/run.py`` measure the staged
+    saves and loads this serves. The first touch of a huge page costs more (zeroing 2 MiB, and
     compaction where free memory is fragmented), so it pays only for memory that is reused."""
     flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
     if not flags:  # Windows
@@ -190,8 +189,9 @@ def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
 
     Large copies go through :mod:`ckptio._memcopy`, whose non-temporal stores skip reading
     each destination cache line before writing it; a snapshot or staging copy is not read
-    again before storage takes it. 1.4-1.6x faster than ``numpy.copyto`` on this project's VM
-    (``ckptio/_memcopy.c`` has the figures). Without the compiled module: ``numpy.copyto``."""
+    again before storage takes it. The ``ckptio-async`` and ``ckptio-async-numpy-copy`` cases
+    of ``benchmarks/run.py`` compare it with ``numpy.copyto``, which is used where the
+    compiled module is missing."""
     if dst.nbytes != src.nbytes or not (dst.flags.c_contiguous and src.flags.c_contiguous):
         raise ValueError(
             f"copy_into: needs C-contiguous arrays of equal size, got {dst.nbytes} bytes "
@@ -214,9 +214,9 @@ def prefault(view: memoryview) -> None:
     (``MADV_POPULATE_WRITE``); elsewhere, or when the kernel refuses, nothing happens.
 
     A copy into fresh memory (a socket's bytes, a staging block) otherwise takes one page
-    fault per 4 KiB page; populating first does the same work in one call, which halved the
-    kernel CPU of filling fresh memory and cut that of S3 downloads by a third where measured
-    (``docs/performance.md``, "S3 clients"). Where a VM's host is slow to back fresh pages,
+    fault per 4 KiB page; populating first does the same work in one call, with less kernel
+    CPU (``benchmarks/s3_peers.py`` measures the CPU per byte of S3 downloads, which read into
+    such memory). Where a VM's host is slow to back fresh pages,
     that cost is the host's and no advice changes it. Reads by DMA (``O_DIRECT``)
     gain nothing: the kernel maps their pages in bulk already. Pages already mapped cost
     only a walk of the page table."""

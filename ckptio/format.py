@@ -284,7 +284,7 @@ class Manifest:
 
     def to_json(self) -> bytes:
         """Compact JSON, UTF-8 unescaped. The tensor entries (nearly all of a large manifest)
-        are encoded by msgspec from the structs, ~20x faster than through dicts and json; the
+        are encoded by msgspec from the structs, not through dicts and json (the slower way); the
         values of free form (tree, metadata, layout, extra) by json, which refuses NaN
         (msgspec would write ``null``). A lone surrogate in a string, which UTF-8 cannot hold,
         makes it all json's, escaped to ASCII."""
@@ -338,7 +338,8 @@ def parse_manifest(data: bytes, *, expect_step: int | None = None) -> Manifest:
     """Decode and validate a manifest; raise :class:`ManifestError` naming the bad field.
 
     The cyclic garbage collector is paused meanwhile: a manifest is millions of small
-    acyclic objects, and the collections their creation triggers cost ~40% of the time."""
+    acyclic objects, and the collections their creation triggers would add to the time for
+    nothing (the ``manifest-100k`` case of ``benchmarks/run.py`` times this parse)."""
     paused = gc.isenabled()
     gc.disable()
     try:
@@ -382,9 +383,9 @@ def _decode(text: str) -> Any:
 
 
 def _decode_fast(data: bytes) -> tuple[dict[str, Any], dict[str, TensorEntry]] | None:
-    """The manifest decoded ~3x faster than by :func:`_decode` and msgspec.convert (timed on
-    100,000 chunks: 0.10-0.17 s against 0.4-0.5 s) where it is as ckptio writes
-    it: msgspec builds the tensor entries straight from the JSON, checking every field's type
+    """The manifest decoded in one pass, faster than by :func:`_decode` and msgspec.convert
+    (the ``manifest-100k`` case of ``benchmarks/run.py`` times it), where it is as ckptio
+    writes it: msgspec builds the tensor entries straight from the JSON, checking every field's type
     and range, and the other top-level values are decoded by :func:`_decode`.
 
     msgspec keeps the last of duplicate keys, which the format refuses (msgspec/msgspec#648),
@@ -504,8 +505,10 @@ def _key_count(text: Any) -> int | None:
     escapes, quotes alternate between opening and closing a string). None where a string is
     followed by anything but ``: , ] }`` (whitespace), which this count cannot tell apart.
 
-    Counted 1 MiB at a time: numpy advises arrays of 4 MiB and more to huge pages, whose
-    first touch cost ~0.12 s for one 13 MB temporary here (against ~2 ms reused)."""
+    Counted 1 MiB at a time: numpy advises arrays of 4 MiB and more to transparent huge
+    pages, whose first touch (zeroing, compaction) can cost more than the count itself; the
+    temporaries of 1 MiB blocks stay below that and their memory is reused from block to
+    block."""
     a = np.frombuffer(text, np.uint8)
     keys = quotes = 0
     for start in range(0, len(a), _COUNT_BLOCK):

@@ -57,10 +57,10 @@ from typing import Any
 
 import torch
 
-from ckptio import checkpoint as _ck
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio import torch as ct
+from ckptio.checkpoint.checkpointer import _split_options
 from ckptio.dist import SingleProcess
 from ckptio.registry import open_store, parse_url
 
@@ -223,7 +223,7 @@ class CkptioCheckpointIO(CheckpointIO):  # type: ignore[misc]  # Lightning ships
                 "restore_stubs needs CkptioCheckpointIO(url=...): without a url the checkpoints "
                 "are in the ModelCheckpoint's directory already"
             )
-        _, store_options = _ck._split_options(dict(self.options))
+        _, store_options = _split_options(dict(self.options))
         with open_store(self.url, **store_options) as store:
             names = sorted(
                 {

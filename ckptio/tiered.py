@@ -65,7 +65,6 @@ from typing import Any, TypeVar
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio.checkpoint import (
-    _RELISTS,
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_OBJECT_SIZE,
     PARALLEL_OBJECTS,
@@ -74,8 +73,6 @@ from ckptio.checkpoint import (
     PreparedState,
     SaveHandle,
     SaveResult,
-    _error_text,
-    _plan_writers,
     aligned_empty,
     build_manifest,
     check_objects_present,
@@ -86,6 +83,9 @@ from ckptio.checkpoint import (
     read_manifest,
     write_rank_shards,
 )
+from ckptio.checkpoint.commit import _plan_writers
+from ckptio.checkpoint.read import _RELISTS
+from ckptio.checkpoint.write import _error_text
 from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.forked import ForkedWriter
 from ckptio.lease import RETIRE_GRACE_SECONDS, SaveLease

@@ -73,10 +73,10 @@ from ckptio import checkpoint as _ck
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio import tiered as _tiered
-from ckptio.arrays import Target
-from ckptio.lease import SaveLease
+from ckptio.arrays import Target, contiguous_le
+from ckptio.lease import RETIRE_GRACE_SECONDS, SaveLease
 from ckptio.registry import open_store, split_url, store_class
-from ckptio.store import Store
+from ckptio.store import Store, option_int, parse_size
 
 log = logging.getLogger(__name__)
 
@@ -683,7 +683,7 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
         step: int | None = None,
         overwrite: bool = True,
         keep_last: int | None = None,
-        retire_grace: float = _ck.RETIRE_GRACE_SECONDS,
+        retire_grace: float = RETIRE_GRACE_SECONDS,
         chunk_size: int | str = _ck.DEFAULT_CHUNK_SIZE,
         max_object_size: int | str = _ck.DEFAULT_MAX_OBJECT_SIZE,
         thread_count: int = 1,
@@ -713,16 +713,16 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
             )
         self.overwrite = bool(overwrite)
         self.keep_last = (
-            None if keep_last is None else _ck.option_int(keep_last, field="keep_last", minimum=1)
+            None if keep_last is None else option_int(keep_last, field="keep_last", minimum=1)
         )
         if not isinstance(retire_grace, int | float) or not 0 <= retire_grace < float("inf"):
             raise errors.InvalidArgumentError(
                 f"retire_grace: expected seconds >= 0, got {retire_grace!r}"
             )
         self.retire_grace = float(retire_grace)
-        self.chunk_size = _ck.parse_size(chunk_size, field="chunk_size")
-        self.max_object_size = _ck.parse_size(max_object_size, field="max_object_size")
-        self.thread_count = _ck.option_int(thread_count, field="thread_count", minimum=1)
+        self.chunk_size = parse_size(chunk_size, field="chunk_size")
+        self.max_object_size = parse_size(max_object_size, field="max_object_size")
+        self.thread_count = option_int(thread_count, field="thread_count", minimum=1)
         self.sync_files = bool(sync_files)
         self.single_file_per_rank = single_file_per_rank
         self.per_thread_copy_ahead = per_thread_copy_ahead
@@ -828,7 +828,7 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
                 raise errors.InvalidArgumentError(
                     f"{item.index.fqn}: the planner resolved a {type(data).__name__}, not a tensor"
                 )
-            arr = _ck.contiguous_le(host)
+            arr = contiguous_le(host)
             offsets = tuple(int(x) for x in item.index.offset or ())
             td = item.tensor_data
             gshape = tuple(int(x) for x in td.size) if td is not None else arr.shape

@@ -13,7 +13,8 @@ import pytest
 from ckptio.backends.local import ALIGN, LocalStore
 
 import ckptio
-from ckptio.checkpoint import LocalTensor, SnapshotBuffers, _pieces, aligned_empty
+from ckptio.checkpoint import LocalTensor, SnapshotBuffers, aligned_empty
+from ckptio.checkpoint.write import _pieces
 
 MiB = 1 << 20
 
@@ -197,7 +198,7 @@ def test_large_checkpoint_round_trips_through_direct_io(tmp_path):
 
 
 def test_a_large_rank_is_written_as_parallel_objects(tmp_path, monkeypatch):
-    from ckptio import checkpoint as ck
+    from ckptio.checkpoint import write as ck
 
     monkeypatch.setattr(ck, "PARALLEL_OBJECTS_MIN", MiB)
     rng = np.random.default_rng(8)
@@ -267,12 +268,12 @@ def test_many_small_tensors_load_with_few_requests(tmp_path):
 
 
 def test_aligned_empty_falls_back_when_no_mapping_is_left(monkeypatch):
-    from ckptio import checkpoint as ck
+    import mmap
 
     def refuse(*a, **k):
         raise OSError(12, "Cannot allocate memory")
 
-    monkeypatch.setattr(ck.mmap, "mmap", refuse)
+    monkeypatch.setattr(mmap, "mmap", refuse)
     a = aligned_empty((2, MiB), np.float32)
     assert a.shape == (2, MiB) and a.ctypes.data % 4096 == 0
     a[:] = 1.5

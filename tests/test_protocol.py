@@ -36,7 +36,7 @@ SAVER = textwrap.dedent(
     from ckptio.testing.crash import expected_state
 
     url, step, keep_last, opts = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
-    from ckptio import checkpoint
+    from ckptio.checkpoint import commit as checkpoint  # where commit_step finds it
     store = open_store(url)
     check = checkpoint.check_objects_present
 

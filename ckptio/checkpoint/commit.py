@@ -1,0 +1,354 @@
+"""The collective save: plan, write, gather, commit; every rank calls :func:`_save_collective`.
+
+1. Plan (rank 0): who writes each tensor (a replicated one once, by the lowest rank holding
+   it; every holder its box of a sharded one); refuses ranks that disagree about a tensor and
+   a step already committed; publishes the save's lease (:mod:`ckptio.lease`) before any
+   rank writes, so gc and retention leave the step alone.
+2. Write: each rank its share (:mod:`ckptio.checkpoint.write`, or a forked child).
+3. Commit (rank 0, :func:`commit_step`): build the manifest and validate it exactly as a reader
+   will, check that the lease has not lapsed and that every object it names is listed, then
+   publish it create-if-absent. The manifest is the commit point: before it nothing of the
+   step is visible.
+
+Any failure, on any rank, is broadcast so every rank raises
+:class:`~ckptio.errors.SaveFailedError`; nothing is published and the attempt's data is
+discarded (what a discard misses, ``ckptio gc`` removes)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from ckptio import errors
+from ckptio import format as fmt
+from ckptio.checkpoint.snapshot import PreparedState
+from ckptio.checkpoint.write import (
+    PARALLEL_OBJECTS,
+    _error_text,
+    _write_rank_shared,
+    write_rank_shards,
+)
+from ckptio.dist import Communicator
+from ckptio.forked import ForkedWriter
+from ckptio.lease import SaveLease
+from ckptio.store import Store
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "SaveResult",
+    "build_manifest",
+    "check_objects_present",
+    "commit_step",
+    "discard_objects",
+]
+
+
+@dataclass
+class SaveResult:
+    """What a finished save did (on this rank)."""
+
+    step: int
+    nbytes: int
+    """Bytes of tensor data written by this rank."""
+    seconds: float
+    """Wall time of the write and commit on this rank."""
+    committed_bytes: int = 0
+    """Bytes of the whole checkpoint (every rank), known on rank 0."""
+
+
+def _save_collective(
+    store: Store,
+    prepared: PreparedState,
+    step: int,
+    comm: Communicator,
+    *,
+    layout: str,
+    key_layout: str,
+    chunk_size: int,
+    max_object_size: int,
+    forked: ForkedWriter | None = None,
+) -> SaveResult:
+    """Plan, write, gather, commit: every rank calls this; rank 0 publishes the manifest.
+    With ``forked`` (file-per-shard only), that child process writes this rank's shards from
+    its copy-on-write snapshot (see :mod:`ckptio.forked`); the caller ends it afterwards."""
+    t0 = time.perf_counter()
+    mkey = fmt.manifest_key(step)
+    # 1. plan: rank 0 decides who writes what (replicated tensors once), refuses conflicts
+    offer = (
+        {"error": _error_text(prepared.error)} if prepared.error else {"metas": prepared.metas()}
+    )
+    gathered = comm.gather(offer, root=0)
+    plan: dict[str, Any]
+    lease: SaveLease | None = None
+    refusal: BaseException | None = prepared.error  # chained to the error every rank raises
+    try:
+        if comm.rank == 0:
+            assert gathered is not None
+            try:
+                refused = [
+                    f"rank {r}: {o['error']}" for r, o in enumerate(gathered) if "error" in o
+                ]
+                if refused:
+                    raise errors.SaveFailedError("; ".join(refused))
+                if store.exists(mkey):
+                    raise errors.AlreadyExistsError(
+                        f"{store.url}: step {step} already has a committed checkpoint ({mkey})"
+                    )
+                writers = _plan_writers([o["metas"] for o in gathered])
+                # the lease is published before any rank writes: gc and retention leave the
+                # step alone while it is live (see ckptio.lease)
+                lease = SaveLease(store, step).acquire()
+                plan = {"ok": True, "token": lease.token, "writers": writers}
+            except errors.CkptioError as err:
+                plan = {"ok": False, "error": _error_text(err)}
+                refusal = refusal or err
+        else:
+            plan = {}
+        return _write_and_commit(
+            store,
+            prepared,
+            step,
+            comm,
+            plan,
+            lease,
+            refusal,
+            t0,
+            layout=layout,
+            key_layout=key_layout,
+            chunk_size=chunk_size,
+            max_object_size=max_object_size,
+            forked=forked,
+        )
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _write_and_commit(
+    store: Store,
+    prepared: PreparedState,
+    step: int,
+    comm: Communicator,
+    plan: dict[str, Any],
+    lease: SaveLease | None,
+    refusal: BaseException | None,
+    t0: float,
+    *,
+    layout: str,
+    key_layout: str,
+    chunk_size: int,
+    max_object_size: int,
+    forked: ForkedWriter | None,
+) -> SaveResult:
+    plan = comm.bcast(plan, root=0)
+    if not plan["ok"]:
+        raise errors.SaveFailedError(
+            f"save of step {step} refused, nothing committed: {plan['error']}"
+        ) from refusal
+    mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
+    # 2. write this rank's shards
+    try:
+        if forked is not None:
+            written = forked.run({"token": plan["token"], "paths": [t.path for t in mine]})
+        elif layout == "file-per-shard":
+            written = write_rank_shards(
+                store,
+                step,
+                comm.rank,
+                plan["token"],
+                mine,
+                key_layout=key_layout,
+                chunk_size=chunk_size,
+                max_object_size=max_object_size,
+                parallel=PARALLEL_OBJECTS,
+            )
+        else:
+            written = _write_rank_shared(
+                store,
+                step,
+                comm,
+                plan["token"],
+                mine,
+                per_node=layout == "shared-file-per-node",
+                chunk_size=chunk_size,
+            )
+        outcome: dict[str, Any] = {"ok": True, **written}
+    except Exception as err:  # reported to every rank below, then raised
+        log.debug("rank %d failed writing step %d", comm.rank, step, exc_info=True)
+        outcome = {"ok": False, "error": _error_text(err)}
+        local_error: BaseException | None = err
+    else:
+        local_error = None
+    # 3. gather, commit on rank 0
+    results = comm.gather(outcome, root=0)
+    verdict: dict[str, Any] = {}
+    if comm.rank == 0:
+        assert results is not None
+        verdict = commit_step(
+            store, step, prepared, plan, results, comm.size, layout, key_layout, lease=lease
+        )
+        if lease is not None:
+            lease.release()  # before the other ranks return: the save is over when they do
+    verdict = comm.bcast(verdict, root=0)
+    if not verdict["ok"]:
+        raise errors.SaveFailedError(
+            f"save of step {step} failed, nothing committed: {verdict['error']}"
+        ) from local_error
+    nbytes = sum(t.array.nbytes for t in mine)
+    return SaveResult(step, nbytes, time.perf_counter() - t0, verdict.get("nbytes", 0))
+
+
+def _plan_writers(gathered: Sequence[Mapping[str, list[Any]]]) -> dict[str, int]:
+    """path -> writing rank (replicated: lowest rank that has it) or -1 (sharded: every
+    holder writes its box). Raises if ranks disagree about a tensor."""
+    writers: dict[str, int] = {}
+    seen: dict[str, list[Any]] = {}
+    for rank, metas in enumerate(gathered):
+        for path, (dtype, gshape, _offs, _shape, replicated) in metas.items():
+            if path in seen:
+                d0, g0, rep0 = seen[path][0], seen[path][1], seen[path][4]
+                if (d0, g0, rep0) != (dtype, gshape, replicated):
+                    raise errors.InvalidArgumentError(
+                        f"ranks disagree about tensor {path!r}: {d0}{g0}{' replicated' if rep0 else ' sharded'}"
+                        f" vs {dtype}{gshape}{' replicated' if replicated else ' sharded'} on rank {rank}"
+                    )
+                continue
+            seen[path] = [dtype, gshape, _offs, _shape, replicated]
+            writers[path] = rank if replicated else -1
+    return writers
+
+
+def build_manifest(
+    step: int,
+    prepared: PreparedState,
+    plan: Mapping[str, Any],
+    results: Sequence[Mapping[str, Any]],
+    world_size: int,
+    layout: str,
+    key_layout: str,
+) -> tuple[bytes, dict[str, int]]:
+    """Rank 0: the manifest of a step whose data every rank reported written (``results``),
+    validated exactly as a reader will validate it, and the objects it names."""
+    objects: dict[str, int] = {}
+    chunk_lists: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        objects.update(r["objects"])
+        for path, cs in r["chunks"].items():
+            chunk_lists.setdefault(path, []).extend(cs)
+    metas = prepared.metas()
+    doc_tensors = {}
+    for path in plan["writers"]:
+        meta = metas.get(path)
+        if meta is None:
+            raise errors.SaveFailedError(
+                f"tensor {path!r} is held by another rank but not by rank 0; rank 0's state "
+                "must name every tensor (its structure is the checkpoint's)"
+            )
+        doc_tensors[path] = {
+            "dtype": meta[0],
+            "shape": meta[1],
+            "chunks": sorted(chunk_lists.get(path, []), key=lambda c: c["offsets"]),
+        }
+    manifest = fmt.Manifest(
+        step=step,
+        world_size=world_size,
+        tensors={},
+        objects=objects,
+        tree=prepared.tree,
+        metadata=prepared.metadata,
+        layout={"kind": layout, "key_layout": key_layout},
+        created=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+    )
+    data = manifest.to_json()
+    # splice the tensors in (as JSON) and validate what we are about to commit, exactly
+    # as a reader will: a save never publishes a manifest that load would refuse
+    import json
+
+    doc = json.loads(data)
+    doc["tensors"] = doc_tensors
+    data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
+    fmt.parse_manifest(data, expect_step=step)
+    return data, objects
+
+
+def commit_step(
+    store: Store,
+    step: int,
+    prepared: PreparedState,
+    plan: Mapping[str, Any],
+    results: Sequence[Mapping[str, Any]],
+    world_size: int,
+    layout: str,
+    key_layout: str,
+    *,
+    lease: SaveLease | None = None,
+) -> dict[str, Any]:
+    """Rank 0: publish the manifest of a step whose data every rank reported written, or
+    discard that data. Before publishing it checks that ``lease`` (the save's, see
+    :mod:`ckptio.lease`) has not lapsed and that every object the manifest names is listed, so
+    a manifest never names a missing object."""
+    prefix = fmt.step_dir(step) + "/"
+    written = [prefix + k for r in results if r.get("ok") for k in r["objects"]]
+    failed = [(rank, r["error"]) for rank, r in enumerate(results) if not r.get("ok")]
+    if failed:
+        # a shared (N-1) object was created by rank 0 for every rank: find it by the token
+        token = plan.get("token")
+        strays = _attempt_keys(store, prefix, token) if token else []
+        discard_objects(store, sorted(set(written) | set(strays)))
+        return {"ok": False, "error": "; ".join(f"rank {rank}: {e}" for rank, e in failed)}
+    try:
+        data, objects = build_manifest(
+            step, prepared, plan, results, world_size, layout, key_layout
+        )
+        if lease is not None:
+            lease.check()
+        check_objects_present(store, step, objects)
+        store.publish(fmt.manifest_key(step), data, overwrite=False)
+    except Exception as err:  # reported to every rank; the data is discarded
+        log.debug("commit of step %d failed", step, exc_info=True)
+        if isinstance(err, errors.AlreadyExistsError):
+            # create-if-absent refused: another writer committed this step first; its
+            # checkpoint stands, ours (objects named by our own token) is left for gc
+            return {
+                "ok": False,
+                "error": f"another writer already committed step {step} ({_error_text(err)})",
+            }
+        discard_objects(store, written)
+        return {"ok": False, "error": _error_text(err)}
+    return {"ok": True, "nbytes": sum(objects.values())}
+
+
+def check_objects_present(store: Store, step: int, objects: Iterable[str]) -> None:
+    """Raise :class:`~ckptio.errors.SaveFailedError` unless every object (a key relative to
+    the step directory) is listed: one listing of the step, before its manifest is published."""
+    if not store.capabilities.shared:
+        return  # other processes' objects are not visible here (memory://)
+    prefix = fmt.step_dir(step) + "/"
+    present = set(store.list(prefix))
+    missing = sorted(k for k in objects if prefix + k not in present)
+    if missing:
+        raise errors.SaveFailedError(
+            f"{len(missing)} object(s) of step {step} vanished before its commit (deleted by "
+            f"another process?), e.g. {prefix}{missing[0]}; not committed"
+        )
+
+
+def _attempt_keys(store: Store, prefix: str, token: str) -> list[str]:
+    """Data objects of the save attempt with ``token`` under a step's ``prefix``."""
+    try:
+        return [k for k in store.list(prefix + "data/") if f"-{token}." in k.rsplit("/", 1)[-1]]
+    except Exception as err:  # best effort, like discard_objects
+        log.warning("could not list data of a failed save (%s); `ckptio gc` will remove it", err)
+        return []
+
+
+def discard_objects(store: Store, keys: Sequence[str]) -> None:
+    try:
+        store.delete(keys)
+    except Exception as err:  # best effort: what remains is garbage that gc removes
+        log.warning("could not delete data of a failed save (%s); `ckptio gc` will remove it", err)

@@ -1,0 +1,712 @@
+"""Reading committed checkpoints: :class:`CheckpointReader`, manifests, steps, load, verify.
+
+- A load reads only the chunks that overlap what is asked for, straight into the output where
+  a chunk lands on contiguous bytes; small neighbouring chunks of one object are fetched with
+  one request (:data:`COALESCE_CHUNK_BYTES`, :data:`COALESCE_REQUEST_BYTES`).
+- Before allocating anything it checks each object's size against the manifest and that this
+  machine can hold what it will allocate (:func:`ckptio.arrays.ensure_memory`): a hostile or
+  truncated checkpoint fails with a clear error, not an out-of-memory kill.
+- Every chunk's CRC32C is checked; a mismatch names the object and byte range.
+- "The newest checkpoint" is the newest whose manifest validates: damaged ones are skipped
+  with a warning, and a step retired by retention while it is opened or read makes the
+  reader list the steps again (:data:`_RELISTS` times)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ckptio import errors
+from ckptio import format as fmt
+from ckptio.arrays import Target, as_target, ensure_memory
+from ckptio.checkpoint.snapshot import Shard, aligned_empty, crc32c
+from ckptio.registry import open_store
+from ckptio.store import Store, wait_all
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "COALESCE_CHUNK_BYTES",
+    "COALESCE_REQUEST_BYTES",
+    "VERIFY_BLOCK_BYTES",
+    "CheckpointReader",
+    "Index",
+    "committed_steps",
+    "load",
+    "open_checkpoint",
+    "read_manifest",
+    "verify",
+]
+
+VERIFY_BLOCK_BYTES = 16 << 20
+"""Bytes: ``verify`` reads a larger chunk in blocks of this size, its CRC32C continued from
+block to block, so it holds at most ``readers`` blocks whatever size a manifest declares."""
+
+
+COALESCE_CHUNK_BYTES = 1 << 20
+"""Bytes: chunks smaller than this that lie next to each other in an object are loaded with
+one request per up to :data:`COALESCE_REQUEST_BYTES` (many small tensors: no per-chunk
+request)."""
+
+
+COALESCE_REQUEST_BYTES = 16 << 20
+
+
+Index = tuple[slice | int, ...]
+
+
+def _normalize(
+    index: Any, shape: tuple[int, ...], path: str
+) -> tuple[list[int], list[int], list[bool]]:
+    """(starts, stops, keep_dim) for a basic index; only unit-step slices and ints."""
+    if not isinstance(index, tuple):
+        index = (index,)
+    if len(index) > len(shape):
+        raise errors.InvalidArgumentError(
+            f"{path}: index {index} has more dimensions than shape {shape}"
+        )
+    index = index + (slice(None),) * (len(shape) - len(index))
+    starts, stops, keep = [], [], []
+    for d, (ix, n) in enumerate(zip(index, shape, strict=True)):
+        if isinstance(ix, slice):
+            a, b, s = ix.indices(n)
+            if s != 1:
+                raise errors.InvalidArgumentError(
+                    f"{path}: only unit-step slices can be loaded (dim {d})"
+                )
+            starts.append(a)
+            stops.append(max(a, b))
+            keep.append(True)
+        elif isinstance(ix, int | np.integer):
+            i = int(ix) + n if ix < 0 else int(ix)
+            if not 0 <= i < n:
+                raise errors.InvalidArgumentError(
+                    f"{path}: index {ix} out of range for dim {d} of size {n}"
+                )
+            starts.append(i)
+            stops.append(i + 1)
+            keep.append(False)
+        else:
+            raise errors.InvalidArgumentError(
+                f"{path}: unsupported index {ix!r} (use slices and ints)"
+            )
+    return starts, stops, keep
+
+
+_Job = tuple[fmt.Chunk, Any]
+"""A chunk to read and where it lands: a byte view of contiguous output (a whole chunk), or
+``(out, starts, lo, hi)``: the box ``lo..hi`` of the tensor, whose output ``out`` begins at
+``starts``."""
+
+
+@dataclass
+class _Reads:
+    """What :meth:`CheckpointReader.read_many` reads, and into what."""
+
+    jobs: list[_Job] = field(default_factory=list)
+    results: dict[str, np.ndarray] = field(default_factory=dict)
+    finals: dict[str, list[bool]] = field(default_factory=dict)
+    """Path -> the dimensions its result keeps (an int index drops one)."""
+    copy_back: list[tuple[np.ndarray, str]] = field(default_factory=list)
+    """``into=`` arrays read through a new array (strided ones), copied once read."""
+
+    def finish(self, into: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The results once every job has run: int-indexed dimensions dropped, strided
+        ``into=`` arrays filled, and the ``into=`` arrays themselves returned."""
+        results = self.results
+        for path, keep in self.finals.items():
+            if not all(keep):
+                results[path] = results[path].reshape(
+                    tuple(n for n, k in zip(results[path].shape, keep, strict=True) if k)
+                )
+        for dest, path in self.copy_back:
+            np.copyto(dest, results[path])
+        for path, dest in into.items():
+            results[path] = dest
+        return results
+
+
+def _row_jobs(entry: fmt.TensorEntry, out: np.ndarray) -> list[_Job] | None:
+    """A whole tensor whose chunks are split along dim 0 (how ckptio writes them): each chunk
+    lands on contiguous rows of ``out``, with no box arithmetic. None for other chunkings."""
+    rows = [c for c in entry.chunks if c.shape[1:] == entry.shape[1:]]
+    if not (len(rows) == len(entry.chunks) and all(not any(c.offsets[1:]) for c in rows)):
+        return None
+    flat = out.reshape(entry.shape[0], -1) if out.ndim else out.reshape(1, -1)
+    jobs: list[_Job] = []
+    for c in rows:
+        o = c.offsets[0] if c.offsets else 0
+        n = c.shape[0] if c.shape else 1
+        jobs.append((c, flat[o : o + n].reshape(-1).view(np.uint8)))
+    return jobs
+
+
+def _box_jobs(
+    entry: fmt.TensorEntry,
+    out: np.ndarray,
+    starts: list[int],
+    stops: list[int],
+    shape: tuple[int, ...],
+) -> list[_Job]:
+    """The chunks of ``entry`` that overlap the box ``starts..stops`` (read into ``out``,
+    of that box's ``shape``), each with the part of it that is wanted."""
+    jobs: list[_Job] = []
+    for chunk in entry.chunks:
+        lo = [max(a, o) for a, o in zip(starts, chunk.offsets, strict=True)]
+        hi = [min(b, o + n) for b, o, n in zip(stops, chunk.offsets, chunk.shape, strict=True)]
+        if math.prod(shape) == 0 or any(h <= a for a, h in zip(lo, hi, strict=True)):
+            continue  # nothing of this chunk is wanted
+        jobs.append((chunk, (out, starts, lo, hi)))
+    return jobs
+
+
+def _place(job: _Job) -> tuple[np.ndarray, tuple[slice, ...], bool]:
+    """Where a job's chunk goes: the target view, the box of the chunk it takes, and whether
+    the whole chunk lands on contiguous bytes of the target (read straight into it)."""
+    chunk, where = job
+    if isinstance(where, np.ndarray):  # a whole chunk onto contiguous output bytes
+        return where, (), True
+    out, starts, lo, hi = where
+    dst_box = tuple(slice(a - s, h - s) for a, h, s in zip(lo, hi, starts, strict=True))
+    src_box = tuple(slice(a - o, h - o) for a, h, o in zip(lo, hi, chunk.offsets, strict=True))
+    target = out[dst_box] if dst_box else out  # out[()] would be a scalar, not a view
+    whole = all(b.start == 0 and b.stop == n for b, n in zip(src_box, chunk.shape, strict=True))
+    return target, src_box, whole and target.flags.c_contiguous
+
+
+def _coalesce(jobs: list[_Job]) -> tuple[list[_Job], list[list[_Job]]]:
+    """The jobs read one request each (chunks of :data:`COALESCE_CHUNK_BYTES` and more), and
+    groups of small chunks that lie next to each other in one object, each group read with one
+    request of at most :data:`COALESCE_REQUEST_BYTES`."""
+    singles: list[_Job] = []
+    small: dict[str, list[_Job]] = {}
+    for job in jobs:
+        if job[0].length < COALESCE_CHUNK_BYTES:
+            small.setdefault(job[0].key, []).append(job)
+        else:
+            singles.append(job)
+    groups: list[list[_Job]] = []
+    for group_jobs in small.values():
+        group_jobs.sort(key=lambda j: j[0].offset)
+        group: list[_Job] = []
+        g_start = g_end = 0
+        for job in group_jobs:
+            c = job[0]
+            if group and (
+                c.offset < g_end  # never, chunks do not share bytes; but stay exact
+                or c.offset - g_end > fmt.ALIGNMENT
+                or c.offset + c.length - g_start > COALESCE_REQUEST_BYTES
+            ):
+                groups.append(group)
+                group = []
+            if not group:
+                g_start = c.offset
+            group.append(job)
+            g_end = max(g_end, c.offset + c.length)
+        if group:
+            groups.append(group)
+    return singles, groups
+
+
+class CheckpointReader:
+    """A committed checkpoint opened for reading: its manifest and the data behind it.
+
+    ``read(path, index)`` reads a box of one tensor, fetching only the chunks that overlap it
+    and checking each chunk's CRC32C. ``state(select)`` rebuilds the saved structure.
+    """
+
+    def __init__(
+        self, store: Store, step: int, manifest: fmt.Manifest, *, readers: int = 8
+    ) -> None:
+        self.store = store
+        self.step = step
+        self.manifest = manifest
+        self.readers = readers
+        self._prefix = fmt.step_dir(step) + "/"
+        self._sizes_checked: set[str] = set()
+
+    @property
+    def metadata(self) -> Any:
+        return self.manifest.metadata
+
+    def _read_chunk_into(self, chunk: fmt.Chunk, out: memoryview) -> None:
+        n = self.store.read_into(self._prefix + chunk.key, chunk.offset, out)
+        self._check_chunk(chunk, n, out)
+
+    def _check_chunk(self, chunk: fmt.Chunk, n: int, data: Any, *, crc: int | None = None) -> None:
+        """Raise unless ``n`` (bytes read) is the chunk's length and ``data`` (or ``crc``, the
+        CRC32C of what was read) its CRC32C."""
+        key = self._prefix + chunk.key
+        if n != chunk.length:
+            raise errors.CorruptCheckpointError(
+                f"{self.store.url}/{key}: bytes {chunk.offset}..{chunk.offset + chunk.length} "
+                f"requested, object ends after {chunk.offset + n} (truncated object)"
+            )
+        got = crc32c(data) if crc is None else crc
+        if got != chunk.crc32c:
+            raise errors.ChecksumError(
+                f"{self.store.url}/{key}: CRC32C mismatch in bytes {chunk.offset}..{chunk.offset + chunk.length} "
+                f"(expected {chunk.crc32c:#010x}, read {got:#010x}): the object is damaged"
+            )
+
+    def _check_sizes(self, keys: Iterable[str]) -> None:
+        """Raise CorruptCheckpointError unless each object's size is what the manifest says
+        (one HEAD/stat per object, once per reader)."""
+        todo = sorted(set(keys) - self._sizes_checked)
+        if not todo:
+            return
+
+        def size(key: str) -> int | None:
+            try:
+                return self.store.size(self._prefix + key)
+            except errors.NotRegularFileError as err:  # a FIFO, say: never read
+                raise errors.CorruptCheckpointError(
+                    f"{self.store.url}/{self._prefix}{key}: {err.strerror}"
+                ) from None
+            except FileNotFoundError:
+                return None
+
+        if len(todo) == 1:
+            actual = [size(todo[0])]
+        else:
+            with ThreadPoolExecutor(
+                min(self.readers, len(todo)), thread_name_prefix="ckptio-read"
+            ) as pool:
+                actual = list(pool.map(size, todo))
+        for key, got in zip(todo, actual, strict=True):
+            want = self.manifest.objects[key]
+            if got is None:
+                raise errors.CorruptCheckpointError(
+                    f"{self.store.url}/{self._prefix}{key}: missing"
+                )
+            if got != want:
+                raise errors.CorruptCheckpointError(
+                    f"{self.store.url}/{self._prefix}{key}: {got} bytes, the manifest says {want}; "
+                    "refusing to load (truncated, replaced or hostile checkpoint)"
+                )
+        self._sizes_checked.update(todo)
+
+    def _allocate(self, shape: tuple[int, ...], dtype: np.dtype[Any], what: str) -> np.ndarray:
+        try:
+            return aligned_empty(shape, dtype)
+        except MemoryError:  # the address-space limit (ulimit -v), or overcommit refused it
+            raise errors.InsufficientMemoryError(
+                f"step {self.step}: cannot allocate {math.prod(shape) * dtype.itemsize} bytes for {what!r}"
+            ) from None
+
+    def read(self, path: str, index: Any = None) -> np.ndarray:
+        """Tensor ``path`` (or the box ``index`` of it: ints and unit-step slices)."""
+        return self.read_many({path: index})[path]
+
+    def read_many(
+        self, wanted: Mapping[str, Any], *, into: Mapping[str, np.ndarray] | None = None
+    ) -> dict[str, np.ndarray]:
+        """Several tensors (or boxes of them), their chunks read in parallel. ``into`` maps
+        some of those paths to writable arrays of the result's shape and dtype (checked by
+        the caller), which are filled in place and returned instead of new arrays."""
+        into = into or {}
+        self._check_wanted(wanted)
+        # this machine can hold the arrays to be allocated: else a clear error before allocating
+        need = self._allocation(wanted, into)
+        what = f"loading step {self.step} ({len(wanted)} tensor(s))"
+        ensure_memory(need, what)
+        reads = self._plan(wanted, into)
+        singles, groups = _coalesce(reads.jobs)
+        # the read buffers too, before any is taken (the arrays above are not touched yet)
+        buffers = self._buffer_bytes(singles, groups)
+        if buffers:
+            ensure_memory(need + buffers, what)
+        tasks: list[tuple[Callable[[Any], None], Any]] = [(self._read_job, j) for j in singles]
+        tasks += [(self._read_group, g) for g in groups]
+        if len(tasks) <= 1:
+            for fn, arg in tasks:
+                fn(arg)
+        else:
+            with ThreadPoolExecutor(
+                min(self.readers, len(tasks)), thread_name_prefix="ckptio-read"
+            ) as pool:
+                wait_all([pool.submit(fn, arg) for fn, arg in tasks])
+        return reads.finish(into)
+
+    def _check_wanted(self, wanted: Mapping[str, Any]) -> None:
+        """Raise unless every wanted path is a tensor of this step and the objects holding
+        them have the sizes the manifest declares."""
+        unknown = [p for p in wanted if p not in self.manifest.tensors]
+        if unknown:
+            raise errors.NotFoundError(f"step {self.step} has no tensor {unknown[0]!r}")
+        # before allocating anything: the objects' sizes are what the manifest declares (the
+        # manifest is validated so that no two chunks share bytes, so what is allocated is at
+        # most what the storage reports holding; a sparse file reports its apparent size)
+        self._check_sizes({c.key for p in wanted for c in self.manifest.tensors[p].chunks})
+
+    def _allocation(self, wanted: Mapping[str, Any], into: Mapping[str, np.ndarray]) -> int:
+        """Bytes of the arrays a read of ``wanted`` allocates: the declared bytes of what is
+        read, less what ``into`` receives in place."""
+        need = 0
+        for path, index in wanted.items():
+            entry = self.manifest.tensors[path]
+            dest = into.get(path)
+            if dest is None or not dest.flags.c_contiguous:
+                starts, stops, _ = _normalize(() if index is None else index, entry.shape, path)
+                need += (
+                    math.prod(b - a for a, b in zip(starts, stops, strict=True))
+                    * entry.np_dtype.itemsize
+                )
+        return need
+
+    def _plan(self, wanted: Mapping[str, Any], into: Mapping[str, np.ndarray]) -> _Reads:
+        """The output arrays (allocated, not touched yet) and the chunk reads that fill them."""
+        reads = _Reads()
+
+        def destination(path: str, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+            dest = into.get(path)
+            if dest is not None and dest.flags.c_contiguous:
+                return dest.reshape(shape)  # a view: only unit dims of an int index differ
+            if dest is not None:
+                reads.copy_back.append((dest, path))  # strided (a transposed view): read, copy
+            return self._allocate(shape, dtype, path)
+
+        for path, index in wanted.items():
+            entry = self.manifest.tensors[path]
+            if index is None and entry.chunks and math.prod(entry.shape) > 0:
+                out = destination(path, entry.shape, entry.np_dtype)
+                reads.results[path] = out
+                rows = _row_jobs(entry, out)
+                if rows is not None:
+                    reads.jobs.extend(rows)
+                    continue
+                index = ()
+            starts, stops, keep = _normalize(() if index is None else index, entry.shape, path)
+            shape = tuple(b - a for a, b in zip(starts, stops, strict=True))
+            out = (
+                reads.results[path]
+                if path in reads.results
+                else destination(path, shape, entry.np_dtype)
+            )  # every element is read: chunks tile it
+            reads.results[path] = out
+            reads.finals[path] = keep
+            reads.jobs.extend(_box_jobs(entry, out, starts, stops, shape))
+        return reads
+
+    def _buffer_bytes(self, singles: list[_Job], groups: list[list[_Job]]) -> int:
+        """Bytes of the read buffers in use at once: one per reader, of a whole chunk that
+        does not land in place, or of a group."""
+        partial = sorted((job[0].length for job in singles if not _place(job)[2]), reverse=True)
+        grouped = min(len(groups), self.readers) * COALESCE_REQUEST_BYTES
+        return sum(partial[: self.readers]) + grouped
+
+    def _read_job(self, job: _Job) -> None:
+        """Read one chunk: straight into its target, or through a buffer when only part of it
+        is wanted or the target is not contiguous."""
+        chunk = job[0]
+        target, src_box, direct = _place(job)
+        if direct:
+            self._read_chunk_into(chunk, memoryview(target.reshape(-1).view(np.uint8)))
+            return
+        tmp = self._allocate((chunk.length,), np.dtype(np.uint8), chunk.key)
+        self._read_chunk_into(chunk, memoryview(tmp))
+        target[...] = tmp.view(target.dtype).reshape(chunk.shape)[src_box]
+
+    def _read_group(self, group: list[_Job]) -> None:
+        """Neighbouring small chunks of one object: one request, then each copied out."""
+        start = group[0][0].offset
+        end = max(c.offset + c.length for c, _ in group)
+        buf = aligned_empty((end - start,), np.uint8)
+        n = self.store.read_into(self._prefix + group[0][0].key, start, memoryview(buf))
+        for job in group:
+            chunk = job[0]
+            a = chunk.offset - start
+            data = buf[a : a + chunk.length]
+            self._check_chunk(chunk, max(0, min(n - a, chunk.length)), data)
+            target, src_box, direct = _place(job)
+            if direct:
+                np.copyto(target.reshape(-1).view(np.uint8), data)
+            else:
+                target[...] = data.view(target.dtype).reshape(chunk.shape)[src_box]
+
+    def state(self, select: Mapping[str, Any] | None = None, *, into: Any = None) -> Any:
+        """The saved structure with every tensor read (``select``: path -> index, to read
+        only a box of some tensors; other tensors are read whole).
+
+        ``into``: a state whose arrays are filled in place (see :func:`ckptio.load`)."""
+        select = dict(select or {})
+        unknown = set(select) - set(self.manifest.tensors)
+        if unknown:
+            raise errors.NotFoundError(
+                f"step {self.step} has no tensor(s) {sorted(unknown)}; it has {sorted(self.manifest.tensors)[:20]}"
+            )
+        paths = list(fmt.tree_tensor_paths(self.manifest.tree))
+        boxes: dict[str, Any] = {}  # the boxes that Shard leaves of into= name
+        targets = self._targets(into, select, boxes) if into is not None else {}
+        arrays = self.read_many(
+            {p: boxes.get(p, select.get(p)) for p in paths},
+            into={p: t.view for p, t in targets.items()},
+        )
+        for t in targets.values():
+            if t.finish is not None:
+                t.finish()
+        return fmt.decode_tree(
+            self.manifest.tree, lambda p: targets[p].leaf if p in targets else arrays[p]
+        )
+
+    def _targets(
+        self, into: Any, select: Mapping[str, Any], boxes: dict[str, Any]
+    ) -> dict[str, Target]:
+        """The arrays of ``into`` by tensor path, each checked against what will be read;
+        the box each :class:`Shard` leaf names goes into ``boxes``."""
+        targets: dict[str, Target] = {}
+
+        def on_array(path: str, leaf: Any) -> Any:
+            if isinstance(leaf, np.generic):
+                return None
+            target = as_target(leaf.array if isinstance(leaf, Shard) else leaf, path)
+            if target is None:
+                if isinstance(leaf, Shard):
+                    raise errors.InvalidArgumentError(
+                        f"into= at {path!r}: the Shard does not hold an array"
+                    )
+                return None
+            entry = self.manifest.tensors.get(path)
+            if entry is None:
+                raise errors.NotFoundError(
+                    f"into= holds an array at {path!r}, but step {self.step} has no tensor {path!r}"
+                )
+            shape = entry.shape
+            if isinstance(leaf, Shard):
+                target.leaf = leaf
+                boxes[path] = self._shard_box(path, leaf, target.view.shape, entry.shape, select)
+                shape = target.view.shape
+            elif path in select:
+                starts, stops, keep = _normalize(select[path], entry.shape, path)
+                shape = tuple(b - a for a, b, k in zip(starts, stops, keep, strict=True) if k)
+            got = target.view
+            if got.shape != shape or got.dtype != entry.np_dtype:
+                raise errors.InvalidArgumentError(
+                    f"into= at {path!r} is {got.dtype} {tuple(got.shape)}; step {self.step} holds "
+                    f"{entry.np_dtype} {shape}"
+                    + (f" (select={select[path]!r})" if path in select else "")
+                )
+            targets[path] = target
+            return {"t": path}
+
+        fmt.encode_tree(into, on_array)
+        return targets
+
+    def _shard_box(
+        self,
+        path: str,
+        shard: Shard,
+        shape: tuple[int, ...],
+        stored: tuple[int, ...],
+        select: Mapping[str, Any],
+    ) -> tuple[slice, ...]:
+        """The box of the stored tensor that ``shard`` (an ``into=`` leaf) is to hold."""
+        if path in select:
+            raise errors.InvalidArgumentError(
+                f"into= at {path!r} is a Shard, which names its own box; do not select {path!r} as well"
+            )
+        gshape = tuple(int(x) for x in shard.global_shape)
+        offsets = tuple(int(x) for x in shard.offsets)
+        if gshape != stored:
+            raise errors.InvalidArgumentError(
+                f"into= at {path!r} is a Shard of a tensor of shape {gshape}; step {self.step} holds {stored}"
+            )
+        if len(offsets) != len(shape) or any(
+            o < 0 or o + n > g for o, n, g in zip(offsets, shape, gshape, strict=True)
+        ):
+            raise errors.InvalidArgumentError(
+                f"into= at {path!r}: a box of shape {shape} at offsets {offsets} does not fit the shape {gshape}"
+            )
+        return tuple(slice(o, o + n) for o, n in zip(offsets, shape, strict=True))
+
+    def verify(self) -> list[str]:
+        """Re-read every object and check sizes and every chunk's CRC. Returns the problems
+        found (empty: the checkpoint is intact). Holds at most ``readers`` buffers of
+        :data:`VERIFY_BLOCK_BYTES`, whatever the manifest declares."""
+        problems: list[str] = []
+        for key, size in self.manifest.objects.items():
+            try:
+                actual = self.store.size(self._prefix + key)
+            except (errors.NotRegularFileError, errors.StoragePermissionError) as err:  # refused
+                problems.append(f"{self._prefix}{key}: {err.strerror}")
+                continue
+            except FileNotFoundError:
+                problems.append(f"{self._prefix}{key}: missing")
+                continue
+            if actual != size:
+                problems.append(f"{self._prefix}{key}: {actual} bytes, manifest says {size}")
+        jobs = [c for t in self.manifest.tensors.values() for c in t.chunks]
+
+        def check(chunk: fmt.Chunk) -> str | None:
+            buf = memoryview(aligned_empty((min(chunk.length, VERIFY_BLOCK_BYTES),), np.uint8))
+            try:
+                if chunk.length <= VERIFY_BLOCK_BYTES:
+                    self._read_chunk_into(chunk, buf)
+                    return None
+                crc = done = 0
+                while done < chunk.length:
+                    view = buf[: min(len(buf), chunk.length - done)]
+                    n = self.store.read_into(self._prefix + chunk.key, chunk.offset + done, view)
+                    crc, done = crc32c(view[:n], crc), done + n
+                    if n < len(view):
+                        break  # the object ends early
+                self._check_chunk(chunk, done, None, crc=crc)
+            except (
+                errors.CorruptCheckpointError,
+                FileNotFoundError,
+                errors.StoragePermissionError,
+            ) as err:
+                return str(err)
+            return None
+
+        with ThreadPoolExecutor(self.readers, thread_name_prefix="ckptio-verify") as pool:
+            problems.extend(p for p in pool.map(check, jobs) if p)
+        return problems
+
+
+def read_manifest(store: Store, step: int) -> fmt.Manifest:
+    """Fetch and validate the manifest of ``step``; NotFoundError if it is not committed."""
+    key = fmt.manifest_key(step)
+    size = store.size(key)
+    if size > fmt.MAX_MANIFEST_BYTES:
+        raise errors.ManifestError(f"{key} is {size} bytes, more than {fmt.MAX_MANIFEST_BYTES}")
+    data = store.get(key)
+    try:
+        return fmt.parse_manifest(data, expect_step=step)
+    except errors.ManifestError as err:
+        raise errors.ManifestError(f"{store.url}/{key}: {err}") from None
+
+
+def committed_steps(store: Store) -> list[int]:
+    """Steps that have a manifest object (not yet validated), ascending."""
+    steps = []
+    for key in store.list("step-"):
+        head, _, tail = key.partition("/")
+        if tail == fmt.MANIFEST_NAME:
+            step = fmt.parse_step_dir(head)
+            if step is not None:
+                steps.append(step)
+    return sorted(set(steps))
+
+
+def open_checkpoint(
+    url: str | os.PathLike[str] | Store, step: int | None = None, **options: Any
+) -> CheckpointReader:
+    """Open the checkpoint of ``step`` (default: the newest complete one) for reading."""
+    store = open_store(url, **options)
+    if step is not None:
+        fmt.step_dir(step)
+        try:
+            return CheckpointReader(store, step, read_manifest(store, step))
+        except errors.NotRegularFileError:
+            raise  # a FIFO, say, where the manifest should be: named as such
+        except FileNotFoundError:
+            raise errors.NotFoundError(
+                f"{store.url}: no committed checkpoint at step {step}"
+            ) from None
+    return _open_newest(store, skip=())
+
+
+_RELISTS = 8
+"""How many times a reader re-lists the steps when the checkpoint it chose was retired under it
+(each time the newest then complete one is taken; retention's grace makes a second rare)."""
+
+
+def _open_newest(store: Store, skip: Iterable[int]) -> CheckpointReader:
+    """The newest step whose manifest validates, other than ``skip``. A step whose manifest is
+    damaged or refused (a symlink out of the root, unreadable, not a regular file) is skipped
+    with a warning; if every listed step vanished meanwhile (retention), the steps are listed
+    again."""
+    skipped = set(skip)
+    for _ in range(_RELISTS):
+        steps = committed_steps(store)
+        vanished = False
+        for s in reversed(steps):
+            if s in skipped:
+                continue
+            try:
+                return CheckpointReader(store, s, read_manifest(store, s))
+            except (
+                errors.CorruptCheckpointError,
+                PermissionError,
+                errors.NotRegularFileError,
+            ) as err:
+                log.warning("skipping step %d: its manifest cannot be used (%s)", s, err)
+                skipped.add(s)
+            except FileNotFoundError:
+                vanished = True  # retired meanwhile: an older one, or a newer one on re-listing
+        if not vanished:
+            break
+    raise errors.NotFoundError(f"{store.url}: no complete checkpoint found")
+
+
+def _read_newest(store: Store, select: Mapping[str, Any] | None, into: Any) -> Any:
+    """The state of the newest complete checkpoint. If the step is retired while it is read
+    (its manifest gone, an object with it), the newest complete one is read instead; an object
+    missing under a manifest that still exists is damage, raised as it is."""
+    skip: set[int] = set()
+    for _ in range(_RELISTS):
+        reader = _open_newest(store, skip)
+        try:
+            return reader.state(select, into=into)
+        except (FileNotFoundError, errors.CorruptCheckpointError) as err:
+            if store.exists(fmt.manifest_key(reader.step)):
+                raise
+            log.info(
+                "step %d was retired while being read (%s); reading the newest again",
+                reader.step,
+                err,
+            )
+            skip.add(reader.step)
+    raise errors.NotFoundError(
+        f"{store.url}: every checkpoint read was retired before it could be read whole "
+        f"({_RELISTS} tries); is retention removing checkpoints faster than they are read?"
+    )
+
+
+def load(
+    url: str | os.PathLike[str] | Store,
+    step: int | None = None,
+    *,
+    select: Mapping[str, Any] | None = None,
+    into: Any = None,
+    **options: Any,
+) -> Any:
+    """Load the checkpoint of ``step`` (default: the newest complete one) under ``url``.
+
+    ``select`` maps tensor paths (``"model/w"``) to indexes (``np.s_[0:512, :]``) to read only
+    those boxes: resharding to a different number of ranks.
+
+    ``into`` is a state (the one being resumed, say) whose arrays are filled in place, as
+    torch DCP's ``load`` does: numpy arrays and torch tensors (CUDA ones through pinned host
+    memory). Each must have the dtype and shape the checkpoint holds at its path (the box's
+    shape where ``select`` names the path); a :class:`Shard` leaf receives the box of the
+    stored tensor that it names (a rank restoring its own shards). A mismatch, or an array at
+    a path the checkpoint lacks, is an error before anything is read. The returned state holds those same objects;
+    tensors that ``into`` lacks come back as new arrays. No second copy of the state is
+    allocated, which on Linux also saves the kernel zeroing fresh pages for it. If the load
+    fails (a damaged chunk, say), it raises and the arrays of ``into`` may hold part of the
+    checkpoint.
+
+    Memory: the declared bytes of what it returns (less what ``into`` receives in place) plus
+    at most one read buffer per reader, and the manifest; a load needing more than this
+    machine's memory and swap (or its cgroup's limit) raises
+    :class:`~ckptio.errors.InsufficientMemoryError` before allocating.
+    """
+    if step is not None:
+        return open_checkpoint(url, step, **options).state(select, into=into)
+    return _read_newest(open_store(url, **options), select, into)
+
+
+def verify(
+    url: str | os.PathLike[str] | Store, step: int | None = None, **options: Any
+) -> list[str]:
+    """Re-read a checkpoint and check every CRC; the list of problems (empty when intact)."""
+    return open_checkpoint(url, step, **options).verify()
