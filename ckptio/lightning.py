@@ -84,6 +84,17 @@ def _local_path(path: str) -> str | None:
     return loc.path if loc.local else None
 
 
+def _alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 class CkptioCheckpointIO(CheckpointIO):  # type: ignore[misc]  # Lightning ships no stubs
     """A Lightning ``CheckpointIO`` that stores checkpoints through ckptio.
 
@@ -141,11 +152,21 @@ class CkptioCheckpointIO(CheckpointIO):  # type: ignore[misc]  # Lightning ships
         return local
 
     def _write_stub(self, stub: str, root: str, step: int) -> None:
-        os.makedirs(os.path.dirname(stub), exist_ok=True)
-        tmp = f"{stub}.tmp-{os.getpid()}"
+        """Write the stub through a hidden temp file renamed into place, so Lightning sees
+        the whole stub or none. Stub temp files in the directory left by a killed process
+        (their PID is gone) are removed first, so the directory holds stubs only."""
+        directory, name = os.path.split(stub)
+        os.makedirs(directory, exist_ok=True)
+        mark = ".ckptio-tmp-"
+        for entry in os.listdir(directory):
+            pid = entry.rpartition(mark)[2]
+            if entry.startswith(".") and mark in entry and pid.isdigit() and not _alive(int(pid)):
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.join(directory, entry))
+        tmp = os.path.join(directory, f".{name}{mark}{os.getpid()}")
         with open(tmp, "w") as f:
             json.dump({"kind": STUB_KIND, "root": root, "step": step}, f)
-        os.replace(tmp, stub)  # Lightning sees the whole stub or none
+        os.replace(tmp, stub)
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None
