@@ -97,3 +97,21 @@ class TestShapedMemory(MemoryRawAccess, InnerStoreFaults, StoreTests):
         st = open_store(f"shaped+memory://{name}?profile=cloud-s3&streams=4&{self.FIGURES}")
         yield st
         st.close()
+
+
+def test_a_test_class_without_out_of_band_helpers_is_refused() -> None:
+    """The suite checks the storage around the store: a class that cannot reach it is an
+    error when it is defined, not a suite that quietly checks the store through itself."""
+    with pytest.raises(TypeError, match="must implement the out-of-band helpers raw_put"):
+
+        class TestHalfDone(StoreTests):
+            def raw_get(self, store: Store, key: str) -> bytes:
+                return b""
+
+            def raw_list(self, store: Store, prefix: str = "") -> set[str]:
+                return set()
+
+    with pytest.raises(TypeError, match="fault_kinds: unknown"):
+
+        class TestBadKinds(MemoryRawAccess, StoreTests):
+            fault_kinds = ("meltdown",)
