@@ -6,7 +6,7 @@ the filesystem, the memory store's dictionary, the wrapped store."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 from ckptio.backends import memory
@@ -22,38 +22,39 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 
 class TestLocalStore(DirectoryRawAccess, StoreTests):
+    fault_kinds = ("denied",)  # a FUSE mount of the root refuses writes (EACCES)
+    options: ClassVar[dict[str, Any]] = {}
+
     @pytest.fixture
     def store(self, tmp_path: Path) -> Store:
         self.raw_root = str(tmp_path / "root")
-        return LocalStore(f"file://{tmp_path}/root")
+        return self.open_at(self.raw_root)
+
+    def open_at(self, root: str) -> Store:
+        return LocalStore(f"file://{root}", **self.options)
 
 
 class TestLocalStoreDirect(TestLocalStore):
-    @pytest.fixture
-    def store(self, tmp_path: Path) -> Store:
-        self.raw_root = str(tmp_path / "root")
-        return LocalStore(
-            f"file://{tmp_path}/root", direct=True, direct_read=True, block_size="1MiB"
-        )
+    options: ClassVar[dict[str, Any]] = {"direct": True, "direct_read": True, "block_size": "1MiB"}
 
 
-class TestPfsLocalDisk(DirectoryRawAccess, StoreTests):
-    @pytest.fixture
-    def store(self, tmp_path: Path) -> Store:
-        self.raw_root = str(tmp_path / "root")
-        return ParallelFSStore(f"pfs://{tmp_path}/root")
+class TestPfsLocalDisk(TestLocalStore):
+    def open_at(self, root: str) -> Store:
+        return ParallelFSStore(f"pfs://{root}", **self.options)
 
 
 class TestPfsLocalDiskAsLustreDirect(TestPfsLocalDisk):
     """The Lustre code path (stand-in lfs creates each file; O_DIRECT writes) on local disk."""
 
-    @pytest.fixture
-    def store(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    options: ClassVar[dict[str, Any]] = {
+        "fs": "lustre",
+        "lfs": str(FIXTURES / "lfs"),
+        "block_size": "1MiB",
+    }
+
+    @pytest.fixture(autouse=True)
+    def _lfs_log(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("LFS_LOG", str(tmp_path / "lfs.log"))
-        self.raw_root = str(tmp_path / "root")
-        return ParallelFSStore(
-            f"pfs://{tmp_path}/root", fs="lustre", lfs=str(FIXTURES / "lfs"), block_size="1MiB"
-        )
 
 
 class MemoryRawAccess:

@@ -568,6 +568,42 @@ class DirectoryRawAccess:
                     out.add(key)
         return out
 
+    def open_at(self, root: str) -> Store:
+        """A store like the fixture's, rooted at the directory ``root`` (for the fault hook,
+        which mounts :attr:`raw_root` elsewhere); a class that lists ``denied`` in
+        ``fault_kinds`` provides it."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def faults(self, store: Store, kind: str, count: int | None) -> Iterator[Store]:
+        """``denied`` only: :attr:`raw_root` mounted through a FUSE filesystem
+        (:mod:`ckptio.testing.faultyfs`) that answers every write with ``EACCES``, and a store
+        (:meth:`open_at`) on the mount. A filesystem's refusal is not retried, so ``count``
+        is a lower bound. Skips where FUSE cannot be mounted (fails under ``CI=true``)."""
+        import errno
+        import tempfile
+
+        from ckptio.testing import faultyfs
+
+        assert kind == "denied", kind
+        point = tempfile.mkdtemp(prefix="ckptio-faultyfs-")
+        try:
+            fs = faultyfs.start(self.raw_root, point)
+        except faultyfs.FaultyFSUnavailable as err:
+            os.rmdir(point)
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(f"FUSE fault filesystem could not be mounted in CI: {err}")
+            pytest.skip(f"no FUSE fault filesystem: {err}")
+        try:
+            st = self.open_at(fs.mountpoint)
+            st.retry_policy = FAST_RETRIES
+            with fs.faults(["write"], err=errno.EACCES):
+                yield st
+            st.close()
+        finally:
+            fs.stop()
+            os.rmdir(point)
+
     def leave_debris(self, store: Store, key: str) -> bool:
         from ckptio.backends.local import TMP_MARK
 
