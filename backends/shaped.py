@@ -155,8 +155,8 @@ class _ShapedWriter(Writer):
         self._done = True
 
     def abort(self) -> None:
-        for f in self._parts:
-            f.cancel()
+        # parts not started yet are dropped; those in flight are waited for
+        self._parts = [f for f in self._parts if not f.cancel()]
         try:
             self._wait()
         except errors.CkptioError:

@@ -22,7 +22,7 @@ from ckptio import errors
 from ckptio.registry import open_store
 from ckptio.store import Store
 from ckptio.testing.gluster import GlusterVolume
-from ckptio.testing.store_tests import StoreTests
+from ckptio.testing.store_tests import DirectoryRawAccess, StoreTests
 
 WORKER = Path(__file__).parent / "mpi" / "pfs_layouts.py"
 LAYOUTS = ["file-per-shard", "shared-file", "shared-file-per-node"]
@@ -45,17 +45,16 @@ def gluster_root(gluster_volume: GlusterVolume) -> str:
 # -- conformance -------------------------------------------------------------------------------
 
 
-class TestPfsGluster(StoreTests):
+class TestPfsGluster(DirectoryRawAccess, StoreTests):
     large_size = 5 * 2**20 + 123  # FUSE round trips: a little smaller than the default
+    skip_dirs = (".glusterfs",)  # gluster's own bookkeeping
 
     @pytest.fixture
     def store(self, gluster_root: str) -> Store:
         s = open_store(f"file://{gluster_root}", block_size="1MiB")  # file:// picks pfs here
         assert isinstance(s, ParallelFSStore) and s.fs.kind == "glusterfs"
+        self.raw_root = gluster_root
         return s
-
-    def raw_keys(self, store: Store) -> list[str]:
-        return walk_files(store.root)  # type: ignore[attr-defined]
 
 
 def test_gluster_detected_through_statfs_and_mount_table(gluster_volume: GlusterVolume) -> None:

@@ -1,5 +1,5 @@
-"""pfs:// on local disk: filesystem detection, the conformance suite, positional writes, the
-N-N and N-1 layouts, Lustre striping through a stand-in ``lfs``, and read-only / full
+"""pfs:// on local disk: filesystem detection, positional writes (beyond the conformance suite,
+whose pfs classes are in test_conformance_core.py), the N-N and N-1 layouts, Lustre striping through a stand-in ``lfs``, and read-only / full
 filesystems (real tmpfs mounts)."""
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from ckptio.backends.parallelfs import ParallelFSStore, detect_fs, kind_of, moun
 import ckptio
 from ckptio import errors
 from ckptio.registry import open_store
-from ckptio.store import Store
-from ckptio.testing.store_tests import StoreTests
 
 FIXTURES = Path(__file__).parent / "fixtures"
 MiB = 2**20
@@ -103,29 +101,6 @@ def test_pfs_url_options_and_kind_defaults(tmp_path: Path) -> None:
         open_store(f"pfs://{tmp_path}/r?fs=gpfs&fanout=0&direct=false").preferred_key_layout
         == "flat"
     )
-
-
-# -- conformance on local disk -----------------------------------------------------------------
-
-
-class TestPfsLocalDisk(StoreTests):
-    @pytest.fixture
-    def store(self, tmp_path: Path) -> Store:
-        return ParallelFSStore(f"pfs://{tmp_path}/root")
-
-    def raw_keys(self, store: Store) -> list[str]:
-        return walk_files(store.root)  # type: ignore[attr-defined]
-
-
-class TestPfsLocalDiskAsLustreDirect(TestPfsLocalDisk):
-    """The Lustre code path (stand-in lfs creates each file; O_DIRECT writes) on local disk."""
-
-    @pytest.fixture
-    def store(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
-        monkeypatch.setenv("LFS_LOG", str(tmp_path / "lfs.log"))
-        return ParallelFSStore(
-            f"pfs://{tmp_path}/root", fs="lustre", lfs=str(FIXTURES / "lfs"), block_size="1MiB"
-        )
 
 
 # -- positional writes -------------------------------------------------------------------------

@@ -1,46 +1,45 @@
 """The Store conformance suite for every S3 backend, against a moto server and Ceph RGW the
-tests start."""
+tests start. Out of band: a boto3 client on the server (objects, multipart uploads); the fault
+hook: a fault-injecting proxy in front of the server (ckptio.testing.faults)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from ckptio.registry import open_store
 from ckptio.store import Store
-from ckptio.testing.moto import MOTO_AND_RGW
-from ckptio.testing.store_tests import StoreTests
+from ckptio.testing.moto import MOTO_AND_RGW, S3Target
+from ckptio.testing.store_tests import S3RawAccess, StoreTests
 
 pytestmark = [pytest.mark.s3, MOTO_AND_RGW]
 
 SMALL_PARTS = {"part_size": "5MiB", "streams": 4}
 
 
-class S3StoreTests(StoreTests):
+class S3StoreTests(S3RawAccess, StoreTests):
     scheme = "s3+boto3"
     options: dict[str, Any] = SMALL_PARTS
     #: 3 parts of 5 MiB and a bit: the multipart path with a short last part
     large_size = 15 * 2**20 + 4321
 
     @pytest.fixture
-    def store(self, s3_bucket: str, s3_client: Any) -> Store:
-        self._client = s3_client
-        self._bucket = s3_bucket
+    def store(self, s3_target: S3Target, s3_bucket: str, s3_client: Any) -> Iterator[Store]:
+        self.raw_client = s3_client
+        self.raw_bucket = s3_bucket
+        self.raw_prefix = "root"
+        self.raw_endpoint = s3_target.endpoint
+        self.debris_has_age = s3_target.is_rgw  # moto: every upload "initiated" on 2010-11-10
         st = open_store(f"{self.scheme}://{s3_bucket}/root", **self.options)
         yield st
         st.close()
 
-    def raw_keys(self, store: Store) -> list[str]:
-        resp = self._client.list_objects_v2(Bucket=self._bucket)
-        return sorted(o["Key"] for o in resp.get("Contents", ()))
-
-    def test_multipart_upload_is_aborted(self, store: Store) -> None:
-        w = store.open_writer("mpu/aborted.bin")
-        w.write(b"q" * (6 * 2**20))  # more than one part: an upload is started
-        w.abort()
-        assert self._client.list_multipart_uploads(Bucket=self._bucket).get("Uploads", []) == []
-        assert not store.exists("mpu/aborted.bin")
+    def open_through(self, endpoint: str) -> Store:
+        return open_store(
+            f"{self.scheme}://{self.raw_bucket}/root", endpoint_url=endpoint, **self.options
+        )
 
     def test_repr_and_errors_hide_credentials(self, store: Store, s3_env: dict[str, str]) -> None:
         text = repr(store)
@@ -61,6 +60,22 @@ class TestFsspec(S3StoreTests):
 
 class TestArrow(S3StoreTests):
     scheme = "s3+arrow"
+
+    @pytest.mark.xfail(
+        strict=True,
+        reason="pyarrow's delete_file leaves a directory marker object ('d/') where it "
+        "deleted the last object under a prefix: stray objects in the bucket",
+    )
+    def test_delete(self, store: Store) -> None:
+        super().test_delete(store)
+
+    @pytest.mark.xfail(
+        strict=True,
+        reason="pyarrow reports a 503 SlowDown on GetObject as INTERNAL_FAILURE ('Failed to "
+        "flush response stream'): retried, but traced as a retry, not as throttled",
+    )
+    def test_throttled_reads_are_retried_and_succeed(self, store: Store) -> None:
+        super().test_throttled_reads_are_retried_and_succeed(store)
 
 
 class TestObstore(S3StoreTests):

@@ -6,7 +6,9 @@ chosen rate, the failures real S3 produces:
 - ``internal``: ``500 InternalError``;
 - ``drop``: the connection is closed after the request is read, with no response (a reset);
 - ``slow``: the request is forwarded after ``slow_seconds`` of delay (a slow response; with
-  a delay above the client's read timeout it becomes a timeout).
+  a delay above the client's read timeout it becomes a timeout);
+- ``denied``: ``403 AccessDenied``, a permanent refusal (not among the default kinds: it is
+  not worth retrying, so a client must fail on it at once).
 
 Every other request is forwarded unchanged (headers, body, signature) and the response sent
 back. The proxy is bounded and self-stopping: at most ``max_faults`` faults (then it only
@@ -34,8 +36,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
-KINDS = ("slowdown", "internal", "drop", "slow")
+KINDS = ("slowdown", "internal", "drop", "slow", "denied")
 """Fault kinds the proxy can inject."""
+RETRYABLE = ("slowdown", "internal", "drop", "slow")
+"""The kinds a client should retry through (the default ``kinds``)."""
 
 _S3_ERRORS = {
     "slowdown": (503, "Service Unavailable", "SlowDown", "Please reduce your request rate."),
@@ -45,6 +49,7 @@ _S3_ERRORS = {
         "InternalError",
         "We encountered an internal error. Please try again.",
     ),
+    "denied": (403, "Forbidden", "AccessDenied", "Access Denied"),
 }
 
 
@@ -55,7 +60,7 @@ class FaultProxy:
 
     - ``upstream``: ``http://host:port`` of the real endpoint;
     - ``rate`` (0..1): probability that a request gets a fault;
-    - ``kinds``: which faults, drawn uniformly (default all of :data:`KINDS`);
+    - ``kinds``: which faults (of :data:`KINDS`), drawn uniformly (default :data:`RETRYABLE`);
     - ``methods``: only requests with these HTTP methods can get a fault (default all);
     - ``paths``: only requests whose path contains one of these strings can (default all);
     - ``seed``: for a reproducible sequence of decisions;
@@ -69,7 +74,7 @@ class FaultProxy:
         upstream: str,
         *,
         rate: float = 0.05,
-        kinds: Iterable[str] = KINDS,
+        kinds: Iterable[str] = RETRYABLE,
         methods: Iterable[str] | None = None,
         paths: Iterable[str] | None = None,
         seed: int | None = None,
