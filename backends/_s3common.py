@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Literal
 
 from ckptio import errors
@@ -225,6 +225,28 @@ class S3Base(Store):
                 f"{self.name}: short read of {key!r}: {n} of {want} bytes"
             )
         return n
+
+    def _delete_objects(self, client: Any, keys: Iterable[str]) -> None:
+        """Delete ``keys`` with botocore's DeleteObjects, 1,000 keys a request (S3's limit);
+        a key already gone is not an error."""
+        fulls = [self._full(k) for k in keys]
+        for start in range(0, len(fulls), 1000):
+            batch = fulls[start : start + 1000]
+
+            def run(batch: list[str] = batch) -> None:
+                resp = client.delete_objects(
+                    Bucket=self.bucket,
+                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+                )
+                failed = [e for e in resp.get("Errors", ()) if e.get("Code") != "NoSuchKey"]
+                if failed:
+                    raise errors.StorageError(
+                        f"{self.name}: cannot delete {len(failed)} object(s), first: "
+                        f"{failed[0].get('Key')!r}: {failed[0].get('Code')} "
+                        f"{failed[0].get('Message')}"
+                    )
+
+            self._call("delete", batch_label(batch), 0, "delete", run)
 
     # -- multipart debris --------------------------------------------------------------------
     def _mpu_client(self) -> Any:

@@ -21,7 +21,6 @@ read by the SDK when the filesystem is made), logs it once, and sends the object
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -224,11 +223,6 @@ class ArrowStore(c.WholeObjectStore):
         return int(info.size)
 
     def delete(self, keys: Iterable[str]) -> None:
-        for key in keys:
-            path = self._path(self._full(key))
-
-            def run(path: str = path) -> None:
-                with contextlib.suppress(FileNotFoundError):
-                    self.fs.delete_file(path)
-
-            self._call("delete", key, 0, "delete", run)
+        # through botocore: pyarrow's delete_file writes a directory marker ("prefix/") when
+        # it removes the last object under a prefix, a stray object left in the bucket
+        self._delete_objects(self._mpu_client(), keys)

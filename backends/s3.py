@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, Unpack
 
-from ckptio import errors
 from ckptio.store import Capabilities, Writer, option_bool
 from ckptio.trace import Trace
 
@@ -221,23 +220,7 @@ class Boto3Store(c.S3Base):
         return int(resp["ContentLength"])
 
     def delete(self, keys: Iterable[str]) -> None:
-        fulls = [self._full(k) for k in keys]
-        for start in range(0, len(fulls), 1000):  # S3 DeleteObjects takes at most 1000 keys
-            batch = fulls[start : start + 1000]
-
-            def run(batch: list[str] = batch) -> None:
-                resp = self.client.delete_objects(
-                    Bucket=self.bucket,
-                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
-                )
-                failed = [e for e in resp.get("Errors", ()) if e.get("Code") != "NoSuchKey"]
-                if failed:
-                    raise errors.StorageError(
-                        f"{self.name}: cannot delete {len(failed)} object(s), first: "
-                        f"{failed[0].get('Key')!r}: {failed[0].get('Code')} {failed[0].get('Message')}"
-                    )
-
-            self._call("delete", c.batch_label(batch), 0, "delete", run)
+        self._delete_objects(self.client, keys)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

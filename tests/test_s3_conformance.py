@@ -63,14 +63,6 @@ class TestArrow(S3StoreTests):
 
     @pytest.mark.xfail(
         strict=True,
-        reason="pyarrow's delete_file leaves a directory marker object ('d/') where it "
-        "deleted the last object under a prefix: stray objects in the bucket",
-    )
-    def test_delete(self, store: Store) -> None:
-        super().test_delete(store)
-
-    @pytest.mark.xfail(
-        strict=True,
         reason="pyarrow reports a 503 SlowDown on GetObject as INTERNAL_FAILURE ('Failed to "
         "flush response stream'): retried, but traced as a retry, not as throttled",
     )
