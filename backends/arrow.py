@@ -26,14 +26,15 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Iterable
-from typing import Any, ClassVar, Literal
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar, Literal, Unpack
 
 from ckptio import errors
 from ckptio.store import Capabilities
 from ckptio.trace import Trace
 
 from . import _s3common as c
+from ._s3config import OptionSpellings, given
 
 log = logging.getLogger(__name__)
 _ENV_LOCK = threading.Lock()
@@ -43,11 +44,13 @@ _CHECKSUM_ENV = "AWS_REQUEST_CHECKSUM_CALCULATION"
 class ArrowStore(c.WholeObjectStore):
     """S3 through ``pyarrow.fs``.
 
-    URL: ``s3+arrow://bucket/prefix``. Options: ``part_size`` (bytes, default 8 MiB; see
-    module notes), ``streams`` (int, default 8: Arrow I/O threads at least), the AWS
-    connection options shared by every S3 backend (``endpoint_url``, ``region``,
-    ``profile``, ``access_key_id``, ``secret_access_key``, ``session_token``, ``anonymous``,
-    ``addressing_style``, ``connect_timeout``, ``read_timeout``; the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3common.OPTION_SPELLINGS`), ``trace``.
+    URL: ``s3+arrow://bucket/prefix``. Options (keyword-only; URL query strings work too):
+    ``part_size`` (bytes, default 8 MiB; Arrow chooses its own part size, this one only
+    decides when ckptio aborts leftover uploads), ``streams`` (int, default 8: Arrow I/O
+    threads at least), the AWS connection options of every S3 store (``endpoint_url``,
+    ``region``, ``profile``, credentials, ``anonymous``, ``addressing_style``, timeouts,
+    ``storage_options`` and the fsspec/boto3 spellings: see
+    :class:`~ckptio.backends._s3common.S3Base`), ``trace``.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+arrow",)
@@ -55,8 +58,29 @@ class ArrowStore(c.WholeObjectStore):
     capabilities: ClassVar[Capabilities] = dataclasses.replace(
         c.S3_CAPABILITIES, conditional_create=False
     )
+    client_packages: ClassVar[tuple[str, ...]] = ("pyarrow", "botocore")
 
-    def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        trace: Trace | None = None,
+        part_size: int | str | None = None,
+        streams: int | str | None = None,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        profile: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+        anonymous: bool | str | None = None,
+        addressing_style: str | None = None,
+        connect_timeout: float | str | None = None,
+        read_timeout: float | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        **spellings: Unpack[OptionSpellings],
+    ) -> None:
+        options = given(locals(), self.OPTIONS, spellings)
         pyarrow = errors.require("pyarrow", extra="s3", purpose="the s3+arrow backend")
         from pyarrow import fs as pafs
 

@@ -16,14 +16,24 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, Literal
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, Literal, Unpack
 
 from ckptio import errors
 from ckptio.store import Capabilities
 from ckptio.trace import Trace
 
 from . import _s3common as c
+from ._s3config import (
+    AwsSettings,
+    OptionSpellings,
+    botocore_config,
+    given,
+    io_options,
+    reject_unknown,
+)
+from ._s3errors import error_details
+from ._s3multipart import one_buffer
 
 
 class FsspecStore(c.WholeObjectStore):
@@ -32,24 +42,47 @@ class FsspecStore(c.WholeObjectStore):
     URLs: ``s3+fsspec://bucket/prefix`` (s3fs), ``fsspec+<proto>://<path>`` (e.g.
     ``fsspec+gs://bucket/ckpt``, ``fsspec+memory://tmp/ckpt``).
 
-    Options (keyword-only; URL query strings work too):
+    Options (keyword-only; URL query strings work too; None means the default named here):
 
     - ``part_size`` (bytes, default 8 MiB, 5 MiB..5 GiB), ``streams`` (int, default 8): the
       multipart upload's part size and parts in flight (s3fs);
-    - for S3, the AWS connection options of every S3 backend (``endpoint_url``, ``region``,
-      ``profile``, ``access_key_id``, ``secret_access_key``, ``session_token``, ``anonymous``,
-      ``addressing_style``, ``connect_timeout``, ``read_timeout``), resolved the AWS way (environment, config files);
-      the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3common.OPTION_SPELLINGS`;
+    - for S3, the AWS connection options of every S3 store (``endpoint_url``, ``region``,
+      ``profile``, credentials, ``anonymous``, ``addressing_style``, timeouts,
+      ``storage_options`` and the fsspec/boto3 spellings: see
+      :class:`~ckptio.backends._s3common.S3Base`), resolved the AWS way (environment,
+      config files);
     - for other protocols, ``storage_options`` (a dict) goes to ``fsspec.filesystem``
-      (``fsspec+file://``: ``auto_mkdir`` defaults to True);
+      (``fsspec+file://``: ``auto_mkdir`` defaults to True), and the AWS options are
+      refused;
     - ``trace``.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+fsspec", "fsspec")
     name: ClassVar[str] = "s3+fsspec"
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES  # s3fs: If-None-Match for "create"
+    client_packages: ClassVar[tuple[str, ...]] = ("fsspec", "s3fs", "botocore")
 
-    def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        trace: Trace | None = None,
+        part_size: int | str | None = None,
+        streams: int | str | None = None,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        profile: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+        anonymous: bool | str | None = None,
+        addressing_style: str | None = None,
+        connect_timeout: float | str | None = None,
+        read_timeout: float | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        **spellings: Unpack[OptionSpellings],
+    ) -> None:
+        options = given(locals(), self.OPTIONS, spellings)
         fsspec = errors.require(
             "fsspec", extra="s3", purpose="the fsspec backends (s3+fsspec://, fsspec+<protocol>://)"
         )
@@ -64,26 +97,30 @@ class FsspecStore(c.WholeObjectStore):
             self.fs = _s3fs(self.aws, self.streams)
             self.root = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
         else:
-            storage_options = dict(options.pop("storage_options", None) or {})
+            fs_options = dict(options.pop("storage_options", None) or {})
             if loc.local:  # fsspec's local filesystem writes into existing directories only
-                storage_options.setdefault("auto_mkdir", True)
-            self.part_size, self.streams = c.io_options(options)
-            c.reject_unknown(
+                fs_options.setdefault("auto_mkdir", True)
+            self.part_size, self.streams = io_options(options)
+            reject_unknown(
                 f"fsspec+{proto}",
                 options,
                 ("part_size", "streams", "storage_options"),
                 spellings=False,
             )
-            self.aws = c.AwsSettings(region="", endpoint_url=None)
+            self.aws = AwsSettings(region="", endpoint_url=None)
             self.bucket, self.prefix = loc.host, ""
             self._janitor_client = None
-            self.fs = fsspec.filesystem(proto, **storage_options)
+            self.fs = fsspec.filesystem(proto, **fs_options)
             # a local path keeps its leading "/"; other protocols' paths are host + path
             self.root = (loc.host + loc.path).rstrip("/") or ("/" if loc.local else "")
             self.name = f"fsspec+{proto}"  # type: ignore[misc]
             self.capabilities = Capabilities(  # type: ignore[misc]
                 atomic_rename=False, conditional_create=False, multipart=False, listing=True
             )
+
+    @property
+    def local_path(self) -> str | None:
+        return self.root if self.location.local else None
 
     @property
     def where(self) -> str:
@@ -110,7 +147,7 @@ class FsspecStore(c.WholeObjectStore):
         nbytes: int,
         mode: Literal["create", "overwrite"] = "overwrite",
     ) -> None:
-        data = c.one_buffer(pieces)  # pipe_file (aiobotocore underneath) takes bytes only
+        data = one_buffer(pieces)  # pipe_file (aiobotocore underneath) takes bytes only
         path = self._path(full)
         if self._is_s3:
             # s3fs sends one PUT below 2 chunks: "create" always is one (see S3Base.publish)
@@ -143,7 +180,7 @@ class FsspecStore(c.WholeObjectStore):
         try:
             data = self.fs.cat_file(path, start=offset, end=offset + out.nbytes)
         except Exception as err:
-            code, status = c.error_details(err)
+            code, status = error_details(err)
             if code == "InvalidRange" or status == 416:
                 self.fs.info(path)  # raises if the key is missing
                 return 0
@@ -200,13 +237,13 @@ class FsspecStore(c.WholeObjectStore):
         return super().cleanup_incomplete(prefix, older_than=older_than) if self._is_s3 else 0
 
 
-def _s3fs(aws: c.AwsSettings, streams: int) -> Any:
+def _s3fs(aws: AwsSettings, streams: int) -> Any:
     s3fs = errors.require("s3fs", extra="s3", purpose="the s3+fsspec backend")
     fs = s3fs.S3FileSystem(
         **aws.signing(anonymous=("anon", True), key="key", secret="secret", token="token"),
         endpoint_url=aws.endpoint_url,
         client_kwargs={"region_name": aws.region},
-        config_kwargs=c.botocore_config(aws, pool_connections=streams + 4),
+        config_kwargs=botocore_config(aws, pool_connections=streams + 4),
         skip_instance_cache=True,
         use_listings_cache=False,
         max_concurrency=streams,

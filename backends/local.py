@@ -5,7 +5,12 @@ from a thread pool (``os.pwrite`` releases the GIL, so blocks of one object are 
 parallel), are fsynced, renamed into place, and the directory is fsynced: on return from
 ``close`` the object is durable and visible, and no reader ever sees a partial file. Every
 directory the store creates (a step's, the root and its missing parents) is made durable in
-its parent when it is created (:meth:`LocalStore.make_dirs`).
+its parent before the first object under it is: the parents are fsynced when a writer or a
+publish that created them completes, after its own file's fsync (:meth:`LocalStore.make_dirs`,
+:meth:`LocalStore.sync_new_dirs`). An fsync at the mkdir itself would cost a journal commit
+per directory in the save's critical path, before any byte is written; after the file's
+fsync, the journal already holds the new entries and the directory's fsync finds little to
+do.
 
 Large objects are written and read with ``O_DIRECT`` where the filesystem accepts it (the
 default; ``direct=0`` turns it off): no page-cache copy, no dirty pages for fsync to flush,
@@ -15,6 +20,7 @@ passes through page-aligned staging blocks that the I/O threads fill.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import logging
@@ -24,9 +30,9 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Unpack
 
 import numpy as np
 
@@ -35,6 +41,7 @@ from ckptio.arrays import address, copy_into, not_inherited, private_pages
 from ckptio.store import (
     Buffer,
     Capabilities,
+    NoOptions,
     PositionalWriter,
     Store,
     Writer,
@@ -49,6 +56,15 @@ from ckptio.trace import Trace
 from ckptio.units import MAX_LOCAL_PROCESSES
 
 log = logging.getLogger(__name__)
+
+LOCAL_OPTIONS = ("streams", "block_size", "direct", "direct_read", "fsync", "preallocate")
+"""The options of :class:`LocalStore` (keyword-only, or from the URL query)."""
+
+DEFAULT_STREAMS = 8
+"""I/O threads of a store unless ``streams`` says otherwise."""
+
+DEFAULT_BLOCK_SIZE = "16MiB"
+"""Bytes per write request unless ``block_size`` says otherwise."""
 
 TMP_MARK = ".ckptio-tmp-"
 """Every temp file has this in its name; ``list`` hides them and ``gc`` removes them."""
@@ -377,6 +393,7 @@ class _LocalWriter(Writer):
                     raise os_error(err, self._path, "rename into") from err
             if store.fsync:
                 fsync_dir(os.path.dirname(self._path))
+                store.sync_new_dirs()
         except BaseException:
             self.abort()
             raise
@@ -423,8 +440,7 @@ class _LocalPositionalWriter(PositionalWriter):
             self._fd = store.create_file(key, self._path, size, target=self._path, exclusive=False)
             try:
                 os.ftruncate(self._fd, size)
-                if store.fsync:
-                    fsync_dir(os.path.dirname(self._path))
+                store.new_dir_entry(os.path.dirname(self._path))
             except OSError as err:
                 os.close(self._fd)
                 raise os_error(err, self._path, "size") from err
@@ -492,6 +508,7 @@ class _LocalPositionalWriter(PositionalWriter):
                         os.fsync(self._fd)
                     except OSError as err:
                         raise os_error(err, self._path, "fsync") from err
+                store.sync_new_dirs()
         except BaseException:
             self.abort()
             raise
@@ -574,24 +591,17 @@ class LocalStore(Store):
         url: str,
         *,
         trace: Trace | None = None,
-        streams: int | str = 8,
-        block_size: int | str = "16MiB",
+        streams: int | str = DEFAULT_STREAMS,
+        block_size: int | str = DEFAULT_BLOCK_SIZE,
         direct: bool | str | None = None,
         direct_read: bool | str | None = None,
         fsync: bool | str = True,
         preallocate: bool | str = False,
-        **unknown: Any,
+        **unknown: Unpack[NoOptions],
     ) -> None:
         if unknown:
             raise errors.UnknownOptionError(
-                f"{self.name}://",
-                unknown,
-                [
-                    (
-                        f"{self.name}://",
-                        ("streams", "block_size", "direct", "direct_read", "fsync", "preallocate"),
-                    )
-                ],
+                f"{self.name}://", unknown, [(f"{self.name}://", LOCAL_OPTIONS)]
             )
         super().__init__(url, trace=trace)
         self.root = local_root(url)
@@ -612,7 +622,52 @@ class LocalStore(Store):
         self._fresh_concurrency()
         self._real_root: str | None = None
         self._dirs: set[str] = set()
-        """Directories known to exist (and, with ``fsync``, to be durable in their parents)."""
+        """Directories known to exist."""
+        self._unsynced: set[str] = set()
+        """Directories with an entry created here and not yet fsynced (see sync_new_dirs)."""
+
+    # -- the contract's figures and cold reads ---------------------------------------------
+    request_size_option: ClassVar[str] = "block_size"
+    flush_option: ClassVar[str | None] = "fsync"
+    _direct_before_cold: bool | None = None
+    """``direct_read`` before :meth:`start_cold_reads` switched it on (None: not switched)."""
+
+    @property
+    def request_size(self) -> int:
+        return self.block_size
+
+    @property
+    def local_path(self) -> str | None:
+        return self.root
+
+    @property
+    def cold_read_modes(self) -> tuple[str, ...]:
+        direct = ("o_direct",) if self.capabilities.direct_io else ()
+        return (*direct, "fadvise") if hasattr(os, "posix_fadvise") else direct
+
+    def start_cold_reads(self, keys: Sequence[str], mode: str) -> str:
+        """``o_direct``: ``direct_read`` on until :meth:`end_cold_reads`; ``fadvise``:
+        :meth:`drop_cache` of every key."""
+        if mode not in self.cold_read_modes:
+            return super().start_cold_reads(keys, mode)
+        if mode == "o_direct":
+            if self._direct_before_cold is None:
+                self._direct_before_cold = self.direct_read
+            self.direct_read = True
+            return mode
+        done = [self.drop_cache(k) for k in keys]
+        return mode if done and all(done) else "none" if any(done) else ""
+
+    def end_cold_reads(self) -> bool:
+        """False where the filesystem refused O_DIRECT during the reads (``direct_read`` then
+        stays off: later reads go buffered at once); else ``direct_read`` is as it was."""
+        before, self._direct_before_cold = self._direct_before_cold, None
+        if before is None:
+            return True
+        held = self.direct_read
+        if held:
+            self.direct_read = before
+        return held
 
     def _fresh_concurrency(self) -> None:
         """The I/O pool (created on first use) and the locks and bounds around it."""
@@ -708,12 +763,13 @@ class LocalStore(Store):
                 raise os_error(err, target, "create") from err
 
     def make_dirs(self, directory: str) -> None:
-        """Create ``directory`` and its missing parents. With ``fsync`` on, every directory
-        this creates is made durable in its parent (the parent is fsynced after the mkdir),
-        at every level: a step's directories, the root, and the root's own missing parents.
-        A directory another writer created at the same moment (``EEXIST``) gets its parent
-        fsynced too, since that writer may not have done so yet. Directories known to exist
-        are cached per store, so a save pays for each new directory once, not per object."""
+        """Create ``directory`` and its missing parents. With ``fsync`` on, the parent of
+        every directory this creates, at every level (a step's directories, the root, the
+        root's own missing parents), is noted for :meth:`sync_new_dirs`, which the writer or
+        publish that needed the directory calls once its own data is durable. A directory
+        another writer created at the same moment (``EEXIST``) gets its parent noted too,
+        since that writer may not have synced it yet. Directories known to exist are cached
+        per store, so a save pays for each new directory once, not per object."""
         if directory in self._dirs:
             return
         missing: list[str] = []
@@ -730,9 +786,24 @@ class LocalStore(Store):
             except FileExistsError:
                 if not os.path.isdir(d):
                     raise
-            if self.fsync:
-                fsync_dir(os.path.dirname(d))
+            self.new_dir_entry(os.path.dirname(d))
         self._dirs.add(directory)
+
+    def new_dir_entry(self, directory: str) -> None:
+        """Note that ``directory`` gained an entry that must be made durable (with ``fsync``)
+        before whatever is written under it is reported durable."""
+        if self.fsync:
+            self._unsynced.add(directory)
+
+    def sync_new_dirs(self) -> None:
+        """fsync every directory noted by :meth:`new_dir_entry`, deepest first. Called by a
+        writer's ``close`` and by ``publish`` after their own fsync, so a save that returns
+        has every directory it created durable in its parent."""
+        while self._unsynced:
+            pending = sorted(self._unsynced, key=len, reverse=True)
+            for d in pending:
+                fsync_dir(d)
+                self._unsynced.discard(d)
 
     def open_creating(self, path: str, flags: int) -> int:
         """``os.open(path, flags, 0o644)`` after :meth:`make_dirs` of its directory. A cached
@@ -797,6 +868,7 @@ class LocalStore(Store):
                     os.unlink(tmp)
                 if self.fsync:
                     fsync_dir(directory)
+                    self.sync_new_dirs()
             except OSError as err:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
@@ -1039,7 +1111,7 @@ class LocalStore(Store):
             todo.append(os.path.dirname(d))
             todo.sort(key=len, reverse=True)
 
-    def list_incomplete(self, prefix: str = "") -> list[str]:
+    def list_incomplete(self, prefix: str = "") -> builtins.list[str]:
         return sorted(k for k, _ in self._walk(prefix) if TMP_MARK in k)
 
     def cleanup_incomplete(self, prefix: str = "", *, older_than: float = 0.0) -> int:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import ClassVar, Unpack
 
 from ckptio import errors
-from ckptio.store import Buffer, Capabilities, Store, Writer, check_key
+from ckptio.store import Buffer, Capabilities, NoOptions, Store, Writer, check_key
 from ckptio.trace import Trace
 
 _SPACES: dict[str, dict[str, bytes]] = {}
@@ -63,7 +63,7 @@ class _MemoryWriter(Writer):
 class MemoryStore(Store):
     """Objects in a process-wide dictionary.
 
-    Options: none. The URL's host part names the space (``memory://run1``); ``memory://``
+    Options: none (``trace`` aside). The URL's host part names the space (``memory://run1``); ``memory://``
     alone is the default space, and a path after the host is a prefix inside it.
     """
 
@@ -82,9 +82,11 @@ class MemoryStore(Store):
 
     _lock = _SPACES_LOCK
 
-    def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
-        if options:
-            raise errors.UnknownOptionError("memory://", options, [("memory://", ())])
+    def __init__(
+        self, url: str, *, trace: Trace | None = None, **unknown: Unpack[NoOptions]
+    ) -> None:
+        if unknown:
+            raise errors.UnknownOptionError("memory://", unknown, [("memory://", ())])
         super().__init__(url, trace=trace)
         loc = self.location
         self._objects = _space(loc.host)

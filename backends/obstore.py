@@ -15,30 +15,53 @@ from __future__ import annotations
 import builtins
 import contextlib
 import datetime
-from collections.abc import Iterable
-from typing import Any, ClassVar, Literal
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar, Literal, Unpack
 
 from ckptio import errors
 from ckptio.store import Capabilities
 from ckptio.trace import Trace
 
 from . import _s3common as c
+from ._s3config import OptionSpellings, given
 
 
 class ObstoreStore(c.WholeObjectStore):
     """S3 through obstore.
 
-    URL: ``s3+obstore://bucket/prefix``. Options: ``part_size`` (bytes, default 8 MiB,
-    5 MiB..5 GiB), ``streams`` (int, default 8), the AWS connection options shared by every S3
-    backend (``endpoint_url``, ``region``, ``profile``, ``access_key_id``,
-    ``secret_access_key``, ``session_token``, ``anonymous``, ``addressing_style``, ``connect_timeout``, ``read_timeout``; the fsspec/s3fs and boto3 spellings of these (``key``, ``anon``, ``region_name``, ``storage_options={...}``, ...) work too: :data:`ckptio.backends._s3common.OPTION_SPELLINGS`), ``trace``.
+    URL: ``s3+obstore://bucket/prefix``. Options (keyword-only; URL query strings work too):
+    ``part_size`` (bytes, default 8 MiB, 5 MiB..5 GiB), ``streams`` (int, default 8), the AWS
+    connection options of every S3 store (``endpoint_url``, ``region``, ``profile``,
+    credentials, ``anonymous``, ``addressing_style``, timeouts, ``storage_options`` and the
+    fsspec/boto3 spellings: see :class:`~ckptio.backends._s3common.S3Base`), ``trace``.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+obstore",)
     name: ClassVar[str] = "s3+obstore"
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES
+    client_packages: ClassVar[tuple[str, ...]] = ("obstore", "botocore")
 
-    def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        trace: Trace | None = None,
+        part_size: int | str | None = None,
+        streams: int | str | None = None,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        profile: str | None = None,
+        access_key_id: str | None = None,
+        secret_access_key: str | None = None,
+        session_token: str | None = None,
+        anonymous: bool | str | None = None,
+        addressing_style: str | None = None,
+        connect_timeout: float | str | None = None,
+        read_timeout: float | str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        **spellings: Unpack[OptionSpellings],
+    ) -> None:
+        options = given(locals(), self.OPTIONS, spellings)
         obstore = errors.require("obstore", extra="s3", purpose="the s3+obstore backend")
         from obstore.store import S3Store
 

@@ -43,12 +43,21 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar, Unpack
 
-from ckptio.backends.local import ALIGN, LocalStore, local_root, open_regular, os_error
+from ckptio.backends.local import (
+    ALIGN,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_STREAMS,
+    LOCAL_OPTIONS,
+    LocalStore,
+    local_root,
+    open_regular,
+    os_error,
+)
 
 from ckptio import errors
-from ckptio.store import option_bool, option_int, parse_size
+from ckptio.store import NoOptions, option_bool, option_int, parse_size
 from ckptio.trace import Trace
 
 log = logging.getLogger(__name__)
@@ -67,6 +76,9 @@ _MAGIC: dict[int, str] = {
     0x58465342: "xfs",
     0x01021994: "tmpfs",
 }
+
+PFS_OPTIONS = ("fs", "stripe_count", "stripe_size", "lfs", "fanout")
+"""The options :class:`ParallelFSStore` takes beyond :data:`~ckptio.backends.local.LOCAL_OPTIONS`."""
 
 DEFAULT_STRIPE_SIZE = 4 * 2**20
 """Bytes: Lustre stripe size unless ``stripe_size`` says otherwise (1 MiB is Lustre's own
@@ -233,7 +245,12 @@ class ParallelFSStore(LocalStore):
         lfs: str = "lfs",
         fanout: bool | str | None = None,
         direct: bool | str | None = None,
-        **local_options: Any,
+        direct_read: bool | str | None = None,
+        streams: int | str = DEFAULT_STREAMS,
+        block_size: int | str = DEFAULT_BLOCK_SIZE,
+        fsync: bool | str = True,
+        preallocate: bool | str = False,
+        **unknown: Unpack[NoOptions],
     ) -> None:
         root = local_root(url)
         self.fs = detect_fs(root)
@@ -246,22 +263,26 @@ class ParallelFSStore(LocalStore):
                 fs, self.fs.magic, self.fs.mount_point, self.fs.mount_type, self.fs.block_size
             )
         defaults = _DEFAULTS.get(self.fs.kind, _PLAIN)
-        if direct is None and defaults.direct is not None:
-            local_options["direct"] = defaults.direct
-        elif direct is not None:
-            local_options["direct"] = option_bool(direct, field="direct")
-        try:
-            super().__init__(url, trace=trace, **local_options)
-        except errors.UnknownOptionError as err:
-            own = ("fs", "stripe_count", "stripe_size", "lfs", "fanout")
+        direct = defaults.direct if direct is None else option_bool(direct, field="direct")
+        if unknown:
+            where = f"{self.name}://"
             raise errors.UnknownOptionError(
-                err.where,
-                err.unknown,
-                [(err.where, [*own, *(n for _, names in err.groups for n in names)])],
-            ) from None
+                where, unknown, [(where, (*PFS_OPTIONS, *LOCAL_OPTIONS))]
+            )
+        try:
+            super().__init__(
+                url,
+                trace=trace,
+                streams=streams,
+                block_size=block_size,
+                direct=direct,
+                direct_read=direct_read,
+                fsync=fsync,
+                preallocate=preallocate,
+            )
         except errors.InvalidArgumentError as err:
             raise errors.InvalidArgumentError(
-                f"{err} (pfs:// also takes: fs, stripe_count, stripe_size, lfs, fanout)"
+                f"{err} (pfs:// also takes: {', '.join(PFS_OPTIONS)})"
             ) from None
         if stripe_count in ("auto", None):
             self.stripe_count: int | None = None

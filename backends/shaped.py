@@ -35,7 +35,7 @@ import builtins
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, ClassVar, TypeVar
@@ -178,7 +178,21 @@ class ShapedStore(Store):
     emulated: ClassVar[bool] = True
     """Results through this store are emulated, never measured."""
 
-    def __init__(self, url: str, *, trace: Trace | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        trace: Trace | None = None,
+        profile: str | Profile = "cloud-s3",
+        streams: int | str | None = None,
+        part_size: int | str | None = None,
+        ranks: int | str = 1,
+        ranks_per_node: int | str = 1,
+        **options: Any,
+    ) -> None:
+        """Options: see the module docstring. ``streams`` and ``part_size`` left None take the
+        profile's; ``**options`` holds profile figures by name (:data:`FIGURES`) and the
+        wrapped store's own options (which that store checks)."""
         super().__init__(url, trace=trace)
         inner_loc = self.location.inner
         if inner_loc is None:
@@ -187,24 +201,21 @@ class ShapedStore(Store):
                 f"shaped+file:///tmp/x?profile=abci-lustre; got {url!r}"
             )
         figures = {k: options.pop(k) for k in list(options) if k in FIGURES}
-        own = {k: options.pop(k) for k in list(options) if k in _SHAPED_OPTIONS}
-        profile = load_profile(own.get("profile", "cloud-s3"), figures)
-        if "streams" in own:
-            profile = replace(
-                profile,
+        shape = load_profile(profile, figures)
+        if streams is not None:
+            shape = replace(
+                shape,
                 streams=option_int(
-                    own["streams"], field="streams", minimum=1, maximum=MAX_LOCAL_PROCESSES
+                    streams, field="streams", minimum=1, maximum=MAX_LOCAL_PROCESSES
                 ),
             )
-        if "part_size" in own:
-            profile = replace(profile, part_size=parse_size(own["part_size"], field="part_size"))
-        self.profile: Profile = profile
-        self.ranks = option_int(own.get("ranks", 1), field="ranks", minimum=1)
-        self.ranks_per_node = option_int(
-            own.get("ranks_per_node", 1), field="ranks_per_node", minimum=1
-        )
-        self.streams = profile.streams
-        self.part_size = max(1, profile.part_size)
+        if part_size is not None:
+            shape = replace(shape, part_size=parse_size(part_size, field="part_size"))
+        self.profile: Profile = shape
+        self.ranks = option_int(ranks, field="ranks", minimum=1)
+        self.ranks_per_node = option_int(ranks_per_node, field="ranks_per_node", minimum=1)
+        self.streams = shape.streams
+        self.part_size = max(1, shape.part_size)
 
         from ckptio.registry import open_store
 
@@ -216,16 +227,16 @@ class ShapedStore(Store):
             raise err.widened(
                 "shaped+", (*_SHAPED_OPTIONS, *FIGURES), f"shaped+{err.where}"
             ) from None
-        self.name = f"shaped:{profile.name}+{self.inner.name}"  # type: ignore[misc]
+        self.name = f"shaped:{shape.name}+{self.inner.name}"  # type: ignore[misc]
         # per instance: what the wrapped store can do (positional writes are not emulated)
         self.capabilities: Capabilities = replace(  # type: ignore[misc]
             self.inner.capabilities, positional_writes=False
         )
 
-        self._node = _Link(profile.node_bandwidth / self.ranks_per_node)
-        self._aggregate = _Link(profile.aggregate_bandwidth / self.ranks)
-        self._write_rate = _RateLimiter(profile.write_request_rate / self.ranks)
-        self._read_rate = _RateLimiter(profile.read_request_rate / self.ranks)
+        self._node = _Link(shape.node_bandwidth / self.ranks_per_node)
+        self._aggregate = _Link(shape.aggregate_bandwidth / self.ranks)
+        self._write_rate = _RateLimiter(shape.write_request_rate / self.ranks)
+        self._read_rate = _RateLimiter(shape.read_request_rate / self.ranks)
         self._pool = ThreadPoolExecutor(
             max_workers=self.streams, thread_name_prefix="ckptio-shaped"
         )
@@ -326,10 +337,31 @@ class ShapedStore(Store):
     def cleanup_incomplete(self, prefix: str = "", *, older_than: float = 0.0) -> int:
         return self.inner.cleanup_incomplete(prefix, older_than=older_than)
 
-    def drop_cache(self, key: str) -> bool:
-        """Pass the wrapped store's page-cache drop through (used by the runner's read phase)."""
-        fn = getattr(self.inner, "drop_cache", None)
-        return bool(fn(key)) if callable(fn) else False
+    # -- the contract's figures: the emulated service's, the wrapped store's local facts ---
+    @property
+    def request_size(self) -> int:
+        return self.part_size
+
+    @property
+    def local_path(self) -> str | None:
+        return self.inner.local_path
+
+    def client_versions(self) -> dict[str, str]:
+        return self.inner.client_versions()
+
+    @property
+    def cold_read_modes(self) -> tuple[str, ...]:
+        """The wrapped store's page-cache drop passes through; its reads are not switched
+        to direct I/O (what a read costs here is the profile's)."""
+        return tuple(m for m in self.inner.cold_read_modes if m == "fadvise")
+
+    def start_cold_reads(self, keys: Sequence[str], mode: str) -> str:
+        if mode not in self.cold_read_modes:
+            return super().start_cold_reads(keys, mode)
+        return self.inner.start_cold_reads(keys, mode)
+
+    def end_cold_reads(self) -> bool:
+        return self.inner.end_cold_reads()
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -61,9 +61,8 @@ from ckptio import checkpoint as _ck
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio import torch as ct
-from ckptio.backends.local import LocalStore
 from ckptio.dist import SingleProcess
-from ckptio.registry import open_store
+from ckptio.registry import open_store, parse_url
 
 try:  # pytorch-lightning's plugins subclass lightning_fabric's CheckpointIO
     from lightning_fabric.plugins import CheckpointIO
@@ -76,10 +75,13 @@ STUB_KIND = "ckptio-lightning-stub"
 
 
 def _local_path(path: str) -> str | None:
-    """The local file system path ``path`` names (a plain path or ``file://``), else None."""
-    if path.startswith("file://"):
-        return path[len("file://") :] or None
-    return None if "://" in path else path
+    """The local file system path ``path`` names (a plain path or a URL of a local
+    directory, such as ``file://``), else None."""
+    try:
+        loc = parse_url(path)
+    except errors.CkptioError:
+        return None
+    return loc.path if loc.local else None
 
 
 class CkptioCheckpointIO(CheckpointIO):  # type: ignore[misc]  # Lightning ships no stubs
@@ -133,7 +135,8 @@ class CkptioCheckpointIO(CheckpointIO):  # type: ignore[misc]  # Lightning ships
         if local is None:
             return None
         local = os.path.abspath(local)
-        if isinstance(ck.store, LocalStore) and os.path.abspath(ck.store.root) == local:
+        root = ck.store.local_path
+        if root is not None and os.path.abspath(root) == local:
             return None
         return local
 
@@ -204,8 +207,9 @@ class CkptioCheckpointIO(CheckpointIO):  # type: ignore[misc]  # Lightning ships
         ck.close()
         if stub is not None and os.path.isfile(stub):
             os.remove(stub)
-        if isinstance(store, LocalStore) and os.path.isdir(store.root):
-            for dirpath, _dirs, _files in os.walk(store.root, topdown=False):
+        local = store.local_path
+        if local is not None and os.path.isdir(local):
+            for dirpath, _dirs, _files in os.walk(local, topdown=False):
                 with contextlib.suppress(OSError):  # rmdir removes only empty directories
                     os.rmdir(dirpath)
 

@@ -125,6 +125,13 @@ def load_backend(scheme: str) -> type[Store]:
     return cls
 
 
+def store_class(url: str | os.PathLike[str]) -> type[Store]:
+    """The Store class that serves ``url`` (parsed by :func:`parse_url`), without opening a
+    store: where callers read the contract's class-level members
+    (:attr:`~ckptio.store.Store.request_size_option`, ...) before a store exists."""
+    return load_backend(parse_url(url).backend)
+
+
 def _installed(module: str) -> bool:
     """Whether the top-level package of ``module`` can be imported (without importing it)."""
     import sys
@@ -364,6 +371,16 @@ def wrap_url(wrapper: str, url: str | os.PathLike[str]) -> str:
     if isinstance(url, str) and _SCHEME.match(url):
         return f"{wrapper}+{url}"
     return f"{wrapper}+{loc.bare}"
+
+
+EMULATOR = "shaped"
+"""The backend that emulates storage profiles on any store (``shaped+<url>?profile=...``)."""
+
+
+def emulation_url(url: str | os.PathLike[str]) -> str:
+    """``url`` wrapped in the backend that emulates storage profiles (:data:`EMULATOR`): the
+    store it opens takes a ``profile`` option and times every request as the profile says."""
+    return wrap_url(EMULATOR, url)
 
 
 def split_url(url: str | os.PathLike[str]) -> tuple[str, str, dict[str, str]]:

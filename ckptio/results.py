@@ -281,25 +281,14 @@ def machine_info(target_path: str | None = None) -> dict[str, Any]:
     }
 
 
-_VERSIONED = (
-    "ckptio",
-    "numpy",
-    "pyarrow",
-    "crc32c",
-    "cryptography",
-    "boto3",
-    "botocore",
-    "s3fs",
-    "fsspec",
-    "obstore",
-    "mpi4py",
-    "torch",
-    "moto",
-)
+_VERSIONED = ("ckptio", "numpy", "pyarrow", "crc32c", "cryptography", "mpi4py", "torch", "moto")
+"""The packages of every run whose versions shape a result; the store adds its client
+libraries' (:meth:`ckptio.store.Store.client_versions`)."""
 
 
-def versions() -> dict[str, str]:
-    """Python and the versions of the packages that shape a result (absent ones omitted)."""
+def versions(client_versions: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Python and the versions of the packages that shape a result (absent ones omitted):
+    ckptio's own, and ``client_versions``, those of the store's client libraries."""
     from importlib import metadata
 
     out = {"python": platform.python_version()}
@@ -308,6 +297,7 @@ def versions() -> dict[str, str]:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
+    out.update(client_versions or {})
     return out
 
 
@@ -321,14 +311,16 @@ def sidecar(
     mock: bool = False,
     labels: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
+    client_versions: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The JSON sidecar of a run (``config``, ``labels`` and ``extra`` through
-    :func:`ckptio.redact.redact_obj`: credentials hidden, environment dumps left out)."""
+    :func:`ckptio.redact.redact_obj`: credentials hidden, environment dumps left out).
+    ``client_versions``: the store's (:meth:`ckptio.store.Store.client_versions`)."""
     doc: dict[str, Any] = {
         "run_id": run_id,
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
         "machine": machine_info(target_path),
-        "versions": versions(),
+        "versions": versions(client_versions),
         "config": redact_obj(dict(config)),
         "emulated": bool(emulated),
         "profile": profile,

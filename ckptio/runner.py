@@ -15,17 +15,25 @@ One iteration::
     commit:  gather chunk lists at rank 0; rank 0 validates and publishes the manifest
              (exactly the library's commit: a ckptio checkpoint that ``ckptio verify`` reads)
     barrier                                     write time = max over ranks, barrier to barrier
-    read:    bypass the page cache (O_DIRECT, else posix_fadvise DONTNEED, else drop_caches
-             when asked and root), barrier, read every object back into recycled buffers,
-             verify every CRC32C, barrier       read time = max over ranks
-    pause    (the compute time between checkpoints), next iteration
+    restore: the checkpoint just committed (the newest) read back cold by every rank: make
+             the reads miss the caches of this machine (the store's cold-read modes:
+             O_DIRECT, else posix_fadvise DONTNEED; else drop_caches when asked and root),
+             barrier, read every object back into recycled buffers, verify every CRC32C,
+             barrier                            read time = max over ranks
+    cleanup: retention (``keep``), the pause (the compute time between checkpoints)
+
+Each phase is a method of the run object (:class:`_Run`: ``prepare``, then per iteration
+``write``, ``commit``, ``restore``, ``cleanup``, and ``finish``), and the run's parameters are
+one :class:`RunSettings`. The restore is recorded as the ``read`` and ``verify`` phases and
+the runs table's ``read_*`` columns; it times the data (what a restore reads), not finding
+the newest step and reading its manifest.
 
 Phases recorded per rank: ``generate`` (CPU seconds of the data generator, summed over the
 worker threads: ``bytes / seconds`` is the generation throughput per core), ``write`` (wall time from the start barrier until this rank's last object
 is durable and visible), ``flush`` (seconds spent in fsync requests, summed, from the trace;
 0 where the store is durable on close without fsync), ``commit`` (rank 0: validating and
-publishing the manifest), ``read`` (wall time of this rank's read-back, with how the page
-cache was bypassed) and ``verify`` (seconds computing CRC32C, summed over threads).
+publishing the manifest), ``read`` (the restore: wall time of this rank's cold read-back,
+with how the page cache was bypassed) and ``verify`` (seconds computing CRC32C, summed over threads).
 
 Memory per rank is bounded by ``inflight x object_size`` plus the store's own bounded
 buffers: it does not grow with the checkpoint's size.
@@ -83,7 +91,7 @@ from ckptio.checkpoint import (
 from ckptio.dist import Communicator, detect
 from ckptio.lease import SaveLease
 from ckptio.redact import redact, redact_url
-from ckptio.registry import open_store, split_url, wrap_url
+from ckptio.registry import emulation_url, open_store, split_url, store_class
 from ckptio.store import Store
 from ckptio.units import (
     MAX_ITERATIONS,
@@ -100,9 +108,10 @@ from ckptio.workload import ObjectSpec, Plan
 log = logging.getLogger(__name__)
 
 CACHE_MODES = ("auto", "o_direct", "fadvise", "drop_caches", "none")
-"""How the read phase bypasses the page cache. ``auto``: O_DIRECT where the store can read
-that way, else ``posix_fadvise(DONTNEED)`` of each object; stores without a local page cache
-(object stores, memory) record ``n/a``."""
+"""How the restore bypasses the page cache. ``auto``: O_DIRECT where the store can read that
+way, else ``posix_fadvise(DONTNEED)`` of each object (the store's
+:attr:`~ckptio.store.Store.cold_read_modes`); stores without a local page cache (object
+stores, memory) record ``n/a``."""
 
 KEEP = ("last", "all", "none")
 """Which iterations' checkpoints stay on the target after the run."""
@@ -197,9 +206,12 @@ class RunSummary:
     """Checkpoint steps written, one per iteration."""
     url: str = ""
     target_path: str | None = None
-    """The local directory of a file-like target (for the sidecar's filesystem type)."""
+    """The store's local directory, if it has one (:attr:`Store.local_path`; for the
+    sidecar's filesystem type)."""
     tables: dict[str, Any] = field(default_factory=dict)
     """Rank 0: the three tables as columns/rows, before writing (sweeps merge them)."""
+    client_versions: dict[str, str] = field(default_factory=dict)
+    """Versions of the client libraries the store ran on (:meth:`Store.client_versions`)."""
 
 
 def _peak_rss() -> int:
@@ -275,11 +287,6 @@ def _target_label(url: str, emulate: str | None, layout: str = "file-per-shard")
     return label if layout == "file-per-shard" else f"{label}-{layout}"
 
 
-def _local_path(store: Store) -> str | None:
-    root = getattr(store, "root", None)
-    return str(root) if isinstance(root, str) else None
-
-
 @dataclass
 class _Iter:
     """Per-rank figures of one iteration."""
@@ -324,21 +331,40 @@ def _synthetic_prepared(plan: Plan, metadata: dict[str, Any]) -> PreparedState:
     return PreparedState({"d": tree}, tensors, metadata)
 
 
-class _Phase:
-    """Times one phase of one rank and collects the trace events it caused."""
+@dataclass
+class RunSettings:
+    """How a run goes (:func:`run_workload`'s arguments, checked, and what it derived from
+    the target): the one object every phase of :class:`_Run` reads."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    def __enter__(self) -> _Phase:
-        self.store.trace.clear()
-        self.start = time.time()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.end = time.time()
-        self.events = self.store.trace.events()
-        self.store.trace.clear()
+    iterations: int = 1
+    out_dir: str | os.PathLike[str] | None = None
+    pause: float = 0.0
+    """Seconds between iterations (the compute time)."""
+    inflight: int = 2
+    """Shard objects each rank has in flight (memory per rank ~ inflight x object size)."""
+    read: bool = True
+    """Run the restore phase after each commit."""
+    cache: str = "auto"
+    """How the restore bypasses caches: one of :data:`CACHE_MODES`."""
+    keep: str = "last"
+    key_layout: str = "flat"
+    layout: str = "file-per-shard"
+    label: str = ""
+    site: str | None = None
+    emulated: bool = False
+    profile: str = ""
+    mock: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+    """The store options the target was opened with (recorded in the sidecar)."""
+    progress: Callable[[int], None] | None = None
+    say: Callable[[str], None] | None = None
+    run_id: str | None = None
+    kind: str = "run"
+    sweep_streams: int = 0
+    sweep_part_size: int = 0
+    config: dict[str, Any] = field(default_factory=dict)
+    """More configuration for the sidecar (the command that ran it, ...)."""
+    write_files: bool = True
 
 
 def run_workload(
@@ -373,9 +399,10 @@ def run_workload(
     (default: detected from the launcher). Every rank calls this with the same arguments.
 
     ``inflight``: shard objects each rank has in flight (memory per rank ~ inflight x
-    ``plan.object_size``). ``pause``: seconds between iterations. ``cache``: one of
-    :data:`CACHE_MODES`. ``keep``: one of :data:`KEEP`. ``emulate``: a profile name; the
-    target is wrapped in the shaped backend and every figure is marked emulated.
+    ``plan.object_size``). ``pause``: seconds between iterations. ``read``: run the restore
+    phase. ``cache``: one of :data:`CACHE_MODES`. ``keep``: one of :data:`KEEP`.
+    ``emulate``: a profile name; the target is wrapped in the backend that emulates profiles
+    (:func:`ckptio.registry.emulation_url`) and every figure is marked emulated.
     ``store_options`` go to the store (``streams``, ``part_size``, ...). ``progress`` (rank 0)
     is called with bytes done, ``say`` (rank 0) with a line per phase done (``iteration 1/3:
     write 64.0 MiB in 0.21 s, 0.32 GB/s``). ``layout``: one of :data:`ckptio.checkpoint.LAYOUTS` (the
@@ -409,19 +436,14 @@ def run_workload(
     options = dict(store_options or {})
     target_url = url
     if emulate:
-        target_url = wrap_url("shaped", url)
+        target_url = emulation_url(url)
         options["profile"] = emulate
         options.setdefault("ranks", comm.size)  # the processes share aggregate limits
-    emulated = bool(emulate) or split_url(url)[0].startswith("shaped")
     profile = emulate or str(options.get("profile", ""))
     store = open_store(target_url, **options)
     try:
         check_layout(store, layout, url)  # the same verdict on every rank, before any collective
-        return _run(
-            store,
-            url,
-            plan,
-            comm,
+        settings = RunSettings(
             iterations=iterations,
             out_dir=out_dir,
             pause=pause,
@@ -430,22 +452,23 @@ def run_workload(
             cache=cache,
             keep=keep,
             key_layout=key_layout,
+            layout=layout,
             label=redact(label) if label else _target_label(url, emulate, layout),
             site=site,
-            emulated=emulated,
+            emulated=store.emulated,
             profile=profile,
             mock=mock,
             options=options,
             progress=progress,
+            say=say,
             run_id=run_id,
             kind=kind,
             sweep_streams=sweep_streams,
             sweep_part_size=sweep_part_size,
             config=config or {},
             write_files=write_files,
-            layout=layout,
-            say=say,
         )
+        return _run(store, url, plan, comm, settings)
     finally:
         store.close()
 
@@ -465,84 +488,86 @@ def check_layout(store: Store, layout: str, url: str) -> None:
 
 
 def _run(
-    store: Store,
-    url: str,
-    plan: Plan,
-    comm: Communicator,
-    *,
-    iterations: int,
-    out_dir: Any,
-    pause: float,
-    inflight: int,
-    read: bool,
-    cache: str,
-    keep: str,
-    key_layout: str,
-    label: str,
-    site: str | None,
-    emulated: bool,
-    profile: str,
-    mock: bool,
-    options: dict[str, Any],
-    progress: Callable[[int], None] | None,
-    run_id: str | None,
-    kind: str,
-    sweep_streams: int,
-    sweep_part_size: int,
-    config: dict[str, Any],
-    write_files: bool,
-    layout: str = "file-per-shard",
-    say: Callable[[str], None] | None = None,
+    store: Store, url: str, plan: Plan, comm: Communicator, settings: RunSettings
 ) -> RunSummary:
-    from ckptio.checkpoint import committed_steps
+    """Run ``plan`` on the open ``store`` (``url``: how the user named it) on this rank."""
+    return _Run(store, url, plan, comm, settings).execute()
 
-    def milestone(it: int, phase: str, start: float, end: float) -> None:
-        if say is not None and rank == 0:
-            secs = end - start
-            say(
-                f"iteration {it + 1}/{iterations}: {phase} {units.human_bytes(plan.total_bytes)} "
-                f"in {secs:.3g} s, {_gb_per_s(plan.total_bytes, secs):.3g} GB/s"
-            )
 
-    rank = comm.rank
-    mine = _assign(plan, comm.size)[rank]
-    _valid_cache(store, cache)  # the same verdict on every rank, before any collective
-    if rank == 0 and out_dir is not None and write_files:
-        res.schema("run")  # load pyarrow now, so the peak RSS measured below includes it
-    # rank 0 names the run and picks the first free step; everyone learns both
-    first = None
-    if rank == 0:
+class _Phase:
+    """Times one phase of one rank and collects the trace events it caused."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def __enter__(self) -> _Phase:
+        self.store.trace.clear()
+        self.start = time.time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.end = time.time()
+        self.events = self.store.trace.events()
+        self.store.trace.clear()
+
+
+@dataclass
+class _Written:
+    """What one process's write phase left behind."""
+
+    report: dict[str, Any]
+    """For rank 0's commit: ``ok`` and this process's ``chunks`` and ``objects``, or
+    ``error``."""
+    owned: dict[str, int]
+    """Objects this process counts and deletes (a shared object: its owner only)."""
+    failure: BaseException | None
+    events: list[Any]
+    """The write phase's requests."""
+
+
+class _Run:
+    """One run on one rank, phase by phase: :meth:`prepare` once; per iteration
+    :meth:`write`, :meth:`commit`, :meth:`restore` and :meth:`cleanup`; :meth:`release`
+    whatever happens; :meth:`finish` (gather to rank 0, write the tables). Every rank runs
+    the same phases; they meet in the collectives (barriers, gathers, broadcasts)."""
+
+    def __init__(
+        self, store: Store, url: str, plan: Plan, comm: Communicator, settings: RunSettings
+    ) -> None:
+        self.store, self.url, self.plan, self.comm, self.s = store, url, plan, comm, settings
+        self.rank = comm.rank
+        self.mine = _assign(plan, comm.size)[self.rank]
+        self.my_bytes = int(plan.rank_bytes[self.mine].sum()) if len(self.mine) else 0
+        self.run_id = ""
+        self.step0 = 0
+        self.phase_rows: list[dict[str, Any]] = []
+        self.request_parts: list[dict[str, list[Any]]] = []
+        self.per_iter: list[_Iter] = []
+        self.written_steps: list[int] = []
+        self.leases: list[SaveLease] = []  # rank 0's, one per iteration; all released at the end
+        self.pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()  # the per-thread CPU seconds summed into an _Iter
+
+    def execute(self) -> RunSummary:
+        self.prepare()
         try:
-            steps = committed_steps(store)
-            first = {
-                "run_id": run_id or res.new_run_id(label),
-                "step": (steps[-1] + 1) if steps else 0,
-                "seed": secrets.token_hex(8),
-            }
-        except errors.CkptioError as err:
-            first = {"error": f"{type(err).__name__}: {err}"}
-    first = comm.bcast(first, root=0)
-    if "error" in first:
-        raise errors.SaveFailedError(f"cannot start the run on {redact_url(url)}: {first['error']}")
-    run_id, step0 = first["run_id"], int(first["step"])
-    gen = DataGenerator(first["seed"])
-    buffers = _Buffers(inflight, plan.object_size)
-    pool = ThreadPoolExecutor(inflight, thread_name_prefix="ckptio-runner")
-    metadata = {
-        "workload": plan.preset.name,
-        "scale": plan.scale,
-        "layout": plan.layout.describe(),
-        "synthetic": True,
-        "generator": gen.name,
-        "run_id": run_id,
-    }
-    phase_rows: list[dict[str, Any]] = []
-    request_parts: list[dict[str, list[Any]]] = []
-    per_iter: list[_Iter] = []
-    written_steps: list[int] = []
-    my_bytes = int(plan.rank_bytes[mine].sum()) if len(mine) else 0
+            for it in range(self.s.iterations):
+                step = self.step0 + it
+                info = _Iter()
+                token = secrets.token_hex(4)
+                written = self.write(it, step, token, info)
+                self.commit(it, step, token, written, info)
+                if self.s.read:
+                    self.restore(it, step, written, info)
+                self.per_iter.append(info)
+                self.cleanup(it, step, written)
+        finally:
+            self.release()
+        return self.finish()
 
+    # -- bookkeeping ---------------------------------------------------------------------
     def row(
+        self,
         it: int,
         phase: str,
         nbytes: int,
@@ -551,11 +576,11 @@ def _run(
         end: float,
         cache_mode: str = "n/a",
     ) -> None:
-        phase_rows.append(
+        self.phase_rows.append(
             {
-                "run_id": run_id,
-                "target": label,
-                "rank": rank,
+                "run_id": self.run_id,
+                "target": self.s.label,
+                "rank": self.rank,
                 "iteration": it,
                 "phase": phase,
                 "bytes": int(nbytes),
@@ -566,362 +591,427 @@ def _run(
             }
         )
 
-    leases: list[SaveLease] = []  # rank 0's, one per iteration; all released at the end
-    try:
-        for it in range(iterations):
-            step = step0 + it
-            info = _Iter()
-            token = secrets.token_hex(4)
-            # -- write ------------------------------------------------------------------
-            if rank == 0:  # before any rank writes: gc and retention leave the step alone
-                leases.append(SaveLease(store, step, token).acquire())
-            comm.barrier()
-            gen_lock = threading.Lock()
-            outcomes: list[dict[str, Any]] = []
+    def milestone(self, it: int, phase: str, start: float, end: float) -> None:
+        if self.s.say is not None and self.rank == 0:
+            secs = end - start
+            total = self.plan.total_bytes
+            self.s.say(
+                f"iteration {it + 1}/{self.s.iterations}: {phase} {units.human_bytes(total)} "
+                f"in {secs:.3g} s, {_gb_per_s(total, secs):.3g} GB/s"
+            )
 
-            region: SharedRegion | None = None  # N-1: this process's range, placed below
+    # -- prepare -------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Check the cache mode, name the run and pick its first step (rank 0 picks the
+        first free step; every rank learns both), make the data generator, the buffers and
+        the I/O pool."""
+        from ckptio.checkpoint import committed_steps
 
-            def write_one(
-                item: tuple[ObjectSpec, int, SharedRegion | None],
-                step: int = step,
-                token: str = token,
-                it: int = it,
-                lock: threading.Lock = gen_lock,
-                info: _Iter = info,
-            ) -> dict[str, Any]:
-                spec, offset, shared = item
-                buf = buffers.take()
-                try:
-                    t0 = time.thread_time()  # CPU seconds: the cost per core, not the wait
-                    gen.fill(buf, spec.nbytes, f"{it}/{spec.rank}/{spec.component}/{spec.index}")
-                    t1 = time.thread_time()
-                    dtype = fmt.DTYPES[spec.dtype]
-                    arr = buf[: spec.nbytes].view(dtype)
-                    total = (
-                        int(plan.model_elements[spec.rank])
-                        if spec.component == "model"
-                        else int(plan.optim_elements[spec.rank])
+        store, s = self.store, self.s
+        _valid_cache(store, s.cache)  # the same verdict on every rank, before any collective
+        if self.rank == 0 and s.out_dir is not None and s.write_files:
+            res.schema("run")  # load pyarrow now, so the peak RSS measured below includes it
+        first = None
+        if self.rank == 0:
+            try:
+                steps = committed_steps(store)
+                first = {
+                    "run_id": s.run_id or res.new_run_id(s.label),
+                    "step": (steps[-1] + 1) if steps else 0,
+                    "seed": secrets.token_hex(8),
+                }
+            except errors.CkptioError as err:
+                first = {"error": f"{type(err).__name__}: {err}"}
+        first = self.comm.bcast(first, root=0)
+        if "error" in first:
+            raise errors.SaveFailedError(
+                f"cannot start the run on {redact_url(self.url)}: {first['error']}"
+            )
+        self.run_id, self.step0 = first["run_id"], int(first["step"])
+        self.gen = DataGenerator(first["seed"])
+        self.buffers = _Buffers(s.inflight, self.plan.object_size)
+        self.metadata = {
+            "workload": self.plan.preset.name,
+            "scale": self.plan.scale,
+            "layout": self.plan.layout.describe(),
+            "synthetic": True,
+            "generator": self.gen.name,
+            "run_id": self.run_id,
+        }
+        self.pool = ThreadPoolExecutor(s.inflight, thread_name_prefix="ckptio-runner")
+
+    # -- write ---------------------------------------------------------------------------
+    def write(self, it: int, step: int, token: str, info: _Iter) -> _Written:
+        """Every rank generates its shard objects and writes them through the library's
+        shard writer (N-N), or pwrites them at their places in the shared object (N-1),
+        ``inflight`` at a time. A failure is kept for the commit, which tells every rank."""
+        store, s, pool = self.store, self.s, self.pool
+        assert pool is not None
+        if self.rank == 0:  # before any rank writes: gc and retention leave the step alone
+            self.leases.append(SaveLease(store, step, token).acquire())
+        self.comm.barrier()
+        outcomes: list[dict[str, Any]] = []
+        region: SharedRegion | None = None  # N-1: this process's range, placed below
+
+        def my_specs() -> Iterator[ObjectSpec]:
+            return (o for r in self.mine for o in self.plan.rank_objects(int(r)))
+
+        def write_one(item: tuple[ObjectSpec, int, SharedRegion | None]) -> dict[str, Any]:
+            return self._write_object(item, it, step, token, info)
+
+        with _Phase(store) as wphase:
+            info.write_start = wphase.start
+            failure: BaseException | None = None
+            try:
+                if s.layout == "file-per-shard":
+                    items: Iterator[tuple[ObjectSpec, int, SharedRegion | None]] = (
+                        (o, 0, None) for o in my_specs()
                     )
-                    local = LocalTensor(
-                        _tensor_path(spec.rank, spec.component),
-                        arr,
-                        (total,),
-                        (spec.element_offset,),
-                        replicated=False,
-                    )
-                    if shared is None:
-                        out = write_rank_shards(
-                            store,
-                            step,
-                            spec.rank,
-                            token,
-                            [local],
-                            key_layout=key_layout,
-                            chunk_size=plan.object_size,
-                            max_object_size=plan.object_size,
-                            first_index=spec.number,
-                        )
-                    else:  # N-1: this object's place in the shared object, durable on return
-                        piece = Piece(local.path, arr, local.offsets)
-                        out = {
-                            "chunks": pwrite_pieces(store, step, shared, [(piece, offset)]),
-                            "objects": {shared.key: shared.size},
-                        }
-                finally:
-                    buffers.give(buf)
-                with lock:
-                    info.gen_seconds += t1 - t0
-                if progress is not None:
-                    progress(spec.nbytes)
-                return out
-
-            def my_specs() -> Iterator[ObjectSpec]:
-                return (s for r in mine for s in plan.rank_objects(int(r)))
-
-            with _Phase(store) as wphase:
-                info.write_start = wphase.start
-                failure: BaseException | None = None
-                try:
-                    if layout == "file-per-shard":
-                        items: Iterator[tuple[ObjectSpec, int, SharedRegion | None]] = (
-                            (s, 0, None) for s in my_specs()
-                        )
-                    else:  # collective: every process takes part, even one with no data
-                        offsets, need = pack_pieces(s.nbytes for s in my_specs())
-                        region = place_shared_region(
-                            store,
-                            step,
-                            comm,
-                            token,
-                            need,
-                            per_node=layout == "shared-file-per-node",
-                        )
-                        items = ((s, o, region) for s, o in zip(my_specs(), offsets, strict=True))
-                    for out in _bounded_map(pool, write_one, items, inflight):
-                        outcomes.append(out)
-                except Exception as err:  # reported to every rank through the commit
-                    failure = err
-                info.write_done = time.time()
-            written: dict[str, Any] = {"ok": failure is None}
-            owned: dict[str, int] = {}  # objects this process counts and deletes
-            if failure is None:
-                chunks: dict[str, list[Any]] = {}
-                objects: dict[str, int] = {}
-                for out in outcomes:
-                    for p, cs in out["chunks"].items():
-                        chunks.setdefault(p, []).extend(cs)
-                    objects.update(out["objects"])
-                written.update(chunks=chunks, objects=objects)
-                # a shared object counts (and is deleted) once: by the lowest rank placed in it
-                owned = objects if region is None else (objects if region.owner else {})
-                info.objects = len(owned)
-            else:
-                written["error"] = f"{type(failure).__name__}: {failure}"
-            info.bytes = my_bytes if failure is None else 0
-            # -- commit (rank 0) ---------------------------------------------------------
-            gathered = comm.gather(written, root=0)
-            with _Phase(store) as cphase:
-                verdict: dict[str, Any] = {}
-                if rank == 0:
-                    assert gathered is not None
-                    prepared = _synthetic_prepared(plan, metadata)
-                    # the token names rank 0's shared object: a failed commit finds it by it
-                    plan_doc = {"writers": {p: -1 for p in prepared.tensors}, "token": token}
-                    verdict = commit_step(
+                else:  # collective: every process takes part, even one with no data
+                    offsets, need = pack_pieces(o.nbytes for o in my_specs())
+                    region = place_shared_region(
                         store,
                         step,
-                        prepared,
-                        plan_doc,
-                        gathered,
-                        plan.ranks,
-                        layout,
-                        key_layout,
-                        lease=leases[-1],
+                        self.comm,
+                        token,
+                        need,
+                        per_node=s.layout == "shared-file-per-node",
                     )
-                    leases[-1].release()
-            verdict = comm.bcast(verdict, root=0)
-            if not verdict.get("ok"):
-                raise errors.SaveFailedError(
-                    f"iteration {it} (step {step}) failed, nothing committed: {verdict.get('error')}"
-                ) from failure
-            comm.barrier()
-            info.write_end = time.time()
-            milestone(it, "write", info.write_start, info.write_end)
-            written_steps.append(step)
-            events = wphase.events + cphase.events
-            request_parts.append(_events_columns(events, "write", it, rank))
-            row(it, "generate", info.bytes, info.gen_seconds, wphase.start, info.write_done)
-            row(
-                it,
-                "write",
-                info.bytes,
-                info.write_done - wphase.start,
-                wphase.start,
-                info.write_done,
-            )
-            fs = [e for e in wphase.events if e.op == "fsync"]
-            row(
-                it,
-                "flush",
-                info.bytes,
-                sum(e.seconds for e in fs),
-                min((e.start for e in fs), default=info.write_done),
-                max((e.end for e in fs), default=info.write_done),
-            )
-            if rank == 0:
-                row(it, "commit", 0, cphase.end - cphase.start, cphase.start, cphase.end)
-            # -- read -------------------------------------------------------------------
-            if read:
-                mine_objects = [
-                    (k, c)
-                    for p, cs in written.get("chunks", {}).items()
-                    for c in cs
-                    for k in [c["key"]]
-                ]
-                mode = _prepare_read(
-                    store, step, list(dict.fromkeys(k for k, _ in mine_objects)), cache
-                )
-                info.cache = mode
-                comm.barrier()
-                vlock = threading.Lock()
+                    items = ((o, off, region) for o, off in zip(my_specs(), offsets, strict=True))
+                for out in _bounded_map(pool, write_one, items, s.inflight):
+                    outcomes.append(out)
+            except Exception as err:  # reported to every rank through the commit
+                failure = err
+            info.write_done = time.time()
+        report: dict[str, Any] = {"ok": failure is None}
+        owned: dict[str, int] = {}
+        if failure is None:
+            chunks: dict[str, list[Any]] = {}
+            objects: dict[str, int] = {}
+            for out in outcomes:
+                for p, cs in out["chunks"].items():
+                    chunks.setdefault(p, []).extend(cs)
+                objects.update(out["objects"])
+            report.update(chunks=chunks, objects=objects)
+            # a shared object counts (and is deleted) once: by the lowest rank placed in it
+            owned = objects if region is None else (objects if region.owner else {})
+            info.objects = len(owned)
+        else:
+            report["error"] = f"{type(failure).__name__}: {failure}"
+        info.bytes = self.my_bytes if failure is None else 0
+        return _Written(report, owned, failure, wphase.events)
 
-                def read_one(
-                    item: tuple[str, dict[str, Any]],
-                    step: int = step,
-                    lock: threading.Lock = vlock,
-                    info: _Iter = info,
-                ) -> int:
-                    rel, chunk = item
-                    key = f"{fmt.step_dir(step)}/{rel}"
-                    buf = buffers.take()
-                    try:
-                        view = buf.data[: chunk["length"]]  # offset: in the object, not the buffer
-                        t0 = time.perf_counter()
-                        n = store.read_into(key, chunk["offset"], view)
-                        t1 = time.perf_counter()
-                        if n != chunk["length"]:
-                            raise errors.CorruptCheckpointError(
-                                f"{redact_url(store.url)}/{key}: {n} bytes read, "
-                                f"{chunk['length']} expected (truncated object)"
-                            )
-                        got = crc32c(view)
-                        t2 = time.perf_counter()
-                        if got != chunk["crc32c"]:
-                            raise errors.ChecksumError(
-                                f"{redact_url(store.url)}/{key}: CRC32C mismatch in bytes "
-                                f"{chunk['offset']}..{chunk['offset'] + chunk['length']} "
-                                f"(expected {chunk['crc32c']:#010x}, read {got:#010x})"
-                            )
-                    finally:
-                        buffers.give(buf)
-                    with lock:
-                        info.read_io_seconds += t1 - t0
-                        info.verify_seconds += t2 - t1
-                    if progress is not None:
-                        progress(chunk["length"])
-                    return n
+    def _write_object(
+        self,
+        item: tuple[ObjectSpec, int, SharedRegion | None],
+        it: int,
+        step: int,
+        token: str,
+        info: _Iter,
+    ) -> dict[str, Any]:
+        """Generate one shard object into a recycled buffer and write it; its chunks."""
+        spec, offset, shared = item
+        plan = self.plan
+        buf = self.buffers.take()
+        try:
+            t0 = time.thread_time()  # CPU seconds: the cost per core, not the wait
+            self.gen.fill(buf, spec.nbytes, f"{it}/{spec.rank}/{spec.component}/{spec.index}")
+            t1 = time.thread_time()
+            dtype = fmt.DTYPES[spec.dtype]
+            arr = buf[: spec.nbytes].view(dtype)
+            total = (
+                int(plan.model_elements[spec.rank])
+                if spec.component == "model"
+                else int(plan.optim_elements[spec.rank])
+            )
+            local = LocalTensor(
+                _tensor_path(spec.rank, spec.component),
+                arr,
+                (total,),
+                (spec.element_offset,),
+                replicated=False,
+            )
+            if shared is None:
+                out = write_rank_shards(
+                    self.store,
+                    step,
+                    spec.rank,
+                    token,
+                    [local],
+                    key_layout=self.s.key_layout,
+                    chunk_size=plan.object_size,
+                    max_object_size=plan.object_size,
+                    first_index=spec.number,
+                )
+            else:  # N-1: this object's place in the shared object, durable on return
+                piece = Piece(local.path, arr, local.offsets)
+                out = {
+                    "chunks": pwrite_pieces(self.store, step, shared, [(piece, offset)]),
+                    "objects": {shared.key: shared.size},
+                }
+        finally:
+            self.buffers.give(buf)
+        with self._lock:
+            info.gen_seconds += t1 - t0
+        if self.s.progress is not None:
+            self.s.progress(spec.nbytes)
+        return out
 
-                with _Phase(store) as rphase:
-                    rfail: BaseException | None = None
-                    try:
-                        nread = sum(_bounded_map(pool, read_one, iter(mine_objects), inflight))
-                    except Exception as err:
-                        rfail, nread = err, 0
-                    info.read_start = rphase.start
-                    rdone = info.read_done = time.time()
-                if mode == "o_direct" and not getattr(store, "direct_read", False):
-                    # the filesystem refused O_DIRECT during the reads and the store fell back
-                    # to buffered reads: they may have come from the page cache; say so
-                    mode = info.cache = "none"
-                oks = comm.gather(
-                    {
-                        "ok": rfail is None,
-                        "error": f"{type(rfail).__name__}: {rfail}" if rfail else "",
-                    },
-                    root=0,
+    # -- commit --------------------------------------------------------------------------
+    def commit(self, it: int, step: int, token: str, written: _Written, info: _Iter) -> None:
+        """Rank 0 gathers every process's chunks, validates them and publishes the manifest
+        (the library's commit); every rank learns the verdict, and a failed write or commit
+        fails the run on every rank. Records the write, generate, flush and commit rows."""
+        store = self.store
+        gathered = self.comm.gather(written.report, root=0)
+        with _Phase(store) as cphase:
+            verdict: dict[str, Any] = {}
+            if self.rank == 0:
+                assert gathered is not None
+                prepared = _synthetic_prepared(self.plan, self.metadata)
+                # the token names rank 0's shared object: a failed commit finds it by it
+                plan_doc = {"writers": {p: -1 for p in prepared.tensors}, "token": token}
+                verdict = commit_step(
+                    store,
+                    step,
+                    prepared,
+                    plan_doc,
+                    gathered,
+                    self.plan.ranks,
+                    self.s.layout,
+                    self.s.key_layout,
+                    lease=self.leases[-1],
                 )
-                report = comm.bcast(
-                    [o["error"] for o in oks if not o["ok"]] if oks else None, root=0
+                self.leases[-1].release()
+        verdict = self.comm.bcast(verdict, root=0)
+        if not verdict.get("ok"):
+            raise errors.SaveFailedError(
+                f"iteration {it} (step {step}) failed, nothing committed: {verdict.get('error')}"
+            ) from written.failure
+        self.comm.barrier()
+        info.write_end = time.time()
+        self.milestone(it, "write", info.write_start, info.write_end)
+        self.written_steps.append(step)
+        events = written.events + cphase.events
+        self.request_parts.append(_events_columns(events, "write", it, self.rank))
+        start, done = info.write_start, info.write_done
+        self.row(it, "generate", info.bytes, info.gen_seconds, start, done)
+        self.row(it, "write", info.bytes, done - start, start, done)
+        fs = [e for e in written.events if e.op == "fsync"]
+        self.row(
+            it,
+            "flush",
+            info.bytes,
+            sum(e.seconds for e in fs),
+            min((e.start for e in fs), default=done),
+            max((e.end for e in fs), default=done),
+        )
+        if self.rank == 0:
+            self.row(it, "commit", 0, cphase.end - cphase.start, cphase.start, cphase.end)
+
+    # -- restore -------------------------------------------------------------------------
+    def restore(self, it: int, step: int, written: _Written, info: _Iter) -> None:
+        """The restore of the checkpoint just committed (the newest), cold: every rank makes
+        the coming reads miss the caches of its machine (:meth:`Store.start_cold_reads`,
+        as ``cache`` says), then, between barriers, reads its own shard objects back into
+        recycled buffers and checks every chunk's CRC32C. Recorded as the ``read`` and
+        ``verify`` phases, with how caches were bypassed."""
+        store, pool = self.store, self.pool
+        assert pool is not None
+        mine_objects = [
+            (k, c)
+            for p, cs in written.report.get("chunks", {}).items()
+            for c in cs
+            for k in [c["key"]]
+        ]
+        mode = _start_cold_reads(
+            store, step, list(dict.fromkeys(k for k, _ in mine_objects)), self.s.cache
+        )
+        info.cache = mode
+        self.comm.barrier()
+
+        def read_one(item: tuple[str, dict[str, Any]]) -> int:
+            return self._read_chunk(item, step, info)
+
+        with _Phase(store) as rphase:
+            rfail: BaseException | None = None
+            try:
+                nread = sum(_bounded_map(pool, read_one, iter(mine_objects), self.s.inflight))
+            except Exception as err:
+                rfail, nread = err, 0
+            info.read_start = rphase.start
+            rdone = info.read_done = time.time()
+        if not store.end_cold_reads():
+            # the filesystem refused O_DIRECT during the reads and the store fell back to
+            # buffered reads: they may have come from the page cache; say so
+            mode = info.cache = "none"
+        oks = self.comm.gather(
+            {"ok": rfail is None, "error": f"{type(rfail).__name__}: {rfail}" if rfail else ""},
+            root=0,
+        )
+        report = self.comm.bcast([o["error"] for o in oks if not o["ok"]] if oks else None, root=0)
+        if report:
+            raise errors.CorruptCheckpointError(
+                f"iteration {it}: read-back failed: {'; '.join(report)}"
+            ) from rfail
+        self.comm.barrier()
+        info.read_end = time.time()
+        self.milestone(it, "read", rphase.start, info.read_end)
+        self.request_parts.append(_events_columns(rphase.events, "read", it, self.rank))
+        self.row(it, "read", nread, rdone - rphase.start, rphase.start, rdone, mode)
+        self.row(it, "verify", nread, info.verify_seconds, rphase.start, rdone)
+
+    def _read_chunk(self, item: tuple[str, dict[str, Any]], step: int, info: _Iter) -> int:
+        """Read one chunk into a recycled buffer and check its CRC32C; bytes read."""
+        rel, chunk = item
+        store = self.store
+        key = f"{fmt.step_dir(step)}/{rel}"
+        buf = self.buffers.take()
+        try:
+            view = buf.data[: chunk["length"]]  # offset: in the object, not the buffer
+            t0 = time.perf_counter()
+            n = store.read_into(key, chunk["offset"], view)
+            t1 = time.perf_counter()
+            if n != chunk["length"]:
+                raise errors.CorruptCheckpointError(
+                    f"{redact_url(store.url)}/{key}: {n} bytes read, "
+                    f"{chunk['length']} expected (truncated object)"
                 )
-                if report:
-                    raise errors.CorruptCheckpointError(
-                        f"iteration {it}: read-back failed: {'; '.join(report)}"
-                    ) from rfail
-                comm.barrier()
-                info.read_end = time.time()
-                milestone(it, "read", rphase.start, info.read_end)
-                request_parts.append(_events_columns(rphase.events, "read", it, rank))
-                row(it, "read", nread, rdone - rphase.start, rphase.start, rdone, mode)
-                row(it, "verify", nread, info.verify_seconds, rphase.start, rdone)
-            per_iter.append(info)
-            # -- retention, pause ---------------------------------------------------------
-            if keep == "none" or (keep == "last" and it < iterations - 1):
-                _delete_step(store, comm, step, list(owned))
-            if pause and it < iterations - 1:
-                time.sleep(pause)
-    finally:
-        for lease in leases:
+            got = crc32c(view)
+            t2 = time.perf_counter()
+            if got != chunk["crc32c"]:
+                raise errors.ChecksumError(
+                    f"{redact_url(store.url)}/{key}: CRC32C mismatch in bytes "
+                    f"{chunk['offset']}..{chunk['offset'] + chunk['length']} "
+                    f"(expected {chunk['crc32c']:#010x}, read {got:#010x})"
+                )
+        finally:
+            self.buffers.give(buf)
+        with self._lock:
+            info.read_io_seconds += t1 - t0
+            info.verify_seconds += t2 - t1
+        if self.s.progress is not None:
+            self.s.progress(chunk["length"])
+        return n
+
+    # -- cleanup -------------------------------------------------------------------------
+    def cleanup(self, it: int, step: int, written: _Written) -> None:
+        """Retention (``keep``) and the pause before the next iteration."""
+        s = self.s
+        if s.keep == "none" or (s.keep == "last" and it < s.iterations - 1):
+            _delete_step(self.store, self.comm, step, list(written.owned))
+        if s.pause and it < s.iterations - 1:
+            time.sleep(s.pause)
+
+    def release(self) -> None:
+        """Whatever happened: every lease released, the I/O pool shut down."""
+        for lease in self.leases:
             lease.release()
-        pool.shutdown(wait=True)
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
-    # -- gather to rank 0 and write the tables ----------------------------------------------
-    mine_summary: dict[str, Any] = {
-        "phases": phase_rows,
-        "requests": _merge_columns(request_parts),
-        "iters": [vars(i) for i in per_iter],
-        "peak_rss": _peak_rss(),
-    }
-    everything = comm.gather(mine_summary, root=0)
-    summary = RunSummary(
-        run_id,
-        rank,
-        phases=phase_rows,
-        generator=gen.name,
-        steps=written_steps,
-        url=redact_url(url),
-        target_path=_local_path(store),
-        cache=per_iter[-1].cache if per_iter else "",
-    )
-    if rank != 0:
-        summary.peak_rss_bytes = [mine_summary["peak_rss"]]
+    # -- finish --------------------------------------------------------------------------
+    def finish(self) -> RunSummary:
+        """Gather every rank's figures to rank 0, which builds the three tables and writes
+        them (with the sidecar) under ``out_dir``."""
+        s, store, plan, comm = self.s, self.store, self.plan, self.comm
+        mine_summary: dict[str, Any] = {
+            "phases": self.phase_rows,
+            "requests": _merge_columns(self.request_parts),
+            "iters": [vars(i) for i in self.per_iter],
+            "peak_rss": _peak_rss(),
+        }
+        everything = comm.gather(mine_summary, root=0)
+        summary = RunSummary(
+            self.run_id,
+            self.rank,
+            phases=self.phase_rows,
+            generator=self.gen.name,
+            steps=self.written_steps,
+            url=redact_url(self.url),
+            target_path=store.local_path,
+            cache=self.per_iter[-1].cache if self.per_iter else "",
+            client_versions=store.client_versions(),
+        )
+        if self.rank != 0:
+            summary.peak_rss_bytes = [mine_summary["peak_rss"]]
+            return summary
+        assert everything is not None
+        all_phases = [r for e in everything for r in e["phases"]]
+        reqs = _merge_columns([e["requests"] for e in everything])
+        n = len(reqs.get("op", []))
+        reqs.update(
+            run_id=[self.run_id] * n,
+            target=[s.label] * n,
+            seconds=[
+                e - b for b, e in zip(reqs.get("start", []), reqs.get("end", []), strict=True)
+            ],
+        )
+        if n == 0:
+            reqs = {c: [] for c, _ in res.REQUEST_COLUMNS}
+        runs = _run_rows(
+            plan,
+            everything,
+            reqs,
+            s,
+            run_id=self.run_id,
+            url=self.url,
+            store=store,
+            comm_size=comm.size,
+        )
+        summary.runs = runs
+        summary.phases = all_phases
+        summary.requests = n
+        summary.peak_rss_bytes = [int(e["peak_rss"]) for e in everything]
+        summary.tables = {"requests": reqs, "phases": all_phases, "runs": runs}
+        if s.out_dir is not None and s.write_files:
+            side = self._sidecar(summary)
+            summary.paths = res.write_run(
+                s.out_dir,
+                requests=res.table("requests", reqs),
+                phases=res.table("phases", all_phases),
+                runs=res.table("run", runs),
+                sidecar=side,
+            )
         return summary
-    assert everything is not None
-    all_phases = [r for e in everything for r in e["phases"]]
-    reqs = _merge_columns([e["requests"] for e in everything])
-    n = len(reqs.get("op", []))
-    reqs.update(
-        run_id=[run_id] * n,
-        target=[label] * n,
-        seconds=[e - s for s, e in zip(reqs.get("start", []), reqs.get("end", []), strict=True)],
-    )
-    if n == 0:
-        reqs = {c: [] for c, _ in res.REQUEST_COLUMNS}
-    runs = _run_rows(
-        plan,
-        everything,
-        reqs,
-        run_id=run_id,
-        label=label,
-        url=url,
-        store=store,
-        site=site,
-        emulated=emulated,
-        profile=profile,
-        mock=mock,
-        options=options,
-        kind=kind,
-        sweep_streams=sweep_streams,
-        sweep_part_size=sweep_part_size,
-        comm_size=comm.size,
-        layout=layout,
-    )
-    summary.runs = runs
-    summary.phases = all_phases
-    summary.requests = n
-    summary.peak_rss_bytes = [int(e["peak_rss"]) for e in everything]
-    summary.tables = {"requests": reqs, "phases": all_phases, "runs": runs}
-    if out_dir is not None and write_files:
-        side = res.sidecar(
-            run_id,
+
+    def _sidecar(self, summary: RunSummary) -> dict[str, Any]:
+        """The run's JSON sidecar: configuration, machine, versions (the store's clients')."""
+        s, plan, comm = self.s, self.plan, self.comm
+        return res.sidecar(
+            self.run_id,
             config={
-                "url": url,
+                "url": self.url,
                 "preset": plan.preset.name,
                 "scale": plan.scale,
                 "layout": plan.layout.describe(),
                 "gpus": plan.ranks,
                 "ranks": comm.size,
-                "iterations": iterations,
+                "iterations": s.iterations,
                 "object_size": plan.object_size,
-                "inflight": inflight,
-                "cache": cache,
-                "keep": keep,
-                "key_layout": key_layout,
-                "checkpoint_layout": layout,
-                "pause": pause,
-                "store_options": options,
-                **config,
+                "inflight": s.inflight,
+                "cache": s.cache,
+                "keep": s.keep,
+                "key_layout": s.key_layout,
+                "checkpoint_layout": s.layout,
+                "pause": s.pause,
+                "store_options": s.options,
+                **s.config,
             },
-            target_path=_local_path(store),
-            emulated=emulated,
-            profile=profile,
-            mock=mock,
-            labels={"target": label, "site": site or ""},
+            target_path=self.store.local_path,
+            emulated=s.emulated,
+            profile=s.profile,
+            mock=s.mock,
+            labels={"target": s.label, "site": s.site or ""},
             extra={
-                "generator": gen.name,
+                "generator": self.gen.name,
                 "peak_rss_bytes": summary.peak_rss_bytes,
-                "steps": written_steps,
+                "steps": self.written_steps,
                 "cache_bypass": summary.cache,
                 "communicator": type(comm).__name__,
             },
+            client_versions=summary.client_versions,
         )
-        summary.paths = res.write_run(
-            out_dir,
-            requests=res.table("requests", reqs),
-            phases=res.table("phases", all_phases),
-            runs=res.table("run", runs),
-            sidecar=side,
-        )
-    return summary
 
 
 def _bounded_map(
@@ -953,28 +1043,26 @@ def _bounded_map(
         raise first
 
 
-def _prepare_read(store: Store, step: int, keys: Sequence[str], cache: str) -> str:
+def _start_cold_reads(store: Store, step: int, keys: Sequence[str], cache: str) -> str:
     """Make the coming reads miss the page cache; return how (a :data:`CACHE_MODES` value
-    other than auto, or ``n/a`` for stores without a local page cache)."""
+    other than auto, or ``n/a`` for stores without a local page cache). The store's
+    :meth:`~ckptio.store.Store.end_cold_reads` follows the reads."""
     prefix = fmt.step_dir(step) + "/"
-    has_direct = store.capabilities.direct_io and hasattr(store, "direct_read")
-    has_fadvise = callable(getattr(store, "drop_cache", None))
+    modes = store.cold_read_modes
+    has_direct, has_fadvise = "o_direct" in modes, "fadvise" in modes
     if cache == "none":
         return "none"
     if cache in ("auto", "o_direct") and has_direct:
-        store.direct_read = True  # type: ignore[attr-defined]
-        return "o_direct"
+        return store.start_cold_reads([prefix + k for k in keys], "o_direct")
     if cache == "o_direct":
         raise errors.InvalidArgumentError(
             f"{store.name}:// cannot read with O_DIRECT; "
             f"valid cache modes here: {_valid_modes(store)}"
         )
     if cache in ("auto", "fadvise") and has_fadvise:
-        done = [store.drop_cache(prefix + k) for k in keys]  # type: ignore[attr-defined]
-        if done and all(done):
-            return "fadvise"
-        if any(done):
-            return "none"  # only some objects could be dropped: the reads are not all cold
+        done = store.start_cold_reads([prefix + k for k in keys], "fadvise")
+        if done:
+            return done  # "fadvise", or "none": only some objects could be dropped
         has_fadvise = False  # e.g. an emulated store over memory: no page cache to drop
     if cache == "drop_caches":
         os.sync()
@@ -996,12 +1084,12 @@ def _prepare_read(store: Store, step: int, keys: Sequence[str], cache: str) -> s
 
 
 def _valid_cache(store: Store, cache: str) -> None:
-    if cache == "o_direct" and not (store.capabilities.direct_io and hasattr(store, "direct_read")):
+    if cache == "o_direct" and "o_direct" not in store.cold_read_modes:
         raise errors.InvalidArgumentError(
             f"{store.name}:// cannot read with O_DIRECT; "
             f"valid cache modes here: {_valid_modes(store)}"
         )
-    if cache == "fadvise" and not callable(getattr(store, "drop_cache", None)):
+    if cache == "fadvise" and "fadvise" not in store.cold_read_modes:
         raise errors.InvalidArgumentError(
             f"{store.name}:// has no local page cache to advise; "
             f"valid cache modes here: {_valid_modes(store)}"
@@ -1010,9 +1098,9 @@ def _valid_cache(store: Store, cache: str) -> None:
 
 def _valid_modes(store: Store) -> str:
     modes = ["auto", "none"]
-    if store.capabilities.direct_io and hasattr(store, "direct_read"):
+    if "o_direct" in store.cold_read_modes:
         modes.append("o_direct")
-    if callable(getattr(store, "drop_cache", None)):
+    if "fadvise" in store.cold_read_modes:
         modes.append("fadvise")
     modes.append("drop_caches (root)")
     return ", ".join(modes)
@@ -1034,8 +1122,6 @@ def _delete_step(store: Store, comm: Communicator, step: int, my_objects: Sequen
         log.warning(
             "could not delete the objects of step %d: %s (`ckptio gc` removes them)", step, err
         )
-    if hasattr(store, "direct_read"):
-        store.direct_read = False  # the next write phase is buffered again
 
 
 def _gb_per_s(nbytes: float, seconds: float) -> float:
@@ -1046,21 +1132,12 @@ def _run_rows(
     plan: Plan,
     everything: Sequence[dict[str, Any]],
     reqs: dict[str, list[Any]],
+    s: RunSettings,
     *,
     run_id: str,
-    label: str,
     url: str,
     store: Store,
-    site: str | None,
-    emulated: bool,
-    profile: str,
-    mock: bool,
-    options: dict[str, Any],
-    kind: str,
-    sweep_streams: int,
-    sweep_part_size: int,
     comm_size: int,
-    layout: str,
 ) -> list[dict[str, Any]]:
     import socket
 
@@ -1068,9 +1145,6 @@ def _run_rows(
     iterations = len(everything[0]["iters"])
     req_iter = np.asarray(reqs.get("iteration", []), dtype=np.int64)
     req_outcome = np.asarray(reqs.get("outcome", []), dtype=object)
-    streams = int(options.get("streams", getattr(store, "streams", 0)) or 0)
-    part = options.get("part_size", getattr(store, "part_size", getattr(store, "block_size", 0)))
-    part_size = parse_size(part, field="part_size") if part else 0
     for it in range(iterations):
         iters = [e["iters"][it] for e in everything]
         total = sum(i["bytes"] for i in iters)
@@ -1095,7 +1169,7 @@ def _run_rows(
         rows.append(
             {
                 "run_id": run_id,
-                "target": label,
+                "target": s.label,
                 "url": redact_url(url),
                 "backend": store.name,
                 "preset": plan.preset.name,
@@ -1116,16 +1190,16 @@ def _run_rows(
                 "throttled": int((outcomes == "throttled").sum()),
                 "errors": int((outcomes == "error").sum()),
                 "generate_GBps": _gb_per_s(total, gen_s),
-                "streams": streams,
-                "part_size": part_size,
-                "emulated": emulated,
-                "profile": profile,
-                "mock": mock,
-                "site": site or socket.gethostname(),
-                "kind": kind,
-                "sweep_streams": sweep_streams,
-                "sweep_part_size": sweep_part_size,
-                "layout": layout,
+                "streams": store.streams,
+                "part_size": store.request_size,
+                "emulated": s.emulated,
+                "profile": s.profile,
+                "mock": s.mock,
+                "site": s.site or socket.gethostname(),
+                "kind": s.kind,
+                "sweep_streams": s.sweep_streams,
+                "sweep_part_size": s.sweep_part_size,
+                "layout": s.layout,
             }
         )
     return rows
@@ -1136,9 +1210,6 @@ def _run_rows(
 
 DEFAULT_SWEEP_MEMORY = 2 * 2**30
 """Bytes of shard objects a rank may hold in flight during a sweep point."""
-
-_PART_OPTION = {"file": "block_size", "pfs": "block_size"}
-"""Backends whose request-size option has another name than ``part_size``."""
 
 
 @dataclass(frozen=True)
@@ -1285,8 +1356,7 @@ def sweep(
         raise errors.InvalidArgumentError(
             f"streams must be >= 1 and part sizes > 0; got {list(streams)}, {list(part_sizes)}"
         )
-    scheme = split_url(url)[0].split("+")[-1]
-    part_option = _PART_OPTION.get(scheme, "part_size")
+    part_option = store_class(url).request_size_option
     base_options = dict(kwargs.pop("store_options", None) or {})
     keep = kwargs.pop("keep", "last")
     max_memory = parse_size(kwargs.pop("max_memory", DEFAULT_SWEEP_MEMORY), field="max_memory")
@@ -1366,6 +1436,7 @@ def sweep(
             profile=merged.runs[0]["profile"],
             mock=merged.runs[0]["mock"],
             extra={"peak_rss_bytes": merged.peak_rss_bytes},
+            client_versions=merged.client_versions,
         )
         merged.paths = res.write_run(
             out_dir,
@@ -1517,8 +1588,7 @@ def _options(args: Any, *, sweep_mode: bool) -> dict[str, Any]:
         if args.streams is not None:
             opts["streams"] = args.streams
         if args.part_size:
-            scheme = split_url(args.target)[0].split("+")[-1]
-            opts[_PART_OPTION.get(scheme, "part_size")] = args.part_size
+            opts[store_class(args.target).request_size_option] = args.part_size
     return opts
 
 
@@ -1559,12 +1629,11 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
     opts = _options(args, sweep_mode=sweep_mode)
     probes = [opts]
     if sweep_mode:  # a store that takes no streams or part size fails here, not at point 1
-        scheme = split_url(args.target)[0].split("+")[-1]
         probes.append(
             {
                 **opts,
                 "streams": parse_list(args.streams, field="--streams")[0],
-                _PART_OPTION.get(scheme, "part_size"): parse_list(
+                store_class(args.target).request_size_option: parse_list(
                     args.part_size, field="--part-size", sizes=True
                 )[0],
             }
@@ -1574,7 +1643,7 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
     for probe_opts in probes:
         if args.emulate:
             probe = open_store(
-                wrap_url("shaped", args.target), **{**probe_opts, "profile": args.emulate}
+                emulation_url(args.target), **{**probe_opts, "profile": args.emulate}
             )
         else:
             probe = open_store(args.target, **probe_opts)

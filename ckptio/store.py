@@ -20,11 +20,11 @@ import random
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import TracebackType
-from typing import Any, ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Self, TypedDict, TypeVar
 
 from ckptio import errors
 from ckptio.redact import redact_url
@@ -381,6 +381,86 @@ class Store(ABC):
         ``older_than`` seconds. Returns how many were removed. Default: nothing to do."""
         return 0
 
+    # -- what results and the runner ask of a store ---------------------------------------
+    emulated: ClassVar[bool] = False
+    """Requests are timed by an emulation (``shaped``), not by the storage: results through
+    this store are marked emulated and never taken for measurements."""
+
+    client_packages: ClassVar[tuple[str, ...]] = ()
+    """Distributions (pip names) of the client libraries this backend runs on; their
+    versions go into every result's sidecar (:meth:`client_versions`)."""
+
+    request_size_option: ClassVar[str] = "part_size"
+    """The keyword option that sets :attr:`request_size` (``block_size`` on POSIX stores):
+    how a sweep over request sizes configures this backend. Known before a store opens
+    (:func:`ckptio.registry.store_class`)."""
+
+    flush_option: ClassVar[str | None] = None
+    """The boolean keyword option that, set false, skips durable flushes (``fsync`` on POSIX
+    stores), for measuring what they cost (DCP's ``sync_files=False``); None where a store
+    has no such switch."""
+
+    streams: int = 0
+    """Requests the store keeps in flight at once (I/O threads, connections, parts in
+    flight): its concurrency, set by its ``streams`` option. 0 where it does not say."""
+
+    @property
+    def request_size(self) -> int:
+        """Bytes per data request: a part of a multipart upload, a block of a POSIX write, an
+        emulated request (set by the option :attr:`request_size_option`). 0 where writes are
+        not split into requests (memory)."""
+        return 0
+
+    @property
+    def local_path(self) -> str | None:
+        """The absolute local directory the objects live under, where there is one
+        (``file://``, ``pfs://``, ``fsspec+file://``, a shaped store over them): results
+        record its filesystem type. None for object stores and memory."""
+        return None
+
+    def client_versions(self) -> dict[str, str]:
+        """``{distribution: version}`` of :attr:`client_packages` (those not installed left
+        out): what a result records about the client this store ran on."""
+        from importlib import metadata
+
+        out = {}
+        for name in self.client_packages:
+            try:
+                out[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                continue
+        return out
+
+    # -- cold reads -------------------------------------------------------------------------
+    @property
+    def cold_read_modes(self) -> tuple[str, ...]:
+        """How this store can make reads miss a cache on this machine, best first:
+        ``o_direct`` (its reads bypass the page cache until :meth:`end_cold_reads`) and
+        ``fadvise`` (the cached pages of given objects are dropped). Empty where nothing
+        caches between the store and its storage (object stores, memory): every read reaches
+        the storage. A restore measured cold goes through these."""
+        return ()
+
+    def start_cold_reads(self, keys: Sequence[str], mode: str) -> str:
+        """Make the coming reads of ``keys`` miss local caches by ``mode`` (one of
+        :attr:`cold_read_modes`; another raises :class:`~ckptio.errors.InvalidArgumentError`).
+
+        Returns ``mode`` when done for every key, ``"none"`` when done for some only (reads of
+        the others may come from the cache), ``""`` when done for none (nothing to drop).
+        ``o_direct`` switches every read of the store, whatever ``keys`` hold; call
+        :meth:`end_cold_reads` after the reads."""
+        offered = ", ".join(self.cold_read_modes) or "none (nothing caches its reads)"
+        raise errors.InvalidArgumentError(
+            f"{self.name or type(self).__name__} cannot make reads cold by {mode!r}; "
+            f"cold-read modes it offers: {offered}"
+        )
+
+    def end_cold_reads(self) -> bool:
+        """Back to ordinary reads. Returns whether every read since :meth:`start_cold_reads`
+        bypassed caches as asked (False: the filesystem refused O_DIRECT on the way and the
+        store read through the page cache instead)."""
+        return True
+
     def close(self) -> None:  # noqa: B027  (optional: stores without resources keep it)
         """Release clients, thread pools and connections."""
 
@@ -470,6 +550,20 @@ def option_bool(value: Any, *, field: str) -> bool:
 def option_int(value: Any, *, field: str, minimum: int = 0, maximum: int = MAX_COUNT) -> int:
     """An integer option that may come from a URL query string (``minimum`` .. ``maximum``)."""
     return parse_count(value, field=field, minimum=minimum, maximum=maximum)
+
+
+class NoOptions(TypedDict, total=False):
+    """The type of a backend's ``**unknown`` parameter: no keyword beyond the named ones.
+    A type checker refuses any other name in a call; one that arrives anyway (from a URL's
+    query string, through :func:`~ckptio.registry.open_store`) the store refuses with
+    :class:`~ckptio.errors.UnknownOptionError`, which names it and suggests the closest
+    valid option::
+
+        def __init__(self, url, *, trace=None, streams: int | str = 8,
+                     **unknown: Unpack[NoOptions]) -> None:
+            if unknown:
+                raise errors.UnknownOptionError("x://", unknown, [("x://", ("streams",))])
+    """
 
 
 def as_byte_view(data: Buffer) -> memoryview:

@@ -60,7 +60,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ckptio import errors
 from ckptio import format as fmt
@@ -93,6 +93,7 @@ from ckptio.registry import open_store
 from ckptio.store import Store, option_int
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 __all__ = ["BACKPRESSURE", "DrainHandle", "DrainResult", "TieredCheckpointer", "TieredSaveHandle"]
 
@@ -215,19 +216,19 @@ class _Overlay(Store):
         self.stores = list(stores)
         self.capabilities = stores[0].capabilities  # type: ignore[misc]
 
-    def _either(self, op: str, key: str, *args: Any) -> Any:
+    def _either(self, fn: Callable[[Store], T]) -> T:
         for store in self.stores[:-1]:
             try:
-                return getattr(store, op)(key, *args)
+                return fn(store)
             except FileNotFoundError:
                 continue
-        return getattr(self.stores[-1], op)(key, *args)
+        return fn(self.stores[-1])
 
     def read_into(self, key: str, offset: int, buffer: Any) -> int:
-        return int(self._either("read_into", key, offset, buffer))
+        return self._either(lambda s: s.read_into(key, offset, buffer))
 
     def size(self, key: str) -> int:
-        return int(self._either("size", key))
+        return self._either(lambda s: s.size(key))
 
     def list(self, prefix: str = "") -> list[str]:
         return sorted({k for store in self.stores for k in store.list(prefix)})
@@ -941,7 +942,7 @@ def _copy_object(
     nothing at ``dst``) on a mismatch, a short read or when ``stop()`` says so. Returns the
     bytes copied."""
     # a writer may hold buffers until a part (S3) or a staging block (file://) is full
-    held = max(int(getattr(dst, "part_size", 0) or 0), int(getattr(dst, "block_size", 0) or 0))
+    held = dst.request_size
     parts = 2 * held + COPY_PIECE_BYTES
     budget = threading.Semaphore(max(2, max(DRAIN_BUFFER_BYTES, parts) // COPY_PIECE_BYTES))
     writer = dst.open_writer(key, size_hint=size)

@@ -75,7 +75,7 @@ from ckptio import format as fmt
 from ckptio import tiered as _tiered
 from ckptio.arrays import Target
 from ckptio.lease import SaveLease
-from ckptio.registry import open_store, split_url
+from ckptio.registry import open_store, split_url, store_class
 from ckptio.store import Store
 
 log = logging.getLogger(__name__)
@@ -594,6 +594,17 @@ def _reopen(
     return open_store(root, **options)
 
 
+def _sync_options(options: Mapping[str, Any], root: str, sync_files: bool) -> dict[str, Any]:
+    """``options`` for the store at ``root``; without ``sync_files``, the store's switch
+    that skips durable flushes set off (:attr:`~ckptio.store.Store.flush_option`), where it
+    has one and it is not given."""
+    out = dict(options)
+    flush = store_class(root).flush_option
+    if not sync_files and flush is not None:
+        out.setdefault(flush, False)
+    return out
+
+
 def _done(value: Any) -> Future[Any]:
     fut: Future[Any] = Future()
     fut.set_result(value)
@@ -726,9 +737,7 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
         root, s = _split_checkpoint_url(str(url), step)
         self.step = 0 if s is None else s
         fmt.step_dir(self.step)  # validates the step
-        options = dict(self._store_options)
-        if not self.sync_files and split_url(root)[0] in ("file", "pfs"):
-            options.setdefault("fsync", False)
+        options = _sync_options(self._store_options, root, self.sync_files)
         self.store: Store = _reopen(
             getattr(self, "store", None), getattr(self, "root", None), root, options
         )
@@ -751,9 +760,7 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
         self.__dict__.update(state)
         self._lease = None
         self.state_dict_cache = None
-        options = dict(self._store_options)
-        if not self.sync_files and split_url(self.root)[0] in ("file", "pfs"):
-            options.setdefault("fsync", False)
+        options = _sync_options(self._store_options, self.root, self.sync_files)
         self.store = open_store(self.root, **options)
 
     def _release(self) -> None:

@@ -123,13 +123,94 @@ def test_one_option_under_two_spellings_must_agree(monkeypatch: pytest.MonkeyPat
 
 
 def test_the_spellings_are_documented_in_one_table() -> None:
-    from ckptio.backends import _s3common
+    from ckptio.backends import _s3config
 
-    doc = _s3common.__doc__ or ""
-    for other, ours in _s3common.OPTION_SPELLINGS.items():
+    doc = _s3config.__doc__ or ""
+    for other, ours in _s3config.OPTION_SPELLINGS.items():
         assert f"``{other}``" in doc and f"``{ours}``" in doc
-    for nested in _s3common.NESTED_OPTIONS:
+    for nested in _s3config.NESTED_OPTIONS:
         assert f"``{nested}" in doc
+
+
+# -- backend options ----------------------------------------------------------------------------
+
+BACKEND_CLASSES = [
+    ("local", "LocalStore", "file:///{tmp}/store"),
+    ("parallelfs", "ParallelFSStore", "pfs:///{tmp}/store"),
+    ("memory", "MemoryStore", "memory://options"),
+    ("s3", "Boto3Store", "s3+boto3://bucket/x"),
+    ("fsspec", "FsspecStore", "s3+fsspec://bucket/x"),
+    ("arrow", "ArrowStore", "s3+arrow://bucket/x"),
+    ("obstore", "ObstoreStore", "s3+obstore://bucket/x"),
+    ("shaped", "ShapedStore", "shaped+memory://options"),
+]
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "url"), BACKEND_CLASSES, ids=[c[1] for c in BACKEND_CLASSES]
+)
+def test_every_backend_names_its_options_in_its_signature(
+    module: str, name: str, url: str, tmp_path: Path
+) -> None:
+    """Each backend's options are typed keyword-only parameters, and the options its refusal
+    of an unknown one lists are exactly those (plus the S3 spellings, and for ``shaped`` the
+    profile figures): a catch-all ``**`` admits no further name a type checker would let
+    through, except ``shaped``'s, which holds the wrapped store's options."""
+    import importlib
+    import inspect
+
+    from ckptio.profiles import FIGURES
+
+    cls = getattr(importlib.import_module(f"ckptio.backends.{module}"), name)
+    params = list(inspect.signature(cls.__init__).parameters.values())[2:]  # self, url
+    named = {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+    assert "trace" in named, params
+    assert all(p.annotation is not p.empty for p in params), params
+    rest = [p for p in params if p.kind is not p.KEYWORD_ONLY]
+    assert [p.kind for p in rest] == [inspect.Parameter.VAR_KEYWORD], params
+    if name != "ShapedStore":
+        assert rest[0].annotation in ("Unpack[NoOptions]", "Unpack[OptionSpellings]"), rest
+
+    with pytest.raises(errors.UnknownOptionError) as refused:
+        cls(url.format(tmp=tmp_path), bogus_option=1)
+    assert refused.value.unknown == ["bogus_option"]
+    taker, own = refused.value.groups[0]  # the store's own options (then spellings, inner's)
+    assert named - {"trace", "storage_options"} <= set(own), taker
+    assert set(own) - set(FIGURES) <= named, taker
+
+
+def test_s3_spellings_are_typed_as_the_table_says() -> None:
+    """``**spellings`` of the S3 stores is typed with exactly the other spellings of the one
+    table (``storage_options`` is a parameter of its own)."""
+    from ckptio.backends._s3config import NESTED_OPTIONS, OPTION_SPELLINGS, OptionSpellings
+
+    assert set(OptionSpellings.__annotations__) == {*OPTION_SPELLINGS, *NESTED_OPTIONS} - {
+        "storage_options"
+    }
+
+
+@pytest.mark.parametrize("scheme", S3_BACKENDS)
+def test_an_s3_option_left_none_takes_its_default(
+    scheme: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """None is "not given" for every S3 store option (the signature's default): the store opens
+    with the documented default, and a value set through another spelling or
+    ``storage_options`` is not in conflict with it."""
+    _no_aws_env(monkeypatch)
+    store = open_store(
+        f"{scheme}://bucket/x",
+        part_size=None,
+        streams=None,
+        region=None,
+        anonymous=None,
+        storage_options={"anon": True},
+        endpoint_url="http://127.0.0.1:9",
+    )
+    try:
+        assert (store.part_size, store.streams) == (8 * 2**20, 8)  # type: ignore[attr-defined]
+        assert store.aws.anonymous and store.aws.region == "us-east-1"  # type: ignore[attr-defined]
+    finally:
+        store.close()
 
 
 # -- fixtures -----------------------------------------------------------------------------------

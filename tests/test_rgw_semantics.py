@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from ckptio.backends import _s3common
+from ckptio.backends import _s3errors
 
 import ckptio
 from ckptio import errors
@@ -48,7 +48,7 @@ def _answer(fn: Any) -> str:
     try:
         fn()
     except Exception as err:
-        code, status = _s3common.error_details(err)
+        code, status = _s3errors.error_details(err)
         return f"{code} {status}"
     return "ok"
 
@@ -210,7 +210,7 @@ def test_wrong_checksums_and_a_corrupted_object(
         s3_client.put_object(Bucket=s3_bucket, Key="raw/md5", Body=b"abc", ContentMD5=wrong_md5)
     except Exception as err:
         assert isinstance(
-            _s3common.translate_error(err, action="write", key="k", where="w"),
+            _s3errors.translate_error(err, action="write", key="k", where="w"),
             errors.TransientStorageError,
         )
     # and an object damaged anyway (the server accepted what it did not check) is found at load

@@ -339,7 +339,7 @@ def test_read_back_detects_damaged_data(tmp_path: Path) -> None:
     naming the object."""
     from ckptio.backends.memory import MemoryStore
 
-    from ckptio.runner import _run
+    from ckptio.runner import RunSettings, _run
 
     class Flipping(MemoryStore):
         def read_into(self, key: str, offset: int, buffer: Any) -> int:
@@ -356,25 +356,43 @@ def test_read_back_detects_damaged_data(tmp_path: Path) -> None:
             "memory://flip",
             plan,
             SingleProcess(),
-            iterations=1,
-            out_dir=None,
-            pause=0.0,
-            inflight=2,
-            read=True,
-            cache="auto",
-            keep="last",
-            key_layout="flat",
-            label="flip",
-            site=None,
-            emulated=False,
-            profile="",
-            mock=False,
-            options={},
-            progress=None,
-            run_id=None,
-            kind="run",
-            sweep_streams=0,
-            sweep_part_size=0,
-            config={},
-            write_files=False,
+            RunSettings(label="flip", write_files=False),
         )
+
+
+def test_restore_says_when_the_filesystem_refused_o_direct(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The restore asked for O_DIRECT, the filesystem refused it on the way and the store read
+    through the page cache: the phase says ``none``, not ``o_direct``, and later reads stay
+    buffered."""
+    import fcntl
+
+    from ckptio.backends import local
+
+    if not local._O_DIRECT:
+        pytest.skip("no O_DIRECT on this platform")
+    real = local.os.preadv
+
+    def refuse(fd: int, *args: Any) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & local._O_DIRECT:
+            raise OSError(22, "Invalid argument")
+        return real(fd, *args)
+
+    monkeypatch.setattr(local.os, "preadv", refuse)
+    plan = make_plan("llama3-8b", total_size="16MiB", object_size="2MiB")
+    summary = run_workload(
+        f"file://{tmp_path}/t", plan, comm=SingleProcess(), cache="o_direct", iterations=2
+    )
+    assert summary.cache == "none"
+    assert {p["cache"] for p in summary.phases if p["phase"] == "read"} == {"none"}
+
+
+def test_results_record_the_clients_of_the_store_they_ran_on(tmp_path: Path) -> None:
+    """The sidecar's versions: ckptio's own packages and the store's client libraries
+    (``Store.client_versions``), not every client installed."""
+    plan = make_plan("llama3-8b", total_size="2MiB", object_size="1MiB")
+    run_workload("memory://clients", plan, comm=SingleProcess(), out_dir=tmp_path / "out")
+    versions = read_results([tmp_path / "out"]).sidecars[0]["versions"]
+    assert {"ckptio", "numpy", "python"} <= set(versions)
+    assert not {"botocore", "boto3", "s3fs", "obstore"} & set(versions)

@@ -264,7 +264,7 @@ def test_layout_sweep_records_the_layout_of_every_point(tmp_path: Path) -> None:
 def test_layout_failed_write_commits_nothing_and_removes_the_shared_file(tmp_path: Path) -> None:
     from ckptio.backends.local import LocalStore
 
-    from ckptio.runner import _run
+    from ckptio.runner import RunSettings, _run
 
     class FailingThird(LocalStore):
         """Refuses the third positional open (a shard object's pwrite handle)."""
@@ -291,28 +291,7 @@ def test_layout_failed_write_commits_nothing_and_removes_the_shared_file(tmp_pat
                 url,
                 plan,
                 SingleProcess(),
-                iterations=1,
-                out_dir=None,
-                pause=0.0,
-                inflight=2,
-                read=True,
-                cache="auto",
-                keep="last",
-                key_layout="flat",
-                label="fail",
-                site=None,
-                emulated=False,
-                profile="",
-                mock=False,
-                options={},
-                progress=None,
-                run_id=None,
-                kind="run",
-                sweep_streams=0,
-                sweep_part_size=0,
-                config={},
-                write_files=False,
-                layout="shared-file",
+                RunSettings(label="fail", write_files=False, layout="shared-file"),
             )
     finally:
         store.close()

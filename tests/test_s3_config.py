@@ -106,7 +106,7 @@ def test_bad_options_are_named(scheme: str, s3_env: dict[str, str]) -> None:
 
 def test_one_error_table_for_every_library() -> None:
     from botocore.exceptions import ClientError
-    from ckptio.backends._s3common import translate_error
+    from ckptio.backends._s3errors import translate_error
 
     from ckptio.redact import register_secret
 
@@ -168,7 +168,7 @@ def test_boto3_sends_crc32c_with_every_part_and_no_md5(
 ) -> None:
     import os
 
-    from ckptio.backends._s3common import crc32c_b64
+    from ckptio.backends._s3multipart import crc32c_b64
     from crc32c import crc32c
 
     store = open_store(f"s3+boto3://{s3_bucket}/crc", part_size="5MiB")
@@ -196,7 +196,8 @@ def test_boto3_sends_crc32c_with_every_part_and_no_md5(
 
 
 def test_part_size_grows_to_fit_10000_parts() -> None:
-    from ckptio.backends._s3common import MAX_PARTS, MIN_PART_SIZE, part_size_for
+    from ckptio.backends._s3config import MAX_PARTS, MIN_PART_SIZE
+    from ckptio.backends._s3multipart import part_size_for
 
     assert part_size_for(None, MIN_PART_SIZE) == MIN_PART_SIZE
     assert part_size_for(10 * 2**30, 8 * 2**20) == 8 * 2**20
@@ -225,3 +226,28 @@ def test_stores_share_botocore_data_files_per_data_path(
         store.put("x.bin", b"shared")
         assert store.get("x.bin") == b"shared"
         store.close()
+
+
+def test_s3_modules_import_one_way() -> None:
+    """The S3 code is split by concern with no cycle: each module imports only the ones before
+    it in config -> errors -> multipart -> common -> the backends (presigned reads stand
+    alone)."""
+    import ast
+    from pathlib import Path
+
+    import ckptio.backends
+
+    order = ["_s3presigned", "_s3config", "_s3errors", "_s3multipart", "_s3common"]
+    root = Path(ckptio.backends.__file__).parent
+    for i, name in enumerate(order):
+        tree = ast.parse((root / f"{name}.py").read_text())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                imported |= {node.module} if node.module else {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "ckptio.backends."
+            ):
+                imported.add(node.module.rpartition(".")[2])
+        later = imported - set(order[:i])
+        assert not later, f"{name} imports {sorted(later)}, which come after it"
