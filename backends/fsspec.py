@@ -169,6 +169,12 @@ class FsspecStore(c.WholeObjectStore):
         return check_then_upload
 
     # -- reads ------------------------------------------------------------------------------
+    def get(self, key: str) -> bytes:
+        """The whole object, as the ``bytes`` ``cat_file`` returns: not received into a buffer
+        and copied out again (Store.get), which would hold a manifest three times over."""
+        full = self._full(key)
+        return bytes(self._call("get", key, 0, "read", lambda: self.fs.cat_file(self._path(full))))
+
     def _read_range(self, key: str, full: str, offset: int, out: memoryview) -> int:
         path = self._path(full)
         try:

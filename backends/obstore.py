@@ -12,6 +12,7 @@ API) and sends no per-part CRC32C (object_store offers only SHA-256 checksums). 
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import datetime
 from collections.abc import Iterable, Mapping
@@ -138,11 +139,26 @@ class ObstoreStore(c.WholeObjectStore):
 
         def run() -> list[str]:
             keys: list[str] = []
-            for batch in self._obs.list(self.store, prefix=directory):
-                keys += [m["path"] for m in batch if m["path"].startswith(full)]
+            try:
+                for batch in self._obs.list(self.store, prefix=directory):
+                    keys += [m["path"] for m in batch if m["path"].startswith(full)]
+            except self._obs.exceptions.InvalidPathError:
+                # a key object_store cannot represent (a "..", "." or empty segment: S3 takes
+                # any key, and another tool may have written one) fails the whole listing:
+                # list through botocore instead, which sees every key as it is
+                keys = self._list_all(full)
             return [self._rel(k) for k in keys]
 
         return sorted(self._call("list", prefix, 0, "list", run))
+
+    def _list_all(self, full: str) -> builtins.list[str]:
+        """Every key that starts with ``full``, listed through botocore."""
+        pages = self._mpu_client().get_paginator("list_objects_v2")
+        return [
+            o["Key"]
+            for page in pages.paginate(Bucket=self.bucket, Prefix=full)
+            for o in page.get("Contents", ())
+        ]
 
     def size(self, key: str) -> int:
         full = self._full(key)

@@ -110,6 +110,18 @@ def check_key(key: str) -> str:
     return key
 
 
+def is_key(key: str) -> bool:
+    """Whether :func:`check_key` accepts ``key``. A listed key it refuses was not written by
+    ckptio (a folder marker ``step-…/`` a console or tool left in a bucket, a file named with a
+    space) and cannot be read, sized or deleted through a store: listings that ``ls``, ``gc``
+    and retention act on leave such keys out, and so leave them alone."""
+    try:
+        check_key(key)
+    except errors.InvalidArgumentError:
+        return False
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class Capabilities:
     """What a backend can do natively. Callers branch on these, never on the class."""
@@ -331,10 +343,13 @@ class Store(ABC):
         """
 
     def get(self, key: str) -> bytes:
-        """The whole object (a helper over :meth:`size` and :meth:`read_into`)."""
+        """The whole object (a helper over :meth:`size` and :meth:`read_into`): received into
+        one buffer, then copied once into the ``bytes`` returned (at most twice the object's
+        size at once; slicing the buffer first would be a third copy)."""
         buf = bytearray(self.size(key))
         n = self.read_into(key, 0, buf)
-        return bytes(buf[:n])
+        del buf[n:]  # in place: the object shrank since its size was taken
+        return bytes(buf)
 
     # -- metadata -------------------------------------------------------------------------
     @abstractmethod

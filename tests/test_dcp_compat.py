@@ -7,8 +7,10 @@ a save/load raises) must be equal to each other and to what was saved.
 
 The one deliberate difference in these scenarios: ckptio's reader refuses DCP's pickled byte
 items (a state dict's non-tensor values) unless ``allow_pickle=True``, so the ckptio side
-passes it. Single process (``no_dist=True``); a checkpoint written by two ranks and read
-resharded by one is covered by ``tests/test_dcp.py`` (torchrun).
+passes it (docs/training.md lists every deliberate difference). Most scenarios run in one
+process (``no_dist=True``); ``test_two_ranks_and_resharded_loads`` runs 2 real ranks
+(torchrun, gloo, CPU): saved by 2 ranks, loaded by 2 with the same and another sharding, saved
+by 1 and loaded by 2, saved by 2 and loaded by 1.
 """
 
 from __future__ import annotations
@@ -245,3 +247,156 @@ def test_async_save(tmp_path: Path) -> None:
         return _canon(out)
 
     assert _side_by_side(tmp_path, scenario) == _canon(state)
+
+
+# -- two ranks and resharded loads (real processes: torchrun, gloo, CPU) ---------------------------
+
+SHARDED = {"w32": ((64, 8), "float32"), "bf16": ((33, 5), "bfloat16"), "i64": ((9, 6), "int64")}
+"""Tensors saved as DTensors: ``bf16`` has 33 rows (split 17/16 over 2 ranks), ``i64`` 9 rows
+and 6 columns (uneven when split by rows)."""
+
+RANKS_WORKER = """
+import hashlib, json, sys
+import torch, torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Shard, distribute_tensor
+from ckptio.torch import StorageReader, StorageWriter
+
+SHARDED = json.loads(sys.argv[2])
+
+def full(name):
+    shape, dtype = SHARDED[name]
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    return (torch.randn(shape, generator=g) * 100).to(getattr(torch, dtype))
+
+def digest(t):
+    t = t.detach().contiguous().reshape(-1)
+    raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return [str(t.dtype), hashlib.sha256(raw).hexdigest()]
+
+root = sys.argv[1]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+
+def sharded(dim, zero=False):
+    return {n: distribute_tensor(torch.zeros_like(full(n)) if zero else full(n), mesh, [Shard(dim)])
+            for n in SHARDED}
+
+def writer(kind, path):
+    return FileSystemWriter(path) if kind == "dcp" else StorageWriter(path)
+
+def reader(kind, path):
+    return FileSystemReader(path) if kind == "dcp" else StorageReader(path, allow_pickle=True)
+
+report = {}
+for kind in ("dcp", "ckptio"):
+    out = report[kind] = {}
+    state = sharded(0)
+    state["replicated"] = torch.arange(10, dtype=torch.float32)  # the same on every rank
+    state["extra"] = {"step": 100, "note": "two ranks"}
+    dcp.save(state, storage_writer=writer(kind, f"{root}/{kind}/two"))
+    for source in ("two", "one"):  # saved here by 2 ranks; saved whole by 1 process
+        for dim in (0, 1):  # the plan it was saved with, and another one
+            back = sharded(dim, zero=True)
+            back["replicated"] = torch.zeros(10)
+            back["extra"] = {"step": 0, "note": ""}
+            try:
+                dcp.load(back, storage_reader=reader(kind, f"{root}/{kind}/{source}"))
+            except BaseException as err:  # CheckpointException is a BaseException
+                out[f"{source}->shard{dim}"] = ["error", type(err).__name__]
+                continue
+            expect = sharded(dim)
+            out[f"{source}->shard{dim}"] = {
+                "local": {n: digest(back[n].to_local()) for n in SHARDED},
+                "equal": all(torch.equal(back[n].to_local(), expect[n].to_local()) for n in SHARDED),
+                "local_shapes": {n: list(back[n].to_local().shape) for n in SHARDED},
+                "replicated": back["replicated"].tolist(),
+                "extra": back["extra"],
+            }
+with open(f"report-{rank}.json", "w") as f:
+    json.dump(report, f)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def _full_sharded(name: str) -> torch.Tensor:
+    shape, dtype = SHARDED[name]
+    g = torch.Generator().manual_seed(sum(map(ord, name)))
+    return (torch.randn(shape, generator=g) * 100).to(getattr(torch, dtype))
+
+
+def _whole_state() -> dict[str, Any]:
+    state: dict[str, Any] = {n: _full_sharded(n) for n in SHARDED}
+    state["replicated"] = torch.arange(10, dtype=torch.float32)
+    state["extra"] = {"step": 100, "note": "two ranks"}
+    return state
+
+
+def _two_ranks(tmp_path: Path) -> list[dict[str, Any]]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "ranks_worker.py"
+    script.write_text(RANKS_WORKER)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            str(tmp_path),
+            json.dumps(SHARDED),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, f"torchrun failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return [json.loads((tmp_path / f"report-{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.slow
+def test_two_ranks_and_resharded_loads(tmp_path: Path) -> None:
+    """Side by side, with 2 real ranks (torchrun, gloo, CPU): DTensors sharded by rows (unevenly)
+    saved by 2 ranks, loaded by the 2 ranks with the same plan and with another one (sharded by
+    columns); a checkpoint saved whole by 1 process loaded by 2 ranks into both plans; and the
+    2-rank checkpoint loaded whole by 1 process. Both paths give the same local shards, equal
+    to the same slices of the saved tensors, on every rank."""
+    whole = _whole_state()
+    for kind in KINDS:  # saved whole by one process, for the 1 -> 2 ranks loads
+        dcp.save(whole, storage_writer=_writer(kind, tmp_path / kind / "one"), no_dist=True)
+    reports = _two_ranks(tmp_path)
+    for rank, report in enumerate(reports):
+        assert report["ckptio"] == report["dcp"], rank
+        for case, got in report["dcp"].items():
+            assert isinstance(got, dict) and got["equal"], (rank, case, got)
+            assert got["extra"] == {"step": 100, "note": "two ranks"}, (rank, case)
+            assert got["replicated"] == list(range(10)), (rank, case)
+    # the plans really differ: rows split 17/16 in one, all 33 rows and 3 or 2 columns in the other
+    shapes = [
+        r["dcp"][c]["local_shapes"]["bf16"] for r in reports for c in ("two->shard0", "two->shard1")
+    ]
+    assert shapes == [[17, 5], [33, 3], [16, 5], [33, 2]], shapes
+
+    def two_to_one(kind: str, p: Path) -> Any:
+        out = _zeros(whole)
+        return _outcome(
+            lambda: (
+                dcp.load(out, storage_reader=_reader(kind, p / "two"), no_dist=True),
+                out,
+            )[1]
+        )
+
+    results = {kind: two_to_one(kind, tmp_path / kind) for kind in KINDS}
+    assert results["ckptio"] == results["dcp"] == ("ok", _canon(whole))

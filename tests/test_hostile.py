@@ -5,12 +5,14 @@ than the objects really hold, and never runs code."""
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import subprocess
 import sys
 import textwrap
 import tracemalloc
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,7 @@ import pytest
 import ckptio
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio.testing.moto import MOTO_AND_RGW
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -521,11 +524,13 @@ _PEAK_SCRIPT = textwrap.dedent(
 )
 
 
-def _peak_of(root: Path, ops: list[str], good_step: int, new_step: int = 0) -> dict:
-    """Peak RSS (bytes) of a fresh process running ``ops`` one after another on ``root``,
-    and of the same process before them (warmed up by loading ``good_step``)."""
+def _peak_of(root: Path | str, ops: list[str], good_step: int, new_step: int = 0) -> dict:
+    """Peak RSS (bytes) of a fresh process running ``ops`` one after another on ``root`` (a
+    directory, or a URL), and of the same process before them (warmed up by loading
+    ``good_step``)."""
+    url = root if isinstance(root, str) else f"file://{root}"
     proc = subprocess.run(
-        [sys.executable, "-c", _PEAK_SCRIPT, f"file://{root}", str(good_step), str(new_step), *ops],
+        [sys.executable, "-c", _PEAK_SCRIPT, url, str(good_step), str(new_step), *ops],
         capture_output=True,
         text=True,
         timeout=300,
@@ -643,6 +648,27 @@ def test_symlink_out_of_the_root_leaks_no_size(ckpt, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "987654321" not in proc.stdout and "942" not in proc.stdout  # bytes, MiB
     assert ckptio.verify(f"file://{root}")  # reported, not read
+
+
+def test_foreign_files_under_the_root_are_left_alone(tmp_path):
+    """Files ckptio never writes and cannot name as keys (a space in the name) in a committed
+    step and in a step without a manifest: ``ls``, ``gc`` and a save's retention work, and
+    leave them where they are (they are someone else's)."""
+    root = tmp_path / "run"
+    make_checkpoint(root, step=7)
+    (root / "step-0000000008").mkdir()
+    foreign = [root / "step-0000000007" / "notes by hand.txt", root / "step-0000000008" / "a b"]
+    for f in foreign:
+        f.write_text("not ckptio's")
+    for cmd in ("ls", "gc"):
+        proc = _cli(cmd, f"file://{root}", "--json")
+        assert proc.returncode == 0, (cmd, proc.stdout + proc.stderr)
+    with ckptio.Checkpointer(f"file://{root}", keep_last=1, retire_grace=0) as c:
+        c.save({"w": np.zeros(4, np.float32)}, step=9)
+    ckptio.collect_garbage(ckptio.open_store(f"file://{root}"), unfinished=True)
+    assert not list((root / "step-0000000007").rglob("*.bin")), "retention left step 7's data"
+    assert all(f.read_text() == "not ckptio's" for f in foreign)
+    assert ckptio.open_checkpoint(f"file://{root}").step == 9
 
 
 def _unreadable(m: Path, tmp_path: Path) -> None:
@@ -832,3 +858,315 @@ def test_verify_holds_a_block_whatever_a_chunk_declares(tmp_path):
     assert got["outcomes"] == {"verify": "problems []"}, got
     grew = got["peak"] - got["base"]
     assert grew < 64 << 20, f"peak grew by {grew >> 20} MiB verifying a 1 GiB chunk"
+
+
+# -- the same hostility on object storage ---------------------------------------------------------
+#
+# An S3 checkpoint is written by ckptio, then spoiled out of band with a boto3 client, and read
+# through each S3 client (their get/size/list/ranged reads differ; ``s3://`` is ``s3+boto3``)
+# against the moto server and against Ceph RGW (a real S3 implementation).
+
+S3_SCHEMES = ["s3", "s3+fsspec", "s3+arrow", "s3+obstore"]
+FIXED = "data/rank-00000-000-x.bin"
+"""The name the first data object is given, so mutations can address it."""
+
+
+class S3Root:
+    """A checkpoint root ``<prefix>/`` in a bucket, read through ``scheme`` and spoiled through
+    a boto3 client (keys relative to the root)."""
+
+    def __init__(self, client, bucket: str, scheme: str, prefix: str = "run") -> None:
+        self.client, self.bucket, self.scheme, self.prefix = client, bucket, scheme, prefix
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.bucket}/{self.prefix}"
+
+    @functools.cached_property
+    def store(self):
+        """One store for the test's loads (a client per load would cost more than the load)."""
+        return ckptio.open_store(self.url)
+
+    def put(self, rel: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.bucket, Key=f"{self.prefix}/{rel}", Body=data)
+
+    def get(self, rel: str) -> bytes:
+        return self.client.get_object(Bucket=self.bucket, Key=f"{self.prefix}/{rel}")["Body"].read()
+
+    def delete(self, rel: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=f"{self.prefix}/{rel}")
+
+    def listed(self) -> set[str]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket)
+        return {o["Key"] for page in pages for o in page.get("Contents", [])}
+
+    def save(self, step: int) -> dict:
+        """A small committed checkpoint (as make_checkpoint), written through ``s3://``."""
+        state = {
+            "w": np.arange(4096, dtype=np.float32).reshape(64, 64),
+            "b": np.arange(100, dtype=np.int16),
+            "meta": {"lr": 0.1},
+        }
+        url = f"s3://{self.bucket}/{self.prefix}"
+        ckptio.save(state, url, step=step, chunk_size=4096, max_object_size=8192)
+        return json.loads(self.get(fmt.manifest_key(step)))
+
+    def write_manifest(self, data: bytes | str | dict, step: int = 7) -> None:
+        raw = (
+            data
+            if isinstance(data, bytes)
+            else data.encode()
+            if isinstance(data, str)
+            else json.dumps(data).encode()
+        )
+        self.put(fmt.manifest_key(step), raw)
+
+
+@pytest.fixture
+def s3_root(scheme, s3_bucket, s3_client) -> Iterator[S3Root]:
+    root = S3Root(s3_client, s3_bucket, scheme)
+    yield root
+    if "store" in vars(root):
+        root.store.close()
+
+
+@pytest.fixture
+def s3_ckpt(s3_root: S3Root):
+    """Step 7 committed on S3, its first data object renamed to FIXED; (root, manifest doc)."""
+    doc = s3_root.save(7)
+    first = first_chunk(doc)["key"]
+    s3_root.put(f"step-0000000007/{FIXED}", s3_root.get(f"step-0000000007/{first}"))
+    s3_root.delete(f"step-0000000007/{first}")
+    _rename_object((first, FIXED))(doc)
+    s3_root.write_manifest(doc)
+    assert ckptio.verify(s3_root.store) == []
+    return s3_root, doc
+
+
+s3_hostile = [
+    pytest.mark.s3,
+    MOTO_AND_RGW,
+    pytest.mark.parametrize("scheme", S3_SCHEMES),
+]
+
+
+def _apply(marks):
+    def decorate(fn):
+        for mark in reversed(marks):
+            fn = mark(fn)
+        return fn
+
+    return decorate
+
+
+S3_MUTATIONS = [
+    "traversal_key",
+    "traversal_object",
+    "absolute_key",
+    "key_outside_data",
+    "huge_object_size",
+    "huge_shape",
+    "wrong_step",
+]
+"""What reaches outside the step or declares impossible sizes (the rest of MUTATIONS is
+validation of the JSON, the same whatever the storage)."""
+
+
+@_apply(s3_hostile)
+def test_s3_hostile_manifest_refused_and_nothing_outside_the_root_read(s3_ckpt):
+    """Manifests naming keys outside the step (``..``, absolute, the manifest itself) or
+    declaring impossible sizes are refused naming the problem, and a load of the newest step
+    skips them. S3 does not normalise ``..``: the object a naive join would reach is planted
+    both where a normalising client would look and under the literal key, holding exactly the
+    right bytes, so only the check stops the load."""
+    root, doc = s3_ckpt
+    good = root.get(f"step-0000000007/{FIXED}")
+    root.client.put_object(Bucket=root.bucket, Key="etc/passwd", Body=good)
+    root.client.put_object(Bucket=root.bucket, Key="outside.bin", Body=good)
+    root.put("step-0000000007/data/../../../etc/passwd", good)
+    root.put("step-0000000007/../../outside.bin", good)
+    failures = []
+    for name in S3_MUTATIONS:
+        mutate, words = MUTATIONS[name]
+        d = json.loads(json.dumps(doc))
+        mutate(d)
+        root.write_manifest(d)
+        try:
+            ckptio.load(root.store, step=7)
+            failures.append(f"{name}: loaded")
+        except errors.ManifestError as err:
+            if missing := [w for w in words if w not in str(err)]:
+                failures.append(f"{name}: {missing} not in {err}")
+        with pytest.raises(errors.NotFoundError):
+            ckptio.load(root.store)
+    assert failures == []
+
+
+@_apply(s3_hostile)
+def test_s3_object_smaller_than_declared_is_refused_before_allocating(s3_ckpt):
+    """A manifest declaring a 32 TiB tensor in a 32 TiB object that holds 4 KiB: the size
+    (HEAD) check refuses it, with no allocation near the declared size (an object as large as
+    the declaration, which S3 servers here hold in memory, is left to the file:// test)."""
+    root, doc = s3_ckpt
+    n = 1 << 45
+    doc["objects"][FIXED] = n
+    doc["tensors"]["w"] = {
+        "dtype": "uint8",
+        "shape": [n],
+        "chunks": [dict(first_chunk(doc), offsets=[0], shape=[n], offset=0, length=n)],
+    }
+    root.write_manifest(doc)
+    tracemalloc.start()
+    try:
+        with pytest.raises(errors.CorruptCheckpointError, match="the manifest says 35184372088832"):
+            ckptio.load(root.store, step=7)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # (the moto server runs in this process: its request handling is traced too)
+    assert peak < 64 * 2**20, f"peak allocation {peak} bytes while refusing"
+
+
+@_apply(s3_hostile)
+def test_s3_truncated_or_flipped_object_detected(s3_ckpt):
+    root, _ = s3_ckpt
+    raw = root.get(f"step-0000000007/{FIXED}")
+    root.put(f"step-0000000007/{FIXED}", raw[:-100])
+    with pytest.raises(errors.CorruptCheckpointError, match="the manifest says"):
+        ckptio.load(root.store, step=7)
+    flipped = bytearray(raw)
+    flipped[5] ^= 0x40
+    root.put(f"step-0000000007/{FIXED}", bytes(flipped))
+    with pytest.raises(
+        errors.ChecksumError, match=r"rank-00000-000-x\.bin: CRC32C mismatch in bytes 0\.\.4096"
+    ):
+        ckptio.load(root.store, step=7)
+
+
+S3_NEWEST_SPOILED = {
+    # how the newest manifest is spoiled out of band: (spoil(root, manifest rel key), error of
+    # an explicit load, or None where step 8 is then not committed at all)
+    "damaged": (lambda r, m: r.put(m, r.get(m)[:-9]), errors.ManifestError),
+    "empty": (lambda r, m: r.put(m, b""), errors.ManifestError),
+    "not_json": (lambda r, m: r.put(m, b"\x00" * 4096), errors.ManifestError),
+    "oversized": (
+        lambda r, m: r.put(m, json.dumps(dict(json.loads(r.get(m)), pad="x" * (2 << 20))).encode()),
+        errors.ManifestError,
+    ),
+    "missing": (lambda r, m: r.delete(m), None),
+    "folder_marker_instead": (lambda r, m: (r.delete(m), r.put(m + "/", b"")), None),
+}
+
+
+@_apply(s3_hostile)
+def test_s3_spoiled_newest_manifest_falls_back_to_the_newest_good_step(
+    s3_root, monkeypatch, caplog
+):
+    """The newest manifest is damaged, empty, garbage, larger than the limit, missing, or a
+    folder marker stands where it should be: a load that names no step loads the newest good
+    one (warning when a manifest was there but refused); a load naming the step raises a
+    ckptio error naming the key."""
+    monkeypatch.setattr(fmt, "MAX_MANIFEST_BYTES", 1 << 20)
+    root = s3_root
+    root.save(5)
+    root.save(8)
+    manifest = fmt.manifest_key(8)
+    good = root.get(manifest)
+    for how, (spoil, error) in S3_NEWEST_SPOILED.items():
+        root.write_manifest(good, step=8)
+        for k in root.listed():
+            if k.startswith(f"{root.prefix}/{manifest}/"):
+                root.client.delete_object(Bucket=root.bucket, Key=k)
+        spoil(root, manifest)
+        with pytest.raises(error or errors.NotFoundError, match=r"step-0000000008|step 8"):
+            ckptio.load(root.store, step=8)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="ckptio"):
+            reader = ckptio.open_checkpoint(root.store)
+        assert reader.step == 5, how
+        reader.state()
+        if error is not None:
+            assert "skipping step 8" in caplog.text and "manifest.json" in caplog.text, (
+                how,
+                caplog.text,
+            )
+
+
+@_apply(s3_hostile)
+def test_s3_odd_keys_beside_a_checkpoint(s3_root):
+    """Keys a POSIX tree cannot hold, or tools leave in buckets, beside a committed step: a
+    folder marker for the root and a step, an object named like the root itself, a doubled
+    slash, an unpadded or suffixed step name, a manifest-named prefix, and a complete copy of
+    the checkpoint under a sibling prefix that shares the root's name as a string prefix.
+    Loading takes the real newest step, ``ls`` and ``gc`` work, and nothing outside the root
+    is read as part of it or removed."""
+    root = s3_root
+    doc = root.save(7)
+    sibling = S3Root(root.client, root.bucket, "s3", prefix="run2")
+    sibling.save(9)  # a newer, valid checkpoint, outside the root: never ours
+    manifest7 = root.get(fmt.manifest_key(7))
+    odd = {
+        "": b"",  # "run/": a folder marker for the root
+        "step-0000000008/": b"",
+        "step-0000000009x/manifest.json": manifest7,
+        "step-12/manifest.json": manifest7,
+        "step-0000000011//manifest.json": manifest7,
+        "step-0000000010/manifest.json/": b"",
+        "step-0000000010/manifest.json/x": manifest7,
+        "step-0000000013/manifest.json.tmp": manifest7,
+    }
+    for rel, data in odd.items():
+        root.put(rel, data)
+    root.client.put_object(Bucket=root.bucket, Key="run", Body=b"an object named like the root")
+    outside = {k for k in root.listed() if not k.startswith("run/")}
+    reader = ckptio.open_checkpoint(root.store)
+    assert reader.step == 7
+    assert state_equal(reader.state(), doc)
+    assert ckptio.Checkpointer(root.store).steps() == [7]
+    from ckptio.cli import main
+
+    assert main(["ls", root.url, "--json"]) == 0
+    assert ckptio.verify(root.store) == []
+    ckptio.collect_garbage(root.store, unfinished=True)
+    assert outside <= root.listed(), "gc removed objects outside the root"
+    assert ckptio.verify(root.store) == [] and ckptio.open_checkpoint(root.store).step == 7
+
+
+def state_equal(state: dict, doc: dict) -> bool:
+    return (
+        doc["step"] == 7
+        and np.array_equal(state["w"], np.arange(4096, dtype=np.float32).reshape(64, 64))
+        and np.array_equal(state["b"], np.arange(100, dtype=np.int16))
+        and state["meta"] == {"lr": 0.1}
+    )
+
+
+@_apply(s3_hostile)
+def test_s3_free_form_json_bomb_bounded_in_load_ls_gc_and_retention(s3_root):
+    """The metadata bomb of test_free_form_json_bomb_bounded_in_load_ls_gc_and_retention (16 MiB
+    of nested lists, ~450 MiB decoded) in the newest manifest of an S3 checkpoint, read through
+    each client in a fresh process: load falls back to the older good step, and load, ls, gc
+    and retention stay under twice the manifest's size plus 32 MiB (an object is received into
+    a buffer, then copied once into ``bytes``: Store.get). s3fs: four times (it receives on its
+    own event-loop thread, whose freed memory glibc does not hand to the main thread's
+    allocations: the peaks of the four commands add up)."""
+    root = s3_root
+    root.save(5)
+    doc = root.save(7)
+    text = FREE_FORM_BOMBS["metadata"](doc, _bomb(16 << 20))
+    root.write_manifest(text, step=7)
+    size = len(text)
+    got = _peak_of(root.url, ["load", "ls", "gc", "retention"], good_step=5, new_step=9)
+    grew = got["peak"] - got["base"]
+    factor = 4 if root.scheme == "s3+fsspec" else 2
+    assert grew < factor * size + (32 << 20), (
+        f"peak grew by {grew >> 20} MiB for a {size >> 20} MiB manifest ({got})"
+    )
+    assert got["outcomes"] == {
+        "load": "loaded step 5",
+        "ls": "exit 0",
+        "gc": "exit 0",
+        "retention": "saved",
+    }, got
+    with pytest.raises(errors.ManifestError, match="metadata"):
+        ckptio.load(root.store, step=7)

@@ -83,14 +83,29 @@ def committed_whole(url: str, step: int) -> None:
     assert state_mismatch(ckptio.load(url, step), expected_state(step)) is None
 
 
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
-def target(request, tmp_path):
+TARGETS = pytest.mark.parametrize(
+    ("target", "s3_target"),
+    [
+        pytest.param("file", "moto", id="file"),
+        pytest.param("s3", "moto", marks=pytest.mark.s3, id="s3-moto"),
+        pytest.param("s3", "rgw", marks=[pytest.mark.s3, pytest.mark.rgw], id="s3-rgw"),
+    ],
+    indirect=True,
+)
+"""A root on ``file://``, and on ``s3://`` against the moto server and against Ceph RGW (a
+real S3 implementation; one server for the session, ``s3_target``)."""
+
+
+@pytest.fixture
+def target(request, tmp_path, s3_target):
+    """``(url, environment)`` of a fresh root of the kind the test is parametrized with."""
     if request.param == "file":
         return f"file://{tmp_path}/run", None
     bucket = request.getfixturevalue("s3_bucket")
     return f"s3://{bucket}/run", request.getfixturevalue("s3_env")
 
 
+@TARGETS
 def test_default_gc_spares_a_resumed_runs_older_save(target):
     """Steps 100 and 50 are committed; a resumed run saves step 60 (older than the newest) while
     ``ckptio gc URL`` runs with its default settings: gc takes none of the save's objects, and
@@ -116,6 +131,7 @@ def test_default_gc_spares_a_resumed_runs_older_save(target):
     assert ckptio.Checkpointer(url).steps() == [50, 60, 100]
 
 
+@TARGETS
 def test_another_jobs_retention_spares_a_save_in_flight(target, caplog):
     """Two jobs with ``keep_last=2`` on one root: job B's save of step 7 is in flight while job
     A saves steps 8-10 with retention. A's retention leaves B's data alone, B commits whole,
@@ -251,11 +267,20 @@ READER = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("kind", "loads", "grace"),
-    [("file", 2000, -1), ("file", 600, 0.0), pytest.param("s3", 200, -1, marks=pytest.mark.s3)],
-    ids=["file-2000", "file-no-grace-600", "s3-200"],
+    ("kind", "loads", "grace", "s3_target"),
+    [
+        pytest.param("file", 2000, -1, "moto", id="file-2000"),
+        pytest.param("file", 600, 0.0, "moto", id="file-no-grace-600"),
+        pytest.param("s3", 200, -1, "moto", marks=pytest.mark.s3, id="s3-moto-200"),
+        pytest.param(
+            "s3", 200, -1, "rgw", marks=[pytest.mark.s3, pytest.mark.rgw], id="s3-rgw-200"
+        ),
+    ],
+    indirect=["s3_target"],
 )
-def test_loads_beside_saves_with_retention_never_fail(request, tmp_path, kind, loads, grace):
+def test_loads_beside_saves_with_retention_never_fail(
+    request, tmp_path, kind, loads, grace, s3_target
+):
     """A trainer saves step after step with ``keep_last=1`` (so each commit retires the previous
     step) while a reader loads the newest checkpoint ``loads`` times: every load returns a
     complete checkpoint of one step, never an error. ``grace=0`` removes retired data at once,

@@ -27,7 +27,7 @@ from ckptio.lease import (
     retired_at,
     retired_key,
 )
-from ckptio.store import Store
+from ckptio.store import Store, is_key
 
 __all__ = [
     "StepInfo",
@@ -54,7 +54,7 @@ class StepInfo:
 def list_steps(store: Store) -> list[StepInfo]:
     """Every step under the root, committed or not, with its size (for ``ckptio ls``)."""
     by_step: dict[int, list[str]] = {}
-    for key in store.list("step-"):
+    for key in filter(is_key, store.list("step-")):  # not a foreign key (a folder marker)
         step = fmt.parse_step_dir(key.partition("/")[0])
         if step is not None:
             by_step.setdefault(step, []).append(key)
@@ -113,7 +113,7 @@ def delete_step(store: Store, step: int) -> None:
     """Delete one checkpoint: the manifest first (so it stops existing at once), then data."""
     prefix = fmt.step_dir(step) + "/"
     store.delete([fmt.manifest_key(step)])
-    store.delete([k for k in store.list(prefix)])
+    store.delete([k for k in store.list(prefix) if is_key(k)])
     store.cleanup_incomplete(prefix)
 
 
@@ -177,7 +177,7 @@ def _sweep(
     ``older_than`` says (retention passes :data:`~ckptio.lease.TEMP_MIN_AGE_SECONDS`: it runs
     beside other jobs' saves, whose lease is itself a temp file for an instant)."""
     by_step: dict[int, list[str]] = {}
-    for key in store.list("step-"):
+    for key in filter(is_key, store.list("step-")):  # foreign keys are left alone
         s = fmt.parse_step_dir(key.partition("/")[0])
         if s is not None:
             by_step.setdefault(s, []).append(key)
