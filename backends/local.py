@@ -49,11 +49,10 @@ from ckptio.store import (
     check_key,
     option_bool,
     option_int,
-    parse_size,
     wait_all,
 )
 from ckptio.trace import Trace
-from ckptio.units import MAX_LOCAL_PROCESSES
+from ckptio.units import MAX_LOCAL_PROCESSES, parse_size
 
 log = logging.getLogger(__name__)
 

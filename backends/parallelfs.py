@@ -57,8 +57,9 @@ from ckptio.backends.local import (
 )
 
 from ckptio import errors
-from ckptio.store import NoOptions, option_bool, option_int, parse_size
+from ckptio.store import NoOptions, option_bool, option_int
 from ckptio.trace import Trace
+from ckptio.units import parse_size
 
 log = logging.getLogger(__name__)
 

@@ -50,11 +50,10 @@ from ckptio.store import (
     as_byte_view,
     check_key,
     option_int,
-    parse_size,
     wait_all,
 )
 from ckptio.trace import Trace
-from ckptio.units import MAX_LOCAL_PROCESSES
+from ckptio.units import MAX_LOCAL_PROCESSES, parse_size
 
 T = TypeVar("T")
 

@@ -68,39 +68,15 @@ from typing import Any
 
 from ckptio import errors
 from ckptio.profiles import Profile
-from ckptio.units import parse_bandwidth as parse_bandwidth
-from ckptio.units import parse_duration as parse_duration
-from ckptio.units import parse_list, parse_size
-from ckptio.units import parse_rate as parse_rate
-
-# -- units ----------------------------------------------------------------------------------
-# parse_duration, parse_bandwidth and parse_rate live in ckptio.units (one set of parsers for
-# the library and the command line) and are re-exported here, where they were first defined
-
-
-def human_rate(bps: float) -> str:
-    """``50 MB/s``, ``70 GB/s`` (decimal units, as storage vendors quote them)."""
-    if math.isinf(bps):
-        return "unlimited"
-    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
-        if bps >= scale:
-            v = bps / scale
-            return f"{v:.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
-    return f"{bps:.0f} B/s"
-
-
-def human_seconds(s: float) -> str:
-    """``850 ms``, ``28.6 s``, ``4.8 min``, ``2.0 h``."""
-    if math.isinf(s):
-        return "inf"
-    if s < 1:
-        return f"{s * 1e3:.3g} ms"
-    if s < 120:
-        return f"{s:.3g} s"
-    if s < 7200:
-        return f"{s / 60:.3g} min"
-    return f"{s / 3600:.3g} h"
-
+from ckptio.units import (
+    human_rate,
+    human_seconds,
+    human_size,
+    parse_bandwidth,
+    parse_duration,
+    parse_list,
+    parse_size,
+)
 
 # -- workload -------------------------------------------------------------------------------
 
@@ -409,13 +385,6 @@ def estimate(
         requests=total_requests,
         throttled=t_rate >= path and t_rate > 0 and slowest_other == "request-rate limit",
     )
-
-
-def human_size(n: float) -> str:
-    """Binary units (``8 MiB``); :func:`ckptio.units.human_bytes` without a ``.0``."""
-    from ckptio.units import human_bytes
-
-    return human_bytes(n).replace(".0 ", " ")
 
 
 # -- cost and interval -----------------------------------------------------------------------

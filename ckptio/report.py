@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ckptio.model import human_rate, human_seconds
 from ckptio.profiles import FIGURES, Profile
+from ckptio.units import human_rate, human_seconds, human_size
 
 
 def fig_text(value: float | None, unit: str) -> str:
@@ -398,7 +398,7 @@ def plot_sweep(targets: list[dict[str, Any]], path: str) -> str | None:
                 marker="o",
                 color=colors[n_series % len(colors)],
                 linestyle={"measured": "-", "emulated": "--", "mock": ":"}[t["kind"]],
-                label=f"{t['label']}, {human_size_short(part)} parts",
+                label=f"{t['label']}, {human_size(part)} parts",
             )
             n_series += 1
             drawn = True
@@ -422,12 +422,6 @@ def plot_sweep(targets: list[dict[str, Any]], path: str) -> str | None:
     fig.savefig(path)
     plt.close(fig)
     return path
-
-
-def human_size_short(n: float) -> str:
-    from ckptio.model import human_size
-
-    return human_size(n)
 
 
 def plot_timeline(proj: list[dict[str, Any]], interval: float, path: str) -> str | None:
@@ -581,8 +575,6 @@ def point_text(
 ) -> str:
     """``sweep: 4 streams, 8 MiB parts`` (with the checkpoint size and the ranks when asked:
     the things that differ between a target's points)."""
-    from ckptio.model import human_size
-
     kind, streams, part, nbytes, n_ranks = point
     bits = [
         f"{streams} stream{'s' if streams != 1 else ''}" if streams else "",
@@ -671,7 +663,6 @@ def build_report(
     import os
 
     from ckptio import errors
-    from ckptio.model import human_size
     from ckptio.results import read_results
 
     res = read_results(paths)

@@ -30,7 +30,6 @@ from ckptio import errors
 from ckptio.redact import redact_url
 from ckptio.trace import Trace
 from ckptio.units import MAX_COUNT, parse_count
-from ckptio.units import parse_size as parse_size  # re-exported: its home before ckptio.units
 
 T = TypeVar("T")
 

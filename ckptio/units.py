@@ -99,6 +99,35 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} EiB"  # pragma: no cover - the loop returns
 
 
+def human_size(n: float) -> str:
+    """:func:`human_bytes` without a ``.0`` (``8 MiB``, ``1.5 GiB``): part and block sizes."""
+    return human_bytes(n).replace(".0 ", " ")
+
+
+def human_rate(bps: float) -> str:
+    """``50 MB/s``, ``70 GB/s`` (decimal units, as storage vendors quote them)."""
+    if math.isinf(bps):
+        return "unlimited"
+    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bps >= scale:
+            v = bps / scale
+            return f"{v:.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
+    return f"{bps:.0f} B/s"
+
+
+def human_seconds(s: float) -> str:
+    """``850 ms``, ``28.6 s``, ``4.8 min``, ``2.0 h``."""
+    if math.isinf(s):
+        return "inf"
+    if s < 1:
+        return f"{s * 1e3:.3g} ms"
+    if s < 120:
+        return f"{s:.3g} s"
+    if s < 7200:
+        return f"{s / 60:.3g} min"
+    return f"{s / 3600:.3g} h"
+
+
 def _refuse(field: str, expected: str, value: Any) -> errors.InvalidArgumentError:
     shown = value if isinstance(value, str) else repr(value)
     if isinstance(shown, str) and len(shown) > 60:
