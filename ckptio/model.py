@@ -72,10 +72,6 @@ from ckptio.units import (
     human_rate,
     human_seconds,
     human_size,
-    parse_bandwidth,
-    parse_duration,
-    parse_list,
-    parse_size,
 )
 
 # -- workload -------------------------------------------------------------------------------
@@ -899,13 +895,6 @@ def evaluate(
     return out
 
 
-def _profiles_from_args(names: list[str] | None, overrides: dict[str, str]) -> list[Profile]:
-    from ckptio.profiles import available, load_profile
-
-    wanted = [n.strip() for item in (names or []) for n in item.split(",") if n.strip()]
-    return [load_profile(n, overrides) for n in (wanted or available())]
-
-
 #: Objects each rank writes at once in projections: what ckptio's runner does by default
 #: (``--inflight 2``), so a projection and a run of the same plan describe the same client.
 DEFAULT_OBJECT_CONCURRENCY = 2
@@ -932,109 +921,6 @@ def preset_workload(
         prefixes=prefixes,
         object_concurrency=object_concurrency,
     )
-
-
-def run_model_cli(args: Any) -> dict[str, Any]:
-    """``ckptio model``: the argparse namespace -> :func:`evaluate`'s result."""
-    from ckptio.profiles import parse_overrides
-
-    overrides = parse_overrides(args.set)
-    prefixes = 256 if args.key_layout == "hashed" else 1
-    size = parse_size(args.size, field="--size") if args.size else None
-    common: dict[str, Any] = dict(
-        interval=parse_duration(args.interval, field="--interval", positive=True),
-        mtbf=(
-            parse_duration(args.mtbf, field="--mtbf", positive=True, allow_inf=True)
-            if args.mtbf
-            else math.inf
-        ),
-        restart_seconds=parse_duration(args.restart, field="--restart")
-        if args.restart is not None
-        else None,
-        restart_overhead=parse_duration(args.restart_overhead, field="--restart-overhead"),
-        read_bandwidth=parse_bandwidth(args.read_bandwidth, field="--read-bandwidth")
-        if args.read_bandwidth
-        else None,
-        gpus=args.gpus,
-        writing_ranks=args.writing_ranks,
-        price_per_gpu_hour=args.price,
-        streams=args.streams,
-        part_size=parse_size(args.part_size, field="--part-size") if args.part_size else None,
-        async_save=args.async_save,
-        snapshot_bandwidth=parse_bandwidth(args.snapshot_bandwidth, field="--snapshot-bandwidth"),
-    )
-    tiers: dict[str, Any] = {}
-    if getattr(args, "local", None):
-        from ckptio.profiles import load_profile
-
-        if not 0 <= args.p_lose_node <= 1:
-            raise errors.InvalidArgumentError(
-                f"--p-lose-node: a probability in [0, 1], got {args.p_lose_node}"
-            )
-        if args.persist_every < 1:
-            raise errors.InvalidArgumentError(
-                f"--persist-every: must be >= 1, got {args.persist_every}"
-            )
-        tiers = dict(
-            local=load_profile(args.local, overrides),
-            persist_every=args.persist_every,
-            p_lose_node=args.p_lose_node,
-        )
-    if args.checkpoint_seconds is not None:
-        return evaluate(
-            checkpoint_seconds=parse_duration(
-                args.checkpoint_seconds, field="--checkpoint-seconds"
-            ),
-            size=size,
-            **common,
-        )
-    if args.write_bandwidth is not None:
-        if size is None:
-            raise errors.InvalidArgumentError("--write-bandwidth needs --size (e.g. --size 2TB)")
-        return evaluate(
-            size=size,
-            write_bandwidth=parse_list(
-                args.write_bandwidth, parse_bandwidth, field="--write-bandwidth"
-            ),
-            **common,
-        )
-    profiles: list[Profile] = []
-    calibrations: list[Calibration] = []
-    if args.from_results:
-        calibrations = calibrate_results(args.from_results)
-        profiles = [c.as_profile().with_overrides(overrides) for c in calibrations]
-        if args.profile:
-            profiles += _profiles_from_args(args.profile, overrides)
-    else:
-        profiles = _profiles_from_args(args.profile, overrides)
-    if args.preset:
-        workload = preset_workload(
-            args.preset, gpus=args.gpus, ranks_per_node=args.ranks_per_node, prefixes=prefixes
-        )
-        common["gpus_from"] = "given" if args.gpus else f"preset {args.preset}"
-    elif size is not None:
-        common["gpus_from"] = "given" if args.gpus else "assumed"
-        gpus = args.gpus or 1
-        writing = args.writing_ranks or gpus
-        workload = Workload(
-            total_bytes=size,
-            writing_ranks=writing,
-            bytes_per_rank=-(-size // writing),
-            objects_per_rank=args.objects_per_rank,
-            ranks=gpus,
-            ranks_per_node=args.ranks_per_node,
-            name=f"{args.size} checkpoint",
-            prefixes=prefixes,
-        )
-    else:
-        raise errors.InvalidArgumentError(
-            "model needs a workload: --preset NAME (see `ckptio plan`), or --size with --gpus; "
-            "or figures: --checkpoint-seconds, or --size with --write-bandwidth"
-        )
-    result = evaluate(profiles=profiles, workload=workload, **common, **tiers)
-    if calibrations:
-        result["calibration"] = [asdict(c) for c in calibrations]
-    return result
 
 
 def calibrate(requests: Any, runs: Any) -> list[Calibration]:
