@@ -55,7 +55,7 @@ DEFAULT_PROJECTIONS = ("gpt3-175b",)
 
 MEASURED_NOTES = {"rgw": "measured — Ceph RGW on loopback"}
 """What a measured target of ``ckptio compare`` is, where its name alone does not say: ``rgw``
-is a real S3 implementation run on this machine (:mod:`ckptio.testing.rgw`), not a cloud
+is a real S3 implementation run on this machine (:mod:`ckptio.rgwserver`), not a cloud
 service."""
 
 
