@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, ClassVar, Unpack
+from typing import ClassVar, Unpack
 
 import numpy as np
 
@@ -559,18 +559,12 @@ class LocalStore(Store):
     - ``preallocate`` (bool, default False): ``posix_fallocate`` the size hint first, so a full
       disk fails the save at its start.
 
-    A ``file://`` root that lies on a parallel filesystem (Lustre, GPFS, BeeGFS, GlusterFS)
-    opens as :class:`~ckptio.backends.parallelfs.ParallelFSStore` (``pfs://``), which takes
-    the same options plus striping ones; see :func:`~ckptio.backends.parallelfs.detect_fs`.
+    A ``file://`` URL whose root lies on a parallel filesystem (Lustre, GPFS, BeeGFS,
+    GlusterFS) opens as :class:`~ckptio.backends.parallelfs.ParallelFSStore` (``pfs://``),
+    which takes the same options plus striping ones: the registry makes that choice
+    (:func:`ckptio.registry.open_store`); this class, constructed directly, is always the plain
+    local store.
     """
-
-    def __new__(cls, url: str, **options: Any) -> LocalStore:
-        if cls is LocalStore:
-            from ckptio.backends import parallelfs  # late: parallelfs subclasses LocalStore
-
-            if parallelfs.detect_fs(local_root(url)).parallel:
-                return super().__new__(parallelfs.ParallelFSStore)
-        return super().__new__(cls)
 
     schemes: ClassVar[tuple[str, ...]] = ("file",)
     name: ClassVar[str] = "file"

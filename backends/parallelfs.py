@@ -235,6 +235,12 @@ class ParallelFSStore(LocalStore):
     schemes: ClassVar[tuple[str, ...]] = ("pfs",)
     name: ClassVar[str] = "pfs"
 
+    @classmethod
+    def claims(cls, path: str) -> bool:
+        """Whether ``path`` lies on a parallel filesystem (:func:`detect_fs`): the registry
+        opens a ``file://`` URL there with this class instead of the plain local store."""
+        return detect_fs(path).parallel
+
     def __init__(
         self,
         url: str,
