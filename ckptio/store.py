@@ -22,7 +22,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from types import TracebackType
 from typing import Any, ClassVar, Self, TypedDict, TypeVar
 
@@ -37,7 +36,8 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class StoreURL:
     """A storage URL taken apart by :func:`ckptio.registry.parse_url`, the one parser every
-    backend reads its URL through (``Store.location``).
+    backend reads its URL through (``parse_url(url)`` in its constructor: the registry sits
+    above this module, so a Store does not parse its own URL).
 
     What ``host`` and ``path`` hold depends on the backend's form: a local directory
     (``file``, ``pfs``, ``fsspec+file``): ``host`` empty, ``path`` absolute and
@@ -245,21 +245,13 @@ class Store(ABC):
 
     url: str
     """The URL the store was opened with, credentials hidden (:func:`ckptio.redact.redact_url`):
-    for messages and labels. Backends connect with :attr:`location` and their options, never
-    with this."""
+    for messages and labels. Backends connect with the parts of the URL they were given
+    (:func:`ckptio.registry.parse_url`) and their options, never with this."""
 
     def __init__(self, url: str, *, trace: Trace | None = None) -> None:
         self._given_url = url
         self.url = redact_url(url)
         self.trace = trace if trace is not None else Trace()
-
-    @cached_property
-    def location(self) -> StoreURL:
-        """The URL the store was opened with, taken apart by :func:`ckptio.registry.parse_url`
-        (strictly: a malformed URL raises :class:`~ckptio.errors.InvalidArgumentError`)."""
-        from ckptio.registry import parse_url
-
-        return parse_url(self._given_url)
 
     # -- writes ---------------------------------------------------------------------------
     @abstractmethod
