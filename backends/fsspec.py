@@ -36,6 +36,8 @@ from ._s3config import (
 from ._s3errors import error_details
 from ._s3multipart import one_buffer
 
+__all__ = ["FsspecStore"]
+
 
 class FsspecStore(c.WholeObjectStore):
     """A store on an fsspec filesystem.

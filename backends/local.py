@@ -54,6 +54,21 @@ from ckptio.store import (
 from ckptio.trace import Trace
 from ckptio.units import MAX_LOCAL_PROCESSES, parse_size
 
+__all__ = [
+    "ALIGN",
+    "DIRECT_MIN",
+    "STAGE_CACHE_BYTES",
+    "TMP_MARK",
+    "LocalStore",
+    "fsync_dir",
+    "local_root",
+    "not_regular",
+    "open_regular",
+    "open_regular_raw",
+    "os_error",
+    "why_unwritable",
+]
+
 log = logging.getLogger(__name__)
 
 LOCAL_OPTIONS = ("streams", "block_size", "direct", "direct_read", "fsync", "preallocate")

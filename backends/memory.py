@@ -15,6 +15,8 @@ from ckptio.registry import parse_url
 from ckptio.store import Buffer, Capabilities, NoOptions, Store, Writer, check_key
 from ckptio.trace import Trace
 
+__all__ = ["MemoryStore", "clear_all"]
+
 _SPACES: dict[str, dict[str, bytes]] = {}
 _SPACES_LOCK = threading.Lock()
 

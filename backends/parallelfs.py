@@ -61,6 +61,20 @@ from ckptio.store import NoOptions, option_bool, option_int
 from ckptio.trace import Trace
 from ckptio.units import parse_size
 
+__all__ = [
+    "DEFAULT_STRIPE_SIZE",
+    "KINDS",
+    "MAX_ALIGNMENT",
+    "PARALLEL_KINDS",
+    "FsInfo",
+    "ParallelFSStore",
+    "detect_fs",
+    "kind_of",
+    "mount_of",
+    "statfs_type",
+    "stripe_for",
+]
+
 log = logging.getLogger(__name__)
 
 KINDS = ("lustre", "gpfs", "beegfs", "glusterfs", "fuse", "nfs", "ext4", "xfs", "tmpfs", "other")

@@ -56,6 +56,8 @@ from ckptio.store import (
 from ckptio.trace import Trace
 from ckptio.units import MAX_LOCAL_PROCESSES, parse_size
 
+__all__ = ["ShapedStore"]
+
 T = TypeVar("T")
 
 _SHAPED_OPTIONS = ("profile", "streams", "part_size", "ranks", "ranks_per_node")

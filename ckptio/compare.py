@@ -32,6 +32,23 @@ from typing import Any
 from ckptio import errors
 from ckptio.redact import redact_url
 
+__all__ = [
+    "DEFAULT_OBJECT_SIZE",
+    "DEFAULT_PRESET",
+    "DEFAULT_PROFILES",
+    "DEFAULT_TARGETS",
+    "DEFAULT_TOTAL_SIZE",
+    "MOCK_BUCKET",
+    "RGW_BUCKET",
+    "SPECIAL_TARGETS",
+    "Target",
+    "compare",
+    "default_targets",
+    "mock_s3_server",
+    "resolve_targets",
+    "rgw_s3_server",
+]
+
 DEFAULT_TARGETS = ("local", "mock-s3")
 """Always run by default; ``rgw`` joins them where its packages are installed
 (:func:`default_targets`)."""

@@ -74,6 +74,30 @@ from ckptio.units import (
     human_size,
 )
 
+__all__ = [
+    "DEFAULT_CLIENT_CPU_BANDWIDTH",
+    "DEFAULT_OBJECT_CONCURRENCY",
+    "DEFAULT_P_LOSE_NODE",
+    "DEFAULT_RESTART_OVERHEAD",
+    "DEFAULT_SNAPSHOT_BANDWIDTH",
+    "LIMITS",
+    "Calibration",
+    "CostModel",
+    "Limit",
+    "PhaseEstimate",
+    "Workload",
+    "calibrate",
+    "calibrate_results",
+    "cost_curve",
+    "daly_interval",
+    "estimate",
+    "evaluate",
+    "fit_latency_bandwidth",
+    "overhead_fraction",
+    "preset_workload",
+    "young_interval",
+]
+
 # -- workload -------------------------------------------------------------------------------
 
 #: Client-side processing rate per writing rank (bytes/s): CRC32C through the crc32c package

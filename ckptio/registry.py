@@ -46,6 +46,20 @@ from ckptio.store import Store, StoreURL
 if TYPE_CHECKING:
     from ckptio.backends.parallelfs import ParallelFSStore
 
+__all__ = [
+    "GROUP",
+    "INSTALL_HINTS",
+    "REQUIRES",
+    "BackendInfo",
+    "accepted_forms",
+    "backends",
+    "load_backend",
+    "open_store",
+    "parse_url",
+    "split_url",
+    "wrap_url",
+]
+
 GROUP = "ckptio.backends"
 
 #: The pip extra that brings each built-in backend's dependencies.

@@ -13,6 +13,32 @@ from typing import Any
 from ckptio.profiles import FIGURES, Profile
 from ckptio.units import human_rate, human_seconds, human_size
 
+__all__ = [
+    "DEFAULT_PRICE_PER_GPU_HOUR",
+    "DEFAULT_PROJECTIONS",
+    "DEFAULT_RESTART_SECONDS",
+    "KIND_NOTE",
+    "KIND_STYLE",
+    "MEASURED_NOTES",
+    "REFERENCE_MTTF_GPUS",
+    "REFERENCE_MTTF_SECONDS",
+    "build_report",
+    "fig_text",
+    "md_table",
+    "measured_note",
+    "plot_cost",
+    "plot_latency",
+    "plot_sweep",
+    "plot_throughput",
+    "plot_timeline",
+    "plots_unavailable",
+    "point_text",
+    "projection_rows",
+    "run_kind",
+    "run_point",
+    "summary_rows",
+]
+
 
 def fig_text(value: float | None, unit: str) -> str:
     if value is None or (isinstance(value, float) and math.isinf(value)):

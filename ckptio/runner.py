@@ -98,6 +98,24 @@ from ckptio.units import (
 )
 from ckptio.workload import ObjectSpec, Plan
 
+__all__ = [
+    "CACHE_MODES",
+    "DEFAULT_SWEEP_MEMORY",
+    "GEN_BLOCK",
+    "KEEP",
+    "PROGRESS_HOOK",
+    "SAY_HOOK",
+    "DataGenerator",
+    "RunSummary",
+    "SweepPoint",
+    "check_layout",
+    "rank_main",
+    "run_workload",
+    "sweep",
+    "sweep_points",
+    "sweep_warnings",
+]
+
 log = logging.getLogger(__name__)
 
 CACHE_MODES = ("auto", "o_direct", "fadvise", "drop_caches", "none")

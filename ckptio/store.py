@@ -30,6 +30,22 @@ from ckptio.redact import redact_url
 from ckptio.trace import Trace
 from ckptio.units import MAX_COUNT, parse_count
 
+__all__ = [
+    "DEFAULT_RETRY_POLICY",
+    "Buffer",
+    "Capabilities",
+    "PositionalWriter",
+    "RetryPolicy",
+    "Store",
+    "StoreURL",
+    "Writer",
+    "as_byte_view",
+    "check_key",
+    "option_bool",
+    "option_int",
+    "wait_all",
+]
+
 T = TypeVar("T")
 
 

@@ -31,6 +31,34 @@ from typing import Any
 
 from ckptio import errors
 
+__all__ = [
+    "BANDWIDTH_EXAMPLES",
+    "DURATION_EXAMPLES",
+    "MAX_BYTES",
+    "MAX_COUNT",
+    "MAX_GPUS",
+    "MAX_ITERATIONS",
+    "MAX_LOCAL_PROCESSES",
+    "MAX_MODEL_DIMENSION",
+    "MAX_PRICE",
+    "MAX_SCALE",
+    "MAX_SECONDS",
+    "MAX_STEP",
+    "RATE_EXAMPLES",
+    "SIZE_EXAMPLES",
+    "human_bytes",
+    "human_rate",
+    "human_seconds",
+    "human_size",
+    "parse_bandwidth",
+    "parse_count",
+    "parse_duration",
+    "parse_list",
+    "parse_number",
+    "parse_rate",
+    "parse_size",
+]
+
 MAX_BYTES = 2**60
 """1 EiB: the largest size (checkpoint, object, part, block) accepted; it leaves the int64 byte
 counts of plans and manifests an 8x margin for sums."""

@@ -43,6 +43,27 @@ from ckptio.units import (
     parse_size,
 )
 
+__all__ = [
+    "COMPONENTS",
+    "DEFAULT_OBJECT_SIZE",
+    "DEFAULT_PART_SIZE",
+    "GIB",
+    "OBJECT_ALIGNMENT",
+    "PRESETS",
+    "Layout",
+    "ObjectSpec",
+    "Plan",
+    "Precision",
+    "Preset",
+    "Transformer",
+    "custom_preset",
+    "get_preset",
+    "make_plan",
+    "plan_layout",
+    "preset_names",
+    "scale_plan",
+]
+
 DEFAULT_OBJECT_SIZE = 64 * 2**20
 """Bytes: the largest shard object the runner writes. A rank's share is written as a sequence
 of objects of at most this size, each generated, written and closed in turn, so a rank's

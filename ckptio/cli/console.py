@@ -32,6 +32,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+__all__ = [
+    "FORMATS",
+    "Cell",
+    "Printer",
+    "Progress",
+    "Sheet",
+    "Styled",
+    "comparison_sheet",
+    "gpus_text",
+    "idle_text",
+    "note",
+    "num",
+    "plain",
+    "print_model",
+    "print_plan",
+    "print_run",
+    "profiles_sheet",
+    "projection_sheet",
+    "warn",
+]
+
 FORMATS = ("table", "markdown", "csv", "json")
 
 
