@@ -84,12 +84,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 #: Packages only the CLI layer imports.
 CLI_ONLY = ("argparse", "rich")
 
-#: Import edges that break the layering and are known: (importer, imported) -> why. Each one
-#: must still exist (the test fails when it goes, so the entry goes too).
-KNOWN: dict[tuple[str, str], str] = {
-    ("ckptio.checkpoint", "ckptio.tiered"): "Checkpointer(url, local=...) returns a "
-    "TieredCheckpointer, which is built of Checkpointers: the checkpoint package split removes it",
+#: Lazy imports inside one layer that close a cycle, known and kept: (importer, imported) ->
+#: why. The importer may be a package (its modules count). Each must still exist: the test
+#: fails when one goes, so its entry goes too.
+KNOWN_CYCLES: dict[tuple[str, str], str] = {
+    ("ckptio.checkpoint", "ckptio.tiered"): "the public API: Checkpointer(url, local=...) "
+    "returns a TieredCheckpointer, which is built of Checkpointers",
 }
+
+
+def _in(module: str, name: str) -> bool:
+    return module == name or module.startswith(name + ".")
 
 
 def _modules() -> dict[str, Path]:
@@ -228,15 +233,16 @@ def test_imports_point_to_the_same_layer_or_below():
         for b in targets
         if _layer_of(b) > _layer_of(a)
     }
-    assert [upward[e] for e in sorted(set(upward) - set(KNOWN))] == []
-    gone = [e for e in KNOWN if e[1] not in edges[e[0]]]
-    assert gone == [], "a known exception is gone: remove it from KNOWN"
+    assert [upward[e] for e in sorted(upward)] == []
 
 
 def test_the_import_graph_has_no_cycle():
     edges, _ = _graph()
-    for a, b in KNOWN:
-        edges[a].discard(b)
+    for importer, imported in KNOWN_CYCLES:
+        known = [a for a in edges if _in(a, importer) and imported in edges[a]]
+        assert known, f"{importer} no longer imports {imported}: remove it from KNOWN_CYCLES"
+        for a in known:
+            edges[a].discard(imported)
     cycle = _cycle(edges)
     assert cycle is None, " -> ".join(cycle or [])
 
@@ -278,7 +284,7 @@ def test_every_public_module_states_its_api_in_dunder_all():
     for module, path in _modules().items():
         if path.suffix != ".py" or any(p.startswith("_") for p in module.split(".")):
             continue
-        if module in NO_ALL_YET:
+        if any(_in(module, name) for name in NO_ALL_YET):
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         declared = [
