@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal
 from ckptio import errors
 from ckptio.arrays import prefault
 from ckptio.redact import redact, redact_url
+from ckptio.registry import parse_url
 from ckptio.store import DEFAULT_RETRY_POLICY, Buffer, Capabilities, Store, Writer, as_byte_view
 from ckptio.trace import Trace
 
@@ -103,13 +104,14 @@ class S3Base(Store):
         return self.part_size
 
     def _setup(self, options: dict[str, Any]) -> None:
-        """Take the bucket and prefix from the URL (:attr:`location`) and pop the I/O and AWS
+        """Take the bucket and prefix from the URL (:func:`~ckptio.registry.parse_url`) and pop the I/O and AWS
         options (in any spelling of :data:`OPTION_SPELLINGS`); any option left over is an
         error naming the valid ones (:attr:`OPTIONS`)."""
         canon = canonical_options(options)
         options.clear()
         options.update(canon)
-        self.bucket, self.prefix = self.location.bucket, self.location.prefix
+        loc = parse_url(self._given_url)
+        self.bucket, self.prefix = loc.bucket, loc.prefix
         reject_unknown(
             self.name, {k: v for k, v in options.items() if k not in self.OPTIONS}, self.OPTIONS
         )

@@ -43,8 +43,8 @@ from typing import Any, TypedDict
 
 from ckptio import errors
 from ckptio.redact import redact_url, register_secret
-from ckptio.store import option_int, parse_size
-from ckptio.units import MAX_LOCAL_PROCESSES, parse_duration
+from ckptio.store import option_int
+from ckptio.units import MAX_LOCAL_PROCESSES, parse_duration, parse_size
 
 # -- S3 limits (AWS S3 user guide, "Amazon S3 multipart upload limits") ---------------------
 MIN_PART_SIZE = 5 * 2**20

@@ -35,6 +35,8 @@ from ckptio.trace import Trace
 from . import _s3common as c
 from ._s3config import OptionSpellings, given
 
+__all__ = ["ArrowStore"]
+
 log = logging.getLogger(__name__)
 _ENV_LOCK = threading.Lock()
 _CHECKSUM_ENV = "AWS_REQUEST_CHECKSUM_CALCULATION"

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Literal, Unpack
 
 from ckptio import errors
+from ckptio.registry import parse_url
 from ckptio.store import Capabilities
 from ckptio.trace import Trace
 
@@ -34,6 +35,8 @@ from ._s3config import (
 )
 from ._s3errors import error_details
 from ._s3multipart import one_buffer
+
+__all__ = ["FsspecStore"]
 
 
 class FsspecStore(c.WholeObjectStore):
@@ -88,7 +91,7 @@ class FsspecStore(c.WholeObjectStore):
         )
 
         super().__init__(url, trace=trace)
-        loc = self.location
+        loc = parse_url(url)
         proto = loc.protocol or "s3"  # s3+fsspec://
         self.protocol = proto
         self._is_s3 = proto in ("s3", "s3a")
@@ -120,7 +123,7 @@ class FsspecStore(c.WholeObjectStore):
 
     @property
     def local_path(self) -> str | None:
-        return self.root if self.location.local else None
+        return self.root if parse_url(self._given_url).local else None
 
     @property
     def where(self) -> str:

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, ClassVar, Unpack
+from typing import ClassVar, Unpack
 
 import numpy as np
 
@@ -49,11 +49,25 @@ from ckptio.store import (
     check_key,
     option_bool,
     option_int,
-    parse_size,
     wait_all,
 )
 from ckptio.trace import Trace
-from ckptio.units import MAX_LOCAL_PROCESSES
+from ckptio.units import MAX_LOCAL_PROCESSES, parse_size
+
+__all__ = [
+    "ALIGN",
+    "DIRECT_MIN",
+    "STAGE_CACHE_BYTES",
+    "TMP_MARK",
+    "LocalStore",
+    "fsync_dir",
+    "local_root",
+    "not_regular",
+    "open_regular",
+    "open_regular_raw",
+    "os_error",
+    "why_unwritable",
+]
 
 log = logging.getLogger(__name__)
 
@@ -560,18 +574,12 @@ class LocalStore(Store):
     - ``preallocate`` (bool, default False): ``posix_fallocate`` the size hint first, so a full
       disk fails the save at its start.
 
-    A ``file://`` root that lies on a parallel filesystem (Lustre, GPFS, BeeGFS, GlusterFS)
-    opens as :class:`~ckptio.backends.parallelfs.ParallelFSStore` (``pfs://``), which takes
-    the same options plus striping ones; see :func:`~ckptio.backends.parallelfs.detect_fs`.
+    A ``file://`` URL whose root lies on a parallel filesystem (Lustre, GPFS, BeeGFS,
+    GlusterFS) opens as :class:`~ckptio.backends.parallelfs.ParallelFSStore` (``pfs://``),
+    which takes the same options plus striping ones: the registry makes that choice
+    (:func:`ckptio.registry.open_store`); this class, constructed directly, is always the plain
+    local store.
     """
-
-    def __new__(cls, url: str, **options: Any) -> LocalStore:
-        if cls is LocalStore:
-            from ckptio.backends import parallelfs  # late: parallelfs subclasses LocalStore
-
-            if parallelfs.detect_fs(local_root(url)).parallel:
-                return super().__new__(parallelfs.ParallelFSStore)
-        return super().__new__(cls)
 
     schemes: ClassVar[tuple[str, ...]] = ("file",)
     name: ClassVar[str] = "file"

@@ -11,8 +11,11 @@ from collections.abc import Iterable
 from typing import ClassVar, Unpack
 
 from ckptio import errors
+from ckptio.registry import parse_url
 from ckptio.store import Buffer, Capabilities, NoOptions, Store, Writer, check_key
 from ckptio.trace import Trace
+
+__all__ = ["MemoryStore", "clear_all"]
 
 _SPACES: dict[str, dict[str, bytes]] = {}
 _SPACES_LOCK = threading.Lock()
@@ -88,7 +91,7 @@ class MemoryStore(Store):
         if unknown:
             raise errors.UnknownOptionError("memory://", unknown, [("memory://", ())])
         super().__init__(url, trace=trace)
-        loc = self.location
+        loc = parse_url(url)
         self._objects = _space(loc.host)
         self._prefix = loc.prefix + "/" if loc.prefix else ""
 

@@ -25,6 +25,8 @@ from ckptio.trace import Trace
 from . import _s3common as c
 from ._s3config import OptionSpellings, given
 
+__all__ = ["ObstoreStore"]
+
 
 class ObstoreStore(c.WholeObjectStore):
     """S3 through obstore.

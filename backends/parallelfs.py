@@ -57,8 +57,23 @@ from ckptio.backends.local import (
 )
 
 from ckptio import errors
-from ckptio.store import NoOptions, option_bool, option_int, parse_size
+from ckptio.store import NoOptions, option_bool, option_int
 from ckptio.trace import Trace
+from ckptio.units import parse_size
+
+__all__ = [
+    "DEFAULT_STRIPE_SIZE",
+    "KINDS",
+    "MAX_ALIGNMENT",
+    "PARALLEL_KINDS",
+    "FsInfo",
+    "ParallelFSStore",
+    "detect_fs",
+    "kind_of",
+    "mount_of",
+    "statfs_type",
+    "stripe_for",
+]
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +248,12 @@ class ParallelFSStore(LocalStore):
 
     schemes: ClassVar[tuple[str, ...]] = ("pfs",)
     name: ClassVar[str] = "pfs"
+
+    @classmethod
+    def claims(cls, path: str) -> bool:
+        """Whether ``path`` lies on a parallel filesystem (:func:`detect_fs`): the registry
+        opens a ``file://`` URL there with this class instead of the plain local store."""
+        return detect_fs(path).parallel
 
     def __init__(
         self,

@@ -29,6 +29,8 @@ from ._s3errors import error_details
 from ._s3multipart import MultipartWriter, PieceReader, crc32c_b64, crc32c_of
 from ._s3presigned import PresignedGets, receive
 
+__all__ = ["Boto3Store"]
+
 
 class _BotoSender:
     def __init__(self, client: Any, bucket: str, checksum: bool) -> None:

@@ -42,6 +42,7 @@ from typing import Any, ClassVar, TypeVar
 
 from ckptio import errors
 from ckptio.profiles import FIGURES, Profile, load_profile
+from ckptio.registry import open_store, parse_url
 from ckptio.store import (
     Buffer,
     Capabilities,
@@ -50,11 +51,12 @@ from ckptio.store import (
     as_byte_view,
     check_key,
     option_int,
-    parse_size,
     wait_all,
 )
 from ckptio.trace import Trace
-from ckptio.units import MAX_LOCAL_PROCESSES
+from ckptio.units import MAX_LOCAL_PROCESSES, parse_size
+
+__all__ = ["ShapedStore"]
 
 T = TypeVar("T")
 
@@ -194,7 +196,7 @@ class ShapedStore(Store):
         profile's; ``**options`` holds profile figures by name (:data:`FIGURES`) and the
         wrapped store's own options (which that store checks)."""
         super().__init__(url, trace=trace)
-        inner_loc = self.location.inner
+        inner_loc = parse_url(url).inner
         if inner_loc is None:
             raise errors.InvalidArgumentError(
                 f"shaped URL must wrap another store, e.g. shaped+memory://x?profile=cloud-s3 or "
@@ -216,8 +218,6 @@ class ShapedStore(Store):
         self.ranks_per_node = option_int(ranks_per_node, field="ranks_per_node", minimum=1)
         self.streams = shape.streams
         self.part_size = max(1, shape.part_size)
-
-        from ckptio.registry import open_store
 
         inner_url = inner_loc.bare
         # The wrapped store's own requests are not the emulated service's: a private trace.

@@ -37,8 +37,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from _common import CacheDropper, gb_per_s, machine_info, median, remove, timed, tree_bytes
 
-from ckptio.store import parse_size
 from ckptio.torch import StorageReader, StorageWriter
+from ckptio.units import parse_size
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 

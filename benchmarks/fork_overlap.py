@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as cm
 
 import ckptio
-from ckptio.store import parse_size
+from ckptio.units import parse_size
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -190,7 +190,7 @@ def main() -> int:
 
     import torch
 
-    from ckptio.store import parse_size
+    from ckptio.units import parse_size
 
     # DCP without a process group says so at every call; a single process is what is meant
     warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)

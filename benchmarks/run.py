@@ -64,8 +64,7 @@ import _common as cm
 
 import ckptio
 from ckptio import format as fmt
-from ckptio.cli import human_bytes
-from ckptio.store import parse_size
+from ckptio.units import human_bytes, parse_size
 
 ROW = 4096
 """float32 elements per row of the large tensors (a hidden size)."""

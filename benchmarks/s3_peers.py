@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
 
-    from ckptio.store import parse_size
+    from ckptio.units import parse_size
 
     a.part_size = parse_size(a.part_size, field="--part-size")
     if a.worker:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 import ckptio
-from ckptio.store import parse_size
+from ckptio.units import parse_size
 
 
 def main() -> None:

@@ -83,4 +83,6 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+    """The public API only (:data:`__all__`): not the helpers of this module, nor the submodules
+    that importing them binds here."""
+    return sorted(__all__)

@@ -23,6 +23,26 @@ import numpy as np
 
 from ckptio import errors
 
+__all__ = [
+    "ADAPTERS",
+    "CAPACITY_TTL",
+    "MADV_POPULATE_WRITE",
+    "PAGE",
+    "PREFAULT_MIN",
+    "TARGETS",
+    "Target",
+    "address",
+    "as_host_array",
+    "as_target",
+    "contiguous_le",
+    "copy_into",
+    "ensure_memory",
+    "memory_capacity",
+    "not_inherited",
+    "prefault",
+    "private_pages",
+]
+
 #: type-module prefix -> "module:function" turning such an object into a numpy array (or None
 #: when the object is not an array after all). Integrations add entries.
 ADAPTERS: dict[str, str] = {

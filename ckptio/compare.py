@@ -9,7 +9,7 @@ Default targets (a laptop needs nothing else):
   not installed;
 - ``rgw`` (by default where Debian's ``radosgw``, ``ceph-mon`` and ``ceph-osd`` are
   installed): a single-node Ceph RADOS Gateway started on loopback and stopped here
-  (:mod:`ckptio.testing.rgw`): **measured — Ceph RGW on loopback**, a real S3 implementation
+  (:mod:`ckptio.rgwserver`): **measured — Ceph RGW on loopback**, a real S3 implementation
   on this machine (memstore: objects in the OSD's memory), not a cloud service;
 - one emulated target per profile (default ``cloud-s3``, ``abci-lustre``): the shaped backend
   over ``memory://`` (emulated: the profile imposed by sleeping, not the real service).
@@ -31,6 +31,23 @@ from typing import Any
 
 from ckptio import errors
 from ckptio.redact import redact_url
+
+__all__ = [
+    "DEFAULT_OBJECT_SIZE",
+    "DEFAULT_PRESET",
+    "DEFAULT_PROFILES",
+    "DEFAULT_TARGETS",
+    "DEFAULT_TOTAL_SIZE",
+    "MOCK_BUCKET",
+    "RGW_BUCKET",
+    "SPECIAL_TARGETS",
+    "Target",
+    "compare",
+    "default_targets",
+    "mock_s3_server",
+    "resolve_targets",
+    "rgw_s3_server",
+]
 
 DEFAULT_TARGETS = ("local", "mock-s3")
 """Always run by default; ``rgw`` joins them where its packages are installed
@@ -61,7 +78,7 @@ class Target:
 
 def default_targets() -> tuple[str, ...]:
     """:data:`DEFAULT_TARGETS`, plus ``rgw`` where its packages are installed."""
-    from ckptio.testing.rgw import unavailable_reason
+    from ckptio.rgwserver import unavailable_reason
 
     return DEFAULT_TARGETS if unavailable_reason() else (*DEFAULT_TARGETS, "rgw")
 
@@ -83,12 +100,12 @@ def _aws_env(env: dict[str, str]) -> Iterator[None]:
 
 @contextmanager
 def rgw_s3_server() -> Iterator[str]:
-    """Start a single-node Ceph RGW on loopback (:func:`ckptio.testing.rgw.start_rgw`), point
+    """Start a single-node Ceph RGW on loopback (:func:`ckptio.rgwserver.start_rgw`), point
     this process's AWS environment at it, create a bucket; yield an ``s3://`` URL. Stops every
     daemon and deletes its directory afterwards. Raises
     :class:`~ckptio.errors.BackendUnavailableError` where it cannot start (the reason says
     why: missing packages, with the install hint)."""
-    from ckptio.testing.rgw import RgwUnavailable, start_rgw, stop_rgw
+    from ckptio.rgwserver import RgwUnavailable, start_rgw, stop_rgw
 
     try:
         server = start_rgw()
@@ -111,7 +128,7 @@ def mock_s3_server() -> Iterator[str]:
     server and restores the environment afterwards. Raises
     :class:`~ckptio.errors.BackendUnavailableError` when moto/boto3 are not installed."""
     try:
-        from ckptio.testing.motoserver import aws_env, boto3_client, start_moto_server
+        from ckptio.mockserver import aws_env, boto3_client, start_moto_server
     except ImportError as err:
         raise errors.BackendUnavailableError(
             f"the mock S3 target needs moto[server] and boto3 ({err.name} is missing); "

@@ -17,6 +17,20 @@ from typing import Any, Protocol, runtime_checkable
 
 from ckptio import errors
 
+__all__ = [
+    "Communicator",
+    "LocalProcesses",
+    "MPICommunicator",
+    "RankFailedError",
+    "SingleProcess",
+    "detect",
+    "run_local",
+    "shutdown",
+    "torch_communicator",
+    "under_mpi",
+    "under_torchrun",
+]
+
 
 @runtime_checkable
 class Communicator(Protocol):

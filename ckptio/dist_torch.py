@@ -6,6 +6,8 @@ from typing import Any
 
 from ckptio import errors
 
+__all__ = ["TorchCommunicator"]
+
 
 class TorchCommunicator:
     """Collectives through ``torch.distributed`` object collectives (gloo works on CPU)."""

@@ -13,6 +13,30 @@ from types import ModuleType
 
 from ckptio.redact import redact
 
+__all__ = [
+    "AlreadyExistsError",
+    "BackendUnavailableError",
+    "ChecksumError",
+    "CkptioError",
+    "CorruptCheckpointError",
+    "InsufficientMemoryError",
+    "InvalidArgumentError",
+    "ManifestError",
+    "NoSpaceError",
+    "NotFoundError",
+    "NotRegularFileError",
+    "RetryBudgetExceededError",
+    "SaveFailedError",
+    "StorageError",
+    "StoragePermissionError",
+    "ThrottledError",
+    "TransientStorageError",
+    "UnknownOptionError",
+    "UnknownSchemeError",
+    "missing_package",
+    "require",
+]
+
 
 class CkptioError(Exception):
     """Base class of every error ckptio raises on purpose. Its message never holds a

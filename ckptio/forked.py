@@ -36,6 +36,16 @@ import numpy as np
 from ckptio import errors
 from ckptio.arrays import madvise
 
+__all__ = [
+    "ORPHAN_POLL_SECONDS",
+    "PAGE",
+    "SMAPS",
+    "ForkedWriter",
+    "PageReleaser",
+    "in_ranges",
+    "unforkable_ranges",
+]
+
 SMAPS = "/proc/self/smaps"
 
 

@@ -39,6 +39,41 @@ import numpy as np
 from ckptio import errors
 from ckptio.store import check_key
 
+__all__ = [
+    "ALIGNMENT",
+    "DTYPES",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "FREE_VALUES_PER_TENSOR_BYTE",
+    "KEY_LAYOUTS",
+    "MANIFEST_NAME",
+    "MAX_DEPTH",
+    "MAX_DIMS",
+    "MAX_FREE_VALUES",
+    "MAX_MANIFEST_BYTES",
+    "MAX_METADATA_BYTES",
+    "MAX_STEP",
+    "MAX_TENSOR_BYTES",
+    "Chunk",
+    "Leaf",
+    "Manifest",
+    "TensorEntry",
+    "align_up",
+    "decode_tree",
+    "dtype_name",
+    "encode_tree",
+    "escape",
+    "join_path",
+    "json_values",
+    "manifest_key",
+    "metadata_problem",
+    "parse_manifest",
+    "parse_step_dir",
+    "shard_key",
+    "step_dir",
+    "tree_tensor_paths",
+]
+
 FORMAT_NAME = "ckptio"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"

@@ -68,39 +68,35 @@ from typing import Any
 
 from ckptio import errors
 from ckptio.profiles import Profile
-from ckptio.units import parse_bandwidth as parse_bandwidth
-from ckptio.units import parse_duration as parse_duration
-from ckptio.units import parse_list, parse_size
-from ckptio.units import parse_rate as parse_rate
+from ckptio.units import (
+    human_rate,
+    human_seconds,
+    human_size,
+)
 
-# -- units ----------------------------------------------------------------------------------
-# parse_duration, parse_bandwidth and parse_rate live in ckptio.units (one set of parsers for
-# the library and the command line) and are re-exported here, where they were first defined
-
-
-def human_rate(bps: float) -> str:
-    """``50 MB/s``, ``70 GB/s`` (decimal units, as storage vendors quote them)."""
-    if math.isinf(bps):
-        return "unlimited"
-    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
-        if bps >= scale:
-            v = bps / scale
-            return f"{v:.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
-    return f"{bps:.0f} B/s"
-
-
-def human_seconds(s: float) -> str:
-    """``850 ms``, ``28.6 s``, ``4.8 min``, ``2.0 h``."""
-    if math.isinf(s):
-        return "inf"
-    if s < 1:
-        return f"{s * 1e3:.3g} ms"
-    if s < 120:
-        return f"{s:.3g} s"
-    if s < 7200:
-        return f"{s / 60:.3g} min"
-    return f"{s / 3600:.3g} h"
-
+__all__ = [
+    "DEFAULT_CLIENT_CPU_BANDWIDTH",
+    "DEFAULT_OBJECT_CONCURRENCY",
+    "DEFAULT_P_LOSE_NODE",
+    "DEFAULT_RESTART_OVERHEAD",
+    "DEFAULT_SNAPSHOT_BANDWIDTH",
+    "LIMITS",
+    "Calibration",
+    "CostModel",
+    "Limit",
+    "PhaseEstimate",
+    "Workload",
+    "calibrate",
+    "calibrate_results",
+    "cost_curve",
+    "daly_interval",
+    "estimate",
+    "evaluate",
+    "fit_latency_bandwidth",
+    "overhead_fraction",
+    "preset_workload",
+    "young_interval",
+]
 
 # -- workload -------------------------------------------------------------------------------
 
@@ -409,13 +405,6 @@ def estimate(
         requests=total_requests,
         throttled=t_rate >= path and t_rate > 0 and slowest_other == "request-rate limit",
     )
-
-
-def human_size(n: float) -> str:
-    """Binary units (``8 MiB``); :func:`ckptio.units.human_bytes` without a ``.0``."""
-    from ckptio.units import human_bytes
-
-    return human_bytes(n).replace(".0 ", " ")
 
 
 # -- cost and interval -----------------------------------------------------------------------
@@ -930,13 +919,6 @@ def evaluate(
     return out
 
 
-def _profiles_from_args(names: list[str] | None, overrides: dict[str, str]) -> list[Profile]:
-    from ckptio.profiles import available, load_profile
-
-    wanted = [n.strip() for item in (names or []) for n in item.split(",") if n.strip()]
-    return [load_profile(n, overrides) for n in (wanted or available())]
-
-
 #: Objects each rank writes at once in projections: what ckptio's runner does by default
 #: (``--inflight 2``), so a projection and a run of the same plan describe the same client.
 DEFAULT_OBJECT_CONCURRENCY = 2
@@ -963,109 +945,6 @@ def preset_workload(
         prefixes=prefixes,
         object_concurrency=object_concurrency,
     )
-
-
-def run_model_cli(args: Any) -> dict[str, Any]:
-    """``ckptio model``: the argparse namespace -> :func:`evaluate`'s result."""
-    from ckptio.profiles import parse_overrides
-
-    overrides = parse_overrides(args.set)
-    prefixes = 256 if args.key_layout == "hashed" else 1
-    size = parse_size(args.size, field="--size") if args.size else None
-    common: dict[str, Any] = dict(
-        interval=parse_duration(args.interval, field="--interval", positive=True),
-        mtbf=(
-            parse_duration(args.mtbf, field="--mtbf", positive=True, allow_inf=True)
-            if args.mtbf
-            else math.inf
-        ),
-        restart_seconds=parse_duration(args.restart, field="--restart")
-        if args.restart is not None
-        else None,
-        restart_overhead=parse_duration(args.restart_overhead, field="--restart-overhead"),
-        read_bandwidth=parse_bandwidth(args.read_bandwidth, field="--read-bandwidth")
-        if args.read_bandwidth
-        else None,
-        gpus=args.gpus,
-        writing_ranks=args.writing_ranks,
-        price_per_gpu_hour=args.price,
-        streams=args.streams,
-        part_size=parse_size(args.part_size, field="--part-size") if args.part_size else None,
-        async_save=args.async_save,
-        snapshot_bandwidth=parse_bandwidth(args.snapshot_bandwidth, field="--snapshot-bandwidth"),
-    )
-    tiers: dict[str, Any] = {}
-    if getattr(args, "local", None):
-        from ckptio.profiles import load_profile
-
-        if not 0 <= args.p_lose_node <= 1:
-            raise errors.InvalidArgumentError(
-                f"--p-lose-node: a probability in [0, 1], got {args.p_lose_node}"
-            )
-        if args.persist_every < 1:
-            raise errors.InvalidArgumentError(
-                f"--persist-every: must be >= 1, got {args.persist_every}"
-            )
-        tiers = dict(
-            local=load_profile(args.local, overrides),
-            persist_every=args.persist_every,
-            p_lose_node=args.p_lose_node,
-        )
-    if args.checkpoint_seconds is not None:
-        return evaluate(
-            checkpoint_seconds=parse_duration(
-                args.checkpoint_seconds, field="--checkpoint-seconds"
-            ),
-            size=size,
-            **common,
-        )
-    if args.write_bandwidth is not None:
-        if size is None:
-            raise errors.InvalidArgumentError("--write-bandwidth needs --size (e.g. --size 2TB)")
-        return evaluate(
-            size=size,
-            write_bandwidth=parse_list(
-                args.write_bandwidth, parse_bandwidth, field="--write-bandwidth"
-            ),
-            **common,
-        )
-    profiles: list[Profile] = []
-    calibrations: list[Calibration] = []
-    if args.from_results:
-        calibrations = calibrate_results(args.from_results)
-        profiles = [c.as_profile().with_overrides(overrides) for c in calibrations]
-        if args.profile:
-            profiles += _profiles_from_args(args.profile, overrides)
-    else:
-        profiles = _profiles_from_args(args.profile, overrides)
-    if args.preset:
-        workload = preset_workload(
-            args.preset, gpus=args.gpus, ranks_per_node=args.ranks_per_node, prefixes=prefixes
-        )
-        common["gpus_from"] = "given" if args.gpus else f"preset {args.preset}"
-    elif size is not None:
-        common["gpus_from"] = "given" if args.gpus else "assumed"
-        gpus = args.gpus or 1
-        writing = args.writing_ranks or gpus
-        workload = Workload(
-            total_bytes=size,
-            writing_ranks=writing,
-            bytes_per_rank=-(-size // writing),
-            objects_per_rank=args.objects_per_rank,
-            ranks=gpus,
-            ranks_per_node=args.ranks_per_node,
-            name=f"{args.size} checkpoint",
-            prefixes=prefixes,
-        )
-    else:
-        raise errors.InvalidArgumentError(
-            "model needs a workload: --preset NAME (see `ckptio plan`), or --size with --gpus; "
-            "or figures: --checkpoint-seconds, or --size with --write-bandwidth"
-        )
-    result = evaluate(profiles=profiles, workload=workload, **common, **tiers)
-    if calibrations:
-        result["calibration"] = [asdict(c) for c in calibrations]
-    return result
 
 
 def calibrate(requests: Any, runs: Any) -> list[Calibration]:

@@ -31,6 +31,17 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote, quote_plus, unquote_plus
 
+__all__ = [
+    "MASK",
+    "MIN_SECRET_LENGTH",
+    "is_secret_name",
+    "redact",
+    "redact_obj",
+    "redact_strings",
+    "redact_url",
+    "register_secret",
+]
+
 MASK = "***"
 
 _SECRET_NAME = re.compile(

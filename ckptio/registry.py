@@ -36,12 +36,29 @@ from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import entry_points
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ckptio import errors
 from ckptio.redact import is_secret_name, redact_url, register_secret
 from ckptio.store import Store, StoreURL
+
+if TYPE_CHECKING:
+    from ckptio.backends.parallelfs import ParallelFSStore
+
+__all__ = [
+    "GROUP",
+    "INSTALL_HINTS",
+    "REQUIRES",
+    "BackendInfo",
+    "accepted_forms",
+    "backends",
+    "load_backend",
+    "open_store",
+    "parse_url",
+    "split_url",
+    "wrap_url",
+]
 
 GROUP = "ckptio.backends"
 
@@ -129,7 +146,7 @@ def store_class(url: str | os.PathLike[str]) -> type[Store]:
     """The Store class that serves ``url`` (parsed by :func:`parse_url`), without opening a
     store: where callers read the contract's class-level members
     (:attr:`~ckptio.store.Store.request_size_option`, ...) before a store exists."""
-    return load_backend(parse_url(url).backend)
+    return _class_for(parse_url(url))
 
 
 def _installed(module: str) -> bool:
@@ -397,8 +414,18 @@ def open_store(url: str | os.PathLike[str] | Store, **options: Any) -> Store:
         return url
     loc = parse_url(url)
     _register_credentials(loc, options)
-    cls = load_backend(loc.backend)
-    return cls(loc.bare, **{**loc.options, **options})
+    return _class_for(loc)(loc.bare, **{**loc.options, **options})
+
+
+def _class_for(loc: StoreURL) -> type[Store]:
+    """The class that serves ``loc``: its backend's; for a ``file://`` URL whose root lies on a
+    parallel filesystem, ``pfs://``'s (``ParallelFSStore``: the same options plus striping
+    ones)."""
+    if loc.backend == "file" and "pfs" in _entry_points():
+        pfs = cast("type[ParallelFSStore]", load_backend("pfs"))
+        if pfs.claims(loc.path):
+            return pfs
+    return load_backend(loc.backend)
 
 
 def _register_credentials(loc: StoreURL, options: Mapping[str, Any]) -> None:

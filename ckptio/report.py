@@ -10,8 +10,34 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ckptio.model import human_rate, human_seconds
 from ckptio.profiles import FIGURES, Profile
+from ckptio.units import human_rate, human_seconds, human_size
+
+__all__ = [
+    "DEFAULT_PRICE_PER_GPU_HOUR",
+    "DEFAULT_PROJECTIONS",
+    "DEFAULT_RESTART_SECONDS",
+    "KIND_NOTE",
+    "KIND_STYLE",
+    "MEASURED_NOTES",
+    "REFERENCE_MTTF_GPUS",
+    "REFERENCE_MTTF_SECONDS",
+    "build_report",
+    "fig_text",
+    "md_table",
+    "measured_note",
+    "plot_cost",
+    "plot_latency",
+    "plot_sweep",
+    "plot_throughput",
+    "plot_timeline",
+    "plots_unavailable",
+    "point_text",
+    "projection_rows",
+    "run_kind",
+    "run_point",
+    "summary_rows",
+]
 
 
 def fig_text(value: float | None, unit: str) -> str:
@@ -55,7 +81,7 @@ DEFAULT_PROJECTIONS = ("gpt3-175b",)
 
 MEASURED_NOTES = {"rgw": "measured — Ceph RGW on loopback"}
 """What a measured target of ``ckptio compare`` is, where its name alone does not say: ``rgw``
-is a real S3 implementation run on this machine (:mod:`ckptio.testing.rgw`), not a cloud
+is a real S3 implementation run on this machine (:mod:`ckptio.rgwserver`), not a cloud
 service."""
 
 
@@ -398,7 +424,7 @@ def plot_sweep(targets: list[dict[str, Any]], path: str) -> str | None:
                 marker="o",
                 color=colors[n_series % len(colors)],
                 linestyle={"measured": "-", "emulated": "--", "mock": ":"}[t["kind"]],
-                label=f"{t['label']}, {human_size_short(part)} parts",
+                label=f"{t['label']}, {human_size(part)} parts",
             )
             n_series += 1
             drawn = True
@@ -422,12 +448,6 @@ def plot_sweep(targets: list[dict[str, Any]], path: str) -> str | None:
     fig.savefig(path)
     plt.close(fig)
     return path
-
-
-def human_size_short(n: float) -> str:
-    from ckptio.model import human_size
-
-    return human_size(n)
 
 
 def plot_timeline(proj: list[dict[str, Any]], interval: float, path: str) -> str | None:
@@ -581,8 +601,6 @@ def point_text(
 ) -> str:
     """``sweep: 4 streams, 8 MiB parts`` (with the checkpoint size and the ranks when asked:
     the things that differ between a target's points)."""
-    from ckptio.model import human_size
-
     kind, streams, part, nbytes, n_ranks = point
     bits = [
         f"{streams} stream{'s' if streams != 1 else ''}" if streams else "",
@@ -671,7 +689,6 @@ def build_report(
     import os
 
     from ckptio import errors
-    from ckptio.model import human_size
     from ckptio.results import read_results
 
     res = read_results(paths)

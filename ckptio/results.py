@@ -32,6 +32,27 @@ from typing import Any
 from ckptio import errors
 from ckptio.redact import redact, redact_obj, redact_strings
 
+__all__ = [
+    "ADDED_COLUMNS",
+    "GBPS",
+    "PHASE_COLUMNS",
+    "RENAMED_COLUMNS",
+    "REQUEST_COLUMNS",
+    "RUN_COLUMNS",
+    "TABLES",
+    "UNITS",
+    "Results",
+    "filesystem_type",
+    "machine_info",
+    "new_run_id",
+    "read_results",
+    "schema",
+    "sidecar",
+    "table",
+    "versions",
+    "write_run",
+]
+
 
 def _pa() -> Any:
     errors.require("pyarrow.parquet", extra="report", purpose="result files (Parquet)")

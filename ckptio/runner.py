@@ -94,16 +94,27 @@ from ckptio.redact import redact, redact_url
 from ckptio.registry import emulation_url, open_store, split_url, store_class
 from ckptio.store import Store
 from ckptio.units import (
-    MAX_ITERATIONS,
-    MAX_LOCAL_PROCESSES,
-    count_arg,
-    duration_arg,
-    list_arg,
-    parse_count,
     parse_size,
-    size_arg,
 )
 from ckptio.workload import ObjectSpec, Plan
+
+__all__ = [
+    "CACHE_MODES",
+    "DEFAULT_SWEEP_MEMORY",
+    "GEN_BLOCK",
+    "KEEP",
+    "PROGRESS_HOOK",
+    "SAY_HOOK",
+    "DataGenerator",
+    "RunSummary",
+    "SweepPoint",
+    "check_layout",
+    "rank_main",
+    "run_workload",
+    "sweep",
+    "sweep_points",
+    "sweep_warnings",
+]
 
 log = logging.getLogger(__name__)
 
@@ -1464,268 +1475,8 @@ def rank_main(
     return run_workload(url, plan, comm=comm, **kwargs)
 
 
-def parse_list(text: str, *, field: str, sizes: bool = False) -> list[int]:
-    """``"1,4,16"`` -> ``[1, 4, 16]`` (streams: 1 to :data:`~ckptio.units.MAX_LOCAL_PROCESSES`);
-    with ``sizes``, ``"8MiB,64MiB"`` -> bytes (at least 1)."""
-    if sizes:
-        return units.parse_list(text, parse_size, field=field, minimum=1)
-    return units.parse_list(text, parse_count, field=field, minimum=1, maximum=MAX_LOCAL_PROCESSES)
-
-
-# -- command line -----------------------------------------------------------------------------
-
 PROGRESS_HOOK: Callable[[int], None] | None = None
 """Set by the CLI in rank 0's process: called with bytes done (a callback cannot travel to
 spawned ranks, so it is looked up here)."""
 SAY_HOOK: Callable[[str], None] | None = None
 """Set likewise: called with a line per phase (and sweep point) done."""
-
-
-def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
-    """The options of ``ckptio run`` / ``ckptio sweep`` (argparse)."""
-    from ckptio.workload import add_workload_arguments
-
-    p.add_argument(
-        "target", help="storage URL or path (file:///mnt/nvme/ckpt, s3://bucket/x, memory://, ...)"
-    )
-    add_workload_arguments(p)
-    r = p.add_argument_group("run")
-    per_node = count_arg(1, MAX_LOCAL_PROCESSES)
-    r.add_argument(
-        "--ranks",
-        type=per_node,
-        help=f"processes on this node, 1 to "
-        f"{MAX_LOCAL_PROCESSES} (started by ckptio); under mpiexec/srun/torchrun the "
-        "launcher's ranks are used",
-    )
-    r.add_argument(
-        "--iterations",
-        type=count_arg(1, MAX_ITERATIONS),
-        default=1,
-        help=f"checkpoints to write, 1 to {MAX_ITERATIONS} (default 1)",
-    )
-    r.add_argument(
-        "--pause",
-        type=duration_arg(keep_text=False),
-        default=0.0,
-        help="time between iterations (the compute time): seconds, or 20ms, 10min, ... (default 0)",
-    )
-    r.add_argument(
-        "--inflight",
-        type=per_node,
-        default=2,
-        help="shard objects in flight per "
-        f"rank, 1 to {MAX_LOCAL_PROCESSES} (memory per rank ~ inflight x object size)",
-    )
-    r.add_argument("--no-read", action="store_true", help="skip the read-back phase")
-    r.add_argument(
-        "--cache",
-        choices=CACHE_MODES,
-        default="auto",
-        help="how reads bypass the page cache (default auto)",
-    )
-    r.add_argument(
-        "--keep",
-        choices=KEEP,
-        default="last",
-        help="checkpoints left on the target afterwards (default last)",
-    )
-    r.add_argument("--key-layout", choices=fmt.KEY_LAYOUTS, default="flat")
-    r.add_argument(
-        "--layout",
-        choices=LAYOUTS,
-        default="file-per-shard",
-        help="checkpoint layout: file-per-shard (N-N, default), shared-file (N-1: one "
-        "object per checkpoint, ranks pwrite their ranges), shared-file-per-node "
-        "(one per host); the shared ones need file:// or pfs://",
-    )
-    r.add_argument(
-        "--emulate",
-        metavar="PROFILE",
-        help="wrap the target in the shaped backend "
-        "with this storage profile (results are marked emulated)",
-    )
-    r.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="store option, repeatable (e.g. direct=true)",
-    )
-    if sweep_mode:
-        r.add_argument(
-            "--streams",
-            default="1,4,16,64",
-            type=list_arg(parse_count, minimum=1, maximum=MAX_LOCAL_PROCESSES),
-            help="streams to try (default 1,4,16,64)",
-        )
-        r.add_argument(
-            "--part-size",
-            default="8MiB,64MiB",
-            type=list_arg(parse_size, minimum=1),
-            help="request sizes to try (default 8MiB,64MiB)",
-        )
-    else:
-        r.add_argument("--streams", type=per_node, help="store option: concurrent streams")
-        r.add_argument("--part-size", type=size_arg(), help="store option: bytes per request/part")
-    r.add_argument(
-        "--out", default="ckptio-results", help="result directory (default ./ckptio-results)"
-    )
-    r.add_argument(
-        "--site", help="label of this site/machine in merged reports (default: hostname)"
-    )
-    r.add_argument("--label", help="label of the target in reports")
-
-
-def _options(args: Any, *, sweep_mode: bool) -> dict[str, Any]:
-    opts: dict[str, Any] = {}
-    for item in args.option:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise errors.InvalidArgumentError(f"--option wants KEY=VALUE, got {item!r}")
-        opts[key.strip()] = value.strip()
-    if not sweep_mode:
-        if args.streams is not None:
-            opts["streams"] = args.streams
-        if args.part_size:
-            opts[store_class(args.target).request_size_option] = args.part_size
-    return opts
-
-
-@dataclass
-class RunJob:
-    """A ``ckptio run`` / ``sweep`` checked and ready (:func:`prepare_run`)."""
-
-    target: str
-    plan: Plan
-    mode: str
-    """``run`` or ``sweep``."""
-    kwargs: dict[str, Any]
-    comm: Communicator | None
-    """The launcher's communicator (mpiexec/srun/torchrun), else None: local processes."""
-    ranks: int
-    progress_bytes: int
-    """Bytes rank 0 writes and reads over the whole job (the progress bar's total)."""
-    points: list[SweepPoint] = field(default_factory=list)
-
-    @property
-    def is_root(self) -> bool:
-        return self.comm is None or self.comm.rank == 0
-
-    @property
-    def warnings(self) -> list[str]:
-        """What the user should know before the job starts (sweep points whose streams the
-        layout cannot keep busy)."""
-        return sweep_warnings(self.points, self.plan, self.ranks) if self.points else []
-
-
-def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
-    """Check the options of ``ckptio run`` / ``sweep`` (``args``: their argparse namespace)
-    and the target, once, before any work: a wrong target, option or layout raises here."""
-    from ckptio import dist
-    from ckptio.workload import plan_from_args
-
-    plan = plan_from_args(args)
-    opts = _options(args, sweep_mode=sweep_mode)
-    probes = [opts]
-    if sweep_mode:  # a store that takes no streams or part size fails here, not at point 1
-        probes.append(
-            {
-                **opts,
-                "streams": parse_list(args.streams, field="--streams")[0],
-                store_class(args.target).request_size_option: parse_list(
-                    args.part_size, field="--part-size", sizes=True
-                )[0],
-            }
-        )
-    # a wrong target or option fails here, once (through the shaped wrapper when emulating:
-    # profile figures given as --option belong to it, not to the wrapped store)
-    for probe_opts in probes:
-        if args.emulate:
-            probe = open_store(
-                emulation_url(args.target), **{**probe_opts, "profile": args.emulate}
-            )
-        else:
-            probe = open_store(args.target, **probe_opts)
-        try:
-            check_layout(probe, args.layout, args.target)
-        finally:
-            probe.close()
-    kwargs: dict[str, Any] = {
-        "iterations": args.iterations,
-        "out_dir": args.out,
-        "label": args.label,
-        "pause": args.pause,
-        "inflight": args.inflight,
-        "read": not args.no_read,
-        "cache": args.cache,
-        "keep": args.keep,
-        "key_layout": args.key_layout,
-        "emulate": args.emulate,
-        "site": args.site,
-        "store_options": opts,
-        "config": {"command": "sweep" if sweep_mode else "run"},
-        "layout": args.layout,
-    }
-    if sweep_mode:
-        kwargs.pop("pause")
-        kwargs["streams"] = parse_list(args.streams, field="--streams")
-        kwargs["part_sizes"] = parse_list(args.part_size, field="--part-size", sizes=True)
-        kwargs["warn"] = False  # the caller shows RunJob.warnings before starting
-    launched = dist.under_mpi() or dist.under_torchrun()
-    comm = dist.detect() if launched else None
-    ranks = comm.size if comm is not None else (args.ranks or 1)
-    if comm is not None and args.ranks not in (None, comm.size):
-        raise errors.InvalidArgumentError(
-            f"--ranks {args.ranks} disagrees with the launcher's {comm.size} ranks; drop --ranks "
-            "under mpiexec/srun/torchrun"
-        )
-    if ranks > plan.ranks:
-        raise errors.InvalidArgumentError(
-            f"--ranks {ranks} exceeds the {plan.ranks} GPUs of {plan.preset.name}'s layout; use "
-            f"at most {plan.ranks} or more --gpus"
-        )
-    per_rank0 = int(plan.rank_bytes[_assign(plan, ranks)[0]].sum())
-    passes = args.iterations * (1 if args.no_read else 2)
-    points: list[SweepPoint] = []
-    if sweep_mode:
-        points = sweep_points(
-            plan, ranks, kwargs["streams"], kwargs["part_sizes"], inflight=args.inflight
-        )
-        passes *= len(points)
-    return RunJob(
-        args.target,
-        plan,
-        "sweep" if sweep_mode else "run",
-        kwargs,
-        comm,
-        ranks,
-        per_rank0 * passes,
-        points,
-    )
-
-
-def execute_run(
-    job: RunJob,
-    *,
-    progress: Callable[[int], None] | None = None,
-    say: Callable[[str], None] | None = None,
-) -> RunSummary:
-    """Run a prepared job on its ranks; ``progress`` and ``say`` are called in rank 0's
-    process (:data:`PROGRESS_HOOK`, :data:`SAY_HOOK`). Returns this rank's summary."""
-    from ckptio import dist
-
-    global PROGRESS_HOOK, SAY_HOOK
-    PROGRESS_HOOK, SAY_HOOK = (progress, say) if job.is_root else (None, None)
-    try:
-        if job.comm is not None:
-            summary = rank_main(job.comm, job.target, job.plan, job.kwargs, job.mode)
-        else:
-            summary = dist.run_local(
-                job.ranks, rank_main, job.target, job.plan, job.kwargs, job.mode
-            )
-    finally:
-        PROGRESS_HOOK = SAY_HOOK = None
-    if job.comm is not None:  # on success only: a last barrier after a failure could hang
-        dist.shutdown()
-    return summary

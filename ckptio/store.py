@@ -22,7 +22,6 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from types import TracebackType
 from typing import Any, ClassVar, Self, TypedDict, TypeVar
 
@@ -30,7 +29,22 @@ from ckptio import errors
 from ckptio.redact import redact_url
 from ckptio.trace import Trace
 from ckptio.units import MAX_COUNT, parse_count
-from ckptio.units import parse_size as parse_size  # re-exported: its home before ckptio.units
+
+__all__ = [
+    "DEFAULT_RETRY_POLICY",
+    "Buffer",
+    "Capabilities",
+    "PositionalWriter",
+    "RetryPolicy",
+    "Store",
+    "StoreURL",
+    "Writer",
+    "as_byte_view",
+    "check_key",
+    "option_bool",
+    "option_int",
+    "wait_all",
+]
 
 T = TypeVar("T")
 
@@ -38,7 +52,8 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class StoreURL:
     """A storage URL taken apart by :func:`ckptio.registry.parse_url`, the one parser every
-    backend reads its URL through (``Store.location``).
+    backend reads its URL through (``parse_url(url)`` in its constructor: the registry sits
+    above this module, so a Store does not parse its own URL).
 
     What ``host`` and ``path`` hold depends on the backend's form: a local directory
     (``file``, ``pfs``, ``fsspec+file``): ``host`` empty, ``path`` absolute and
@@ -258,21 +273,13 @@ class Store(ABC):
 
     url: str
     """The URL the store was opened with, credentials hidden (:func:`ckptio.redact.redact_url`):
-    for messages and labels. Backends connect with :attr:`location` and their options, never
-    with this."""
+    for messages and labels. Backends connect with the parts of the URL they were given
+    (:func:`ckptio.registry.parse_url`) and their options, never with this."""
 
     def __init__(self, url: str, *, trace: Trace | None = None) -> None:
         self._given_url = url
         self.url = redact_url(url)
         self.trace = trace if trace is not None else Trace()
-
-    @cached_property
-    def location(self) -> StoreURL:
-        """The URL the store was opened with, taken apart by :func:`ckptio.registry.parse_url`
-        (strictly: a malformed URL raises :class:`~ckptio.errors.InvalidArgumentError`)."""
-        from ckptio.registry import parse_url
-
-        return parse_url(self._given_url)
 
     # -- writes ---------------------------------------------------------------------------
     @abstractmethod

@@ -76,7 +76,8 @@ from ckptio import tiered as _tiered
 from ckptio.arrays import Target, contiguous_le
 from ckptio.lease import RETIRE_GRACE_SECONDS, SaveLease
 from ckptio.registry import open_store, split_url, store_class
-from ckptio.store import Store, option_int, parse_size
+from ckptio.store import Store, option_int
+from ckptio.units import parse_size
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+__all__ = ["OPS", "Outcome", "RequestEvent", "Trace"]
+
 Outcome = Literal["ok", "retry", "throttled", "error"]
 
 #: Operation names used by the built-in backends. Metadata operations are timed separately

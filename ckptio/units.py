@@ -14,10 +14,9 @@ Only the words ``inf``, ``unlimited`` and ``none`` mean an infinite bandwidth or
 ``inf`` an infinite duration where a parser is told ``allow_inf`` (an MTBF): a number that
 overflows is refused, never taken as infinite.
 
-:func:`arg` turns a parser into an argparse ``type=`` function that raises
-:class:`argparse.ArgumentTypeError` with the same line, so ``ckptio`` refuses a bad value while
-parsing, before any work starts, with exit status 2. The functions it returns carry ``kind``,
-``minimum``, ``positive`` and ``allow_inf`` attributes (tests/test_cli_args.py reads them).
+The command line turns these parsers into argparse ``type=`` functions
+(:mod:`ckptio.cli.common`), so ``ckptio`` refuses a bad value with the same line while parsing,
+before any work starts.
 
 The maxima bound what a value can make ckptio allocate or loop over; each is far beyond any
 real use.
@@ -25,13 +24,40 @@ real use.
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 from collections.abc import Callable
 from typing import Any
 
 from ckptio import errors
+
+__all__ = [
+    "BANDWIDTH_EXAMPLES",
+    "DURATION_EXAMPLES",
+    "MAX_BYTES",
+    "MAX_COUNT",
+    "MAX_GPUS",
+    "MAX_ITERATIONS",
+    "MAX_LOCAL_PROCESSES",
+    "MAX_MODEL_DIMENSION",
+    "MAX_PRICE",
+    "MAX_SCALE",
+    "MAX_SECONDS",
+    "MAX_STEP",
+    "RATE_EXAMPLES",
+    "SIZE_EXAMPLES",
+    "human_bytes",
+    "human_rate",
+    "human_seconds",
+    "human_size",
+    "parse_bandwidth",
+    "parse_count",
+    "parse_duration",
+    "parse_list",
+    "parse_number",
+    "parse_rate",
+    "parse_size",
+]
 
 MAX_BYTES = 2**60
 """1 EiB: the largest size (checkpoint, object, part, block) accepted; it leaves the int64 byte
@@ -97,6 +123,35 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} EiB"  # pragma: no cover - the loop returns
+
+
+def human_size(n: float) -> str:
+    """:func:`human_bytes` without a ``.0`` (``8 MiB``, ``1.5 GiB``): part and block sizes."""
+    return human_bytes(n).replace(".0 ", " ")
+
+
+def human_rate(bps: float) -> str:
+    """``50 MB/s``, ``70 GB/s`` (decimal units, as storage vendors quote them)."""
+    if math.isinf(bps):
+        return "unlimited"
+    for unit, scale in (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bps >= scale:
+            v = bps / scale
+            return f"{v:.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
+    return f"{bps:.0f} B/s"
+
+
+def human_seconds(s: float) -> str:
+    """``850 ms``, ``28.6 s``, ``4.8 min``, ``2.0 h``."""
+    if math.isinf(s):
+        return "inf"
+    if s < 1:
+        return f"{s * 1e3:.3g} ms"
+    if s < 120:
+        return f"{s:.3g} s"
+    if s < 7200:
+        return f"{s / 60:.3g} min"
+    return f"{s / 3600:.3g} h"
 
 
 def _refuse(field: str, expected: str, value: Any) -> errors.InvalidArgumentError:
@@ -279,72 +334,3 @@ def parse_list(text: str, parse: Callable[..., Any], *, field: str, **kwargs: An
             f"{field}: expected a comma-separated list, e.g. 1,4,16 or 8MiB,64MiB, got {text!r}"
         )
     return [parse(p, field=field, **kwargs) for p in parts]
-
-
-def arg(
-    parse: Callable[..., Any], kind: str, *, keep_text: bool = False, **kwargs: Any
-) -> Callable[[str], Any]:
-    """An argparse ``type=`` function: ``parse(text, field="", **kwargs)``, its
-    :class:`~ckptio.errors.InvalidArgumentError` turned into :class:`argparse.ArgumentTypeError`
-    (argparse prefixes the option's name, so the message is one line naming it). With
-    ``keep_text`` the checked text is returned, for code that reads it again with the same
-    parser (and shows it as typed, ``2TB``)."""
-
-    def convert(text: str) -> Any:
-        try:
-            value = parse(text, field="", **kwargs)
-        except errors.InvalidArgumentError as err:
-            raise argparse.ArgumentTypeError(str(err)) from None
-        return text if keep_text else value
-
-    convert.__name__ = kind  # argparse names the type in some messages
-    convert.kind = kind  # type: ignore[attr-defined]
-    convert.minimum = kwargs.get("minimum", 0)  # type: ignore[attr-defined]
-    convert.positive = kwargs.get("positive", False)  # type: ignore[attr-defined]
-    convert.allow_inf = kind in ("bandwidth", "rate") or kwargs.get("allow_inf", False)  # type: ignore[attr-defined]
-    return convert
-
-
-def count_arg(minimum: int, maximum: int) -> Callable[[str], int]:
-    """argparse type: an integer in ``minimum`` .. ``maximum``."""
-    return arg(parse_count, "count", minimum=minimum, maximum=maximum)
-
-
-def size_arg(minimum: int = 1, maximum: int = MAX_BYTES) -> Callable[[str], str]:
-    """argparse type: a size (``8MiB``), at least 1 byte by default; the text is kept."""
-    return arg(parse_size, "size", keep_text=True, minimum=minimum, maximum=maximum)
-
-
-def duration_arg(
-    *, positive: bool = False, allow_inf: bool = False, keep_text: bool = True
-) -> Callable[[str], Any]:
-    """argparse type: a duration (``10min``); the text is kept, or seconds without
-    ``keep_text``."""
-    return arg(
-        parse_duration, "duration", keep_text=keep_text, positive=positive, allow_inf=allow_inf
-    )
-
-
-def bandwidth_arg() -> Callable[[str], str]:
-    """argparse type: a bandwidth (``70GB/s``, ``inf``); the text is kept."""
-    return arg(parse_bandwidth, "bandwidth", keep_text=True)
-
-
-def number_arg(*, maximum: float, positive: bool = False) -> Callable[[str], float]:
-    """argparse type: a finite number from 0 (above 0 with ``positive``) to ``maximum``."""
-    return arg(parse_number, "number", maximum=maximum, positive=positive)
-
-
-def list_arg(parse: Callable[..., Any], **kwargs: Any) -> Callable[[str], str]:
-    """argparse type: a comma-separated list (``1,4,16``, ``70GB/s,7GB/s``), each part through
-    ``parse``; the text is kept. Its ``positive``/``allow_inf`` attributes are those of the
-    parts (a bandwidth or rate is above 0, or inf)."""
-    convert = arg(
-        lambda text, field, **kw: parse_list(text, parse, field=field, **kw),
-        "list",
-        keep_text=True,
-        **kwargs,
-    )
-    if parse in (parse_bandwidth, parse_rate):
-        convert.positive = convert.allow_inf = True  # type: ignore[attr-defined]
-    return convert

@@ -39,14 +39,30 @@ from ckptio import errors
 from ckptio.units import (
     MAX_BYTES,
     MAX_GPUS,
-    MAX_MODEL_DIMENSION,
-    MAX_SCALE,
-    count_arg,
     human_bytes,
-    number_arg,
     parse_size,
-    size_arg,
 )
+
+__all__ = [
+    "COMPONENTS",
+    "DEFAULT_OBJECT_SIZE",
+    "DEFAULT_PART_SIZE",
+    "GIB",
+    "OBJECT_ALIGNMENT",
+    "PRESETS",
+    "Layout",
+    "ObjectSpec",
+    "Plan",
+    "Precision",
+    "Preset",
+    "Transformer",
+    "custom_preset",
+    "get_preset",
+    "make_plan",
+    "plan_layout",
+    "preset_names",
+    "scale_plan",
+]
 
 DEFAULT_OBJECT_SIZE = 64 * 2**20
 """Bytes: the largest shard object the runner writes. A rank's share is written as a sequence
@@ -672,88 +688,3 @@ def custom_preset(
     layout = Layout(tp, pp, dp, zero)
     _check_layout(model, layout)
     return Preset(name, model, layout, source="user-defined")
-
-
-# -- command line -----------------------------------------------------------------------------
-
-
-def add_workload_arguments(p: Any) -> None:
-    """The workload options shared by ``ckptio plan``, ``run`` and ``sweep`` (argparse)."""
-    w = p.add_argument_group("workload")
-    w.add_argument(
-        "--preset",
-        default="llama3-8b",
-        help=f"model preset: {', '.join(preset_names())} (default llama3-8b)",
-    )
-    gpus = count_arg(1, MAX_GPUS)
-    w.add_argument(
-        "--gpus",
-        type=gpus,
-        help="GPUs of the layout (data parallelism = GPUs / "
-        f"(TPxPP)), 1 to {MAX_GPUS}; default: the preset's",
-    )
-    w.add_argument("--tp", type=gpus, help="tensor parallelism (default: the preset's)")
-    w.add_argument("--pp", type=gpus, help="pipeline parallelism (default: the preset's)")
-    w.add_argument("--zero", type=count_arg(0, 3), help="ZeRO stage 0-3 (default: the preset's)")
-    size = w.add_mutually_exclusive_group()
-    size.add_argument(
-        "--scale",
-        type=number_arg(maximum=MAX_SCALE, positive=True),
-        help="shrink the checkpoint by this factor, keeping the layout (e.g. 2e-4; "
-        f"above 0, at most {MAX_SCALE:,.0f}, and the result at most 1 EiB)",
-    )
-    size.add_argument(
-        "--total-size",
-        type=size_arg(),
-        help="shrink (or grow) to about this size, e.g. 4GiB (at most 1 EiB)",
-    )
-    w.add_argument(
-        "--object-size",
-        type=size_arg(OBJECT_ALIGNMENT),
-        default="64MiB",
-        help="largest shard object (default 64MiB); bounds memory per rank",
-    )
-    c = p.add_argument_group("custom model (--preset custom)")
-    for flag in ("hidden", "layers", "ffn", "vocab", "heads", "kv-heads"):
-        c.add_argument(
-            f"--{flag}", type=count_arg(1, MAX_MODEL_DIMENSION), help=f"1 to {MAX_MODEL_DIMENSION}"
-        )
-    c.add_argument("--dp", type=gpus, help="data parallelism of a custom model (default 1)")
-
-
-def plan_from_args(args: Any) -> Plan:
-    """The plan the workload options of ``args`` describe."""
-    name = args.preset
-    preset: str | Preset = name
-    if name == "custom":
-        need = {
-            "hidden": args.hidden,
-            "layers": args.layers,
-            "ffn": args.ffn,
-            "vocab": args.vocab,
-            "heads": args.heads,
-        }
-        missing = [f"--{k}" for k, v in need.items() if v is None]
-        if missing:
-            raise errors.InvalidArgumentError(
-                f"--preset custom needs {', '.join(missing)} (and optionally --kv-heads, "
-                "--tp, --pp, --dp, --zero)"
-            )
-        preset = custom_preset(
-            **need,
-            kv_heads=args.kv_heads,
-            tp=args.tp or 1,
-            pp=args.pp or 1,
-            dp=args.dp or 1,
-            zero=1 if args.zero is None else args.zero,
-        )
-    return make_plan(
-        preset,
-        gpus=args.gpus,
-        tp=args.tp,
-        pp=args.pp,
-        zero=args.zero,
-        scale=args.scale,
-        total_size=args.total_size,
-        object_size=args.object_size,
-    )

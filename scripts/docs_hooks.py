@@ -19,7 +19,7 @@ MARK = "<!-- generated: profiles -->"
 
 
 def _figure(value: float, unit: str) -> str:
-    from ckptio.model import human_rate, human_seconds
+    from ckptio.units import human_rate, human_seconds
 
     if math.isinf(value):
         return "unlimited"
@@ -36,8 +36,8 @@ def _cell(text: str) -> str:
 
 def profiles_markdown() -> str:
     """One section per profile: its settings, then figure | value | source."""
-    from ckptio.model import human_size
     from ckptio.profiles import FIGURES, load_all
+    from ckptio.units import human_size
 
     out: list[str] = []
     for p in load_all():

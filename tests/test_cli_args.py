@@ -480,7 +480,7 @@ def test_library_sizes_refuse_with_the_field_named(value: object) -> None:
     """The library's parser (``?block_size=``, ``chunk_size=``, profile settings) refuses what
     the command line refuses: an InvalidArgumentError naming the field and the range."""
     from ckptio import errors
-    from ckptio.store import parse_size
+    from ckptio.units import parse_size
 
     with pytest.raises(errors.InvalidArgumentError, match=r"^chunk_size: expected a size from 0 B"):
         parse_size(value, field="chunk_size")  # type: ignore[arg-type]
@@ -488,8 +488,8 @@ def test_library_sizes_refuse_with_the_field_named(value: object) -> None:
 
 def test_library_parsers_refuse_nan_overflow_and_huge_counts() -> None:
     from ckptio import errors
-    from ckptio.model import parse_bandwidth, parse_duration, parse_rate
     from ckptio.store import option_int
+    from ckptio.units import parse_bandwidth, parse_duration, parse_rate
 
     for parse, value in (
         (parse_duration, "nan"),

@@ -32,6 +32,8 @@ ALLOWED_SCHEMES: dict[tuple[str, str], str] = {
     "S3); nothing branches on it",
     ("compare.py", "rgw_s3_server"): "likewise, for the Ceph RGW the suite starts",
     ("arrays.py", "_read_capacity"): "'memory' is the cgroup controller, not a store",
+    ("mockserver.py", "boto3_client"): "'s3' is boto3's service name for the client of the "
+    "moto server the suite starts (moved from testing/), not a store",
     ("testing/", "*"): "the conformance suite and the pytest plugin's fixtures build URLs of the "
     "stores under test (a test helper, not the library)",
 }

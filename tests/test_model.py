@@ -14,11 +14,10 @@ from ckptio.model import (
     estimate,
     fit_latency_bandwidth,
     overhead_fraction,
-    parse_bandwidth,
-    parse_duration,
     young_interval,
 )
 from ckptio.profiles import load_profile
+from ckptio.units import parse_bandwidth, parse_duration
 
 
 def _model_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:

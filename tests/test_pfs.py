@@ -381,3 +381,21 @@ def test_pfs_manifest_records_layout(tmp_path: Path) -> None:
     ckptio.save(STATE, url, step=1, layout="shared-file")
     doc = json.loads((tmp_path / "run" / "step-0000000001" / "manifest.json").read_text())
     assert doc["layout"]["kind"] == "shared-file"
+
+
+def test_the_registry_opens_file_urls_on_a_parallel_filesystem_as_pfs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Which class serves a ``file://`` URL is the registry's choice: on a parallel filesystem
+    (here: statfs's answer relabelled as Lustre) ``open_store`` gives the pfs store; the plain
+    local store, constructed directly, stays what it is (no ``__new__`` returning a subclass)."""
+    from dataclasses import replace
+
+    from ckptio.backends import parallelfs
+
+    detect = parallelfs.detect_fs
+    monkeypatch.setattr(parallelfs, "detect_fs", lambda path: replace(detect(path), kind="lustre"))
+    store = open_store(f"file://{tmp_path}/x?block_size=1MiB")
+    assert type(store) is ParallelFSStore and store.fs.kind == "lustre"
+    assert store.block_size == 2**20 and store.preferred_key_layout == "hashed"
+    assert type(LocalStore(f"file://{tmp_path}/x")) is LocalStore

@@ -52,7 +52,8 @@ from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.forked import SMAPS, ForkedWriter, PageReleaser, in_ranges, unforkable_ranges
 from ckptio.lease import RETIRE_GRACE_SECONDS
 from ckptio.registry import open_store
-from ckptio.store import Store, option_int, parse_size
+from ckptio.store import Store, option_int
+from ckptio.units import parse_size
 
 log = logging.getLogger(__name__)
 

@@ -33,6 +33,21 @@ from typing import Any
 
 from ckptio import errors
 
+__all__ = [
+    "FIGURES",
+    "KINDS",
+    "RATE_SCOPES",
+    "SETTINGS",
+    "Figure",
+    "Profile",
+    "available",
+    "load_all",
+    "load_profile",
+    "parse_overrides",
+    "parse_profile",
+    "read_override",
+]
+
 #: Figure name -> unit, in the order reports show them.
 FIGURES: dict[str, str] = {
     "request_latency": "s",

@@ -11,3 +11,5 @@ its storage around it (:mod:`ckptio.testing.store_tests` says what to implement)
             self.raw_root = str(tmp_path)
             return MyStore(f"myfs://{tmp_path}")
 """
+
+__all__: list[str] = []

@@ -40,6 +40,16 @@ from typing import Any
 import ml_dtypes  # imported here so the forkserver preloads it (about 1 s per import)
 import numpy as np
 
+__all__ = [
+    "SAVE_OPTIONS",
+    "CrashHarness",
+    "Trial",
+    "expected_state",
+    "main",
+    "race",
+    "state_mismatch",
+]
+
 #: Options the workers save with: small chunks and objects, so one step is several objects
 #: and a kill can land between any two of them.
 SAVE_OPTIONS: Mapping[str, Any] = {"chunk_size": 256 * 1024, "max_object_size": 768 * 1024}

@@ -36,6 +36,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+__all__ = ["KINDS", "RETRYABLE", "FaultProxy"]
+
 KINDS = ("slowdown", "internal", "drop", "slow", "denied")
 """Fault kinds the proxy can inject."""
 RETRYABLE = ("slowdown", "internal", "drop", "slow")

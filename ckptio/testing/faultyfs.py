@@ -39,6 +39,20 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "FAULT_OPS",
+    "LIBFUSE",
+    "MOUNT_TIMEOUT",
+    "FaultyFS",
+    "FaultyFSUnavailable",
+    "main",
+    "mounted",
+    "serve",
+    "start",
+    "start_or_skip",
+    "unavailable_reason",
+]
+
 MOUNT_TIMEOUT = 20.0
 """Seconds the server may take to mount before it counts as failed."""
 FAULT_OPS = ("write", "fsync", "read")

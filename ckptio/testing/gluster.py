@@ -29,6 +29,18 @@ from pathlib import Path
 
 import pytest
 
+__all__ = [
+    "BRICK_HOST",
+    "COMMAND_TIMEOUT",
+    "GlusterUnavailable",
+    "GlusterVolume",
+    "gluster_volume",
+    "main",
+    "start_volume",
+    "stop_volume",
+    "unavailable_reason",
+]
+
 BRICK_HOST = "127.0.0.2"
 """Loopback, but not one of the addresses gluster refuses for a brick."""
 COMMAND_TIMEOUT = 90.0

@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 
-from ckptio.testing.motoserver import (  # noqa: F401  (re-exported for tests)
+from ckptio.testing.motoserver import (  # re-exported for tests
     TEST_ACCESS_KEY_ID,
     TEST_REGION,
     TEST_SECRET_ACCESS_KEY,
@@ -48,6 +48,26 @@ from ckptio.testing.motoserver import (  # noqa: F401  (re-exported for tests)
     reset_moto,
     start_moto_server,
 )
+
+__all__ = [
+    "MOTO_AND_RGW",
+    "TEST_ACCESS_KEY_ID",
+    "TEST_REGION",
+    "TEST_SECRET_ACCESS_KEY",
+    "S3Target",
+    "aws_env",
+    "boto3_client",
+    "fault_proxy",
+    "moto_server",
+    "reset_moto",
+    "rgw_server",
+    "s3_bucket",
+    "s3_client",
+    "s3_env",
+    "s3_target",
+    "s3_url",
+    "start_moto_server",
+]
 
 
 @pytest.fixture(scope="session")

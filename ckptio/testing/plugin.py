@@ -21,6 +21,8 @@ from collections.abc import Iterator
 
 import pytest
 
+__all__ = ["memory_url", "pytest_configure"]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(

@@ -69,6 +69,8 @@ request for good (403 AccessDenied)."""
 FAST_RETRIES = RetryPolicy(max_attempts=4, base_delay=0.005, max_delay=0.02)
 """The retry policy of the stores :meth:`StoreTests.faults` yields: few, short backoffs."""
 
+__all__ = ["StoreTests"]
+
 
 class StoreTests:
     """Behaviour every Store must show. Subclasses supply the ``store`` fixture and the

@@ -32,6 +32,27 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+__all__ = [
+    "FORMATS",
+    "Cell",
+    "Printer",
+    "Progress",
+    "Sheet",
+    "Styled",
+    "comparison_sheet",
+    "gpus_text",
+    "idle_text",
+    "note",
+    "num",
+    "plain",
+    "print_model",
+    "print_plan",
+    "print_run",
+    "profiles_sheet",
+    "projection_sheet",
+    "warn",
+]
+
 FORMATS = ("table", "markdown", "csv", "json")
 
 
@@ -329,9 +350,9 @@ class Progress:
 
 def profiles_sheet(profiles: list[Any]) -> Sheet:
     """One row per figure, one column per profile; ``*`` marks an assumption."""
-    from ckptio.model import human_size
     from ckptio.profiles import FIGURES
     from ckptio.report import fig_text
+    from ckptio.units import human_size
 
     names = [p.name for p in profiles]
     s = Sheet(
@@ -382,7 +403,8 @@ def gpus_text(result: dict[str, Any]) -> str:
 
 def print_model(result: dict[str, Any], out: Printer) -> None:
     """The model's answer: per target, time, binding limit, stall, idle cost, intervals."""
-    from ckptio.model import LIMITS, human_rate, human_seconds, human_size
+    from ckptio.model import LIMITS
+    from ckptio.units import human_rate, human_seconds, human_size
 
     targets = result["targets"]
     if "workload" in result:
@@ -513,7 +535,7 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
 def comparison_sheet(summary: list[dict[str, Any]], title: str = "comparison") -> Sheet:
     """The comparison (what ``ckptio compare`` and ``ckptio report`` print): one row per target
     and point (a target's sweep points are rows of their own, never averaged together)."""
-    from ckptio.model import human_seconds, human_size
+    from ckptio.units import human_seconds, human_size
 
     def g(x: float | None) -> str:
         return "-" if x is None else f"{x:.3g}"
@@ -552,7 +574,7 @@ def comparison_sheet(summary: list[dict[str, Any]], title: str = "comparison") -
 
 def projection_sheet(proj: list[dict[str, Any]]) -> Sheet:
     """Full-scale projections: time, the binding limit in words, idle cost."""
-    from ckptio.model import human_seconds
+    from ckptio.units import human_seconds
 
     workloads = list(dict.fromkeys(f"{p['preset']} on {p['gpus']} GPUs" for p in proj))
     one = len(workloads) == 1
