@@ -64,28 +64,24 @@ from typing import Any, TypeVar
 
 from ckptio import errors
 from ckptio import format as fmt
-from ckptio.checkpoint import (
+from ckptio.checkpoint import checkpointer as _checkpointer
+from ckptio.checkpoint.checkpointer import Checkpointer, SaveHandle, close_on_exit
+from ckptio.checkpoint.commit import (
+    SaveResult,
+    _plan_writers,
+    build_manifest,
+    check_objects_present,
+    discard_objects,
+)
+from ckptio.checkpoint.read import _RELISTS, CheckpointReader, committed_steps, read_manifest
+from ckptio.checkpoint.snapshot import PreparedState, aligned_empty, crc32c
+from ckptio.checkpoint.write import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_OBJECT_SIZE,
     PARALLEL_OBJECTS,
-    Checkpointer,
-    CheckpointReader,
-    PreparedState,
-    SaveHandle,
-    SaveResult,
-    aligned_empty,
-    build_manifest,
-    check_objects_present,
-    close_on_exit,
-    committed_steps,
-    crc32c,
-    discard_objects,
-    read_manifest,
+    _error_text,
     write_rank_shards,
 )
-from ckptio.checkpoint.commit import _plan_writers
-from ckptio.checkpoint.read import _RELISTS
-from ckptio.checkpoint.write import _error_text
 from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.forked import ForkedWriter
 from ckptio.lease import RETIRE_GRACE_SECONDS, SaveLease
@@ -995,3 +991,6 @@ def crc32c_update(data: Any, value: int) -> int:
     import crc32c as _crc32c
 
     return int(_crc32c.crc32c(data, value)) if value else crc32c(data)
+
+
+_checkpointer.register_tiered(TieredCheckpointer)

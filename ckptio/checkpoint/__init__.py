@@ -149,3 +149,7 @@ __all__ = [
     "verify",
     "write_rank_shards",
 ]
+
+# last: the tiered module registers what Checkpointer(url, local=...) returns (it is built of
+# Checkpointers, so it imports this package's modules and this package imports it after them)
+from ckptio import tiered as _tiered  # noqa: F401
