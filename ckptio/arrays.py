@@ -187,7 +187,7 @@ except (OSError, AttributeError):  # no C library to call
 """libc's ``madvise(addr, length, advice)`` on any memory (``mmap.madvise`` takes only the
 maps Python made), or None where there is none."""
 
-MADV_POPULATE_WRITE = getattr(
+MADV_POPULATE_WRITE: int | None = getattr(
     mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None
 )
 """Linux 5.14+: fault a range in, writable, in one call (Python's mmap module has no name for
@@ -241,12 +241,13 @@ def prefault(view: memoryview) -> None:
     gain nothing: the kernel maps their pages in bulk already. Pages already mapped cost
     only a walk of the page table."""
     global _prefault_works
-    if not _prefault_works or view.nbytes < PREFAULT_MIN:
+    call, advice = madvise, MADV_POPULATE_WRITE
+    if not _prefault_works or view.nbytes < PREFAULT_MIN or call is None or advice is None:
         return
     lo = address(view)
     hi = (lo + view.nbytes) // PAGE * PAGE
     lo = -(-lo // PAGE) * PAGE
-    failed = hi > lo and madvise(lo, hi - lo, MADV_POPULATE_WRITE) != 0  # type: ignore[misc]
+    failed = hi > lo and call(lo, hi - lo, advice) != 0
     if failed and ctypes.get_errno() == errno.EINVAL:  # a kernel before 5.14: stop asking
         _prefault_works = False
 

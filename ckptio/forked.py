@@ -95,7 +95,7 @@ def _read_line(fd: int) -> bytes:
     what came before end of file. Messages are delimited, not ended by closing the pipe: a
     process the trainer forks meanwhile (a DataLoader worker) inherits the pipe's ends, so
     end of file could come much later."""
-    parts = []
+    parts: list[bytes] = []
     while True:
         b = os.read(fd, 1 << 16)
         if not b:

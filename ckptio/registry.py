@@ -135,9 +135,9 @@ def load_backend(scheme: str) -> type[Store]:
     extra = INSTALL_HINTS.get(info.scheme) or INSTALL_HINTS.get(scheme)
     for name in REQUIRES.get(info.scheme, ()):  # imported when a store opens: found, not imported
         if not _installed(name):
-            err = ModuleNotFoundError(f"No module named {name!r}", name=name)
+            missing = ModuleNotFoundError(f"No module named {name!r}", name=name)
             raise errors.missing_package(
-                err, extra=extra or "all", purpose=f"backend {info.scheme!r}"
+                missing, extra=extra or "all", purpose=f"backend {info.scheme!r}"
             )
     return cls
 

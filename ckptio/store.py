@@ -16,6 +16,7 @@ contain ``..`` segments (:func:`check_key` enforces it).
 
 from __future__ import annotations
 
+import builtins
 import random
 import re
 import time
@@ -378,7 +379,7 @@ class Store(ABC):
     def delete(self, keys: Iterable[str]) -> None:
         """Delete ``keys``; keys that do not exist are ignored."""
 
-    def list_incomplete(self, prefix: str = "") -> list[str]:
+    def list_incomplete(self, prefix: str = "") -> builtins.list[str]:
         """Debris of interrupted writes under ``prefix`` (temp files, open multipart uploads),
         as opaque identifiers for :meth:`cleanup_incomplete`. Default: none."""
         return []
@@ -586,7 +587,8 @@ def as_byte_view(data: Buffer) -> memoryview:
             raise errors.InvalidArgumentError(
                 "array is not C-contiguous; pass np.ascontiguousarray(a) (this copies it)"
             )
-        return memoryview(data.reshape(-1).view(np.uint8))
+        # numpy's stubs declare ndarray's buffer protocol (__buffer__) for Python >= 3.12 only
+        return memoryview(data.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     view = memoryview(data)
     if not view.c_contiguous:
         raise errors.InvalidArgumentError("buffer is not C-contiguous")

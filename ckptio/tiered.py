@@ -536,9 +536,12 @@ class TieredCheckpointer:
             if fast._future is None:
                 job.fast_committed = time.monotonic()
             else:
-                fast._future.add_done_callback(
-                    lambda _f, j=job: setattr(j, "fast_committed", time.monotonic())
-                )
+                committing = job
+
+                def committed(_f: Future[Any]) -> None:
+                    committing.fast_committed = time.monotonic()
+
+                fast._future.add_done_callback(committed)
             self._submit(job, fast)
         return TieredSaveHandle(step, time.perf_counter() - t0, fast, job, action, lag, waited)
 
@@ -733,7 +736,7 @@ class TieredCheckpointer:
             max(1, min(DRAIN_STREAMS, len(mine))), thread_name_prefix="ckptio-drain-copy"
         ) as ex:
             futures = [ex.submit(copy, k) for k in mine]
-        errs = [f.exception() for f in futures if f.exception() is not None]
+        errs = [e for e in (f.exception() for f in futures) if e is not None]
         real = [e for e in errs if not isinstance(e, _Cancelled)]
         if real or errs:
             raise (real or errs)[0]

@@ -28,7 +28,7 @@ from ckptio import format as fmt
 from ckptio.arrays import Target, as_target, ensure_memory
 from ckptio.checkpoint.snapshot import Shard, aligned_empty, crc32c
 from ckptio.registry import open_store
-from ckptio.store import Store, wait_all
+from ckptio.store import Store, as_byte_view, wait_all
 
 log = logging.getLogger(__name__)
 
@@ -408,10 +408,10 @@ class CheckpointReader:
         chunk = job[0]
         target, src_box, direct = _place(job)
         if direct:
-            self._read_chunk_into(chunk, memoryview(target.reshape(-1).view(np.uint8)))
+            self._read_chunk_into(chunk, as_byte_view(target))
             return
         tmp = self._allocate((chunk.length,), np.dtype(np.uint8), chunk.key)
-        self._read_chunk_into(chunk, memoryview(tmp))
+        self._read_chunk_into(chunk, as_byte_view(tmp))
         target[...] = tmp.view(target.dtype).reshape(chunk.shape)[src_box]
 
     def _read_group(self, group: list[_Job]) -> None:
@@ -419,7 +419,7 @@ class CheckpointReader:
         start = group[0][0].offset
         end = max(c.offset + c.length for c, _ in group)
         buf = aligned_empty((end - start,), np.uint8)
-        n = self.store.read_into(self._prefix + group[0][0].key, start, memoryview(buf))
+        n = self.store.read_into(self._prefix + group[0][0].key, start, as_byte_view(buf))
         for job in group:
             chunk = job[0]
             a = chunk.offset - start
@@ -545,7 +545,7 @@ class CheckpointReader:
         jobs = [c for t in self.manifest.tensors.values() for c in t.chunks]
 
         def check(chunk: fmt.Chunk) -> str | None:
-            buf = memoryview(aligned_empty((min(chunk.length, VERIFY_BLOCK_BYTES),), np.uint8))
+            buf = as_byte_view(aligned_empty((min(chunk.length, VERIFY_BLOCK_BYTES),), np.uint8))
             try:
                 if chunk.length <= VERIFY_BLOCK_BYTES:
                     self._read_chunk_into(chunk, buf)

@@ -241,11 +241,12 @@ def note(*parts: Cell) -> None:
     from rich.text import Text
 
     tty = _isatty(sys.stderr)
-    console = Console(
-        stderr=True,
-        highlight=False,
-        soft_wrap=True,
-        **({} if tty else {"color_system": None, "force_terminal": False}),
+    console = (
+        Console(stderr=True, highlight=False, soft_wrap=True)
+        if tty
+        else Console(
+            stderr=True, highlight=False, soft_wrap=True, color_system=None, force_terminal=False
+        )
     )
     console.print(Text.assemble(*_parts(parts)))
 

@@ -144,9 +144,12 @@ def _worker(
             problem = state_mismatch(ck.load(latest), expected_state(latest, big))
         # a manifest is published atomically: none may ever be torn (latest() would skip it)
         from ckptio.checkpoint import committed_steps, open_checkpoint, read_manifest
+        from ckptio.tiered import TieredCheckpointer
 
-        tiered = hasattr(ck, "fast")
-        for store in (ck.store, ck.fast.store) if tiered else (ck.store,):
+        tiered = isinstance(ck, TieredCheckpointer)
+        for store in (
+            (ck.store, ck.fast.store) if isinstance(ck, TieredCheckpointer) else (ck.store,)
+        ):
             for s in committed_steps(store):
                 try:
                     read_manifest(store, s)

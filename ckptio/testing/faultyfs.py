@@ -161,7 +161,10 @@ def _operations(backing: str) -> Any:
             return 0
 
         def utimens(self, path: str, times: tuple[int, int] | None = None) -> int:
-            os.utime(self._full(path), ns=times)
+            if times is None:
+                os.utime(self._full(path))
+            else:
+                os.utime(self._full(path), ns=times)
             return 0
 
         # -- namespace
@@ -378,7 +381,7 @@ class FaultyFS:
 
 
 def _unmount(mountpoint: str) -> list[str]:
-    problems = []
+    problems: list[str] = []
     if not _mounted_at(mountpoint):
         return problems
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
