@@ -1,4 +1,4 @@
-"""The layers of ckptio, as the source states them (DESIGN.md, ARCHITECTURE.md): every import
+"""The layers of ckptio, as the source states them (ARCHITECTURE.md): every import
 of a ``ckptio`` module (and of a backend, ``backends/`` = ``ckptio.backends``) points to its own
 layer or one below, and the import graph has no cycle. Module-level and function-level (lazy)
 imports both count; imports under ``if TYPE_CHECKING:`` do not (they never run: annotations
