@@ -518,7 +518,10 @@ class RetryPolicy:
             try:
                 with trace.request(op, key, nbytes, backend=backend, attempt=attempt) as ev:
                     try:
-                        return fn()
+                        result = fn()
+                        if not nbytes and isinstance(result, bytes | bytearray):
+                            ev.nbytes = len(result)  # a GET whose size was not known before
+                        return result
                     except errors.TransientStorageError as err:
                         if attempt < self.max_attempts:
                             ev.outcome = (
