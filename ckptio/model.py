@@ -39,9 +39,11 @@ job; ``R`` the restart time.
 **Restart.** Unless a restart time is given, ``R = fixed overhead + restore time``: the
 overhead (:data:`DEFAULT_RESTART_OVERHEAD`, an assumption) covers rescheduling, process start
 and warm-up; the restore is the read of the whole checkpoint back from the storage, projected
-like the write from the profile's read side (read request rate, no per-object metadata; the
-bandwidth and latency figures are shared by both directions), or ``size / read bandwidth``
-when figures are given. The restore reads each writing rank's bytes once, as written (ranks
+like the write from the profile's read side (read request rate; the bandwidth and latency
+figures are shared by both directions) as ckptio's reader does it (``estimate(phase=
+"restore")``: the steps listed and the manifest read first, a size check of each object
+before its data, :data:`RESTORE_READERS` objects in flight per rank), or ``size / read
+bandwidth`` when figures are given. The restore reads each writing rank's bytes once, as written (ranks
 holding replicas of them are assumed to get them from a peer; their reads are not counted).
 ``R`` enters Daly's overhead and the cost, and the share of wall time
 the GPUs idle restarting, ``R / M`` (``idle_fraction_with_restarts = idle_fraction + R / M``).
@@ -227,6 +229,14 @@ def _plan_dict(plan: Any) -> dict[str, Any]:
 
 # -- the model ------------------------------------------------------------------------------
 
+PHASES = ("write", "read", "restore")
+#: Objects a rank's restore reads at once: :class:`ckptio.checkpoint.CheckpointReader`'s
+#: default ``readers``.
+RESTORE_READERS = 8
+#: Metadata operations in series before a restore reads data: list the steps, then the
+#: manifest's size twice (the newest complete step, then the read), before its GET.
+RESTORE_PREAMBLE_OPS = 3
+
 X = "\u00d7"  # the multiplication sign, as in "8 writing nodes x 16 streams x 50 MB/s"
 
 LIMITS = (
@@ -287,12 +297,21 @@ def estimate(
     part_size: int | None = None,
     client_cpu_bandwidth: float = DEFAULT_CLIENT_CPU_BANDWIDTH,
 ) -> PhaseEstimate:
-    """Time of one ``phase`` (``write`` or ``read``) of ``workload`` on ``profile``.
+    """Time of one ``phase`` of ``workload`` on ``profile``: ``write``, ``read`` (the bytes
+    read back by a reader that knows every offset, as the runner's read phase) or ``restore``
+    (a load of the newest checkpoint by :class:`~ckptio.checkpoint.CheckpointReader`: the
+    read, with :data:`RESTORE_READERS` objects in flight per rank, after listing the steps
+    and reading the manifest (:data:`RESTORE_PREAMBLE_OPS` metadata operations and one small
+    request in series), and a size check of each object (one metadata operation) before its
+    first read).
 
     ``streams`` (per node) and ``part_size`` (bytes) default to the profile's.
     """
-    if phase not in ("write", "read"):
-        raise errors.InvalidArgumentError(f"phase must be write or read, got {phase!r}")
+    if phase not in PHASES:
+        raise errors.InvalidArgumentError(
+            f"phase must be one of {', '.join(PHASES)}, got {phase!r}"
+        )
+    restore = phase == "restore"
     w, p = workload, profile
     streams = streams or p.streams
     part = part_size or p.part_size
@@ -300,7 +319,9 @@ def estimate(
     parts_per_object = max(1, -(-obj_bytes // part))
     total_requests = w.writing_ranks * w.objects_per_rank * parts_per_object
     # objects go out in groups of object_concurrency per rank; a group's parts share the streams
-    in_flight_objects = min(w.object_concurrency, w.objects_per_rank)
+    in_flight_objects = min(
+        RESTORE_READERS if restore else w.object_concurrency, w.objects_per_rank
+    )
     groups = -(-w.objects_per_rank // in_flight_objects)
     in_flight = w.writers_per_node * in_flight_objects * parts_per_object
     used = max(1, min(streams, in_flight))
@@ -320,9 +341,10 @@ def estimate(
     t_rate = 0.0 if p.rate_scope == "none" else total_requests / (rate * partitions)
     t_cpu = w.node_bytes / (client_cpu_bandwidth * w.writers_per_node)
     # a write creates and commits each object (in series with its data), then the manifest;
-    # a read needs no per-object metadata (the manifest has every offset), only the manifest
-    meta_ops = 2 if phase == "write" else 0
-    t_meta = groups * meta_ops * meta + meta
+    # a read needs no per-object metadata (the manifest has every offset), only the manifest;
+    # a restore lists the steps and reads the manifest first, and checks each object's size
+    meta_ops = {"write": 2, "read": 0, "restore": 1}[phase]
+    t_meta = groups * meta_ops * meta + (RESTORE_PREAMBLE_OPS * meta + lat if restore else meta)
 
     path = t_stream + t_latency
     others = {
@@ -350,7 +372,8 @@ def estimate(
         + (f" ({p.throttle.split(';')[0]} past it)" if p.throttle else ""),
         "client CPU": f"{w.writers_per_node} ranks per node {X} {human_rate(client_cpu_bandwidth)} "
         "(checksums, copies)",
-        "metadata": f"{groups * meta_ops + 1} operations in series {X} {human_seconds(meta)}",
+        "metadata": f"{groups * meta_ops + (RESTORE_PREAMBLE_OPS if restore else 1)} "
+        f"operations in series {X} {human_seconds(meta)}",
     }
     path_binds = path >= others[slowest_other]
     if path_binds:
@@ -665,20 +688,21 @@ def _tiered_target(
     """One tiered target: ``durable`` drained from ``local`` (see the module docstring)."""
     kw: dict[str, Any] = dict(streams=streams, part_size=part_size)
     fast_w = estimate(workload, local, phase="write", **kw)
-    fast_r = estimate(workload, local, phase="read", **kw)
+    fast_r = estimate(workload, local, phase="read", **kw)  # the drain's read
+    fast_restore = estimate(workload, local, phase="restore", **kw)
     durable_w = estimate(workload, durable, phase="write", **kw)
-    durable_r = estimate(workload, durable, phase="read", **kw)
+    durable_r = estimate(workload, durable, phase="restore", **kw)
     drain = max(durable_w.seconds, fast_r.seconds)
     drain_binding = (
         f"{durable.name} write: {durable_w.binding}"
         if durable_w.seconds >= fast_r.seconds
         else f"{local.name} read: {fast_r.binding}"
     )
-    restore = (1 - p_lose_node) * fast_r.seconds + p_lose_node * durable_r.seconds
+    restore = (1 - p_lose_node) * fast_restore.seconds + p_lose_node * durable_r.seconds
     binds = (
         durable_r
-        if p_lose_node * durable_r.seconds >= (1 - p_lose_node) * fast_r.seconds
-        else fast_r
+        if p_lose_node * durable_r.seconds >= (1 - p_lose_node) * fast_restore.seconds
+        else fast_restore
     )
     restart = _restart(
         restart_seconds,
@@ -697,9 +721,9 @@ def _tiered_target(
         "profile": durable.as_dict(),
         "local_profile": local.as_dict(),
         "write": fast_w.as_dict(),
-        "read": fast_r.as_dict(),
+        "read": fast_restore.as_dict(),
         "write_seconds": stall,
-        "read_seconds": fast_r.seconds,
+        "read_seconds": fast_restore.seconds,
         "binding": fast_w.binding,
         "binding_detail": fast_w.binding_detail,
         "drain_seconds": drain,
@@ -707,7 +731,7 @@ def _tiered_target(
         "persist_every": persist_every,
         "drain_fits_interval": drain <= persist_every * interval,
         "fast_only_window_seconds": (persist_every - 1) * interval + drain,
-        "restore_fast_seconds": fast_r.seconds,
+        "restore_fast_seconds": fast_restore.seconds,
         "restore_durable_seconds": durable_r.seconds,
         "p_lose_node": p_lose_node,
         "p_lose_node_source": "assumption (DEFAULT_P_LOSE_NODE: Llama 3's hardware share of "
@@ -858,7 +882,7 @@ def evaluate(
     elif workload is not None and profiles:
         for prof in profiles:
             w = estimate(workload, prof, phase="write", streams=streams, part_size=part_size)
-            r = estimate(workload, prof, phase="read", streams=streams, part_size=part_size)
+            r = estimate(workload, prof, phase="restore", streams=streams, part_size=part_size)
             stall = w.seconds
             snapshot = workload.bytes_per_rank / snapshot_bandwidth
             restart = _restart(

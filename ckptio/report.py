@@ -292,7 +292,7 @@ def projection_rows(
                 rows.append({**head, "profile": how, "write_seconds": None, "binding_detail": how})
                 continue
             e = estimate(w, prof)
-            r = estimate(w, prof, phase="read")
+            r = estimate(w, prof, phase="restore")
             rs = _restart(restart, DEFAULT_RESTART_OVERHEAD, r.seconds, f"projected: {r.binding}")
             cost = CostModel(
                 e.seconds,
