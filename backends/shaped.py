@@ -41,7 +41,7 @@ from dataclasses import replace
 from typing import Any, ClassVar, TypeVar
 
 from ckptio import errors
-from ckptio.profiles import FIGURES, Profile, load_profile
+from ckptio.profiles import ALL_FIGURES, Profile, load_profile
 from ckptio.store import (
     Buffer,
     Capabilities,
@@ -186,7 +186,7 @@ class ShapedStore(Store):
                 f"shaped URL must wrap another store, e.g. shaped+memory://x?profile=cloud-s3 or "
                 f"shaped+file:///tmp/x?profile=abci-lustre; got {url!r}"
             )
-        figures = {k: options.pop(k) for k in list(options) if k in FIGURES}
+        figures = {k: options.pop(k) for k in list(options) if k in ALL_FIGURES}
         own = {k: options.pop(k) for k in list(options) if k in _SHAPED_OPTIONS}
         profile = load_profile(own.get("profile", "cloud-s3"), figures)
         if "streams" in own:
@@ -214,7 +214,7 @@ class ShapedStore(Store):
             self.inner: Store = open_store(inner_url, trace=Trace(max_events=10_000), **options)
         except errors.UnknownOptionError as err:
             raise err.widened(
-                "shaped+", (*_SHAPED_OPTIONS, *FIGURES), f"shaped+{err.where}"
+                "shaped+", (*_SHAPED_OPTIONS, *ALL_FIGURES), f"shaped+{err.where}"
             ) from None
         self.name = f"shaped:{profile.name}+{self.inner.name}"  # type: ignore[misc]
         # per instance: what the wrapped store can do (positional writes are not emulated)
@@ -223,6 +223,12 @@ class ShapedStore(Store):
         )
 
         self._node = _Link(profile.node_bandwidth / self.ranks_per_node)
+        # the read side's own figures where the profile has them (else the shared ones)
+        self._read_node = (
+            _Link(profile.value("read_node_bandwidth") / self.ranks_per_node)
+            if "read_node_bandwidth" in profile.figures
+            else self._node
+        )
         self._aggregate = _Link(profile.aggregate_bandwidth / self.ranks)
         self._write_rate = _RateLimiter(profile.write_request_rate / self.ranks)
         self._read_rate = _RateLimiter(profile.read_request_rate / self.ranks)
@@ -254,10 +260,11 @@ class ShapedStore(Store):
 
         def attempt() -> T:
             self._admit(key, read=read)
-            start = time.monotonic() + self.profile.request_latency
+            p = self.profile
+            start = time.monotonic() + p.side("request_latency", read=read)
             done = max(
-                start + nbytes / self.profile.stream_bandwidth,
-                self._node.reserve(nbytes, start),
+                start + nbytes / p.side("stream_bandwidth", read=read),
+                (self._read_node if read else self._node).reserve(nbytes, start),
                 self._aggregate.reserve(nbytes, start),
             )
             result = fn()

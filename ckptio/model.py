@@ -326,8 +326,11 @@ def estimate(
     in_flight = w.writers_per_node * in_flight_objects * parts_per_object
     used = max(1, min(streams, in_flight))
     rounds = groups * -(-in_flight // used)  # requests each stream sends, one after another
-    lat, sbw = p.value("request_latency"), p.value("stream_bandwidth")
-    nbw, abw = p.value("node_bandwidth"), p.value("aggregate_bandwidth")
+    reading = phase != "write"  # the read side's own figures where the profile has them
+    lat = p.side("request_latency", read=reading)
+    sbw = p.side("stream_bandwidth", read=reading)
+    nbw = p.side("node_bandwidth", read=reading)
+    abw = p.value("aggregate_bandwidth")
     rate = p.value("write_request_rate" if phase == "write" else "read_request_rate")
     meta = p.value("metadata_latency")
 
@@ -591,6 +594,13 @@ class Calibration:
     emulated: bool = False
     mock: bool = False
     notes: list[str] = field(default_factory=list)
+    read_request_latency: float | None = None
+    """The read side, fitted from the read phase's GETs as the write side is from its writes
+    (None: no reads measured; the profile's reads then use the write side's figures)."""
+    read_stream_bandwidth: float | None = None
+    read_node_bandwidth: float | None = None
+    """The highest ``read_GBps`` of the runs (bytes/s)."""
+    read_requests: int = 0
 
     def as_profile(self, *, name: str | None = None) -> Profile:
         """A :class:`Profile` with the fitted figures. The run's throughput becomes the node
@@ -618,6 +628,16 @@ class Calibration:
                 max(self.request_latency, 1e-6), src + " (assumption: as request_latency)"
             ),
         }
+        if self.read_stream_bandwidth is not None:
+            rsrc = src.replace(f"({self.requests} requests)", f"({self.read_requests} reads)")
+            figures["read_request_latency"] = Figure(
+                max(self.read_request_latency or 0.0, 1e-6), rsrc
+            )
+            figures["read_stream_bandwidth"] = Figure(self.read_stream_bandwidth, rsrc)
+            if self.read_node_bandwidth:
+                figures["read_node_bandwidth"] = Figure(
+                    self.read_node_bandwidth, rsrc + " (the highest read throughput seen)"
+                )
         return Profile(
             name=name or f"measured:{self.target}",
             title=f"fitted from {self.target}",
@@ -634,9 +654,11 @@ class Calibration:
 def fit_latency_bandwidth(nbytes: list[float], seconds: list[float]) -> tuple[float, float]:
     """Least-squares fit of ``seconds = latency + nbytes / bandwidth`` over requests.
 
-    Returns ``(latency seconds >= 0, bandwidth bytes/s)``. With one request size only, the
-    latency cannot be told from bandwidth: it is taken as the fastest request's time minus its
-    transfer at the median bandwidth, at least 0.
+    Returns ``(latency seconds >= 0, bandwidth bytes/s)``. Requests of one size seen several
+    times are fitted by that size's lower quartile: a busy machine (other work, scheduling)
+    only adds time to a request, and a few slow ones would tilt a least-squares line. With one
+    request size only, the latency cannot be told from bandwidth: it is taken as the fastest
+    request's time minus its transfer at the median bandwidth, at least 0.
     """
     import numpy as np
 
@@ -644,6 +666,13 @@ def fit_latency_bandwidth(nbytes: list[float], seconds: list[float]) -> tuple[fl
     y = np.asarray(seconds, dtype=float)
     if len(x) == 0:
         raise errors.InvalidArgumentError("no requests with data to fit")
+    sizes, inverse = np.unique(x, return_inverse=True)
+    if len(sizes) > 1 and len(sizes) < len(x):
+        y_low = np.array([np.quantile(y[inverse == i], 0.25) for i in range(len(sizes))])
+        if np.ptp(sizes) > 0.1 * max(sizes.max(), 1):
+            slope, intercept = np.polyfit(sizes, y_low, 1)
+            if slope > 0:
+                return max(float(intercept), 0.0), float(1 / slope)
     if np.ptp(x) > 0.1 * max(x.max(), 1):
         slope, intercept = np.polyfit(x, y, 1)
         if slope > 0:
@@ -1098,7 +1127,9 @@ def calibrate(requests: Any, runs: Any) -> list[Calibration]:
 
     Per target: data requests of the write phase that succeeded are fitted as ``seconds =
     latency + nbytes / stream_bandwidth``; the aggregate is the highest ``write_GBps`` of its
-    runs; ``streams`` the most streams used; ``part_size`` the median request size.
+    runs; ``streams`` the most streams used; ``part_size`` the median request size. The read
+    side likewise, where the runs read: the read phase's GETs give ``read_request_latency``
+    and ``read_stream_bandwidth``, the highest ``read_GBps`` the ``read_node_bandwidth``.
     """
     import numpy as np
 
@@ -1125,6 +1156,29 @@ def calibrate(requests: Any, runs: Any) -> list[Calibration]:
         if agg <= 0:
             agg = math.inf
             notes.append("no write throughput in the runs table; aggregate unbounded")
+        reads = [
+            r
+            for r in req
+            if r["target"] == target
+            and r["phase"] == "read"
+            and r["op"] == "get"
+            and r["outcome"] == "ok"
+            and r["nbytes"] > 0
+        ]
+        read_side: dict[str, Any] = {}
+        if reads:
+            rlat, rbw = fit_latency_bandwidth(
+                [r["nbytes"] for r in reads], [r["seconds"] for r in reads]
+            )
+            rnode = max((r.get("read_GBps") or 0.0) for r in mine) * 1e9
+            read_side = dict(
+                read_request_latency=rlat,
+                read_stream_bandwidth=rbw,
+                read_node_bandwidth=rnode or None,
+                read_requests=len(reads),
+            )
+        else:
+            notes.append("no reads measured; the read side uses the write side's figures")
         out.append(
             Calibration(
                 target=target,
@@ -1137,6 +1191,7 @@ def calibrate(requests: Any, runs: Any) -> list[Calibration]:
                 emulated=any(bool(r.get("emulated")) for r in mine),
                 mock=any(bool(r.get("mock")) for r in mine),
                 notes=notes,
+                **read_side,
             )
         )
     return out
