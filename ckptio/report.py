@@ -383,12 +383,17 @@ def plot_throughput(summary: list[dict[str, Any]], path: str) -> str:
         )
         for s in summary
     ]
+    import textwrap
+
     n = len(rows)
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.9 * n))
+    height = 1.6 + 0.9 * n
+    fig, ax = plt.subplots(figsize=(9, height))
     for i, (t, wgb, rgb) in enumerate(rows):
         st = KIND_STYLE[t["kind"]]
         y = n - 1 - i
-        for dy, val, phase, alpha in ((0.2, wgb, "write", 1.0), (-0.2, rgb, "read", 0.55)):
+        # a tiered target's write is its save's stall, its read the restore from the fast tier
+        words = ("save (stall)", "restore") if t.get("tiered") else ("write", "read")
+        for dy, val, phase, alpha in ((0.2, wgb, words[0], 1.0), (-0.2, rgb, words[1], 0.55)):
             if val == val:  # not NaN
                 ax.barh(
                     y + dy,
@@ -401,13 +406,14 @@ def plot_throughput(summary: list[dict[str, Any]], path: str) -> str:
                 )
                 ax.text(val, y + dy, f" {phase} {val:.3g} GB/s", va="center", fontsize=8)
     ax.set_yticks(range(n))
-    ax.set_yticklabels([t["label"] for t, _, _ in reversed(rows)])
+    ax.set_yticklabels([textwrap.fill(t["label"], 34) for t, _, _ in reversed(rows)], fontsize=8)
     top = max([v for _, a, b in rows for v in (a, b) if v == v] or [1])
     ax.set_xlim(0, top * 1.45)
     ax.set_xlabel("throughput, GB/s (1e9 bytes/s); dark: write, light: read")
     ax.set_title("Checkpoint throughput per target (this run's scale)")
-    _kind_legend(ax, {t["kind"] for t, _, _ in rows})
-    fig.tight_layout()
+    kinds = {t["kind"] for t, _, _ in rows}
+    _kind_legend(fig, kinds, loc="lower center", ncol=len(kinds))
+    fig.tight_layout(rect=(0, 0.45 / height, 1, 1))
     fig.savefig(path)
     plt.close(fig)
     return path
