@@ -41,7 +41,7 @@ from dataclasses import replace
 from typing import Any, ClassVar, TypeVar
 
 from ckptio import errors
-from ckptio.profiles import FIGURES, Profile, load_profile
+from ckptio.profiles import ALL_FIGURES, Profile, load_profile
 from ckptio.registry import open_store, parse_url
 from ckptio.store import (
     Buffer,
@@ -193,7 +193,7 @@ class ShapedStore(Store):
         **options: Any,
     ) -> None:
         """Options: see the module docstring. ``streams`` and ``part_size`` left None take the
-        profile's; ``**options`` holds profile figures by name (:data:`FIGURES`) and the
+        profile's; ``**options`` holds profile figures by name (:data:`~ckptio.profiles.ALL_FIGURES`) and the
         wrapped store's own options (which that store checks)."""
         super().__init__(url, trace=trace)
         inner_loc = parse_url(url).inner
@@ -202,7 +202,7 @@ class ShapedStore(Store):
                 f"shaped URL must wrap another store, e.g. shaped+memory://x?profile=cloud-s3 or "
                 f"shaped+file:///tmp/x?profile=abci-lustre; got {url!r}"
             )
-        figures = {k: options.pop(k) for k in list(options) if k in FIGURES}
+        figures = {k: options.pop(k) for k in list(options) if k in ALL_FIGURES}
         shape = load_profile(profile, figures)
         if streams is not None:
             shape = replace(
@@ -225,7 +225,7 @@ class ShapedStore(Store):
             self.inner: Store = open_store(inner_url, trace=Trace(max_events=10_000), **options)
         except errors.UnknownOptionError as err:
             raise err.widened(
-                "shaped+", (*_SHAPED_OPTIONS, *FIGURES), f"shaped+{err.where}"
+                "shaped+", (*_SHAPED_OPTIONS, *ALL_FIGURES), f"shaped+{err.where}"
             ) from None
         self.name = f"shaped:{shape.name}+{self.inner.name}"  # type: ignore[misc]
         # per instance: what the wrapped store can do (positional writes are not emulated)
@@ -234,6 +234,12 @@ class ShapedStore(Store):
         )
 
         self._node = _Link(shape.node_bandwidth / self.ranks_per_node)
+        # the read side's own figures where the profile has them (else the shared ones)
+        self._read_node = (
+            _Link(shape.value("read_node_bandwidth") / self.ranks_per_node)
+            if "read_node_bandwidth" in shape.figures
+            else self._node
+        )
         self._aggregate = _Link(shape.aggregate_bandwidth / self.ranks)
         self._write_rate = _RateLimiter(shape.write_request_rate / self.ranks)
         self._read_rate = _RateLimiter(shape.read_request_rate / self.ranks)
@@ -265,10 +271,11 @@ class ShapedStore(Store):
 
         def attempt() -> T:
             self._admit(key, read=read)
-            start = time.monotonic() + self.profile.request_latency
+            p = self.profile
+            start = time.monotonic() + p.side("request_latency", read=read)
             done = max(
-                start + nbytes / self.profile.stream_bandwidth,
-                self._node.reserve(nbytes, start),
+                start + nbytes / p.side("stream_bandwidth", read=read),
+                (self._read_node if read else self._node).reserve(nbytes, start),
                 self._aggregate.reserve(nbytes, start),
             )
             result = fn()

@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -43,7 +45,9 @@ def main() -> None:
         default="shaped+file://{dir}/durable-{case}-{round}?profile=cloud-s3",
         help="durable URL template ({dir}, {case}, {round})",
     )
+    ap.add_argument("--out", help="also write the samples and medians to this JSON file")
     args = ap.parse_args()
+    load_before = os.getloadavg()
     base = Path(args.dir)
     shutil.rmtree(base, ignore_errors=True)
     base.mkdir(parents=True)
@@ -103,19 +107,28 @@ def main() -> None:
         / statistics.median(direct_GBps),
         "tiered_load_vs_local_load_speed": med["local-load"] / med["tiered-load"],
     }
-    print(
-        json.dumps(
-            {
-                "bytes": nbytes,
-                "rounds": args.rounds,
-                "median_seconds": med,
-                "drain_GBps": statistics.median(drain_GBps),
-                "direct_GBps": statistics.median(direct_GBps),
-                "ratios": ratios,
-            },
-            indent=1,
+    doc = {
+        "bytes": nbytes,
+        "rounds": args.rounds,
+        "median_seconds": med,
+        "drain_GBps": statistics.median(drain_GBps),
+        "direct_GBps": statistics.median(direct_GBps),
+        "ratios": ratios,
+    }
+    print(json.dumps(doc, indent=1))
+    if args.out:
+        from ckptio.results import machine_info, versions
+
+        # the machine is shared: its load (1, 5, 15 min averages) is part of the figures
+        doc.update(
+            command=" ".join(["benchmarks/tiered.py", *sys.argv[1:]]),
+            loadavg_before=load_before,
+            loadavg_after=os.getloadavg(),
+            machine=machine_info(str(base)),
+            versions=versions(),
+            samples=samples,
         )
-    )
+        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     shutil.rmtree(base, ignore_errors=True)
 
 

@@ -12,7 +12,12 @@ Default targets (a laptop needs nothing else):
   (:mod:`ckptio.rgwserver`): **measured — Ceph RGW on loopback**, a real S3 implementation
   on this machine (memstore: objects in the OSD's memory), not a cloud service;
 - one emulated target per profile (default ``cloud-s3``, ``abci-lustre``): the shaped backend
-  over ``memory://`` (emulated: the profile imposed by sleeping, not the real service).
+  over ``memory://`` (emulated: the profile imposed by sleeping, not the real service);
+- tiered targets ``DURABLE+LOCAL`` (default ``cloud-s3+local-nvme``): the workload's state
+  saved through :class:`~ckptio.tiered.TieredCheckpointer` on a node-local fast tier and
+  drained to an emulated durable one (:mod:`ckptio.tierbench`): ``LOCAL`` is ``disk`` (a
+  directory on this machine: measured) or a profile (emulated over such a directory); save
+  (the stall), drain and restore (from either tier) are timed.
 
 Any URL can be given as a target too (``file:///mnt/lustre/x``, ``s3://bucket/prefix``): those
 are measured. Results go to ``<out>/results/`` (Parquet + JSON, mergeable with results from
@@ -53,6 +58,9 @@ DEFAULT_TARGETS = ("local", "mock-s3")
 """Always run by default; ``rgw`` joins them where its packages are installed
 (:func:`default_targets`)."""
 DEFAULT_PROFILES = ("cloud-s3", "abci-lustre")
+DEFAULT_TIERED = ("cloud-s3+local-nvme",)
+"""The fix the report recommends for a stalling cloud run, emulated: cloud-s3 drained from a
+node-local NVMe tier (the ``local-nvme`` profile over a directory of this machine)."""
 DEFAULT_PRESET = "llama3-8b"
 DEFAULT_TOTAL_SIZE = "256MiB"
 """Small enough that every default target finishes in well under a minute on 2 cores."""
@@ -194,6 +202,7 @@ def compare(
     interval: float = 7200.0,
     price: float | None = None,
     restart: float | None = None,
+    tiered: list[str] | None = None,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Run the workload against every target, write results and the report under ``out``.
@@ -201,22 +210,25 @@ def compare(
     Returns :func:`ckptio.report.build_report`'s result plus ``skipped`` (targets that could
     not run, with the reason). Runs in this process (one rank writes every logical rank).
     ``say`` gets the progress: ``running TARGET (kind) ...``, a line per phase, ``TARGET done
-    in N s``.
+    in N s``. ``tiered``: tiered targets (``DURABLE+LOCAL``, :func:`ckptio.tierbench.
+    parse_tiered`; default :data:`DEFAULT_TIERED`). ``restart`` None: each target's restart is
+    the fixed overhead plus its projected restore (:func:`ckptio.report.build_report`).
     """
     from ckptio.dist import SingleProcess
     from ckptio.registry import open_store
     from ckptio.report import (
         DEFAULT_PRICE_PER_GPU_HOUR,
-        DEFAULT_RESTART_SECONDS,
         build_report,
         measured_note,
         plots_unavailable,
     )
     from ckptio.runner import run_workload
+    from ckptio.tierbench import parse_tiered, run_tiered
     from ckptio.workload import make_plan
 
     if iterations < 1:
         raise errors.InvalidArgumentError(f"iterations must be >= 1, got {iterations}")
+    specs = [parse_tiered(t) for t in (DEFAULT_TIERED if tiered is None else tiered)]
     no_plots = plots_unavailable()  # said before the measurements, not after them
     if no_plots:
         say(f"warning: {no_plots}; the report will be written without plots")
@@ -273,6 +285,22 @@ def compare(
                 )
                 say(f"{t.name} done in {time.perf_counter() - start:.1f} s")
                 run_ids.append(summary.run_id)
+        for spec in specs:
+            say(f"running {spec.name} (tiered: {spec.note}) ...")
+            start = time.perf_counter()
+            run_ids.append(
+                run_tiered(
+                    spec,
+                    plan,
+                    out_dir=results_dir,
+                    iterations=iterations,
+                    site=site,
+                    config={"command": "compare", "target": spec.name},
+                    tmp=tmp,
+                    say=lambda line: say(f"  {line}"),
+                )
+            )
+            say(f"{spec.name} done in {time.perf_counter() - start:.1f} s")
     if not run_ids:
         raise errors.CkptioError("no target could run; see the lines above")
     files = [os.path.join(results_dir, f"{rid}.run.parquet") for rid in run_ids]
@@ -282,7 +310,7 @@ def compare(
         presets=presets,
         interval=interval,
         price=DEFAULT_PRICE_PER_GPU_HOUR if price is None else price,
-        restart=DEFAULT_RESTART_SECONDS if restart is None else restart,
+        restart=restart,
         title=f"ckptio compare: {preset} scaled to {plan.total_bytes / 2**20:.0f} MiB",
     )
     report["skipped"] = skipped

@@ -16,7 +16,9 @@
   ``FlattenedIndexKey`` -> list index). JSON values (ints, floats, strings) stay JSON.
 - ``Checkpointer``: the same with ``keep_last`` retention and ``async_save`` (see its
   docstring); ``save`` and ``Checkpointer.save`` refuse a pytree with no leaves (None, empty
-  containers) instead of committing an empty checkpoint.
+  containers) instead of committing an empty checkpoint. ``Checkpointer(url, local=...)``
+  returns a :class:`TieredCheckpointer`: saves on a fast tier drained to ``url``
+  (:mod:`ckptio.tiered`), pytrees in and ``jax.Array`` leaves out as here.
 - ``load``: without ``target``, that plain structure with ``jax.Array`` leaves. With
   ``target`` (a pytree of the same structure: arrays, ``jax.ShapeDtypeStruct`` or anything
   with ``shape``/``dtype``), the target's own node types come back, every leaf is checked
@@ -39,9 +41,10 @@ import numpy as np
 
 from ckptio import checkpoint as _ck
 from ckptio import errors
+from ckptio import tiered as _tiered
 from ckptio.store import Store
 
-__all__ = ["Checkpointer", "load", "save", "to_numpy"]
+__all__ = ["Checkpointer", "TieredCheckpointer", "load", "save", "to_numpy"]
 
 
 def to_numpy(obj: Any) -> np.ndarray | None:
@@ -230,6 +233,35 @@ class Checkpointer(_ck.Checkpointer):
     """
 
     def save(self, state: Any, step: int, **kwargs: Any) -> _ck.SaveHandle:
+        return super().save(_plain_to_save(state), step, **kwargs)
+
+    def load(  # type: ignore[override]  # target= in place of into= (jax arrays are immutable)
+        self,
+        step: int | None = None,
+        *,
+        target: Any = None,
+        select: Mapping[str, Any] | None = None,
+    ) -> Any:
+        return _restore(super().load(step, select=select), target)
+
+    @classmethod
+    def _tiered(cls) -> Any:
+        return TieredCheckpointer
+
+
+class TieredCheckpointer(_tiered.TieredCheckpointer):
+    """:class:`ckptio.tiered.TieredCheckpointer` for JAX pytrees, as :class:`Checkpointer` is
+    for one tier (``ckptio.jax.Checkpointer(url, local=...)`` returns one): ``save`` takes any
+    pytree (one with no leaves is refused), ``load`` returns ``jax.Array`` leaves, in
+    ``target``'s structure, shapes, dtypes and shardings when given::
+
+        with ckptio.jax.Checkpointer("s3://bucket/run", local="file:///nvme/run",
+                                     persist_every=3) as ck:
+            ck.save(state, step=step)                 # blocks for the node-local tier only
+        state = ck.load(target=abstract_state)        # the newest step, from either tier
+    """
+
+    def save(self, state: Any, step: int, **kwargs: Any) -> _tiered.TieredSaveHandle:
         return super().save(_plain_to_save(state), step, **kwargs)
 
     def load(  # type: ignore[override]  # target= in place of into= (jax arrays are immutable)

@@ -39,9 +39,11 @@ job; ``R`` the restart time.
 **Restart.** Unless a restart time is given, ``R = fixed overhead + restore time``: the
 overhead (:data:`DEFAULT_RESTART_OVERHEAD`, an assumption) covers rescheduling, process start
 and warm-up; the restore is the read of the whole checkpoint back from the storage, projected
-like the write from the profile's read side (read request rate, no per-object metadata; the
-bandwidth and latency figures are shared by both directions), or ``size / read bandwidth``
-when figures are given. The restore reads each writing rank's bytes once, as written (ranks
+like the write from the profile's read side (read request rate; the bandwidth and latency
+figures are shared by both directions) as ckptio's reader does it (``estimate(phase=
+"restore")``: the steps listed and the manifest read first, a size check of each object
+before its data, :data:`RESTORE_READERS` objects in flight per rank), or ``size / read
+bandwidth`` when figures are given. The restore reads each writing rank's bytes once, as written (ranks
 holding replicas of them are assumed to get them from a peer; their reads are not counted).
 ``R`` enters Daly's overhead and the cost, and the share of wall time
 the GPUs idle restarting, ``R / M`` (``idle_fraction_with_restarts = idle_fraction + R / M``).
@@ -223,6 +225,14 @@ def _plan_dict(plan: Any) -> dict[str, Any]:
 
 # -- the model ------------------------------------------------------------------------------
 
+PHASES = ("write", "read", "restore")
+#: Objects a rank's restore reads at once: :class:`ckptio.checkpoint.CheckpointReader`'s
+#: default ``readers``.
+RESTORE_READERS = 8
+#: Metadata operations in series before a restore reads data: list the steps, then the
+#: manifest's size twice (the newest complete step, then the read), before its GET.
+RESTORE_PREAMBLE_OPS = 3
+
 X = "\u00d7"  # the multiplication sign, as in "8 writing nodes x 16 streams x 50 MB/s"
 
 LIMITS = (
@@ -283,12 +293,21 @@ def estimate(
     part_size: int | None = None,
     client_cpu_bandwidth: float = DEFAULT_CLIENT_CPU_BANDWIDTH,
 ) -> PhaseEstimate:
-    """Time of one ``phase`` (``write`` or ``read``) of ``workload`` on ``profile``.
+    """Time of one ``phase`` of ``workload`` on ``profile``: ``write``, ``read`` (the bytes
+    read back by a reader that knows every offset, as the runner's read phase) or ``restore``
+    (a load of the newest checkpoint by :class:`~ckptio.checkpoint.CheckpointReader`: the
+    read, with :data:`RESTORE_READERS` objects in flight per rank, after listing the steps
+    and reading the manifest (:data:`RESTORE_PREAMBLE_OPS` metadata operations and one small
+    request in series), and a size check of each object (one metadata operation) before its
+    first read).
 
     ``streams`` (per node) and ``part_size`` (bytes) default to the profile's.
     """
-    if phase not in ("write", "read"):
-        raise errors.InvalidArgumentError(f"phase must be write or read, got {phase!r}")
+    if phase not in PHASES:
+        raise errors.InvalidArgumentError(
+            f"phase must be one of {', '.join(PHASES)}, got {phase!r}"
+        )
+    restore = phase == "restore"
     w, p = workload, profile
     streams = streams or p.streams
     part = part_size or p.part_size
@@ -296,13 +315,18 @@ def estimate(
     parts_per_object = max(1, -(-obj_bytes // part))
     total_requests = w.writing_ranks * w.objects_per_rank * parts_per_object
     # objects go out in groups of object_concurrency per rank; a group's parts share the streams
-    in_flight_objects = min(w.object_concurrency, w.objects_per_rank)
+    in_flight_objects = min(
+        RESTORE_READERS if restore else w.object_concurrency, w.objects_per_rank
+    )
     groups = -(-w.objects_per_rank // in_flight_objects)
     in_flight = w.writers_per_node * in_flight_objects * parts_per_object
     used = max(1, min(streams, in_flight))
     rounds = groups * -(-in_flight // used)  # requests each stream sends, one after another
-    lat, sbw = p.value("request_latency"), p.value("stream_bandwidth")
-    nbw, abw = p.value("node_bandwidth"), p.value("aggregate_bandwidth")
+    reading = phase != "write"  # the read side's own figures where the profile has them
+    lat = p.side("request_latency", read=reading)
+    sbw = p.side("stream_bandwidth", read=reading)
+    nbw = p.side("node_bandwidth", read=reading)
+    abw = p.value("aggregate_bandwidth")
     rate = p.value("write_request_rate" if phase == "write" else "read_request_rate")
     meta = p.value("metadata_latency")
 
@@ -316,9 +340,10 @@ def estimate(
     t_rate = 0.0 if p.rate_scope == "none" else total_requests / (rate * partitions)
     t_cpu = w.node_bytes / (client_cpu_bandwidth * w.writers_per_node)
     # a write creates and commits each object (in series with its data), then the manifest;
-    # a read needs no per-object metadata (the manifest has every offset), only the manifest
-    meta_ops = 2 if phase == "write" else 0
-    t_meta = groups * meta_ops * meta + meta
+    # a read needs no per-object metadata (the manifest has every offset), only the manifest;
+    # a restore lists the steps and reads the manifest first, and checks each object's size
+    meta_ops = {"write": 2, "read": 0, "restore": 1}[phase]
+    t_meta = groups * meta_ops * meta + (RESTORE_PREAMBLE_OPS * meta + lat if restore else meta)
 
     path = t_stream + t_latency
     others = {
@@ -346,7 +371,8 @@ def estimate(
         + (f" ({p.throttle.split(';')[0]} past it)" if p.throttle else ""),
         "client CPU": f"{w.writers_per_node} ranks per node {X} {human_rate(client_cpu_bandwidth)} "
         "(checksums, copies)",
-        "metadata": f"{groups * meta_ops + 1} operations in series {X} {human_seconds(meta)}",
+        "metadata": f"{groups * meta_ops + (RESTORE_PREAMBLE_OPS if restore else 1)} "
+        f"operations in series {X} {human_seconds(meta)}",
     }
     path_binds = path >= others[slowest_other]
     if path_binds:
@@ -557,6 +583,13 @@ class Calibration:
     emulated: bool = False
     mock: bool = False
     notes: list[str] = field(default_factory=list)
+    read_request_latency: float | None = None
+    """The read side, fitted from the read phase's GETs as the write side is from its writes
+    (None: no reads measured; the profile's reads then use the write side's figures)."""
+    read_stream_bandwidth: float | None = None
+    read_node_bandwidth: float | None = None
+    """The highest ``read_GBps`` of the runs (bytes/s)."""
+    read_requests: int = 0
 
     def as_profile(self, *, name: str | None = None) -> Profile:
         """A :class:`Profile` with the fitted figures. The run's throughput becomes the node
@@ -584,6 +617,16 @@ class Calibration:
                 max(self.request_latency, 1e-6), src + " (assumption: as request_latency)"
             ),
         }
+        if self.read_stream_bandwidth is not None:
+            rsrc = src.replace(f"({self.requests} requests)", f"({self.read_requests} reads)")
+            figures["read_request_latency"] = Figure(
+                max(self.read_request_latency or 0.0, 1e-6), rsrc
+            )
+            figures["read_stream_bandwidth"] = Figure(self.read_stream_bandwidth, rsrc)
+            if self.read_node_bandwidth:
+                figures["read_node_bandwidth"] = Figure(
+                    self.read_node_bandwidth, rsrc + " (the highest read throughput seen)"
+                )
         return Profile(
             name=name or f"measured:{self.target}",
             title=f"fitted from {self.target}",
@@ -600,9 +643,11 @@ class Calibration:
 def fit_latency_bandwidth(nbytes: list[float], seconds: list[float]) -> tuple[float, float]:
     """Least-squares fit of ``seconds = latency + nbytes / bandwidth`` over requests.
 
-    Returns ``(latency seconds >= 0, bandwidth bytes/s)``. With one request size only, the
-    latency cannot be told from bandwidth: it is taken as the fastest request's time minus its
-    transfer at the median bandwidth, at least 0.
+    Returns ``(latency seconds >= 0, bandwidth bytes/s)``. Requests of one size seen several
+    times are fitted by that size's lower quartile: a busy machine (other work, scheduling)
+    only adds time to a request, and a few slow ones would tilt a least-squares line. With one
+    request size only, the latency cannot be told from bandwidth: it is taken as the fastest
+    request's time minus its transfer at the median bandwidth, at least 0.
     """
     import numpy as np
 
@@ -610,6 +655,13 @@ def fit_latency_bandwidth(nbytes: list[float], seconds: list[float]) -> tuple[fl
     y = np.asarray(seconds, dtype=float)
     if len(x) == 0:
         raise errors.InvalidArgumentError("no requests with data to fit")
+    sizes, inverse = np.unique(x, return_inverse=True)
+    if len(sizes) > 1 and len(sizes) < len(x):
+        y_low = np.array([np.quantile(y[inverse == i], 0.25) for i in range(len(sizes))])
+        if np.ptp(sizes) > 0.1 * max(sizes.max(), 1):
+            slope, intercept = np.polyfit(sizes, y_low, 1)
+            if slope > 0:
+                return max(float(intercept), 0.0), float(1 / slope)
     if np.ptp(x) > 0.1 * max(x.max(), 1):
         slope, intercept = np.polyfit(x, y, 1)
         if slope > 0:
@@ -654,20 +706,21 @@ def _tiered_target(
     """One tiered target: ``durable`` drained from ``local`` (see the module docstring)."""
     kw: dict[str, Any] = dict(streams=streams, part_size=part_size)
     fast_w = estimate(workload, local, phase="write", **kw)
-    fast_r = estimate(workload, local, phase="read", **kw)
+    fast_r = estimate(workload, local, phase="read", **kw)  # the drain's read
+    fast_restore = estimate(workload, local, phase="restore", **kw)
     durable_w = estimate(workload, durable, phase="write", **kw)
-    durable_r = estimate(workload, durable, phase="read", **kw)
+    durable_r = estimate(workload, durable, phase="restore", **kw)
     drain = max(durable_w.seconds, fast_r.seconds)
     drain_binding = (
         f"{durable.name} write: {durable_w.binding}"
         if durable_w.seconds >= fast_r.seconds
         else f"{local.name} read: {fast_r.binding}"
     )
-    restore = (1 - p_lose_node) * fast_r.seconds + p_lose_node * durable_r.seconds
+    restore = (1 - p_lose_node) * fast_restore.seconds + p_lose_node * durable_r.seconds
     binds = (
         durable_r
-        if p_lose_node * durable_r.seconds >= (1 - p_lose_node) * fast_r.seconds
-        else fast_r
+        if p_lose_node * durable_r.seconds >= (1 - p_lose_node) * fast_restore.seconds
+        else fast_restore
     )
     restart = _restart(
         restart_seconds,
@@ -686,9 +739,9 @@ def _tiered_target(
         "profile": durable.as_dict(),
         "local_profile": local.as_dict(),
         "write": fast_w.as_dict(),
-        "read": fast_r.as_dict(),
+        "read": fast_restore.as_dict(),
         "write_seconds": stall,
-        "read_seconds": fast_r.seconds,
+        "read_seconds": fast_restore.seconds,
         "binding": fast_w.binding,
         "binding_detail": fast_w.binding_detail,
         "drain_seconds": drain,
@@ -696,7 +749,7 @@ def _tiered_target(
         "persist_every": persist_every,
         "drain_fits_interval": drain <= persist_every * interval,
         "fast_only_window_seconds": (persist_every - 1) * interval + drain,
-        "restore_fast_seconds": fast_r.seconds,
+        "restore_fast_seconds": fast_restore.seconds,
         "restore_durable_seconds": durable_r.seconds,
         "p_lose_node": p_lose_node,
         "p_lose_node_source": "assumption (DEFAULT_P_LOSE_NODE: Llama 3's hardware share of "
@@ -847,7 +900,7 @@ def evaluate(
     elif workload is not None and profiles:
         for prof in profiles:
             w = estimate(workload, prof, phase="write", streams=streams, part_size=part_size)
-            r = estimate(workload, prof, phase="read", streams=streams, part_size=part_size)
+            r = estimate(workload, prof, phase="restore", streams=streams, part_size=part_size)
             stall = w.seconds
             snapshot = workload.bytes_per_rank / snapshot_bandwidth
             restart = _restart(
@@ -953,7 +1006,9 @@ def calibrate(requests: Any, runs: Any) -> list[Calibration]:
 
     Per target: data requests of the write phase that succeeded are fitted as ``seconds =
     latency + nbytes / stream_bandwidth``; the aggregate is the highest ``write_GBps`` of its
-    runs; ``streams`` the most streams used; ``part_size`` the median request size.
+    runs; ``streams`` the most streams used; ``part_size`` the median request size. The read
+    side likewise, where the runs read: the read phase's GETs give ``read_request_latency``
+    and ``read_stream_bandwidth``, the highest ``read_GBps`` the ``read_node_bandwidth``.
     """
     import numpy as np
 
@@ -980,6 +1035,29 @@ def calibrate(requests: Any, runs: Any) -> list[Calibration]:
         if agg <= 0:
             agg = math.inf
             notes.append("no write throughput in the runs table; aggregate unbounded")
+        reads = [
+            r
+            for r in req
+            if r["target"] == target
+            and r["phase"] == "read"
+            and r["op"] == "get"
+            and r["outcome"] == "ok"
+            and r["nbytes"] > 0
+        ]
+        read_side: dict[str, Any] = {}
+        if reads:
+            rlat, rbw = fit_latency_bandwidth(
+                [r["nbytes"] for r in reads], [r["seconds"] for r in reads]
+            )
+            rnode = max((r.get("read_GBps") or 0.0) for r in mine) * 1e9
+            read_side = dict(
+                read_request_latency=rlat,
+                read_stream_bandwidth=rbw,
+                read_node_bandwidth=rnode or None,
+                read_requests=len(reads),
+            )
+        else:
+            notes.append("no reads measured; the read side uses the write side's figures")
         out.append(
             Calibration(
                 target=target,
@@ -992,6 +1070,7 @@ def calibrate(requests: Any, runs: Any) -> list[Calibration]:
                 emulated=any(bool(r.get("emulated")) for r in mine),
                 mock=any(bool(r.get("mock")) for r in mine),
                 notes=notes,
+                **read_side,
             )
         )
     return out

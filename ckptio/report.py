@@ -99,8 +99,17 @@ def run_kind(row: dict[str, Any]) -> str:
     return "measured"
 
 
-def _targets(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per (site, target): its label, kind, and its run rows."""
+def _targets(
+    runs: list[dict[str, Any]],
+    sidecars: list[dict[str, Any]] | None = None,
+    phases: list[dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """One entry per (site, target): its label, kind, and its run rows. A tiered target
+    (:mod:`ckptio.tierbench`) also has ``tiers`` (its sidecar's), ``phase_kinds`` (measured or
+    emulated, per phase) and ``phase_seconds`` (mean seconds of each phase)."""
+    from ckptio.tierbench import tier_kinds
+
+    by_id = {s.get("run_id"): s for s in sidecars or []}
     sites = {r.get("site") or "" for r in runs}
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in runs:
@@ -114,18 +123,31 @@ def _targets(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "emulated": f"emulated {rows[0].get('profile') or ''}".strip(),
             "measured": measured_note(target),
         }[kind]
-        out.append(
-            {
-                "name": name,
-                "label": f"{name} ({tag})",
-                "kind": kind,
-                "site": site,
-                "target": target,
-                "rows": rows,
-                "profile": rows[0].get("profile") or "",
-                "backend": rows[0].get("backend") or "",
-            }
-        )
+        entry = {
+            "name": name,
+            "label": f"{name} ({tag})",
+            "kind": kind,
+            "site": site,
+            "target": target,
+            "rows": rows,
+            "profile": rows[0].get("profile") or "",
+            "backend": rows[0].get("backend") or "",
+        }
+        side = by_id.get(rows[0]["run_id"])
+        kinds = tier_kinds(side) if rows[0].get("kind") == "tiered" else None
+        if side and kinds:
+            ids = {r["run_id"] for r in rows}
+            mine = [p for p in phases or [] if p["run_id"] in ids]
+            entry.update(
+                label=f"{name} ({side['tiers']['note']})",
+                tiers=side["tiers"],
+                phase_kinds=kinds,
+                phase_seconds={
+                    ph: _finite(_mean([p["seconds"] for p in mine if p["phase"] == ph]))
+                    for ph in kinds
+                },
+            )
+        out.append(entry)
     order = {"measured": 0, "emulated": 1, "mock": 2}
     return sorted(out, key=lambda t: (order[t["kind"]], t["name"]))
 
@@ -172,6 +194,45 @@ def _target_profile(
     )
 
 
+def _fast_tier_profile(t: dict[str, Any], requests: list[dict[str, Any]]) -> tuple[Any, str]:
+    """A tiered target's fast-tier profile: the emulated one, or figures fitted from the
+    requests of its measured saves (this machine's disk)."""
+    from ckptio.model import Calibration, fit_latency_bandwidth
+    from ckptio.profiles import load_profile
+
+    tiers = t["tiers"]
+    if not tiers.get("local_measured"):
+        return load_profile(tiers["local"]), f"profile {tiers['local']} (emulated)"
+    ids = {r["run_id"] for r in t["rows"]}
+    rows = [
+        r
+        for r in requests
+        if r["run_id"] in ids
+        and r["phase"] == "save"
+        and r["op"] in ("write", "put")
+        and r["outcome"] == "ok"
+        and r["nbytes"] > 0
+    ]
+    if not rows:
+        return None, "no measured fast-tier requests to fit"
+    lat, bw = fit_latency_bandwidth([r["nbytes"] for r in rows], [r["seconds"] for r in rows])
+    node = _mean([r["write_GBps"] for r in t["rows"]]) * 1e9
+    import statistics
+
+    c = Calibration(
+        target=f"{t['name']} fast tier",
+        request_latency=lat,
+        stream_bandwidth=bw,
+        aggregate_bandwidth=node,
+        streams=max(1, len({r["thread"] for r in rows})),
+        part_size=int(statistics.median(r["nbytes"] for r in rows)),
+        requests=len(rows),
+    )
+    return c.as_profile(name=f"{tiers['local']} (fitted)"), (
+        f"this machine's disk, fitted (measured): {human_rate(node)} per node"
+    )
+
+
 def projection_rows(
     targets: list[dict[str, Any]],
     requests: list[dict[str, Any]],
@@ -179,60 +240,114 @@ def projection_rows(
     *,
     interval: float,
     price: float,
-    restart: float,
+    restart: float | None,
 ) -> list[dict[str, Any]]:
-    """Full-scale projections: for each preset and target, time, binding limit in words,
-    idle fraction and cost per day."""
-    from ckptio.model import DEFAULT_SNAPSHOT_BANDWIDTH, CostModel, estimate, preset_workload
+    """Full-scale projections: for each preset and target, the stall, its binding limit in
+    words, the restore and the restart (``restart`` None: the model's fixed overhead plus the
+    projected restore; else ``restart`` seconds), idle fractions and cost per day. A tiered
+    target (see :mod:`ckptio.tierbench`) is projected with the model's tiered projection: its
+    durable profile drained from its fast tier (``drain_seconds``, ``drain_fits_interval``),
+    a restore from either tier weighted by the probability that a failure loses the node."""
+    from ckptio.model import (
+        DEFAULT_P_LOSE_NODE,
+        DEFAULT_RESTART_OVERHEAD,
+        DEFAULT_SNAPSHOT_BANDWIDTH,
+        CostModel,
+        _restart,
+        _tiered_target,
+        estimate,
+        preset_workload,
+    )
+    from ckptio.profiles import load_profile
 
     rows = []
     for preset, gpus in presets:
         w = preset_workload(preset, gpus=gpus)
         mtbf = REFERENCE_MTTF_SECONDS * REFERENCE_MTTF_GPUS / w.gpus
+        snapshot = w.bytes_per_rank / DEFAULT_SNAPSHOT_BANDWIDTH
+        base = {
+            "preset": preset,
+            "gpus": w.gpus,
+            "writing_ranks": w.writing_ranks,
+            "checkpoint_bytes": w.total_bytes,
+        }
         for t in targets:
-            prof, how = _target_profile(t, requests)
-            if prof is None:
+            head = {**base, "target": t["label"], "name": t["name"], "kind": t["kind"]}
+            if t.get("tiers"):
+                durable = load_profile(t["tiers"]["durable"])
+                local, how = _fast_tier_profile(t, requests)
+                if local is None:
+                    rows.append(
+                        {**head, "profile": how, "write_seconds": None, "binding_detail": how}
+                    )
+                    continue
+                tier = _tiered_target(
+                    w,
+                    durable,
+                    local,
+                    streams=None,
+                    part_size=None,
+                    persist_every=1,
+                    p_lose_node=DEFAULT_P_LOSE_NODE,
+                    interval=interval,
+                    async_save=False,
+                    snapshot=snapshot,
+                    restart_seconds=restart,
+                    restart_overhead=DEFAULT_RESTART_OVERHEAD,
+                    cost_kw=dict(
+                        interval=interval, gpus=w.gpus, price_per_gpu_hour=price, mtbf=mtbf
+                    ),
+                )
                 rows.append(
                     {
-                        "preset": preset,
-                        "gpus": w.gpus,
-                        "target": t["label"],
-                        "name": t["name"],
-                        "kind": t["kind"],
-                        "profile": how,
-                        "write_seconds": None,
-                        "binding_detail": how,
+                        **{k: v for k, v in tier.items() if k not in ("write", "read", "target")},
+                        **head,
+                        "kind": "measured + emulated"
+                        if t["tiers"].get("local_measured")
+                        else "emulated",
+                        "profile": f"durable: profile {durable.name} (emulated); fast: {how}",
+                        "stall_seconds": tier["write_seconds"],
+                        "write_GBps": w.total_bytes / tier["write_seconds"] / 1e9,
+                        "remedy": "",
+                        "async_stall_seconds": snapshot,
                     }
                 )
                 continue
+            prof, how = _target_profile(t, requests)
+            if prof is None:
+                rows.append({**head, "profile": how, "write_seconds": None, "binding_detail": how})
+                continue
             e = estimate(w, prof)
+            r = estimate(w, prof, phase="restore")
+            rs = _restart(restart, DEFAULT_RESTART_OVERHEAD, r.seconds, f"projected: {r.binding}")
             cost = CostModel(
                 e.seconds,
                 interval=interval,
                 gpus=w.gpus,
                 price_per_gpu_hour=price,
                 mtbf=mtbf,
-                restart_seconds=restart,
+                restart_seconds=rs["restart_seconds"],
             ).report()
             rows.append(
                 {
-                    "preset": preset,
-                    "gpus": w.gpus,
-                    "writing_ranks": w.writing_ranks,
-                    "checkpoint_bytes": w.total_bytes,
-                    "target": t["label"],
-                    "name": t["name"],
-                    "kind": t["kind"],
+                    **head,
                     "profile": how,
                     "write_seconds": e.seconds,
+                    "stall_seconds": e.seconds,
                     "write_GBps": e.GBps,
                     "binding": e.binding,
                     "binding_detail": e.binding_detail,
                     "remedy": e.remedy,
+                    "drain_seconds": None,
+                    "drain_fits_interval": None,
+                    "restore_seconds": r.seconds,
+                    "restore_binding": r.binding,
+                    "restore_binding_detail": r.binding_detail,
+                    **rs,
                     **cost,
                     # async save: GPUs wait only for the device->host snapshot (assumed 25 GB/s
                     # per GPU), if the background write finishes within the interval
-                    "async_stall_seconds": w.bytes_per_rank / DEFAULT_SNAPSHOT_BANDWIDTH,
+                    "async_stall_seconds": snapshot,
                     "async_fits_interval": e.seconds <= interval,
                 }
             )
@@ -294,12 +409,17 @@ def plot_throughput(summary: list[dict[str, Any]], path: str) -> str:
         )
         for s in summary
     ]
+    import textwrap
+
     n = len(rows)
-    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.9 * n))
+    height = 1.6 + 0.9 * n
+    fig, ax = plt.subplots(figsize=(9, height))
     for i, (t, wgb, rgb) in enumerate(rows):
         st = KIND_STYLE[t["kind"]]
         y = n - 1 - i
-        for dy, val, phase, alpha in ((0.2, wgb, "write", 1.0), (-0.2, rgb, "read", 0.55)):
+        # a tiered target's write is its save's stall, its read the restore from the fast tier
+        words = ("save (stall)", "restore") if t.get("tiered") else ("write", "read")
+        for dy, val, phase, alpha in ((0.2, wgb, words[0], 1.0), (-0.2, rgb, words[1], 0.55)):
             if val == val:  # not NaN
                 ax.barh(
                     y + dy,
@@ -312,13 +432,14 @@ def plot_throughput(summary: list[dict[str, Any]], path: str) -> str:
                 )
                 ax.text(val, y + dy, f" {phase} {val:.3g} GB/s", va="center", fontsize=8)
     ax.set_yticks(range(n))
-    ax.set_yticklabels([t["label"] for t, _, _ in reversed(rows)])
+    ax.set_yticklabels([textwrap.fill(t["label"], 34) for t, _, _ in reversed(rows)], fontsize=8)
     top = max([v for _, a, b in rows for v in (a, b) if v == v] or [1])
     ax.set_xlim(0, top * 1.45)
     ax.set_xlabel("throughput, GB/s (1e9 bytes/s); dark: write, light: read")
     ax.set_title("Checkpoint throughput per target (this run's scale)")
-    _kind_legend(ax, {t["kind"] for t, _, _ in rows})
-    fig.tight_layout()
+    kinds = {t["kind"] for t, _, _ in rows}
+    _kind_legend(fig, kinds, loc="lower center", ncol=len(kinds))
+    fig.tight_layout(rect=(0, 0.45 / height, 1, 1))
     fig.savefig(path)
     plt.close(fig)
     return path
@@ -451,45 +572,109 @@ def plot_sweep(targets: list[dict[str, Any]], path: str) -> str | None:
 
 
 def plot_timeline(proj: list[dict[str, Any]], interval: float, path: str) -> str | None:
-    """GPU utilisation over one checkpoint interval per target at full scale: busy, then
-    idle while the checkpoint is written (projected)."""
+    """Per target at full scale (projected), two lanes on one time axis: one checkpoint
+    interval (the save's stall, GPUs idle; then training, with a tiered target's drain to
+    the durable tier running beneath it) and one restart after a failure (the fixed overhead,
+    then the restore)."""
     rows = [p for p in proj if p.get("write_seconds")]
     if not rows:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(10, 1.4 + 0.6 * len(rows)))
+    from matplotlib.patches import Patch
+
+    fig, ax = plt.subplots(figsize=(11, 1.9 + 1.1 * len(rows)))
+    ticks, labels = [], []
+    ends = [interval / 60]
     for i, p in enumerate(reversed(rows)):
+        y = 2 * i
         stall = min(p["write_seconds"], interval)
-        ax.barh(i, (interval - stall) / 60, color="#4caf50", edgecolor="black")
-        ax.barh(i, stall / 60, left=(interval - stall) / 60, color="#e53935", edgecolor="black")
-        ax.text(
-            interval / 60 * 1.01,
-            i,
-            f"idle {human_seconds(stall)} ({stall / interval:.1%})",
-            va="center",
-            fontsize=8,
+        ax.barh(y + 0.5, stall / 60, height=0.6, color="#e53935", edgecolor="black")
+        ax.barh(
+            y + 0.5,
+            (interval - stall) / 60,
+            left=stall / 60,
+            height=0.6,
+            color="#4caf50",
+            edgecolor="black",
         )
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([p["target"] for p in reversed(rows)], fontsize=8)
-    ax.set_xlim(0, interval / 60 * 1.28)
-    ax.set_xlabel("minutes into one checkpoint interval")
+        text = f"save: GPUs idle {human_seconds(stall)} ({stall / interval:.1%})"
+        drain = p.get("drain_seconds")
+        if drain:
+            ax.barh(
+                y + 0.5 - 0.22,
+                drain / 60,
+                left=stall / 60,
+                height=0.16,
+                color="#1e88e5",
+                hatch="//",
+                edgecolor="black",
+            )
+            text += f"; drain {human_seconds(drain)}" + (
+                "" if p.get("drain_fits_interval") else " (outlasts the interval)"
+            )
+        ax.text(interval / 60 * 1.01, y + 0.5, text, va="center", fontsize=8)
+        over = p.get("restart_overhead_seconds")
+        restore = p.get("restore_seconds")
+        if over is not None and restore is not None:
+            ax.barh(y - 0.3, over / 60, height=0.5, color="#bdbdbd", edgecolor="black")
+            ax.barh(
+                y - 0.3,
+                restore / 60,
+                left=over / 60,
+                height=0.5,
+                color="#8e24aa",
+                edgecolor="black",
+            )
+            rtext = f"restart {human_seconds(over + restore)}: restore {human_seconds(restore)}"
+            ends.append((over + restore) / 60)
+        else:
+            ax.barh(
+                y - 0.3, p["restart_seconds"] / 60, height=0.5, color="#bdbdbd", edgecolor="black"
+            )
+            rtext = f"restart {human_seconds(p['restart_seconds'])} (given)"
+        ax.text(
+            max(p["restart_seconds"] / 60, 1) * 1.02 + 0.5, y - 0.3, rtext, va="center", fontsize=8
+        )
+        ticks += [y + 0.5, y - 0.3]
+        labels += [f"{p['name']}: one interval", f"{p['name']}: one restart"]
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_xlim(0, max(ends) * 1.45)
+    ax.set_xlabel("minutes")
     first = rows[0]
     ax.set_title(
-        f"GPU utilisation over one {human_seconds(interval)} interval — projected, "
-        f"{first['preset']} on {first['gpus']} GPUs\n(green: training, red: GPUs idle "
-        "while the checkpoint is written, blocking save)",
+        f"Save, drain and restore — projected, {first['preset']} on {first['gpus']} GPUs, "
+        f"a checkpoint every {human_seconds(interval)} (blocking save)",
         fontsize=10,
     )
-    fig.tight_layout()
+    handles = [
+        Patch(facecolor="#e53935", edgecolor="black", label="save: GPUs idle (stall)"),
+        Patch(facecolor="#4caf50", edgecolor="black", label="training"),
+        Patch(
+            facecolor="#1e88e5", hatch="//", edgecolor="black", label="drain (background, tiered)"
+        ),
+        Patch(facecolor="#bdbdbd", edgecolor="black", label="restart overhead (assumption)"),
+        Patch(facecolor="#8e24aa", edgecolor="black", label="restore (read back)"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.5 / (1.9 + 1.1 * len(rows)), 1, 1))
     fig.savefig(path)
     plt.close(fig)
     return path
 
 
-def plot_cost(proj: list[dict[str, Any]], *, price: float, restart: float, path: str) -> str | None:
+def _stall_at(p: dict[str, Any], interval: float) -> float:
+    """A target's stall at a checkpoint interval: a tiered target whose drain outlasts the
+    interval waits for it at the next save (backpressure ``wait``)."""
+    drain = p.get("drain_seconds") or 0.0
+    return p["write_seconds"] + max(0.0, drain - interval)
+
+
+def plot_cost(proj: list[dict[str, Any]], *, price: float, path: str) -> str | None:
     """Lost GPU-hours and cost per day against the checkpoint interval, each target's
     optimum (Daly) marked. Lost time = checkpoint stalls + work redone after failures +
-    restarts (projected)."""
+    restarts (each target's own restart: overhead + its restore), projected. A tiered
+    target's stall grows by what its drain outlasts a shorter interval (:func:`_stall_at`)."""
     from ckptio.model import cost_curve
 
     rows = [p for p in proj if p.get("write_seconds")]
@@ -503,37 +688,32 @@ def plot_cost(proj: list[dict[str, Any]], *, price: float, restart: float, path:
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, p in enumerate(rows):
         mtbf = p["mtbf_seconds"]
-        curve = cost_curve(
-            p["write_seconds"],
-            intervals,
-            gpus=p["gpus"],
-            price_per_gpu_hour=price,
-            mtbf=mtbf,
-            restart_seconds=restart,
-        )
+
+        def lost(ts: list[float], p: dict[str, Any] = p, mtbf: float = mtbf) -> list[float]:
+            return [
+                cost_curve(
+                    _stall_at(p, t),
+                    [t],
+                    gpus=p["gpus"],
+                    price_per_gpu_hour=price,
+                    mtbf=mtbf,
+                    restart_seconds=p["restart_seconds"],
+                )[0]["idle_gpu_hours_per_day"]
+                for t in ts
+            ]
+
         c = colors[i % len(colors)]
         opt = p["optimum_interval_seconds"]
-        best = cost_curve(
-            p["write_seconds"],
-            [opt],
-            gpus=p["gpus"],
-            price_per_gpu_hour=price,
-            mtbf=mtbf,
-            restart_seconds=restart,
-        )[0]
         ax.plot(
             [x / 3600 for x in intervals],
-            [r["idle_gpu_hours_per_day"] for r in curve],
+            lost(intervals),
             color=c,
-            label=f"{p['target']} — optimum {human_seconds(opt)}",
+            linestyle="--" if p.get("drain_seconds") else "-",
+            label=f"{p['name']} — restart {human_seconds(p['restart_seconds'])}, "
+            f"optimum {human_seconds(opt)}",
         )
         ax.plot(
-            [opt / 3600],
-            [best["idle_gpu_hours_per_day"]],
-            marker="o",
-            color=c,
-            markersize=8,
-            markeredgecolor="black",
+            [opt / 3600], lost([opt]), marker="o", color=c, markersize=8, markeredgecolor="black"
         )
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -558,8 +738,8 @@ def plot_cost(proj: list[dict[str, Any]], *, price: float, restart: float, path:
     ax.set_title(
         f"Lost GPU time against checkpoint interval — projected, {first['preset']} on "
         f"{first['gpus']} GPUs\n(stalls + work redone after failures + restarts; MTBF "
-        f"{human_seconds(first['mtbf_seconds'])}, restart {human_seconds(restart)}; "
-        "dot: optimum)",
+        f"{human_seconds(first['mtbf_seconds'])}; dot: optimum)\ndashed: tiered (its stall "
+        "grows where the drain outlasts the interval)",
         fontsize=10,
     )
     ax.grid(True, which="both", alpha=0.25)
@@ -647,6 +827,16 @@ def summary_rows(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "ranks": r0.get("ranks"),
                     "checkpoint_bytes": r0.get("checkpoint_bytes"),
                     "write_seconds": _finite(_mean([r["write_seconds"] for r in rows])),
+                    "read_seconds": _finite(_mean([r["read_seconds"] for r in rows])),
+                    # tiered targets: the stall is the fast tier's save, the restore is from
+                    # the fast tier; drain and the restore from the durable tier are phases
+                    "tiered": bool(t.get("tiers")),
+                    "tiers_note": (t.get("tiers") or {}).get("note", ""),
+                    "phase_kinds": t.get("phase_kinds"),
+                    "drain_seconds": (t.get("phase_seconds") or {}).get("drain"),
+                    "restore_durable_seconds": (t.get("phase_seconds") or {}).get(
+                        "restore-durable"
+                    ),
                     "write_GBps": _finite(_mean([r["write_GBps"] for r in rows])),
                     "read_GBps": _finite(_mean([r["read_GBps"] for r in rows])),
                     "min_rank_write_GBps": _finite(_mean([r["min_rank_write_GBps"] for r in rows])),
@@ -671,6 +861,78 @@ def md_table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
+PROJECTION_COLUMNS = [
+    "workload",
+    "target",
+    "projected with",
+    "stall (write)",
+    "binding limit",
+    "drain",
+    "restore",
+    "restart",
+    "idle (stall)",
+    "idle with restarts",
+    "cost/day with restarts",
+    "optimal interval (Daly)",
+    "stall with async save",
+]
+
+
+def projection_cells(p: dict[str, Any]) -> list[str]:
+    """A row of the full-scale projection table (:data:`PROJECTION_COLUMNS`)."""
+    if not p.get("write_seconds"):
+        return [f"{p['preset']} on {p['gpus']} GPUs", p["target"], p["profile"]] + ["-"] * 10
+    drain = p.get("drain_seconds")
+    with_restarts = p.get("idle_fraction_with_restarts")
+    cost = p.get("idle_cost_per_day_with_restarts")
+    return [
+        f"{p['preset']} on {p['gpus']} GPUs",
+        p["target"],
+        p["profile"],
+        human_seconds(p["write_seconds"]),
+        p["binding_detail"],
+        "-"
+        if drain is None
+        else human_seconds(drain)
+        + (" (fits the interval)" if p.get("drain_fits_interval") else " (outlasts the interval)"),
+        human_seconds(p["restore_seconds"]) if p.get("restore_seconds") is not None else "-",
+        human_seconds(p["restart_seconds"]),
+        f"{p['idle_fraction']:.2%}",
+        "-" if with_restarts is None else f"{with_restarts:.2%}",
+        "-" if cost is None else f"{cost:,.0f}",
+        human_seconds(p["optimum_interval_seconds"]) if p.get("optimum_interval_seconds") else "-",
+        human_seconds(p["async_stall_seconds"])
+        + ("" if p.get("async_fits_interval", True) else " (write outlasts the interval)"),
+    ]
+
+
+def kind_text(s: dict[str, Any]) -> str:
+    """What a summary row is: its kind (and profile), or, for a tiered target, which of its
+    phases are measured and which emulated."""
+    kinds = s.get("phase_kinds")
+    if not kinds:
+        return KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else "")
+    return f"tiered: {s['tiers_note']}"
+
+
+def phase_cells(s: dict[str, Any]) -> list[str]:
+    """Stall, drain, restore and restore from the durable tier of a summary row, in seconds;
+    a tiered target's each tagged measured or emulated."""
+    kinds = s.get("phase_kinds") or {}
+
+    def cell(value: float | None, phase: str) -> str:
+        if value is None:
+            return "-"
+        return _g(value) + (f" ({kinds[phase]})" if phase in kinds else "")
+
+    return [
+        cell(s["write_seconds"], "save"),
+        cell(s.get("drain_seconds"), "drain"),
+        cell(s.get("read_seconds"), "restore"),
+        cell(s.get("restore_durable_seconds"), "restore-durable"),
+    ]
+
+
 def build_report(
     paths: list[str],
     out_dir: str,
@@ -678,17 +940,20 @@ def build_report(
     presets: list[tuple[str, int | None]] | None = None,
     interval: float = 7200.0,
     price: float = DEFAULT_PRICE_PER_GPU_HOUR,
-    restart: float = DEFAULT_RESTART_SECONDS,
+    restart: float | None = None,
     title: str = "ckptio report",
 ) -> dict[str, Any]:
     """Merge result files/directories ``paths`` (from any machines or sites) into
     ``out_dir``: ``index.html``, ``report.md`` and PNG plots. Returns what it wrote and the
     tables (JSON-able). Without matplotlib the report is written without plots, and says why
-    (``plots_missing`` in the result: the message with the pip extra; None when drawn)."""
+    (``plots_missing`` in the result: the message with the pip extra; None when drawn).
+    ``restart`` None: each target's restart is the model's fixed overhead
+    (:data:`ckptio.model.DEFAULT_RESTART_OVERHEAD`) plus its projected restore."""
     import html
     import os
 
     from ckptio import errors
+    from ckptio.model import DEFAULT_P_LOSE_NODE, DEFAULT_RESTART_OVERHEAD
     from ckptio.results import read_results
 
     res = read_results(paths)
@@ -697,13 +962,19 @@ def build_report(
         raise errors.InvalidArgumentError(f"no runs in {', '.join(map(str, paths))}")
     requests = res.requests.to_pylist()
     os.makedirs(out_dir, exist_ok=True)
-    targets = _targets(runs)
+    targets = _targets(runs, res.sidecars, res.phases.to_pylist())
     summary = summary_rows(targets)
     presets = presets or [(p, None) for p in DEFAULT_PROJECTIONS]
     proj = projection_rows(
         targets, requests, presets, interval=interval, price=price, restart=restart
     )
     first_preset = [p for p in proj if p["preset"] == presets[0][0]]
+    restart_text = (
+        f"restart {human_seconds(restart)} (given)"
+        if restart is not None
+        else f"restart = {human_seconds(DEFAULT_RESTART_OVERHEAD)} overhead (assumption) + "
+        "the projected restore"
+    )
     no_plots = plots_unavailable()
     plots: dict[str, str | None] = (
         {}
@@ -715,9 +986,7 @@ def build_report(
             "timeline": plot_timeline(
                 first_preset, interval, os.path.join(out_dir, "timeline.png")
             ),
-            "cost": plot_cost(
-                first_preset, price=price, restart=restart, path=os.path.join(out_dir, "cost.png")
-            ),
+            "cost": plot_cost(first_preset, price=price, path=os.path.join(out_dir, "cost.png")),
         }
     )
     sites = sorted({t["site"] for t in targets if t["site"]})
@@ -725,7 +994,8 @@ def build_report(
         "throughput": "Throughput per target and phase at the scale that was run.",
         "latency": "Distribution of data-request latency per target and phase.",
         "sweep": "Throughput against concurrency from sweeps.",
-        "timeline": "GPU utilisation over one checkpoint interval at full scale (projected).",
+        "timeline": "Save, drain and restore at full scale: one checkpoint interval and one "
+        "restart (projected).",
         "cost": "Lost GPU-hours and cost per day against the checkpoint interval (projected).",
     }
 
@@ -758,7 +1028,10 @@ def build_report(
                 "kind",
                 "site",
                 "size",
-                "write s",
+                "stall (write) s",
+                "drain s",
+                "restore (read) s",
+                "restore from durable s",
                 "write GB/s",
                 "read GB/s",
                 "min rank write GB/s",
@@ -770,10 +1043,10 @@ def build_report(
                 [
                     s["target"],
                     *pt(s),
-                    KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
+                    kind_text(s),
                     s["site"],
                     human_size(s["checkpoint_bytes"] or 0),
-                    _g(s["write_seconds"]),
+                    *phase_cells(s),
                     _g(s["write_GBps"]),
                     _g(s["read_GBps"]),
                     _g(s["min_rank_write_GBps"]),
@@ -790,44 +1063,15 @@ def build_report(
         "## Full-scale projection (model)",
         "",
         f"Interval {human_seconds(interval)}; price {price:g} per GPU-hour (assumption); "
-        f"MTBF scaled from 7.9 h at 1,024 GPUs (arXiv 2410.21680); restart "
-        f"{human_seconds(restart)} (assumption).",
+        f"MTBF scaled from 7.9 h at 1,024 GPUs (arXiv 2410.21680); {restart_text}. "
+        "Tiered targets: the stall is the fast tier's write, the drain (to the durable tier, "
+        "in the background) must fit the interval, the restore reads the fast tier unless the "
+        f"failure lost the node ({DEFAULT_P_LOSE_NODE:.0%} of failures, an assumption: "
+        "Llama 3's hardware share), then the durable tier. Every figure here is projected; "
+        "'projected with' says from what (measured or emulated runs, profiles).",
         "",
     ]
-    md.append(
-        md_table(
-            [
-                "workload",
-                "target",
-                "projected with",
-                "write",
-                "binding limit",
-                "idle",
-                "idle GPU-h/day",
-                "optimal interval (Daly)",
-                "stall with async save",
-            ],
-            [
-                [
-                    f"{p['preset']} on {p['gpus']} GPUs",
-                    p["target"],
-                    p["profile"],
-                    human_seconds(p["write_seconds"]) if p.get("write_seconds") else "-",
-                    p["binding_detail"],
-                    f"{p['idle_fraction']:.2%}" if p.get("write_seconds") else "-",
-                    f"{p['idle_gpu_hours_per_day']:,.0f}" if p.get("write_seconds") else "-",
-                    human_seconds(p["optimum_interval_seconds"]) if p.get("write_seconds") else "-",
-                    (
-                        human_seconds(p["async_stall_seconds"])
-                        + ("" if p["async_fits_interval"] else " (write outlasts the interval)")
-                    )
-                    if p.get("write_seconds")
-                    else "-",
-                ]
-                for p in proj
-            ],
-        )
-    )
+    md.append(md_table(PROJECTION_COLUMNS, [projection_cells(p) for p in proj]))
     md += [
         "",
         "Async save: the GPUs wait only for the snapshot to host memory (assumed 25 GB/s "
@@ -838,7 +1082,14 @@ def build_report(
     ]
     md += [f"- {p['target']}: {p['remedy']}" for p in proj if p.get("remedy")]
     md += [""]
-    used = sorted({t["profile"] for t in targets if t["kind"] == "emulated" and t["profile"]})
+    used = sorted(
+        {t["profile"] for t in targets if t["kind"] == "emulated" and t["profile"]}
+        | {
+            t["tiers"]["local"]
+            for t in targets
+            if t.get("tiers") and not t["tiers"].get("local_measured")
+        }
+    )
     if used:
         from ckptio.profiles import load_profile
 
@@ -895,9 +1146,10 @@ def build_report(
         [
             s["target"],
             *pt(s),
-            KIND_NOTE[s["kind"]] + (f" ({s['profile']})" if s["profile"] else ""),
+            kind_text(s),
             s["site"],
             human_size(s["checkpoint_bytes"] or 0),
+            *phase_cells(s),
             _g(s["write_GBps"]),
             _g(s["read_GBps"]),
             s["requests"],
@@ -905,18 +1157,7 @@ def build_report(
         ]
         for s in summary
     ]
-    proj_rows = [
-        [
-            f"{p['preset']} on {p['gpus']} GPUs",
-            p["target"],
-            human_seconds(p["write_seconds"]) if p.get("write_seconds") else "-",
-            p["binding_detail"],
-            f"{p['idle_fraction']:.2%}" if p.get("write_seconds") else "-",
-            f"{p['idle_gpu_hours_per_day']:,.0f}" if p.get("write_seconds") else "-",
-            p.get("remedy", ""),
-        ]
-        for p in proj
-    ]
+    proj_rows = [projection_cells(p) for p in proj]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>",
@@ -933,6 +1174,10 @@ def build_report(
                 "kind",
                 "site",
                 "size",
+                "stall (write) s",
+                "drain s",
+                "restore (read) s",
+                "restore from durable s",
                 "write GB/s",
                 "read GB/s",
                 "requests",
@@ -943,18 +1188,10 @@ def build_report(
         ),
         "<h2>Full-scale projection (model)</h2>",
         f"<p>Interval {human_seconds(interval)}, price {price:g} per GPU-hour (assumption), "
-        f"restart {human_seconds(restart)} (assumption); report.md has every profile figure "
-        "with its source.</p>",
+        f"{html.escape(restart_text)}; every figure in this table is projected; report.md "
+        "has every profile figure with its source.</p>",
         table_html(
-            [
-                "workload",
-                "target",
-                "write",
-                "binding limit",
-                "idle",
-                "idle GPU-h/day",
-                "what would fix it",
-            ],
+            PROJECTION_COLUMNS,
             proj_rows,
             ["projected"] * len(proj_rows),
         ),

@@ -944,6 +944,15 @@ def _copy_object(
     held = dst.request_size
     parts = 2 * held + COPY_PIECE_BYTES
     budget = threading.Semaphore(max(2, max(DRAIN_BUFFER_BYTES, parts) // COPY_PIECE_BYTES))
+    # buffers the writer let go of are read into again: fresh memory costs a page fault per
+    # page, more than the read itself on a busy machine
+    free: list[Any] = []
+
+    def let_go(base: Any, bounded: bool) -> None:
+        free.append(base)
+        if bounded:
+            budget.release()
+
     writer = dst.open_writer(key, size_hint=size)
     try:
         ci = 0
@@ -956,9 +965,13 @@ def _copy_object(
             bounded = budget.acquire(timeout=BUFFER_WAIT_SECONDS)
             if not bounded:
                 log.debug("%s: its writer holds every buffer; reading on unbounded", key)
-            buf = aligned_empty((n,), "uint8")  # the writer holds it until it is written
-            if bounded:  # given back when the writer lets go of it
-                weakref.finalize(buf, budget.release)
+            try:
+                base = free.pop()
+            except IndexError:
+                base = aligned_empty((COPY_PIECE_BYTES,), "uint8")
+            buf = base[:n]  # the writer holds it until it is written
+            # given back (and its budget) when the writer lets go of it
+            weakref.finalize(buf, let_go, base, bounded)
             got = src.read_into(key, pos, buf)
             if got != n:
                 raise errors.CorruptCheckpointError(

@@ -91,6 +91,7 @@ TEXT_OPTIONS = {
     "--label",
     "--targets",
     "--profiles",
+    "--tiered",
     "--profile",
     "--emulate",
     "--option",
@@ -186,7 +187,7 @@ def _positionals(name: str, tmp: Path) -> list[str]:
 
 EXTRA = {
     # never start a real comparison or a mock S3 server if a bad value slips through
-    "compare": ["--targets", "memory", "--profiles", ""],
+    "compare": ["--targets", "memory", "--profiles", "", "--tiered", ""],
     "model": ["--checkpoint-seconds", "300"],
 }
 
@@ -355,7 +356,8 @@ def test_bad_store_options_in_urls(
     problems = []
     for url, name in _url_cases(tmp_path, s3=importlib.util.find_spec("boto3") is not None):
         if command == "compare":
-            argv = ["compare", "--targets", url, "--profiles", "", "--out", str(tmp_path / "o")]
+            argv = ["compare", "--targets", url, "--profiles", "", "--tiered", ""]
+            argv += ["--out", str(tmp_path / "o")]
         else:
             argv = [command, url]
         if p := check(argv, name, capsys):

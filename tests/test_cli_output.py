@@ -245,6 +245,8 @@ def test_compare_progress_on_stderr(tmp_path: Path) -> None:
         "local",
         "--profiles",
         "",
+        "--tiered",
+        "",
         "--out",
         str(tmp_path),
         "--project",

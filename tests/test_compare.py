@@ -34,6 +34,7 @@ def test_compare_runs_every_kind_of_target_and_writes_the_report(tmp_path, capsy
         "mock-s3": "mock",
         "cloud-s3": "emulated",
         "abci-lustre": "emulated",
+        "cloud-s3+local-nvme": "emulated",  # the default tiered target
     }
     for name in (
         "index.html",
@@ -58,10 +59,65 @@ def test_compare_runs_every_kind_of_target_and_writes_the_report(tmp_path, capsy
 
 
 def test_compare_prints_the_table(tmp_path, capsys) -> None:
-    argv = ["compare", *TINY, "--targets", "local", "--profiles", "", "--out", str(tmp_path)]
-    assert main(argv) == 0
+    argv = ["compare", *TINY, "--targets", "local", "--profiles", "", "--tiered", ""]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "local" in text and "measured" in text and "binding" in text
+
+
+def test_compare_tiered_targets_show_stall_drain_and_restore(tmp_path) -> None:
+    """A tiered target runs beside the plain ones: its stall (the fast tier's save), drain and
+    restores (from either tier) are timed, each part labelled measured or emulated, and the
+    full-scale projection shows stall, drain, restore, restart and cost side by side."""
+    out = tmp_path / "report"
+    result = compare(
+        targets=[],
+        profiles=["cloud-s3", "abci-lustre"],
+        tiered=["cloud-s3+disk", "cloud-s3+local-nvme"],
+        out=str(out),
+        total_size="4MiB",
+        object_size="1MiB",
+        say=lambda _line: None,
+    )
+    rows = {s["target"]: s for s in result["summary"]}
+    assert set(rows) == {"cloud-s3", "abci-lustre", "cloud-s3+disk", "cloud-s3+local-nvme"}
+    disk, nvme, plain = rows["cloud-s3+disk"], rows["cloud-s3+local-nvme"], rows["cloud-s3"]
+    assert disk["phase_kinds"] == {
+        "save": "measured",
+        "restore": "measured",
+        "drain": "emulated",
+        "restore-durable": "emulated",
+    }
+    assert set(nvme["phase_kinds"].values()) == {"emulated"}
+    assert not plain["tiered"] and plain["drain_seconds"] is None
+    for r in (disk, nvme):
+        assert r["tiered"] and r["drain_seconds"] > 0 and r["restore_durable_seconds"] > 0
+        # the save blocks for the fast tier only: less than the drain to emulated cloud-s3
+        assert r["write_seconds"] < r["drain_seconds"]
+    md = (out / "report.md").read_text()
+    assert "fast tier this machine's disk, measured; durable tier emulated cloud-s3" in md
+    assert "(measured)" in md and "(emulated)" in md and "drain s" in md
+    proj = {p["name"]: p for p in result["projections"]}
+    tier, cloud = proj["cloud-s3+local-nvme"], proj["cloud-s3"]
+    assert tier["drain_seconds"] == pytest.approx(cloud["write_seconds"])  # cloud-s3's write
+    assert tier["write_seconds"] < cloud["write_seconds"] / 5
+    assert tier["drain_fits_interval"]
+    assert (
+        "(emulated)" in tier["profile"] and "fitted (measured)" in proj["cloud-s3+disk"]["profile"]
+    )
+    # restart = 5 min overhead + the projected restore, for every target
+    for p in proj.values():
+        assert p["restart_seconds"] == pytest.approx(300 + p["restore_seconds"])
+    assert tier["idle_cost_per_day_with_restarts"] < cloud["idle_cost_per_day_with_restarts"]
+    for name in ("timeline.png", "cost.png"):
+        assert (out / name).stat().st_size > 0
+
+
+def test_unknown_tiered_target_says_what_is_valid(tmp_path) -> None:
+    with pytest.raises(errors.InvalidArgumentError, match="DURABLE\\+LOCAL"):
+        compare(targets=[], profiles=[], tiered=["cloud-s3"], out=str(tmp_path))
+    with pytest.raises(errors.InvalidArgumentError, match="valid: abci-lustre"):
+        compare(targets=[], profiles=[], tiered=["cloud-s3+nvme9"], out=str(tmp_path))
 
 
 def test_unknown_profile_lists_valid_names(tmp_path) -> None:
@@ -98,7 +154,8 @@ def test_compare_against_rgw_is_measured_on_loopback(tmp_path, capsys) -> None:
             pytest.fail(f"Ceph RGW is missing in CI: {reason}", pytrace=False)
         pytest.skip(reason)
     out = tmp_path / "report"
-    argv = ["compare", *TINY, "--targets", "rgw", "--profiles", "", "--out", str(out), "--json"]
+    argv = ["compare", *TINY, "--targets", "rgw", "--profiles", "", "--tiered", ""]
+    argv += ["--out", str(out), "--json"]
     assert main(argv) == 0
     captured = capsys.readouterr()
     result = json.loads(captured.out)

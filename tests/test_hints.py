@@ -151,7 +151,7 @@ def test_compare_without_matplotlib_says_so_before_measuring(tmp_path: Path) -> 
         f"""
         import sys
         from ckptio.cli import main
-        sys.exit(main(["compare", "--targets", "local", "--profiles", "", "--total-size",
+        sys.exit(main(["compare", "--targets", "local", "--profiles", "", "--tiered", "", "--total-size",
                        "4MiB", "--object-size", "1MiB", "--out", {str(out)!r}]))
     """,
     )

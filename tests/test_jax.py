@@ -202,3 +202,30 @@ def test_nothing_to_save_is_refused(tmp_path: Path, empty: object) -> None:
         ):
             ck.save(empty, step=1)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_tiered_checkpointer_saves_pytrees_on_the_fast_tier_and_drains_them(
+    tmp_path: Path,
+) -> None:
+    """``ckptio.jax.Checkpointer(url, local=...)`` is a tiered one for pytrees: saves commit on
+    the fast tier, every 2nd is drained; a restore with the fast tier lost (a replaced node)
+    reads the newest drained step from the durable tier, in the target's pytree types."""
+    durable, fast = tmp_path / "durable", tmp_path / "fast"
+    with cj.Checkpointer(
+        f"file://{durable}", local=f"file://{fast}", persist_every=2, retire_grace=0
+    ) as ck:
+        assert isinstance(ck, cj.TieredCheckpointer)
+        for step in range(1, 5):
+            ck.save(_at_step(step), step=step)
+        back = ck.load(target=_abstract(_tree()))
+        assert isinstance(back["opt"], AdamState)
+        _same(_at_step(4), back)  # the newest, from the fast tier
+        ck.wait_drains()
+        assert ck.tiers()["durable"] == [1, 3]
+    with (
+        cj.Checkpointer(f"file://{durable}", local=f"file://{fast}") as ck,
+        pytest.raises(errors.InvalidArgumentError, match="nothing to save"),
+    ):
+        ck.save(None, step=9)
+    with cj.Checkpointer(f"file://{durable}", local=f"file://{tmp_path / 'new-node'}") as lost:
+        _same(_at_step(3), lost.load(target=_abstract(_tree())))

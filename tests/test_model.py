@@ -293,3 +293,45 @@ def test_tiered_projection(capsys: pytest.CaptureFixture[str]) -> None:
     )
     captured = capsys.readouterr()
     assert "--p-lose-node: expected a number from 0 to 1" in captured.out + captured.err
+
+
+def test_model_from_results_fits_the_read_side(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ckptio model --from`` fits the read side (request latency, per-stream and node
+    bandwidth of the read phase's GETs) as it does the write side, and projects the restore
+    with it: a storage that reads 4x slower than it writes restores as slowly as it reads."""
+    from ckptio.cli import main
+
+    out = tmp_path / "results"
+    argv = ["run", "memory://read-side", "--preset", "llama3-8b", "--total-size", "8MiB"]
+    argv += ["--object-size", "1MiB", "--emulate", "cloud-s3", "--out", str(out)]
+    for opt in (
+        "request_latency=5ms",
+        "metadata_latency=5ms",
+        "stream_bandwidth=40MB/s",
+        "read_request_latency=20ms",
+        "read_stream_bandwidth=10MB/s",
+        "part_size=256KiB",
+    ):
+        argv += ["--option", opt]
+    assert main(argv) == 0
+    capsys.readouterr()
+    assert main(["model", "--from", str(out), "--preset", "gpt3-175b", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    cal = result["calibration"][0]
+    assert cal["read_requests"] > 0
+    assert cal["stream_bandwidth"] == pytest.approx(40e6, rel=0.3)
+    assert cal["read_stream_bandwidth"] == pytest.approx(10e6, rel=0.3)
+    assert cal["read_request_latency"] == pytest.approx(0.020, abs=0.010)
+    t = result["targets"][0]
+    figures = t["profile"]["figures"]
+    assert "reads" in figures["read_stream_bandwidth"]["source"]
+
+    # the restore is projected from the read side: its streams 4x slower than the write's
+    def alone(phase: str) -> float:
+        return next(
+            x["seconds"] for x in t[phase]["limits"] if x["limit"] == "per-stream bandwidth"
+        )
+
+    assert 2.8 < alone("read") / alone("write") < 5.7, (alone("read"), alone("write"))

@@ -285,6 +285,8 @@ def test_every_cli_command_hides_credentials_from_every_place(
             _query_url(s3_bucket, "cmp"),
             "--profiles",
             "",
+            "--tiered",
+            "",
             *small,
             "--out",
             "cmp",

@@ -165,3 +165,50 @@ def test_runner_on_shaped_agrees_with_the_model(tmp_path) -> None:
     # the result files say it is emulated
     runs = read_results([out]).runs.to_pylist()
     assert runs[0]["emulated"] and runs[0]["profile"] == "cloud-s3"
+
+
+@pytest.mark.parametrize("tiered", [False, True], ids=["load", "tiered-from-durable"])
+def test_restore_through_shaped_agrees_with_the_model(tmp_path, tiered: bool) -> None:
+    """A restore (``ckptio.load`` of the newest step; a tiered one whose fast tier is gone
+    reads it from the durable tier) through the shaped backend takes what the model projects
+    for the restore of the same checkpoint on the same profile (``restore_seconds``), within
+    20%: the data, the listing and the manifest before it, a size check of each object."""
+    import ckptio
+    from ckptio.model import evaluate
+
+    figs = "request_latency=50ms&metadata_latency=100ms&stream_bandwidth=20MB/s"
+    part, objects = 512 * 1024, 12
+    url = f"shaped+memory://restore-{tiered}?profile=cloud-s3&streams=4&part_size={part}&{figs}"
+    rng = np.random.default_rng(0)
+    state = {f"t{i:02d}": rng.standard_normal(2**19, dtype=np.float32) for i in range(objects)}
+    with ckptio.Checkpointer(url, max_object_size="2MiB") as ck:
+        ck.save(state, 1)
+    store = open_store(url)
+    data = [k for k in store.list("") if "/data/" in k]
+    store.close()
+    assert len(data) == objects  # one 2 MiB object per tensor
+
+    def measure() -> float:
+        t0 = time.monotonic()
+        if tiered:
+            empty = tmp_path / f"lost-{time.monotonic_ns()}"  # a replaced node's fast tier
+            with ckptio.Checkpointer(url, local=f"file://{empty}") as ck:
+                loaded = ck.load()
+        else:
+            loaded = ckptio.load(url)
+        seconds = time.monotonic() - t0
+        assert set(loaded) == set(state)
+        return seconds
+
+    profile = load_profile("cloud-s3", dict(p.split("=") for p in figs.split("&")))
+    w = Workload(
+        total_bytes=objects * 2**21,
+        writing_ranks=1,
+        bytes_per_rank=objects * 2**21,
+        objects_per_rank=objects,
+        ranks_per_node=1,
+    )
+    projected = evaluate(workload=w, profiles=[profile], streams=4, part_size=part)
+    restore = projected["targets"][0]["restore_seconds"]
+    measured = _agrees(measure, restore)
+    assert measured == pytest.approx(restore, rel=0.20), (measured, restore)

@@ -494,6 +494,43 @@ def test_a_copy_reads_ahead_of_its_writer_by_a_bounded_amount(tmp_path, monkeypa
     assert writers[0].n == 16 and dst.get("obj") == data
 
 
+def test_a_copy_reads_into_the_buffers_its_writer_let_go_of(tmp_path, monkeypatch):
+    """A drain's copy reuses the buffers its writer has let go of instead of allocating a
+    fresh one per piece (fresh memory costs a page fault per page: on a busy machine the drain
+    fell to 0.84x a direct save's throughput): an object of 16 pieces needs at most its read-
+    ahead budget of buffers, and arrives intact."""
+    from ckptio import tiered as t
+
+    monkeypatch.setattr(t, "COPY_PIECE_BYTES", 64 * 1024)
+    monkeypatch.setattr(t, "DRAIN_BUFFER_BYTES", 256 * 1024)  # a budget of 4 pieces
+    allocated = []
+    real = t.aligned_empty
+    monkeypatch.setattr(t, "aligned_empty", lambda *a, **k: allocated.append(a) or real(*a, **k))
+    src, dst = open_store(f"file://{tmp_path}/a"), open_store("memory://reused-buffers")
+    data = np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+    src.put("obj", data)
+    chunk = fmt.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
+    inner = dst.open_writer
+
+    class LettingGo:  # sends each buffer's bytes at once and lets go of the buffer
+        def __init__(self, key, **kw):
+            self.w = inner(key, **kw)
+
+        def write(self, buf):
+            self.w.write(bytes(buf))
+
+        def close(self):
+            self.w.close()
+
+        def abort(self):
+            self.w.abort()
+
+    dst.open_writer = LettingGo
+    assert t._copy_object(src, dst, "obj", len(data), [chunk], lambda: False) == len(data)
+    assert dst.get("obj") == data
+    assert 1 <= len(allocated) <= 4, f"{len(allocated)} buffers allocated for 16 pieces"
+
+
 def test_a_drain_lease_that_lost_its_temp_file_is_published_again(tmp_path):
     """A retention sweeping the fast tier can remove the temp file of a drain's lease being
     published (temp files under a step with no live lease are debris to it); the drain

@@ -545,6 +545,8 @@ def comparison_sheet(summary: list[dict[str, Any]], title: str = "comparison") -
     if len(sizes) == 1:
         title = f"{title}: {human_size(sizes.pop() or 0)} checkpoint"
     cols = ["target", "kind", "write", "write GB/s", "read GB/s", "iterations", "reqs", "throttled"]
+    if any(s.get("tiered") for s in summary):
+        cols[cols.index("write") + 1 : cols.index("write") + 1] = ["drain", "restore"]
     if any(s.get("point") for s in summary):
         cols.insert(1, "point")
     if len(sizes) > 1:
@@ -554,15 +556,28 @@ def comparison_sheet(summary: list[dict[str, Any]], title: str = "comparison") -
         cols,
         right=set(cols) - {"target", "point", "kind"},
         caption="mock: moto, not a performance figure; emulated: a profile imposed by "
-        "sleeping (plus this machine's real CPU work); figures: mean over iterations",
+        "sleeping (plus this machine's real CPU work); figures: mean over iterations"
+        + (
+            "; tiered (A+B): write = the stall (the fast tier's save), drain to the durable "
+            "tier, restore from the fast tier"
+            if "drain" in cols
+            else ""
+        ),
     )
     for s in summary:
+        pk = s.get("phase_kinds") or {}
+
+        def secs(x: float | None, phase: str, pk: dict[str, str] = pk) -> str:
+            return "-" if x is None else human_seconds(x) + (f" ({pk[phase]})" if pk else "")
+
         cells = {
             "target": s["target"],
             "point": s.get("point", ""),
-            "kind": s["kind"],
+            "kind": f"tiered: {s['tiers_note']}" if s.get("tiered") else s["kind"],
+            "drain": secs(s.get("drain_seconds"), "drain"),
+            "restore": secs(s.get("read_seconds"), "restore"),
             "size": human_size(s["checkpoint_bytes"] or 0),
-            "write": "-" if s["write_seconds"] is None else human_seconds(s["write_seconds"]),
+            "write": secs(s["write_seconds"], "save"),
             "write GB/s": g(s["write_GBps"]),
             "read GB/s": g(s["read_GBps"]),
             "iterations": str(s.get("iterations", "")),
@@ -584,14 +599,28 @@ def projection_sheet(proj: list[dict[str, Any]]) -> Sheet:
         "target",
         "write",
         "binding limit",
+        "drain",
+        "restore",
         "idle",
+        "idle w/ restarts",
         "GPU-h/day idle",
+        "cost/day",
     ]
     sheet = Sheet(
         f"{title} — {workloads[0]}" if one else title,
         cols,
-        right={"write", "idle", "GPU-h/day idle"},
-        caption="idle: share of each interval the GPUs wait for a blocking save",
+        right={
+            "write",
+            "drain",
+            "restore",
+            "idle",
+            "idle w/ restarts",
+            "GPU-h/day idle",
+            "cost/day",
+        },
+        caption="idle: share of each interval the GPUs wait for a blocking save (for a "
+        "tiered target, its fast tier's); with restarts: plus restart (overhead + restore) / "
+        "MTBF; cost/day: idle GPU-hours with restarts times the price",
     )
     for p in proj:
         done = bool(p.get("write_seconds"))
@@ -602,8 +631,18 @@ def projection_sheet(proj: list[dict[str, Any]]) -> Sheet:
             "binding limit": p["binding_detail"].split(": ", 1)[-1]
             if done
             else p["binding_detail"],
+            "drain": human_seconds(p["drain_seconds"]) if done and p.get("drain_seconds") else "-",
+            "restore": human_seconds(p["restore_seconds"])
+            if done and p.get("restore_seconds") is not None
+            else "-",
             "idle": idle_text(p["idle_fraction"]) if done else "-",
+            "idle w/ restarts": idle_text(p["idle_fraction_with_restarts"])
+            if done and p.get("idle_fraction_with_restarts") is not None
+            else "-",
             "GPU-h/day idle": f"{p['idle_gpu_hours_per_day']:,.0f}" if done else "-",
+            "cost/day": f"{p['idle_cost_per_day_with_restarts']:,.0f}"
+            if done and p.get("idle_cost_per_day_with_restarts") is not None
+            else "-",
         }
         sheet.add(*[cells[c] for c in cols])
     return sheet

@@ -341,8 +341,8 @@ def add_projection_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--restart",
         type=duration_arg(),
-        default="10min",
-        help="restart time after a failure (default 10min, an assumption)",
+        help="restart time after a failure (default: a 5min overhead, an assumption, plus "
+        "each target's projected restore)",
     )
 
 
@@ -398,7 +398,9 @@ def _projection_options(args: argparse.Namespace) -> dict[str, Any]:
         "presets": presets or None,
         "interval": parse_duration(args.interval, field="--interval", positive=True),
         "price": DEFAULT_PRICE_PER_GPU_HOUR if args.price is None else args.price,
-        "restart": parse_duration(args.restart, field="--restart"),
+        "restart": None
+        if args.restart is None
+        else parse_duration(args.restart, field="--restart"),
     }
 
 
@@ -431,6 +433,12 @@ def declare_compare(p: argparse.ArgumentParser) -> None:
         "--profiles",
         help="storage profiles to emulate over memory:// "
         "(default: cloud-s3,abci-lustre; '' for none; see `ckptio profiles`)",
+    )
+    p.add_argument(
+        "--tiered",
+        help="tiered targets DURABLE+LOCAL, comma-separated: a durable profile drained from a "
+        "fast tier, 'disk' (this machine's, measured) or a profile (emulated) "
+        "(default: cloud-s3+local-nvme; '' for none)",
     )
     p.add_argument("--preset", default="llama3-8b", help="model preset (default llama3-8b)")
     size = p.add_mutually_exclusive_group()
@@ -480,6 +488,7 @@ def run_compare(args: argparse.Namespace) -> int:
     result = compare(
         targets=names(args.targets),
         profiles=names(args.profiles),
+        tiered=names(args.tiered),
         preset=args.preset,
         total_size=args.total_size or (None if args.scale else DEFAULT_TOTAL_SIZE),
         scale=args.scale,

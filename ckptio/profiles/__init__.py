@@ -20,6 +20,11 @@ Figures (canonical units; ``inf`` where there is no limit):
 
 Each figure is a TOML table ``{value = ..., source = "..."}``; a source that starts with
 ``assumption`` marks an estimate, and reports show it as such.
+
+The read side may have figures of its own (:data:`READ_FIGURES`: ``read_request_latency``,
+``read_stream_bandwidth``, ``read_node_bandwidth``), optional: where a profile does not give
+one, reads use the shared figure (``stream_bandwidth`` for ``read_stream_bandwidth``, ...).
+Profiles fitted from measured runs (``ckptio model --from``) have them.
 """
 
 from __future__ import annotations
@@ -58,6 +63,16 @@ FIGURES: dict[str, str] = {
     "read_request_rate": "req/s",
     "metadata_latency": "s",
 }
+
+#: Optional figures of the read side; absent, reads use the shared figure of the same name
+#: without ``read_`` (:meth:`Profile.value` falls back to it).
+READ_FIGURES: dict[str, str] = {
+    "read_request_latency": "s",
+    "read_stream_bandwidth": "B/s",
+    "read_node_bandwidth": "B/s",
+}
+#: Every figure a profile may have, with its unit.
+ALL_FIGURES: dict[str, str] = {**FIGURES, **READ_FIGURES}
 
 #: Scalar settings of a profile besides the figures.
 SETTINGS = ("streams", "part_size", "rate_scope", "throttle", "kind", "title")
@@ -112,12 +127,19 @@ class Profile:
         raise AttributeError(name)
 
     def value(self, name: str) -> float:
-        """The value of figure ``name``; an error listing the valid names if unknown."""
-        if name not in self.figures:
-            raise errors.InvalidArgumentError(
-                f"unknown profile field {name!r}; valid: {', '.join(FIGURES)}"
-            )
-        return self.figures[name].value
+        """The value of figure ``name`` (a read-side figure the profile does not give: the
+        shared one); an error listing the valid names if unknown."""
+        if name in self.figures:
+            return self.figures[name].value
+        if name in READ_FIGURES:
+            return self.value(name.removeprefix("read_"))
+        raise errors.InvalidArgumentError(
+            f"unknown profile field {name!r}; valid: {', '.join(ALL_FIGURES)}"
+        )
+
+    def side(self, name: str, *, read: bool) -> float:
+        """Figure ``name`` for writes, or for reads (its ``read_`` figure where there is one)."""
+        return self.value(f"read_{name}" if read and f"read_{name}" in READ_FIGURES else name)
 
     def with_overrides(self, overrides: dict[str, Any]) -> Profile:
         """A copy with figures or settings replaced (values in canonical units, or strings such
@@ -128,7 +150,7 @@ class Profile:
         settings: dict[str, Any] = {}
         for name, raw in overrides.items():
             value = read_override(name, raw)
-            if name in FIGURES:
+            if name in ALL_FIGURES:
                 figures[name] = Figure(value, "set by the user (--set)")
             else:
                 settings[name] = value
@@ -154,7 +176,7 @@ class Profile:
             "figures": {
                 k: {
                     "value": None if math.isinf(f.value) else f.value,
-                    "unit": FIGURES[k],
+                    "unit": ALL_FIGURES[k],
                     "source": f.source,
                     "assumption": f.assumption,
                 }
@@ -189,15 +211,15 @@ def parse_profile(data: dict[str, Any], *, path: str = "") -> Profile:
     unknown = sorted(
         k
         for k in data
-        if k not in (*FIGURES, *SETTINGS, "name", "streams_source", "part_size_source")
+        if k not in (*ALL_FIGURES, *SETTINGS, "name", "streams_source", "part_size_source")
     )
     if unknown:
         raise errors.InvalidArgumentError(
             f"{where}: unknown field(s) {', '.join(unknown)}; valid: name, "
-            f"{', '.join(SETTINGS)}, {', '.join(FIGURES)}"
+            f"{', '.join(SETTINGS)}, {', '.join(ALL_FIGURES)}"
         )
     figures: dict[str, Figure] = {}
-    for name in FIGURES:
+    for name in (*FIGURES, *(n for n in READ_FIGURES if n in data)):
         entry = data[name]
         if not isinstance(entry, dict) or "value" not in entry or "source" not in entry:
             raise errors.InvalidArgumentError(
@@ -269,7 +291,7 @@ def read_override(name: str, raw: Any) -> Any:
         parse_size,
     )
 
-    unit = FIGURES.get(name)
+    unit = ALL_FIGURES.get(name)
     if unit == "s":
         return parse_duration(raw, field=name)
     if unit == "B/s":
@@ -284,7 +306,7 @@ def read_override(name: str, raw: Any) -> Any:
         return _choice(str(raw), RATE_SCOPES, name)
     raise errors.InvalidArgumentError(
         f"unknown profile field {name!r}; valid: "
-        f"{', '.join([*FIGURES, 'streams', 'part_size', 'rate_scope'])}"
+        f"{', '.join([*ALL_FIGURES, 'streams', 'part_size', 'rate_scope'])}"
     )
 
 
