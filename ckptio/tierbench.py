@@ -41,12 +41,17 @@ from typing import Any
 import numpy as np
 
 from ckptio import errors
+from ckptio.registry import emulation_url, open_store
+from ckptio.store import Store
 
 #: The fast tier that is this machine's own disk (measured).
 DISK = "disk"
 #: Phases of a tiered run, in the order they run.
 PHASES = ("save", "drain", "restore", "restore-durable")
 _WRITE_OPS = ("write", "put", "create", "commit", "fsync", "rename")
+
+
+__all__ = ["TieredSpec", "parse_tiered", "plan_state", "run_tiered", "tier_kinds"]
 
 
 @dataclass(frozen=True)
@@ -125,14 +130,12 @@ def _gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9 if seconds > 0 else 0.0
 
 
-def _drop_cache(store: Any) -> str:
-    """Drop the page cache of every object under ``store`` where it can: ``fadvise`` or
-    ``none``."""
-    fn = getattr(store, "drop_cache", None)
-    if not callable(fn):
+def _drop_cache(store: Store) -> str:
+    """Drop the page cache of every object under ``store`` where it can (the contract's
+    ``fadvise`` cold-read mode): ``fadvise`` or ``none``."""
+    if "fadvise" not in store.cold_read_modes:
         return "none"
-    dropped = [fn(k) for k in store.list("")]
-    return "fadvise" if dropped and all(dropped) else "none"
+    return store.start_cold_reads(store.list(""), "fadvise") or "none"
 
 
 def run_tiered(
@@ -150,7 +153,6 @@ def run_tiered(
     """Run the tiered workload (see the module docstring); write the result files under
     ``out_dir``; return the run id."""
     from ckptio import results as res
-    from ckptio.backends.memory import _SPACES, _SPACES_LOCK
     from ckptio.dist import SingleProcess
     from ckptio.tiered import TieredCheckpointer
 
@@ -160,15 +162,12 @@ def run_tiered(
     run_id = res.new_run_id(label)
     base = tempfile.mkdtemp(prefix="ckptio-tiered-", dir=tmp)
     space = f"ckptio-tiered-{run_id}"
-    durable_url = f"shaped+memory://{space}?profile={spec.durable}"
+    memory_url = f"memory://{space}"
+    durable_url = f"{emulation_url(memory_url)}?profile={spec.durable}"
 
     def fast_url(name: str) -> str:
         path = os.path.join(base, name)
-        return (
-            f"file://{path}"
-            if spec.local_measured
-            else f"shaped+file://{path}?profile={spec.local}"
-        )
+        return path if spec.local_measured else f"{emulation_url(path)}?profile={spec.local}"
 
     state = plan_state(plan)
     nbytes = sum(a.nbytes for sub in state.values() for a in sub.values())
@@ -308,8 +307,8 @@ def run_tiered(
                         "throttled": outcomes.count("throttled"),
                         "errors": outcomes.count("error"),
                         "generate_GBps": 0.0,
-                        "streams": int(getattr(ck.store, "streams", 0)),
-                        "part_size": int(getattr(ck.store, "part_size", 0)),
+                        "streams": ck.store.streams,
+                        "part_size": ck.store.request_size,
                         "emulated": True,
                         "profile": spec.durable,
                         "mock": False,
@@ -322,8 +321,8 @@ def run_tiered(
                 )
     finally:
         shutil.rmtree(base, ignore_errors=True)
-        with _SPACES_LOCK:
-            _SPACES.pop(space, None)
+        with open_store(memory_url) as space_store:  # the emulated durable tier's bytes
+            space_store.delete(space_store.list(""))
     side = res.sidecar(
         run_id,
         config={

@@ -66,7 +66,16 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ckptio.lightning",
         ),
     ),
-    ("suite", ("ckptio.workload", "ckptio.runner", "ckptio.runner.*", "ckptio.results")),
+    (
+        "suite",
+        (
+            "ckptio.workload",
+            "ckptio.runner",
+            "ckptio.runner.*",
+            "ckptio.results",
+            "ckptio.tierbench",
+        ),
+    ),
     (
         "analysis",  # model, report, the comparison and the servers it starts
         (
