@@ -159,7 +159,7 @@ def test_every_backend_names_its_options_in_its_signature(
     import importlib
     import inspect
 
-    from ckptio.profiles import FIGURES
+    from ckptio.profiles import ALL_FIGURES
 
     cls = getattr(importlib.import_module(f"ckptio.backends.{module}"), name)
     params = list(inspect.signature(cls.__init__).parameters.values())[2:]  # self, url
@@ -176,7 +176,7 @@ def test_every_backend_names_its_options_in_its_signature(
     assert refused.value.unknown == ["bogus_option"]
     taker, own = refused.value.groups[0]  # the store's own options (then spellings, inner's)
     assert named - {"trace", "storage_options"} <= set(own), taker
-    assert set(own) - set(FIGURES) <= named, taker
+    assert set(own) - set(ALL_FIGURES) <= named, taker
 
 
 def test_s3_spellings_are_typed_as_the_table_says() -> None:
