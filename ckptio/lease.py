@@ -124,6 +124,14 @@ _HOST = socket.gethostname()
 _BOOT = _boot_id()
 
 
+def runs_here(host: str, pid: int) -> bool | None:
+    """Whether process ``pid`` of ``host`` still runs: known only on that host (True or
+    False), None for another host's process, which this one cannot see."""
+    if host != _HOST:
+        return None
+    return _start_ticks(pid) is not None
+
+
 @dataclass(frozen=True)
 class LeaseInfo:
     """A lease as read back: who holds it and when it last beat."""

@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -62,6 +63,7 @@ from ckptio import format as fmt
 from ckptio import torch as ct
 from ckptio.checkpoint.checkpointer import _split_options
 from ckptio.dist import SingleProcess
+from ckptio.lease import runs_here
 from ckptio.registry import open_store, parse_url
 
 try:  # pytorch-lightning's plugins subclass lightning_fabric's CheckpointIO
@@ -82,17 +84,6 @@ def _local_path(path: str) -> str | None:
     except errors.CkptioError:
         return None
     return loc.path if loc.local else None
-
-
-def _alive(pid: int) -> bool:
-    """Whether a process ``pid`` runs on this host."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 class CkptioCheckpointIO(CheckpointIO):  # type: ignore[misc]  # Lightning ships no stubs
@@ -153,17 +144,20 @@ class CkptioCheckpointIO(CheckpointIO):  # type: ignore[misc]  # Lightning ships
 
     def _write_stub(self, stub: str, root: str, step: int) -> None:
         """Write the stub through a hidden temp file renamed into place, so Lightning sees
-        the whole stub or none. Stub temp files in the directory left by a killed process
-        (their PID is gone) are removed first, so the directory holds stubs only."""
+        the whole stub or none. The temp file names its host and process; one in the
+        directory whose process is gone (killed between write and rename) is removed first,
+        so the directory holds stubs only. Another host's temp files are left alone: whether
+        their process runs is not known here (a second job writing stubs beside this one)."""
         directory, name = os.path.split(stub)
         os.makedirs(directory, exist_ok=True)
         mark = ".ckptio-tmp-"
         for entry in os.listdir(directory):
-            pid = entry.rpartition(mark)[2]
-            if entry.startswith(".") and mark in entry and pid.isdigit() and not _alive(int(pid)):
+            host, _, pid = entry.rpartition(mark)[2].rpartition("-")
+            gone = pid.isdigit() and runs_here(host, int(pid)) is False
+            if entry.startswith(".") and mark in entry and gone:
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(directory, entry))
-        tmp = os.path.join(directory, f".{name}{mark}{os.getpid()}")
+        tmp = os.path.join(directory, f".{name}{mark}{socket.gethostname()}-{os.getpid()}")
         with open(tmp, "w") as f:
             json.dump({"kind": STUB_KIND, "root": root, "step": step}, f)
         os.replace(tmp, stub)

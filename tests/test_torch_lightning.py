@@ -255,14 +255,22 @@ def test_restore_stubs_lets_last_resolve_on_a_machine_without_them(tmp_path: Pat
 def test_a_stub_temp_file_of_a_killed_process_is_removed(tmp_path: Path) -> None:
     """A process killed between writing a stub's temp file and renaming it leaves the temp
     file in Lightning's checkpoint directory; the next stub written there removes it (its
-    PID is gone), while a live process's temp file is left alone."""
+    process is gone), while a live process's temp file, and another host's (a second job on
+    another node, whose process this one cannot see), are left alone."""
+    import socket
+
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
+    here = socket.gethostname()
     ckpts = tmp_path / "ckpts"
     ckpts.mkdir()
-    (ckpts / f".epoch=0-step=4.ckpt.ckptio-tmp-{dead.pid}").write_text("{")
-    (ckpts / ".last.ckpt.ckptio-tmp-1").write_text("{")  # PID 1 runs
+    (ckpts / f".epoch=0-step=4.ckpt.ckptio-tmp-{here}-{dead.pid}").write_text("{")
+    (ckpts / f".last.ckpt.ckptio-tmp-{here}-1").write_text("{")  # PID 1 runs
+    other = f".epoch=1-step=8.ckpt.ckptio-tmp-other-node-{dead.pid}"
+    (ckpts / other).write_text("{")
     io = CkptioCheckpointIO(f"file://{tmp_path}/store")
     io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 8}, ckpts / "last.ckpt")
     io.teardown()
-    assert sorted(p.name for p in ckpts.iterdir()) == [".last.ckpt.ckptio-tmp-1", "last.ckpt"]
+    assert sorted(p.name for p in ckpts.iterdir()) == sorted(
+        [f".last.ckpt.ckptio-tmp-{here}-1", other, "last.ckpt"]
+    )
