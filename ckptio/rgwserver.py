@@ -22,7 +22,7 @@ The OSD binds 127.0.0.1 in Ceph's default port range (6800-7300) besides the cho
 
 Needs Debian's ``radosgw``, ``ceph-mon`` and ``ceph-osd`` (``scripts/install-system-deps.sh``).
 The test fixture (:func:`ckptio.testing.rgw.server_or_skip`) skips with that hint where they
-are missing — except under ``CI=true`` (:func:`in_ci`), where it fails: CI must run these tests,
+are missing — except under ``CI=true`` (:func:`ckptio.testing.services.in_ci`), where it fails: CI must run these tests,
 not skip them.
 """
 
@@ -54,7 +54,6 @@ __all__ = [
     "RgwServer",
     "RgwUnavailable",
     "empty_bucket",
-    "in_ci",
     "main",
     "start_rgw",
     "stop_rgw",
@@ -405,10 +404,6 @@ def stop_rgw(server: RgwServer, *, keep: bool = False) -> list[str]:
 
 
 # -- pytest ----------------------------------------------------------------------------------
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() == "true"
 
 
 def main(argv: list[str] | None = None) -> int:

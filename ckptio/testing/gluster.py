@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from ckptio.testing.services import service_or_skip
+
 __all__ = [
     "BRICK_HOST",
     "COMMAND_TIMEOUT",
@@ -229,19 +231,12 @@ def gluster_volume(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gluster
     Skips with the reason where root, FUSE or gluster is missing; fails instead under
     ``CI=true``.
     """
-    in_ci = os.environ.get("CI", "").lower() == "true"
-    try:
-        vol = start_volume(tmp_path_factory.mktemp("gluster"), bricks=2)
-    except GlusterUnavailable as err:
-        if in_ci:
-            pytest.fail(f"GlusterFS volume could not be started in CI: {err}", pytrace=False)
-        pytest.skip(f"no GlusterFS volume: {err}")
-    try:
-        yield vol
-    finally:
-        problems = stop_volume(vol)
-        if problems:
-            print("gluster teardown problems:", *problems, sep="\n  ", file=sys.stderr)
+    yield from service_or_skip(
+        "GlusterFS volume",
+        lambda: start_volume(tmp_path_factory.mktemp("gluster"), bricks=2),
+        stop_volume,
+        GlusterUnavailable,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,7 +5,6 @@ DIR`` still works."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 
 from ckptio.rgwserver import (
@@ -14,12 +13,12 @@ from ckptio.rgwserver import (
     RgwServer,
     RgwUnavailable,
     empty_bucket,
-    in_ci,
     main,
     start_rgw,
     stop_rgw,
     unavailable_reason,
 )
+from ckptio.testing.services import in_ci, service_or_skip
 
 __all__ = [
     "INSTALL_HINT",
@@ -40,20 +39,7 @@ def server_or_skip() -> Iterator[RgwServer]:
     """The body of the session fixture (in :mod:`ckptio.testing.moto`, beside moto's): an
     RGW for the session, stopped at its end; skips (fails under ``CI=true``) where none
     starts."""
-    import pytest
-
-    try:
-        server = start_rgw()
-    except RgwUnavailable as err:
-        if in_ci():
-            pytest.fail(f"Ceph RGW could not be started in CI: {err}", pytrace=False)
-        pytest.skip(f"no Ceph RGW: {err}")
-    try:
-        yield server
-    finally:
-        problems = stop_rgw(server)
-        if problems:
-            print("rgw teardown problems:", *problems, sep="\n  ", file=sys.stderr)
+    yield from service_or_skip("Ceph RGW", start_rgw, stop_rgw, RgwUnavailable)
 
 
 if __name__ == "__main__":
