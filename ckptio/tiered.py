@@ -969,8 +969,12 @@ def _copy_object(
                 base = free.pop()
             except IndexError:
                 base = aligned_empty((COPY_PIECE_BYTES,), "uint8")
-            buf = base[:n]  # the writer holds it until it is written
-            # given back (and its budget) when the writer lets go of it
+            buf = base[:n]
+            # given back (and its budget) when the writer lets go of it. The writer gets a
+            # memoryview of ``buf``: every view it derives keeps ``buf`` alive (the buffer
+            # protocol references its exporter), whereas a numpy view of ``buf`` would
+            # reference ``base`` directly and let ``buf`` die while the bytes are queued
+            piece = memoryview(buf)  # type: ignore[arg-type]
             weakref.finalize(buf, let_go, base, bounded)
             got = src.read_into(key, pos, buf)
             if got != n:
@@ -991,7 +995,8 @@ def _copy_object(
                     )
                 acc = 0
                 ci += 1
-            writer.write(buf)
+            writer.write(piece)
+            del buf, piece  # only the writer holds them now
             pos = end
         if ci != len(chunks):
             raise errors.CorruptCheckpointError(f"{src.url}/{key}: chunks beyond the object's end")

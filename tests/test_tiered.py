@@ -531,6 +531,45 @@ def test_a_copy_reads_into_the_buffers_its_writer_let_go_of(tmp_path, monkeypatc
     assert 1 <= len(allocated) <= 4, f"{len(allocated)} buffers allocated for 16 pieces"
 
 
+def test_a_copy_never_reuses_a_buffer_whose_bytes_its_writer_still_holds(tmp_path, monkeypatch):
+    """Writers keep views of what they are given until the bytes are written (the local
+    store's writer queues ``as_byte_view(data)`` pieces for its I/O threads). A view derived
+    from a numpy slice references the slice's base, not the slice: when the copy tied the
+    reuse of a buffer to the slice it handed over, the buffer was read into again while its
+    bytes were still queued, and a drain to file:// committed an object with other bytes in it
+    (found by ``ckptio run --local``'s restore from the durable tier)."""
+    from ckptio import tiered as t
+    from ckptio.store import as_byte_view
+
+    monkeypatch.setattr(t, "COPY_PIECE_BYTES", 64 * 1024)
+    monkeypatch.setattr(t, "DRAIN_BUFFER_BYTES", 1 << 20)  # room for every piece: no waiting
+    src, dst = open_store(f"file://{tmp_path}/a"), open_store("memory://queued-views")
+    data = np.random.default_rng(2).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+    src.put("obj", data)
+    chunk = fmt.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
+    inner = dst.open_writer
+
+    class Queueing:  # keeps a byte view of each buffer, as the local writer does, until close
+        def __init__(self, key, **kw):
+            self.w, self.queued = inner(key, **kw), []
+
+        def write(self, buf):
+            self.queued.append(as_byte_view(buf))
+
+        def close(self):
+            for view in self.queued:
+                self.w.write(bytes(view))
+            self.queued.clear()
+            self.w.close()
+
+        def abort(self):
+            self.w.abort()
+
+    dst.open_writer = Queueing
+    assert t._copy_object(src, dst, "obj", len(data), [chunk], lambda: False) == len(data)
+    assert dst.get("obj") == data, "a buffer was read into again while its bytes were queued"
+
+
 def test_a_drain_lease_that_lost_its_temp_file_is_published_again(tmp_path):
     """A retention sweeping the fast tier can remove the temp file of a drain's lease being
     published (temp files under a step with no live lease are debris to it); the drain
