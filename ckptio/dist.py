@@ -167,18 +167,28 @@ class RankFailedError(errors.CkptioError, RuntimeError):
     """A rank of a local-process group died or failed; the others cannot go on."""
 
 
+CHANNELS = 4
+"""Pipes between rank 0 and each other local-process rank: the communicator's own and one for
+each :meth:`LocalProcesses.dup` (a background save's, a tiered drain's, ...)."""
+
+
 class LocalProcesses:
     """Ranks as processes on this node, started by :func:`run_local` (``ckptio run --ranks N``
     without a launcher). Rank 0 is the calling process; the others are its children, each
-    linked to rank 0 by a pipe. Messages are JSON (never pickle); collectives go through rank
-    0 (gather to and broadcast from rank 0 only), which is all the runner needs. A rank that
-    dies makes the next collective raise :class:`RankFailedError` on rank 0 (and its closed
-    pipes do the same on the others)."""
+    linked to rank 0 by :data:`CHANNELS` pipes: one for this communicator, the others taken in
+    order by :meth:`dup` (every rank dups in the same order, as with MPI). Messages are JSON
+    (never pickle); collectives go through rank 0 (gather to and broadcast from rank 0 only),
+    which is all the runner needs. A rank that dies makes the next collective raise
+    :class:`RankFailedError` on rank 0 (and its closed pipes do the same on the others)."""
 
-    def __init__(self, rank: int, size: int, conns: list[Any]) -> None:
+    def __init__(
+        self, rank: int, size: int, conns: list[Any], spare: list[list[Any]] | None = None
+    ) -> None:
         self.rank = rank
         self.size = size
         self._conns = conns  # rank 0: pipes to ranks 1..size-1; others: [pipe to rank 0]
+        # further channels, shared with every dup of this communicator (taken in order)
+        self._spare: list[list[Any]] = spare if spare is not None else []
 
     def _send(self, conn: Any, obj: Any, peer: int) -> None:
         import json
@@ -226,13 +236,16 @@ class LocalProcesses:
         self.bcast(None)
 
     def dup(self) -> LocalProcesses:
-        raise errors.InvalidArgumentError(
-            "local-process ranks have a single channel; background saves across ranks need MPI "
-            "or torch.distributed"
-        )
+        if not self._spare:
+            raise errors.InvalidArgumentError(
+                f"local-process ranks have {CHANNELS} channels, all in use (each background "
+                "save or tiered drain takes one); use MPI or torch.distributed for more"
+            )
+        return LocalProcesses(self.rank, self.size, self._spare.pop(0), self._spare)
 
     def close(self) -> None:
-        for c in self._conns:
+        """Close this communicator's pipes and the channels no dup took."""
+        for c in [*self._conns, *(c for conns in self._spare for c in conns)]:
             c.close()
 
     def __repr__(self) -> str:
@@ -240,9 +253,14 @@ class LocalProcesses:
 
 
 def _local_child(
-    rank: int, size: int, conn: Any, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    rank: int,
+    size: int,
+    conns: list[Any],
+    target: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> None:
-    comm = LocalProcesses(rank, size, [conn])
+    comm = LocalProcesses(rank, size, [conns[0]], [[c] for c in conns[1:]])
     try:
         target(comm, *args, **kwargs)
     finally:
@@ -262,24 +280,30 @@ def run_local(size: int, target: Any, /, *args: Any, **kwargs: Any) -> Any:
     if size == 1:
         return target(SingleProcess(), *args, **kwargs)
     ctx = mp.get_context("spawn")
-    conns, procs = [], []
+    channels: list[list[Any]] = [[] for _ in range(CHANNELS)]  # per channel: a pipe per rank
+    procs = []
     try:
         for r in range(1, size):
-            parent, child = ctx.Pipe(duplex=True)
+            pipes = [ctx.Pipe(duplex=True) for _ in range(CHANNELS)]
             p = ctx.Process(
                 target=_local_child,
-                args=(r, size, child, target, args, kwargs),
+                args=(r, size, [child for _, child in pipes], target, args, kwargs),
                 name=f"ckptio-rank-{r}",
                 daemon=True,
             )
             p.start()
-            child.close()
-            conns.append(parent)
+            for ch, (parent, child) in zip(channels, pipes, strict=True):
+                child.close()
+                ch.append(parent)
             procs.append(p)
-        comm = LocalProcesses(0, size, conns)
+        comm = LocalProcesses(0, size, channels[0], channels[1:])
+        dups = list(channels[1:])
         try:
             result = target(comm, *args, **kwargs)
         finally:
+            for conns in dups:  # the dups' pipes too: they are this function's to close
+                for c in conns:
+                    c.close()
             comm.close()
     finally:
         for p in procs:

@@ -542,7 +542,11 @@ class TieredCheckpointer:
                     committing.fast_committed = time.monotonic()
 
                 fast._future.add_done_callback(committed)
-            self._submit(job, fast)
+            try:
+                self._submit(job, fast)
+            except BaseException as err:  # never left pending: close() waits for it
+                self._finish(job, DrainResult(step, "failed", error=f"not started: {err}"))
+                raise
         return TieredSaveHandle(step, time.perf_counter() - t0, fast, job, action, lag, waited)
 
     def _agree_running(self) -> tuple[bool, float]:
@@ -836,7 +840,7 @@ class TieredCheckpointer:
                 step, skip, speculate=lambda s: self._read(s, True, True, select, into)
             )
             if choice is None:
-                where = f"step {step}" if step is not None else "a checkpoint"
+                where = f"step {step}" if step is not None else "checkpoint"
                 raise errors.NotFoundError(
                     f"no {where} complete for every rank on {self.roots[self.comm.rank]} nor {self.store.url}"
                 )

@@ -570,6 +570,35 @@ def test_a_copy_never_reuses_a_buffer_whose_bytes_its_writer_still_holds(tmp_pat
     assert dst.get("obj") == data, "a buffer was read into again while its bytes were queued"
 
 
+def _save_with_every_channel_taken(comm, durable: str, local: str) -> str:
+    while comm._spare:  # every spare channel taken: the drain cannot have one of its own
+        comm.dup()
+    c = TieredCheckpointer(durable, local=local, comm=comm, **SMALL)
+    try:
+        c.save(expected_state(1), 1)
+    except errors.InvalidArgumentError as err:
+        said = str(err)
+    else:
+        said = "saved"
+    closing = threading.Thread(target=c.close, daemon=True)
+    closing.start()
+    closing.join(30)
+    return f"{said} | {'hangs' if closing.is_alive() else 'closed'}"
+
+
+def test_local_ranks_drain_on_a_channel_of_their_own_and_a_drain_that_cannot_start_fails(
+    tmp_path,
+):
+    """Local-process ranks (``ckptio run --ranks N``) give a drain a channel of its own
+    (``dup``); where none is left, the save says so and ``close`` returns (the drain that
+    never started is not waited for forever)."""
+    from ckptio.dist import run_local
+
+    durable, local = f"file://{tmp_path}/durable", f"file://{tmp_path}/fast-{{rank}}"
+    said = run_local(2, _save_with_every_channel_taken, durable, local)
+    assert "channels, all in use" in said and said.endswith("| closed")
+
+
 def test_a_drain_lease_that_lost_its_temp_file_is_published_again(tmp_path):
     """A retention sweeping the fast tier can remove the temp file of a drain's lease being
     published (temp files under a step with no live lease are debris to it); the drain
