@@ -233,6 +233,50 @@ def _fast_tier_profile(t: dict[str, Any], requests: list[dict[str, Any]]) -> tup
     )
 
 
+def _durable_tier_profile(
+    t: dict[str, Any], requests: list[dict[str, Any]]
+) -> tuple[Profile | None, str]:
+    """A tiered target's durable-tier profile: the emulated one, or figures fitted from the
+    requests of its measured drains (writes) and restores from that tier (reads)."""
+    from ckptio.model import calibrate
+    from ckptio.profiles import load_profile
+
+    tiers = t["tiers"]
+    if not tiers.get("durable_measured"):
+        return load_profile(tiers["durable"]), f"profile {tiers['durable']} (emulated)"
+    ids = {r["run_id"] for r in t["rows"]}
+    seconds = t.get("phase_seconds") or {}
+    # the drain is the durable tier's write, the restore from it its read
+    as_run = {"drain": "write", "restore-durable": "read"}
+    mine = [
+        {**r, "phase": as_run[r["phase"]], "target": t["target"]}
+        for r in requests
+        if r["run_id"] in ids and r["phase"] in as_run
+    ]
+
+    def rate(row: dict[str, Any], phase: str) -> float:
+        s = seconds.get(phase)
+        return row["checkpoint_bytes"] / s / 1e9 if s else 0.0
+
+    runs = [
+        {
+            **r,
+            "target": t["target"],
+            "write_GBps": rate(r, "drain"),
+            "read_GBps": rate(r, "restore-durable"),
+        }
+        for r in t["rows"]
+    ]
+    cals = calibrate(mine, runs)
+    if not cals:
+        return None, "no measured drain requests to fit"
+    c = cals[0]
+    return c.as_profile(name=tiers["durable"]), (
+        f"{tiers['durable']}, fitted from its drains (measured): "
+        f"{human_rate(c.aggregate_bandwidth)} seen from one node"
+    )
+
+
 def projection_rows(
     targets: list[dict[str, Any]],
     requests: list[dict[str, Any]],
@@ -258,7 +302,6 @@ def projection_rows(
         estimate,
         preset_workload,
     )
-    from ckptio.profiles import load_profile
 
     rows = []
     for preset, gpus in presets:
@@ -274,11 +317,12 @@ def projection_rows(
         for t in targets:
             head = {**base, "target": t["label"], "name": t["name"], "kind": t["kind"]}
             if t.get("tiers"):
-                durable = load_profile(t["tiers"]["durable"])
+                durable, durable_how = _durable_tier_profile(t, requests)
                 local, how = _fast_tier_profile(t, requests)
-                if local is None:
+                if local is None or durable is None:
+                    why = how if local is None else durable_how
                     rows.append(
-                        {**head, "profile": how, "write_seconds": None, "binding_detail": how}
+                        {**head, "profile": why, "write_seconds": None, "binding_detail": why}
                     )
                     continue
                 tier = _tiered_target(
@@ -302,10 +346,11 @@ def projection_rows(
                     {
                         **{k: v for k, v in tier.items() if k not in ("write", "read", "target")},
                         **head,
-                        "kind": "measured + emulated"
-                        if t["tiers"].get("local_measured")
-                        else "emulated",
-                        "profile": f"durable: profile {durable.name} (emulated); fast: {how}",
+                        "kind": {2: "measured", 1: "measured + emulated", 0: "emulated"}[
+                            bool(t["tiers"].get("local_measured"))
+                            + bool(t["tiers"].get("durable_measured"))
+                        ],
+                        "profile": f"durable: {durable_how}; fast: {how}",
                         "stall_seconds": tier["write_seconds"],
                         "write_GBps": w.total_bytes / tier["write_seconds"] / 1e9,
                         "remedy": "",

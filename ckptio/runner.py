@@ -223,6 +223,9 @@ class RunSummary:
     """Rank 0: the three tables as columns/rows, before writing (sweeps merge them)."""
     client_versions: dict[str, str] = field(default_factory=dict)
     """Versions of the client libraries the store ran on (:meth:`Store.client_versions`)."""
+    tiered: list[dict[str, Any]] = field(default_factory=list)
+    """Rank 0 of a tiered run (:mod:`ckptio.tierbench`): per iteration the slowest rank's
+    stall, drain, restore from the fast tier and from the durable one (seconds, GB/s)."""
 
 
 def _peak_rss() -> int:

@@ -94,6 +94,7 @@ TEXT_OPTIONS = {
     "--tiered",
     "--profile",
     "--emulate",
+    "--emulate-local",
     "--option",
     "--set",
     "--from",

@@ -655,6 +655,9 @@ def print_run(summary: Any, out: Printer) -> None:
     first = summary.runs[0] if summary.runs else {}
     tag = f" (emulated: {first.get('profile', '')})" if first.get("emulated") else ""
     tag += " (mock)" if first.get("mock") else ""
+    if getattr(summary, "tiered", None):
+        _print_tiered(summary, first, tag, out)
+        return
     is_sweep = any(r["kind"] == "sweep" for r in summary.runs)
     cols = [
         "it",
@@ -697,6 +700,56 @@ def print_run(summary: Any, out: Printer) -> None:
         f"rank: its own bytes over its own time. Read cache bypass: {summary.cache or 'n/a'}. "
         f"Data: {summary.generator}, generated at {gen} GB/s per core. Peak RSS per rank: "
         f"{rss}."
+    )
+    for p in summary.paths:
+        out.line(Styled(str(p), "dim"))
+
+
+def _print_tiered(summary: Any, first: dict[str, Any], tag: str, out: Printer) -> None:
+    """``ckptio run --local``: per iteration the stall, the drain and both restores (each the
+    slowest rank's)."""
+    from ckptio.units import human_bytes
+
+    cols = [
+        "it",
+        "size",
+        "stall s",
+        "drain s",
+        "drain GB/s",
+        "restore s",
+        "restore GB/s",
+        "from durable s",
+        "from durable GB/s",
+        "requests",
+        "retries",
+    ]
+    s = Sheet(
+        f"{summary.run_id}: {first.get('preset', '')} on {first.get('url', '')}, tiered{tag}",
+        cols,
+        right=set(cols),
+    )
+    for t, r in zip(summary.tiered, summary.runs, strict=True):
+        s.add(
+            str(t["iteration"]),
+            human_bytes(t["checkpoint_bytes"]),
+            num(t["stall_seconds"]),
+            num(t["drain_seconds"]),
+            num(t["drain_GBps"]),
+            num(t["restore_seconds"]),
+            num(t["restore_GBps"]),
+            num(t["restore_durable_seconds"]),
+            num(t["restore_durable_GBps"]),
+            f"{r['requests']:,}",
+            str(r["retries"] + r["throttled"]),
+        )
+    out.sheet(s)
+    rss = ", ".join(human_bytes(b) for b in summary.peak_rss_bytes)
+    out.line(
+        "Stall: what save blocked training for (the fast tier's commit). Drain: the copy to "
+        "the target in the background, to its commit there. Restore: a fresh load of the "
+        "newest step from the fast tier; from durable: the same with an empty fast tier (a "
+        "replaced node). Each the slowest rank's; GB/s = 1e9 bytes/s. Restore cache bypass: "
+        f"{summary.cache or 'n/a'}. Peak RSS per rank: {rss}."
     )
     for p in summary.paths:
         out.line(Styled(str(p), "dim"))

@@ -218,6 +218,25 @@ def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
         metavar="KEY=VALUE",
         help="store option, repeatable (e.g. direct=true)",
     )
+    if not sweep_mode:
+        t = p.add_argument_group(
+            "tiers",
+            "with --local, the target is the durable tier of a tiered run: each iteration saves "
+            "on the fast tier (the stall), drains it to the target in the background (timed), "
+            "and restores it from the fast tier and, as a replaced node would, from the target",
+        )
+        t.add_argument(
+            "--local",
+            metavar="URL",
+            help="the fast tier (node-local disk), e.g. file:///nvme/run; {rank} in it gives "
+            "each rank its own root, as separate nodes have",
+        )
+        t.add_argument(
+            "--emulate-local",
+            metavar="PROFILE",
+            help="wrap the fast tier in the shaped backend with this storage profile "
+            "(e.g. local-nvme; results are marked emulated)",
+        )
     if sweep_mode:
         r.add_argument(
             "--streams",
@@ -267,7 +286,7 @@ class RunJob:
     target: str
     plan: Plan
     mode: str
-    """``run`` or ``sweep``."""
+    """``run``, ``sweep`` or ``tiered`` (``run --local``)."""
     kwargs: dict[str, Any]
     comm: Communicator | None
     """The launcher's communicator (mpiexec/srun/torchrun), else None: local processes."""
@@ -298,6 +317,14 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
 
     plan = plan_from_args(args)
     opts = _options(args, sweep_mode=sweep_mode)
+    local = None if sweep_mode else args.local
+    if not sweep_mode and args.emulate_local and not local:
+        raise errors.InvalidArgumentError("--emulate-local needs --local URL (the fast tier)")
+    if local and args.layout != "file-per-shard":
+        raise errors.InvalidArgumentError(
+            f"--layout {args.layout} cannot be tiered (--local): a drain copies each rank's own "
+            "objects; use file-per-shard"
+        )
     probes = [opts]
     if sweep_mode:  # a store that takes no streams or part size fails here, not at point 1
         probes.append(
@@ -322,6 +349,12 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
             check_layout(probe, args.layout, args.target)
         finally:
             probe.close()
+    if local:  # the fast tier's URL and profile fail here too (rank 0's root stands for all)
+        first_root = local.replace("{rank}", "0")
+        if args.emulate_local:
+            open_store(emulation_url(first_root), profile=args.emulate_local).close()
+        else:
+            open_store(first_root).close()
     kwargs: dict[str, Any] = {
         "iterations": args.iterations,
         "out_dir": args.out,
@@ -358,6 +391,16 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
         )
     per_rank0 = int(plan.rank_bytes[_assign(plan, ranks)[0]].sum())
     passes = args.iterations * (1 if args.no_read else 2)
+    mode = "sweep" if sweep_mode else "run"
+    if local:
+        from ckptio.tierbench import _ranks_here, check_memory
+
+        check_memory(plan, ranks, ranks if comm is None else _ranks_here(comm))
+        mode = "tiered"
+        passes = args.iterations * (2 if args.no_read else 4)  # save, drain, two restores
+        for unused in ("inflight", "layout"):
+            kwargs.pop(unused)
+        kwargs.update(local=local, emulate_local=args.emulate_local)
     points: list[SweepPoint] = []
     if sweep_mode:
         points = sweep_points(
@@ -367,7 +410,7 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
     return RunJob(
         args.target,
         plan,
-        "sweep" if sweep_mode else "run",
+        mode,
         kwargs,
         comm,
         ranks,
@@ -385,17 +428,18 @@ def execute_run(
     """Run a prepared job on its ranks; ``progress`` and ``say`` are called in rank 0's
     process (:data:`ckptio.runner.PROGRESS_HOOK`, :data:`~ckptio.runner.SAY_HOOK`). Returns
     this rank's summary."""
-    from ckptio import dist, runner
-    from ckptio.runner import rank_main
+    from ckptio import dist, runner, tierbench
 
     runner.PROGRESS_HOOK, runner.SAY_HOOK = (progress, say) if job.is_root else (None, None)
+    main: Callable[..., RunSummary] = runner.rank_main
+    args: tuple[Any, ...] = (job.target, job.plan, job.kwargs, job.mode)
+    if job.mode == "tiered":
+        main, args = tierbench.rank_main, args[:3]
     try:
         if job.comm is not None:
-            summary = rank_main(job.comm, job.target, job.plan, job.kwargs, job.mode)
+            summary = main(job.comm, *args)
         else:
-            summary = dist.run_local(
-                job.ranks, rank_main, job.target, job.plan, job.kwargs, job.mode
-            )
+            summary = dist.run_local(job.ranks, main, *args)
     finally:
         runner.PROGRESS_HOOK = runner.SAY_HOOK = None
     if job.comm is not None:  # on success only: a last barrier after a failure could hang
