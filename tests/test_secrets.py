@@ -264,6 +264,17 @@ def test_every_cli_command_hides_credentials_from_every_place(
     # options, an endpoint nobody listens on
     shown = cli.batch(
         ok("run", url, *small, *opts, "--out", "results"),
+        # a tiered run: the durable tier's credentials in the query and options
+        ok(
+            "run",
+            _query_url(s3_bucket, "tiered"),
+            "--local",
+            f"file://{work}/fast",
+            *small,
+            *opts,
+            "--out",
+            "results",
+        ),
         ok(
             "sweep",
             f"s3://{ukey}:{quote(usecret, safe='')}@{s3_bucket}/sweep",
@@ -319,9 +330,10 @@ def test_every_cli_command_hides_credentials_from_every_place(
     assert bucket_leaking(s3_client, s3_bucket) == {}
     assert cli.unexpected == []
     # the commands did what they say, and what is not a secret stays readable
-    assert "malformed URL" in shown[5] and "credentials" in shown[16]
-    assert "complete" in shown[4] and "complete" in shown[10] and '"ok": true' in shown[11]
-    assert PROFILE_NAME in shown[13]  # a profile's name is not a secret; its keys are
+    assert "malformed URL" in shown[6] and "credentials" in shown[17]
+    assert "complete" in shown[5] and "complete" in shown[11] and '"ok": true' in shown[12]
+    assert PROFILE_NAME in shown[14]  # a profile's name is not a secret; its keys are
+    assert "from durable s" in shown[1]
     text = "\n".join(cli.text)
     assert "region=us-east-1" in text and "127.0.0.1:9" in text
     assert list((work / "results").glob("*.parquet")) and list(
