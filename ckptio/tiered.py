@@ -72,15 +72,14 @@ from ckptio.checkpoint.commit import (
     build_manifest,
     check_objects_present,
     discard_objects,
+    write_mine,
 )
 from ckptio.checkpoint.read import _RELISTS, CheckpointReader, committed_steps, read_manifest
 from ckptio.checkpoint.snapshot import PreparedState, aligned_empty, crc32c
 from ckptio.checkpoint.write import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_OBJECT_SIZE,
-    PARALLEL_OBJECTS,
     _error_text,
-    write_rank_shards,
 )
 from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.forked import ForkedWriter
@@ -314,31 +313,31 @@ def _save_own_roots(
         raise errors.SaveFailedError(
             f"save of step {step} refused, nothing committed: {plan['error']}"
         ) from prepared.error
-    mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
     lease = SaveLease(store, step, plan["token"])
+    mine: list[Any] = []
     written: dict[str, Any] = {"objects": {}, "chunks": {}}
     local_error: BaseException | None = None
     try:
         try:
             lease.acquire()  # before any data: gc and retention leave the step alone
-            if forked is not None:
-                written = forked.run({"token": plan["token"], "paths": [t.path for t in mine]})
-            else:
-                written = write_rank_shards(
-                    store,
-                    step,
-                    comm.rank,
-                    plan["token"],
-                    mine,
-                    key_layout=ck.key_layout,
-                    chunk_size=ck.chunk_size,
-                    max_object_size=ck.max_object_size,
-                    parallel=PARALLEL_OBJECTS,
-                )
-            outcome: dict[str, Any] = {"ok": True, **written}
         except Exception as err:
             local_error = err
-            outcome = {"ok": False, "error": _error_text(err)}
+            outcome: dict[str, Any] = {"ok": False, "error": _error_text(err)}
+        else:
+            mine, outcome, local_error = write_mine(
+                store,
+                prepared,
+                step,
+                comm,
+                plan,
+                layout="file-per-shard",
+                key_layout=ck.key_layout,
+                chunk_size=ck.chunk_size,
+                max_object_size=ck.max_object_size,
+                forked=forked,
+            )
+            if outcome["ok"]:
+                written = outcome
         results = comm.gather(outcome, root=0)
         doc: dict[str, Any] = {}
         if results is not None:

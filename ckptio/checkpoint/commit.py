@@ -25,7 +25,7 @@ from typing import Any
 
 from ckptio import errors
 from ckptio import format as fmt
-from ckptio.checkpoint.snapshot import PreparedState
+from ckptio.checkpoint.snapshot import LocalTensor, PreparedState
 from ckptio.checkpoint.write import (
     PARALLEL_OBJECTS,
     _error_text,
@@ -150,8 +150,56 @@ def _write_and_commit(
         raise errors.SaveFailedError(
             f"save of step {step} refused, nothing committed: {plan['error']}"
         ) from refusal
-    mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
     # 2. write this rank's shards
+    mine, outcome, local_error = write_mine(
+        store,
+        prepared,
+        step,
+        comm,
+        plan,
+        layout=layout,
+        key_layout=key_layout,
+        chunk_size=chunk_size,
+        max_object_size=max_object_size,
+        forked=forked,
+    )
+    # 3. gather, commit on rank 0
+    results = comm.gather(outcome, root=0)
+    verdict: dict[str, Any] = {}
+    if comm.rank == 0:
+        assert results is not None
+        verdict = commit_step(
+            store, step, prepared, plan, results, comm.size, layout, key_layout, lease=lease
+        )
+        if lease is not None:
+            lease.release()  # before the other ranks return: the save is over when they do
+    verdict = comm.bcast(verdict, root=0)
+    if not verdict["ok"]:
+        raise errors.SaveFailedError(
+            f"save of step {step} failed, nothing committed: {verdict['error']}"
+        ) from local_error
+    nbytes = sum(t.array.nbytes for t in mine)
+    return SaveResult(step, nbytes, time.perf_counter() - t0, verdict.get("nbytes", 0))
+
+
+def write_mine(
+    store: Store,
+    prepared: PreparedState,
+    step: int,
+    comm: Communicator,
+    plan: Mapping[str, Any],
+    *,
+    layout: str,
+    key_layout: str,
+    chunk_size: int,
+    max_object_size: int,
+    forked: ForkedWriter | None,
+) -> tuple[list[LocalTensor], dict[str, Any], BaseException | None]:
+    """This rank's part of a save planned by rank 0 (``plan``: its token and who writes what):
+    its tensors written (by ``forked``'s child, as shard objects, or into the shared object).
+    Returns the tensors it wrote, the outcome every rank gathers to rank 0 (``ok`` with what
+    was written, or the error's text) and the error itself, raised after the verdict."""
+    mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
     try:
         if forked is not None:
             written = forked.run({"token": plan["token"], "paths": [t.path for t in mine]})
@@ -177,30 +225,10 @@ def _write_and_commit(
                 per_node=layout == "shared-file-per-node",
                 chunk_size=chunk_size,
             )
-        outcome: dict[str, Any] = {"ok": True, **written}
-    except Exception as err:  # reported to every rank below, then raised
+    except Exception as err:  # reported to every rank by the caller, then raised
         log.debug("rank %d failed writing step %d", comm.rank, step, exc_info=True)
-        outcome = {"ok": False, "error": _error_text(err)}
-        local_error: BaseException | None = err
-    else:
-        local_error = None
-    # 3. gather, commit on rank 0
-    results = comm.gather(outcome, root=0)
-    verdict: dict[str, Any] = {}
-    if comm.rank == 0:
-        assert results is not None
-        verdict = commit_step(
-            store, step, prepared, plan, results, comm.size, layout, key_layout, lease=lease
-        )
-        if lease is not None:
-            lease.release()  # before the other ranks return: the save is over when they do
-    verdict = comm.bcast(verdict, root=0)
-    if not verdict["ok"]:
-        raise errors.SaveFailedError(
-            f"save of step {step} failed, nothing committed: {verdict['error']}"
-        ) from local_error
-    nbytes = sum(t.array.nbytes for t in mine)
-    return SaveResult(step, nbytes, time.perf_counter() - t0, verdict.get("nbytes", 0))
+        return mine, {"ok": False, "error": _error_text(err)}, err
+    return mine, {"ok": True, **written}, None
 
 
 def _plan_writers(gathered: Sequence[Mapping[str, list[Any]]]) -> dict[str, int]:
