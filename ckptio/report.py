@@ -172,7 +172,6 @@ def _target_profile(
     """The profile a target is projected with: its emulated profile, or figures fitted from
     its measured requests; mock targets are not projected."""
     from ckptio import errors
-    from ckptio.model import calibrate
     from ckptio.profiles import load_profile
 
     if t["kind"] == "mock":
@@ -184,12 +183,23 @@ def _target_profile(
             return None, f"profile {t['profile']!r} unknown here ({err})"
     ids = {r["run_id"] for r in t["rows"]}
     mine = [r for r in requests if r["run_id"] in ids]
-    cals = calibrate(mine, [{**r, "target": t["target"]} for r in t["rows"]])
+    runs = [{**r, "target": t["target"]} for r in t["rows"]]
+    return _fitted(mine, runs, t["name"], "fitted", "no measured requests to fit")
+
+
+def _fitted(
+    requests: list[dict[str, Any]], runs: list[dict[str, Any]], name: str, how: str, none: str
+) -> tuple[Profile | None, str]:
+    """The profile :func:`ckptio.model.calibrate` fits to one target's requests and runs, and
+    how it was made in words (``how``: the start of them; ``none``: said when nothing fits)."""
+    from ckptio.model import calibrate
+
+    cals = calibrate(requests, runs)
     if not cals:
-        return None, "no measured requests to fit"
+        return None, none
     c = cals[0]
-    return c.as_profile(name=t["name"]), (
-        f"fitted: {human_seconds(c.request_latency)} latency, {human_rate(c.stream_bandwidth)} "
+    return c.as_profile(name=name), (
+        f"{how}: {human_seconds(c.request_latency)} latency, {human_rate(c.stream_bandwidth)} "
         f"per stream, {human_rate(c.aggregate_bandwidth)} seen from one node"
     )
 
@@ -238,7 +248,6 @@ def _durable_tier_profile(
 ) -> tuple[Profile | None, str]:
     """A tiered target's durable-tier profile: the emulated one, or figures fitted from the
     requests of its measured drains (writes) and restores from that tier (reads)."""
-    from ckptio.model import calibrate
     from ckptio.profiles import load_profile
 
     tiers = t["tiers"]
@@ -267,13 +276,12 @@ def _durable_tier_profile(
         }
         for r in t["rows"]
     ]
-    cals = calibrate(mine, runs)
-    if not cals:
-        return None, "no measured drain requests to fit"
-    c = cals[0]
-    return c.as_profile(name=tiers["durable"]), (
-        f"{tiers['durable']}, fitted from its drains (measured): "
-        f"{human_rate(c.aggregate_bandwidth)} seen from one node"
+    return _fitted(
+        mine,
+        runs,
+        tiers["durable"],
+        f"{tiers['durable']}, fitted from its drains (measured)",
+        "no measured drain requests to fit",
     )
 
 
