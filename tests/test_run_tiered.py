@@ -127,6 +127,7 @@ def test_two_mpi_ranks_emulated_fast_tier(tmp_path: Path) -> None:
         (["--local", "{tmp}/fast", "--emulate-local", "no-such"], "no-such"),
         (["--local", "{tmp}/fast", "--total-size", "1PiB"], "holds the state in memory"),
         (["--local", "{tmp}/fast", "--ranks", "9"], "9"),
+        (["--local", "{tmp}/fast", "--gpus", "16", "--zero", "0", "--ranks", "2"], "at most 1"),
     ],
 )
 def test_what_a_tiered_run_refuses(tmp_path: Path, args: list[str], expected: str) -> None:
