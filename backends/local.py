@@ -855,6 +855,15 @@ class LocalStore(Store):
         return _LocalPositionalWriter(self, key, size, create)
 
     def publish(self, key: str, data: bytes, *, overwrite: bool = True) -> None:
+        self._publish(key, data, overwrite=overwrite, durable=self.fsync)
+
+    def publish_transient(self, key: str, data: bytes) -> None:
+        """:meth:`publish` without fsyncs: visible on return, not durable. Directories made for
+        it stay noted for :meth:`sync_new_dirs`, so the next durable write under them (a save's
+        first data object, or its manifest) still makes them durable in their parents."""
+        self._publish(key, data, overwrite=True, durable=False)
+
+    def _publish(self, key: str, data: bytes, *, overwrite: bool, durable: bool) -> None:
         path = self.path_of(key)
         directory, base = os.path.split(path)
         tmp = os.path.join(directory, f".{base}{TMP_MARK}{secrets.token_hex(6)}")
@@ -865,7 +874,7 @@ class LocalStore(Store):
                     view = memoryview(data)
                     while view:
                         view = view[os.write(fd, view) :]
-                    if self.fsync:
+                    if durable:
                         os.fsync(fd)
                 finally:
                     os.close(fd)
@@ -874,7 +883,7 @@ class LocalStore(Store):
                 else:
                     os.link(tmp, path)  # atomic create-if-absent: EEXIST if another won
                     os.unlink(tmp)
-                if self.fsync:
+                if durable:
                     fsync_dir(directory)
                     self.sync_new_dirs()
             except OSError as err:

@@ -5,7 +5,8 @@ says when the data of a step that has no manifest may be *deleted*, the same way
 on object stores, with nothing but ``publish``/``get``/``list``/``delete``:
 
 - **A save holds a lease.** Before any rank writes data, the committing rank publishes
-  ``step-<N>/saving-<token>.json`` (host, process, heartbeat time, lease length) and refreshes
+  ``step-<N>/saving-<token>.json`` (host, process, heartbeat time, lease length; visible at
+  once, not made durable: :meth:`~ckptio.store.Store.publish_transient`) and refreshes
   it every :data:`REFRESH_SECONDS` while the save runs; it removes it after the manifest is
   published (or the save's data is discarded). While a live lease is under a step, gc and
   retention delete nothing under that step but its own debris-free lease files: not the data
@@ -245,7 +246,9 @@ class SaveLease:
 
     def _publish(self) -> None:
         t = time.monotonic()
-        self.store.publish(self.key, self._doc(), overwrite=True)
+        # visible at once, not durable: only processes that run beside the save read it, and a
+        # crash ends the save (the store still makes the step's directories durable)
+        self.store.publish_transient(self.key, self._doc())
         self._beat = t
 
     def acquire(self) -> SaveLease:

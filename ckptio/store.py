@@ -297,6 +297,14 @@ class Store(ABC):
         exists; atomically so where ``capabilities.conditional_create``.
         """
 
+    def publish_transient(self, key: str, data: bytes) -> None:
+        """Write a small object atomically, replacing any, for readers that run while its
+        writer does; it need not survive a crash (a save's lease, which a crash ends anyway:
+        :mod:`ckptio.lease`). Readers see the old object (or none) or all of ``data``. The
+        default is :meth:`publish`; a local filesystem skips the fsyncs, which would cost a
+        journal commit each before a save writes its first byte."""
+        self.publish(key, data, overwrite=True)
+
     fork_safe: ClassVar[bool] = False
     """Whether the store can write from a child process forked from the one that opened it,
     after :meth:`after_fork` (``Checkpointer(snapshot="fork")``). Plain system calls can;

@@ -20,7 +20,8 @@ from ckptio.registry import open_store
 
 
 class Recorder:
-    """``("mkdir", path)`` and ``("fsync", path)`` events, in the order they happened."""
+    """``("mkdir", path)``, ``("fsync", path)`` and ``("write", path)`` (``os.pwrite``, how data
+    objects are written) events, in the order they happened."""
 
     def __init__(self) -> None:
         self.events: list[tuple[str, str]] = []
@@ -28,7 +29,7 @@ class Recorder:
         self._lock = threading.Lock()
 
     def install(self, mp: pytest.MonkeyPatch) -> None:
-        real_open, real_fsync, real_mkdir = os.open, os.fsync, os.mkdir
+        real_open, real_fsync, real_mkdir, real_pwrite = os.open, os.fsync, os.mkdir, os.pwrite
 
         def rec_open(path: str, flags: int, *args: object, **kw: object) -> int:
             fd = real_open(path, flags, *args, **kw)  # type: ignore[arg-type]
@@ -46,9 +47,15 @@ class Recorder:
             with self._lock:
                 self.events.append(("mkdir", os.path.abspath(os.fsdecode(path))))
 
+        def rec_pwrite(fd: int, data: bytes, offset: int) -> int:
+            with self._lock:
+                self.events.append(("write", self._paths.get(fd, f"<fd {fd}>")))
+            return real_pwrite(fd, data, offset)
+
         mp.setattr(os, "open", rec_open)
         mp.setattr(os, "fsync", rec_fsync)
         mp.setattr(os, "mkdir", rec_mkdir)
+        mp.setattr(os, "pwrite", rec_pwrite)
 
     def undurable(self, created: list[str]) -> list[str]:
         """Directories of ``created`` whose parent was not fsynced after their mkdir."""
@@ -104,6 +111,32 @@ def test_every_directory_a_save_creates_is_fsynced_in_its_parent(
     finally:
         ck.close()
     np.testing.assert_array_equal(ckptio.load(url, step=2)["w"], STATE["w"])
+
+
+def test_a_save_fsyncs_nothing_before_its_first_data_write(
+    tmp_path: Path, recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The save's lease is visible before any data is written, but not fsynced: only processes
+    running beside the save read it, and a crash ends the save. So no fsync (a journal commit
+    on ext4) stands between the start of a save and its first data byte; the directories made
+    for the lease are made durable after the data (the test above)."""
+    root = tmp_path / "run"
+    leases_at_write: list[list[str]] = []  # the leases present at each data write
+    recorded_pwrite = os.pwrite
+
+    def pwrite(fd: int, data: bytes, offset: int) -> int:
+        leases_at_write.append([p.name for p in root.glob("step-*/saving-*.json")])
+        return recorded_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    ckptio.save(STATE, str(root), step=1)
+    kinds = [kind for kind, _ in recorder.events]
+    assert "write" in kinds and "fsync" in kinds
+    first_write = kinds.index("write")
+    assert "fsync" not in kinds[:first_write], recorder.events[: first_write + 1]
+    assert leases_at_write and all(len(names) == 1 for names in leases_at_write)
+    assert list(root.glob("step-*/saving-*.json")) == []  # released after the commit
+    np.testing.assert_array_equal(ckptio.load(str(root), step=1)["w"], STATE["w"])
 
 
 def test_no_directory_fsync_per_object(tmp_path: Path, recorder: Recorder) -> None:

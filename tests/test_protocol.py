@@ -319,6 +319,33 @@ def test_loads_beside_saves_with_retention_never_fail(
     assert summary["steps"] >= 10, f"the trainer did not save beside the reader: {summary}"
 
 
+def test_a_listing_that_missed_every_manifest_is_taken_again(tmp_path):
+    """A local listing scans one step directory after another, so a save that commits step 2
+    and retires step 1 between the two scans hides both manifests from it (the race behind
+    rare failures of the test above). The reader lists again instead of reporting that there is
+    no checkpoint; here the first listing is made to miss the manifest."""
+    from ckptio.backends.local import LocalStore
+
+    url = f"file://{tmp_path}/run"
+    ckptio.save(expected_state(1), url, step=1)
+
+    class RacedListing(LocalStore):
+        raced = 0
+
+        def list(self, prefix: str = "") -> list[str]:
+            keys = super().list(prefix)
+            if prefix == "step-" and not self.raced:
+                self.raced += 1
+                return [k for k in keys if not k.endswith("/manifest.json")]
+            return keys
+
+    store = RacedListing(url)
+    assert state_mismatch(ckptio.load(store), expected_state(1)) is None
+    assert store.raced == 1
+    with pytest.raises(errors.NotFoundError, match="no complete checkpoint"):
+        ckptio.load(f"file://{tmp_path}/empty")
+
+
 def test_retention_leaves_young_temp_files_of_other_saves(tmp_path):
     """A save's lease is a temp file for the instant before it is published, and its first data
     objects are temp files until closed: retention, which runs beside other jobs' saves, leaves

@@ -586,8 +586,12 @@ def read_manifest(store: Store, step: int) -> fmt.Manifest:
 
 def committed_steps(store: Store) -> list[int]:
     """Steps that have a manifest object (not yet validated), ascending."""
+    return _manifest_steps(store.list("step-"))
+
+
+def _manifest_steps(keys: Iterable[str]) -> list[int]:
     steps = []
-    for key in store.list("step-"):
+    for key in keys:
         head, _, tail = key.partition("/")
         if tail == fmt.MANIFEST_NAME:
             step = fmt.parse_step_dir(head)
@@ -623,11 +627,14 @@ def _open_newest(store: Store, skip: Iterable[int]) -> CheckpointReader:
     """The newest step whose manifest validates, other than ``skip``. A step whose manifest is
     damaged or refused (a symlink out of the root, unreadable, not a regular file) is skipped
     with a warning; if every listed step vanished meanwhile (retention), the steps are listed
-    again."""
+    again. So too when a listing names no manifest but other objects of steps: a listing of a
+    local directory tree is not one snapshot, and a save that commits a step and retires the
+    previous one between the scans of their two directories hides both manifests from it."""
     skipped = set(skip)
     for _ in range(_RELISTS):
-        steps = committed_steps(store)
-        vanished = False
+        keys = store.list("step-")
+        steps = _manifest_steps(keys)
+        vanished = not steps and bool(keys)
         for s in reversed(steps):
             if s in skipped:
                 continue
