@@ -604,14 +604,14 @@ def test_a_drain_lease_that_lost_its_temp_file_is_published_again(tmp_path):
     published (temp files under a step with no live lease are debris to it); the drain
     publishes its lease again while the step is committed, and commits."""
     with tiered(tmp_path, persist_every=2) as c:
-        publish, lost = c.fast.store.publish, []
+        publish, lost = c.fast.store.publish_transient, []  # how leases are published
 
-        def publish_once_lost(key, data, *, overwrite=True):
+        def publish_once_lost(key, data):
             if "/saving-" in key and not lost and c.fast.store.exists(fmt.manifest_key(1)):
                 lost.append(key)
                 raise errors.NotFoundError(f"cannot publish {key}: its temp file is gone")
-            publish(key, data, overwrite=overwrite)
+            publish(key, data)
 
-        c.fast.store.publish = publish_once_lost
+        c.fast.store.publish_transient = publish_once_lost
         assert c.save(expected_state(1), 1).wait_drain().status == "durable"
         assert lost
