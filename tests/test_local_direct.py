@@ -129,7 +129,11 @@ def test_save_from_aligned_empty_arrays_needs_no_staging(tmp_path, monkeypatch):
     a[...] = np.arange(4 * MiB, dtype=np.float32).reshape(4, MiB)
     ckptio.save({"a": a}, LocalStore(str(tmp_path / "aligned"), direct=True), step=1)
     assert staged == []
-    b = np.array(a)  # numpy's allocation
+    # an array off a page boundary (numpy's own allocation is only sometimes off one)
+    raw = np.empty(a.nbytes + 4096, np.uint8)
+    off = 16 if (raw.ctypes.data + 16) % 4096 else 32
+    b = raw[off : off + a.nbytes].view(np.float32).reshape(a.shape)
+    b[...] = a
     assert b.ctypes.data % 4096
     ckptio.save({"b": b}, LocalStore(str(tmp_path / "numpy"), direct=True), step=1)
     assert staged
