@@ -24,12 +24,19 @@ from ckptio import errors
 from ckptio import format as fmt
 from ckptio.checkpoint import checkpointer
 from ckptio.registry import open_store
-from ckptio.testing.crash import CrashHarness, expected_state, state_mismatch
+from ckptio.testing.crash import (
+    CrashHarness,
+    expected_state,
+    lease_published,
+    state_mismatch,
+    upload_opened,
+)
 from ckptio.testing.moto import MOTO_AND_RGW
 
 #: kill trials: file:// 16 sync + 16 async, s3:// 9 sync (multipart) + 11 async = 52 >= 50 in
 #: CI (a kill costs about 0.3 s on a local disk, 1-2 s on moto); s3:// runs on RGW too, with
-#: RGW_ASYNC_TRIALS async kills (one costs up to 8 s there); CKPTIO_CRASH_SCALE=4 runs four
+#: RGW_ASYNC_TRIALS async kills (one costs up to 8 s there), each up to 2 s into the save loop;
+#: where the random kills miss their windows, aimed ones follow; CKPTIO_CRASH_SCALE=4 runs four
 #: times as many
 SCALE = int(os.environ.get("CKPTIO_CRASH_SCALE", "1"))
 RGW_ASYNC_TRIALS = 6 * SCALE
@@ -101,11 +108,14 @@ def run_and_check(
     max_delay=0.4,
     seen=None,
     landed=None,
+    aim=None,
     trials=None,
     **kw,
 ):
-    """Kill ``TRIALS`` workers and check what each left; ``landed()``: whether the kills
-    reached what the test is about (beyond a kill inside a save)."""
+    """Kill ``TRIALS`` workers at random moments and check what each left; ``landed()``:
+    whether the kills reached what the test is about (beyond a kill inside a save). Where
+    they did not, aimed kills follow (see :class:`CrashHarness`): at the moment
+    ``aim(requests)`` (default: :func:`~ckptio.testing.crash.lease_published`) is true."""
     harness = CrashHarness(
         url,
         mode,
@@ -118,12 +128,13 @@ def run_and_check(
     )
     n = trials or TRIALS[url.split(":", 1)[0], mode]
     trials = harness.run(n)
-    # where the random kills happened to miss the save windows (machine speed varies), kill
-    # some more rather than pass without having tested a torn save
-    for _ in range(8):
+    # where the random kills happened to miss the save windows (machine speed varies, and a
+    # busy machine stretches the rest of a save more than its short windows), aim some more
+    # rather than pass without having tested a torn save
+    for _ in range(4):
         if harness.summary()["killed_mid_save"] >= 2 and (landed is None or landed()):
             break
-        trials = harness.run(4)
+        trials = harness.run(2, aim=aim or lease_published)
     summary = harness.summary()
     print(json.dumps(summary))
     loaded = [t.loaded for t in trials]
@@ -189,6 +200,7 @@ small state (three objects of <= 768 KiB per step, single PUTs) to keep moto's t
 def test_sigkill_s3(tmp_path, s3_target, s3_bucket, s3_env, s3_client, mode):
     url = f"s3://{s3_bucket}/run"
     big = S3_BIG if mode == "sync" else 0
+    rgw_async = s3_target.is_rgw and mode == "async"
     seen: list = []
     harness = run_and_check(
         url,
@@ -196,11 +208,13 @@ def test_sigkill_s3(tmp_path, s3_target, s3_bucket, s3_env, s3_client, mode):
         tmp_path,
         seed=3 if mode == "sync" else 4,
         env=s3_env,
-        max_delay=0.8 if big else 0.5,
+        # RGW: an async worker's cycle is about a second (mostly retention's requests)
+        max_delay=0.8 if big else 2.0 if rgw_async else 0.5,
         big=big,
         seen=seen,
         landed=(lambda: any(incomplete for incomplete, _ in seen)) if big else None,
-        trials=RGW_ASYNC_TRIALS if s3_target.is_rgw and mode == "async" else None,
+        aim=upload_opened if big else None,
+        trials=RGW_ASYNC_TRIALS if rgw_async else None,
         store_options={"max_object_size": "12MiB", "part_size": "5MiB"} if big else {},
     )
     assert harness.summary()["killed_mid_save"] >= 2

@@ -6,7 +6,13 @@ torn object cannot pass), reports what it found, and then saves step after step 
 killed. The parent (:class:`CrashHarness`) starts workers from a ``forkserver`` that has
 already imported numpy and ckptio (a fresh process in milliseconds instead of a second),
 sleeps a seeded random delay, sends SIGKILL, and starts the next worker, which is the fresh
-process that loads what the killed one left behind.
+process that loads what the killed one left behind. An *aimed* trial (``run(n, aim=...)``)
+kills instead at the first moment the worker's requests show what the test is after (a save's
+lease published: :func:`lease_published`; a data object's upload opened:
+:func:`upload_opened`): the worker appends each ``put`` and ``create`` request it completes
+to its progress file, and the parent polls that file. Random moments can miss a short window
+many times in a row (on RGW a small async save holds its lease for ~0.1 s of each second, the
+rest being retention's requests).
 
 Per trial the parent checks, from the worker's progress file (appended and flushed line by
 line; a SIGKILL loses no data already written to the kernel):
@@ -32,7 +38,7 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -40,14 +46,19 @@ from typing import Any
 import ml_dtypes  # imported here so the forkserver preloads it (about 1 s per import)
 import numpy as np
 
+from ckptio.lease import is_lease_key
+from ckptio.trace import RequestEvent, Trace
+
 __all__ = [
     "SAVE_OPTIONS",
     "CrashHarness",
     "Trial",
     "expected_state",
+    "lease_published",
     "main",
     "race",
     "state_mismatch",
+    "upload_opened",
 ]
 
 #: Options the workers save with: small chunks and objects, so one step is several objects
@@ -131,6 +142,8 @@ def _worker(
     latest = durable = None
     try:
         options = {**SAVE_OPTIONS, **store_options}
+        if "local" not in options:  # tiered: two stores; their trials are random ones
+            options["trace"] = _Announcing(progress, lock)
         ck = Checkpointer(
             url,
             keep_last=keep_last,
@@ -196,6 +209,35 @@ def _worker(
         step += 1
 
 
+class _Announcing(Trace):
+    """A trace that also appends each completed ``put`` and ``create`` request to the
+    progress file (``req OP KEY``), for aimed kills."""
+
+    def __init__(self, progress: Any, lock: threading.Lock) -> None:
+        super().__init__()
+        self._progress, self._progress_lock = progress, lock
+
+    def record(self, event: RequestEvent) -> None:
+        super().record(event)
+        if event.op in ("put", "create") and event.outcome == "ok":
+            with self._progress_lock:
+                self._progress.write(f"req {event.op} {event.key}\n")
+
+
+Requests = Sequence[tuple[str, str]]
+"""``(op, key)`` of the ``put`` and ``create`` requests a worker completed so far."""
+
+
+def lease_published(requests: Requests) -> bool:
+    """An aim: a save published its lease (its data comes next)."""
+    return any(op == "put" and is_lease_key(key) for op, key in requests)
+
+
+def upload_opened(requests: Requests) -> bool:
+    """An aim: a streamed data object was opened (on S3: a multipart upload started)."""
+    return any(op == "create" and "/data/" in key for op, key in requests)
+
+
 @dataclass
 class Trial:
     """One kill: what the killed worker had done, and what the next worker loaded."""
@@ -241,6 +283,7 @@ class CrashHarness:
             raise ValueError(f"mode must be 'sync', 'async' or 'fork', got {self.mode!r}")
         self._rng = random.Random(self.seed)
         self._stretch = 1.0
+        self._workers = 0
         self._ctx = _context()
 
     def _start(self, progress: str) -> tuple[Any, Connection, dict[str, Any]]:
@@ -266,11 +309,15 @@ class CrashHarness:
             raise TimeoutError(f"crash worker for {self.url} did not report within 60 s")
         return proc, parent, parent.recv()
 
-    def run(self, n: int) -> list[Trial]:
+    def run(self, n: int, aim: Callable[[Requests], bool] | None = None) -> list[Trial]:
         """Run ``n`` kill trials, then one last fresh load; return the trials. Raises
-        AssertionError on the first violated guarantee."""
+        AssertionError on the first violated guarantee. ``aim``: kill as soon as
+        ``aim(requests)`` is true for the requests the worker completed (polled every
+        millisecond, for up to :data:`AIM_SECONDS`) rather than after a random delay."""
         for i in range(n + 1):
-            progress = os.path.join(self.workdir, f"progress-{self.mode}-{i}.txt")
+            # numbered across calls: a later run() must not read an earlier worker's file
+            self._workers += 1
+            progress = os.path.join(self.workdir, f"progress-{self.mode}-{self._workers}.txt")
             proc, conn, report = self._start(progress)
             if self.trials:
                 self._check(self.trials[-1], report)
@@ -281,8 +328,11 @@ class CrashHarness:
                 proc.join(30)
                 break
             conn.send("go")
-            delay = self._rng.uniform(self.min_delay, self.max_delay * self._stretch)
-            time.sleep(delay)  # the random moment of the kill, not a synchronisation
+            if aim is None:
+                delay = self._rng.uniform(self.min_delay, self.max_delay * self._stretch)
+                time.sleep(delay)  # the random moment of the kill, not a synchronisation
+            else:
+                delay = _wait_for(aim, progress, time.monotonic())
             os.kill(proc.pid, signal.SIGKILL)
             proc.join(30)
             conn.close()
@@ -342,6 +392,25 @@ class CrashHarness:
             "killed_mid_save": sum(t.debris for t in self.trials),
             "steps_committed": max((t.loaded or 0 for t in self.trials), default=0),
         }
+
+
+AIM_SECONDS = 60.0
+"""How long an aimed trial waits for its moment before it kills anyway."""
+
+
+def _wait_for(aim: Callable[[Requests], bool], progress: str, start: float) -> float:
+    """Poll ``aim`` on the requests in ``progress`` until it is true or :data:`AIM_SECONDS`
+    passed; the seconds waited."""
+    requests: list[tuple[str, str]] = []
+    tail = ""  # a line still being written
+    with open(progress) as f:
+        while not aim(requests) and time.monotonic() - start < AIM_SECONDS:
+            time.sleep(0.001)
+            *lines, tail = (tail + f.read()).split("\n")
+            for parts in map(str.split, lines):
+                if len(parts) == 3 and parts[0] == "req":
+                    requests.append((parts[1], parts[2]))
+    return time.monotonic() - start
 
 
 def _read_progress(path: str) -> tuple[int | None, int | None, int | None]:
