@@ -28,7 +28,7 @@ import io
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
@@ -648,111 +648,95 @@ def projection_sheet(proj: list[dict[str, Any]]) -> Sheet:
     return sheet
 
 
+Column = tuple[str, Callable[[dict[str, Any]], str]]
+"""A column of a sheet: its name and how a row's cell is shown."""
+
+
 def print_run(summary: Any, out: Printer) -> None:
-    """``ckptio run`` / ``sweep``: one row per iteration (and sweep point)."""
+    """``ckptio run`` / ``sweep``: one row per iteration (and sweep point); a tiered run
+    (``--local``) shows the stall, the drain and both restores instead."""
     from ckptio.units import human_bytes
 
     first = summary.runs[0] if summary.runs else {}
     tag = f" (emulated: {first.get('profile', '')})" if first.get("emulated") else ""
     tag += " (mock)" if first.get("mock") else ""
-    if getattr(summary, "tiered", None):
-        _print_tiered(summary, first, tag, out)
-        return
-    is_sweep = any(r["kind"] == "sweep" for r in summary.runs)
-    cols = [
-        "it",
-        *(["streams", "part"] if is_sweep else []),
-        "size",
-        "write s",
-        "write GB/s",
-        "slowest rank write GB/s",
-        "read s",
-        "read GB/s",
-        "slowest rank read GB/s",
-        "requests",
-        "retries",
+    tiered = getattr(summary, "tiered", None)
+    title = f"{summary.run_id}: {first.get('preset', '')} on {first.get('url', '')}"
+    requests: list[Column] = [
+        ("requests", lambda r: f"{r['requests']:,}"),
+        ("retries", lambda r: str(r["retries"] + r["throttled"])),
     ]
-    s = Sheet(
-        f"{summary.run_id}: {first.get('preset', '')} on {first.get('url', '')}{tag}",
-        cols,
-        right=set(cols),
-    )
-    for r in summary.runs:
-        point = [str(r["sweep_streams"]), human_bytes(r["sweep_part_size"])] if is_sweep else []
-        s.add(
-            str(r["iteration"]),
-            *point,
-            human_bytes(r["checkpoint_bytes"]),
-            num(r["write_seconds"]),
-            num(r["write_GBps"]),
-            num(r["min_rank_write_GBps"]),
-            num(r["read_seconds"]),
-            num(r["read_GBps"]),
-            num(r["min_rank_read_GBps"]),
-            f"{r['requests']:,}",
-            str(r["retries"] + r["throttled"]),
-        )
-    out.sheet(s)
     rss = ", ".join(human_bytes(b) for b in summary.peak_rss_bytes)
-    gen = ", ".join(num(r["generate_GBps"]) for r in summary.runs)
-    out.line(
-        f"Layout: {first.get('layout', 'file-per-shard')}. GB/s = 1e9 bytes/s; slowest "
-        f"rank: its own bytes over its own time. Read cache bypass: {summary.cache or 'n/a'}. "
-        f"Data: {summary.generator}, generated at {gen} GB/s per core. Peak RSS per rank: "
-        f"{rss}."
-    )
+    if tiered:
+        # a tiered row is the iteration's tiered figures with its requests
+        rows = [{**r, **t} for t, r in zip(tiered, summary.runs, strict=True)]
+        columns = [
+            ("it", lambda r: str(r["iteration"])),
+            ("size", lambda r: human_bytes(r["checkpoint_bytes"])),
+            *_figures(
+                ("stall s", "stall_seconds"),
+                ("drain s", "drain_seconds"),
+                ("drain GB/s", "drain_GBps"),
+                ("restore s", "restore_seconds"),
+                ("restore GB/s", "restore_GBps"),
+                ("from durable s", "restore_durable_seconds"),
+                ("from durable GB/s", "restore_durable_GBps"),
+            ),
+            *requests,
+        ]
+        title += ", tiered"
+        footer = (
+            "Stall: what save blocked training for (the fast tier's commit). Drain: the copy "
+            "to the target in the background, to its commit there. Restore: a fresh load of "
+            "the newest step from the fast tier; from durable: the same with an empty fast "
+            "tier (a replaced node). Each the slowest rank's; GB/s = 1e9 bytes/s. Restore "
+            f"cache bypass: {summary.cache or 'n/a'}. Peak RSS per rank: {rss}."
+        )
+    else:
+        rows = summary.runs
+        is_sweep = any(r["kind"] == "sweep" for r in rows)
+        sweep_point: list[Column] = [
+            ("streams", lambda r: str(r["sweep_streams"])),
+            ("part", lambda r: human_bytes(r["sweep_part_size"])),
+        ]
+        columns = [
+            ("it", lambda r: str(r["iteration"])),
+            *(sweep_point if is_sweep else []),
+            ("size", lambda r: human_bytes(r["checkpoint_bytes"])),
+            *_figures(
+                ("write s", "write_seconds"),
+                ("write GB/s", "write_GBps"),
+                ("slowest rank write GB/s", "min_rank_write_GBps"),
+                ("read s", "read_seconds"),
+                ("read GB/s", "read_GBps"),
+                ("slowest rank read GB/s", "min_rank_read_GBps"),
+            ),
+            *requests,
+        ]
+        gen = ", ".join(num(r["generate_GBps"]) for r in rows)
+        footer = (
+            f"Layout: {first.get('layout', 'file-per-shard')}. GB/s = 1e9 bytes/s; slowest "
+            f"rank: its own bytes over its own time. Read cache bypass: "
+            f"{summary.cache or 'n/a'}. Data: {summary.generator}, generated at {gen} GB/s "
+            f"per core. Peak RSS per rank: {rss}."
+        )
+    names = [name for name, _ in columns]
+    sheet = Sheet(title + tag, names, right=set(names))
+    for r in rows:
+        sheet.add(*(cell(r) for _, cell in columns))
+    out.sheet(sheet)
+    out.line(footer)
     for p in summary.paths:
         out.line(Styled(str(p), "dim"))
 
 
-def _print_tiered(summary: Any, first: dict[str, Any], tag: str, out: Printer) -> None:
-    """``ckptio run --local``: per iteration the stall, the drain and both restores (each the
-    slowest rank's)."""
-    from ckptio.units import human_bytes
+def _figures(*pairs: tuple[str, str]) -> list[Column]:
+    """Columns showing numbers: ``(name, key of the row)`` each."""
 
-    cols = [
-        "it",
-        "size",
-        "stall s",
-        "drain s",
-        "drain GB/s",
-        "restore s",
-        "restore GB/s",
-        "from durable s",
-        "from durable GB/s",
-        "requests",
-        "retries",
-    ]
-    s = Sheet(
-        f"{summary.run_id}: {first.get('preset', '')} on {first.get('url', '')}, tiered{tag}",
-        cols,
-        right=set(cols),
-    )
-    for t, r in zip(summary.tiered, summary.runs, strict=True):
-        s.add(
-            str(t["iteration"]),
-            human_bytes(t["checkpoint_bytes"]),
-            num(t["stall_seconds"]),
-            num(t["drain_seconds"]),
-            num(t["drain_GBps"]),
-            num(t["restore_seconds"]),
-            num(t["restore_GBps"]),
-            num(t["restore_durable_seconds"]),
-            num(t["restore_durable_GBps"]),
-            f"{r['requests']:,}",
-            str(r["retries"] + r["throttled"]),
-        )
-    out.sheet(s)
-    rss = ", ".join(human_bytes(b) for b in summary.peak_rss_bytes)
-    out.line(
-        "Stall: what save blocked training for (the fast tier's commit). Drain: the copy to "
-        "the target in the background, to its commit there. Restore: a fresh load of the "
-        "newest step from the fast tier; from durable: the same with an empty fast tier (a "
-        "replaced node). Each the slowest rank's; GB/s = 1e9 bytes/s. Restore cache bypass: "
-        f"{summary.cache or 'n/a'}. Peak RSS per rank: {rss}."
-    )
-    for p in summary.paths:
-        out.line(Styled(str(p), "dim"))
+    def column(name: str, key: str) -> Column:
+        return name, lambda r: num(r[key])
+
+    return [column(n, k) for n, k in pairs]
 
 
 def print_plan(s: dict[str, Any], out: Printer) -> None:
