@@ -158,20 +158,40 @@ class DataGenerator:
 
     def fill(self, buf: np.ndarray, nbytes: int, ident: str) -> None:
         """Fill ``buf[:nbytes]`` with the stream of ``ident`` (``buf`` has SLACK more bytes)."""
-        key = hashlib.blake2b(self.seed + b"/" + ident.encode(), digest_size=32).digest()
         view = buf.data
+        for _ in self._stream(nbytes, ident, lambda off, k: view[off : off + k + self.SLACK]):
+            pass
+
+    def matches(self, buf: np.ndarray, nbytes: int, ident: str) -> bool:
+        """Whether ``buf[:nbytes]`` holds the stream of ``ident`` (generated again, a block at
+        a time: no second copy of the whole)."""
+        scratch = np.empty(GEN_BLOCK + self.SLACK, dtype=np.uint8)
+        data = buf[:nbytes].view(np.uint8)
+        for off, k in self._stream(nbytes, ident, lambda off, k: scratch.data):
+            if not np.array_equal(scratch[:k], data[off : off + k]):
+                return False
+        return True
+
+    def _stream(
+        self, nbytes: int, ident: str, place: Callable[[int, int], memoryview]
+    ) -> Iterator[tuple[int, int]]:
+        """Generate the stream of ``ident`` a block at a time into ``place(offset, length)``
+        (a buffer of length + SLACK bytes), yielding each block's offset and length."""
+        key = hashlib.blake2b(self.seed + b"/" + ident.encode(), digest_size=32).digest()
         if self._cipher is not None:
             cipher, algorithms, modes = self._cipher
             enc = cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
             for off in range(0, nbytes, GEN_BLOCK):
                 k = min(GEN_BLOCK, nbytes - off)
-                enc.update_into(_ZEROS[:k], view[off : off + k + self.SLACK])
+                enc.update_into(_ZEROS[:k], place(off, k))
+                yield off, k
             return
         bitgen = np.random.PCG64(int.from_bytes(key[:16], "little"))
         for off in range(0, nbytes, GEN_BLOCK):
             k = min(GEN_BLOCK, nbytes - off)
             words = bitgen.random_raw(-(-k // 8)).view(np.uint8)
-            buf[off : off + k] = words[:k]
+            np.frombuffer(place(off, k), dtype=np.uint8)[:k] = words[:k]
+            yield off, k
 
 
 class _Buffers:

@@ -17,8 +17,9 @@ Each process holds its share of the plan (the logical ranks dealt to it, as the 
 them): a bf16 ``model`` and an fp32 ``optim`` tensor, each one box of a global flat tensor
 (:class:`~ckptio.checkpoint.Shard`), of incompressible bytes (the runner's
 :class:`~ckptio.runner.DataGenerator`), refilled every iteration. Training holds its state
-in memory, and so does this workload: each process needs about twice its share (the state
-and the restore's target), checked before anything is written (:func:`check_memory`).
+in memory, and so does this workload: each process needs its share and a little more,
+checked before anything is written (:func:`check_memory`). The restores read into the same
+arrays (cleared first), and each is checked against the stream generated again.
 
 Each iteration times four phases, recorded in the phases table under these names (per rank;
 the runs table takes the slowest rank):
@@ -208,19 +209,18 @@ def _available_memory() -> int | None:
 
 def check_memory(plan: Any, size: int, ranks_here: int | None = None) -> None:
     """Refuse a tiered run whose processes on this node would hold more than
-    :data:`MEMORY_SHARE` of the memory available (each holds its state and the restore's
-    target). ``ranks_here``: processes on this node (default ``size``)."""
+    :data:`MEMORY_SHARE` of the memory available (each holds its share of the state; its
+    restores read into the same arrays). ``ranks_here``: processes on this node (default ``size``)."""
     from ckptio.units import human_bytes
 
     avail = _available_memory()
     if avail is None:
         return
-    need = 2 * max(_process_bytes(plan, size)) * (ranks_here or size)
+    need = max(_process_bytes(plan, size)) * (ranks_here or size)
     if need > MEMORY_SHARE * avail:
         raise errors.InvalidArgumentError(
             f"a tiered run holds the state in memory, as training does: {human_bytes(need)} on "
-            f"this node (twice each process's share: the state and the restore's target) "
-            f"exceeds {MEMORY_SHARE:.0%} of the {human_bytes(avail)} available; lower --scale "
+            f"this node exceeds {MEMORY_SHARE:.0%} of the {human_bytes(avail)} available; lower --scale "
             "or --size"
         )
 
@@ -350,13 +350,16 @@ def run_tiered_workload(
             first = comm.bcast(first, root=0)
             run_id, step0 = first["run_id"], int(first["step"])
             gen = DataGenerator(first["seed"])
-            state, into, raws = {}, {}, {}
+
+            def ident(it: int, b: _Box) -> str:
+                return f"{it}/{b.name}/{rank}"
+
+            state, raws = {}, {}
             for b in boxes:
                 nbytes = b.count * np.dtype(b.dtype).itemsize
                 raws[b.name] = np.empty(nbytes + DataGenerator.SLACK, dtype=np.uint8)
                 arr = raws[b.name][:nbytes].view(b.dtype)
                 state[b.name] = Shard(arr, (b.total,), (b.offset,))
-                into[b.name] = Shard(np.empty(b.count, dtype=b.dtype), (b.total,), (b.offset,))
             rows: list[dict[str, Any]] = []  # phases
             parts: list[dict[str, list[Any]]] = []  # requests
             iters: list[dict[str, Any]] = []
@@ -382,7 +385,7 @@ def run_tiered_workload(
             for it in range(iterations):
                 step = step0 + it
                 for b in boxes:  # fresh bytes every iteration (nothing to deduplicate)
-                    gen.fill(raws[b.name], state[b.name].array.nbytes, f"{it}/{b.name}/{rank}")
+                    gen.fill(raws[b.name], state[b.name].array.nbytes, ident(it, b))
                 ck.store.trace.clear()
                 ck.fast.store.trace.clear()
                 comm.barrier()
@@ -439,10 +442,12 @@ def run_tiered_workload(
                             how = _start_cold_reads(cold, step, keys, cache)
                             reader.store.trace.clear()
                             reader.fast.store.trace.clear()
+                            for b in boxes:  # a restore that reads nothing cannot pass
+                                state[b.name].array.view(np.uint8).fill(0)
                             comm.barrier()
                             t = time.time()
                             try:
-                                reader.load(into=into)  # the newest: what a restart reads
+                                reader.load(into=state)  # the newest: what a restart reads
                             finally:
                                 if not cold.end_cold_reads():
                                     how = "none"  # O_DIRECT refused: reads went buffered
@@ -455,8 +460,8 @@ def run_tiered_workload(
                         if phase == "restore":
                             cache_used = how
                         for b in boxes:
-                            got, want = into[b.name].array, state[b.name].array
-                            if not np.array_equal(got.view(np.uint8), want.view(np.uint8)):
+                            got = state[b.name].array
+                            if not gen.matches(got, got.nbytes, ident(it, b)):
                                 raise errors.CorruptCheckpointError(
                                     f"the {phase} of step {step} read other bytes than were "
                                     f"saved ({b.name}, rank {rank})"

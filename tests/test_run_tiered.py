@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("pyarrow")
@@ -142,3 +143,35 @@ def test_what_a_tiered_run_refuses(tmp_path: Path, args: list[str], expected: st
 def test_sweep_has_no_tiers(tmp_path: Path) -> None:
     r = ckptio_cli("sweep", f"file://{tmp_path}/d", "--local", f"file://{tmp_path}/f")
     assert r.returncode == 2 and "--local" in r.stderr
+
+
+@pytest.mark.parametrize("restore", ["nothing", "other bytes"])
+def test_a_restore_that_reads_wrong_is_caught(tmp_path: Path, monkeypatch, restore: str) -> None:
+    """The restores read into the state's own arrays (cleared first) and are checked against
+    the data generated again: a load that fills nothing, or fills other bytes (that the
+    library's CRCs would not see: say, a step other than the newest), fails the run."""
+    from ckptio import errors, tierbench
+    from ckptio.tiered import TieredCheckpointer
+    from ckptio.workload import make_plan
+
+    def wrong_load(self, step=None, *, select=None, into=None):
+        if restore == "other bytes":
+            for shard in into.values():
+                shard.array.view(np.uint8)[::7] = 1
+        return into
+
+    monkeypatch.setattr(TieredCheckpointer, "load", wrong_load)
+    plan = make_plan("llama3-8b", total_size="4MiB", object_size="1MiB")
+    with pytest.raises(errors.CorruptCheckpointError, match="read other bytes than were saved"):
+        tierbench.run_tiered_workload(f"file://{tmp_path}/d", f"file://{tmp_path}/f", plan)
+
+
+def test_the_restores_read_what_was_saved_into_the_state_itself(tmp_path: Path) -> None:
+    from ckptio import tierbench
+    from ckptio.workload import make_plan
+
+    plan = make_plan("llama3-8b", total_size="4MiB", object_size="1MiB")
+    summary = tierbench.run_tiered_workload(
+        f"file://{tmp_path}/d", f"file://{tmp_path}/f", plan, iterations=2
+    )
+    assert [t["restore_seconds"] > 0 for t in summary.tiered] == [True, True]
