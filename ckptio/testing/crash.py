@@ -24,7 +24,8 @@ line; a SIGKILL loses no data already written to the kernel):
 Tiered (``store_options`` with ``local=``: a :class:`~ckptio.tiered.TieredCheckpointer`): the
 worker also loads the durable tier alone (as a node that lost its fast tier would) and reports
 it; the parent checks it is complete, exact, at least the last step whose drain the killed
-worker saw committed, and not newer than the tiered restore.
+worker saw committed, and not newer than the tiered restore. Its aimed trials see the durable
+tier's requests only: :func:`lease_published` is then a drain's lease.
 
 Used by ``tests/test_crash.py``; usable for any backend URL.
 """
@@ -142,8 +143,8 @@ def _worker(
     latest = durable = None
     try:
         options = {**SAVE_OPTIONS, **store_options}
-        if "local" not in options:  # tiered: two stores; their trials are random ones
-            options["trace"] = _Announcing(progress, lock)
+        # tiered (``local=``): the durable tier's requests, so the drains'
+        options["trace"] = _Announcing(progress, lock)
         ck = Checkpointer(
             url,
             keep_last=keep_last,
