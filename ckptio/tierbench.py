@@ -59,7 +59,7 @@ import numpy as np
 
 from ckptio import errors
 from ckptio import format as fmt
-from ckptio.checkpoint import Shard
+from ckptio.checkpoint import Shard, delete_step
 from ckptio.dist import Communicator
 from ckptio.redact import redact, redact_url
 from ckptio.registry import emulation_url, open_store
@@ -242,10 +242,10 @@ def _gbps(nbytes: float, seconds: float) -> float:
 
 
 def _delete_step(store: Store, step: int) -> None:
-    """Remove one step of this run from one tier's root: the manifest first."""
+    """Remove one step of this run from one tier's root (:func:`ckptio.checkpoint.delete_step`:
+    the manifest first)."""
     try:
-        store.delete([fmt.manifest_key(step)])
-        store.delete(store.list(fmt.step_dir(step) + "/"))
+        delete_step(store, step)
     except errors.CkptioError as err:  # retention is best effort; a run never hangs on it
         log.warning("could not delete step %d from %s: %s", step, redact_url(store.url), err)
 
