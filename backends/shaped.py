@@ -5,7 +5,8 @@ like the wrapped store (the data really goes there) but takes as long as the pro
 laptop run shows the behaviour of the storage class: every data request pays the request
 latency and travels through one stream at the per-stream bandwidth, through the node link and
 the aggregate bandwidth (reservations on shared links: concurrent streams share them), and
-metadata requests pay the metadata latency. A request-rate limiter (a token bucket per key
+metadata requests pay the metadata latency. A request the service answers with an error (not
+found, denied, already there) pays its latency too. A request-rate limiter (a token bucket per key
 prefix, or per store) answers requests over the rate with :class:`~ckptio.errors.
 ThrottledError` ("503 SlowDown"), the same error the real S3 backend raises, so the retry
 path runs and the trace records ``throttled`` attempts.
@@ -278,7 +279,11 @@ class ShapedStore(Store):
                 (self._read_node if read else self._node).reserve(nbytes, start),
                 self._aggregate.reserve(nbytes, start),
             )
-            result = fn()
+            try:
+                result = fn()
+            except OSError:  # the service's answer (not found, denied, exists): a round trip
+                _sleep_until(start)
+                raise
             _sleep_until(done)
             return result
 
@@ -289,8 +294,10 @@ class ShapedStore(Store):
             if op != "commit":  # completing an upload is not rate limited separately
                 self._admit(key, read=read)
             done = time.monotonic() + self.profile.metadata_latency
-            result = fn()
-            _sleep_until(done)
+            try:
+                result = fn()
+            finally:  # a HEAD that finds nothing takes its round trip too
+                _sleep_until(done)
             return result
 
         return self.retrying(op, key, 0, attempt)

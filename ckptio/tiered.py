@@ -72,6 +72,7 @@ from ckptio.checkpoint.commit import (
     build_manifest,
     check_objects_present,
     discard_objects,
+    lease_new_step,
     write_mine,
 )
 from ckptio.checkpoint.read import _RELISTS, CheckpointReader, committed_steps, read_manifest
@@ -621,13 +622,9 @@ class TieredCheckpointer:
                         raise _Cancelled
                     data = self.fast.store.get(mkey)
                     fmt.parse_manifest(data, expect_step=step)
-                    if self.store.exists(mkey):
-                        raise errors.AlreadyExistsError(
-                            f"{self.store.url}: step {step} is already committed there"
-                        )
                     # leases first: nothing is written to the durable tier, nor read from the
                     # fast one, before gc and retention elsewhere know to leave the step alone
-                    leases.append(SaveLease(self.store, step).acquire())
+                    leases.append(lease_new_step(self.store, step))
                     leases.append(_acquire_beside(self.fast.store, step))
                     plan = {"ok": True, "manifest": data.decode()}
                 except _Cancelled:

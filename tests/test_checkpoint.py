@@ -173,9 +173,23 @@ def test_keep_last_retention(url: str) -> None:
 
 def test_saving_a_committed_step_again_is_refused(url: str) -> None:
     ckptio.save({"x": np.zeros(3)}, url, step=1)
+    before = sorted(ckptio.open_store(url).list(""))
     with pytest.raises(errors.SaveFailedError, match="already has a committed checkpoint"):
         ckptio.save({"x": np.ones(3)}, url, step=1)
     assert np.array_equal(ckptio.load(url)["x"], np.zeros(3))
+    assert sorted(ckptio.open_store(url).list("")) == before  # its lease is gone
+
+
+def test_a_save_asks_whether_its_step_exists_while_it_publishes_its_lease(tmp_path) -> None:
+    """On an object store each is a round trip before the first byte: they overlap (here on
+    emulated cloud S3, 100 ms each; a HEAD that finds nothing takes its round trip too)."""
+    store = ckptio.open_store(f"shaped+file://{tmp_path}?profile=cloud-s3")
+    ckptio.save({"x": np.zeros(3)}, store, step=1)
+    head = next(e for e in store.trace.events() if e.op == "head")
+    lease = next(e for e in store.trace.events() if e.op == "put" and "saving-" in e.key)
+    assert head.end - head.start >= 0.09 and lease.end - lease.start >= 0.09
+    assert lease.start < head.end and head.start < lease.end
+    store.close()
 
 
 def test_async_save_snapshots_state(url: str) -> None:

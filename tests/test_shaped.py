@@ -92,6 +92,28 @@ def test_data_arrives_intact_and_requests_are_traced() -> None:
     store.close()
 
 
+def test_a_request_answered_with_an_error_pays_its_round_trip() -> None:
+    """A HEAD or GET of a missing object, or a create of one already there, takes the
+    profile's latency as on the real service (a save asks whether its step exists)."""
+    store = open_store(
+        "shaped+memory://answers?profile=cloud-s3&request_latency=200ms&metadata_latency=200ms"
+    )
+    store.publish("there", b"x")
+    for call in (
+        lambda: store.size("missing"),
+        lambda: store.read_into("missing", 0, bytearray(4)),
+        lambda: store.publish("there", b"y", overwrite=False),
+    ):
+        t = time.monotonic()
+        with pytest.raises((FileNotFoundError, FileExistsError)):
+            call()
+        assert time.monotonic() - t >= 0.19
+    t = time.monotonic()
+    assert not store.exists("missing")
+    assert time.monotonic() - t >= 0.19
+    store.close()
+
+
 def test_request_rate_limit_throttles_and_retries() -> None:
     # 4 requests/s per prefix: a burst of 4, then 503 SlowDown answers; the retry path recovers.
     store = open_store(

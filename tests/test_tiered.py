@@ -217,6 +217,19 @@ def test_a_drain_refuses_a_damaged_fast_copy(tmp_path):
         assert durable.list("step-") == [] and durable.list_incomplete("step-") == []
 
 
+def test_a_drain_of_a_step_the_durable_tier_has_already_fails_and_leaves_it_alone(tmp_path):
+    ck.save(expected_state(1), f"file://{tmp_path}/durable", step=1)
+    with open_store(f"file://{tmp_path}/durable") as d:
+        before = {k: d.get(k) for k in d.list("step-")}
+    with tiered(tmp_path) as c:
+        r = c.save(expected_state(2), 1).wait_drain()
+    assert r.status == "failed" and "step 1 already has a committed checkpoint" in r.error
+    with open_store(f"file://{tmp_path}/durable") as d:
+        assert {k: d.get(k) for k in d.list("step-")} == before  # no lease left, nothing added
+    with open_store(f"file://{tmp_path}/fast") as f:
+        assert [k for k in f.list("step-") if "saving-" in k] == []
+
+
 def test_a_drain_holds_leases_on_both_tiers(tmp_path):
     """While a drain copies step 1, gc of either root and retention by another process on the
     fast root delete nothing it needs; it then commits."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -45,7 +46,30 @@ __all__ = [
     "check_objects_present",
     "commit_step",
     "discard_objects",
+    "lease_new_step",
 ]
+
+
+def lease_new_step(store: Store, step: int) -> SaveLease:
+    """A live :class:`~ckptio.lease.SaveLease` on ``step``, which must not be committed yet
+    (:class:`~ckptio.errors.AlreadyExistsError` otherwise, the lease released). The question
+    is asked while the lease is published: on an object store each is a round trip, and the
+    save waits for both before its first byte."""
+    mkey = fmt.manifest_key(step)
+    with ThreadPoolExecutor(1, thread_name_prefix="ckptio-exists") as ex:
+        there = ex.submit(store.exists, mkey)
+        lease = SaveLease(store, step).acquire()
+        try:
+            committed = there.result()
+        except BaseException:
+            lease.release()
+            raise
+    if committed:
+        lease.release()
+        raise errors.AlreadyExistsError(
+            f"{store.url}: step {step} already has a committed checkpoint ({mkey})"
+        )
+    return lease
 
 
 @dataclass
@@ -77,7 +101,6 @@ def _save_collective(
     With ``forked`` (file-per-shard only), that child process writes this rank's shards from
     its copy-on-write snapshot (see :mod:`ckptio.forked`); the caller ends it afterwards."""
     t0 = time.perf_counter()
-    mkey = fmt.manifest_key(step)
     # 1. plan: rank 0 decides who writes what (replicated tensors once), refuses conflicts
     offer = (
         {"error": _error_text(prepared.error)} if prepared.error else {"metas": prepared.metas()}
@@ -95,14 +118,10 @@ def _save_collective(
                 ]
                 if refused:
                     raise errors.SaveFailedError("; ".join(refused))
-                if store.exists(mkey):
-                    raise errors.AlreadyExistsError(
-                        f"{store.url}: step {step} already has a committed checkpoint ({mkey})"
-                    )
                 writers = _plan_writers([o["metas"] for o in gathered])
                 # the lease is published before any rank writes: gc and retention leave the
                 # step alone while it is live (see ckptio.lease)
-                lease = SaveLease(store, step).acquire()
+                lease = lease_new_step(store, step)
                 plan = {"ok": True, "token": lease.token, "writers": writers}
             except errors.CkptioError as err:
                 plan = {"ok": False, "error": _error_text(err)}
