@@ -297,14 +297,12 @@ def run_local(size: int, target: Any, /, *args: Any, **kwargs: Any) -> Any:
                 ch.append(parent)
             procs.append(p)
         comm = LocalProcesses(0, size, channels[0], channels[1:])
-        dups = list(channels[1:])
         try:
             result = target(comm, *args, **kwargs)
         finally:
-            for conns in dups:  # the dups' pipes too: they are this function's to close
+            for conns in channels:  # the dups' pipes too: every channel is this function's
                 for c in conns:
                     c.close()
-            comm.close()
     finally:
         for p in procs:
             p.join(timeout=60)

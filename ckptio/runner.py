@@ -166,7 +166,7 @@ class DataGenerator:
         """Whether ``buf[:nbytes]`` holds the stream of ``ident`` (generated again, a block at
         a time: no second copy of the whole)."""
         scratch = np.empty(GEN_BLOCK + self.SLACK, dtype=np.uint8)
-        data = buf[:nbytes].view(np.uint8)
+        data = buf.reshape(-1).view(np.uint8)[:nbytes]
         for off, k in self._stream(nbytes, ident, lambda off, k: scratch.data):
             if not np.array_equal(scratch[:k], data[off : off + k]):
                 return False

@@ -18,7 +18,7 @@ them): a bf16 ``model`` and an fp32 ``optim`` tensor, each one box of a global f
 (:class:`~ckptio.checkpoint.Shard`), of incompressible bytes (the runner's
 :class:`~ckptio.runner.DataGenerator`), refilled every iteration. Training holds its state
 in memory, and so does this workload: each process needs its share and a little more,
-checked before anything is written (:func:`check_memory`). The restores read into the same
+checked before anything is written (:func:`check_tiered`). The restores read into the same
 arrays (cleared first), and each is checked against the stream generated again.
 
 Each iteration times four phases, recorded in the phases table under these names (per rank;
@@ -32,8 +32,7 @@ the runs table takes the slowest rank):
 - ``restore-durable``: the same load with an empty fast root (a replaced node): from the
   durable tier.
 
-Every restore is compared with the state saved. The runs table gets one row per iteration
-in the ordinary schema: ``write_seconds`` is the stall, ``read_seconds`` the fast-tier
+The runs table gets one row per iteration in the ordinary schema (the runner's own rows): ``write_seconds`` is the stall, ``read_seconds`` the fast-tier
 restore, ``kind`` is ``tiered``. Requests carry the phase they belong to (``save``,
 ``drain`` (the durable tier's side), ``drain-read`` (the fast tier's side of the drain),
 ``restore``, ``restore-durable``). The sidecar's ``tiers`` entry says what each tier was and
@@ -48,7 +47,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -67,11 +65,13 @@ from ckptio.runner import (
     CACHE_MODES,
     KEEP,
     DataGenerator,
+    RunSettings,
     RunSummary,
     _assign,
     _events_columns,
     _merge_columns,
     _peak_rss,
+    _run_rows,
     _start_cold_reads,
     _target_label,
     _valid_cache,
@@ -90,7 +90,7 @@ MEMORY_SHARE = 0.8
 
 __all__ = [
     "TieredSpec",
-    "check_memory",
+    "check_tiered",
     "parse_tiered",
     "run_tiered",
     "run_tiered_workload",
@@ -207,21 +207,30 @@ def _available_memory() -> int | None:
     return None
 
 
-def check_memory(plan: Any, size: int, ranks_here: int | None = None) -> None:
-    """Refuse a tiered run whose processes on this node would hold more than
-    :data:`MEMORY_SHARE` of the memory available (each holds its share of the state; its
-    restores read into the same arrays). ``ranks_here``: processes on this node (default ``size``)."""
+def check_tiered(plan: Any, size: int, comm: Communicator | None = None) -> None:
+    """Refuse a tiered run of ``size`` processes (the ranks of ``comm``, or local processes)
+    with more processes than the plan has GPUs that write (a drain copies each rank's own
+    objects), or whose processes on this node would hold more than :data:`MEMORY_SHARE` of
+    the memory available (each holds its share of the state; its restores read into the
+    same arrays)."""
     from ckptio.units import human_bytes
 
+    writers = int((plan.rank_bytes > 0).sum())
+    if size > writers:
+        raise errors.InvalidArgumentError(
+            f"{size} ranks (--ranks, or the launcher's): a tiered run (--local) needs at most "
+            f"one rank per GPU that writes, {writers} in this layout of {plan.preset.name}; use "
+            f"at most {writers} (or more --gpus)"
+        )
     avail = _available_memory()
     if avail is None:
         return
-    need = max(_process_bytes(plan, size)) * (ranks_here or size)
+    need = max(_process_bytes(plan, size)) * (size if comm is None else _ranks_here(comm))
     if need > MEMORY_SHARE * avail:
         raise errors.InvalidArgumentError(
             f"a tiered run holds the state in memory, as training does: {human_bytes(need)} on "
-            f"this node exceeds {MEMORY_SHARE:.0%} of the {human_bytes(avail)} available; lower --scale "
-            "or --size"
+            f"this node exceeds {MEMORY_SHARE:.0%} of the {human_bytes(avail)} available; lower "
+            "--scale or --total-size"
         )
 
 
@@ -298,12 +307,6 @@ def run_tiered_workload(
     if pause < 0:
         raise errors.InvalidArgumentError(f"pause must be >= 0 seconds, got {pause}")
     comm = comm if comm is not None else detect()
-    writers = int((plan.rank_bytes > 0).sum())
-    if comm.size > writers:
-        raise errors.InvalidArgumentError(
-            f"{comm.size} ranks exceed the {writers} GPUs of the plan that write; a tiered run "
-            f"needs at most {writers} ranks (or more --gpus)"
-        )
     durable_url = emulation_url(url) if emulate else url
     durable_opts = dict(store_options or {})
     if emulate:
@@ -330,7 +333,7 @@ def run_tiered_workload(
     try:
         if rank == 0:
             try:
-                check_memory(plan, comm.size, _ranks_here(comm))
+                check_tiered(plan, comm.size, comm)
             except errors.CkptioError as err:
                 first = {"error": str(err)}
         first = comm.bcast(first, root=0)  # the same verdict on every rank
@@ -484,9 +487,8 @@ def run_tiered_workload(
                         _delete_step(ck.fast.store, step)
                 if pause and it < iterations - 1:
                     time.sleep(pause)
-            durable_name, fast_name = ck.store.name, ck.fast.store.name
-            streams, part = ck.store.streams, ck.store.request_size
-            versions = ck.store.client_versions()
+            durable, fast_name = ck.store, ck.fast.store.name
+            versions = durable.client_versions()
     finally:
         shutil.rmtree(base, ignore_errors=True)
     everything = comm.gather(
@@ -516,51 +518,48 @@ def run_tiered_workload(
     if n == 0:
         reqs = {c: [] for c, _ in res.REQUEST_COLUMNS}
     emulated = bool(emulate or emulate_local)
-    req_iter = np.asarray(reqs["iteration"], dtype=np.int64)
-    outcomes_all = np.asarray(reqs["outcome"], dtype=object)
-    runs, tiered = [], []
+    # the runs table in the runner's own rows: the stall as the write, the fast tier's
+    # restore as the read (each the slowest rank's)
+    as_run = [
+        {
+            "iters": [
+                {
+                    "bytes": f["bytes"],
+                    "objects": f["objects"],
+                    "write_start": 0.0,
+                    "write_end": f["stall"],
+                    "write_done": f["stall"],
+                    "read_start": 0.0,
+                    "read_end": f["restore"],
+                    "read_done": f["restore"],
+                    "gen_seconds": 0.0,
+                }
+                for f in e["iters"]
+            ]
+        }
+        for e in everything
+    ]
+    runs = _run_rows(
+        plan,
+        as_run,
+        reqs,
+        RunSettings(
+            label=label,
+            site=site,
+            emulated=emulated,
+            profile=emulate or "",
+            kind="tiered",
+        ),
+        run_id=run_id,
+        url=url,
+        store=durable,
+        comm_size=comm.size,
+    )
+    tiered = []
     for it in range(iterations):
         per = [e["iters"][it] for e in everything]
         total = sum(p["bytes"] for p in per)
         worst = {ph: max(p[ph] for p in per) for ph in ("stall", "drain", *PHASES[2:])}
-        sel = req_iter == it
-        outcomes = outcomes_all[sel]
-        runs.append(
-            {
-                "run_id": run_id,
-                "target": label,
-                "url": redact_url(url),
-                "backend": durable_name,
-                "preset": plan.preset.name,
-                "scale": float(plan.scale),
-                "ranks": comm.size,
-                "writing_ranks": plan.writing_ranks,
-                "iteration": it,
-                "checkpoint_bytes": total,
-                "objects": sum(p["objects"] for p in per),
-                "write_seconds": worst["stall"],
-                "write_GBps": _gbps(total, worst["stall"]),
-                "min_rank_write_GBps": min(_gbps(p["bytes"], p["stall"]) for p in per),
-                "read_seconds": worst["restore"],
-                "read_GBps": _gbps(total, worst["restore"]),
-                "min_rank_read_GBps": min(_gbps(p["bytes"], p["restore"]) for p in per),
-                "requests": int(sel.sum()),
-                "retries": int((outcomes == "retry").sum()),
-                "throttled": int((outcomes == "throttled").sum()),
-                "errors": int((outcomes == "error").sum()),
-                "generate_GBps": 0.0,
-                "streams": streams,
-                "part_size": part,
-                "emulated": emulated,
-                "profile": emulate or "",
-                "mock": False,
-                "site": site or socket.gethostname(),
-                "kind": "tiered",
-                "sweep_streams": 0,
-                "sweep_part_size": 0,
-                "layout": "file-per-shard",
-            }
-        )
         tiered.append(
             {
                 "iteration": it,

@@ -175,3 +175,27 @@ def test_the_restores_read_what_was_saved_into_the_state_itself(tmp_path: Path) 
         f"file://{tmp_path}/d", f"file://{tmp_path}/f", plan, iterations=2
     )
     assert [t["restore_seconds"] > 0 for t in summary.tiered] == [True, True]
+    assert [t["restore_durable_seconds"] > 0 for t in summary.tiered] == [True, True]
+    # the runs table's row of each iteration: the stall as the write, the restore as the read
+    for run, t in zip(summary.runs, summary.tiered, strict=True):
+        assert run["kind"] == "tiered" and run["iteration"] == t["iteration"]
+        assert run["checkpoint_bytes"] == t["checkpoint_bytes"] > 0
+        assert run["write_seconds"] == t["stall_seconds"]
+        assert run["read_seconds"] == t["restore_seconds"]
+        assert run["min_rank_write_GBps"] > 0 and run["requests"] > 0
+
+
+def test_a_generated_stream_is_recognised_in_a_typed_array_and_a_changed_byte_is_not() -> None:
+    """``DataGenerator.matches`` (how a tiered run checks its restores) compares bytes: the
+    first ``nbytes`` of an array of any dtype, a block at a time."""
+    from ckptio.runner import GEN_BLOCK, DataGenerator
+
+    gen = DataGenerator("seed")
+    n = 2 * GEN_BLOCK + 12
+    raw = np.empty(n + DataGenerator.SLACK, np.uint8)
+    gen.fill(raw, n, "0/optim/0")
+    optim = raw[:n].view(np.float32)
+    assert gen.matches(optim, n, "0/optim/0") and not gen.matches(optim, n, "1/optim/0")
+    optim.view(np.uint8)[GEN_BLOCK + 5] ^= 1  # a bit in the second block
+    assert not gen.matches(optim, n, "0/optim/0")
+    assert gen.matches(optim, GEN_BLOCK, "0/optim/0")  # the first block is still the stream

@@ -393,15 +393,9 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
     passes = args.iterations * (1 if args.no_read else 2)
     mode = "sweep" if sweep_mode else "run"
     if local:
-        from ckptio.tierbench import _ranks_here, check_memory
+        from ckptio.tierbench import check_tiered
 
-        writers = int((plan.rank_bytes > 0).sum())
-        if ranks > writers:
-            raise errors.InvalidArgumentError(
-                f"--ranks {ranks}: a tiered run (--local) needs at most one rank per GPU that "
-                f"writes, {writers} in this layout of {plan.preset.name}; use at most {writers}"
-            )
-        check_memory(plan, ranks, ranks if comm is None else _ranks_here(comm))
+        check_tiered(plan, ranks, comm)
         mode = "tiered"
         passes = args.iterations * (2 if args.no_read else 4)  # save, drain, two restores
         for unused in ("inflight", "layout"):
