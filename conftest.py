@@ -55,7 +55,7 @@ _IGNORED_WARNINGS = (
     ("ignore", "torch.distributed is disabled", UserWarning, ""),
     # lightning 2.6 against torch 2.13's pytree API, and Lightning's own advice at fit()
     ("ignore", "`isinstance", FutureWarning, ""),
-    ("ignore", "", UserWarning, r"(pytorch_)?lightning\."),
+    ("ignore", "", UserWarning, r"(pytorch_)?lightning(_fabric)?\."),
     ("ignore", "", DeprecationWarning, r"(pytorch_)?lightning\."),
 )
 
