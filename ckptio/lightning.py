@@ -86,6 +86,7 @@ import logging
 import os
 import socket
 import threading
+from abc import ABCMeta
 from collections.abc import Iterator
 from importlib.util import find_spec
 from typing import Any
@@ -110,7 +111,7 @@ STUB_MAX_BYTES = 64 << 10
 _TMP_MARK = ".ckptio-tmp-"
 
 
-def _checkpoint_io_bases() -> list[type]:
+def _checkpoint_io_bases() -> list[ABCMeta]:
     """``CheckpointIO`` of each Lightning namespace installed: ``lightning_fabric`` (from
     ``pytorch-lightning``) and ``lightning.fabric`` (from the unified ``lightning``)."""
     bases = []
