@@ -280,6 +280,7 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
         self._saving: dict[str, tuple[ct.Checkpointer, SaveHandle]] = {}
         self._closers: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
         # strategy="ddp_spawn" pickles the Trainer, plugin included, to the new processes;
@@ -353,7 +354,10 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
     def _reap(self, *, wait: bool = False) -> None:
         """Close the Checkpointers of async saves that are done (with ``wait``: wait for
         those in flight, and for the closing of committed ones), then raise the first
-        failure among them."""
+        failure among them. In a forked child (``strategy="ddp_fork"``), the parent's saves
+        are the parent's: the child starts with none."""
+        if os.getpid() != self._pid:
+            self._start()
         with self._lock:
             done = [r for r, (_, h) in self._saving.items() if wait or h.done()]
             closing = [self._saving.pop(r)[0] for r in done]

@@ -279,3 +279,34 @@ def test_a_stub_temp_file_of_a_killed_process_is_removed(tmp_path: Path) -> None
     assert sorted(p.name for p in ckpts.iterdir()) == sorted(
         [f".last.ckpt.ckptio-tmp-{here}-1", other, "last.ckpt"]
     )
+
+
+def test_what_is_not_a_ckptio_checkpoint_is_named_not_read(tmp_path: Path) -> None:
+    """A ``torch.save`` file (Lightning's default plugin wrote it) is refused without being
+    unpickled; a file that is no stub says so; a path never saved is "not found" as
+    Lightning's default plugin says it; a path outside ``base`` is refused."""
+    io = CkptioCheckpointIO()
+    torch_file = tmp_path / "old.ckpt"
+    torch.save({"state_dict": {}}, torch_file)
+    with pytest.raises(errors.InvalidArgumentError, match=r"torch\.save file"):
+        io.load_checkpoint(torch_file)
+    other = tmp_path / "notes.ckpt"
+    other.write_text("hello")
+    with pytest.raises(errors.InvalidArgumentError, match="not a ckptio checkpoint stub"):
+        io.load_checkpoint(other)
+    with pytest.raises(FileNotFoundError, match="Checkpoint file not found"):
+        io.load_checkpoint(tmp_path / "never.ckpt")
+    scoped = CkptioCheckpointIO(f"file://{tmp_path}/store", base=tmp_path / "run")
+    with pytest.raises(errors.InvalidArgumentError, match="not below base"):
+        scoped.save_checkpoint({"w": torch.ones(1)}, tmp_path / "elsewhere" / "x.ckpt")
+    with pytest.raises(errors.InvalidArgumentError, match="needs url"):
+        CkptioCheckpointIO(base=tmp_path)
+
+
+def test_lightning_paths_are_read_as_fsspec_reads_them() -> None:
+    from ckptio.registry import from_fsspec_url
+
+    assert from_fsspec_url("memory://run/last.ckpt") == "fsspec+memory://run/last.ckpt"
+    assert from_fsspec_url("gs://bucket/run") == "fsspec+gs://bucket/run"
+    for same in ("/abs/last.ckpt", "rel/last.ckpt", "file:///abs", "s3://bucket/run", "pfs:///x"):
+        assert from_fsspec_url(same) == same
