@@ -497,7 +497,7 @@ class TieredCheckpointer:
         """Save ``state`` as ``step`` on the fast tier (returns when it is committed there, or
         after the snapshot with ``async_save``); drain it if it is chosen (see the module
         docstring). Every rank calls it together."""
-        fmt.step_dir(step)
+        step = fmt.as_step(step)
         t0 = time.perf_counter()
         self.fast.wait()  # the previous save's commit (raising its failure): its drain may start
         chosen = self._saves % self.persist_every == 0
@@ -827,9 +827,9 @@ class TieredCheckpointer:
         """The state of the newest step complete for every rank (or of ``step``), read from
         the fast tier where this rank has it, else from the durable tier (see the module
         docstring). Every rank calls it together."""
-        self.fast.wait()
         if step is not None:
-            fmt.step_dir(step)
+            step = fmt.as_step(step)
+        self.fast.wait()
         skip: set[int] = set()
         for _ in range(_RELISTS):
             choice = self._choose(

@@ -606,7 +606,7 @@ def open_checkpoint(
     """Open the checkpoint of ``step`` (default: the newest complete one) for reading."""
     store = open_store(url, **options)
     if step is not None:
-        fmt.step_dir(step)
+        step = fmt.as_step(step)
         try:
             return CheckpointReader(store, step, read_manifest(store, step))
         except errors.NotRegularFileError:
