@@ -55,6 +55,7 @@ tier when the step was drained, else from that rank's root if this process can r
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import secrets
@@ -89,7 +90,8 @@ from ckptio.checkpoint.write import (
 from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.forked import ForkedWriter
 from ckptio.lease import RETIRE_GRACE_SECONDS, SaveLease
-from ckptio.registry import open_store
+from ckptio.redact import redact_url
+from ckptio.registry import location, open_store
 from ckptio.store import Store, option_int
 
 log = logging.getLogger(__name__)
@@ -485,6 +487,7 @@ class TieredCheckpointer:
         )
         self.fast.protected = self._protected
         self.fast.per_rank = self.per_rank
+        self._claim_fast_root()
         self._lock = threading.Lock()
         self._saves = 0
         self._drains: list[DrainHandle] = []  # queued or running, in order
@@ -493,6 +496,28 @@ class TieredCheckpointer:
         self._durable_steps: set[int] = set()  # steps this Checkpointer's drains committed
         self._drain_comm: Communicator | None = None
         self._executor: ThreadPoolExecutor | None = None
+
+    def _claim_fast_root(self) -> None:
+        """Collective: every rank's fast root is this job's (its owner record names this
+        durable root, or is written now), or every rank raises the same error."""
+        refusal: tuple[str, str] = ("", "")  # (why, "refused" or "failed")
+        try:
+            why = claim_fast_root(self.fast.store, location(self.store.url))
+            refusal = (why, "refused")
+        except errors.CkptioError as err:
+            where = f"{self.fast.store.url}/{OWNER_KEY}"
+            refusal = (
+                f"local: the fast root's owner record {where} cannot be read: {err}",
+                "failed",
+            )
+        if self.comm.size > 1:
+            refusals = self.comm.gather(refusal, root=0)
+            refusal = self.comm.bcast(next((r for r in refusals or () if r[0]), ("", "")), root=0)
+        why, how = refusal
+        if why:
+            self.fast.close()
+            self.durable.close()
+            raise (errors.InvalidArgumentError if how == "refused" else errors.StorageError)(why)
 
     # -- saving -----------------------------------------------------------------------------
     def save(
@@ -935,6 +960,62 @@ class TieredCheckpointer:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         close_on_exit(self.close, exc_type)
+
+
+OWNER_KEY = "fast-tier-owner.json"
+"""The object at a fast root that names the durable root it serves (outside every step: gc
+and retention, which look under ``step-*``, never touch it)."""
+OWNER_KIND = "ckptio-fast-tier"
+_MAX_OWNER_BYTES = 64 << 10
+
+
+def claim_fast_root(store: Store, owner: str) -> str:
+    """Make the fast root ``store`` this job's: ``""`` when its owner record names ``owner``
+    (the durable root's :func:`~ckptio.registry.location`), or did not exist and now does
+    (published create-if-absent, so of two jobs claiming a new root at once one wins); else
+    why it is not. A root with steps but no record (an older ckptio's) is adopted, with a
+    warning naming its steps."""
+    for _ in range(3):
+        try:
+            size = store.size(OWNER_KEY)
+            data = store.get(OWNER_KEY) if size <= _MAX_OWNER_BYTES else b""
+        except errors.NotRegularFileError:
+            raise
+        except FileNotFoundError:
+            steps = committed_steps(store)
+            doc = {"kind": OWNER_KIND, "durable": owner}
+            try:
+                store.publish(OWNER_KEY, json.dumps(doc).encode(), overwrite=False)
+            except errors.AlreadyExistsError:
+                continue  # another job (or rank) claimed it meanwhile: read its record
+            if steps:
+                log.warning(
+                    "the fast root %s holds steps %s with no owner record (an older ckptio's); "
+                    "this job, whose durable root is %s, takes them as its own",
+                    store.url,
+                    steps,
+                    owner,
+                )
+            return ""
+        try:
+            doc = json.loads(data)
+            recorded = doc["durable"] if doc.get("kind") == OWNER_KIND else None
+        except (ValueError, TypeError, KeyError, AttributeError):
+            recorded = None
+        if not isinstance(recorded, str):
+            return (
+                f"local: {store.url}/{OWNER_KEY} is not a fast tier's owner record; whose "
+                "fast root this is cannot be told: give this job a fast root of its own"
+            )
+        if recorded != owner:
+            return (
+                f"local: the fast root {store.url} belongs to the job whose durable root is "
+                f"{redact_url(recorded)}, not {redact_url(owner)}: a fast root serves one job "
+                "(its steps, retention and drains are that job's); give each job its own (a "
+                "directory per job on the node's disk)"
+            )
+        return ""
+    return f"local: {store.url}/{OWNER_KEY} keeps changing; is another job claiming it?"
 
 
 _CALLERS_FAULT = (errors.InvalidArgumentError, errors.InsufficientMemoryError)

@@ -733,3 +733,83 @@ def test_a_restore_with_the_durable_tier_down_reads_the_fast_tier(tmp_path, monk
             ),
         ):
             c.load()
+
+
+# -- a fast root belongs to one job ----------------------------------------------------------------
+
+
+def test_a_second_job_on_the_same_fast_root_is_refused_and_the_first_keeps_its_steps(tmp_path):
+    """Job A's fast root named by job B (another durable root): B is refused at once, naming
+    both durable roots, before it saves, retires or restores anything there; A restores its
+    own newest step and its drains go on. Before, B's save became what A restored, and B's
+    retention retired steps A was draining."""
+    shared = f"file://{tmp_path}/shared"
+    a_url, b_url = f"file://{tmp_path}/job-a", f"file://{tmp_path}/job-b"
+    with ckptio.Checkpointer(a_url, local=shared, keep_last_local=1) as a:
+        first = a.save(expected_state(1), 1)
+        with pytest.raises(
+            errors.InvalidArgumentError,
+            match=rf"the fast root {shared} belongs to the job whose durable root is "
+            rf"file://{tmp_path}/job-a, not file://{tmp_path}/job-b: a fast root serves one job",
+        ):
+            ckptio.Checkpointer(b_url, local=shared, keep_last_local=1)
+        second = a.save(expected_state(2), 2)
+        assert [h.wait_drain().status for h in (first, second)] == ["durable", "durable"]
+        assert state_mismatch(a.load(), expected_state(2)) is None
+    assert not (tmp_path / "job-b").exists() or not any((tmp_path / "job-b").rglob("*.json"))
+    # the same job under another spelling of its durable root is the same job
+    with ckptio.Checkpointer(str(tmp_path / "job-a") + "/", local=shared) as again:
+        assert state_mismatch(again.load(), expected_state(2)) is None
+
+
+def _claim_in_a_process(durable: str, roots: list[str], barrier, results) -> None:
+    for fast in roots:
+        barrier.wait(60)  # both processes claim the same new root at once
+        try:
+            ckptio.Checkpointer(durable, local=fast).close()
+            results.put((fast, durable, ""))
+        except errors.InvalidArgumentError as err:
+            results.put((fast, durable, str(err)))
+
+
+def test_two_jobs_claiming_a_new_fast_root_at_once_one_wins(tmp_path):
+    """Two processes (two jobs) construct their tiered checkpointers on the same new fast
+    root at the same moment, round after round: each time exactly one owns it and the other
+    is refused naming the winner's durable root."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    roots = [f"file://{tmp_path}/fast-{i}" for i in range(6)]
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    jobs = [
+        ctx.Process(
+            target=_claim_in_a_process, args=(f"file://{tmp_path}/{n}", roots, barrier, results)
+        )
+        for n in ("job-a", "job-b")
+    ]
+    for p in jobs:
+        p.start()
+    got = [results.get(timeout=120) for _ in range(2 * len(roots))]
+    for p in jobs:
+        p.join(60)
+        assert p.exitcode == 0
+    for fast in roots:
+        outcome = {durable: err for root, durable, err in got if root == fast}
+        winners = [d for d, err in outcome.items() if not err]
+        assert len(winners) == 1, outcome
+        loser = next(err for err in outcome.values() if err)
+        assert f"durable root is {winners[0]}" in loser, loser
+
+
+def test_a_fast_root_without_an_owner_record(tmp_path, caplog):
+    """Steps of an older ckptio's fast root (no owner record) are adopted with a warning that
+    names them; an owner record that is not one is refused, not overwritten."""
+    with tiered(tmp_path) as c:
+        c.save(expected_state(1), 1)
+    (tmp_path / "fast" / "fast-tier-owner.json").unlink()
+    with caplog.at_level("WARNING"), tiered(tmp_path) as c:
+        assert state_mismatch(c.load(), expected_state(1)) is None
+    assert "holds steps [1] with no owner record" in _warnings(caplog)
+    (tmp_path / "fast" / "fast-tier-owner.json").write_text('{"kind": "something else"}')
+    with pytest.raises(errors.InvalidArgumentError, match="is not a fast tier's owner record"):
+        tiered(tmp_path)
