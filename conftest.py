@@ -68,8 +68,9 @@ _IGNORED_WARNINGS = (
     ("ignore", "torch.distributed is disabled", UserWarning, ""),
     # lightning 2.6 against torch 2.13's pytree API, and Lightning's own advice at fit()
     ("ignore", "`isinstance", FutureWarning, ""),
-    ("ignore", "", UserWarning, r"(pytorch_)?lightning\."),
-    ("ignore", "", DeprecationWarning, r"(pytorch_)?lightning\."),
+    # (and lightning_fabric's advice to use srun, where Slurm is installed, as on CI)
+    ("ignore", "", UserWarning, r"(pytorch_)?lightning(_fabric)?\."),
+    ("ignore", "", DeprecationWarning, r"(pytorch_)?lightning(_fabric)?\."),
 )
 
 
