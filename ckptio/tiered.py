@@ -507,7 +507,7 @@ class TieredCheckpointer:
         except errors.CkptioError as err:
             where = f"{self.fast.store.url}/{OWNER_KEY}"
             refusal = (
-                f"local: the fast root's owner record {where} cannot be read: {err}",
+                f"local: the fast root's owner record {where} cannot be read or written: {err}",
                 "failed",
             )
         if self.comm.size > 1:
