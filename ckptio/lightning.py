@@ -476,7 +476,13 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
                     f"{os.fspath(path)}: no committed ckptio checkpoint at {ck.store.url}: its "
                     "first save was interrupted, or runs in another process"
                 )
-            state: dict[str, Any] = ct.decode(ct.to_torch(ck.open().state(), device=device))
+            state = ct.decode(ct.to_torch(ck.open().state(), device=device))
+            if not isinstance(state, dict):  # damaged or foreign: not Lightning's dict
+                raise errors.ManifestError(
+                    f"{ck.store.url}: a Lightning checkpoint is a dict, this one holds a "
+                    f"{type(state).__name__}",
+                    field="tree",
+                )
         return state
 
     def remove_checkpoint(self, path: Any) -> None:

@@ -55,6 +55,7 @@ __all__ = [
     "backends",
     "from_fsspec_url",
     "load_backend",
+    "location",
     "open_store",
     "parse_url",
     "split_url",
@@ -428,6 +429,22 @@ def from_fsspec_url(url: str | os.PathLike[str]) -> str:
     if scheme not in fsspec.available_protocols():
         return url
     return f"fsspec+{scheme}{url[m.end(1) :]}"
+
+
+def location(url: str | os.PathLike[str]) -> str:
+    """Where ``url``'s objects live, the same whichever client or spelling reaches them: a
+    local directory's real path (``file:///data/run``, ``pfs:///data/run``, ``data/run``, a
+    symlink to it: ``file:///data/run``), a bucket's prefix whichever S3 client
+    (``s3+obstore://b/run/`` and ``fsspec+s3://b/run``: ``s3://b/run``), a wrapped URL's
+    (``shaped+<url>``) own. No credentials, options or endpoint: what a tiered checkpointer
+    records as the owner of its fast root."""
+    loc = parse_url(url)
+    while loc.inner is not None:
+        loc = loc.inner
+    if loc.local:
+        return f"file://{os.path.realpath(loc.path)}"
+    family = loc.protocol or loc.scheme.split("+")[0]
+    return f"{family}://{loc.host}/{loc.prefix}"
 
 
 def split_url(url: str | os.PathLike[str]) -> tuple[str, str, dict[str, str]]:
