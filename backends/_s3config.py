@@ -206,7 +206,6 @@ class OptionSpellings(TypedDict, total=False):
     profile_name: str
     client_kwargs: Mapping[str, Any]
     config_kwargs: Mapping[str, Any]
-    use_ssl: bool | str
 
 
 def given(

@@ -198,15 +198,20 @@ def _local_path(path: str) -> str | None:
     return loc.path if loc.local else None
 
 
-def _make_visible(path: str) -> None:
-    """Make the Lightning path ``path`` exist as Lightning sees paths (through fsspec): a
-    directory on a local or fsspec in-memory filesystem. On object storage a prefix exists
-    only once an object is under it, which for an async save is its lease, published first
-    by the background thread."""
+def _make_visible(path: str, local_root: str | None) -> None:
+    """Make the Lightning path ``path`` exist as Lightning sees paths (through fsspec), where
+    an empty directory can exist: the root's local directory (``local_root``), or a directory
+    of fsspec's in-memory filesystem. Nothing is made on object storage (a prefix exists once
+    an object is under it: for an async save, its lease, which its thread stores first; and
+    s3fs's ``makedirs`` would create a missing bucket)."""
+    if local_root is not None:
+        os.makedirs(local_root, exist_ok=True)
+        return
     import fsspec  # Lightning's own dependency: its view of paths
+    from fsspec.implementations.memory import MemoryFileSystem
 
     fs, fs_path = fsspec.core.url_to_fs(path)
-    with contextlib.suppress(OSError, NotImplementedError):
+    if isinstance(fs, MemoryFileSystem):
         fs.makedirs(fs_path, exist_ok=True)
 
 
@@ -440,7 +445,7 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
             if stub is not None:
                 self._write_stub(stub, root, step)
             else:  # the path exists for Lightning now, also before an async commit
-                _make_visible(lightning_path)
+                _make_visible(lightning_path, ck.store.local_path)
         except BaseException:
             _ROOTS.release(root)
             raise
