@@ -51,7 +51,8 @@ progress on it, in any thread of the process and through any plugin instance: a 
 second Trainer in the same process, too) waits for its commit. When ``save_checkpoint``
 returns, the path exists for Lightning's own checks (``ModelCheckpoint``'s version counter
 asks fsspec): the root's directory, or the stub, is there — for an async save, before its
-commit. A process killed before a path's *first* commit leaves that path existing with
+commit (on object storage without a ``url``, once the save's first object, its lease, is
+stored: a prefix exists only with an object under it). A process killed before a path's *first* commit leaves that path existing with
 nothing committed; loading it says so (:class:`~ckptio.errors.NotFoundError`). A path that is
 a symbolic link (``save_last="link"``) is removed as a link, never followed; a save to it
 replaces the link.
@@ -63,8 +64,9 @@ with ``trainer.fit(model, ckpt_path=path)`` / ``ckpt_path="last"``, which go thr
 plugin.
 
 **Resuming with ``ckpt_path="last"``.** Lightning looks for ``last*.ckpt`` by listing the
-``ModelCheckpoint``'s directory with fsspec. With ``url=None`` the roots are there. With a
-``url`` the stubs are; on a machine without them (a fresh node resuming from ``s3://``), call
+``ModelCheckpoint``'s directory with fsspec. With ``url=None`` the roots are there (but
+Lightning's lookup drops the scheme of a directory that is a URL, ``s3://`` or
+``memory://``, and finds nothing, with its default plugin too). With a ``url`` the stubs are; on a machine without them (a fresh node resuming from ``s3://``), call
 ``io.restore_stubs(dirpath)`` before ``fit`` (it writes the stub of every checkpoint
 committed under the URL for that directory), or pass the path explicitly:
 ``ckpt_path="<dirpath>/last.ckpt"`` loads its root whether or not the stub exists.
