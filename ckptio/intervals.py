@@ -67,11 +67,15 @@ T975 = (
 
 
 def t_quantile(df: int) -> float:
-    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (>= 1); beyond 30 the
-    normal's 1.960 (within 2% of t)."""
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (>= 1): the table up
+    to 30, beyond it the normal's 1.960 corrected to first order in ``1/df`` (Cornish-Fisher:
+    ``z + (z^3 + z) / (4 df)``, within 0.2% of t)."""
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    return T975[df - 1] if df <= len(T975) else 1.960
+    if df <= len(T975):
+        return T975[df - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df)
 
 
 @dataclass(frozen=True, slots=True)

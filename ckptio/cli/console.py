@@ -669,7 +669,7 @@ def projection_sheet(proj: list[dict[str, Any]]) -> Sheet:
             "binding limit": p["binding_detail"].split(": ", 1)[-1]
             if done
             else "see below"
-            if p.get("refusal")
+            if p.get("refusal") and p.get("kind") != "mock"
             else p["binding_detail"],
             "drain": figure_text(p, "drain_seconds", "s", short=True) if done else "-",
             "restore": figure_text(p, "restore_seconds", "s", short=True) if done else "-",

@@ -135,7 +135,7 @@ def compute(paths: Sequence[str], scenario: Scenario, *, title: str) -> Report:
     )
 
 
-def _image(r: Report, name: str, caption: str) -> list[Image]:
+def _image(r: Report, name: str, caption: str) -> list[Paragraphs | Table | Image]:
     if name not in r.plots:
         return []
     return [Image(os.path.basename(r.plots[name][0]), caption, name)]

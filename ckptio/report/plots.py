@@ -459,7 +459,7 @@ def plot_cost(proj: Sequence[Mapping[str, Any]], path: str) -> Drawn | None:
         background = p.get("drain_seconds") or (
             p["blocking_stall_seconds"] if p.get("async_save") else 0.0
         )
-        base = p.get("snapshot_seconds") if p.get("async_save") else p["write_seconds"]
+        base = float(p["snapshot_seconds"] if p.get("async_save") else p["write_seconds"])
 
         def lost(
             ts: list[float], p: Mapping[str, Any] = p, base: float = base, bg: float = background

@@ -75,7 +75,8 @@ def figure_text(row: Mapping[str, Any], key: str, unit: str, *, short: bool = Fa
     if lo is None or hi is None:
         return text
     if short:
-        return f"{text} ±{(hi - lo) / 2 / x:.0%}" if x else text
+        rel = (hi - lo) / 2 / x if x else 0.0
+        return f"{text} ±{rel:.0%}" if rel >= 0.005 else f"{text} ±<1%"
     return f"{text} ({value_text(lo, unit)} to {value_text(hi, unit)})"
 
 
