@@ -6,8 +6,8 @@ import math
 import pytest
 
 from ckptio import errors
-from ckptio.cli import main
 from ckptio.calibration import fit_latency_bandwidth
+from ckptio.cli import main
 from ckptio.costmodel import (
     CostModel,
     cost_curve,
@@ -16,8 +16,8 @@ from ckptio.costmodel import (
     overhead_fraction,
     young_interval,
 )
-from ckptio.stallmodel import Workload, estimate
 from ckptio.profiles import load_profile
+from ckptio.stallmodel import Workload, estimate
 from ckptio.units import parse_bandwidth, parse_duration
 
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from ckptio import errors
-from ckptio.stallmodel import Conditions, Workload, estimate
 from ckptio.profiles import load_profile
 from ckptio.registry import open_store
+from ckptio.stallmodel import Conditions, Workload, estimate
 
 # Figures small enough to run in ~1-2 s, large enough that emulated time dominates per-request
 # CPU work and scheduling noise on a busy 2-core machine.

@@ -504,12 +504,22 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
                 cells.append(Styled(cell + " *", "bold") if lim["binding"] else cell)
             att.add(*cells)
         out.sheet(att)
+    for line in _model_lines(targets):
+        out.line(line)
+
+
+def _model_lines(targets: list[dict[str, Any]]) -> list[str]:
+    """The lines under ``ckptio model``'s tables: what would fix each target, its async save,
+    tiers, restart and optimal interval."""
+    from ckptio.units import human_seconds
+
+    lines: list[str] = []
     for t in targets:
         if t.get("write", {}).get("remedy"):
-            out.line(f"{t['target']}: what would fix it: {t['write']['remedy']}")
+            lines.append(f"{t['target']}: what would fix it: {t['write']['remedy']}")
     for t in targets:
         if t.get("async_save"):
-            out.line(
+            lines.append(
                 f"{t['target']}: async save stalls {human_seconds(t['snapshot_seconds'])} "
                 f"(snapshot at {t['snapshot_bandwidth'] / 1e9:g} GB/s per GPU) instead of "
                 f"{human_seconds(t['blocking_stall_seconds'])}"
@@ -524,7 +534,7 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
             continue
         tiers = t["tiers"]
         fits = "fits" if t["drain_fits_interval"] else "does NOT fit"
-        out.line(
+        lines.append(
             f"{t['target']}: stall {human_seconds(t['write_seconds'])} on {tiers['local']}; drain "
             f"{human_seconds(t['drain_seconds'])} to {tiers['durable']} (bound by {t['drain_binding']}), "
             f"{fits} in {t['persist_every']} \u00d7 {human_seconds(t['interval_seconds'])}; newest "
@@ -551,10 +561,10 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
             line += f"; the restore is bound by {t['restore_binding_detail']}"
         elif t.get("restore_binding"):
             line += f"; the restore is bound by the {t['restore_binding']}"
-        out.line(f"{t['target']}: {line}")
+        lines.append(f"{t['target']}: {line}")
     for t in targets:
         if t.get("young_interval_seconds") is not None:
-            out.line(
+            lines.append(
                 f"{t['target']}: optimal interval Young "
                 f"{human_seconds(t['young_interval_seconds'])}, Daly "
                 f"{human_seconds(t['daly_interval_seconds'])} of compute; total overhead "
@@ -562,6 +572,7 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
                 f"{t['overhead_at_optimum']:.2%} at the optimum (restarts of "
                 f"{human_seconds(t['restart_seconds'])} included)"
             )
+    return lines
 
 
 def comparison_sheet(summary: list[dict[str, Any]], title: str = "comparison") -> Sheet:

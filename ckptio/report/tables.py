@@ -61,7 +61,7 @@ def value_text(x: float, unit: str) -> str:
         return f"{x:.3g}"
     if unit == "%":
         return f"{x:.2%}" if x == 0 or x >= 1e-3 else f"{x * 100:.2g}%"
-    return f"{x:,.0f}"
+    return f"{x:,.0f}" if abs(x) >= 100 or x == 0 else f"{x:.3g}"  # money, GPU-hours
 
 
 def figure_text(row: Mapping[str, Any], key: str, unit: str, *, short: bool = False) -> str:
