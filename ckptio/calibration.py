@@ -533,20 +533,30 @@ def calibrate(requests: Any, runs: Any, phases: Any = ()) -> list[Calibration]:
     return [f.pooled for f in fit_targets(requests, runs, phases) if f.pooled is not None]
 
 
-def fit_targets(requests: Any, runs: Any, phases: Any = ()) -> list[TargetFit]:
-    """:func:`fit_target` of each target in result tables."""
+def fit_targets(
+    requests: Any, runs: Any, phases: Any = (), sessions: Mapping[str, str] | None = None
+) -> list[TargetFit]:
+    """:func:`fit_target` of each target in result tables, separately per session
+    (``sessions``: run_id -> session, :meth:`ckptio.results.Results.sessions`; a target
+    measured in several is named with each session's time)."""
+    from ckptio.results import session_name
 
     def rows(t: Any) -> list[dict[str, Any]]:
         return t.to_pylist() if hasattr(t, "to_pylist") else list(t)
 
     req, run_rows, phase_rows = rows(requests), rows(runs), rows(phases)
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in run_rows:
+        session = (sessions or {}).get(r["run_id"], "")
+        groups.setdefault((r["target"], session), []).append(r)
+    several = {t for t, _ in groups if sum(1 for u, _ in groups if u == t) > 1}
     out = []
-    for target in sorted({r["target"] for r in run_rows}):
-        mine = [r for r in run_rows if r["target"] == target]
+    for (target, session), mine in sorted(groups.items()):
         ids = {r["run_id"] for r in mine}
+        name = f"{target} [{session_name(session)}]" if target in several else target
         out.append(
             fit_target(
-                target,
+                name,
                 [r for r in req if r["run_id"] in ids],
                 mine,
                 [p for p in phase_rows if p["run_id"] in ids],
@@ -560,7 +570,8 @@ def calibrate_results(paths: list[str]) -> list[TargetFit]:
     from ckptio.results import read_results
 
     res = read_results(paths)
-    fits = [f for f in fit_targets(res.requests, res.runs, res.phases) if f.pooled is not None]
+    fits = fit_targets(res.requests, res.runs, res.phases, res.sessions())
+    fits = [f for f in fits if f.pooled is not None]
     if not fits:
         raise errors.InvalidArgumentError(
             f"no measured write requests in {', '.join(map(str, paths))} to fit a profile from"

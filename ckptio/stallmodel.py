@@ -749,8 +749,8 @@ def evaluate(
     target per bandwidth), or a ``workload`` with ``profiles`` (one target per profile,
     :func:`project`; with ``local``, a fast tier's profile, each also gets a tiered target
     drained to it, ``<profile>+<local>``, after its own). The result has one entry per target
-    under ``targets`` and, at the top level, the first target's figures. Every figure derived
-    from a profile is a projection.
+    under ``targets`` and, at the top level, the first projected target's figures. Every
+    figure derived from a profile is a projection.
 
     GPUs: ``conditions.gpus``, else the workload's, else 1; ``gpus_from`` says which
     (``given``, ``workload``, ``assumed``) and is in the result with ``gpus``. ``measured``:
@@ -780,13 +780,11 @@ def evaluate(
     out: dict[str, Any] = {}
     if workload is not None:
         out["workload"] = asdict(workload)
+    shown = next((t for t in targets if "refusal" not in t), targets[0])
     out.update(
-        {
-            k: v
-            for k, v in targets[0].items()
-            if k not in ("profile", "local_profile", "write", "read")
-        }
+        {k: v for k, v in shown.items() if k not in ("profile", "local_profile", "write", "read")}
     )
+    out["gpus"] = gpus
     out["gpus_from"] = gpus_from
     out["targets"] = targets
     return out

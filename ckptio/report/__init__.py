@@ -217,7 +217,12 @@ def sections(r: Report) -> list[Section]:
     price = r.scenario.price
     points = any(s["point"] for s in r.summary)
     notes = [n for p in r.projections for n in p.get("notes") or []]
-    cols = projection_columns(price)
+    several = len({(p["preset"], p["gpus"]) for p in r.projections}) > 1
+    cols = projection_columns(price, workload=several)
+    first = r.projections[0] if r.projections else {}
+    workload_words = (
+        "" if several or not first else f" — {first['preset']} on {first['gpus']:,} GPUs"
+    )
     out = [
         Section(
             "conclusion",
@@ -230,7 +235,7 @@ def sections(r: Report) -> list[Section]:
         ),
         Section(
             "projection",
-            "Full-scale projection (model)",
+            f"Full-scale projection (model){workload_words}",
             [
                 Paragraphs(
                     [
@@ -245,7 +250,7 @@ def sections(r: Report) -> list[Section]:
                 ),
                 Table(
                     [c.header for c in cols],
-                    [projection_cells(p, price) for p in r.projections],
+                    [projection_cells(p, price, workload=several) for p in r.projections],
                     ["projected"] * len(r.projections),
                 ),
             ],
@@ -303,19 +308,19 @@ def sections(r: Report) -> list[Section]:
     return [s for s in out if s.blocks]
 
 
-def _intro(r: Report, files: int) -> list[str]:
+def _intro(r: Report) -> list[str]:
     from ckptio.results import session_name
 
-    text = f"Runs from {len({t['target'] for t in r.targets})} target(s)"
+    text = f"Runs of {len({t['target'] for t in r.targets})} target(s)"
     if r.sites:
-        text += f" at site(s) {', '.join(r.sites)}"
+        text += f" at {'sites' if len(r.sites) > 1 else 'site'} {', '.join(r.sites)}"
     if len(r.sessions) > 1:
         text += (
-            f"; **{len(r.sessions)} separate sessions merged on purpose**, each target shown "
-            "once per session, labelled with its time: "
-            + ", ".join(session_name(s) for s in r.sessions)
+            f"; **{len(r.sessions)} separate sessions merged on purpose**: a target measured in "
+            "several is shown once per session, labelled with its time, never averaged across "
+            "them; sessions: " + ", ".join(session_name(s) for s in r.sessions)
         )
-    return [text + f" ({files} result file(s))."]
+    return [text + "."]
 
 
 def build_report(
@@ -339,7 +344,7 @@ def build_report(
     if not r.plots_missing:
         _plots(r, out_dir)
     secs = sections(r)
-    intro = _intro(r, len(paths))
+    intro = _intro(r)
     if r.plots_missing:
         intro.append(f"Plots not drawn: {r.plots_missing}.")
     with open(os.path.join(out_dir, "report.md"), "w", encoding="utf-8") as f:

@@ -41,7 +41,7 @@ __all__ = [
 #: Full-scale projection used when none is asked for: GPT-3 175B as its preset lays it out.
 DEFAULT_PROJECTIONS = ("gpt3-175b",)
 
-DETERMINISTIC = "deterministic: the profile's figures are the model's inputs (no interval)"
+DETERMINISTIC = "deterministic: from the profile (its figures are the inputs; no interval)"
 """What an emulated target's projection says instead of an interval."""
 
 
@@ -86,7 +86,7 @@ def _how(cal: Any, what: str) -> str:
 def _refused(head: dict[str, Any], why: str, basis: str = "") -> dict[str, Any]:
     return {
         **head,
-        "profile": why,
+        "profile": "-",
         "write_seconds": None,
         "binding_detail": why,
         "refusal": why,
@@ -195,7 +195,7 @@ def _row(t: Mapping[str, Any], w: Workload, c: Conditions, head: dict[str, Any])
     done = _flat(project_rounds(w, c, (s.profile, s.local), s.rounds, what=t["name"]))
     if done.get("refusal"):
         return _refused(head, done["refusal"])
-    basis = f"measured: {done['interval']}" if s.rounds else DETERMINISTIC
+    basis = f"measured, {done['rounds']} rounds: 95% interval" if s.rounds else DETERMINISTIC
     return {**done, **head, "kind": s.kind, "profile": s.how, "basis": basis, "notes": s.notes}
 
 

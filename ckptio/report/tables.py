@@ -77,7 +77,10 @@ def figure_text(row: Mapping[str, Any], key: str, unit: str, *, short: bool = Fa
     if short:
         rel = (hi - lo) / 2 / x if x else 0.0
         return f"{text} ±{rel:.0%}" if rel >= 0.005 else f"{text} ±<1%"
-    return f"{text} ({value_text(lo, unit)} to {value_text(hi, unit)})"
+    low, high = value_text(lo, unit), value_text(hi, unit)
+    if low == high == text:  # a figure the rounds do not move (a snapshot, say)
+        return f"{text} (±0)"
+    return f"{text} ({low} to {high})"
 
 
 COST_PARTS = ("stall", "rework", "restart", "lost")
@@ -137,11 +140,15 @@ def _cost_columns(price: float) -> list[Column]:
     return out
 
 
-def projection_columns(price: float) -> list[Column]:
+def projection_columns(price: float, *, workload: bool = True) -> list[Column]:
     """The full-scale projection table's columns (costs in price units, or GPU-hours without
-    a price)."""
+    a price; the workload column only with ``workload``, when a table holds several)."""
     return [
-        Column("workload", "", text=lambda p: f"{p['preset']} on {p['gpus']:,} GPUs"),
+        *(
+            [Column("workload", "", text=lambda p: f"{p['preset']} on {p['gpus']:,} GPUs")]
+            if workload
+            else []
+        ),
         Column("target", "target"),
         Column("basis", "basis"),
         Column("projected with", "profile"),
@@ -156,10 +163,10 @@ def projection_columns(price: float) -> list[Column]:
     ]
 
 
-def projection_cells(p: Mapping[str, Any], price: float) -> list[str]:
+def projection_cells(p: Mapping[str, Any], price: float, *, workload: bool = True) -> list[str]:
     """A row of the full-scale projection table (:func:`projection_columns`); a target not
     projected shows why in its binding-limit cell."""
-    cols = projection_columns(price)
+    cols = projection_columns(price, workload=workload)
     if p.get("refusal") or not p.get("write_seconds"):
         why = p.get("refusal") or p.get("binding_detail") or "-"
         return [
