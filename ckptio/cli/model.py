@@ -292,16 +292,18 @@ def model_result(args: argparse.Namespace) -> dict[str, Any]:
     measured: list[dict[str, Any]] = []
     fits = calibrate_results(args.from_results) if args.from_results else []
     for fit in fits:
+        assert fit.pooled is not None  # calibrate_results keeps only fits with data
+        kind = "mock" if fit.pooled.mock else "emulated" if fit.pooled.emulated else "measured"
         if fit.refusal:
             measured.append(
-                {"target": f"measured:{fit.target}", "kind": "measured", "refusal": fit.refusal}
+                {"target": f"measured:{fit.target}", "kind": kind, "refusal": fit.refusal}
             )
             continue
         pooled, rounds = fit_profiles(fit, overrides)
         entry = project_rounds(
             workload, c, (pooled, local), [(p, local) for p in rounds], what=fit.target
         )
-        measured.append({**entry, "kind": "measured", "notes": fit.notes})
+        measured.append({**entry, "kind": kind, "notes": fit.notes})
     profiles = _profiles_from_args(args.profile, overrides) if args.profile or not fits else []
     result = evaluate(
         workload=workload,
