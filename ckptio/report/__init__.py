@@ -281,7 +281,7 @@ def sections(r: Report) -> list[Section]:
                         "brackets (none with one round); a run's first round is left out when "
                         "it is a warm-up. **measured**: real storage. **emulated** (orange rows): "
                         "the shaped backend imposing a storage profile by sleeping, not the real "
-                        "service. **mock** (grey rows): moto, *not a performance figure*."
+                        "service. **mock** (grey rows): moto, not a performance figure."
                     ]
                 ),
                 Table(

@@ -117,8 +117,10 @@ def conclusion(
                 "saves themselves. A faster storage shortens the stall, which lets the job "
                 "checkpoint more often, and that is where most of the saving is."
             )
-    for name, srows in sens.items():
-        top = [r for r in srows if r["swing"] > 0]
+    # in words for the target that loses least (what a reader would choose), else the first
+    order = [p["name"] for p in done if p["name"] in sens] + list(sens)
+    for name in dict.fromkeys(order):
+        top = [r for r in sens[name] if r["swing"] > 0]
         if not top:
             continue
         measurable = [r for r in top if r["assumption"] != "price"]

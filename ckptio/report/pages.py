@@ -60,10 +60,6 @@ _CSS = (
 )
 
 
-def _bold_md(text: str) -> str:
-    return text
-
-
 def _bold_html(text: str) -> str:
     return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
 
@@ -77,9 +73,9 @@ def render_markdown(title: str, intro: list[str], sections: list[Section]) -> st
         for b in s.blocks:
             if isinstance(b, Paragraphs):
                 if b.bullets:
-                    out += [f"- {_bold_md(t)}" for t in b.texts] + [""]
+                    out += [f"- {t}" for t in b.texts] + [""]
                 else:
-                    out += [line for t in b.texts for line in (_bold_md(t), "")]
+                    out += [line for t in b.texts for line in (t, "")]
             elif isinstance(b, Table):
                 out += [md_table(b.header, b.rows), ""]
             else:
