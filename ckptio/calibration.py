@@ -20,9 +20,12 @@ larger, so they must be the storage's steady figures, not a start-up's:
 - *halves*: within each round, the second half of the bytes must go at the first half's
   rate, within :data:`HALVES_TOLERANCE` (geometric mean over the rounds); a run still
   speeding up or slowing down has not reached steady state;
-- *size*: a round must write for at least :data:`MIN_ROUND_SECONDS` in at least
-  :data:`MIN_ROUND_REQUESTS` data requests, or the halves cannot be told from this machine's
-  timing noise.
+- *size*: a round must write at least :data:`MIN_ROUND_BYTES`, for at least
+  :data:`MIN_ROUND_SECONDS`, in at least :data:`MIN_ROUND_REQUESTS` data requests. Smaller
+  rounds write objects of a few MiB whose fixed costs (create, fsync, rename: milliseconds
+  each on a busy machine) weigh several times more than in a full-scale checkpoint's, and a
+  busy machine can stretch such a round past the time floor while making it slower, not
+  steadier; and the halves cannot be told from the timing noise.
 
 **Rounds and intervals.** At least :data:`MIN_ROUNDS` steady rounds are needed: each is
 projected on its own, and the spread of those projections gives the interval of the
@@ -47,6 +50,7 @@ __all__ = [
     "HALVES_TOLERANCE",
     "MAX_RELATIVE_INTERVAL",
     "MIN_ROUNDS",
+    "MIN_ROUND_BYTES",
     "MIN_ROUND_REQUESTS",
     "MIN_ROUND_SECONDS",
     "WARMUP_FACTOR",
@@ -66,6 +70,10 @@ __all__ = [
 
 MIN_ROUNDS = 3
 """Steady rounds needed for an interval (two give one degree of freedom: t = 12.7)."""
+MIN_ROUND_BYTES = 128 * 2**20
+"""Bytes a round must write (a floor, an assumption: on the project's 2-core VM a 32 MiB run
+of the local disk projected 3.7x slower than a 256 MiB one, its 2 MiB objects dominated by
+fsync latency; 128 MiB is half of ``ckptio compare``'s default)."""
 MIN_ROUND_SECONDS = 0.1
 """A round's data must take at least this long: shorter, a scheduler's time slices and the
 page cache's writeback bursts on a busy machine are as long as the halves compared."""
@@ -383,16 +391,18 @@ def _refusal(target: str, used: Sequence[Round], halves: float) -> str | None:
     reqs = statistics.median(len(r.writes) for r in used)
     per_round = statistics.median(r.write_bytes for r in used)
     rate = statistics.median(r.throughput for r in used)
-    if span < MIN_ROUND_SECONDS or reqs < MIN_ROUND_REQUESTS:
+    if per_round < MIN_ROUND_BYTES or span < MIN_ROUND_SECONDS or reqs < MIN_ROUND_REQUESTS:
         need = max(
+            MIN_ROUND_BYTES,
             per_round * 2 * MIN_ROUND_SECONDS / max(span, 1e-9),
             per_round * MIN_ROUND_REQUESTS / max(reqs, 1),
         )
         return (
-            f"each round of {target} wrote for {human_seconds(span)} in {reqs:g} data requests: "
-            f"too small to tell whether it reached its steady bandwidth (a round needs "
-            f"{human_seconds(MIN_ROUND_SECONDS)} and {MIN_ROUND_REQUESTS} requests); about "
-            f"{_size_text(need)} per round would do (--total-size {_size_text(need)})"
+            f"each round of {target} wrote {human_size(per_round)} in {human_seconds(span)} and "
+            f"{reqs:g} data requests: too small to show its steady bandwidth (a round needs "
+            f"{human_size(MIN_ROUND_BYTES)}, {human_seconds(MIN_ROUND_SECONDS)} and "
+            f"{MIN_ROUND_REQUESTS} requests); about {_size_text(need)} per round would do "
+            f"(--total-size {_size_text(need)})"
         )
     if math.isfinite(halves) and not 1 / HALVES_TOLERANCE <= halves <= HALVES_TOLERANCE:
         how = "faster" if halves > 1 else "slower"

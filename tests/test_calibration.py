@@ -89,12 +89,18 @@ def test_a_round_too_short_is_refused_with_the_size_that_would_do() -> None:
     # 16 MiB per round at 1 GB/s: 17 ms, far below a tenth of a second
     requests, runs = _rounds([1e9] * 4, parts=8, part=2 * MiB)
     fit = cal.fit_target("disk", requests, runs)
-    assert "too small to tell" in fit.refusal
+    assert "too small to show its steady bandwidth" in fit.refusal
     size = fit.refusal.rsplit("--total-size ", 1)[1].rstrip(")")
     from ckptio.units import parse_size
 
-    # the size named would make a round last at least the minimum
+    # the size named would make a round last at least the minimum, and hold enough bytes
     assert parse_size(size) / 1e9 >= cal.MIN_ROUND_SECONDS
+    assert parse_size(size) >= cal.MIN_ROUND_BYTES
+    # a busy machine stretching a small round past the time floor does not make it large
+    requests, runs = _rounds([0.05e9] * 4, parts=8, part=2 * MiB)
+    fit = cal.fit_target("disk", requests, runs)
+    assert fit.used[0].write_span > cal.MIN_ROUND_SECONDS
+    assert "too small" in fit.refusal
 
 
 def test_a_round_still_speeding_up_is_not_steady() -> None:

@@ -160,6 +160,7 @@ def small_compare(tmp_path_factory):
     from ckptio.compare import CompareWorkload, compare
 
     mp = pytest.MonkeyPatch()
+    mp.setattr(calibration, "MIN_ROUND_BYTES", 0)
     mp.setattr(calibration, "MIN_ROUND_SECONDS", 0.0)
     mp.setattr(calibration, "MIN_ROUND_REQUESTS", 0)
     mp.setattr(calibration, "HALVES_TOLERANCE", math.inf)
