@@ -714,9 +714,9 @@ RUN = ["--preset", "llama3-8b", "--total-size", "8MiB", "--object-size", "1MiB",
 
 def run_cli(url: str, tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
     """``ckptio run URL`` (a small workload), its result files under ``tmp_path``."""
+    out = str(tmp_path / "out")
     return subprocess.run(
-        [sys.executable, "-m", "ckptio.cli", "run", url, *RUN, "--out", str(tmp_path / "out")]
-        + list(args),
+        [sys.executable, "-m", "ckptio.cli", "run", url, *RUN, "--out", out, *args],
         capture_output=True,
         text=True,
         timeout=120,
