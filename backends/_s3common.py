@@ -14,6 +14,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 
 from ckptio import errors
@@ -58,6 +59,22 @@ def check_prefix(prefix: str) -> str:
 def batch_label(names: list[str]) -> str:
     """What a request on several objects reports as its key: the one name, or ``N keys``."""
     return names[0] if len(names) == 1 else f"{len(names)} keys"
+
+
+def timestamp(value: Any) -> float | None:
+    """Unix seconds of a time a client library reports (a ``datetime``, an ISO 8601 string,
+    or seconds), None if it reports none."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if isinstance(value, datetime):
+        if value.tzinfo is None:  # S3 times are UTC
+            value = value.replace(tzinfo=UTC)
+        return value.timestamp()
+    return None
 
 
 def copy_into(out: memoryview, data: Any) -> int:

@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, Literal, Unpack
 
 from ckptio import errors
-from ckptio.store import Capabilities
+from ckptio.store import Capabilities, ObjectStat
 from ckptio.trace import Trace
 
 from . import _s3common as c
@@ -219,11 +219,15 @@ class ArrowStore(c.WholeObjectStore):
         return sorted(self._call("list", prefix, 0, "list", run))
 
     def size(self, key: str) -> int:
+        return self.stat(key).size
+
+    def stat(self, key: str) -> ObjectStat:
+        """One ``get_file_info`` (a HEAD); its ``mtime`` is the server's ``LastModified``."""
         path = self._path(self._full(key))
         info = self._call("head", key, 0, "stat", lambda: self.fs.get_file_info(path))
         if info.type != self._pafs.FileType.File:
             raise errors.NotFoundError(f"{self.where}: no object {key!r}")
-        return int(info.size)
+        return ObjectStat(int(info.size), c.timestamp(info.mtime))
 
     def delete(self, keys: Iterable[str]) -> None:
         # through botocore: pyarrow's delete_file writes a directory marker ("prefix/") when

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Literal, Unpack
 
 from ckptio import errors
 from ckptio.registry import parse_url
-from ckptio.store import Capabilities
+from ckptio.store import Capabilities, ObjectStat
 from ckptio.trace import Trace
 
 from . import _s3common as c
@@ -209,11 +209,17 @@ class FsspecStore(c.WholeObjectStore):
         return sorted(self._call("list", prefix, 0, "list", run))
 
     def size(self, key: str) -> int:
+        return self.stat(key).size
+
+    def stat(self, key: str) -> ObjectStat:
+        """One ``info`` (a HEAD on S3): its ``LastModified`` (s3fs) or ``mtime`` (local)."""
         path = self._path(self._full(key))
         info = self._call("head", key, 0, "stat", lambda: self.fs.info(path))
         if info.get("type") == "directory":
             raise errors.NotFoundError(f"{self.where}: no object {key!r}")
-        return int(info["size"])
+        return ObjectStat(
+            int(info["size"]), c.timestamp(info.get("LastModified", info.get("mtime")))
+        )
 
     def delete(self, keys: Iterable[str]) -> None:
         paths = [self._path(self._full(k)) for k in keys]

@@ -42,6 +42,7 @@ from ckptio.store import (
     Buffer,
     Capabilities,
     NoOptions,
+    ObjectStat,
     PositionalWriter,
     Store,
     Writer,
@@ -1065,6 +1066,15 @@ class LocalStore(Store):
         """Checked as reads are: a path that resolves outside the root is refused
         (:class:`~ckptio.errors.StoragePermissionError`), and anything but a regular file
         is no object (:func:`not_regular`)."""
+        return self._stat_regular(key).st_size
+
+    def stat(self, key: str) -> ObjectStat:
+        """Checked as :meth:`size`; the mtime is stamped by the kernel that wrote the file (an
+        NFS server's; on Lustre and CephFS, the writing client's)."""
+        st = self._stat_regular(key)
+        return ObjectStat(st.st_size, st.st_mtime)
+
+    def _stat_regular(self, key: str) -> os.stat_result:
         path = self._checked_read_path(key)
         with self.trace.request("head", key, backend=self.name):
             try:
@@ -1073,7 +1083,7 @@ class LocalStore(Store):
                 raise os_error(err, path, "stat") from err
             if not stat.S_ISREG(st.st_mode):
                 raise not_regular(path, st.st_mode)
-            return st.st_size
+            return st
 
     def stored_ranges(self, key: str, start: int, end: int) -> Iterator[tuple[int, int]]:
         """The file's data regions within ``start..end`` (and its size), by

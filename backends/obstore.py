@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar, Literal, Unpack
 
 from ckptio import errors
-from ckptio.store import Capabilities
+from ckptio.store import Capabilities, ObjectStat
 from ckptio.trace import Trace
 
 from . import _s3common as c
@@ -164,9 +164,13 @@ class ObstoreStore(c.WholeObjectStore):
         ]
 
     def size(self, key: str) -> int:
+        return self.stat(key).size
+
+    def stat(self, key: str) -> ObjectStat:
+        """One HEAD; ``last_modified`` is the server's clock."""
         full = self._full(key)
         meta = self._call("head", key, 0, "stat", lambda: self._obs.head(self.store, full))
-        return int(meta["size"])
+        return ObjectStat(int(meta["size"]), c.timestamp(meta.get("last_modified")))
 
     def delete(self, keys: Iterable[str]) -> None:
         fulls = [self._full(k) for k in keys]

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, Unpack
 
-from ckptio.store import Capabilities, Writer, option_bool
+from ckptio.store import Capabilities, ObjectStat, Writer, option_bool
 from ckptio.trace import Trace
 
 from . import _s3common as c
@@ -216,11 +216,15 @@ class Boto3Store(c.S3Base):
         return sorted(self._call("list", prefix, 0, "list", run))
 
     def size(self, key: str) -> int:
+        return self.stat(key).size
+
+    def stat(self, key: str) -> ObjectStat:
+        """One HEAD; ``LastModified`` is the server's clock (whole seconds on AWS)."""
         full = self._full(key)
         resp = self._call(
             "head", key, 0, "stat", lambda: self.client.head_object(Bucket=self.bucket, Key=full)
         )
-        return int(resp["ContentLength"])
+        return ObjectStat(int(resp["ContentLength"]), c.timestamp(resp.get("LastModified")))
 
     def delete(self, keys: Iterable[str]) -> None:
         self._delete_objects(self.client, keys)

@@ -47,6 +47,7 @@ from ckptio.registry import open_store, parse_url
 from ckptio.store import (
     Buffer,
     Capabilities,
+    ObjectStat,
     Store,
     Writer,
     as_byte_view,
@@ -340,6 +341,9 @@ class ShapedStore(Store):
 
     def size(self, key: str) -> int:
         return self._metadata("head", key, lambda: self.inner.size(key), read=True)
+
+    def stat(self, key: str) -> ObjectStat:
+        return self._metadata("head", key, lambda: self.inner.stat(key), read=True)
 
     def delete(self, keys: Iterable[str]) -> None:
         keys = list(keys)

@@ -19,6 +19,7 @@ __all__ = [
     "ChecksumError",
     "CkptioError",
     "CorruptCheckpointError",
+    "DamagedCheckpointWarning",
     "InsufficientMemoryError",
     "InvalidArgumentError",
     "ManifestError",
@@ -166,6 +167,12 @@ class InsufficientMemoryError(CkptioError, MemoryError):
 
 class SaveFailedError(CkptioError, RuntimeError):
     """A checkpoint save failed (on this rank or another); nothing was committed."""
+
+
+class DamagedCheckpointWarning(UserWarning):
+    """A load of the newest checkpoint skipped a newer one that is damaged (an object its
+    manifest names is missing, unreadable or fails its CRC) and loaded an older one; the
+    message names the skipped step and the object."""
 
 
 def missing_package(err: ImportError, *, extra: str, purpose: str) -> BackendUnavailableError:

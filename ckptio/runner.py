@@ -64,7 +64,7 @@ import resource
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,10 +86,11 @@ from ckptio.checkpoint import (
     pack_pieces,
     place_shared_region,
     pwrite_pieces,
+    read_manifest,
     write_rank_shards,
 )
 from ckptio.dist import Communicator, detect
-from ckptio.lease import SaveLease
+from ckptio.lease import SaveLease, StorageClock, is_lease_key, read_lease
 from ckptio.redact import redact, redact_url
 from ckptio.registry import emulation_url, open_store, split_url, store_class
 from ckptio.store import Store
@@ -109,6 +110,8 @@ __all__ = [
     "RunSummary",
     "SweepPoint",
     "check_layout",
+    "default_keep",
+    "first_run_step",
     "rank_main",
     "run_workload",
     "sweep",
@@ -381,6 +384,8 @@ class RunSettings:
     cache: str = "auto"
     """How the restore bypasses caches: one of :data:`CACHE_MODES`."""
     keep: str = "last"
+    share_root: bool = False
+    """Run beside checkpoints that are not a run's (see :func:`first_run_step`)."""
     key_layout: str = "flat"
     layout: str = "file-per-shard"
     label: str = ""
@@ -412,7 +417,8 @@ def run_workload(
     inflight: int = 2,
     read: bool = True,
     cache: str = "auto",
-    keep: str = "last",
+    keep: str | None = None,
+    share_root: bool = False,
     key_layout: str = "flat",
     label: str | None = None,
     site: str | None = None,
@@ -434,7 +440,10 @@ def run_workload(
 
     ``inflight``: shard objects each rank has in flight (memory per rank ~ inflight x
     ``plan.object_size``). ``pause``: seconds between iterations. ``read``: run the restore
-    phase. ``cache``: one of :data:`CACHE_MODES`. ``keep``: one of :data:`KEEP`.
+    phase. ``cache``: one of :data:`CACHE_MODES`. ``keep``: one of :data:`KEEP` (default
+    ``last``; ``none`` with ``share_root``). ``share_root``: run into a root that holds
+    checkpoints or saves in flight that are not a run's (refused otherwise, see
+    :func:`first_run_step`).
     ``emulate``: a profile name; the target is wrapped in the backend that emulates profiles
     (:func:`ckptio.registry.emulation_url`) and every figure is marked emulated.
     ``store_options`` go to the store (``streams``, ``part_size``, ...). ``progress`` (rank 0)
@@ -451,8 +460,7 @@ def run_workload(
         raise errors.InvalidArgumentError(
             f"unknown cache mode {cache!r}; valid: {', '.join(CACHE_MODES)}"
         )
-    if keep not in KEEP:
-        raise errors.InvalidArgumentError(f"unknown keep {keep!r}; valid: {', '.join(KEEP)}")
+    keep = default_keep(keep, share_root)
     if key_layout not in fmt.KEY_LAYOUTS:
         raise errors.InvalidArgumentError(
             f"unknown key_layout {key_layout!r}; valid: {', '.join(fmt.KEY_LAYOUTS)}"
@@ -485,6 +493,7 @@ def run_workload(
             read=read,
             cache=cache,
             keep=keep,
+            share_root=share_root,
             key_layout=key_layout,
             layout=layout,
             label=redact(label) if label else _target_label(url, emulate, layout),
@@ -505,6 +514,69 @@ def run_workload(
         return _run(store, url, plan, comm, settings)
     finally:
         store.close()
+
+
+def default_keep(keep: str | None, share_root: bool) -> str:
+    """``keep`` checked (one of :data:`KEEP`); None: ``last``, or ``none`` in a shared root
+    (a run's step left there would be newer than the training job's, and ``load(root)``
+    returns the newest: it is kept only when ``keep`` asks)."""
+    if keep is None:
+        return "none" if share_root else "last"
+    if keep not in KEEP:
+        raise errors.InvalidArgumentError(f"unknown keep {keep!r}; valid: {', '.join(KEEP)}")
+    return keep
+
+
+def first_run_step(store: Store, *, share_root: bool = False) -> int:
+    """The first step of a benchmark run on ``store``: one past every step under the root,
+    committed or not, so a run never takes a number that a save in flight holds (its lease is
+    published before its data) nor one that an interrupted save left debris under.
+
+    A run writes synthetic checkpoints, and ``load(root)`` returns the newest one: a root that
+    holds a checkpoint a run did not write, or a save in flight that is not a run's, is
+    refused with :class:`~ckptio.errors.InvalidArgumentError` naming it, unless
+    ``share_root`` (``ckptio run --share-root``; the run's steps are then deleted as they are
+    read unless ``keep`` says otherwise: :func:`default_keep`). A root of earlier runs' steps
+    is the run's to use. Reads the manifests of committed steps, newest first, until one that
+    is not a run's (a root of many kept runs: all of them), and the leases of steps in flight."""
+    by_step: dict[int, list[str]] = {}
+    for key in store.list("step-"):
+        step = fmt.parse_step_dir(key.partition("/")[0])
+        if step is not None:
+            by_step.setdefault(step, []).append(key)
+    if not share_root:
+        other = _not_a_runs(store, by_step)
+        if other:
+            raise errors.InvalidArgumentError(
+                f"{store.url} holds {other}: a run's checkpoints would be newer than it and "
+                "load() would return them; run into a root of its own, or pass --share-root "
+                "(share_root=True) to run beside it (its steps are then numbered after every "
+                "step there and deleted as they are read: --keep none)"
+            )
+    return max(by_step, default=-1) + 1
+
+
+def _not_a_runs(store: Store, by_step: Mapping[int, Sequence[str]]) -> str:
+    """What under the root a benchmark run did not write (a checkpoint, a save in flight), or
+    empty."""
+    clock = StorageClock.of(store)
+    for step in sorted(by_step, reverse=True):
+        keys = by_step[step]
+        if fmt.manifest_key(step) in keys:
+            try:
+                metadata = read_manifest(store, step).metadata
+            except FileNotFoundError:
+                continue  # retired or deleted meanwhile
+            except errors.CkptioError:
+                return f"a checkpoint at step {step} whose manifest does not validate"
+            if not (isinstance(metadata, dict) and metadata.get("synthetic") is True):
+                return f"a checkpoint at step {step} that no benchmark run wrote"
+            continue
+        for key in filter(is_lease_key, keys):
+            lease = read_lease(store, key)
+            if lease is not None and lease.purpose != "run" and lease.live(clock):
+                return f"a save in flight at step {step} ({lease.holder()})"
+    return ""
 
 
 def check_layout(store: Store, layout: str, url: str) -> None:
@@ -636,11 +708,9 @@ class _Run:
 
     # -- prepare -------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Check the cache mode, name the run and pick its first step (rank 0 picks the
-        first free step; every rank learns both), make the data generator, the buffers and
-        the I/O pool."""
-        from ckptio.checkpoint import committed_steps
-
+        """Check the cache mode, name the run and pick its first step (rank 0:
+        :func:`first_run_step`; every rank learns both), make the data generator, the buffers
+        and the I/O pool."""
         store, s = self.store, self.s
         _valid_cache(store, s.cache)  # the same verdict on every rank, before any collective
         if self.rank == 0 and s.out_dir is not None and s.write_files:
@@ -648,15 +718,18 @@ class _Run:
         first = None
         if self.rank == 0:
             try:
-                steps = committed_steps(store)
                 first = {
                     "run_id": s.run_id or res.new_run_id(s.label),
-                    "step": (steps[-1] + 1) if steps else 0,
+                    "step": first_run_step(store, share_root=s.share_root),
                     "seed": secrets.token_hex(8),
                 }
+            except errors.InvalidArgumentError as err:  # a root that is not the run's to use
+                first = {"refused": str(err)}
             except errors.CkptioError as err:
                 first = {"error": f"{type(err).__name__}: {err}"}
         first = self.comm.bcast(first, root=0)
+        if "refused" in first:
+            raise errors.InvalidArgumentError(first["refused"])
         if "error" in first:
             raise errors.SaveFailedError(
                 f"cannot start the run on {redact_url(self.url)}: {first['error']}"
@@ -689,7 +762,7 @@ class _Run:
         store, s, pool = self.store, self.s, self.pool
         assert pool is not None
         if self.rank == 0:  # before any rank writes: gc and retention leave the step alone
-            self.leases.append(SaveLease(store, step, token).acquire())
+            self.leases.append(SaveLease(store, step, token, purpose="run").acquire())
         self.comm.barrier()
         outcomes: list[dict[str, Any]] = []
         region: SharedRegion | None = None  # N-1: this process's range, placed below
@@ -1399,7 +1472,7 @@ def sweep(
         )
     part_option = store_class(url).request_size_option
     base_options = dict(kwargs.pop("store_options", None) or {})
-    keep = kwargs.pop("keep", "last")
+    keep = default_keep(kwargs.pop("keep", None), bool(kwargs.get("share_root")))
     max_memory = parse_size(kwargs.pop("max_memory", DEFAULT_SWEEP_MEMORY), field="max_memory")
     # enough objects in flight that s streams of p-byte requests can all be busy, within the
     # memory budget (a client needs streams x part size in flight to use them all)

@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_RETRY_POLICY",
     "Buffer",
     "Capabilities",
+    "ObjectStat",
     "PositionalWriter",
     "RetryPolicy",
     "Store",
@@ -48,6 +49,19 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ObjectStat:
+    """What the storage says about one object (:meth:`Store.stat`)."""
+
+    size: int
+    """Bytes."""
+    modified: float | None = None
+    """Unix seconds of the object's last write *by the storage's clock* (an object store's
+    ``LastModified``; a filesystem's mtime, stamped by its kernel or server), or None where a
+    backend cannot tell. Ages compared with it do not depend on the writer's clock (see
+    :mod:`ckptio.lease`)."""
 
 
 @dataclass(frozen=True)
@@ -162,8 +176,8 @@ class Capabilities:
     """Reads and writes can bypass the page cache (``O_DIRECT``)."""
     shared: bool = True
     """Every process that opens the same URL sees the same objects. False for a store held in
-    one process's memory: a save's commit then cannot list other processes' objects, so its
-    pre-commit check (every object the manifest names is there) covers this process's only."""
+    one process's memory: no other process can delete a save's objects there, and a commit
+    skips its check after publishing (:func:`ckptio.checkpoint.publish_manifest`)."""
 
 
 class _CloseOrAbort(ABC):
@@ -375,6 +389,13 @@ class Store(ABC):
     @abstractmethod
     def size(self, key: str) -> int:
         """Size of ``key`` in bytes; :class:`~ckptio.errors.NotFoundError` if absent."""
+
+    def stat(self, key: str) -> ObjectStat:
+        """Size and last-write time of ``key`` (one HEAD/stat: the request :meth:`size`
+        makes); :class:`~ckptio.errors.NotFoundError` if absent. The default knows no time.
+
+        Note for implementers: report the storage's own timestamp, never the client's clock."""
+        return ObjectStat(self.size(key))
 
     def stored_ranges(self, key: str, start: int, end: int) -> Iterator[tuple[int, int]]:
         """The byte ranges ``[a, b)`` within ``start..end`` of ``key`` (``end`` at most its

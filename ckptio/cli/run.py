@@ -193,8 +193,16 @@ def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
     r.add_argument(
         "--keep",
         choices=KEEP,
-        default="last",
-        help="checkpoints left on the target afterwards (default last)",
+        default=None,
+        help="the run's checkpoints left on the target afterwards: the last iteration's, all "
+        "or none (default last; none with --share-root)",
+    )
+    r.add_argument(
+        "--share-root",
+        action="store_true",
+        help="run into a root that holds checkpoints (or saves in flight) no benchmark run "
+        "wrote, such as a training job's: refused without this flag, since load() returns the "
+        "newest step; the run's steps are numbered after every step there",
     )
     r.add_argument("--key-layout", choices=fmt.KEY_LAYOUTS, default="flat")
     r.add_argument(
@@ -364,6 +372,7 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
         "read": not args.no_read,
         "cache": args.cache,
         "keep": args.keep,
+        "share_root": args.share_root,
         "key_layout": args.key_layout,
         "emulate": args.emulate,
         "site": args.site,
