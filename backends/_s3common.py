@@ -14,13 +14,21 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from ckptio import errors
 from ckptio.arrays import prefault
 from ckptio.redact import redact, redact_url
 from ckptio.registry import parse_url
-from ckptio.store import DEFAULT_RETRY_POLICY, Buffer, Capabilities, Store, Writer, as_byte_view
+from ckptio.store import (
+    DEFAULT_RETRY_POLICY,
+    Buffer,
+    Capabilities,
+    Store,
+    StoreInfo,
+    Writer,
+    as_byte_view,
+)
 from ckptio.trace import Trace
 
 from ._s3config import (
@@ -100,11 +108,9 @@ class S3Base(Store):
     """
 
     OPTIONS: tuple[str, ...] = ("part_size", "streams", *AWS_OPTIONS)
-    client_packages: ClassVar[tuple[str, ...]] = ("botocore",)  # the janitor's client
 
-    @property
-    def request_size(self) -> int:
-        return self.part_size
+    def describe(self) -> StoreInfo:
+        return StoreInfo(self.name, request_size=self.part_size, streams=self.streams)
 
     def _setup(self, options: dict[str, Any]) -> None:
         """Take the bucket and prefix from the URL (:func:`~ckptio.registry.parse_url`) and pop the I/O and AWS

@@ -59,7 +59,6 @@ class ArrowStore(c.WholeObjectStore):
     capabilities: ClassVar[Capabilities] = dataclasses.replace(
         c.S3_CAPABILITIES, conditional_create=False
     )
-    client_packages: ClassVar[tuple[str, ...]] = ("pyarrow", "botocore")
 
     def __init__(
         self,

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar, Literal, Unpack
 
 from ckptio import errors
 from ckptio.registry import parse_url
-from ckptio.store import Capabilities
+from ckptio.store import Capabilities, StoreInfo
 from ckptio.trace import Trace
 
 from . import _s3common as c
@@ -63,7 +64,6 @@ class FsspecStore(c.WholeObjectStore):
     schemes: ClassVar[tuple[str, ...]] = ("s3+fsspec", "fsspec")
     name: ClassVar[str] = "s3+fsspec"
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES  # s3fs: If-None-Match for "create"
-    client_packages: ClassVar[tuple[str, ...]] = ("fsspec", "s3fs", "botocore")
 
     def __init__(
         self,
@@ -122,9 +122,9 @@ class FsspecStore(c.WholeObjectStore):
                 atomic_rename=False, conditional_create=False, multipart=False, listing=True
             )
 
-    @property
-    def local_path(self) -> str | None:
-        return self.root if parse_url(self._given_url).local else None
+    def describe(self) -> StoreInfo:
+        local = self.root if parse_url(self._given_url).local else None
+        return dataclasses.replace(super().describe(), local_path=local)
 
     @property
     def where(self) -> str:

@@ -41,7 +41,6 @@ class ObstoreStore(c.WholeObjectStore):
     schemes: ClassVar[tuple[str, ...]] = ("s3+obstore",)
     name: ClassVar[str] = "s3+obstore"
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES
-    client_packages: ClassVar[tuple[str, ...]] = ("obstore", "botocore")
 
     def __init__(
         self,

@@ -114,7 +114,6 @@ class Boto3Store(c.S3Base):
     schemes: ClassVar[tuple[str, ...]] = ("s3+boto3", "s3")
     name: ClassVar[str] = "s3+boto3"
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES
-    client_packages: ClassVar[tuple[str, ...]] = ("botocore",)
     OPTIONS = ("checksum", "presigned_reads", *c.S3Base.OPTIONS)
 
     def __init__(
