@@ -8,6 +8,7 @@ modules."""
 from __future__ import annotations
 
 import ast
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -149,30 +150,48 @@ BACKEND_CLASSES = [
 ]
 
 
+def _typed_options(cls: type) -> tuple[set[str], type | None]:
+    """The keyword-only parameters of ``cls.__init__`` after ``url`` and the ``TypedDict`` of
+    its ``**`` parameter (None: none, or an untyped one)."""
+    import inspect
+    import typing
+
+    params = list(inspect.signature(cls.__init__).parameters.values())[2:]  # self, url
+    named = {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+    assert all(p.annotation is not p.empty for p in params), params
+    rest = [p for p in params if p.kind is not p.KEYWORD_ONLY]
+    assert [p.kind for p in rest] == [inspect.Parameter.VAR_KEYWORD], params
+    hint = typing.get_type_hints(cls.__init__, include_extras=True).get(rest[0].name)
+    if typing.get_origin(hint) is typing.Unpack:
+        return named, typing.get_args(hint)[0]
+    return named, None
+
+
 @pytest.mark.parametrize(
     ("module", "name", "url"), BACKEND_CLASSES, ids=[c[1] for c in BACKEND_CLASSES]
 )
 def test_every_backend_names_its_options_in_its_signature(
     module: str, name: str, url: str, tmp_path: Path
 ) -> None:
-    """Each backend's options are typed keyword-only parameters, and the options its refusal
-    of an unknown one lists are exactly those (plus the S3 spellings, and for ``shaped`` the
-    profile figures): a catch-all ``**`` admits no further name a type checker would let
-    through, except ``shaped``'s, which holds the wrapped store's options."""
+    """Each backend's options are typed: keyword-only parameters, or the keys of the
+    ``TypedDict`` its ``**`` parameter unpacks (the S3 stores': ``S3Options``, one definition
+    for the four), and the options its refusal of an unknown one lists are exactly those (plus
+    the S3 spellings, and for ``shaped`` the profile figures): a catch-all ``**`` admits no
+    further name a type checker would let through, except ``shaped``'s, which holds the
+    wrapped store's options."""
     import importlib
-    import inspect
+
+    from ckptio.backends._s3config import own_options
 
     from ckptio.profiles import ALL_FIGURES
+    from ckptio.store import NoOptions
 
     cls = getattr(importlib.import_module(f"ckptio.backends.{module}"), name)
-    params = list(inspect.signature(cls.__init__).parameters.values())[2:]  # self, url
-    named = {p.name for p in params if p.kind is p.KEYWORD_ONLY}
-    assert "trace" in named, params
-    assert all(p.annotation is not p.empty for p in params), params
-    rest = [p for p in params if p.kind is not p.KEYWORD_ONLY]
-    assert [p.kind for p in rest] == [inspect.Parameter.VAR_KEYWORD], params
+    named, typed = _typed_options(cls)
+    assert "trace" in named
     if name != "ShapedStore":
-        assert rest[0].annotation in ("Unpack[NoOptions]", "Unpack[OptionSpellings]"), rest
+        assert typed is not None, name
+        named |= set(own_options(typed)) if typed is not NoOptions else set()
 
     with pytest.raises(errors.UnknownOptionError) as refused:
         cls(url.format(tmp=tmp_path), bogus_option=1)
@@ -182,14 +201,49 @@ def test_every_backend_names_its_options_in_its_signature(
     assert set(own) - set(ALL_FIGURES) <= named, taker
 
 
-def test_s3_spellings_are_typed_as_the_table_says() -> None:
-    """``**spellings`` of the S3 stores is typed with exactly the other spellings of the one
-    table (``storage_options`` is a parameter of its own)."""
-    from ckptio.backends._s3config import NESTED_OPTIONS, OPTION_SPELLINGS, OptionSpellings
+def test_the_s3_options_are_one_typed_definition() -> None:
+    """The four S3 stores take ``**options: Unpack[S3Options]`` (boto3's a ``TypedDict`` that
+    extends it): one definition, whose keys are ckptio's options and exactly the other
+    spellings of the one table; each key is documented once, an option of ckptio's own naming
+    its environment variable (or none)."""
+    import ast
+    import inspect
 
-    assert set(OptionSpellings.__annotations__) == {*OPTION_SPELLINGS, *NESTED_OPTIONS} - {
-        "storage_options"
-    }
+    from ckptio.backends import _s3config
+    from ckptio.backends.arrow import ArrowStore
+    from ckptio.backends.fsspec import FsspecStore
+    from ckptio.backends.obstore import ObstoreStore
+    from ckptio.backends.s3 import Boto3Options, Boto3Store
+
+    S3Options = _s3config.S3Options
+    for cls in (ArrowStore, FsspecStore, ObstoreStore):
+        assert _typed_options(cls) == ({"trace"}, S3Options)
+    assert _typed_options(Boto3Store) == ({"trace"}, Boto3Options)
+    assert issubclass(Boto3Options, dict) and S3Options.__annotations__.items() <= (
+        Boto3Options.__annotations__.items()
+    )
+    own = set(_s3config.own_options(S3Options))
+    spellings = {*_s3config.OPTION_SPELLINGS, *_s3config.NESTED_OPTIONS}
+    assert set(S3Options.__annotations__) == own | spellings
+    for typed in (S3Options, Boto3Options):
+        tree = ast.parse(inspect.getsource(inspect.getmodule(typed)))  # type: ignore[arg-type]
+        body = next(
+            n.body
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ClassDef) and n.name == typed.__name__
+        )
+        docs = {
+            a.target.id: b.value.value
+            for a, b in itertools.pairwise(body)
+            if isinstance(a, ast.AnnAssign)
+            and isinstance(a.target, ast.Name)
+            and isinstance(b, ast.Expr)
+            and isinstance(b.value, ast.Constant)
+        }
+        mine = {a.target.id for a in body if isinstance(a, ast.AnnAssign)}  # type: ignore[union-attr]
+        assert mine <= set(docs), mine - set(docs)
+        for key in mine & set(_s3config.own_options(typed)):
+            assert "**Environment variable" in " ".join(docs[key].split()), key
 
 
 @pytest.mark.parametrize("scheme", S3_BACKENDS)
@@ -394,10 +448,6 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     # owner "contract" (issue 31, the storage side)
     "length ckptio/testing/faultyfs.py:_operations": "contract: the FUSE operations' own module",
     "lines backends/local.py": "contract: split by responsibility",
-    "parameters backends/arrow.py:ArrowStore.__init__": "contract: one S3Options",
-    "parameters backends/fsspec.py:FsspecStore.__init__": "contract: one S3Options",
-    "parameters backends/obstore.py:ObstoreStore.__init__": "contract: one S3Options",
-    "parameters backends/s3.py:Boto3Store.__init__": "contract: one S3Options",
     "parameters backends/parallelfs.py:ParallelFSStore.__init__": "contract: typed options",
     "parameters ckptio/workload.py:custom_preset": "contract: a model and a layout",
 }
