@@ -47,8 +47,10 @@ from ckptio.registry import open_store, parse_url
 from ckptio.store import (
     Buffer,
     Capabilities,
+    ColdReads,
     ObjectStat,
     Store,
+    StoreInfo,
     Writer,
     as_byte_view,
     check_key,
@@ -110,6 +112,26 @@ class _RateLimiter:
                 return True
             self._buckets[scope] = (tokens, now)
             return False
+
+
+class _PageCacheDrops(ColdReads):
+    """The wrapped store's page-cache drop (``fadvise``) passes through; its reads are not
+    switched to direct I/O (what a read costs here is the profile's)."""
+
+    def __init__(self, inner: ColdReads) -> None:
+        self._inner = inner
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return tuple(m for m in self._inner.modes if m == "fadvise")
+
+    def start(self, keys: Sequence[str], mode: str) -> str:
+        if mode not in self.modes:
+            raise self.refuse(mode, "an emulated store")
+        return self._inner.start(keys, mode)
+
+    def end(self) -> bool:
+        return self._inner.end()
 
 
 class _ShapedWriter(Writer):
@@ -179,8 +201,6 @@ class ShapedStore(Store):
 
     schemes: ClassVar[tuple[str, ...]] = ("shaped",)
     name: ClassVar[str] = "shaped"
-    emulated: ClassVar[bool] = True
-    """Results through this store are emulated, never measured."""
 
     def __init__(
         self,
@@ -248,6 +268,7 @@ class ShapedStore(Store):
         self._pool = ThreadPoolExecutor(
             max_workers=self.streams, thread_name_prefix="ckptio-shaped"
         )
+        self._cold_reads = _PageCacheDrops(self.inner.describe().cold_reads)
 
     # -- emulated requests ----------------------------------------------------------------
     def _scope(self, key: str) -> str:
@@ -355,31 +376,17 @@ class ShapedStore(Store):
     def cleanup_incomplete(self, prefix: str = "", *, older_than: float = 0.0) -> int:
         return self.inner.cleanup_incomplete(prefix, older_than=older_than)
 
-    # -- the contract's figures: the emulated service's, the wrapped store's local facts ---
-    @property
-    def request_size(self) -> int:
-        return self.part_size
-
-    @property
-    def local_path(self) -> str | None:
-        return self.inner.local_path
-
-    def client_versions(self) -> dict[str, str]:
-        return self.inner.client_versions()
-
-    @property
-    def cold_read_modes(self) -> tuple[str, ...]:
-        """The wrapped store's page-cache drop passes through; its reads are not switched
-        to direct I/O (what a read costs here is the profile's)."""
-        return tuple(m for m in self.inner.cold_read_modes if m == "fadvise")
-
-    def start_cold_reads(self, keys: Sequence[str], mode: str) -> str:
-        if mode not in self.cold_read_modes:
-            return super().start_cold_reads(keys, mode)
-        return self.inner.start_cold_reads(keys, mode)
-
-    def end_cold_reads(self) -> bool:
-        return self.inner.end_cold_reads()
+    # -- what the suite records: the emulated service's figures, the wrapped store's local facts
+    def describe(self) -> StoreInfo:
+        inner = self.inner.describe()
+        return StoreInfo(
+            self.name,
+            request_size=self.part_size,
+            streams=self.streams,
+            emulated=True,
+            local_path=inner.local_path,
+            cold_reads=self._cold_reads,
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

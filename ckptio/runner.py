@@ -92,7 +92,7 @@ from ckptio.checkpoint import (
 from ckptio.dist import Communicator, detect
 from ckptio.lease import SaveLease, StorageClock, is_lease_key, read_lease
 from ckptio.redact import redact, redact_url
-from ckptio.registry import emulation_url, open_store, split_url, store_class
+from ckptio.registry import backend_for, client_versions, emulation_url, open_store, split_url
 from ckptio.store import Store
 from ckptio.units import (
     parse_size,
@@ -124,7 +124,7 @@ log = logging.getLogger(__name__)
 CACHE_MODES = ("auto", "o_direct", "fadvise", "drop_caches", "none")
 """How the restore bypasses the page cache. ``auto``: O_DIRECT where the store can read that
 way, else ``posix_fadvise(DONTNEED)`` of each object (the store's
-:attr:`~ckptio.store.Store.cold_read_modes`); stores without a local page cache (object
+:attr:`~ckptio.store.ColdReads.modes` of its description); stores without a local page cache (object
 stores, memory) record ``n/a``."""
 
 KEEP = ("last", "all", "none")
@@ -240,12 +240,12 @@ class RunSummary:
     """Checkpoint steps written, one per iteration."""
     url: str = ""
     target_path: str | None = None
-    """The store's local directory, if it has one (:attr:`Store.local_path`; for the
+    """The store's local directory, if it has one (:attr:`~ckptio.store.StoreInfo.local_path`; for the
     sidecar's filesystem type)."""
     tables: dict[str, Any] = field(default_factory=dict)
     """Rank 0: the three tables as columns/rows, before writing (sweeps merge them)."""
     client_versions: dict[str, str] = field(default_factory=dict)
-    """Versions of the client libraries the store ran on (:meth:`Store.client_versions`)."""
+    """Versions of the client libraries the store ran on (:func:`ckptio.registry.client_versions`)."""
     tiered: list[dict[str, Any]] = field(default_factory=list)
     """Rank 0 of a tiered run (:mod:`ckptio.tierbench`): per iteration the slowest rank's
     stall, drain, restore from the fast tier and from the durable one (seconds, GB/s)."""
@@ -498,7 +498,7 @@ def run_workload(
             layout=layout,
             label=redact(label) if label else _target_label(url, emulate, layout),
             site=site,
-            emulated=store.emulated,
+            emulated=store.describe().emulated,
             profile=profile,
             mock=mock,
             options=options,
@@ -926,7 +926,7 @@ class _Run:
     # -- restore -------------------------------------------------------------------------
     def restore(self, it: int, step: int, written: _Written, info: _Iter) -> None:
         """The restore of the checkpoint just committed (the newest), cold: every rank makes
-        the coming reads miss the caches of its machine (:meth:`Store.start_cold_reads`,
+        the coming reads miss the caches of its machine (:meth:`~ckptio.store.ColdReads.start`,
         as ``cache`` says), then, between barriers, reads its own shard objects back into
         recycled buffers and checks every chunk's CRC32C. Recorded as the ``read`` and
         ``verify`` phases, with how caches were bypassed."""
@@ -955,7 +955,7 @@ class _Run:
                 rfail, nread = err, 0
             info.read_start = rphase.start
             rdone = info.read_done = time.time()
-        if not store.end_cold_reads():
+        if not store.describe().cold_reads.end():
             # the filesystem refused O_DIRECT during the reads and the store fell back to
             # buffered reads: they may have come from the page cache; say so
             mode = info.cache = "none"
@@ -1043,9 +1043,9 @@ class _Run:
             generator=self.gen.name,
             steps=self.written_steps,
             url=redact_url(self.url),
-            target_path=store.local_path,
+            target_path=store.describe().local_path,
             cache=self.per_iter[-1].cache if self.per_iter else "",
-            client_versions=store.client_versions(),
+            client_versions=client_versions(self.url),
         )
         if self.rank != 0:
             summary.peak_rss_bytes = [mine_summary["peak_rss"]]
@@ -1112,7 +1112,7 @@ class _Run:
                 "store_options": s.options,
                 **s.config,
             },
-            target_path=self.store.local_path,
+            target_path=self.store.describe().local_path,
             emulated=s.emulated,
             profile=s.profile,
             mock=s.mock,
@@ -1160,21 +1160,22 @@ def _bounded_map(
 def _start_cold_reads(store: Store, step: int, keys: Sequence[str], cache: str) -> str:
     """Make the coming reads miss the page cache; return how (a :data:`CACHE_MODES` value
     other than auto, or ``n/a`` for stores without a local page cache). The store's
-    :meth:`~ckptio.store.Store.end_cold_reads` follows the reads."""
+    :meth:`ColdReads.end <ckptio.store.ColdReads.end>` follows the reads."""
     prefix = fmt.step_dir(step) + "/"
-    modes = store.cold_read_modes
+    cold = store.describe().cold_reads
+    modes = cold.modes
     has_direct, has_fadvise = "o_direct" in modes, "fadvise" in modes
     if cache == "none":
         return "none"
     if cache in ("auto", "o_direct") and has_direct:
-        return store.start_cold_reads([prefix + k for k in keys], "o_direct")
+        return cold.start([prefix + k for k in keys], "o_direct")
     if cache == "o_direct":
         raise errors.InvalidArgumentError(
             f"{store.name}:// cannot read with O_DIRECT; "
             f"valid cache modes here: {_valid_modes(store)}"
         )
     if cache in ("auto", "fadvise") and has_fadvise:
-        done = store.start_cold_reads([prefix + k for k in keys], "fadvise")
+        done = cold.start([prefix + k for k in keys], "fadvise")
         if done:
             return done  # "fadvise", or "none": only some objects could be dropped
         has_fadvise = False  # e.g. an emulated store over memory: no page cache to drop
@@ -1198,12 +1199,13 @@ def _start_cold_reads(store: Store, step: int, keys: Sequence[str], cache: str) 
 
 
 def _valid_cache(store: Store, cache: str) -> None:
-    if cache == "o_direct" and "o_direct" not in store.cold_read_modes:
+    modes = store.describe().cold_reads.modes
+    if cache == "o_direct" and "o_direct" not in modes:
         raise errors.InvalidArgumentError(
             f"{store.name}:// cannot read with O_DIRECT; "
             f"valid cache modes here: {_valid_modes(store)}"
         )
-    if cache == "fadvise" and "fadvise" not in store.cold_read_modes:
+    if cache == "fadvise" and "fadvise" not in modes:
         raise errors.InvalidArgumentError(
             f"{store.name}:// has no local page cache to advise; "
             f"valid cache modes here: {_valid_modes(store)}"
@@ -1212,9 +1214,10 @@ def _valid_cache(store: Store, cache: str) -> None:
 
 def _valid_modes(store: Store) -> str:
     modes = ["auto", "none"]
-    if "o_direct" in store.cold_read_modes:
+    offered = store.describe().cold_reads.modes
+    if "o_direct" in offered:
         modes.append("o_direct")
-    if "fadvise" in store.cold_read_modes:
+    if "fadvise" in offered:
         modes.append("fadvise")
     modes.append("drop_caches (root)")
     return ", ".join(modes)
@@ -1304,8 +1307,8 @@ def _run_rows(
                 "throttled": int((outcomes == "throttled").sum()),
                 "errors": int((outcomes == "error").sum()),
                 "generate_GBps": _gb_per_s(total, gen_s),
-                "streams": store.streams,
-                "part_size": store.request_size,
+                "streams": store.describe().streams,
+                "part_size": store.describe().request_size,
                 "emulated": s.emulated,
                 "profile": s.profile,
                 "mock": s.mock,
@@ -1470,7 +1473,7 @@ def sweep(
         raise errors.InvalidArgumentError(
             f"streams must be >= 1 and part sizes > 0; got {list(streams)}, {list(part_sizes)}"
         )
-    part_option = store_class(url).request_size_option
+    part_option = backend_for(url).request_size_option
     base_options = dict(kwargs.pop("store_options", None) or {})
     keep = default_keep(kwargs.pop("keep", None), bool(kwargs.get("share_root")))
     max_memory = parse_size(kwargs.pop("max_memory", DEFAULT_SWEEP_MEMORY), field="max_memory")

@@ -60,7 +60,7 @@ from ckptio import format as fmt
 from ckptio.checkpoint import Shard, delete_step
 from ckptio.dist import Communicator
 from ckptio.redact import redact, redact_url
-from ckptio.registry import emulation_url, open_store
+from ckptio.registry import client_versions, emulation_url, open_store
 from ckptio.runner import (
     CACHE_MODES,
     DataGenerator,
@@ -458,7 +458,7 @@ def run_tiered_workload(
                             try:
                                 reader.load(into=state)  # the newest: what a restart reads
                             finally:
-                                if not cold.end_cold_reads():
+                                if not cold.describe().cold_reads.end():
                                     how = "none"  # O_DIRECT refused: reads went buffered
                             fig[phase] = time.time() - t
                             events = [
@@ -494,7 +494,7 @@ def run_tiered_workload(
                 if pause and it < iterations - 1:
                     time.sleep(pause)
             durable, fast_name = ck.store, ck.fast.store.name
-            versions = durable.client_versions()
+            versions = client_versions(durable_url)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     everything = comm.gather(

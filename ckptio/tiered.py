@@ -1077,7 +1077,7 @@ def _copy_object(
     nothing at ``dst``) on a mismatch, a short read or when ``stop()`` says so. Returns the
     bytes copied."""
     # a writer may hold buffers until a part (S3) or a staging block (file://) is full
-    held = dst.request_size
+    held = dst.describe().request_size
     parts = 2 * held + COPY_PIECE_BYTES
     budget = threading.Semaphore(max(2, max(DRAIN_BUFFER_BYTES, parts) // COPY_PIECE_BYTES))
     # buffers the writer let go of are read into again: fresh memory costs a page fault per

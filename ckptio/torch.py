@@ -76,7 +76,7 @@ from ckptio import format as fmt
 from ckptio import tiered as _tiered
 from ckptio.arrays import Target, contiguous_le
 from ckptio.lease import RETIRE_GRACE_SECONDS, SaveLease
-from ckptio.registry import open_store, split_url, store_class
+from ckptio.registry import backend_for, open_store, split_url
 from ckptio.store import Store, option_int
 from ckptio.units import parse_size
 
@@ -663,10 +663,10 @@ def _reopen(
 
 def _sync_options(options: Mapping[str, Any], root: str, sync_files: bool) -> dict[str, Any]:
     """``options`` for the store at ``root``; without ``sync_files``, the store's switch
-    that skips durable flushes set off (:attr:`~ckptio.store.Store.flush_option`), where it
+    that skips durable flushes set off (:attr:`~ckptio.registry.BackendInfo.flush_option`), where it
     has one and it is not given."""
     out = dict(options)
-    flush = store_class(root).flush_option
+    flush = backend_for(root).flush_option
     if not sync_files and flush is not None:
         out.setdefault(flush, False)
     return out

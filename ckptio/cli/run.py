@@ -271,7 +271,7 @@ def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
 
 
 def _options(args: Any, *, sweep_mode: bool) -> dict[str, Any]:
-    from ckptio.registry import store_class
+    from ckptio.registry import backend_for
 
     opts: dict[str, Any] = {}
     for item in args.option:
@@ -283,7 +283,7 @@ def _options(args: Any, *, sweep_mode: bool) -> dict[str, Any]:
         if args.streams is not None:
             opts["streams"] = args.streams
         if args.part_size:
-            opts[store_class(args.target).request_size_option] = args.part_size
+            opts[backend_for(args.target).request_size_option] = args.part_size
     return opts
 
 
@@ -320,7 +320,7 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
     """Check the options of ``ckptio run`` / ``sweep`` (``args``: their argparse namespace)
     and the target, once, before any work: a wrong target, option or layout raises here."""
     from ckptio import dist
-    from ckptio.registry import emulation_url, open_store, store_class
+    from ckptio.registry import backend_for, emulation_url, open_store
     from ckptio.runner import _assign, check_layout, sweep_points
 
     plan = plan_from_args(args)
@@ -339,7 +339,7 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
             {
                 **opts,
                 "streams": parse_list(args.streams, field="--streams")[0],
-                store_class(args.target).request_size_option: parse_list(
+                backend_for(args.target).request_size_option: parse_list(
                     args.part_size, field="--part-size", sizes=True
                 )[0],
             }
