@@ -111,6 +111,8 @@ STUB_KIND = "ckptio-lightning-stub"
 STUB_MAX_BYTES = 64 << 10
 """Bytes; a stub is a few hundred bytes, so a larger file at a checkpoint path is not one."""
 _TMP_MARK = ".ckptio-tmp-"
+SIDECAR_SUFFIX = ".ckptio"
+"""Without a ``url``, the checkpoints of directory ``d`` live in ``d`` + this, beside it."""
 
 
 def _checkpoint_io_bases() -> list[ABCMeta]:
@@ -217,6 +219,20 @@ def _make_visible(path: str, local_root: str | None) -> None:
         fs.makedirs(fs_path, exist_ok=True)
 
 
+def _sidecar(directory: str) -> str:
+    """The directory beside the local directory ``directory`` that holds the roots of its
+    checkpoints when there is no ``url``: ``<directory>.ckptio`` (``ckpts/epoch=0.ckpt`` is a
+    stub, its root ``ckpts.ckptio/epoch=0.ckpt``). Beside it, not in it: Lightning and the
+    code around it list a checkpoint directory and expect only checkpoints there."""
+    parent, name = os.path.split(directory.rstrip(os.sep))
+    if not name:
+        raise errors.InvalidArgumentError(
+            f"a checkpoint directly in {directory} has no directory beside it for its data "
+            f"(<directory>{SIDECAR_SUFFIX}); pass CkptioCheckpointIO(url=...)"
+        )
+    return os.path.join(parent, name + SIDECAR_SUFFIX)
+
+
 def _read_stub(path: str) -> dict[str, Any] | None:
     """The stub at the local file ``path``, None if ``path`` is no regular file; a file that
     is not a stub is an error saying what it is."""
@@ -300,13 +316,19 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
 
     # -- where a path lives -------------------------------------------------------------------
     def _root(self, path: Any) -> str:
-        """The ckptio root of the Lightning path ``path`` (its stub aside)."""
+        """The ckptio root of the Lightning path ``path`` (its stub aside): a URL is its own
+        root; a local path's root is ``<url>/<path relative to base>`` with a ``url``, else
+        in the sidecar of its directory (:func:`_sidecar`) — or the path itself where it is
+        a directory, the root an earlier version of this plugin saved there."""
         p = from_fsspec_url(os.fspath(path))
-        if self.url is None:
-            return p
         local = _local_path(p)
         if local is None:  # a URL is its own root
             return p
+        if self.url is None:
+            if os.path.isdir(local):
+                return os.path.abspath(local)
+            directory, name = os.path.split(os.path.abspath(local))
+            return os.path.join(_sidecar(os.path.realpath(directory)), name)
         rel = os.path.relpath(os.path.abspath(local), self.base)
         if rel == os.curdir or rel.split(os.sep, 1)[0] == os.pardir:
             raise errors.InvalidArgumentError(
@@ -315,11 +337,17 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
             )
         return f"{self.url.rstrip('/')}/{rel.replace(os.sep, '/')}"
 
-    def _stub_path(self, path: Any, root: str) -> str | None:
-        """Where the stub of ``path`` goes: its local path when there is a ``url``, else (or
-        for a URL path) None."""
+    def _home(self, directory: Any) -> str:
+        """Where the roots of the checkpoints in the local directory ``directory`` live: the
+        URL ``<url>/<directory relative to base>``, or its sidecar."""
         if self.url is None:
-            return None
+            return _sidecar(os.path.realpath(os.fspath(directory)))
+        return self._root(directory)
+
+    @staticmethod
+    def _stub_path(path: Any, root: str) -> str | None:
+        """Where the stub of ``path`` goes: its local path, unless ``path`` is a URL or its
+        own root (a directory an earlier version saved)."""
         local = _local_path(from_fsspec_url(os.fspath(path)))
         if local is None or _local_path(root) == os.path.abspath(local):
             return None
@@ -327,11 +355,16 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
 
     def _source(self, path: Any) -> str:
         """The root to read or remove for ``path``: the one its stub names, if a stub is
-        there (also without a ``url``: a stub written by a plugin that had one), else
-        :meth:`_root`."""
+        there (whichever plugin wrote it: with or without a ``url``), else :meth:`_root`."""
         local = _local_path(from_fsspec_url(os.fspath(path)))
         stub = _read_stub(local) if local is not None else None
-        return stub["root"] if stub is not None else self._root(path)
+        if local is None or stub is None:
+            return self._root(path)
+        root: str = stub["root"]
+        if "://" in root or os.path.isabs(root):
+            return root
+        # relative to the stub's directory (through a "last" link: its target's)
+        return os.path.normpath(os.path.join(os.path.dirname(os.path.realpath(local)), root))
 
     def _checkpointer(self, root: str) -> ct.Checkpointer:
         return ct.Checkpointer(
@@ -340,7 +373,8 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
 
     def _write_stub(self, stub: str, root: str, step: int) -> None:
         """Write the stub through a hidden temp file renamed into place, so Lightning sees
-        the whole stub or none. The temp file names its host and process; one in the
+        the whole stub or none. A local root (a sidecar's) is written relative to the stub's
+        directory, so a run directory moved or copied whole still loads. The temp file names its host and process; one in the
         directory whose process is gone (killed between write and rename) is removed first,
         so the directory holds stubs only. Another host's temp files are left alone: whether
         their process runs is not known here (a second job writing stubs beside this one)."""
@@ -353,6 +387,8 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(directory, entry))
         tmp = os.path.join(directory, f".{name}{_TMP_MARK}{socket.gethostname()}-{os.getpid()}")
+        if _local_path(root) == root:  # a sidecar's: named from here, so the two can move
+            root = os.path.relpath(root, os.path.dirname(os.path.realpath(stub)))
         with open(tmp, "w") as f:
             json.dump({"kind": STUB_KIND, "root": root, "step": step}, f)
         os.replace(tmp, stub)
@@ -494,9 +530,11 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
 
     def remove_checkpoint(self, path: Any) -> None:
         """Remove the checkpoint at ``path``: a symbolic link is removed as a link (its
-        target stays); otherwise every object under its root (manifests first, so no
-        checkpoint is half there), its stub and the local directories that leaves empty,
-        after any save of that root in flight in this process."""
+        target stays); otherwise its stub first (Lightning no longer sees the path), then
+        every object under its root (manifests first, so no checkpoint is half there) and the
+        local directories of the root that leaves empty, after any save of that root in
+        flight in this process. The sidecar directory itself stays: a save in another thread
+        may be creating its next root in it."""
         self._reap()
         local = _local_path(from_fsspec_url(os.fspath(path)))
         if local is not None and os.path.islink(local):
@@ -507,6 +545,8 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
         _, store_options = _split_options(dict(self.options))
         with _ROOTS.holding(root):
             self._reap()  # the save of this root, if it was in flight, is done now
+            if stub is not None and os.path.isfile(stub):
+                os.remove(stub)
             with open_store(root, **store_options) as store:
                 keys = store.list("")
                 manifests = [k for k in keys if k.endswith("/" + fmt.MANIFEST_NAME)]
@@ -514,8 +554,6 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
                 store.delete([k for k in keys if k not in manifests])
                 store.cleanup_incomplete("")
                 top = store.describe().local_path
-            if stub is not None and os.path.isfile(stub):
-                os.remove(stub)
             if top is not None and os.path.isdir(top):
                 for dirpath, _dirs, _files in os.walk(top, topdown=False):
                     with contextlib.suppress(OSError):  # rmdir removes only empty directories
@@ -523,17 +561,14 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
 
     def restore_stubs(self, dirpath: Any) -> list[str]:
         """Write, under the local directory ``dirpath`` (the ``ModelCheckpoint``'s), the stub of
-        every ``*.ckpt`` root that has a committed checkpoint under the ``url``, so that
-        ``ckpt_path="last"`` (and top-k bookkeeping) sees them on a machine that lacks them.
-        Returns the stub paths written."""
-        if self.url is None:
-            raise errors.InvalidArgumentError(
-                "restore_stubs needs CkptioCheckpointIO(url=...): without a url the checkpoints "
-                "are in the ModelCheckpoint's directory already"
-            )
+        every ``*.ckpt`` root that has a committed checkpoint under the ``url`` (or, without
+        one, in the directory's sidecar), so that ``ckpt_path="last"`` (and top-k
+        bookkeeping) sees them on a machine that lacks them (a fresh node resuming from the
+        ``url``), or after a process was killed between a first commit and its stub. Returns
+        the stub paths written."""
         self._reap()
         _, store_options = _split_options(dict(self.options))
-        with open_store(self._root(dirpath), **store_options) as store:
+        with open_store(self._home(dirpath), **store_options) as store:
             names = sorted(
                 {
                     k.split("/", 1)[0]
