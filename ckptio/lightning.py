@@ -27,15 +27,21 @@ ABC; the plugin implements all of it), so either ``Trainer`` accepts it.
 (:func:`ckptio.registry.from_fsspec_url`): a plain path or ``file://`` is a local path,
 ``s3://`` the bucket, and ``memory://`` fsspec's in-process filesystem (where Lightning's
 ``ModelCheckpoint`` and HPC resume look), not ckptio's ``memory://``. Each checkpoint path
-Lightning names (``ckpts/epoch=0-step=500.ckpt``, ``ckpts/last.ckpt``) is a ckptio *root*:
+Lightning names (``ckpts/epoch=0-step=500.ckpt``, ``ckpts/last.ckpt``) has a ckptio *root*,
+and a local path holds a *stub*: a small JSON file (``{"kind": "ckptio-lightning-stub",
+"root": ..., "step": ...}``, never a pickle) naming that root, which Lightning lists, dates,
+versions and hands back to the plugin, as it would its own ``torch.save`` file:
 
-- with ``url=None``, the path itself (a directory, or a prefix on object storage);
-- with a ``url``, a local path becomes ``<url>/<the path relative to base>`` (``base``
-  defaults to ``/``: ``<url>/home/me/run/ckpts/last.ckpt``), so distinct Lightning paths are
-  distinct roots, and a *stub* is left at the local path: a small JSON file
-  (``{"kind": "ckptio-lightning-stub", "root": ..., "step": ...}``, never a pickle) that
-  Lightning lists, dates and hands back to the plugin, which reads the root it names. A path
-  that is a URL is its own root (no stub).
+- with ``url=None``, the root is in the *sidecar* of the path's directory, beside it:
+  ``ckpts/last.ckpt`` is the stub, ``ckpts.ckptio/last.ckpt`` its root (the stub names it
+  relative to itself, so the run directory can move or be copied whole). Beside, not inside:
+  Lightning's tests and users' scripts list a checkpoint directory and expect only
+  checkpoint files there. A path that is a directory is its own root: what earlier versions
+  of this plugin saved (they had no stubs) still loads, resumes and is saved to as it was;
+- with a ``url``, the root is ``<url>/<the path relative to base>`` (``base`` defaults to
+  ``/``: ``<url>/home/me/run/ckpts/last.ckpt``), so distinct Lightning paths are distinct
+  roots;
+- a path that is a URL (``s3://``, ``memory://``) is its own root, with no stub.
 
 Every save of a path is the next step under its root, committed atomically, and older steps of
 it are retired after the commit (``keep_last=1``): rewriting ``last.ckpt`` can never leave a
@@ -50,26 +56,33 @@ progress on it, in any thread of the process and through any plugin instance: a 
 ``AsyncCheckpointIO`` thread, and a load of a path whose ``async_save`` is in flight (by a
 second Trainer in the same process, too) waits for its commit. When ``save_checkpoint``
 returns, the path exists for Lightning's own checks (``ModelCheckpoint``'s version counter
-asks fsspec): the root's directory, or the stub, is there — for an async save, before its
-commit (on object storage without a ``url``, once the save's first object, its lease, is
-stored: a prefix exists only with an object under it). A process killed before a path's *first* commit leaves that path existing with
-nothing committed; loading it says so (:class:`~ckptio.errors.NotFoundError`). A path that is
-a symbolic link (``save_last="link"``) is removed as a link, never followed; a save to it
-replaces the link.
+asks fsspec): the stub is there, written after the commit for a synchronous save, and for an
+async save before its commit (a URL path without a stub: its directory, or on object
+storage the save's first object, its lease, once stored: a prefix exists only with an object
+under it). A process killed during an async save's *first* commit leaves that path existing
+with nothing committed; loading it says so (:class:`~ckptio.errors.NotFoundError`). One
+killed between a first synchronous commit and its stub leaves a root no stub names:
+:meth:`CkptioCheckpointIO.restore_stubs` writes it. A removal deletes the stub first, then
+the root. A path that is a symbolic link (``save_last="link"``) is removed as a link, never
+followed; a save to it replaces the link.
 
 **Getting a model back.** ``LightningModule.load_from_checkpoint(path)`` reads ``path`` with
-``torch.load`` and never asks the plugin, so it cannot read a ckptio checkpoint. Use
+``torch.load`` and never asks the plugin: given a stub it raises ``pickle.UnpicklingError``
+("Weights only load failed ... Unsupported operand 123", the stub's opening ``{``; torch's
+advice to retry with ``weights_only=False`` does not apply, the stub is JSON), given a root
+``IsADirectoryError``. Use
 :func:`load_from_checkpoint` (``load_from_checkpoint(MyModel, path)``), or resume training
 with ``trainer.fit(model, ckpt_path=path)`` / ``ckpt_path="last"``, which go through the
 plugin.
 
 **Resuming with ``ckpt_path="last"``.** Lightning looks for ``last*.ckpt`` by listing the
-``ModelCheckpoint``'s directory with fsspec. With ``url=None`` the roots are there (but
-Lightning's lookup drops the scheme of a directory that is a URL, ``s3://`` or
-``memory://``, and finds nothing, with its default plugin too). With a ``url`` the stubs are; on a machine without them (a fresh node resuming from ``s3://``), call
-``io.restore_stubs(dirpath)`` before ``fit`` (it writes the stub of every checkpoint
-committed under the URL for that directory), or pass the path explicitly:
-``ckpt_path="<dirpath>/last.ckpt"`` loads its root whether or not the stub exists.
+``ModelCheckpoint``'s directory with fsspec, and finds the stubs there (Lightning's lookup
+drops the scheme of a directory that is a URL, ``s3://`` or ``memory://``, and finds
+nothing, with its default plugin too). On a machine without them (a fresh node resuming from
+a ``url``), call ``io.restore_stubs(dirpath)`` before ``fit`` (it writes the stub of every
+checkpoint committed under the URL, or in the sidecar, for that directory), or pass the path
+explicitly: ``ckpt_path="<dirpath>/last.ckpt"`` loads its root whether or not the stub
+exists.
 
 **Processes.** Lightning calls ``save_checkpoint`` on global rank 0 only, so the plugin saves
 as a single process. It pickles without its live state (``strategy="ddp_spawn"`` sends it to
@@ -268,8 +281,8 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
     Options (keyword-only after ``url``):
 
     - ``url`` (str or None): root under which each local Lightning checkpoint path ``p``
-      becomes ``<url>/<p relative to base>``, with a stub left at ``p``; None: each Lightning
-      path is its own root.
+      becomes ``<url>/<p relative to base>``; None: ``p``'s root is in the sidecar of its
+      directory, ``<directory>.ckptio/<name>``. Either way a stub is left at ``p``.
     - ``base`` (a local directory, default ``/``; with ``url`` only): the directory whose tree
       the ``url`` mirrors. A Lightning path outside it is refused.
     - ``async_save`` (bool, False): save in the background after a snapshot.
