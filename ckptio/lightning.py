@@ -460,9 +460,9 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
                 _ROOTS.release(root, closer=threading.current_thread())
 
         closer = threading.Thread(target=close, name="ckptio-close")
-        with self._lock:
+        with self._lock:  # listed once started: teardown joins it, and cannot join it before
+            closer.start()
             self._closers = [t for t in self._closers if t.is_alive()] + [closer]
-        closer.start()
 
     # -- the CheckpointIO interface -----------------------------------------------------------
     def save_checkpoint(

@@ -451,6 +451,59 @@ def test_no_thread_of_the_plugin_outlives_fit(tmp_path: Path, async_save: bool) 
     }
 
 
+def test_an_async_save_outside_fit_ends_its_threads_by_itself(tmp_path: Path) -> None:
+    """``trainer.save_checkpoint`` with ``async_save=True`` outside ``fit`` (no ``teardown``
+    follows): the save's thread is alive while it commits (what Lightning's thread check
+    meets when a test ends right after such a save), and every ckptio thread of it ends once
+    the save is committed, with nothing else called."""
+    hold = _Hold()
+    trainer = _trainer(tmp_path, CkptioCheckpointIO(async_save=True, trace=hold), [], max_steps=2)
+    trainer.fit(Tiny(), _data())
+    before = _ckptio_threads()
+    hold.armed.set()
+    trainer.save_checkpoint(tmp_path / "out.ckpt")
+    assert hold.held.wait(HOLD_SECONDS)
+    assert {t.name for t in _ckptio_threads() - before} == {"ckptio-save_0"}  # committing
+    hold.release.set()
+    for _ in range(10):  # the save's thread starts the one that closes its Checkpointer
+        alive = _ckptio_threads() - before
+        for thread in alive:
+            thread.join(HOLD_SECONDS)
+    assert not _ckptio_threads() - before and not hold.timed_out
+    assert _steps_of([tmp_path / "out.ckpt"]) == {"out.ckpt": 2}
+
+
+def test_teardown_never_meets_a_closing_thread_not_yet_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An async save's own thread, once committed, starts a thread that closes its
+    Checkpointer and lists it for ``teardown`` to join (when no plugin call came first).
+    Listed before it was started, a ``teardown`` in between failed with "cannot join thread
+    before it is started" (the end of ``fit`` in docs/training.md's example). The closing
+    thread of a save outside ``fit`` is recorded as it starts: not listed yet; then
+    ``teardown`` joins it."""
+    plugin = CkptioCheckpointIO(async_save=True)
+    trainer = _trainer(tmp_path, plugin, [], max_steps=2)
+    trainer.fit(Tiny(), _data())
+    listed_before_start: list[bool] = []
+    started = threading.Event()
+
+    class Recorded(threading.Thread):
+        def start(self) -> None:
+            if self.name == "ckptio-close":
+                listed_before_start.append(self in plugin._closers)
+                started.set()
+            super().start()
+
+    monkeypatch.setattr(threading, "Thread", Recorded)
+    trainer.save_checkpoint(tmp_path / "out.ckpt")
+    assert started.wait(HOLD_SECONDS)  # committed; nothing called the plugin meanwhile
+    monkeypatch.undo()
+    plugin.teardown()
+    assert listed_before_start == [False]
+    assert _steps_of([tmp_path / "out.ckpt"]) == {"out.ckpt": 2}
+
+
 # -- 6. strategy="ddp_spawn" ------------------------------------------------------------------------
 @pytest.mark.slow
 def test_ddp_spawn_sends_the_plugin_to_its_processes(tmp_path: Path) -> None:
