@@ -386,8 +386,9 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
 
     def _write_stub(self, stub: str, root: str, step: int) -> None:
         """Write the stub through a hidden temp file renamed into place, so Lightning sees
-        the whole stub or none. A local root (a sidecar's) is written relative to the stub's
-        directory, so a run directory moved or copied whole still loads. The temp file names its host and process; one in the
+        the whole stub or none. A sidecar's root (no ``url``) is written relative to the
+        stub's directory, so a run directory moved or copied whole still loads; a ``url``
+        root as it is. The temp file names its host and process; one in the
         directory whose process is gone (killed between write and rename) is removed first,
         so the directory holds stubs only. Another host's temp files are left alone: whether
         their process runs is not known here (a second job writing stubs beside this one)."""
@@ -400,7 +401,7 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(directory, entry))
         tmp = os.path.join(directory, f".{name}{_TMP_MARK}{socket.gethostname()}-{os.getpid()}")
-        if _local_path(root) == root:  # a sidecar's: named from here, so the two can move
+        if self.url is None:  # a sidecar's root: named from here, so the two move together
             root = os.path.relpath(root, os.path.dirname(os.path.realpath(stub)))
         with open(tmp, "w") as f:
             json.dump({"kind": STUB_KIND, "root": root, "step": step}, f)
