@@ -120,11 +120,13 @@ def test_aligned_empty_is_page_aligned_for_large_arrays():
 def test_save_from_aligned_empty_arrays_needs_no_staging(tmp_path, monkeypatch):
     """State allocated with ``ckptio.aligned_empty`` goes to the disk as it is; numpy's own
     arrays (not on a page) go through staging blocks."""
+    from ckptio.backends._directio import Staging
+
     import ckptio
 
     staged: list[int] = []
-    new_stage = LocalStore.new_stage
-    monkeypatch.setattr(LocalStore, "new_stage", lambda self: staged.append(1) or new_stage(self))
+    new_stage = Staging.new
+    monkeypatch.setattr(Staging, "new", lambda self: staged.append(1) or new_stage(self))
     a = ckptio.aligned_empty((4, MiB), np.float32)
     a[...] = np.arange(4 * MiB, dtype=np.float32).reshape(4, MiB)
     ckptio.save({"a": a}, LocalStore(str(tmp_path / "aligned"), direct=True), step=1)
@@ -227,7 +229,7 @@ def _refuse_direct(monkeypatch, name):
     real = getattr(os, name)
 
     def fake(fd, *args):
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & local._O_DIRECT:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & local.O_DIRECT:
             raise OSError(22, "Invalid argument")
         return real(fd, *args)
 
