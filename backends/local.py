@@ -98,7 +98,7 @@ class LocalOptions(TypedDict, total=False):
     """Write through ``O_DIRECT``, bypassing the page cache (default automatic). Page-aligned
     memory (ckptio's async snapshots) goes to the device without a copy; other memory is
     copied into page-aligned staging blocks by the I/O threads (at most ``streams`` blocks in
-    use). Automatic: on for objects of at least ``DIRECT_MIN`` bytes (by their size hint)
+    use). Automatic: on for objects of at least 1 MiB (``DIRECT_MIN``, by their size hint)
     wherever the filesystem accepts O_DIRECT, silently off where it does not; explicitly on:
     a warning where the filesystem refuses it."""
     direct_read: bool | str | None
