@@ -445,8 +445,6 @@ KNOWN_VIOLATIONS: dict[str, str] = {
     "private ckptio.tierbench imports ckptio.runner._start_cold_reads": "pipeline: tiered runs as a runner phase",
     "private ckptio.tierbench imports ckptio.runner._target_label": "pipeline: tiered runs as a runner phase",
     "private ckptio.tierbench imports ckptio.runner._valid_cache": "pipeline: tiered runs as a runner phase",
-    # owner "contract" (issue 31, the storage side)
-    "parameters ckptio/workload.py:custom_preset": "contract: a model and a layout",
 }
 """Violations still there, each with its owner and why; the list only shrinks: a new
 violation fails, and so does an entry whose violation is gone (delete it)."""
