@@ -183,7 +183,7 @@ def test_saving_a_committed_step_again_is_refused(url: str) -> None:
 def test_a_save_asks_whether_its_step_exists_while_it_publishes_its_lease(tmp_path) -> None:
     """On an object store each is a round trip before the first byte: they overlap (here on
     emulated cloud S3, 100 ms each; a HEAD that finds nothing takes its round trip too)."""
-    store = ckptio.open_store(f"shaped+file://{tmp_path}?profile=cloud-s3")
+    store = ckptio.open_store(f"emulate+file://{tmp_path}?profile=cloud-s3")
     ckptio.save({"x": np.zeros(3)}, store, step=1)
     head = next(e for e in store.trace.events() if e.op == "head")
     lease = next(e for e in store.trace.events() if e.op == "put" and "saving-" in e.key)
