@@ -32,7 +32,69 @@ __all__ = ["LocalPositionalWriter", "LocalWriter"]
 log = logging.getLogger(__name__)
 
 
-class LocalWriter(Writer):
+class _FileWriter:
+    """What both writers of a local store share: the file's descriptors (buffered, and
+    ``O_DIRECT`` where the store writes direct), blocks written from the store's thread pool,
+    their errors, the fsync, closing the descriptors."""
+
+    key: str
+    _store: LocalStore
+    _path: str
+    _fd: int
+    _dfd: int
+    _done: bool
+    _futures: list[Future[None]]
+
+    def _open_direct(self, path: str) -> bool:
+        """Open ``path`` again ``O_DIRECT`` (into ``_dfd``); False where the filesystem
+        refuses (the store then stops trying)."""
+        try:
+            self._dfd = os.open(path, os.O_WRONLY | O_DIRECT)
+            return True
+        except OSError as err:
+            self._store.direct_refused(self._path, err)
+            return False
+
+    def _pwrite(self, fd: int, view: memoryview, offset: int) -> None:
+        if self._done:
+            return  # aborted while queued: skip the write (close waits before setting _done)
+        with self._store.trace.request("write", self.key, view.nbytes, backend=self._store.name):
+            try:
+                while view:
+                    try:
+                        n = os.pwrite(fd, view, offset)
+                    except OSError as err:
+                        if err.errno != errno.EINVAL or fd != self._dfd or fd < 0:
+                            raise
+                        # the filesystem opened O_DIRECT but refuses this request (alignment
+                        # rules stricter than a page): write it through the page cache
+                        log.debug("O_DIRECT write refused for %s (%s); buffered", self._path, err)
+                        fd = self._fd
+                        continue
+                    view = view[n:]
+                    offset += n
+            except OSError as err:
+                raise os_error(err, self._path, "write") from err
+
+    def _wait(self) -> None:
+        futures, self._futures = self._futures, []
+        wait_all(futures)
+
+    def _fsync(self) -> None:
+        with self._store.trace.request("fsync", self.key, backend=self._store.name):
+            try:
+                os.fsync(self._fd)
+            except OSError as err:
+                raise os_error(err, self._path, "fsync") from err
+
+    def _close_fds(self) -> None:
+        for fd in (self._fd, self._dfd):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._dfd = -1
+
+
+class LocalWriter(_FileWriter, Writer):
     """One object written to a temp file beside its target in blocks from the store's thread
     pool, fsynced, renamed into place, its directory fsynced (see :mod:`.local`)."""
 
@@ -55,11 +117,7 @@ class LocalWriter(Writer):
         if store.direct_auto and size_hint is not None and size_hint < DIRECT_MIN:
             self._direct = False  # small object: the page cache is cheaper
         if self._direct:
-            try:
-                self._dfd = os.open(self._tmp, os.O_WRONLY | O_DIRECT)
-            except OSError as err:
-                store.direct_refused(self._path, err)
-                self._direct = False
+            self._direct = self._open_direct(self._tmp)
         if size_hint and store.preallocate:
             try:
                 os.posix_fallocate(self._fd, 0, size_hint)
@@ -70,27 +128,6 @@ class LocalWriter(Writer):
                 # EOPNOTSUPP and friends: preallocation is an optimisation only
 
     # -- write path -------------------------------------------------------------------------
-    def _pwrite(self, fd: int, view: memoryview, offset: int) -> None:
-        if self._done:
-            return  # aborted while queued: skip the write (close waits before setting _done)
-        with self._store.trace.request("write", self.key, view.nbytes, backend=self._store.name):
-            try:
-                while view:
-                    try:
-                        n = os.pwrite(fd, view, offset)
-                    except OSError as err:
-                        if err.errno != errno.EINVAL or fd != self._dfd or fd < 0:
-                            raise
-                        # the filesystem opened O_DIRECT but refuses this request (alignment
-                        # rules stricter than a page): write it through the page cache
-                        log.debug("O_DIRECT write refused for %s (%s); buffered", self._path, err)
-                        fd = self._fd
-                        continue
-                    view = view[n:]
-                    offset += n
-            except OSError as err:
-                raise os_error(err, self._path, "write") from err
-
     def _submit(self, fd: int, view: memoryview, offset: int, keep: object = None) -> None:
         self._futures.append(self._store.pool.submit(self._pwrite, fd, view, offset))
 
@@ -172,10 +209,6 @@ class LocalWriter(Writer):
             store.staging.inflight.release()
             raise
 
-    def _wait(self) -> None:
-        futures, self._futures = self._futures, []
-        wait_all(futures)
-
     def close(self) -> None:
         if self._done:
             return
@@ -189,11 +222,7 @@ class LocalWriter(Writer):
             elif store.preallocate:
                 os.ftruncate(self._fd, self._nbytes)
             if store.fsync:
-                with tr.request("fsync", self.key, backend=store.name):
-                    try:
-                        os.fsync(self._fd)
-                    except OSError as err:
-                        raise os_error(err, self._path, "fsync") from err
+                self._fsync()
             with tr.request("close", self.key, backend=store.name):
                 self._close_fds()
             with tr.request("rename", self.key, backend=store.name):
@@ -208,12 +237,6 @@ class LocalWriter(Writer):
             self.abort()
             raise
         self._done = True
-
-    def _close_fds(self) -> None:
-        for fd in (self._fd, self._dfd):
-            if fd >= 0:
-                os.close(fd)
-        self._fd = self._dfd = -1
 
     def abort(self) -> None:
         if self._done:
@@ -235,9 +258,10 @@ class LocalWriter(Writer):
             os.unlink(self._tmp)
 
 
-class LocalPositionalWriter(PositionalWriter):
+class LocalPositionalWriter(_FileWriter, PositionalWriter):
     """One writer's handle on a shared file: blocks go out through the store's pwrite pool
-    (O_DIRECT from aligned staging blocks when the store writes direct)."""
+    (O_DIRECT from aligned staging blocks when the store writes direct; a range's tail off a
+    page through the page cache, so nothing is written outside the writer's ranges)."""
 
     def __init__(self, store: LocalStore, key: str, size: int, create: bool) -> None:
         self.key = key
@@ -259,20 +283,7 @@ class LocalPositionalWriter(PositionalWriter):
                 self._fd = open_regular(self._path, os.O_WRONLY)
         self._dfd = -1
         if store.direct:
-            try:
-                self._dfd = os.open(self._path, os.O_WRONLY | O_DIRECT)
-            except OSError as err:
-                store.direct_refused(self._path, err)
-
-    def _pwrite(self, fd: int, view: memoryview, offset: int) -> None:
-        with self._store.trace.request("write", self.key, view.nbytes, backend=self._store.name):
-            try:
-                while view:
-                    n = os.pwrite(fd, view, offset)
-                    view = view[n:]
-                    offset += n
-            except OSError as err:
-                raise os_error(err, self._path, "write") from err
+            self._open_direct(self._path)
 
     def pwrite(self, offset: int, data: Buffer) -> None:
         if self._done:
@@ -292,19 +303,19 @@ class LocalPositionalWriter(PositionalWriter):
                 )
 
     def _staged(self, piece: memoryview, offset: int) -> None:
-        # O_DIRECT: copy into an aligned block, zero-pad the tail to ALIGN (the writer owns it)
-        stage = self._store.staging.take()
-        try:
-            length = -(-piece.nbytes // ALIGN) * ALIGN
-            stage[: piece.nbytes] = piece
-            stage[piece.nbytes : length] = bytes(length - piece.nbytes)
-            self._pwrite(self._dfd, memoryview(stage)[:length], offset)
-        finally:
-            self._store.staging.give(stage)
-
-    def _wait(self) -> None:
-        futures, self._futures = self._futures, []
-        wait_all(futures)
+        """O_DIRECT from an aligned staging block for the whole pages of ``piece`` (at an
+        aligned ``offset``); a tail off a page through the page cache, unpadded: padding would
+        grow the file past its size or land on bytes another range holds."""
+        whole = piece.nbytes - piece.nbytes % ALIGN
+        if whole:
+            stage = self._store.staging.take()
+            try:
+                stage[:whole] = piece[:whole]
+                self._pwrite(self._dfd, memoryview(stage)[:whole], offset)
+            finally:
+                self._store.staging.give(stage)
+        if whole < piece.nbytes:
+            self._pwrite(self._fd, piece[whole:], offset + whole)
 
     def close(self) -> None:
         if self._done:
@@ -313,11 +324,7 @@ class LocalPositionalWriter(PositionalWriter):
         try:
             self._wait()
             if store.fsync:
-                with tr.request("fsync", self.key, backend=store.name):
-                    try:
-                        os.fsync(self._fd)
-                    except OSError as err:
-                        raise os_error(err, self._path, "fsync") from err
+                self._fsync()
                 store.dirs.sync_new()
         except BaseException:
             self.abort()
@@ -325,12 +332,6 @@ class LocalPositionalWriter(PositionalWriter):
         with tr.request("close", self.key, backend=store.name):
             self._close_fds()
         self._done = True
-
-    def _close_fds(self) -> None:
-        for fd in (self._fd, self._dfd):
-            if fd >= 0:
-                os.close(fd)
-        self._fd = self._dfd = -1
 
     def abort(self) -> None:
         if self._done:
