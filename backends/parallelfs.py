@@ -266,7 +266,9 @@ class ParallelFSStore(LocalStore):
         opens a ``file://`` URL there with this class instead of the plain local store."""
         return detect_fs(path).parallel
 
-    def __init__(self, url: str, *, trace: Trace | None = None, **options: Unpack[PFSOptions]):
+    def __init__(
+        self, url: str, *, trace: Trace | None = None, **options: Unpack[PFSOptions]
+    ) -> None:
         opts: dict[str, Any] = dict(options)
         fs = opts.pop("fs", "auto")
         stripe_count = opts.pop("stripe_count", "auto")
