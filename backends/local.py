@@ -213,6 +213,8 @@ class LocalStore(Store):
             return self._pool
 
     def direct_refused(self, path: str, err: OSError) -> None:
+        """The filesystem refused O_DIRECT at ``path``: this store reads and writes through
+        the page cache from now on (a warning where ``direct`` was asked for, else quietly)."""
         if self.direct_auto:
             log.debug(
                 "O_DIRECT refused at %s (%s); buffered I/O", path, os.strerror(err.errno or 0)
