@@ -363,6 +363,9 @@ class ShapedStore(Store):
     def client_versions(self) -> dict[str, str]:
         return self.inner.client_versions()
 
+    def file_layout(self, key: str) -> dict[str, int | str]:
+        return self.inner.file_layout(key)
+
     @property
     def cold_read_modes(self) -> tuple[str, ...]:
         """The wrapped store's page-cache drop passes through; its reads are not switched

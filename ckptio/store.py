@@ -434,6 +434,13 @@ class Store(ABC):
         record its filesystem type. None for object stores and memory."""
         return None
 
+    def file_layout(self, key: str) -> dict[str, int | str]:
+        """How the storage laid the existing object ``key`` out, in its own terms (a parallel
+        filesystem's striping: ``fs``, ``stripe_count``, ``stripe_size`` / ``stripe_unit``,
+        ``object_size``, ...); ``{}`` where the storage has no such notion. A run's sidecar
+        records it for one of its objects (``storage_layout``)."""
+        return {}
+
     def client_versions(self) -> dict[str, str]:
         """``{distribution: version}`` of :attr:`client_packages` (those not installed left
         out): what a result records about the client this store ran on."""

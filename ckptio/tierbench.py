@@ -63,6 +63,7 @@ from ckptio.redact import redact, redact_url
 from ckptio.registry import emulation_url, open_store
 from ckptio.runner import (
     CACHE_MODES,
+    HOST,
     KEEP,
     DataGenerator,
     RunSettings,
@@ -75,6 +76,7 @@ from ckptio.runner import (
     _start_cold_reads,
     _target_label,
     _valid_cache,
+    hosts_of,
     log,
 )
 from ckptio.store import Store
@@ -382,6 +384,7 @@ def run_tiered_workload(
                         "start": start,
                         "end": start + seconds,
                         "cache": how,
+                        "host": HOST,
                     }
                 )
 
@@ -492,7 +495,13 @@ def run_tiered_workload(
     finally:
         shutil.rmtree(base, ignore_errors=True)
     everything = comm.gather(
-        {"phases": rows, "requests": _merge_columns(parts), "iters": iters, "rss": _peak_rss()},
+        {
+            "phases": rows,
+            "requests": _merge_columns(parts),
+            "iters": iters,
+            "rss": _peak_rss(),
+            "host": HOST,
+        },
         root=0,
     )
     summary = RunSummary(
@@ -535,7 +544,8 @@ def run_tiered_workload(
                     "gen_seconds": 0.0,
                 }
                 for f in e["iters"]
-            ]
+            ],
+            "host": e["host"],
         }
         for e in everything
     ]
@@ -621,6 +631,7 @@ def run_tiered_workload(
                 "steps": written,
                 "cache_bypass": cache_used,
                 "communicator": type(comm).__name__,
+                "hosts": hosts_of(everything),
             },
             client_versions=versions,
         )
