@@ -1005,7 +1005,7 @@ def build_report(
     import html
     import os
 
-    from ckptio import errors
+    from ckptio import errors, pernode
     from ckptio.model import DEFAULT_P_LOSE_NODE, DEFAULT_RESTART_OVERHEAD
     from ckptio.results import read_results
 
@@ -1111,6 +1111,8 @@ def build_report(
             ],
         )
     )
+    node_sections = pernode.sections(res)  # runs over several hosts (ckptio.pernode)
+    md += ["", *pernode.markdown(res)] if node_sections else []
     md += [
         "",
         "## Full-scale projection (model)",
@@ -1239,6 +1241,11 @@ def build_report(
             comp_rows,
             [s["kind"] for s in summary],
         ),
+        *(
+            f"<h2>{html.escape(sec['title'])}</h2><p>{html.escape(sec['intro'])}</p>"
+            + table_html(sec["header"], sec["rows"], ["measured"] * len(sec["rows"]))
+            for sec in node_sections
+        ),
         "<h2>Full-scale projection (model)</h2>",
         f"<p>Interval {human_seconds(interval)}, price {price:g} per GPU-hour (assumption), "
         f"{html.escape(restart_text)}; every figure in this table is projected; report.md "
@@ -1269,4 +1276,5 @@ def build_report(
         "projections": proj,
         "sites": sites,
         "plots_missing": no_plots,
+        "nodes": node_sections,
     }

@@ -80,6 +80,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "analysis",  # model, report, the comparison and the servers it starts
         (
             "ckptio.model",
+            "ckptio.pernode",
             "ckptio.report",
             "ckptio.compare",
             "ckptio.mockserver",
