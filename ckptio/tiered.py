@@ -413,21 +413,19 @@ def _fast_roots(local: Any, size: int) -> list[str]:
 
 def _check_one_root_reaches_every_node(store: Store, comm: Communicator) -> None:
     """Collective, where every rank was given one fast-tier root: when the ranks run on more
-    than one host, check that the root is one place for all of them (a shared filesystem),
-    not a node-local path that names a different directory on each node (rank 0's commit
+    than one host and name the same URL, check that it is one place for all of them (a shared
+    filesystem), not a node-local path that names a different directory on each node (rank 0's commit
     would find the other nodes' objects missing). Rank 0 publishes a marker there and every
     rank looks for it; a rank that cannot see it raises
     :class:`~ckptio.errors.InvalidArgumentError` on every rank, naming the fix (``{rank}``)."""
     import socket
 
-    hosts = comm.gather(socket.gethostname(), root=0)
-    probe = comm.bcast(
-        None
-        if hosts is None or len(set(hosts)) == 1
-        else f".ckptio-root-probe-{secrets.token_hex(6)}",
-        root=0,
-    )
-    if probe is None:  # one node: one root
+    given = comm.gather((socket.gethostname(), store.url), root=0)
+    probe = None
+    if given is not None and len({h for h, _ in given}) > 1 and len({u for _, u in given}) == 1:
+        probe = f".ckptio-root-probe-{secrets.token_hex(6)}"
+    probe = comm.bcast(probe, root=0)
+    if probe is None:  # one node (one root), or each rank named a root of its own
         return
     if comm.rank == 0:
         store.publish(probe, b"1")

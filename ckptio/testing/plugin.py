@@ -53,6 +53,7 @@ def memory_url() -> Iterator[str]:
 # S3 fixtures on a moto server or Ceph RGW (moto_server, rgw_server, s3_target, s3_env,
 # s3_client, s3_bucket, s3_url, fault_proxy): see ckptio.testing.moto;
 # a CephFS mounted through ceph-fuse (cephfs): see ckptio.testing.rgw
+from ckptio.testing.cluster.fixture import cluster  # noqa: E402, F401
 from ckptio.testing.gluster import gluster_volume  # noqa: E402, F401
 from ckptio.testing.moto import (  # noqa: E402, F401
     fault_proxy,

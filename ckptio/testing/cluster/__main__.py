@@ -3,10 +3,10 @@ package docstring)."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
+from ckptio.cli import ArgumentParser  # argparse is the CLI layer's (tests/test_layers.py)
 from ckptio.testing.cluster.core import (
     DEFAULT_NODES,
     Cluster,
@@ -60,7 +60,7 @@ def _describe(c: Cluster) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ckptio.testing.cluster")
+    p = ArgumentParser(prog="python -m ckptio.testing.cluster")
     sub = p.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a cluster that stays until `down`")
     up.add_argument("-n", "--nodes", type=int, default=DEFAULT_NODES)
@@ -72,13 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     down.add_argument("--all", action="store_true", help="every recorded cluster")
     down.add_argument("--stale", action="store_true", help="those whose owner is gone")
     ex = sub.add_parser("exec", help="run a command in a node: exec [ID] NODE -- CMD...")
-    ex.add_argument("words", nargs=argparse.REMAINDER)
+    ex.add_argument("words", nargs="...")  # argparse.REMAINDER
     st = sub.add_parser("status", help="the recorded clusters")
     st.add_argument("id", nargs="?")
     for name in ("kill-node", "start-node"):
         k = sub.add_parser(name, help=f"{name.replace('-', ' ')}: [ID] NODE")
         k.add_argument("words", nargs="+")
-    rp = sub.add_parser("reap", help=argparse.SUPPRESS)
+    rp = sub.add_parser("reap", help="==SUPPRESS==")  # argparse.SUPPRESS: internal
     rp.add_argument("id")
     args = p.parse_args(argv)
 

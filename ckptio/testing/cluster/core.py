@@ -311,12 +311,19 @@ class Cluster:
         return self.run(None, ["srun", *args], **kw)
 
     def sbatch(
-        self, script: str, *, cwd: str | None = None, timeout: float = RUN_TIMEOUT
+        self,
+        script: str,
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float = RUN_TIMEOUT,
     ) -> dict[str, str]:
         """Submit the batch ``script`` (a path) with ``sbatch`` and wait for the job to end;
         returns its ``scontrol show job`` fields (``JobState``, ``ExitCode``, ``StdOut``, ...).
+        The job gets :meth:`env` plus ``env`` (sbatch exports the submitter's environment).
         Polls every 0.1 s: ``sbatch --wait`` backs off to ~10 s for a job of one second."""
-        jid = self.run(None, ["sbatch", "--parsable", script], cwd=cwd).stdout.strip().split(";")[0]
+        submitted = self.run(None, ["sbatch", "--parsable", script], cwd=cwd, env=env)
+        jid = submitted.stdout.strip().split(";")[0]
         deadline = time.monotonic() + timeout
         while True:
             out = self.run(None, ["scontrol", "show", "job", "-o", jid], check=False).stdout
