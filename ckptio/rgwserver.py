@@ -64,7 +64,9 @@ __all__ = [
     "CephServer",
     "RgwServer",
     "RgwUnavailable",
+    "cephfs_sessions",
     "empty_bucket",
+    "evict_cephfs_clients",
     "main",
     "mount_cephfs",
     "start_ceph",
@@ -506,6 +508,31 @@ def unmount_cephfs(server: CephServer, path: str) -> str | None:
         problem = problem or gone
     _save(server)
     return problem
+
+
+def cephfs_sessions(server: CephServer) -> list[dict[str, Any]]:
+    """The MDS's client sessions: ``id``, ``hostname`` (the client's), ``state``."""
+    out = _run(["ceph", "-c", server.conf, "tell", "mds.a", "session", "ls", "--format", "json"])
+    return [
+        {
+            "id": int(s["id"]),
+            "hostname": str(s.get("client_metadata", {}).get("hostname", "")),
+            "state": str(s.get("state", "")),
+        }
+        for s in json.loads(out)
+    ]
+
+
+def evict_cephfs_clients(server: CephServer, hostname: str) -> list[int]:
+    """Evict the CephFS client sessions of host ``hostname`` (a node that died, as a
+    cluster's failure handling fences it): otherwise the MDS keeps the capabilities they held
+    until it closes the session itself (``mds session autoclose``, 300 s), and every other
+    client that needs one of them (to create a file in a directory the dead client had open)
+    waits that long. Returns the session ids evicted."""
+    ids = [s["id"] for s in cephfs_sessions(server) if s["hostname"] == hostname]
+    for i in ids:
+        _run(["ceph", "-c", server.conf, "tell", "mds.a", "client", "evict", f"id={i}"])
+    return ids
 
 
 def _save(server: CephServer) -> None:

@@ -62,6 +62,7 @@ def test_every_node_mounts_the_shared_filesystem_with_its_own_client(
     for n in cluster.nodes:
         mounts = cluster.run(n, ["cat", "/proc/self/mounts"]).stdout
         assert f" {point} {mount_type} " in mounts, mounts
+        assert mounts.count(f" {point} ") == 1, mounts  # its own, not this machine's beneath
         # the client is a process of this node (its own PID namespace shows it)
         assert client in cluster.run(n, ["ps", "-eo", "comm"]).stdout
     name = f"probe-{fs}-{os.getpid()}"
@@ -70,8 +71,7 @@ def test_every_node_mounts_the_shared_filesystem_with_its_own_client(
     try:
         for n in ("node0", "node1"):
             assert cluster.run(n, ["cat", f"{point}/{name}"]).stdout == data
-        host_view = cluster.host_cephfs if fs == "cephfs" else cluster.host_gluster
-        assert Path(host_view, name).read_text() == data
+        assert Path(point, name).read_text() == data  # this machine's own client
     finally:
         cluster.run("node0", ["rm", "-f", f"{point}/{name}"])
 
@@ -132,11 +132,19 @@ def test_a_killed_node_is_replaced_by_an_empty_one(cluster: Cluster) -> None:
     assert f"ckc{cluster.id}-node2" not in netns
     with pytest.raises(ClusterUnavailable, match="not running"):
         cluster.run("node2", ["true"])
+    from ckptio.rgwserver import CephServer, cephfs_sessions
+
+    ceph = CephServer(**cluster.state.ceph)  # type: ignore[arg-type]
+    assert "node2" not in [s["hostname"] for s in cephfs_sessions(ceph)]  # evicted: fenced
     cluster.start_node("node2")
+    assert [s["hostname"] for s in cephfs_sessions(ceph)].count("node2") == 1
     assert cluster.state.nodes["node2"].pid != old
     assert cluster.hostname("node2") == "node2"
     assert cluster.run("node2", ["ls", "-A", cluster.local]).stdout == ""
-    assert " fuse.ceph-fuse " in cluster.run("node2", ["cat", "/proc/self/mounts"]).stdout
+    mounts = cluster.run("node2", ["cat", "/proc/self/mounts"]).stdout
+    # its own CephFS client, the login node's (copied in at its start) unmounted
+    assert mounts.count(f" {cluster.cephfs} fuse.ceph-fuse ") == 1, mounts
+    assert "ceph-fuse" in cluster.run("node2", ["ps", "-eo", "comm"]).stdout
     out = cluster.srun(["-N3", "--ntasks-per-node=1", "hostname"]).stdout.split()
     assert sorted(out) == ["node0", "node1", "node2"]
 

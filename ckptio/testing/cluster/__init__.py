@@ -20,12 +20,12 @@ Shape (``<id>`` is 6 hex digits, unique per cluster; ``<work>`` is ``$TMPDIR/ckc
   that enters the node instead of ssh-ing to it (:meth:`Cluster.mpiexec_command`).
 - **torchrun** on every node, c10d rendezvous on ``node0`` (:meth:`Cluster.torchrun`).
 - **Ceph** (:mod:`ckptio.rgwserver`: a monitor, a memstore OSD, an MDS, radosgw) bound to the
-  bridge address: RGW at :attr:`Cluster.rgw_endpoint`; CephFS mounted by every node with
-  its own ``ceph-fuse`` at ``<work>/mnt/cephfs`` (and by this machine at
-  ``<work>/host/cephfs``).
+  bridge address: RGW at :attr:`Cluster.rgw_endpoint`; CephFS mounted at
+  ``<work>/mnt/cephfs`` by every node with its own ``ceph-fuse``, and by this machine (the
+  login node) with another.
 - **GlusterFS** (``gluster=True``; :mod:`ckptio.testing.gluster`): a volume with bricks
-  served at the bridge address, mounted by every node at ``<work>/mnt/gluster`` (this
-  machine: ``<work>/host/gluster``).
+  served at the bridge address, mounted at ``<work>/mnt/gluster`` by every node and by this
+  machine, each with its own client.
 - ``<work>/shared``: a plain directory of this machine's disk that every node sees.
 
 Teardown leaves nothing (no namespace, veth, bridge, mount, daemon, directory): at

@@ -47,10 +47,10 @@ def _describe(c: Cluster) -> str:
     if c.state.options.get("slurm"):
         lines.append(f"  SLURM_CONF       {c.slurm_conf}")
     if c.state.ceph:
-        lines.append(f"  CephFS           {c.cephfs} (nodes), {c.host_cephfs} (here)")
+        lines.append(f"  CephFS           {c.cephfs}")
         lines.append(f"  RGW (S3)         {c.rgw_endpoint}")
     if c.state.gluster:
-        lines.append(f"  GlusterFS        {c.gluster} (nodes), {c.host_gluster} (here)")
+        lines.append(f"  GlusterFS        {c.gluster}")
     for n in c.state.nodes.values():
         up = "up" if same_process(n.pid, n.start) else "DOWN"
         lines.append(f"  {n.name:<6} {n.ip:<15} {up}  enter: nsenter -t {n.pid} -a")

@@ -144,9 +144,9 @@ class Cluster:
 
     - :attr:`local`: the node-local directory, a private tmpfs on each node (empty here);
     - :attr:`shared`: a plain directory of this machine's disk, seen by every node;
-    - :attr:`cephfs` / :attr:`gluster`: where every node mounts CephFS / the GlusterFS volume
-      with its own client (each node one ``ceph-fuse`` / ``glusterfs`` process);
-      :attr:`host_cephfs` / :attr:`host_gluster`: this machine's own mounts of them.
+    - :attr:`cephfs` / :attr:`gluster`: where CephFS / the GlusterFS volume is mounted, on
+      every node with its own client (one ``ceph-fuse`` / ``glusterfs`` process each) and on
+      this machine (the login node) with another.
     """
 
     def __init__(self, state: ClusterState) -> None:
@@ -176,14 +176,6 @@ class Cluster:
     @property
     def gluster(self) -> str:
         return str(self.workdir / "mnt" / "gluster")
-
-    @property
-    def host_cephfs(self) -> str:
-        return str(self.workdir / "host" / "cephfs")
-
-    @property
-    def host_gluster(self) -> str:
-        return str(self.workdir / "host" / "gluster")
 
     @property
     def nodes(self) -> list[str]:
@@ -453,13 +445,22 @@ class Cluster:
     def kill_node(self, node: str) -> None:
         """Kill ``node`` as a machine dies: every process in it (its ranks, slurmd, its
         CephFS and GlusterFS clients) at once with SIGKILL, its node-local directory gone with
-        its tmpfs, its network removed. :meth:`start_node` brings up a replacement with the
-        same name and address."""
+        its tmpfs, its network removed; then its CephFS client is evicted, as a cluster's
+        failure handling fences a dead node (the MDS would otherwise hold the capabilities it
+        had for 300 s, and every client needing one waits). :meth:`start_node` brings up a
+        replacement with the same name and address."""
         n = self._node(node)
         problems = kill_node(n)
         remove_node_net(n)
         n.pid = n.start = 0
         self.state.save()
+        if self.state.ceph is not None and self.state.ceph.get("cephfs"):
+            from ckptio.rgwserver import CephServer, RgwUnavailable, evict_cephfs_clients
+
+            try:  # fenced, as a cluster's failure handling does (else 300 s of stuck caps)
+                evict_cephfs_clients(CephServer(**self.state.ceph), node)
+            except RgwUnavailable as err:
+                problems.append(f"evicting {node}'s CephFS client: {err}")
         if problems:
             raise ClusterUnavailable("; ".join(problems))
 
@@ -500,14 +501,15 @@ class Cluster:
 
 
 def _holder_script(c: Cluster, node: Node, local: bool) -> str:
-    host_views = str(c.workdir / "host") + "/"
+    shared_mounts = str(c.workdir / "mnt") + "/"
     return f"""set -e
 hostname {node.name}
 {f"mount -t tmpfs -o size={LOCAL_SIZE},mode=1777 ckptio-local {c.local}" if local else ""}
 mount --bind {c.workdir}/run/hosts /etc/hosts
 mount --bind {c.workdir}/run/resolv.conf /etc/resolv.conf
-# this machine's own CephFS/GlusterFS mounts are not the node's: its clients mount their own
-awk -v p={host_views} 'index($2, p) == 1 {{print $2}}' /proc/self/mounts | sort -r | xargs -r -n1 umount -l
+# this machine's CephFS/GlusterFS mounts (copied into a node started after them, a
+# replacement) are not the node's: its own clients mount there
+awk -v p={shared_mounts} 'index($2, p) == 1 {{print $2}}' /proc/self/mounts | sort -r | xargs -r -n1 umount -l
 echo ready
 exec </dev/null >/dev/null 2>&1
 trap 'exit 0' TERM INT
@@ -718,7 +720,7 @@ def _start_ceph(c: Cluster) -> None:
         raise ClusterUnavailable(f"Ceph: {err}") from err
     c.state.ceph = asdict(server)
     c.state.save()
-    mount_cephfs(server, c.host_cephfs)
+    mount_cephfs(server, c.cephfs)
     c.state.ceph = asdict(server)
     c.state.save()
 
@@ -732,7 +734,7 @@ def _start_gluster(c: Cluster) -> None:
             bricks=2,
             name=f"ckc-{c.id}",
             host=c.host_ip,
-            mount=c.host_gluster,
+            mount=c.gluster,
         )
     except GlusterUnavailable as err:
         raise ClusterUnavailable(f"GlusterFS: {err}") from err
@@ -797,7 +799,7 @@ def start_cluster(
         )
         if owned:
             state.owner, state.owner_start = os.getpid(), proc_start(os.getpid())
-        for sub in ("run", "local", "shared", "mnt/cephfs", "mnt/gluster", "host", "run/mpitmp"):
+        for sub in ("run", "local", "shared", "mnt/cephfs", "mnt/gluster", "run/mpitmp"):
             (workdir / sub).mkdir(parents=True, exist_ok=True)
         state.save()
         cluster = Cluster(state)
