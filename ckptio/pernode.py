@@ -53,7 +53,8 @@ def _tables(res: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[
 
 def node_rows(res: Any) -> list[dict[str, Any]]:
     """One row per (run, host) for every run whose ranks ran on more than one host (``res``:
-    :class:`ckptio.results.Results`): ``target``, ``run_id``, ``host``, ``ranks``,
+    :class:`ckptio.results.Results`): ``target``, ``run_id``, ``nodes`` (the run's hosts),
+    ``host``, ``ranks``,
     ``write_bytes``, ``write_seconds``, ``write_GBps``, ``read_seconds``, ``read_GBps``,
     ``requests``, ``slowest`` (the run's slowest writer) and ``vs_fastest`` (its write time
     over the fastest node's; on the slowest node's row)."""
@@ -91,6 +92,7 @@ def node_rows(res: Any) -> list[dict[str, Any]]:
                 {
                     "target": target[run_id],
                     "run_id": run_id,
+                    "nodes": len(hosts),
                     "host": host,
                     "ranks": sorted({p["rank"] for p in on}),
                     "write_bytes": int(wb),
@@ -116,7 +118,8 @@ def node_rows(res: Any) -> list[dict[str, Any]]:
 def fitted_profile(res: Any, target: str, *, nodes: int | None = None) -> Any:
     """The storage profile the model fits from the measured runs of ``target`` on ``nodes``
     writing nodes (None: the fewest it was run on): :meth:`ckptio.model.Calibration.as_profile`
-    of :func:`ckptio.model.calibrate` over those runs' requests. Raises
+    of :func:`ckptio.model.calibrate` over those runs' requests, its streams per node those of
+    every process on a node (the runs table records one process's). Raises
     :class:`~ckptio.errors.InvalidArgumentError` when there are no such runs."""
     from ckptio import errors
     from ckptio.model import calibrate
@@ -132,12 +135,17 @@ def fitted_profile(res: Any, target: str, *, nodes: int | None = None) -> Any:
         raise errors.InvalidArgumentError(
             f"no measured write requests of {target!r} on {nodes} node(s) to fit a profile from"
         )
-    return cals[0].as_profile(name=f"fitted:{target}@{nodes}node")
+    profile = cals[0].as_profile(name=f"fitted:{target}@{nodes}node")
+    # the runs record each process's streams; the model counts a node's: the processes of
+    # a node each drive their own
+    per_node = max(-(-int(r["ranks"] or 1) // max(1, int(r.get("nodes") or 1))) for r in base)
+    return replace(profile, streams=profile.streams * per_node)
 
 
-def _workload(run: dict[str, Any], phases: Sequence[dict[str, Any]]) -> Any:
+def _workload(run: dict[str, Any], phases: Sequence[dict[str, Any]], inflight: int) -> Any:
     """The model's workload of one iteration of a run: its bytes, its processes dealt onto
-    its writing nodes, the busiest process's bytes and objects."""
+    its writing nodes, the busiest process's bytes and objects, ``inflight`` objects in
+    flight per process."""
     from ckptio.model import Workload
 
     mine = [p for p in phases if p["run_id"] == run["run_id"] and p["phase"] == "write"]
@@ -152,7 +160,7 @@ def _workload(run: dict[str, Any], phases: Sequence[dict[str, Any]]) -> Any:
         ranks=ranks,
         ranks_per_node=-(-ranks // nodes),
         name=f"{run['preset']} on {nodes} node(s)",
-        object_concurrency=2,
+        object_concurrency=max(1, inflight),
     )
 
 
@@ -185,8 +193,8 @@ def why_different(
 
 def scaling_rows(res: Any) -> list[dict[str, Any]]:
     """One row per (measured target, node count) for targets run on several node counts:
-    ``target``, ``nodes``, ``runs``, ``measured_GBps`` (mean; ``measured_range``: min and max
-    over the runs), ``predicted_GBps`` and ``binding`` (the model fitted on the fewest nodes),
+    ``target``, ``nodes``, ``runs`` (iterations: rows of the runs table), ``measured_GBps``
+    (mean; ``measured_range``: min and max over them), ``predicted_GBps`` and ``binding`` (the model fitted on the fewest nodes),
     ``difference`` (measured / predicted - 1), ``with_aggregate_GBps`` (the model given the
     aggregate measured on the most nodes), ``flagged`` (|difference| >
     :data:`DIFFERENCE_SHOWN`) and ``why``."""
@@ -195,6 +203,9 @@ def scaling_rows(res: Any) -> list[dict[str, Any]]:
     from ckptio.profiles import Figure
 
     runs, phases, _ = _tables(res)
+    inflight = {
+        s.get("run_id"): int((s.get("config") or {}).get("inflight") or 2) for s in res.sidecars
+    }
     measured = [
         r
         for r in runs
@@ -224,7 +235,7 @@ def scaling_rows(res: Any) -> list[dict[str, Any]]:
             at = [r for r in mine if int(r["nodes"]) == n]
             gbps = [float(r["write_GBps"]) for r in at]
             # the model takes the iteration's workload; runs at one node count share it
-            work = _workload(at[0], phases)
+            work = _workload(at[0], phases, inflight.get(at[0]["run_id"], 2))
             est = estimate(work, profile, phase="write")
             est2 = estimate(work, with_agg, phase="write")
             mean = sum(gbps) / len(gbps)
@@ -272,6 +283,7 @@ def sections(res: Any) -> list[dict[str, Any]]:
                 "per row (no interval).",
                 "header": [
                     "target",
+                    "nodes",
                     "host",
                     "ranks",
                     "written",
@@ -285,6 +297,7 @@ def sections(res: Any) -> list[dict[str, Any]]:
                 "rows": [
                     [
                         r["target"],
+                        r["nodes"],
                         r["host"],
                         ",".join(map(str, r["ranks"])),
                         human_size(r["write_bytes"]),
@@ -311,7 +324,7 @@ def sections(res: Any) -> list[dict[str, Any]]:
                 "nodes (as `ckptio model --from` fits one); the last but one column gives the "
                 "model the aggregate bandwidth measured on the most nodes. Past "
                 f"±{DIFFERENCE_SHOWN:.0%} the row says why they differ. Measured: the mean of "
-                "the runs (min to max where there are several).",
+                "the iterations (min to max where there are several).",
                 "header": [
                     "target",
                     "nodes",
@@ -329,9 +342,9 @@ def sections(res: Any) -> list[dict[str, Any]]:
                         _g(r["measured_GBps"])
                         + (
                             f" ({_g(r['measured_range'][0])} to {_g(r['measured_range'][1])}, "
-                            f"{r['runs']} runs)"
+                            f"{r['runs']} iterations)"
                             if r["runs"] > 1
-                            else " (1 run)"
+                            else " (1 iteration)"
                         ),
                         _g(r["predicted_GBps"]),
                         r["binding"],

@@ -79,10 +79,13 @@ DEFAULT_PRICE_PER_GPU_HOUR = 2.0
 DEFAULT_PROJECTIONS = ("gpt3-175b",)
 
 
-MEASURED_NOTES = {"rgw": "measured — Ceph RGW on loopback"}
+MEASURED_NOTES = {
+    "rgw": "measured — Ceph RGW on loopback",
+    "cephfs": "measured — CephFS (ceph-fuse) on loopback",
+}
 """What a measured target of ``ckptio compare`` is, where its name alone does not say: ``rgw``
 is a real S3 implementation run on this machine (:mod:`ckptio.rgwserver`), not a cloud
-service."""
+service; ``cephfs`` a real parallel filesystem from the same Ceph (the same OSD)."""
 
 
 def measured_note(target: str) -> str:

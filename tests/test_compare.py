@@ -7,6 +7,7 @@ import pytest
 from ckptio import errors
 from ckptio.cli import main
 from ckptio.compare import compare
+from ckptio.results import read_results
 
 TINY = ["--total-size", "4MiB", "--object-size", "1MiB"]
 
@@ -180,3 +181,42 @@ def test_compare_against_rgw_is_measured_on_loopback(tmp_path, capsys) -> None:
         == 0
     )
     assert json.loads(capsys.readouterr().out)["target"] == "measured:rgw"
+
+
+@pytest.mark.s3
+@pytest.mark.rgw
+def test_cephfs_beside_rgw_on_one_ceph_is_measured(tmp_path, monkeypatch) -> None:
+    """The same OSD behind a POSIX and an S3 interface: one Ceph serves both targets, each
+    measured and labelled as what it is."""
+    from ckptio import rgwserver
+    from ckptio.testing.rgw import in_ci
+
+    reason = rgwserver.unavailable_reason(cephfs=True)
+    if reason:
+        if in_ci():
+            pytest.fail(f"CephFS is missing in CI: {reason}", pytrace=False)
+        pytest.skip(reason)
+    started = []
+    real = rgwserver.start_ceph
+
+    def counted(*args, **kw):
+        started.append(kw)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(rgwserver, "start_ceph", counted)
+    out = tmp_path / "report"
+    result = compare(
+        targets=["rgw", "cephfs"], profiles=[], tiered=[], out=str(out), total_size="8MiB"
+    )
+    assert started == [{"rgw": True, "cephfs": True}]
+    assert [(s["target"], s["kind"]) for s in result["summary"]] == [
+        ("cephfs", "measured"),
+        ("rgw", "measured"),
+    ]
+    assert all(s["write_GBps"] > 0 for s in result["summary"])
+    report = (out / "report.md").read_text()
+    assert "measured — CephFS (ceph-fuse) on loopback" in report
+    assert "measured — Ceph RGW on loopback" in report
+    sides = {s["labels"]["target"]: s for s in read_results([out / "results"]).sidecars}
+    assert sides["cephfs"]["machine"]["filesystem"] == "fuse.ceph-fuse"
+    assert sides["cephfs"]["storage_layout"]["fs"] == "cephfs"

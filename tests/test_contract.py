@@ -31,6 +31,8 @@ ALLOWED_SCHEMES: dict[tuple[str, str], str] = {
     ("compare.py", "mock_s3_server"): "the URL of the S3 service the suite starts (moto speaks "
     "S3); nothing branches on it",
     ("compare.py", "rgw_s3_server"): "likewise, for the Ceph RGW the suite starts",
+    ("compare.py", "_Ceph.url"): "likewise, the URLs of the Ceph the suite starts (RGW's S3, "
+    "CephFS's mount as pfs://); nothing branches on them",
     ("tierbench.py", "run_tiered"): "the tiered targets' emulated durable tier lives in "
     "memory://, as compare's emulated targets do; nothing branches on it",
     ("arrays.py", "_read_capacity"): "'memory' is the cgroup controller, not a store",
