@@ -130,7 +130,13 @@ class _Ceph:
     (with both services when both are targets) and stopped at the end."""
 
     def __init__(self, stack: ExitStack, tmp: str, *, rgw: bool, cephfs: bool) -> None:
-        self.stack, self.tmp, self.rgw, self.cephfs = stack, tmp, rgw, cephfs
+        from ckptio.rgwserver import unavailable_reason
+
+        # CephFS needs more than RGW (root, FUSE, the MDS and ceph-fuse): without it, rgw
+        # still runs and cephfs alone is skipped with the reason
+        self.cephfs_missing = unavailable_reason(cephfs=True) if cephfs else None
+        self.stack, self.tmp, self.rgw = stack, tmp, rgw
+        self.cephfs = cephfs and self.cephfs_missing is None
         self.server: Any = None
         self.error: errors.BackendUnavailableError | None = None
 
@@ -139,6 +145,8 @@ class _Ceph:
         reason for both targets when Ceph could not start)."""
         from ckptio.rgwserver import RgwUnavailable, mount_cephfs, start_ceph, stop_ceph
 
+        if target.cephfs and self.cephfs_missing:
+            raise errors.BackendUnavailableError(f"the cephfs target: {self.cephfs_missing}")
         if self.error is not None:
             raise self.error
         if self.server is None:

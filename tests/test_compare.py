@@ -220,3 +220,23 @@ def test_cephfs_beside_rgw_on_one_ceph_is_measured(tmp_path, monkeypatch) -> Non
     sides = {s["labels"]["target"]: s for s in read_results([out / "results"]).sidecars}
     assert sides["cephfs"]["machine"]["filesystem"] == "fuse.ceph-fuse"
     assert sides["cephfs"]["storage_layout"]["fs"] == "cephfs"
+
+
+def test_cephfs_without_root_is_skipped_with_the_reason_and_rgw_still_runs(
+    tmp_path, monkeypatch
+) -> None:
+    from ckptio import rgwserver
+
+    if rgwserver.unavailable_reason():
+        pytest.skip(rgwserver.unavailable_reason())
+    monkeypatch.setattr(rgwserver.os, "geteuid", lambda: 1000)
+    result = compare(
+        targets=["rgw", "cephfs"], profiles=[], tiered=[], out=str(tmp_path), total_size="4MiB"
+    )
+    assert result["skipped"] == [
+        {
+            "target": "cephfs",
+            "reason": "the cephfs target: CephFS through ceph-fuse needs root (mount)",
+        }
+    ]
+    assert [s["target"] for s in result["summary"]] == ["rgw"]
