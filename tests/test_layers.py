@@ -79,9 +79,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "analysis",  # model, report, the comparison and the servers it starts
         (
+            "ckptio.intervals",
+            "ckptio.costmodel",
+            "ckptio.stallmodel",
+            "ckptio.calibration",
+            "ckptio.sensitivity",
             "ckptio.model",
             "ckptio.pernode",
             "ckptio.report",
+            "ckptio.report.*",
             "ckptio.compare",
             "ckptio.mockserver",
             "ckptio.rgwserver",
