@@ -35,12 +35,23 @@ def main() -> int:
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--nodes", default="1,2,3")
     p.add_argument("--targets", default=",".join(TARGETS))
+    p.add_argument(
+        "--report-only", action="store_true", help="build the report from OUT/results, run nothing"
+    )
     args = p.parse_args()
     out = Path(args.out).resolve()
     results = out / "results"
     results.mkdir(parents=True, exist_ok=True)
     counts = [int(n) for n in args.nodes.split(",")]
     targets = args.targets.split(",")
+    if not args.report_only:
+        measure(args, out, results, counts, targets)
+    return report(out, results, counts)
+
+
+def measure(
+    args: argparse.Namespace, out: Path, results: Path, counts: list[int], targets: list[str]
+) -> None:
     t0 = time.time()
     cluster = start_cluster(max(counts), gluster="glusterfs" in targets)
     print(f"cluster {cluster.id} up in {time.time() - t0:.1f} s", flush=True)
@@ -93,6 +104,9 @@ def main() -> int:
     finally:
         problems = cluster.down()
         print(f"cluster down{': ' + '; '.join(problems) if problems else ''}", flush=True)
+
+
+def report(out: Path, results: Path, counts: list[int]) -> int:
     from ckptio.report import build_report
 
     rep = build_report([str(results)], str(out / "report"), title="ckptio on the namespace cluster")

@@ -197,16 +197,18 @@ def why_different(
 
 def scaling_rows(res: Any) -> list[dict[str, Any]]:
     """One row per (measured target, node count) for targets run on several node counts:
-    ``target``, ``nodes``, ``runs`` (iterations: rows of the runs table), ``measured_GBps``
-    (mean; ``measured_range``: min and max over them), ``predicted_GBps`` and ``binding`` (the model fitted on the fewest nodes),
+    ``target``, ``nodes``, ``runs`` (steady iterations: rows of the runs table, less the
+    warm-ups the fit leaves out too, :func:`ckptio.calibration.warmups`; ``warmups``: how
+    many), ``measured_GBps`` (mean; ``measured_range``: min and max over them), ``predicted_GBps`` and ``binding`` (the model fitted on the fewest nodes),
     ``difference`` (measured / predicted - 1), ``with_aggregate_GBps`` (the model given the
     aggregate measured on the most nodes), ``flagged`` (|difference| >
     :data:`DIFFERENCE_SHOWN`) and ``why``."""
     from ckptio import errors
+    from ckptio.calibration import read_rounds, warmups
     from ckptio.profiles import Figure
     from ckptio.stallmodel import estimate
 
-    runs, phases, _ = _tables(res)
+    runs, phases, requests = _tables(res)
     inflight = {
         s.get("run_id"): int((s.get("config") or {}).get("inflight") or 2) for s in res.sidecars
     }
@@ -228,16 +230,31 @@ def scaling_rows(res: Any) -> list[dict[str, Any]]:
             profile = fitted_profile(res, target, nodes=counts[0])
         except errors.InvalidArgumentError:
             continue
-        widest = [r["write_GBps"] for r in mine if int(r["nodes"]) == counts[-1]]
+        steady: dict[int, list[dict[str, Any]]] = {}
+        for n in counts:
+            at = [r for r in mine if int(r["nodes"]) == n]
+            ids = {r["run_id"] for r in at}
+            warm = {
+                (w.run_id, w.iteration)
+                for w in warmups(
+                    read_rounds(
+                        [q for q in requests if q["run_id"] in ids],
+                        at,
+                        [p for p in phases if p["run_id"] in ids],
+                    )
+                )
+            }
+            steady[n] = [r for r in at if (r["run_id"], r["iteration"]) not in warm] or at
+        widest = [float(r["write_GBps"]) for r in steady[counts[-1]]]
         widest_GBps = sum(widest) / len(widest)
-        src = f"measured: {target} on {counts[-1]} nodes, {len(widest)} run(s)"
+        src = f"measured: {target} on {counts[-1]} nodes, {len(widest)} steady iteration(s)"
         with_agg = replace(
             profile,
             figures={**profile.figures, "aggregate_bandwidth": Figure(widest_GBps * 1e9, src)},
         )
         for n in counts:
             at = [r for r in mine if int(r["nodes"]) == n]
-            gbps = [float(r["write_GBps"]) for r in at]
+            gbps = [float(r["write_GBps"]) for r in steady[n]]
             # the model takes the iteration's workload; runs at one node count share it
             work = _workload(at[0], phases, inflight.get(at[0]["run_id"], 2))
             est = estimate(work, profile, phase="write")
@@ -249,7 +266,8 @@ def scaling_rows(res: Any) -> list[dict[str, Any]]:
                 {
                     "target": target,
                     "nodes": n,
-                    "runs": len(at),
+                    "runs": len(steady[n]),
+                    "warmups": len(at) - len(steady[n]),
                     "measured_GBps": mean,
                     "measured_range": (min(gbps), max(gbps)),
                     "predicted_GBps": est.GBps,
@@ -328,7 +346,8 @@ def sections(res: Any) -> list[dict[str, Any]]:
                 "nodes (as `ckptio model --from` fits one); the last but one column gives the "
                 "model the aggregate bandwidth measured on the most nodes. Past "
                 f"±{DIFFERENCE_SHOWN:.0%} the row says why they differ. Measured: the mean of "
-                "the iterations (min to max where there are several).",
+                "the steady iterations (a run's first is left out when it is a warm-up, as "
+                "the fit leaves it out; min to max where there are several).",
                 "header": [
                     "target",
                     "nodes",
@@ -346,9 +365,10 @@ def sections(res: Any) -> list[dict[str, Any]]:
                         _g(r["measured_GBps"])
                         + (
                             f" ({_g(r['measured_range'][0])} to {_g(r['measured_range'][1])}, "
-                            f"{r['runs']} iterations)"
+                            f"{r['runs']} iterations"
+                            + (f", {r['warmups']} warm-up left out)" if r["warmups"] else ")")
                             if r["runs"] > 1
-                            else " (1 iteration)"
+                            else " (1 iteration" + (", warm-up left out)" if r["warmups"] else ")")
                         ),
                         _g(r["predicted_GBps"]),
                         r["binding"],
