@@ -88,9 +88,12 @@ class S3Base(Store):
     - ``anonymous`` (bool, default False): unsigned requests, for public buckets;
     - ``addressing_style`` (``"path"`` or ``"virtual"``, default ``"path"``);
     - ``connect_timeout`` / ``read_timeout`` (seconds or ``"3s"``, default 3 s / 60 s);
+    - ``use_ssl`` (bool; s3fs's and boto3's): http or https comes from ``endpoint_url``, so
+      this is checked against it (False needs an ``http://`` endpoint);
     - ``storage_options`` (dict): options nested as fsspec passes them, under any spelling;
     - ``**spellings``: the fsspec/s3fs and boto3 names of these (``key``, ``anon``,
-      ``region_name``, ``client_kwargs={...}``, ...; the table is
+      ``region_name``, ``client_kwargs={...}``, s3fs's ``config_kwargs={...}`` (botocore
+      settings, those with a ckptio meaning), ...; the table is
       :data:`~ckptio.backends._s3config.OPTION_SPELLINGS`). One option under two spellings
       with different values, or a name nobody takes, is an
       :class:`~ckptio.errors.InvalidArgumentError` naming it.

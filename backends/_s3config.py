@@ -29,6 +29,13 @@ fsspec / s3fs                                              boto3                
 
 ``storage_options`` and ``client_kwargs`` are dicts whose entries are options (nested as
 fsspec nests them); one option given under two spellings with different values is an error.
+
+s3fs's ``config_kwargs`` (botocore ``Config`` settings, :func:`from_botocore_config`) maps
+what has a ckptio meaning — ``connect_timeout``, ``read_timeout``, ``region_name``,
+``s3={"addressing_style": ...}``, ``signature_version=botocore.UNSIGNED`` (``anonymous``) —
+and refuses the rest, saying what ckptio does instead (retries, connection pool). s3fs's and
+boto3's ``use_ssl`` is checked against the endpoint, where ckptio takes http or https from:
+``use_ssl=False`` needs an ``http://`` endpoint.
 """
 
 from __future__ import annotations
@@ -132,6 +139,7 @@ AWS_OPTIONS = (
     "addressing_style",
     "connect_timeout",
     "read_timeout",
+    "use_ssl",
 )
 
 
@@ -153,10 +161,31 @@ OPTION_SPELLINGS: Mapping[str, str] = MappingProxyType(
 """Other libraries' name of an option -> ckptio's name. The one table (see the module
 docstring); ``endpoint_url`` and ``profile`` are spelled alike everywhere."""
 
-NESTED_OPTIONS = ("storage_options", "client_kwargs")
+NESTED_OPTIONS = ("storage_options", "client_kwargs", "config_kwargs")
 """Options that hold a dict of options: fsspec's ``storage_options`` (what pandas, Lightning,
-xarray pass on to a filesystem) and s3fs's ``client_kwargs`` (what it passes to the boto
-client: ``endpoint_url``, ``region_name``, ...)."""
+xarray pass on to a filesystem), s3fs's ``client_kwargs`` (what it passes to the boto
+client: ``endpoint_url``, ``region_name``, ``use_ssl``, ...) and its ``config_kwargs`` (botocore
+``Config`` settings, read by :func:`from_botocore_config`)."""
+
+BOTOCORE_CONFIG: Mapping[str, str] = MappingProxyType(
+    {"connect_timeout": "connect_timeout", "read_timeout": "read_timeout", "region_name": "region"}
+)
+"""botocore ``Config`` settings (s3fs's ``config_kwargs``) that are ckptio options, by name."""
+
+BOTOCORE_REFUSED: Mapping[str, str] = MappingProxyType(
+    {
+        "retries": "ckptio retries every request itself (jittered exponential backoff, each "
+        "attempt traced) and turns botocore's retries off",
+        "max_pool_connections": "ckptio sizes the connection pool from streams= (requests in "
+        "flight): give streams= instead",
+        "proxies": "ckptio's clients take proxies from the environment (HTTPS_PROXY, "
+        "HTTP_PROXY, NO_PROXY)",
+        "request_checksum_calculation": "ckptio sends and checks a CRC32C of every chunk itself",
+        "response_checksum_validation": "ckptio sends and checks a CRC32C of every chunk itself",
+    }
+)
+"""botocore ``Config`` settings refused with what ckptio does instead (any other one is
+refused with the list of those it maps)."""
 
 
 class OptionSpellings(TypedDict, total=False):
@@ -176,6 +205,7 @@ class OptionSpellings(TypedDict, total=False):
     region_name: str
     profile_name: str
     client_kwargs: Mapping[str, Any]
+    config_kwargs: Mapping[str, Any]
 
 
 def given(
@@ -208,7 +238,9 @@ def canonical_options(options: Mapping[str, Any]) -> dict[str, Any]:
                         f"{where}: expected a dict of options (as fsspec/s3fs take it), got "
                         f"{type(value).__name__}"
                     )
-                take(value, where)
+                take(
+                    from_botocore_config(value, where) if name == "config_kwargs" else value, where
+                )
                 continue
             canon = OPTION_SPELLINGS.get(name, name)
             if canon in out and out[canon] != value:
@@ -219,6 +251,45 @@ def canonical_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
     take(options, "")
     return out
+
+
+def from_botocore_config(config: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The ckptio options that botocore ``Config`` settings (s3fs's ``config_kwargs``, at
+    ``where``) mean; a setting ckptio has no option for is an
+    :class:`~ckptio.errors.InvalidArgumentError` saying what ckptio does instead."""
+    out: dict[str, Any] = {}
+    for name, value in config.items():
+        at = f"{where}[{name!r}]"
+        if name in BOTOCORE_CONFIG:
+            out[BOTOCORE_CONFIG[name]] = value
+        elif name == "s3" and isinstance(value, Mapping) and set(value) <= {"addressing_style"}:
+            out.update(value)
+        elif name == "signature_version" and _unsigned(value):
+            out["anonymous"] = True
+        elif name == "signature_version" and value in ("s3v4", "v4"):
+            pass  # what ckptio's clients sign with
+        elif name in BOTOCORE_REFUSED:
+            raise errors.InvalidArgumentError(f"{at}: not taken: {BOTOCORE_REFUSED[name]}")
+        else:
+            raise errors.InvalidArgumentError(
+                f"{at}: ckptio takes no such botocore setting; of config_kwargs it maps "
+                f"{', '.join(BOTOCORE_CONFIG)}, s3={{'addressing_style': ...}} and botocore's "
+                "UNSIGNED signature version (anonymous=True)"
+            )
+    return out
+
+
+def _unsigned(value: Any) -> bool:
+    """botocore's ``UNSIGNED`` (a sentinel object), without importing botocore for it."""
+    return type(value).__name__ == "_UNSIGNED" or value is _botocore_unsigned()
+
+
+def _botocore_unsigned() -> Any:
+    try:
+        from botocore import UNSIGNED
+    except ImportError:
+        return None
+    return UNSIGNED
 
 
 def _aws_files(session: Any) -> tuple[str, str, str]:
@@ -343,6 +414,21 @@ def resolve_aws(options: dict[str, Any], *, where: str = "s3") -> AwsSettings:
     for name in ("connect_timeout", "read_timeout"):
         if name in opts:
             timeouts[name] = parse_duration(opts[name], field=name, positive=True)
+    if "use_ssl" in opts:  # s3fs/boto3: ckptio takes http or https from the endpoint
+        use_ssl = option_bool(opts["use_ssl"], field="use_ssl")
+        scheme = "https" if endpoint is None else endpoint.partition(":")[0]
+        if use_ssl != (scheme == "https"):
+            raise errors.InvalidArgumentError(
+                f"{where}: use_ssl={use_ssl} but the endpoint is "
+                + (redact_url(endpoint) if endpoint else "AWS's (https)")
+                + ": ckptio takes http or https from the endpoint URL; "
+                + (
+                    "give endpoint_url='http://host:port' (or AWS_ENDPOINT_URL) for a plain-HTTP "
+                    "service"
+                    if not use_ssl
+                    else "give an https:// endpoint_url, or drop use_ssl"
+                )
+            )
     if not anonymous and not (key and secret):  # after the options' own checks
         raise errors.StoragePermissionError(no_credentials_message(where, session, opts))
     return AwsSettings(

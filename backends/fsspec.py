@@ -82,6 +82,7 @@ class FsspecStore(c.WholeObjectStore):
         addressing_style: str | None = None,
         connect_timeout: float | str | None = None,
         read_timeout: float | str | None = None,
+        use_ssl: bool | str | None = None,
         storage_options: Mapping[str, Any] | None = None,
         **spellings: Unpack[OptionSpellings],
     ) -> None:

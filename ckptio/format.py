@@ -64,6 +64,7 @@ __all__ = [
     "dtype_name",
     "encode_tree",
     "escape",
+    "foreign_checkpoint",
     "join_path",
     "json_values",
     "manifest_key",
@@ -233,6 +234,22 @@ def parse_step_dir(name: str) -> int | None:
 
 
 KEY_LAYOUTS = ("flat", "hashed")
+
+
+def foreign_checkpoint(keys: Sequence[str]) -> str | None:
+    """What a root that holds no ckptio checkpoint holds instead, from the keys listed under
+    it, and what reads it; None when nothing known is there. Only the names are looked at
+    (nothing is opened): an error message's hint, not a validation."""
+    names = {k for k in keys if "/" not in k}
+    if ".metadata" in names and any(k.endswith(".distcp") for k in names):
+        return (
+            "it holds a torch.distributed.checkpoint (DCP) checkpoint written by DCP's "
+            "FileSystemWriter (.metadata, *.distcp), not a ckptio one: read it with "
+            "dcp.load(..., storage_reader=FileSystemReader(path)), or convert it once with "
+            "ckptio.torch.convert_dcp(path, url, allow_pickle=True) (its .metadata is a pickle: "
+            "only for storage you trust)"
+        )
+    return None
 
 
 def shard_key(step: int, rank: int, index: int, *, key_layout: str = "flat") -> str:

@@ -53,6 +53,7 @@ __all__ = [
     "BackendInfo",
     "accepted_forms",
     "backends",
+    "from_fsspec_url",
     "load_backend",
     "location",
     "open_store",
@@ -399,6 +400,35 @@ def emulation_url(url: str | os.PathLike[str]) -> str:
     """``url`` wrapped in the backend that emulates storage profiles (:data:`EMULATOR`): the
     store it opens takes a ``profile`` option and times every request as the profile says."""
     return wrap_url(EMULATOR, url)
+
+
+_FSSPEC_ALIKE = (*_FSSPEC_LOCAL, *_FSSPEC_S3)
+"""Schemes whose URLs name the same storage in ckptio as in fsspec (a local path, an S3
+bucket): every other scheme fsspec knows means, in fsspec's hands, fsspec's own filesystem."""
+
+
+def from_fsspec_url(url: str | os.PathLike[str]) -> str:
+    """The ckptio URL of the storage that fsspec (and so Lightning, pandas, ...) means by
+    ``url``. A plain path, ``file://`` and ``s3://`` mean the same in both and are returned as
+    they are; another scheme fsspec knows means its fsspec filesystem here too:
+    ``memory://x`` (fsspec's in-process filesystem, not ckptio's ``memory://``) becomes
+    ``fsspec+memory://x``, ``gs://b/p`` becomes ``fsspec+gs://b/p``. A scheme fsspec does not
+    know (``pfs://``, ``s3+obstore://``) is ckptio's own and stays."""
+    if isinstance(url, os.PathLike):
+        return os.fspath(url)
+    m = _SCHEME.match(url)
+    if m is None or not url.startswith("//", m.end()):
+        return url
+    scheme = m.group(1).lower()
+    if scheme in _FSSPEC_ALIKE:
+        return url
+    try:
+        import fsspec
+    except ImportError:
+        return url
+    if scheme not in fsspec.available_protocols():
+        return url
+    return f"fsspec+{scheme}{url[m.end(1) :]}"
 
 
 def location(url: str | os.PathLike[str]) -> str:

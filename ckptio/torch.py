@@ -86,6 +86,7 @@ __all__ = [
     "Checkpointer",
     "StorageReader",
     "StorageWriter",
+    "convert_dcp",
     "decode",
     "encode",
     "from_numpy",
@@ -1016,6 +1017,57 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         return _valid_id(checkpoint_id)
+
+
+def convert_dcp(
+    path: str | os.PathLike[str],
+    url: str | os.PathLike[str],
+    *,
+    step: int | None = None,
+    allow_pickle: bool = False,
+    **options: Any,
+) -> str:
+    """Convert the DCP checkpoint that DCP's ``FileSystemWriter`` wrote in the local
+    directory ``path`` (``.metadata``, ``*.distcp``) into a ckptio one at ``url`` (``step``,
+    or the step the URL names, or 0), written through :class:`StorageWriter`; returns its
+    ``checkpoint_id``. ``options`` go to :class:`StorageWriter`.
+
+    DCP's ``.metadata`` is a pickle, and its tensor items are ``torch.save`` blobs: reading
+    them can run code, so this refuses unless ``allow_pickle=True`` (for a directory you
+    trust). Then the whole checkpoint is read once into host memory by DCP itself (its
+    ``FileSystemReader``, as ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``
+    does, in this process) and saved as one ckptio checkpoint: the result needs host memory
+    for the whole state. Read the result with :class:`StorageReader` (``dcp.load``, any
+    number of ranks) or :func:`load`; its non-tensor values stay DCP's pickles, as for any
+    checkpoint :class:`StorageWriter` writes."""
+    import torch.distributed.checkpoint as dcp
+
+    # what torch.distributed.checkpoint.format_utils.dcp_to_torch_save uses (both private):
+    # dcp.load keeps only the keys its state_dict had, and this one starts empty
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    source = os.fspath(path)
+    if not allow_pickle:
+        raise errors.InvalidArgumentError(
+            f"{source}: a DCP FileSystemWriter checkpoint's .metadata is a pickle and its "
+            "tensors are torch.save blobs (loading them can run code); pass "
+            "convert_dcp(..., allow_pickle=True) for a directory you trust"
+        )
+    if not os.path.isfile(os.path.join(source, ".metadata")):
+        raise errors.NotFoundError(
+            f"{source}: no .metadata there: not a checkpoint DCP's FileSystemWriter wrote"
+        )
+    state: dict[str, Any] = {}
+    _load_state_dict(
+        state,
+        storage_reader=dcp.FileSystemReader(source),
+        planner=_EmptyStateDictLoadPlanner(),
+        no_dist=True,
+    )
+    writer = StorageWriter(url, step=step, **options)
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    return writer.checkpoint_id
 
 
 def _inside(offsets: Sequence[int], local: _ck.LocalTensor) -> bool:

@@ -801,7 +801,10 @@ def _open_newest(store: Store, skip: Iterable[int]) -> CheckpointReader:
                 vanished = True  # retired meanwhile: an older one, or a newer one on re-listing
         if not vanished:
             break
-    raise errors.NotFoundError(f"{store.url}: no complete checkpoint found")
+    foreign = fmt.foreign_checkpoint(store.list(""))
+    raise errors.NotFoundError(
+        f"{store.url}: no complete checkpoint found" + (f"; {foreign}" if foreign else "")
+    )
 
 
 def _read_newest(store: Store, select: Mapping[str, Any] | None, into: Any) -> Any:
