@@ -49,6 +49,7 @@ need the vendor library or admin rights; set them on the run directory beforehan
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import logging
 import os
@@ -69,7 +70,7 @@ from ckptio.backends.local import (
 )
 
 from ckptio import errors
-from ckptio.store import NoOptions, option_bool, option_int
+from ckptio.store import NoOptions, StoreInfo, option_bool, option_int
 from ckptio.trace import Trace
 from ckptio.units import parse_size
 
@@ -421,6 +422,9 @@ class ParallelFSStore(LocalStore):
                 if parent == probe or not probe.startswith(self.fs.mount_point or "/"):
                     return {}
                 probe = parent
+
+    def describe(self) -> StoreInfo:
+        return dataclasses.replace(super().describe(), file_layout=self.file_layout)
 
     def file_layout(self, key: str) -> dict[str, int | str]:
         """The layout the object ``key`` got on the filesystem, as its names say it (CephFS:

@@ -5,12 +5,14 @@
     <root>/step-<step:010d>/manifest.json         the commit point: written last, atomically
     <root>/step-<step:010d>/data/<...>            shard objects
     <root>/step-<step:010d>/saving-<token>.json   the lease of a save in flight
+    <root>/step-<step:010d>/fence-<token>.json    a gc deleting under the step (for a moment)
     <root>/step-<step:010d>/retired.json          retention removed the step; data kept a while
 
 A checkpoint exists when, and only when, its manifest exists and validates. Data without a
 manifest is garbage only once no save owns it: a live lease keeps everything under its step
-from gc and retention, a save publishes its manifest only while its lease holds and every
-object it names is listed, and retention removes a manifest before its data (see
+from gc and retention, gc fences a step before it deletes there, a save withdraws its manifest
+if it finds a fence or a missing object when it lists its step after publishing, and
+retention removes a manifest before its data (see
 :mod:`ckptio.lease` for the protocol, the same on POSIX and object stores). The manifest is
 JSON (never pickle). Everything read back is validated before it is used: a bad manifest
 raises :class:`~ckptio.errors.ManifestError` naming the field; nothing outside the root is

@@ -447,7 +447,7 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
             if stub is not None:
                 self._write_stub(stub, root, step)
             else:  # the path exists for Lightning now, also before an async commit
-                _make_visible(lightning_path, ck.store.local_path)
+                _make_visible(lightning_path, ck.store.describe().local_path)
         except BaseException:
             _ROOTS.release(root)
             raise
@@ -513,7 +513,7 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
                 store.delete(manifests)
                 store.delete([k for k in keys if k not in manifests])
                 store.cleanup_incomplete("")
-                top = store.local_path
+                top = store.describe().local_path
             if stub is not None and os.path.isfile(stub):
                 os.remove(stub)
             if top is not None and os.path.isdir(top):

@@ -76,7 +76,7 @@ from ckptio import format as fmt
 from ckptio import tiered as _tiered
 from ckptio.arrays import Target, contiguous_le
 from ckptio.lease import RETIRE_GRACE_SECONDS, SaveLease
-from ckptio.registry import open_store, split_url, store_class
+from ckptio.registry import backend_for, open_store, split_url
 from ckptio.store import Store, option_int
 from ckptio.units import parse_size
 
@@ -663,10 +663,10 @@ def _reopen(
 
 def _sync_options(options: Mapping[str, Any], root: str, sync_files: bool) -> dict[str, Any]:
     """``options`` for the store at ``root``; without ``sync_files``, the store's switch
-    that skips durable flushes set off (:attr:`~ckptio.store.Store.flush_option`), where it
+    that skips durable flushes set off (:attr:`~ckptio.registry.BackendInfo.flush_option`), where it
     has one and it is not given."""
     out = dict(options)
-    flush = store_class(root).flush_option
+    flush = backend_for(root).flush_option
     if not sync_files and flush is not None:
         out.setdefault(flush, False)
     return out
@@ -700,12 +700,12 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
     - ``write_data`` (every rank): each write item is written raw (tensor bytes, C order, no
       ``torch.save``) into the rank's shard objects ``data/rank-RRRRR-III-<token>.bin``,
       4 KiB-aligned, CRC32C computed while writing. Returns when the objects are durable.
-    - ``finish`` (coordinator, after every rank succeeded): checks that the lease has not
-      lapsed and that every object the manifest names is listed, then writes ckptio's
-      manifest, the commit point, atomically and last (with ``overwrite=True`` an existing
-      manifest of the step is replaced atomically). DCP's ``Metadata`` is stored inside it as
-      JSON (never pickle); the manifest is validated exactly as a reader will before it is
-      published. Then it releases the lease, retires all but the newest ``keep_last``
+    - ``finish`` (coordinator, after every rank succeeded): writes ckptio's manifest, the
+      commit point, atomically and last (with ``overwrite=True`` an existing manifest of the
+      step is replaced atomically), then lists the step and withdraws it if a gc fenced the
+      step or an object is missing (:func:`ckptio.checkpoint.publish_manifest`). DCP's
+      ``Metadata`` is stored inside it as JSON (never pickle); the manifest is validated
+      exactly as a reader will before it is published. Then it releases the lease, retires all but the newest ``keep_last``
       checkpoints under the root, and removes debris as ``ckptio gc`` does (objects of the
       replaced or interrupted saves of this step, temp files, dead leases; never a committed
       checkpoint nor a save in flight).
@@ -949,10 +949,7 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
         prefix = fmt.step_dir(self.step) + "/"
         try:
             data = self._manifest(metadata, results)
-            if self._lease is not None:
-                self._lease.check()
-            _ck.check_objects_present(self.store, self.step, objects)
-            self.store.publish(fmt.manifest_key(self.step), data, overwrite=self.overwrite)
+            _ck.publish_manifest(self.store, self.step, data, objects, overwrite=self.overwrite)
         except BaseException:
             _ck.discard_objects(self.store, sorted(prefix + k for k in objects))
             raise
