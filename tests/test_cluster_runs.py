@@ -209,3 +209,30 @@ def test_torchrun_three_nodes(cluster: Cluster, bucket: str, target: str, tmp_pa
     assert len(done) == 3
     res = check_three_nodes(out, "TorchCommunicator")
     check_target(cluster, res, target, run)
+
+
+def test_the_report_checks_the_model_on_one_two_and_three_nodes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The same run to CephFS on 1, 2 and 3 nodes (2 ranks each, srun): the report fits the
+    model on the 1-node run and sets its prediction for each node count beside the
+    measurement; a row more than 25% off is flagged and says why, the others are not."""
+    from ckptio import pernode
+    from ckptio.report import build_report
+
+    out = tmp_path / "results"
+    for n in (1, 2, 3):
+        url = f"pfs://{cluster.cephfs}/scaling-{n}n-{uuid.uuid4().hex[:6]}"
+        spread = [f"-N{n}", "--ntasks-per-node=2", "--mpi=pmix"]
+        cluster.srun([*spread, *ckptio_run(url, out, "--label", "cephfs")], cwd=str(tmp_path))
+    res = read_results([out])
+    assert sorted({r["nodes"] for r in res.runs.to_pylist()}) == [1, 2, 3]
+    rows = pernode.scaling_rows(res)
+    assert [(r["target"], r["nodes"]) for r in rows] == [("cephfs", n) for n in (1, 2, 3)]
+    for r in rows:
+        assert r["measured_GBps"] > 0 and r["predicted_GBps"] > 0, r
+        assert r["flagged"] == (abs(r["difference"]) > pernode.DIFFERENCE_SHOWN), r
+        assert bool(r["why"]) == r["flagged"], r
+    build_report([str(out)], str(tmp_path / "report"))
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## The model against runs on more nodes" in md and "## Per node" in md
