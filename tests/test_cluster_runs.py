@@ -204,7 +204,9 @@ def test_torchrun_three_nodes(cluster: Cluster, bucket: str, target: str, tmp_pa
     run = f"torchrun-{target}-{uuid.uuid4().hex[:6]}"
     url, extra = target_args(cluster, bucket, target, run)
     out = tmp_path / "out"
-    cmd = ckptio_run(url, out, *extra)[1:]  # torchrun's python
+    # torchrun's python; `--` ends torchrun's options, as docs/cluster.md shows (without it
+    # torchrun takes `--local` for an abbreviation of its own --local-addr and stops)
+    cmd = ["-m", "ckptio.cli", "--", *ckptio_run(url, out, *extra)[3:]]
     done = cluster.torchrun(cmd, cwd=str(tmp_path))
     assert len(done) == 3
     res = check_three_nodes(out, "TorchCommunicator")
