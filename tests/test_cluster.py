@@ -121,6 +121,18 @@ def test_srun_sbatch_and_mpiexec_place_two_ranks_on_each_node(
     assert ranks == [(str(r), f"node{r // 2}", "15") for r in range(6)]
 
 
+def test_a_failed_srun_says_what_slurm_saw(cluster: Cluster) -> None:
+    """An srun that fails (or hangs past its timeout) names each node's state and the queue,
+    so that a node Slurm holds back shows in the error."""
+    with pytest.raises(ClusterUnavailable) as failed:
+        cluster.srun(["-N3", "--ntasks-per-node=2", "false"])
+    text = str(failed.value)
+    assert "--- Slurm" in text and "$ squeue" in text
+    sinfo = text.split("$ sinfo")[1].split("$ squeue")[0].splitlines()[2:]  # past the header
+    states = dict(line.split()[:2] for line in sinfo if line.strip())
+    assert sorted(states) == cluster.nodes, text  # idle, or completing the job just ended
+
+
 def test_a_killed_node_is_replaced_by_an_empty_one(cluster: Cluster) -> None:
     """What issue-34 tests build on: kill_node takes every process of the node with it (its
     CephFS client too) and its node-local directory; start_node brings up a node of the same

@@ -299,8 +299,24 @@ class Cluster:
     # -- launchers --------------------------------------------------------------------------
     def srun(self, args: Sequence[str], **kw: Any) -> subprocess.CompletedProcess[str]:
         """``srun ARGS`` from this machine (the login node), e.g. ``["-N3",
-        "--ntasks-per-node=2", "--mpi=pmix", python, ...]``."""
-        return self.run(None, ["srun", *args], **kw)
+        "--ntasks-per-node=2", "--mpi=pmix", python, ...]``. A failure (or a run past its
+        timeout) names what Slurm saw then: each node's state and the jobs queued."""
+        try:
+            return self.run(None, ["srun", *args], **kw)
+        except ClusterUnavailable as err:
+            raise ClusterUnavailable(f"{err}\n--- Slurm\n{self.slurm_status()}") from None
+
+    def slurm_status(self) -> str:
+        """``sinfo -N`` (each node's state) and ``squeue`` (the jobs and their states), for
+        an error message."""
+        out = []
+        for cmd in (["sinfo", "-N", "-o", "%N %t %E"], ["squeue", "-o", "%i %T %R %j"]):
+            try:
+                got = self.run(None, cmd, check=False, timeout=30)
+                out.append(f"$ {' '.join(cmd)}\n{got.stdout}{got.stderr}")
+            except ClusterUnavailable as err:  # the controller itself did not answer
+                out.append(str(err))
+        return "\n".join(out)
 
     def sbatch(
         self,
