@@ -16,7 +16,7 @@ Default targets (a laptop needs nothing else):
   single-node Ceph as ``rgw`` (one Ceph serves both when both run: the same OSD behind a POSIX
   and an S3 interface), reached as ``pfs://``: **measured — CephFS (ceph-fuse) on loopback**;
   skipped with the reason where it cannot start (``rgw`` still runs);
-- one emulated target per profile (default ``cloud-s3``, ``abci-lustre``): the shaped backend
+- one emulated target per profile (default ``cloud-s3``, ``abci-lustre``): the emulate backend
   over ``memory://`` (emulated: the profile imposed by sleeping, not the real service);
 - tiered targets ``DURABLE+LOCAL`` (default ``cloud-s3+local-nvme``): the workload's state
   saved through :class:`~ckptio.tiered.TieredCheckpointer` on a node-local fast tier and
@@ -97,7 +97,7 @@ class Target:
     """Label in tables and plots (a URL's credentials hidden)."""
     url: str
     emulate: str | None = None
-    """Profile name when the target is emulated through the shaped backend."""
+    """Profile name when the target is emulated through the emulate backend."""
     mock: bool = False
     rgw: bool = False
     """A Ceph RGW started for the run (measured, on loopback)."""

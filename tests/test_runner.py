@@ -370,12 +370,12 @@ def test_restore_says_when_the_filesystem_refused_o_direct(
 
     from ckptio.backends import local
 
-    if not local._O_DIRECT:
+    if not local.O_DIRECT:
         pytest.skip("no O_DIRECT on this platform")
     real = local.os.preadv
 
     def refuse(fd: int, *args: Any) -> int:
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & local._O_DIRECT:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & local.O_DIRECT:
             raise OSError(22, "Invalid argument")
         return real(fd, *args)
 

@@ -228,7 +228,7 @@ def test_layout_shared_file_refused_on_memory_store(
     plan = make_plan("llama3-8b", total_size="2MiB", object_size="1MiB")
     with pytest.raises(errors.InvalidArgumentError, match=r"memory.*file-per-shard"):
         run_workload("memory://nopos2", plan, comm=SingleProcess(), layout="shared-file-per-node")
-    # the emulated (shaped) wrapper writes whole objects only: refused too, not silently N-N
+    # the emulate wrapper writes whole objects only: refused too, not silently N-N
     with pytest.raises(errors.InvalidArgumentError, match="positional writes"):
         run_workload(
             f"file://{tmp_path}/emu",
