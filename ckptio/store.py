@@ -46,6 +46,7 @@ __all__ = [
     "Writer",
     "as_byte_view",
     "check_key",
+    "no_layout",
     "option_bool",
     "option_int",
     "wait_all",
@@ -237,6 +238,11 @@ NO_COLD_READS: ColdReads = _NoColdReads()
 reads (object stores, memory): no modes; every read is cold already."""
 
 
+def no_layout(key: str) -> dict[str, int | str]:
+    """The :attr:`StoreInfo.file_layout` of a storage with no notion of layout: ``{}``."""
+    return {}
+
+
 @dataclass(frozen=True)
 class StoreInfo:
     """What an open store says about itself to the benchmark runner and the result files
@@ -263,6 +269,11 @@ class StoreInfo:
     type. None for object stores and memory."""
     cold_reads: ColdReads = field(default=NO_COLD_READS, compare=False)
     """How reads can be made to miss this machine's caches (:class:`ColdReads`)."""
+    file_layout: Callable[[str], dict[str, int | str]] = field(default=no_layout, compare=False)
+    """How the storage laid the existing object ``key`` out, in its own terms (a parallel
+    filesystem's striping: ``fs``, ``stripe_count``, ``stripe_size`` / ``stripe_unit``,
+    ``object_size``, ...); ``{}`` where the storage has no such notion. A run's sidecar
+    records it for one of its objects (``storage_layout``)."""
 
 
 class _CloseOrAbort(ABC):

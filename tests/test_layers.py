@@ -86,6 +86,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ckptio.calibration",
             "ckptio.sensitivity",
             "ckptio.model",
+            "ckptio.pernode",
             "ckptio.report",
             "ckptio.report.*",
             "ckptio.compare",

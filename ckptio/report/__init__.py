@@ -65,6 +65,8 @@ class Report:
     plots_missing: str | None = None
     sessions: list[str] = field(default_factory=list)
     sites: list[str] = field(default_factory=list)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    """Sections on runs over several hosts (:func:`ckptio.pernode.sections`)."""
 
 
 def _sensitivity(
@@ -110,7 +112,7 @@ def _plots(r: Report, out_dir: str) -> None:
 def compute(paths: Sequence[str], scenario: Scenario, *, title: str) -> Report:
     """Read result files/directories ``paths`` and compute the report's tables (no file is
     written)."""
-    from ckptio import errors
+    from ckptio import errors, pernode
     from ckptio.report.data import group_targets, summary_rows
     from ckptio.report.projections import projection_rows
     from ckptio.results import read_results
@@ -132,6 +134,7 @@ def compute(paths: Sequence[str], scenario: Scenario, *, title: str) -> Report:
         sensitivity=_sensitivity(targets, scenario),
         sessions=sorted(set(sessions.values())),
         sites=sorted({t["site"] for t in targets if t["site"]}),
+        nodes=pernode.sections(res),
     )
 
 
@@ -296,6 +299,17 @@ def sections(r: Report) -> list[Section]:
                 *_image(r, "sweep", "Throughput against concurrency from sweeps."),
             ],
         ),
+        *(  # runs over several hosts: each node, the slowest, the model against more nodes
+            Section(
+                "nodes" if i == 0 else f"nodes-{i}",
+                sec["title"],
+                [
+                    Paragraphs([sec["intro"]]),
+                    Table(sec["header"], sec["rows"], ["measured"] * len(sec["rows"])),
+                ],
+            )
+            for i, sec in enumerate(r.nodes)
+        ),
         Section(
             "timeline",
             "Stall, drain and restore at full scale",
@@ -364,4 +378,5 @@ def build_report(
         "sessions": r.sessions,
         "sites": r.sites,
         "plots_missing": r.plots_missing,
+        "nodes": r.nodes,
     }
