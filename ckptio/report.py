@@ -1135,6 +1135,12 @@ def build_report(
     ]
     md += [f"- {p['target']}: {p['remedy']}" for p in proj if p.get("remedy")]
     md += [""]
+    from ckptio.report_sim import section as simulated_section
+
+    # ckptio simulate --out: simulated beside modelled
+    simulated = simulated_section(paths, out_dir, md_table=md_table, plots_missing=no_plots)
+    if simulated is not None:
+        md += [*simulated.markdown, ""]
     used = sorted(
         {t["profile"] for t in targets if t["kind"] == "emulated" and t["profile"]}
         | {
@@ -1249,6 +1255,8 @@ def build_report(
             ["projected"] * len(proj_rows),
         ),
     ]
+    if simulated is not None:
+        parts += simulated.html
     if no_plots:
         parts.append(f"<h2>Plots</h2><p><i>Plots not drawn: {html.escape(no_plots)}.</i></p>")
     for name, path in plots.items():
@@ -1262,6 +1270,7 @@ def build_report(
         f.write("\n".join(parts) + "\n")
     written = [os.path.join(out_dir, n) for n in ("index.html", "report.md")]
     written += [p for p in plots.values() if p]
+    written += simulated.files if simulated is not None else []
     return {
         "out": out_dir,
         "files": written,

@@ -80,7 +80,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "analysis",  # model, report, the comparison and the servers it starts
         (
             "ckptio.model",
+            "ckptio.simulate",
             "ckptio.report",
+            "ckptio.report_sim",
             "ckptio.compare",
             "ckptio.mockserver",
             "ckptio.rgwserver",

@@ -1,0 +1,490 @@
+"""The report's section on **simulated** figures (:mod:`ckptio.simulate`): simulated beside
+modelled stall for each target and scale, a plot of both against scale, where and why they
+part, and what checkpoints cost a 16,384-GPU job that is interrupted as often as Llama 3's.
+
+It reads the ``*.simulated.parquet`` files that ``ckptio simulate --out`` writes, from the same
+directories as the runs; :func:`section` gives Markdown and HTML for
+:func:`ckptio.report.build_report`, and :func:`build` writes a report of simulations alone.
+Every figure here is labelled simulated (with its seed and replications) or modelled.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptio.units import human_seconds
+
+__all__ = [
+    "LLAMA3_DAYS",
+    "LLAMA3_GPUS",
+    "LLAMA3_INTERRUPTIONS",
+    "LLAMA3_SOURCE",
+    "LLAMA3_UNPLANNED",
+    "Section",
+    "build",
+    "divergence",
+    "interruption_costs",
+    "plot_scale",
+    "section",
+]
+
+#: Llama 3 405B's pre-training: 466 job interruptions in a 54-day snapshot on 16,384 H100
+#: GPUs, 419 of them unexpected (Dubey et al. 2024, "The Llama 3 Herd of Models",
+#: arXiv 2407.21783, section 3.3.4).
+LLAMA3_INTERRUPTIONS = 466
+LLAMA3_UNPLANNED = 419
+LLAMA3_DAYS = 54
+LLAMA3_GPUS = 16_384
+LLAMA3_SOURCE = "Dubey et al. 2024 (Llama 3, arXiv 2407.21783, section 3.3.4)"
+
+#: |simulated / modelled - 1| above which the report says why the two part.
+AGREE = 0.05
+
+
+@dataclass
+class Section:
+    """What :func:`section` made: Markdown lines, HTML fragments and the files it wrote."""
+
+    markdown: list[str] = field(default_factory=list)
+    html: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _secs(x: float | None) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else human_seconds(x)
+
+
+def simulated_text(s: dict[str, Any]) -> str:
+    """``5.5 min [5.49 min, 5.52 min]``, or ``failed 10/10``."""
+    if s["p50_seconds"] is None:
+        return f"failed {s['failed']}/{s['replications']}"
+    text = _secs(s["p50_seconds"])
+    if s["p50_coverage"] is not None:
+        text += f" [{_secs(s['p50_low_seconds'])}, {_secs(s['p50_high_seconds'])}]"
+        if s["p50_coverage"] < 0.95:
+            text += f" ({s['p50_coverage']:.0%})"
+    if s["failed"]:
+        text += f", {s['failed']} failed"
+    return text
+
+
+def _scenario(s: dict[str, Any]) -> str:
+    """What the simulation assumed beyond the profile, in words."""
+    parts = [s["latency"], f"{s['key_layout']} keys"]
+    if s["readers"] == "all":
+        parts.append("every rank restores")
+    if s["stragglers"]:
+        parts.append(f"{s['stragglers']} straggler(s) {s['straggler_slowdown']:g}x slower")
+    if s["lockstep"]:
+        parts.append("lockstep (the model's client)")
+    return "; ".join(parts)
+
+
+def _runs_text(s: dict[str, Any]) -> str:
+    if s["deterministic"]:
+        return "deterministic (one replication)"
+    return f"{s['replications']} replications, seed {s['seed']}"
+
+
+def divergence(s: dict[str, Any]) -> str:
+    """Why a simulated phase parts from the model (empty when they agree within
+    :data:`AGREE`), from what the simulation recorded."""
+    sim, mod = s["p50_seconds"], s["modelled_seconds"]
+    if sim is not None and mod and abs(sim / mod - 1) <= AGREE:
+        return ""
+    why = []
+    if s["failed"]:
+        why.append(
+            f"{s['failed_requests']:,} requests ran out of ckptio's retry attempts "
+            f"({s['throttled']:,} answered 503 SlowDown): the model counts the throttled "
+            "requests as served at the prefix's rate, ckptio's client gives up after its last "
+            "backoff and the checkpoint fails"
+        )
+    elif s["throttled"]:
+        why.append(
+            f"{s['throttled']:,} requests answered 503 SlowDown and retried after ckptio's "
+            "jittered backoff; the model counts only the rate"
+        )
+    if s["bound_by"] == "straggler node":
+        why.append("a straggler node sets the end; the model has every node alike")
+    if s["readers"] == "all" and s["phase"] == "restore":
+        why.append(
+            "every rank reads what it holds (replicas the same objects); the model "
+            "counts each byte once"
+        )
+    if "lognormal" in s["latency"] or "empirical" in s["latency"]:
+        why.append(
+            "request latency is drawn from a distribution: requests wait its mean, above the "
+            "median the model uses, and the slowest rank meets its tail"
+        )
+    if sim is not None and mod and sim < mod and not s["lockstep"] and s["phase"] != "drain":
+        why.append(
+            "ckptio's client starts a rank's next object as soon as one is done, so one rank's "
+            "create and complete requests overlap other ranks' transfers; the model puts each "
+            "group's metadata in series (--lockstep simulates the model's client)"
+        )
+    if s["phase"] == "restore" and "+" in s["target"]:
+        why.append(
+            "the model gives the expected restore ((1 - p) x fast tier + p x durable tier); "
+            "each simulated failure either lost a node (its ranks read the durable tier) or "
+            "did not"
+        )
+    if not why:
+        why.append(s["mechanism"])
+    return "; ".join(why)
+
+
+def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(
+        rows, key=lambda s: (s["preset"], s["target"], _scenario(s), s["gpus"], s["phase"])
+    )
+
+
+def plot_scale(rows: list[dict[str, Any]], path: str) -> str | None:
+    """Simulated (p50, bar to p99) and modelled (dashed) stall against GPUs (log-log), one
+    colour per target, save and restore side by side; a failed point is an ``x`` at the top
+    of the axis. None when no target was simulated at two scales or more."""
+    series: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
+    for s in rows:
+        if s["phase"] in ("save", "restore"):
+            key = (s["preset"], s["target"], _scenario(s), s["phase"])
+            series.setdefault(key, []).append(s)
+    if not any(len({p["gpus"] for p in pts}) > 1 for pts in series.values()):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    lines = sorted({k[:3] for k in series})
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    top = max(
+        (p[k] or 0)
+        for pts in series.values()
+        for p in pts
+        for k in ("p99_seconds", "modelled_seconds")
+    )
+    for ax, phase in zip(axes, ("save", "restore"), strict=True):
+        for i, line in enumerate(lines):
+            pts = sorted(series.get((*line, phase), []), key=lambda p: p["gpus"])
+            if not pts:
+                continue
+            c = colours[i % len(colours)]
+            label = f"{line[1]} ({line[0]}; {line[2]})"
+            ok = [p for p in pts if p["p50_seconds"] is not None]
+            if ok:
+                y = [p["p50_seconds"] for p in ok]
+                err = [[0.0] * len(ok), [p["p99_seconds"] - p["p50_seconds"] for p in ok]]
+                ax.errorbar(
+                    [p["gpus"] for p in ok],
+                    y,
+                    yerr=err,
+                    color=c,
+                    marker="o",
+                    capsize=3,
+                    label=f"simulated: {label}",
+                )
+            bad = [p for p in pts if p["p50_seconds"] is None]
+            if bad:
+                ax.scatter(
+                    [p["gpus"] for p in bad],
+                    [top * 1.5] * len(bad),
+                    color=c,
+                    marker="x",
+                    s=80,
+                    label=f"simulated, failed: {line[1]}",
+                )
+            ax.plot(
+                [p["gpus"] for p in pts],
+                [p["modelled_seconds"] for p in pts],
+                color=c,
+                linestyle="--",
+                alpha=0.8,
+                label=f"modelled: {line[1]}",
+            )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("GPUs")
+        ax.set_title(f"{phase} (simulated: p50, bar to p99; modelled: dashed)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("stall per checkpoint, seconds")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.06 + 0.03 * len(lines), 1, 1))
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def interruption_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each target simulated at :data:`LLAMA3_GPUS` GPUs with both phases: the share of
+    GPU time that checkpoints cost a job interrupted as Llama 3's was (466 restarts, 419 of
+    them unplanned, in 54 days). The interval is Daly's optimum for the simulated save
+    (p50) and the unplanned failures' MTBF; saves cost ``stall / (interval + stall)``;
+    restores cost every restart's simulated restore (p50); the work redone after each
+    unplanned failure (half an interval on average) is shown beside them."""
+    from ckptio.model import daly_interval
+
+    span = LLAMA3_DAYS * 86400.0
+    mtbf = span / LLAMA3_UNPLANNED
+    by: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    for s in rows:
+        if s["gpus"] == LLAMA3_GPUS and s["phase"] in ("save", "restore"):
+            key = (s["run_id"], s["preset"], s["target"], _scenario(s))
+            by.setdefault(key, {})[s["phase"]] = s
+    out = []
+    for (_, preset, target, scenario), phases in sorted(by.items(), key=lambda kv: kv[0][1:]):
+        save, restore = phases.get("save"), phases.get("restore")
+        if not save or not restore:
+            continue
+        row: dict[str, Any] = {
+            "preset": preset,
+            "target": target,
+            "scenario": scenario,
+            "runs": _runs_text(save),
+            "save_seconds": save["p50_seconds"],
+            "restore_seconds": restore["p50_seconds"],
+            "mtbf_seconds": mtbf,
+        }
+        if save["p50_seconds"] is None or restore["p50_seconds"] is None:
+            row.update(failed=True)
+            out.append(row)
+            continue
+        stall = save["p50_seconds"]
+        tau = daly_interval(stall, mtbf)
+        saves = stall / (tau + stall)
+        restores = LLAMA3_INTERRUPTIONS * restore["p50_seconds"] / span
+        rework = LLAMA3_UNPLANNED * (tau + stall) / 2 / span
+        row.update(
+            failed=False,
+            interval_seconds=tau,
+            save_share=saves,
+            restore_share=restores,
+            checkpoint_share=saves + restores,
+            rework_share=rework,
+        )
+        out.append(row)
+    return out
+
+
+def _table(
+    header: list[str], rows: list[list[Any]], md_table: Callable[[list[str], list[list[Any]]], str]
+) -> tuple[str, str]:
+    """The same table as Markdown (``md_table``: the report's) and HTML."""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows
+    )
+    return md_table(header, rows), f"<table class='simulated'><tr>{head}</tr>{body}</table>"
+
+
+def section(
+    paths: Sequence[str],
+    out_dir: str,
+    *,
+    md_table: Callable[[list[str], list[list[Any]]], str],
+    plots_missing: str | None = None,
+) -> Section | None:
+    """The simulated section from the ``*.simulated.parquet`` files under ``paths``, its plot
+    written to ``out_dir/simulated.png`` (unless ``plots_missing`` says why plots cannot be
+    drawn); None when there are no simulations there. ``md_table`` and ``plots_missing``
+    come from :mod:`ckptio.report`, which calls this (so this module does not import it)."""
+    from ckptio.simulate import read_summaries
+
+    rows = _order(read_summaries(paths))
+    if not rows:
+        return None
+    sec = Section(rows=rows)
+    md, parts = sec.markdown, sec.html
+    intro = (
+        "Every request of the checkpoint's plan replayed in virtual time (ckptio.simulate, "
+        "SimPy): latency drawn from a distribution, per-prefix request rates with 503 SlowDown "
+        "and ckptio's own retries, stragglers, a restore storm. **Simulated** figures are "
+        "projections from storage profiles, not measurements: each is the p50 over its "
+        "replications with a distribution-free interval [low, high] (95%+ unless shown), and "
+        "the p99; **modelled** is the closed form (ckptio.model) for the same job."
+    )
+    md += ["## Simulated vs modelled (full scale)", "", intro, ""]
+    parts += ["<h2>Simulated vs modelled (full scale)</h2>", f"<p>{html.escape(intro)}</p>"]
+    header = [
+        "target",
+        "preset",
+        "GPUs",
+        "phase",
+        "modelled",
+        "simulated p50 [interval]",
+        "simulated p99",
+        "sim/model",
+        "bound by (simulated)",
+        "binding (model)",
+        "throttled",
+        "retried",
+        "scenario",
+        "runs",
+    ]
+    table_rows = []
+    for s in rows:
+        ratio = (
+            f"{s['p50_seconds'] / s['modelled_seconds']:.2f}"
+            if s["p50_seconds"] and s["modelled_seconds"]
+            else "-"
+        )
+        table_rows.append(
+            [
+                s["target"],
+                s["preset"],
+                f"{s['gpus']:,}",
+                s["phase"],
+                _secs(s["modelled_seconds"]),
+                simulated_text(s),
+                _secs(s["p99_seconds"]),
+                ratio,
+                s["bound_by"],
+                s["model_binding"] or "-",
+                f"{s['throttled']:,}",
+                f"{s['retried']:,}",
+                _scenario(s),
+                _runs_text(s),
+            ]
+        )
+    t_md, t_html = _table(header, table_rows, md_table)
+    md += [t_md, ""]
+    parts.append(t_html)
+    path = None if plots_missing else plot_scale(rows, os.path.join(out_dir, "simulated.png"))
+    caption = "Stall against scale: simulated (p50, bar to p99) and modelled (dashed)."
+    if path:
+        sec.files.append(path)
+        md += [f"### {caption}", "", "![simulated](simulated.png)", ""]
+        parts.append(f"<h3>{html.escape(caption)}</h3><img src='simulated.png' alt='simulated'>")
+    elif plots_missing:
+        md += [f"_Plot not drawn: {plots_missing}._", ""]
+        parts.append(f"<p><i>Plot not drawn: {html.escape(plots_missing)}.</i></p>")
+    apart = [(s, divergence(s)) for s in rows]
+    apart = [(s, d) for s, d in apart if d]
+    md += ["### Where simulation and model part, and why", ""]
+    parts.append("<h3>Where simulation and model part, and why</h3>")
+    if not apart:
+        line = f"They agree within {AGREE:.0%} everywhere here."
+        md += [line, ""]
+        parts.append(f"<p>{html.escape(line)}</p>")
+    items = []
+    for s, why in apart:
+        head = (
+            f"{s['target']}, {s['preset']} on {s['gpus']:,} GPUs, {s['phase']}: simulated "
+            f"{simulated_text(s)} vs modelled {_secs(s['modelled_seconds'])}"
+        )
+        items.append(
+            f"{head}. Why: {why}. Last: rank {s['bound_rank']} on node {s['bound_node']}"
+            + (f", prefix {s['bound_prefix']!r}" if s["bound_prefix"] else "")
+            + f" ({s['mechanism']})."
+        )
+    md += [f"- {i}" for i in items] + ([""] if items else [])
+    if items:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>")
+    costs = interruption_costs(rows)
+    if costs:
+        intro = (
+            f"{LLAMA3_GPUS:,} GPUs interrupted as Llama 3 405B's pre-training was: "
+            f"{LLAMA3_INTERRUPTIONS} interruptions in {LLAMA3_DAYS} days, {LLAMA3_UNPLANNED} "
+            f"unplanned ({LLAMA3_SOURCE}); every interruption restarts from the newest "
+            "checkpoint. Interval: Daly's optimum for the simulated save (p50) and the "
+            f"unplanned failures' MTBF ({_secs(LLAMA3_DAYS * 86400 / LLAMA3_UNPLANNED)}). "
+            "Shares of GPU time: saves (stall / (interval + stall)) and restores (every "
+            "restart's simulated restore); the work redone after each unplanned failure "
+            "(half an interval) is shown beside them, not included."
+        )
+        md += [
+            "### What checkpoints cost at Llama 3's interruption rate (simulated)",
+            "",
+            intro,
+            "",
+        ]
+        parts += [
+            "<h3>What checkpoints cost at Llama 3's interruption rate (simulated)</h3>",
+            f"<p>{html.escape(intro)}</p>",
+        ]
+        header = [
+            "target",
+            "preset",
+            "save p50",
+            "restore p50",
+            "interval",
+            "saves",
+            "restores",
+            "saves + restores",
+            "work redone",
+            "scenario",
+            "runs",
+        ]
+        crow = []
+        for c in costs:
+            if c["failed"]:
+                cells = ["-", "-", "a save or restore fails (see above)", "-", "-"]
+            else:
+                cells = [
+                    _secs(c["interval_seconds"]),
+                    f"{c['save_share']:.2%}",
+                    f"{c['restore_share']:.2%}",
+                    f"{c['checkpoint_share']:.2%}",
+                    f"{c['rework_share']:.2%}",
+                ]
+            crow.append(
+                [
+                    c["target"],
+                    c["preset"],
+                    _secs(c["save_seconds"]),
+                    _secs(c["restore_seconds"]),
+                    *cells,
+                    c["scenario"],
+                    c["runs"],
+                ]
+            )
+        t_md, t_html = _table(header, crow, md_table)
+        md += [t_md, ""]
+        parts.append(t_html)
+    return sec
+
+
+def build(
+    paths: Sequence[str],
+    out_dir: str,
+    *,
+    md_table: Callable[[list[str], list[list[Any]]], str],
+    plots_missing: str | None = None,
+    title: str = "ckptio simulation",
+) -> list[str]:
+    """A report of the simulations alone (``index.html``, ``report.md``, the plot) in
+    ``out_dir``; the files written. Raises when ``paths`` hold no simulation."""
+    from ckptio import errors
+
+    os.makedirs(out_dir, exist_ok=True)
+    sec = section(paths, out_dir, md_table=md_table, plots_missing=plots_missing)
+    if sec is None:
+        raise errors.InvalidArgumentError(
+            f"no simulated results (*.simulated.parquet) in {', '.join(map(str, paths))}"
+        )
+    md_path = os.path.join(out_dir, "report.md")
+    with open(md_path, "w", encoding="utf-8") as f:
+        f.write("\n".join([f"# {title}", "", *sec.markdown]) + "\n")
+    html_path = os.path.join(out_dir, "index.html")
+    with open(html_path, "w", encoding="utf-8") as f:
+        f.write(
+            "<!doctype html><html><head><meta charset='utf-8'>"
+            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"
+            f"<h1>{html.escape(title)}</h1>" + "\n".join(sec.html) + "</body></html>\n"
+        )
+    return [html_path, md_path, *sec.files]
+
+
+_CSS = (
+    "body{font-family:sans-serif;max-width:1200px;margin:auto}"
+    "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px}"
+    "table.simulated tr{background:#f3effa}img{max-width:100%}"
+)
