@@ -1093,17 +1093,26 @@ class _Replication:
                 return True
             yield env.timeout(lat)
             t = env.now
-            end = t + own
-            worst = None
-            for pipe, share in pipes:
-                e = pipe.finish(t, nbytes * share * (1 if pipe is node.pipe else w))
-                if e > end:
-                    end, worst = e, pipe
-            if worst is not None:
-                node.wait += end - t - own
-                node.waits[worst.kind] = node.waits.get(worst.kind, 0.0) + end - t - own
-            yield env.timeout(end - t)
+            yield env.timeout(self._through(node, pipes, nbytes, t, own) - t)
             return True
+
+    def _through(
+        self, node: _Node, pipes: list[tuple[_Pipe, float]], nbytes: int, t: float, own: float
+    ) -> float:
+        """When a request whose bytes start at ``t`` is done: the latest of its own transfer
+        (``own`` seconds) and each shared pipe it crosses (the node's own link carries its
+        bytes once; a shared pipe the bytes of every node it stands for)."""
+        end = t + own
+        worst = None
+        w = node.weight
+        for pipe, share in pipes:
+            e = pipe.finish(t, nbytes * share * (1 if pipe is node.pipe else w))
+            if e > end:
+                end, worst = e, pipe
+        if worst is not None:
+            node.wait += end - t - own
+            node.waits[worst.kind] = node.waits.get(worst.kind, 0.0) + end - t - own
+        return end
 
     def _worker(self, node: _Node) -> Generator[Any, Any, None]:
         """One stream of a node: takes the node's queued parts, first come first served, and
@@ -1120,8 +1129,8 @@ class _Replication:
             if obj.failed:
                 continue
             bucket = obj.bucket
-            granted = bucket is None or bucket.take(env.now)
-            if granted and not obj.pipes:  # the common case, without a generator
+            if bucket is None or bucket.take(env.now):
+                # the first attempt went through: inline, without a generator (most parts)
                 lat = draw() * node.factor
                 own = nbytes / node.rate
                 node.lat += lat
@@ -1129,9 +1138,14 @@ class _Replication:
                 node.xfer += own
                 self.requests += node.weight
                 self.attempts += node.weight
-                yield env.timeout(lat + own)
+                if not obj.pipes:
+                    yield env.timeout(lat + own)
+                else:
+                    yield env.timeout(lat)
+                    t = env.now
+                    yield env.timeout(self._through(node, obj.pipes, nbytes, t, own) - t)
             elif not (
-                yield from self._request(node, bucket, draw, nbytes, obj.pipes, granted=granted)
+                yield from self._request(node, bucket, draw, nbytes, obj.pipes, granted=False)
             ):
                 self._fail(obj)
                 continue
