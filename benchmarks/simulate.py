@@ -7,7 +7,9 @@ latency: nothing aggregated), repeated in fresh processes to show the spread.
 
 Each case runs ``python -m ckptio.cli simulate ... --json`` in a new process; its wall time is
 measured here, its peak RSS is the child's own (``ru_maxrss``, read in the child after the
-command). The machine is shared: the spread over repeats is part of the answer.
+command), and so is its CPU time (user + system): on a machine shared with other work the
+wall time depends on the load beside it, the CPU time much less. The spread over repeats is
+part of the answer.
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ CHILD = (
     "import resource, sys\n"
     "from ckptio.cli import main\n"
     "code = main(sys.argv[1:])\n"
-    "sys.stderr.write('peak_rss_kib=%d\\n' % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    "u = resource.getrusage(resource.RUSAGE_SELF)\n"
+    "sys.stderr.write('peak_rss_kib=%d cpu_seconds=%.3f\\n' % (u.ru_maxrss, u.ru_utime + u.ru_stime))\n"
     "sys.exit(code)\n"
 )
 
@@ -73,16 +76,18 @@ def run_case(args: list[str]) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         raise SystemExit(f"ckptio simulate {' '.join(args)} failed: {r.stderr[-2000:]}")
-    rss = next(
-        int(line.split("=")[1]) * 1024
+    facts = dict(
+        kv.split("=")
         for line in r.stderr.splitlines()
         if line.startswith("peak_rss_kib=")
+        for kv in line.split()
     )
     (sim,) = json.loads(r.stdout)["simulations"]
     return {
         "wall_seconds": wall,
+        "cpu_seconds": float(facts["cpu_seconds"]),
         "simulation_seconds": sim["wall_seconds"],
-        "peak_rss_bytes": rss,
+        "peak_rss_bytes": int(facts["peak_rss_kib"]) * 1024,
         "replications": sim["replications"],
         "simulated_nodes": sim["simulated_nodes"],
         "aggregated": sim["aggregated"],
@@ -129,21 +134,27 @@ def main() -> None:
             samples.append(s)
             print(
                 f"{name} {i + 1}/{a.repeat}: {s['wall_seconds']:.1f} s wall, "
+                f"{s['cpu_seconds']:.1f} s CPU, "
                 f"{s['peak_rss_bytes'] / 2**20:.0f} MiB peak, load {os.getloadavg()[0]:.1f}",
                 flush=True,
             )
         walls = [s["wall_seconds"] for s in samples]
+        cpus = [s["cpu_seconds"] for s in samples]
         results["cases"][name] = {
             "args": CASES[name],
             "samples": samples,
+            "cpu_seconds_median": statistics.median(cpus),
+            "cpu_seconds_min": min(cpus),
+            "cpu_seconds_max": max(cpus),
             "wall_seconds_median": statistics.median(walls),
             "wall_seconds_min": min(walls),
             "wall_seconds_max": max(walls),
             "peak_rss_bytes_max": max(s["peak_rss_bytes"] for s in samples),
         }
         print(
-            f"{name}: median {statistics.median(walls):.1f} s (min {min(walls):.1f}, "
-            f"max {max(walls):.1f}) over {len(walls)}",
+            f"{name}: median {statistics.median(walls):.1f} s wall (min {min(walls):.1f}, "
+            f"max {max(walls):.1f}), {statistics.median(cpus):.1f} s CPU (min {min(cpus):.1f}, "
+            f"max {max(cpus):.1f}) over {len(walls)}",
             flush=True,
         )
     results["machine"]["load_average_at_end"] = os.getloadavg()

@@ -141,8 +141,10 @@ def divergence(s: dict[str, Any]) -> str:
 
 
 def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    phase = {"save": 0, "restore": 1, "drain": 2}
     return sorted(
-        rows, key=lambda s: (s["preset"], s["target"], _scenario(s), s["gpus"], s["phase"])
+        rows,
+        key=lambda s: (s["preset"], s["target"], _scenario(s), s["gpus"], phase[s["phase"]]),
     )
 
 
@@ -236,12 +238,12 @@ def interruption_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     mtbf = span / LLAMA3_UNPLANNED
     by: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
     for s in rows:
-        if s["gpus"] == LLAMA3_GPUS and s["phase"] in ("save", "restore"):
+        if s["gpus"] == LLAMA3_GPUS and s["phase"] in ("save", "restore", "drain"):
             key = (s["run_id"], s["preset"], s["target"], _scenario(s))
             by.setdefault(key, {})[s["phase"]] = s
     out = []
     for (_, preset, target, scenario), phases in sorted(by.items(), key=lambda kv: kv[0][1:]):
-        save, restore = phases.get("save"), phases.get("restore")
+        save, restore, drain = phases.get("save"), phases.get("restore"), phases.get("drain")
         if not save or not restore:
             continue
         row: dict[str, Any] = {
@@ -252,6 +254,8 @@ def interruption_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "save_seconds": save["p50_seconds"],
             "restore_seconds": restore["p50_seconds"],
             "mtbf_seconds": mtbf,
+            "drain": None if drain is None else simulated_text(drain),
+            "drain_seconds": None if drain is None else drain["p50_seconds"],
         }
         if save["p50_seconds"] is None or restore["p50_seconds"] is None:
             row.update(failed=True)
@@ -262,6 +266,9 @@ def interruption_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         saves = stall / (tau + stall)
         restores = LLAMA3_INTERRUPTIONS * restore["p50_seconds"] / span
         rework = LLAMA3_UNPLANNED * (tau + stall) / 2 / span
+        if row["drain_seconds"] is not None:
+            fits = row["drain_seconds"] <= tau + stall
+            row["drain"] += "" if fits else " (longer than the interval: the durable copy lags)"
         row.update(
             failed=False,
             interval_seconds=tau,
@@ -398,7 +405,9 @@ def section(
             f"unplanned failures' MTBF ({_secs(LLAMA3_DAYS * 86400 / LLAMA3_UNPLANNED)}). "
             "Shares of GPU time: saves (stall / (interval + stall)) and restores (every "
             "restart's simulated restore); the work redone after each unplanned failure "
-            "(half an interval) is shown beside them, not included."
+            "(half an interval) is shown beside them, not included. A tiered target's drain "
+            "runs in the background: when it fails, no durable copy is made and a failure that "
+            "loses a node loses its newest checkpoint."
         )
         md += [
             "### What checkpoints cost at Llama 3's interruption rate (simulated)",
@@ -415,6 +424,7 @@ def section(
             "preset",
             "save p50",
             "restore p50",
+            "drain (background)",
             "interval",
             "saves",
             "restores",
@@ -441,6 +451,7 @@ def section(
                     c["preset"],
                     _secs(c["save_seconds"]),
                     _secs(c["restore_seconds"]),
+                    c["drain"] or "-",
                     *cells,
                     c["scenario"],
                     c["runs"],

@@ -22,6 +22,7 @@ from ckptio import simulate as sim
 from ckptio.errors import InvalidArgumentError
 from ckptio.simulate import Job, Storage, fit_layout, simulate
 from ckptio.store import DEFAULT_RETRY_POLICY, RetryPolicy
+from ckptio.units import human_seconds
 from ckptio.workload import make_plan
 
 pytest.importorskip("simpy")
@@ -296,11 +297,18 @@ def test_results_round_trip_and_the_report_section(tmp_path: Path, small: Job) -
     from ckptio.report_sim import build
 
     s = simulate(small, Storage.from_profile("cloud-s3"), replications=3, seed=5)
+    slow = Storage.from_profile("cloud-s3", latency="fixed", overrides={"write_request_rate": 200})
+    throttled = simulate(small, slow, phases=["save"], replications=2, seed=5)
     paths = sim.write_results([s], str(tmp_path / "r"), config={"why": "test"})
+    sim.write_results([throttled], str(tmp_path / "r"))
     assert [p.name.split(".", 1)[1] for p in paths] == ["simulated.parquet", "json"]
     side = json.loads(paths[1].read_text())
     assert side["kind"] == "simulated" and side["simulations"][0]["seed"] == 5
-    back = {r["phase"]: r for r in sim.read_summaries([str(tmp_path / "r")])}
+    back = {
+        r["phase"]: r
+        for r in sim.read_summaries([str(tmp_path / "r")])
+        if r["latency"].startswith("lognormal")
+    }
     for ph, summary in phases(s).items():
         assert back[ph]["p50_seconds"] == summary["p50_seconds"]
         assert back[ph]["modelled_seconds"] == summary["modelled_seconds"]
@@ -310,6 +318,11 @@ def test_results_round_trip_and_the_report_section(tmp_path: Path, small: Job) -
     assert "Simulated vs modelled" in md and "3 replications, seed 5" in md
     assert "Where simulation and model part" in md
     assert any(f.endswith("index.html") for f in files)
+    # the throttled save: both figures and the mechanism
+    model = phases(throttled)["save"]["modelled_seconds"]
+    (line,) = [x for x in md.splitlines() if x.startswith("- cloud-s3") and "failed 2/2" in x]
+    assert f"vs modelled {human_seconds(model)}" in line
+    assert "503 SlowDown" in line and "ckptio's retry attempts" in line
 
 
 # -- the command -----------------------------------------------------------------------------
