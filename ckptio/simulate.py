@@ -973,6 +973,7 @@ class _Replication:
         self.attempts = self.requests = self.throttled = self.retried = self.failed_req = 0
         self.bytes = 0
         self.failed = False
+        self.first_failed: _Rank | None = None
         rpn = job.ranks_per_node
         nodes_work: dict[int, list[tuple[int, _ObjectList]]] = {}
         for r, objs in enumerate(work):
@@ -1157,7 +1158,7 @@ class _Replication:
         if not obj.failed:
             obj.failed = True
             obj.rank.failed = True
-            self.failed = True
+            self._give_up(obj.rank)
             if not obj.done.triggered:
                 obj.done.succeed()
 
@@ -1221,7 +1222,8 @@ class _Replication:
             if rank.failed:
                 return
             if not (yield from self._object(rank, src, number, nbytes)):
-                rank.failed = self.failed = True
+                rank.failed = True
+                self._give_up(rank)
                 return
 
     def _node_groups(self, ranks: list[_Rank], size: int) -> Generator[Any, Any, None]:
@@ -1240,7 +1242,8 @@ class _Replication:
             for r, g in group:
                 r.end = env.now
                 if not g.value:
-                    r.failed = self.failed = True
+                    r.failed = True
+                    self._give_up(r)
             if self.failed:
                 return
 
@@ -1249,15 +1252,12 @@ class _Replication:
         node = rank.node
         if self.reading:  # list the steps, check the manifest's size twice, read it
             root = self._bucket(ROOT_PREFIX, True)
-            for _ in range(RESTORE_PREAMBLE_OPS):
-                if not (yield from self._request(node, root, self.meta, 0, [])):
-                    rank.failed = self.failed = True
-                    rank.end = env.now
+            preamble = [self.meta] * RESTORE_PREAMBLE_OPS + [self.lat]
+            for draw in preamble:
+                if not (yield from self._request(node, root, draw, 0, [])):
+                    rank.failed = True
+                    self._give_up(rank)
                     return
-            if not (yield from self._request(node, root, self.lat, 0, [])):
-                rank.failed = self.failed = True
-                rank.end = env.now
-                return
         if self.job.lockstep:
             return
         lanes = self.job.restore_readers if self.reading else self.job.object_concurrency
@@ -1282,18 +1282,29 @@ class _Replication:
             first = self.ranks[0].node
             ok = yield from self._request(first, self._bucket(ROOT_PREFIX, False), self.meta, 0, [])
             if not ok:
-                self.failed = True
+                self._give_up(self.ranks[0])
+
+    def _give_up(self, rank: _Rank) -> None:
+        """A request ran out of attempts: the checkpoint has failed (the commit will not
+        publish it), and the replication ends now (what the other ranks do until they hear
+        of it changes nothing, and is not simulated)."""
+        self.failed = True
+        if not self.stop.triggered:
+            rank.end = self.env.now
+            self.first_failed = rank
+            self.stop.succeed()
 
     def run(self) -> tuple[float, Bound]:
         env = self.env
+        self.stop = env.event()
         done = env.process(self._phase())
-        env.run(until=done)
+        env.run(until=env.any_of([done, self.stop]))
         return env.now, self._bound()
 
     def _bound(self) -> Bound:
         if not self.ranks:
             return Bound(-1, -1, "", "no rank has anything to do", "none")
-        last = max(self.ranks, key=lambda r: (r.end, -r.index))
+        last = self.first_failed or max(self.ranks, key=lambda r: (r.end, -r.index))
         node = last.node
         parts = {
             "request latency": node.lat,

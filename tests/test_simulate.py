@@ -132,7 +132,9 @@ def test_the_backoff_is_ckptios_retry_policy(small: Job) -> None:
     s = phases(simulate(small, slow, phases=["save"], replications=1))["save"]
     assert calls and set(calls) <= {1, 2}  # attempt 3 is the last: no backoff after it
     assert s["retried"] == len(calls)
-    assert s["throttled"] == s["retried"] + s["failed_requests"]
+    # every refusal is retried, or is a last attempt (failed, or still waiting for its answer
+    # when the first failure ended the checkpoint)
+    assert s["throttled"] >= s["retried"] + s["failed_requests"] >= s["retried"] + 1
 
 
 def test_latency_tails_lengthen_the_stall(small: Job) -> None:
