@@ -278,8 +278,8 @@ SIMULATED_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 """One phase (``save``, ``restore``, a tiered target's ``drain``) of one simulated checkpoint
 (:mod:`ckptio.simulate`; ``kind`` is always ``simulated``: a projection, never a
-measurement). ``seconds``: the stall (for a ``failed`` one, until the failure was known
-everywhere); ``modelled_seconds``: the model's figure for the same phase; ``bound_*``: the
+measurement). ``seconds``: the stall (for a ``failed`` one, until its first request ran out
+of attempts); ``modelled_seconds``: the model's figure for the same phase; ``bound_*``: the
 last rank, its node, the prefix that refused most requests, the limit and the mechanism."""
 
 TABLES = {

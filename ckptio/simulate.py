@@ -39,7 +39,8 @@ profile's request rate, holding ``burst`` seconds of it (an assumption: S3 publi
 rate, not the burst). A request that finds it empty is answered ``503 SlowDown`` after its
 latency, and the client backs off as ckptio's :class:`~ckptio.store.RetryPolicy` does (the
 same object: its ``delay`` and ``max_attempts``); after the last attempt the request fails,
-the rank's save fails, and the checkpoint is counted as failed. S3 splits a hot prefix in
+the rank's save fails, and the checkpoint is counted as failed, its time the moment of that
+first failure (the simulation of that checkpoint ends there). S3 splits a hot prefix in
 minutes; no split happens within a simulated checkpoint.
 
 **Not simulated**: the client's CPU (checksums, copies: the model's ``client CPU`` limit,
@@ -570,7 +571,8 @@ class PhaseResult:
 
     phase: str
     stalls: list[float] = field(default_factory=list)
-    """Seconds per replication (for a failed one: until the failure was known everywhere)."""
+    """Seconds per replication (for a failed one: until its first request ran out of
+    attempts)."""
     failed: list[bool] = field(default_factory=list)
     bounds: list[Bound] = field(default_factory=list)
     requests: list[int] = field(default_factory=list)
@@ -1324,8 +1326,16 @@ class _Replication:
             f"{human_seconds(mean)} on average for their latency"
         )
         if node.straggler:
-            mech = f"straggler node ({node.factor:g}x slower); " + mech
-            limit = "straggler node"
+            others = [r.end for r in self.ranks if not r.node.straggler]
+            ahead = max(others, default=0.0)
+            if not others or last.end > 1.02 * ahead:
+                limit = "straggler node"
+                behind = (
+                    f", {last.end / ahead - 1:.0%} after the last other node" if ahead else ""
+                )
+                mech = f"straggler node ({node.factor:g}x slower{behind}); " + mech
+            else:  # the straggler ended with the others: a shared limit binds them all
+                mech = f"a straggler ({node.factor:g}x slower) ends with the others; " + mech
         prefix = ""
         if self.buckets:
             worst = max(self.buckets.items(), key=lambda kv: kv[1].refused)

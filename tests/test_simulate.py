@@ -161,6 +161,17 @@ def test_a_straggler_node_binds(small: Job) -> None:
         assert "straggler" in ph["mechanism"]
 
 
+def test_a_straggler_behind_a_shared_limit_is_not_blamed(small: Job) -> None:
+    """Where the aggregate bandwidth binds every node, a node twice as slow on its own still
+    ends with the others: the straggler is not what bound the checkpoint, and the mechanism
+    says so."""
+    s = simulate(small, exact("abci-lustre"), replications=2, stragglers=1)
+    for ph in phases(s).values():
+        assert ph["p50_seconds"] == pytest.approx(ph["modelled_seconds"], rel=0.02)
+        assert ph["bound_by"] != "straggler node"
+        assert "ends with the others" in ph["mechanism"]
+
+
 def test_a_restore_storm_reads_every_replica(small: Job) -> None:
     """GPT-3's ZeRO 0 layout: 12 data-parallel replicas read the same shards."""
     storm = replace(small, readers="all")
