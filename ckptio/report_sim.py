@@ -131,9 +131,10 @@ def divergence(s: dict[str, Any]) -> str:
         )
     if s["phase"] == "restore" and "+" in s["target"]:
         why.append(
-            "the model gives the expected restore ((1 - p) x fast tier + p x durable tier); "
-            "each simulated failure either lost a node (its ranks read the durable tier) or "
-            "did not"
+            "the model gives the expected restore ((1 - p) x fast tier + p x durable tier, "
+            "the durable read being the busiest node's); each simulated failure either lost "
+            "a node, any that wrote, whose ranks then read the durable tier (a node holding "
+            "less than the busiest reads it sooner), or did not"
         )
     if not why:
         why.append(s["mechanism"])

@@ -1330,9 +1330,7 @@ class _Replication:
             ahead = max(others, default=0.0)
             if not others or last.end > 1.02 * ahead:
                 limit = "straggler node"
-                behind = (
-                    f", {last.end / ahead - 1:.0%} after the last other node" if ahead else ""
-                )
+                behind = f", {last.end / ahead - 1:.0%} after the last other node" if ahead else ""
                 mech = f"straggler node ({node.factor:g}x slower{behind}); " + mech
             else:  # the straggler ended with the others: a shared limit binds them all
                 mech = f"a straggler ({node.factor:g}x slower) ends with the others; " + mech
@@ -1536,8 +1534,10 @@ def _attach_model(results: dict[str, PhaseResult], model: dict[str, Any], tiered
         results["drain"].modelled = float(model["drain_seconds"])
         results["drain"].model_binding = str(model.get("drain_binding", ""))
         results["restore"].note = (
-            "the model gives the expected restore, (1 - p) x fast + p x durable; the "
-            "simulation draws whether each failure lost a node"
+            "the model gives the expected restore, (1 - p) x fast + p x durable, the "
+            "durable read being the busiest node's; the simulation draws whether each "
+            "failure lost a node, and which (any node that wrote): its ranks read the "
+            "durable tier"
         )
 
 
