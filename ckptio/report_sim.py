@@ -74,9 +74,13 @@ def simulated_text(s: dict[str, Any]) -> str:
     return text
 
 
-def _scenario(s: dict[str, Any]) -> str:
-    """What the simulation assumed beyond the profile, in words."""
-    parts = [s["latency"], f"{s['key_layout']} keys"]
+def _scenario(s: dict[str, Any], *, shape: bool = False) -> str:
+    """What the simulation assumed beyond the profile, in words; ``shape``: the latency's
+    shape only (``lognormal, p99 4x the median``), the same for every profile."""
+    latency = s["latency"]
+    if shape:
+        latency = "fixed latency" if latency.startswith("fixed") else latency.split(" (")[0]
+    parts = [latency, f"{s['key_layout']} keys"]
     if s["readers"] == "all":
         parts.append("every rank restores")
     if s["stragglers"]:
@@ -118,7 +122,7 @@ def divergence(s: dict[str, Any]) -> str:
             "every rank reads what it holds (replicas the same objects); the model "
             "counts each byte once"
         )
-    if "lognormal" in s["latency"] or "empirical" in s["latency"]:
+    if s["latency"].startswith(("lognormal", "resampled")):
         why.append(
             "request latency is drawn from a distribution: requests wait its mean, above the "
             "median the model uses, and the slowest rank meets its tail"
@@ -150,13 +154,13 @@ def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def plot_scale(rows: list[dict[str, Any]], path: str) -> str | None:
-    """Simulated (p50, bar to p99) and modelled (dashed) stall against GPUs (log-log), one
-    colour per target, save and restore side by side; a failed point is an ``x`` at the top
-    of the axis. None when no target was simulated at two scales or more."""
+    """Simulated (p50, bar to p99; a failed point is an ``x`` at the top) and modelled
+    (dashed) stall against GPUs, log-log: a row of two panels (save, restore) per preset and
+    scenario, one colour per target. None when nothing was simulated at two scales or more."""
     series: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     for s in rows:
         if s["phase"] in ("save", "restore"):
-            key = (s["preset"], s["target"], _scenario(s), s["phase"])
+            key = (s["preset"], _scenario(s, shape=True), s["target"], s["phase"])
             series.setdefault(key, []).append(s)
     if not any(len({p["gpus"] for p in pts}) > 1 for pts in series.values()):
         return None
@@ -164,63 +168,66 @@ def plot_scale(rows: list[dict[str, Any]], path: str) -> str | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
-    lines = sorted({k[:3] for k in series})
+    panels = sorted({k[:2] for k in series})[:4]
+    targets = sorted({k[2] for k in series})
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colour = {t: colours[i % len(colours)] for i, t in enumerate(targets)}
     top = max(
         (p[k] or 0)
         for pts in series.values()
         for p in pts
         for k in ("p99_seconds", "modelled_seconds")
     )
-    for ax, phase in zip(axes, ("save", "restore"), strict=True):
-        for i, line in enumerate(lines):
-            pts = sorted(series.get((*line, phase), []), key=lambda p: p["gpus"])
-            if not pts:
-                continue
-            c = colours[i % len(colours)]
-            label = f"{line[1]} ({line[0]}; {line[2]})"
-            ok = [p for p in pts if p["p50_seconds"] is not None]
-            if ok:
-                y = [p["p50_seconds"] for p in ok]
-                err = [[0.0] * len(ok), [p["p99_seconds"] - p["p50_seconds"] for p in ok]]
-                ax.errorbar(
-                    [p["gpus"] for p in ok],
-                    y,
-                    yerr=err,
-                    color=c,
-                    marker="o",
-                    capsize=3,
-                    label=f"simulated: {label}",
+    fig, axes = plt.subplots(
+        len(panels), 2, figsize=(12, 3.8 * len(panels) + 1), sharey=True, squeeze=False
+    )
+    for row, (preset, scenario) in enumerate(panels):
+        for col, phase in enumerate(("save", "restore")):
+            ax = axes[row][col]
+            for target in targets:
+                pts = sorted(
+                    series.get((preset, scenario, target, phase), []), key=lambda p: p["gpus"]
                 )
-            bad = [p for p in pts if p["p50_seconds"] is None]
-            if bad:
-                ax.scatter(
-                    [p["gpus"] for p in bad],
-                    [top * 1.5] * len(bad),
+                if not pts:
+                    continue
+                c = colour[target]
+                ok = [p for p in pts if p["p50_seconds"] is not None]
+                if ok:
+                    ax.errorbar(
+                        [p["gpus"] for p in ok],
+                        [p["p50_seconds"] for p in ok],
+                        yerr=[[0.0] * len(ok), [p["p99_seconds"] - p["p50_seconds"] for p in ok]],
+                        color=c,
+                        marker="o",
+                        capsize=3,
+                    )
+                bad = [p for p in pts if p["p50_seconds"] is None]
+                if bad:
+                    ax.scatter(
+                        [p["gpus"] for p in bad], [top * 1.5] * len(bad), color=c, marker="x", s=80
+                    )
+                ax.plot(
+                    [p["gpus"] for p in pts],
+                    [p["modelled_seconds"] for p in pts],
                     color=c,
-                    marker="x",
-                    s=80,
-                    label=f"simulated, failed: {line[1]}",
+                    linestyle="--",
+                    alpha=0.8,
                 )
-            ax.plot(
-                [p["gpus"] for p in pts],
-                [p["modelled_seconds"] for p in pts],
-                color=c,
-                linestyle="--",
-                alpha=0.8,
-                label=f"modelled: {line[1]}",
-            )
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("GPUs")
-        ax.set_title(f"{phase} (simulated: p50, bar to p99; modelled: dashed)")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("stall per checkpoint, seconds")
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.06 + 0.03 * len(lines), 1, 1))
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("GPUs")
+            ax.set_title(f"{preset}, {phase}\n{scenario}", fontsize=9)
+            ax.grid(True, which="both", alpha=0.3)
+        axes[row][0].set_ylabel("stall per checkpoint, s")
+    handles = [Line2D([], [], color=colour[t], lw=3, label=t) for t in targets] + [
+        Line2D([], [], color="black", marker="o", label="simulated p50 (bar to p99)"),
+        Line2D([], [], color="black", linestyle="--", label="modelled"),
+        Line2D([], [], color="black", marker="x", lw=0, label="simulated: failed (503 SlowDown)"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08 if len(panels) > 1 else 0.12, 1, 1))
     fig.savefig(path)
     plt.close(fig)
     return path

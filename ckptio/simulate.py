@@ -186,10 +186,13 @@ class Latency:
         if self.kind == "fixed" or not self.random:
             return f"fixed {human_seconds(self.median)}"
         if self.kind == "lognormal":
-            return f"lognormal, median {human_seconds(self.median)}, p99 {human_seconds(self.p99)}"
+            return (
+                f"lognormal, p99 {self.p99 / self.median:.3g}x the median "
+                f"({human_seconds(self.median)}, p99 {human_seconds(self.p99)})"
+            )
         return (
-            f"empirical ({len(self.samples)} measured), median {human_seconds(self.median)}, "
-            f"p99 {human_seconds(self.p99)}"
+            f"resampled from {len(self.samples)} measured "
+            f"(median {human_seconds(self.median)}, p99 {human_seconds(self.p99)})"
         )
 
 
