@@ -30,7 +30,7 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ClassVar, Unpack
 
@@ -1074,6 +1074,33 @@ class LocalStore(Store):
             if not stat.S_ISREG(st.st_mode):
                 raise not_regular(path, st.st_mode)
             return st.st_size
+
+    def stored_ranges(self, key: str, start: int, end: int) -> Iterator[tuple[int, int]]:
+        """The file's data regions within ``start..end`` (and its size), by
+        ``lseek(SEEK_DATA)`` / ``lseek(SEEK_HOLE)``: a sparse file's holes are left out. Where
+        the file system cannot tell holes, all of it. Checked as reads are."""
+        path = self._checked_read_path(key)
+        fd = open_regular(path, os.O_RDONLY)
+        try:
+            end = min(end, os.fstat(fd).st_size)
+            pos = start
+            while pos < end:
+                try:
+                    data = os.lseek(fd, pos, os.SEEK_DATA)
+                    hole = os.lseek(fd, data, os.SEEK_HOLE)
+                except OSError as err:
+                    if err.errno == errno.ENXIO:  # nothing but a hole from pos to the end
+                        return
+                    if err.errno in (errno.EINVAL, errno.EOPNOTSUPP):  # holes cannot be told
+                        yield (pos, end)
+                        return
+                    raise os_error(err, path, "seek") from err
+                if data >= end:
+                    return
+                yield (data, min(hole, end))
+                pos = hole
+        finally:
+            os.close(fd)
 
     def get(self, key: str) -> bytes:
         """The whole object, read into one ``bytes`` of the size ``fstat`` gives (through

@@ -20,8 +20,20 @@ Default targets (a laptop needs nothing else):
   (the stall), drain and restore (from either tier) are timed.
 
 Any URL can be given as a target too (``file:///mnt/lustre/x``, ``s3://bucket/prefix``): those
-are measured. Results go to ``<out>/results/`` (Parquet + JSON, mergeable with results from
-other machines by ``ckptio report``), the report to ``<out>/``.
+are measured.
+
+**Rounds.** A measured target runs :data:`AUTO_ROUNDS` rounds (checkpoints written and read
+back), then more, within :data:`AUTO_BUDGET` seconds, until its full-scale projection is known
+within ±20% (:data:`AUTO_TARGET`; :mod:`ckptio.calibration` says how a projection gets its
+interval, and when it is refused). Emulated and mock targets run one round: an emulated
+target is projected from its profile, deterministically, and a mock one not at all.
+
+**Where it writes.** Each compare is a *session* of its own: by default it writes to
+``ckptio-report/<session>/`` (the session id starts with its UTC time), results under
+``results/`` there (Parquet + JSON, mergeable with results from other machines by ``ckptio
+report``), the report beside them; ``--out DIR`` names the directory, which must not hold an
+earlier run's results. ``ckptio report ckptio-report`` merges every session, labelled, never
+averaging two sessions as rounds of one.
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ from ckptio import errors
 from ckptio.redact import redact_url
 
 __all__ = [
+    "AUTO_TARGET",
     "DEFAULT_OBJECT_SIZE",
     "DEFAULT_PRESET",
     "DEFAULT_PROFILES",
@@ -46,6 +59,7 @@ __all__ = [
     "MOCK_BUCKET",
     "RGW_BUCKET",
     "SPECIAL_TARGETS",
+    "CompareWorkload",
     "Target",
     "compare",
     "default_targets",
@@ -187,61 +201,137 @@ def resolve_targets(names: list[str], profiles: list[str], *, tmp: str) -> list[
     return out
 
 
+AUTO_ROUNDS = 4
+"""Rounds a measured target runs first when ``iterations`` is not given: three to fit and
+an interval, and one more that may turn out to be a warm-up."""
+AUTO_TARGET = 0.2
+"""The relative interval (±20%) ``compare`` aims its measured targets' projections at: it runs
+more rounds, within :data:`AUTO_BUDGET`, until their write time's interval is this narrow."""
+AUTO_BUDGET = 30.0
+"""Seconds of measuring one target may take to reach :data:`AUTO_TARGET`."""
+AUTO_MOST = 16
+"""Rounds one target runs at most."""
+
+
+@dataclass(frozen=True)
+class CompareWorkload:
+    """What ``compare`` runs against each target: a preset scaled to ``total_size`` (or by
+    ``scale``), objects of at most ``object_size``, and ``iterations`` rounds per target
+    (None: one for emulated and mock targets, and for measured ones as many as their
+    projection needs to be within ±20%, :data:`AUTO_TARGET`)."""
+
+    preset: str = DEFAULT_PRESET
+    total_size: str | None = DEFAULT_TOTAL_SIZE
+    scale: float | None = None
+    object_size: str = DEFAULT_OBJECT_SIZE
+    iterations: int | None = None
+
+
+def _session_dir(out: str | None, session: str) -> str:
+    """Where a compare writes: ``ckptio-report/<session>/`` by default, or ``out``, which must
+    not hold another compare's results (a second run would overwrite its report)."""
+    import json
+
+    if out is None:
+        return os.path.join("ckptio-report", session)
+    results = os.path.join(out, "results")
+    if os.path.isdir(results):
+        for name in sorted(os.listdir(results)):
+            if not name.endswith(".json"):
+                continue
+            try:
+                with open(os.path.join(results, name), encoding="utf-8") as f:
+                    other = (json.load(f).get("config") or {}).get("session") or name[:-5]
+            except (OSError, ValueError):
+                continue
+            raise errors.InvalidArgumentError(
+                f"{out} already holds the results of an earlier run ({other}): its report would "
+                "be overwritten and its results mixed with these; give another --out, or none "
+                "(each compare then writes to a directory of its own under ckptio-report/)"
+            )
+    return out
+
+
+def _precision(
+    results_dir: str, run_ids: list[str], name: str, scenario: Any
+) -> tuple[float, int, bool]:
+    """How well a measured target's rounds so far project: (the relative half-width of its
+    projected write time, inf when it has no interval yet; the rounds its spread says would
+    give :data:`AUTO_TARGET`; whether more rounds could help: not when the rounds are too
+    small or not steady, which only a larger run mends)."""
+    import math
+
+    from ckptio.calibration import MIN_ROUNDS, fit_target, project_rounds
+    from ckptio.intervals import rounds_needed, t_quantile
+    from ckptio.results import read_results
+    from ckptio.stallmodel import preset_workload
+
+    res = read_results([os.path.join(results_dir, f"{rid}.run.parquet") for rid in run_ids])
+    fit = fit_target(name, res.requests.to_pylist(), res.runs.to_pylist(), res.phases.to_pylist())
+    n = len(fit.used)
+    if fit.pooled is None or n < 2:
+        return math.inf, MIN_ROUNDS + 1, fit.pooled is not None
+    if fit.refusal and n >= MIN_ROUNDS:
+        return math.inf, n, False
+    preset, gpus = scenario.presets[0]
+    w = preset_workload(preset, gpus=gpus)
+    pooled = fit.pooled.as_profile()
+    rounds = [(c.as_profile(), None) for c in fit.per_round]
+    row = project_rounds(w, scenario.conditions(w), (pooled, None), rounds)
+    if row.get("refusal") or row.get("write_seconds_high") is None:
+        return math.inf, MIN_ROUNDS + 1, True
+    rel = (row["write_seconds_high"] - row["write_seconds"]) / row["write_seconds"]
+    need = rounds_needed(rel * math.sqrt(n) / t_quantile(n - 1), AUTO_TARGET)
+    return (rel if n >= MIN_ROUNDS else math.inf), max(need, MIN_ROUNDS), True
+
+
 def compare(
     *,
     targets: list[str] | None = None,
     profiles: list[str] | None = None,
-    preset: str = DEFAULT_PRESET,
-    total_size: str | None = DEFAULT_TOTAL_SIZE,
-    scale: float | None = None,
-    object_size: str = DEFAULT_OBJECT_SIZE,
-    iterations: int = 1,
-    out: str = "ckptio-report",
-    site: str | None = None,
-    presets: list[tuple[str, int | None]] | None = None,
-    interval: float = 7200.0,
-    price: float | None = None,
-    restart: float | None = None,
     tiered: list[str] | None = None,
+    workload: CompareWorkload | None = None,
+    out: str | None = None,
+    site: str | None = None,
+    scenario: Any = None,
     say: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Run the workload against every target, write results and the report under ``out``.
+    """Run ``workload`` against every target, write results and the report under ``out``
+    (default ``ckptio-report/<session>/``: each compare its own directory, see
+    :func:`_session_dir`).
 
     Returns :func:`ckptio.report.build_report`'s result plus ``skipped`` (targets that could
-    not run, with the reason). Runs in this process (one rank writes every logical rank).
-    ``say`` gets the progress: ``running TARGET (kind) ...``, a line per phase, ``TARGET done
-    in N s``. ``tiered``: tiered targets (``DURABLE+LOCAL``, :func:`ckptio.tierbench.
-    parse_tiered`; default :data:`DEFAULT_TIERED`). ``restart`` None: each target's restart is
-    the fixed overhead plus its projected restore (:func:`ckptio.report.build_report`).
+    not run, with the reason), ``session`` and ``results_dir``. Runs in this process (one rank
+    writes every logical rank). ``say`` gets the progress: ``running TARGET (kind) ...``, a
+    line per phase, ``TARGET done in N s``. ``tiered``: tiered targets (``DURABLE+LOCAL``,
+    :func:`ckptio.tierbench.parse_tiered`; default :data:`DEFAULT_TIERED`). ``scenario``: what
+    the report projects to (:class:`ckptio.report.Scenario`; default its defaults). Every run
+    of one compare carries its ``session`` (the sidecar's configuration), so a report of
+    several compares never takes two of them for rounds of one.
     """
-    from ckptio.dist import SingleProcess
-    from ckptio.registry import open_store
-    from ckptio.report import (
-        DEFAULT_PRICE_PER_GPU_HOUR,
-        build_report,
-        measured_note,
-        plots_unavailable,
-    )
-    from ckptio.runner import run_workload
-    from ckptio.tierbench import parse_tiered, run_tiered
+    from ckptio.report import Scenario, build_report, plots_unavailable
+    from ckptio.results import new_run_id
+    from ckptio.tierbench import parse_tiered
     from ckptio.workload import make_plan
 
-    if iterations < 1:
-        raise errors.InvalidArgumentError(f"iterations must be >= 1, got {iterations}")
+    wl = workload or CompareWorkload()
+    if wl.iterations is not None and wl.iterations < 1:
+        raise errors.InvalidArgumentError(f"iterations must be >= 1, got {wl.iterations}")
+    scenario = scenario or Scenario()
     specs = [parse_tiered(t) for t in (DEFAULT_TIERED if tiered is None else tiered)]
     no_plots = plots_unavailable()  # said before the measurements, not after them
     if no_plots:
         say(f"warning: {no_plots}; the report will be written without plots")
     plan = make_plan(
-        preset,
-        scale=scale,
-        total_size=None if scale is not None else total_size,
-        object_size=object_size,
+        wl.preset,
+        scale=wl.scale,
+        total_size=None if wl.scale is not None else wl.total_size,
+        object_size=wl.object_size,
     )
+    session = new_run_id("compare")
+    out = _session_dir(out, session)
     results_dir = os.path.join(out, "results")
-    os.makedirs(results_dir, exist_ok=True)
-    skipped: list[dict[str, str]] = []
-    run_ids: list[str] = []
+    run = _Runner(plan, wl, results_dir, site, session, scenario, say)
     with tempfile.TemporaryDirectory(prefix="ckptio-compare-") as tmp:
         chosen = resolve_targets(
             list(targets if targets is not None else default_targets()),
@@ -250,69 +340,128 @@ def compare(
         )
         for t in chosen:  # a wrong URL or store option fails here, before any target runs
             if t.url and not t.emulate:
+                from ckptio.registry import open_store
+
                 open_store(t.url).close()
+        os.makedirs(results_dir, exist_ok=True)
         for t in chosen:
-            with ExitStack() as stack:
-                url = t.url
-                if t.mock or t.rgw:
-                    try:
-                        url = stack.enter_context(mock_s3_server() if t.mock else rgw_s3_server())
-                    except errors.BackendUnavailableError as err:
-                        say(f"skipped {t.name}: {err}")
-                        skipped.append({"target": t.name, "reason": str(err)})
-                        continue
-                kind = (
-                    "mock — not a performance figure"
-                    if t.mock
-                    else f"emulated {t.emulate}"
-                    if t.emulate
-                    else measured_note(t.name)
-                )
-                say(f"running {t.name} ({kind}) ...")
-                start = time.perf_counter()
-                summary = run_workload(
-                    url,
-                    plan,
-                    iterations=iterations,
-                    comm=SingleProcess(),
-                    out_dir=results_dir,
-                    label=t.name,
-                    site=site,
-                    emulate=t.emulate,
-                    mock=t.mock,
-                    config={"command": "compare", "target": t.name},
-                    say=lambda line: say(f"  {line}"),
-                )
-                say(f"{t.name} done in {time.perf_counter() - start:.1f} s")
-                run_ids.append(summary.run_id)
+            run.target(t)
         for spec in specs:
-            say(f"running {spec.name} (tiered: {spec.note}) ...")
-            start = time.perf_counter()
-            run_ids.append(
-                run_tiered(
-                    spec,
-                    plan,
-                    out_dir=results_dir,
-                    iterations=iterations,
-                    site=site,
-                    config={"command": "compare", "target": spec.name},
-                    tmp=tmp,
-                    say=lambda line: say(f"  {line}"),
-                )
-            )
-            say(f"{spec.name} done in {time.perf_counter() - start:.1f} s")
-    if not run_ids:
+            run.tiered(spec, tmp)
+    if not run.run_ids:
         raise errors.CkptioError("no target could run; see the lines above")
-    files = [os.path.join(results_dir, f"{rid}.run.parquet") for rid in run_ids]
+    files = [os.path.join(results_dir, f"{rid}.run.parquet") for rid in run.run_ids]
     report = build_report(
         files,
         out,
-        presets=presets,
-        interval=interval,
-        price=DEFAULT_PRICE_PER_GPU_HOUR if price is None else price,
-        restart=restart,
-        title=f"ckptio compare: {preset} scaled to {plan.total_bytes / 2**20:.0f} MiB",
+        scenario,
+        title=f"ckptio compare: {wl.preset} scaled to {plan.total_bytes / 2**20:.0f} MiB",
     )
-    report["skipped"] = skipped
-    report["results_dir"] = results_dir
+    report.update(skipped=run.skipped, results_dir=results_dir, session=session)
     return report
+
+
+class _Runner:
+    """Runs one compare's targets, each in as many rounds as it needs; collects run ids."""
+
+    def __init__(
+        self,
+        plan: Any,
+        wl: CompareWorkload,
+        results_dir: str,
+        site: str | None,
+        session: str,
+        scenario: Any,
+        say: Callable[[str], None],
+    ) -> None:
+        self.plan, self.wl, self.results_dir, self.site = plan, wl, results_dir, site
+        self.session, self.scenario, self.say = session, scenario, say
+        self.run_ids: list[str] = []
+        self.skipped: list[dict[str, str]] = []
+
+    def _config(self, name: str) -> dict[str, Any]:
+        return {"command": "compare", "target": name, "session": self.session}
+
+    def target(self, t: Target) -> None:
+        from ckptio.report import measured_note
+
+        with ExitStack() as stack:
+            url = t.url
+            if t.mock or t.rgw:
+                try:
+                    url = stack.enter_context(mock_s3_server() if t.mock else rgw_s3_server())
+                except errors.BackendUnavailableError as err:
+                    self.say(f"skipped {t.name}: {err}")
+                    self.skipped.append({"target": t.name, "reason": str(err)})
+                    return
+            measured = not (t.mock or t.emulate)
+            kind = (
+                "mock — not a performance figure"
+                if t.mock
+                else f"emulated {t.emulate}: deterministic, one round"
+                if t.emulate
+                else measured_note(t.name)
+            )
+            self.say(f"running {t.name} ({kind}) ...")
+            start = time.perf_counter()
+            rounds = self.wl.iterations or (AUTO_ROUNDS if measured else 1)
+            mine = [self._run(t, url, rounds)]
+            if measured and self.wl.iterations is None:
+                self._more(t, url, mine, start)
+            self.run_ids += mine
+            self.say(f"{t.name} done in {time.perf_counter() - start:.1f} s")
+
+    def _more(self, t: Target, url: str, mine: list[str], start: float) -> None:
+        """Rounds until the projection's interval is within :data:`AUTO_TARGET`, the budget
+        is spent or :data:`AUTO_MOST` rounds ran."""
+        done = AUTO_ROUNDS
+        while True:
+            rel, need, helps = _precision(self.results_dir, mine, t.name, self.scenario)
+            spent = time.perf_counter() - start
+            more = min(max(need - done + 1, 2), AUTO_MOST - done)  # +1: the batch's warm-up
+            over = spent + more * spent / done > AUTO_BUDGET
+            if rel <= AUTO_TARGET or not helps or more < 2 or over:
+                verdict = f"±{rel:.0%}" if rel < float("inf") else "no interval"
+                self.say(f"  {t.name}: {done} rounds, projection {verdict}")
+                return
+            self.say(f"  {t.name}: projection ±{rel:.0%} after {done} rounds; {more} more")
+            mine.append(self._run(t, url, more))
+            done += more
+
+    def _run(self, t: Target, url: str, rounds: int) -> str:
+        from ckptio.dist import SingleProcess
+        from ckptio.runner import run_workload
+
+        return run_workload(
+            url,
+            self.plan,
+            iterations=rounds,
+            comm=SingleProcess(),
+            out_dir=self.results_dir,
+            label=t.name,
+            site=self.site,
+            emulate=t.emulate,
+            mock=t.mock,
+            config=self._config(t.name),
+            say=lambda line: self.say(f"  {line}"),
+        ).run_id
+
+    def tiered(self, spec: Any, tmp: str) -> None:
+        from ckptio.tierbench import run_tiered
+
+        self.say(f"running {spec.name} (tiered: {spec.note}) ...")
+        start = time.perf_counter()
+        measured = spec.local_measured  # the durable tier is always emulated here
+        self.run_ids.append(
+            run_tiered(
+                spec,
+                self.plan,
+                out_dir=self.results_dir,
+                iterations=self.wl.iterations or (AUTO_ROUNDS if measured else 1),
+                site=self.site,
+                config=self._config(spec.name),
+                tmp=tmp,
+                say=lambda line: self.say(f"  {line}"),
+            )
+        )
+        self.say(f"{spec.name} done in {time.perf_counter() - start:.1f} s")

@@ -59,6 +59,7 @@ __all__ = [
     "Manifest",
     "TensorEntry",
     "align_up",
+    "as_step",
     "decode_tree",
     "dtype_name",
     "encode_tree",
@@ -194,16 +195,32 @@ def dtype_name(dtype: np.dtype[Any]) -> str:
 # -- naming -----------------------------------------------------------------------------------
 
 
-def step_dir(step: int) -> str:
-    if (
-        not isinstance(step, int | np.integer)
-        or isinstance(step, bool)
-        or not 0 <= step <= MAX_STEP
-    ):
+def as_step(step: Any) -> int:
+    """``step`` as a Python int, or :class:`~ckptio.errors.InvalidArgumentError` in one line.
+
+    Any integral is a step: ``int``, numpy integer scalars (``np.int64(7)``), torch integer
+    scalars (``torch.tensor(7)``, ``t.item()``), anything with ``__index__``. Refused: bools
+    (``True`` is an int to Python, never a step to a user) and floats, ``7.0`` too (a float
+    step comes from arithmetic such as ``step / 2``; truncating it would save under another
+    number than the caller computed)."""
+    kind = type(step).__name__
+    shown = repr(step)[:40] if isinstance(step, str) else str(step)[:40]
+    if isinstance(step, bool | np.bool_) or str(getattr(step, "dtype", "")).endswith("bool"):
+        raise errors.InvalidArgumentError(f"step must be an integer, got {shown} (a bool)")
+    try:
+        n = operator.index(step)
+    except TypeError:
+        hint = " (pass int(step) if it is a whole number)" if isinstance(step, float) else ""
         raise errors.InvalidArgumentError(
-            f"step must be an integer in [0, {MAX_STEP}], got {step!r}"
-        )
-    return f"step-{int(step):010d}"
+            f"step must be an integer in [0, {MAX_STEP}], got {shown} ({kind}){hint}"
+        ) from None
+    if not 0 <= n <= MAX_STEP:
+        raise errors.InvalidArgumentError(f"step must be an integer in [0, {MAX_STEP}], got {n}")
+    return n
+
+
+def step_dir(step: int) -> str:
+    return f"step-{as_step(step):010d}"
 
 
 def manifest_key(step: int) -> str:

@@ -133,12 +133,23 @@ def _plain(tree: Any) -> Any:
 
 
 def _lookup(plain: Any, path: tuple[Any, ...]) -> Any:
+    """The value at ``path`` (a target's key path) in the loaded plain tree: a dict where the
+    target has a dict-like node, a list where it has a sequence. Anything else there (a
+    string, say, which would otherwise be indexed character by character) is damage, refused
+    with :class:`~ckptio.errors.ManifestError` naming the place."""
     node = plain
-    for k in path:
-        _kind, key = _entry(k)
+    for depth, k in enumerate(path):
+        kind, key = _entry(k)
+        if not isinstance(node, dict if kind == "d" else list | tuple):
+            where = "tree" + "".join(f"[{_entry(p)[1]!r:.60}]" for p in path[:depth])
+            raise errors.ManifestError(
+                f"expected a {'dict' if kind == 'd' else 'list'} (the target's structure), "
+                f"found a {type(node).__name__}",
+                field=where,
+            )
         try:
             node = node[key]
-        except (KeyError, IndexError, TypeError):
+        except (KeyError, IndexError):
             where = "".join(f"[{_entry(p)[1]!r}]" for p in path)
             raise errors.NotFoundError(f"the checkpoint has no leaf at {where}") from None
     return node
@@ -168,9 +179,19 @@ def save(
 def _place(value: Any, like: Any, path: str) -> Any:
     import jax
 
-    if not isinstance(value, np.ndarray):
-        return value
     shape, dtype = getattr(like, "shape", None), getattr(like, "dtype", None)
+    if isinstance(value, np.generic) and shape is not None:
+        value = np.asarray(value)
+    if not isinstance(value, np.ndarray):
+        # a damaged or hostile checkpoint: a container, or a plain value where an array belongs
+        if shape is not None or isinstance(value, dict | list | tuple):
+            name = "array" if shape is not None else type(like).__name__
+            want = f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+            raise errors.ManifestError(
+                f"the target holds {want} here, the checkpoint a {type(value).__name__}",
+                field=f"tree{path}",
+            )
+        return value
     if shape is not None and tuple(shape) != value.shape:
         raise errors.InvalidArgumentError(
             f"{path}: checkpoint has shape {value.shape}, target {tuple(shape)}"

@@ -201,7 +201,13 @@ class CkptioCheckpointIO(CheckpointIO):  # type: ignore[misc]  # Lightning ships
         if ck.latest() is None:
             raise errors.NotFoundError(f"no committed ckptio checkpoint at {self._root(path)}")
         device = map_location if isinstance(map_location, str | torch.device) else None
-        state: dict[str, Any] = ct.decode(ct.to_torch(ck.open().state(), device=device))
+        state = ct.decode(ct.to_torch(ck.open().state(), device=device))
+        if not isinstance(state, dict):  # a damaged or foreign checkpoint: not Lightning's dict
+            raise errors.ManifestError(
+                f"{self._root(path)}: a Lightning checkpoint is a dict, this one holds a "
+                f"{type(state).__name__}",
+                field="tree",
+            )
         return state
 
     def remove_checkpoint(self, path: Any) -> None:

@@ -9,14 +9,20 @@ The rule (``***`` replaces what is hidden):
 - a URL query parameter, store option, JSON key or environment variable is secret when its
   name says so (:func:`is_secret_name`): it contains ``secret``, ``password``, ``passwd``,
   ``pwd``, ``token``, ``credential``, ``signature`` or ``auth``, ends in ``key`` or
-  ``key_id``, or is ``sig``/``sas``. Its value is hidden; the others stay readable
-  (``endpoint_url``, ``region``, ``part_size``, ``streams``, ``profile``, ``key_layout``...).
-  Access key ids are hidden too: AWS does not count them as secret, but one names an account
-  and a user, and half of a key pair is nothing to print.
+  ``key_id``, or is ``sig``/``sas`` — unless the name says it holds a location: it ends in
+  ``_file``, ``_path``, ``_dir`` or ``_sock`` (``AWS_SHARED_CREDENTIALS_FILE``,
+  ``AWS_WEB_IDENTITY_TOKEN_FILE``, ``SSH_AUTH_SOCK``: where a secret is, not the secret). Its
+  value is hidden; the others stay readable (``endpoint_url``, ``region``, ``part_size``,
+  ``streams``, ``profile``, ``key_layout``...). Access key ids are hidden too: AWS does not
+  count them as secret, but one names an account and a user, and half of a key pair is
+  nothing to print.
 - a value known to be a credential (:func:`register_secret`: every credential ckptio was
   given or resolved from the environment or an AWS profile, and the value of every
   secret-named environment variable at import) is hidden wherever it appears in free text,
-  raw or URL-quoted, e.g. in a vendor's error message.
+  raw or URL-quoted, e.g. in a vendor's error message. The shell's ``PWD`` and ``OLDPWD``
+  (the current and previous directory: a path in every message about a relative path) and
+  ``XAUTHORITY`` (a file) are not credentials, whatever ``pwd`` and ``auth`` in their names
+  suggest.
 - ``Authorization`` headers are hidden to the end of the line.
 
 A profile's *name* is shown; its keys never are.
@@ -67,10 +73,18 @@ _NAMED_VALUES = (
 _AUTHORIZATION = re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?)[^\n'\"]+")
 
 
+_LOCATION_NAME = re.compile(r"_(?:file|path|dir|sock)$", re.IGNORECASE)
+"""A name that says its value is where something is (a file, a directory, a socket)."""
+_NOT_CREDENTIALS = frozenset({"PWD", "OLDPWD", "XAUTHORITY"})
+"""Environment variables whose names match the secret-name rule but that hold paths: the
+shell's current and previous directory, and the X server's cookie file."""
+
+
 def is_secret_name(name: str) -> bool:
     """Whether a parameter, option, key or environment variable called ``name`` holds a
     credential (the rule in the module docstring)."""
-    return bool(_SECRET_NAME.search(str(name).replace("-", "_")))
+    name = str(name).replace("-", "_")
+    return bool(_SECRET_NAME.search(name)) and not _LOCATION_NAME.search(name)
 
 
 def register_secret(value: Any) -> None:
@@ -95,7 +109,7 @@ def _register_environment() -> None:
     at import. Credentials a store resolves later (from a changed environment or a profile)
     are registered when it resolves them."""
     for name, value in os.environ.items():
-        if is_secret_name(name):
+        if name not in _NOT_CREDENTIALS and is_secret_name(name):
             register_secret(value)
 
 

@@ -54,6 +54,7 @@ __all__ = [
     "accepted_forms",
     "backends",
     "load_backend",
+    "location",
     "open_store",
     "parse_url",
     "split_url",
@@ -398,6 +399,22 @@ def emulation_url(url: str | os.PathLike[str]) -> str:
     """``url`` wrapped in the backend that emulates storage profiles (:data:`EMULATOR`): the
     store it opens takes a ``profile`` option and times every request as the profile says."""
     return wrap_url(EMULATOR, url)
+
+
+def location(url: str | os.PathLike[str]) -> str:
+    """Where ``url``'s objects live, the same whichever client or spelling reaches them: a
+    local directory's real path (``file:///data/run``, ``pfs:///data/run``, ``data/run``, a
+    symlink to it: ``file:///data/run``), a bucket's prefix whichever S3 client
+    (``s3+obstore://b/run/`` and ``fsspec+s3://b/run``: ``s3://b/run``), a wrapped URL's
+    (``shaped+<url>``) own. No credentials, options or endpoint: what a tiered checkpointer
+    records as the owner of its fast root."""
+    loc = parse_url(url)
+    while loc.inner is not None:
+        loc = loc.inner
+    if loc.local:
+        return f"file://{os.path.realpath(loc.path)}"
+    family = loc.protocol or loc.scheme.split("+")[0]
+    return f"{family}://{loc.host}/{loc.prefix}"
 
 
 def split_url(url: str | os.PathLike[str]) -> tuple[str, str, dict[str, str]]:

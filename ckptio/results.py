@@ -49,6 +49,7 @@ __all__ = [
     "read_results",
     "read_simulated",
     "schema",
+    "session_name",
     "sidecar",
     "table",
     "versions",
@@ -331,6 +332,16 @@ def new_run_id(label: str, *, now: datetime | None = None) -> str:
     return f"{stamp}-{clean}-{secrets.token_hex(3)}"
 
 
+def session_name(session: str) -> str:
+    """A session id (``20261205T050112-compare-ab12cd``, :func:`new_run_id`) as people read it:
+    ``2026-12-05 05:01:12 UTC``; other ids as they are."""
+    m = re.match(r"(\d{4})(\d\d)(\d\d)T(\d\d)(\d\d)(\d\d)-", session)
+    if not m:
+        return session
+    y, mo, d, h, mi, sec = m.groups()
+    return f"{y}-{mo}-{d} {h}:{mi}:{sec} UTC"
+
+
 def filesystem_type(path: str) -> str:
     """The mounted filesystem type holding ``path`` (from /proc/mounts), or ``""``."""
     try:
@@ -558,12 +569,19 @@ class Results:
     def run_ids(self) -> list[str]:
         return sorted(set(self.runs.column("run_id").to_pylist()))
 
+    def sessions(self) -> dict[str, str]:
+        """run_id -> the session the run belongs to: its sidecar's ``config.session`` (every
+        target and round of one ``ckptio compare`` share one), else the run_id itself. Runs of
+        different sessions are separate measurements: a report never averages them together."""
+        given = {s.get("run_id"): (s.get("config") or {}).get("session") for s in self.sidecars}
+        return {rid: given.get(rid) or rid for rid in self.run_ids}
+
 
 def _run_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
     found: list[Path] = []
     for p in map(Path, paths):
-        if p.is_dir():
-            found.extend(sorted(p.glob("*.run.parquet")))
+        if p.is_dir():  # and its subdirectories: a folder of ckptio compare's reports
+            found.extend(sorted(p.rglob("*.run.parquet")))
         elif p.name.endswith(".run.parquet"):
             found.append(p)
         elif p.suffix == ".json" or p.name.endswith((".requests.parquet", ".phases.parquet")):
@@ -576,7 +594,7 @@ def _run_files(paths: Iterable[str | os.PathLike[str]]) -> list[Path]:
                 f"{p} is not a result file (*.run.parquet, *.requests.parquet, "
                 "*.phases.parquet, <run_id>.json) or a directory of them"
             )
-    unique = list(dict.fromkeys(found))
+    unique = list({f.resolve(): f for f in found}.values())
     for f in unique:
         if not f.exists():
             raise errors.NotFoundError(f"result file {f} is missing")

@@ -663,6 +663,13 @@ class _Run:
             )
         self.run_id, self.step0 = first["run_id"], int(first["step"])
         self.gen = DataGenerator(first["seed"])
+        # what the writes look up on first need is resolved now, outside every timed phase:
+        # a bfloat16 weight imports ml_dtypes (about a second on a busy 2-core machine), which
+        # would otherwise land in the first iteration's write time
+        for r in self.mine:
+            for spec in self.plan.rank_objects(int(r)):
+                fmt.DTYPES[spec.dtype]
+                break
         self.buffers = _Buffers(s.inflight, self.plan.object_size)
         self.metadata = {
             "workload": self.plan.preset.name,

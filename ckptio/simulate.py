@@ -1,6 +1,6 @@
 """Full scale by simulation: every request of a checkpoint's plan, replayed in virtual time.
 
-The model (:mod:`ckptio.model`) projects a checkpoint with closed-form limits: bandwidths, a
+The model (:mod:`ckptio.stallmodel`) projects a checkpoint with closed-form limits: bandwidths, a
 per-request latency, a request rate. At full scale the stall is set by the *slowest* rank, by
 the tail of the request latency, by a prefix answering ``503 SlowDown`` past its request rate
 and by the client's retries piling onto it, by a straggler node, by storage targets that some
@@ -67,15 +67,16 @@ import numpy as np
 
 from ckptio import errors
 from ckptio import format as fmt
-from ckptio.model import (
+from ckptio.profiles import Profile, load_profile
+from ckptio.stallmodel import (
     DEFAULT_OBJECT_CONCURRENCY,
     DEFAULT_P_LOSE_NODE,
     RESTORE_PREAMBLE_OPS,
     RESTORE_READERS,
+    Conditions,
     Workload,
-    evaluate,
+    project,
 )
-from ckptio.profiles import Profile, load_profile
 from ckptio.store import DEFAULT_RETRY_POLICY, RetryPolicy
 from ckptio.units import human_seconds
 from ckptio.workload import Plan, get_preset, make_plan
@@ -346,16 +347,16 @@ def _empirical(samples: tuple[float, ...], source: str) -> Latency:
 
 def fit_storage(paths: Sequence[str], *, target: str | None = None) -> list[Storage]:
     """Storage descriptions fitted from measured result files (or directories): the figures
-    of :func:`ckptio.model.calibrate_results` (per-stream bandwidth, the node's link from the
+    of :func:`ckptio.calibration.calibrate` (per-stream bandwidth, the node's link from the
     highest throughput seen; one node cannot see an aggregate or a request-rate limit, so
     those stay unbounded), and latencies resampled from the recorded requests — each data
     request's time beyond its transfer at the fitted bandwidth, tails included. ``target``
     keeps one measured target."""
-    from ckptio.model import calibrate
+    from ckptio.calibration import calibrate
     from ckptio.results import read_results
 
     res = read_results(list(paths))
-    cals = calibrate(res.requests, res.runs)
+    cals = calibrate(res.requests, res.runs, res.phases)
     if target is not None:
         cals = [c for c in cals if c.target == target]
     if not cals:
@@ -485,7 +486,7 @@ class Job:
         return -(-self.gpus // self.ranks_per_node)
 
     def workload(self) -> Workload:
-        """The model's view of this job (:class:`ckptio.model.Workload`)."""
+        """The model's view of this job (:class:`ckptio.stallmodel.Workload`)."""
         prefixes = 256 if self.key_layout == "hashed" else 1
         if self.processes is not None:
             w = Workload.for_run(
@@ -563,7 +564,7 @@ class Bound:
     """The binding node's time in words: the largest of its latency, transfer, queueing on a
     shared link, throttling and backoff; and whether it is a straggler."""
     limit: str
-    """The model's name for it (:data:`ckptio.model.LIMITS`) or ``stragglers``/``failed``."""
+    """The model's name for it (:data:`ckptio.stallmodel.LIMITS`) or ``stragglers``/``failed``."""
     weight: int = 1
     """Identical nodes the binding node stands for (aggregated; 1: simulated alone)."""
 
@@ -586,7 +587,7 @@ class PhaseResult:
     failed_requests: list[int] = field(default_factory=list)
     bytes: int = 0
     modelled: float = math.nan
-    """The model's time of the same phase (:func:`ckptio.model.estimate`), seconds."""
+    """The model's time of the same phase (:func:`ckptio.stallmodel.estimate`), seconds."""
     model_binding: str = ""
     note: str = ""
 
@@ -717,7 +718,7 @@ class Simulation:
     phases: dict[str, PhaseResult]
     wall_seconds: float = 0.0
     model: dict[str, Any] = field(default_factory=dict)
-    """The model's answer for the same job and target (:func:`ckptio.model.evaluate`)."""
+    """The model's answer for the same job and target (:func:`ckptio.stallmodel.project`)."""
     notes: list[str] = field(default_factory=list)
 
     def rows(self, run_id: str) -> list[dict[str, Any]]:
@@ -1356,15 +1357,11 @@ class _Replication:
 
 
 def _model(job: Job, storage: Storage, local: Storage | None, p_lose_node: float) -> Any:
-    """The model's figures for ``job`` on the target: :func:`ckptio.model.evaluate`."""
-    return evaluate(
-        profiles=[storage.profile],
-        workload=job.workload(),
-        streams=job.streams,
-        part_size=job.part_size,
-        local=local.profile if local else None,
-        p_lose_node=p_lose_node,
-    )["targets"][-1]
+    """The model's figures for ``job`` on the target (:func:`ckptio.stallmodel.project`)."""
+    conditions = Conditions(streams=job.streams, part_size=job.part_size, p_lose_node=p_lose_node)
+    return project(
+        job.workload(), storage.profile, conditions, local=local.profile if local else None
+    )
 
 
 def _stragglers(

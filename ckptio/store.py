@@ -21,7 +21,7 @@ import random
 import re
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ClassVar, Self, TypedDict, TypeVar
@@ -375,6 +375,17 @@ class Store(ABC):
     @abstractmethod
     def size(self, key: str) -> int:
         """Size of ``key`` in bytes; :class:`~ckptio.errors.NotFoundError` if absent."""
+
+    def stored_ranges(self, key: str, start: int, end: int) -> Iterator[tuple[int, int]]:
+        """The byte ranges ``[a, b)`` within ``start..end`` of ``key`` (``end`` at most its
+        size, which the caller knows) that the storage really holds, ascending; bytes in
+        between read as zeros without being stored (a sparse file's holes). A reader bounds
+        its work by these, not by a size a manifest declares. The default: all of
+        ``start..end`` (an object store holds every byte it reports; this asks it nothing).
+
+        Note for implementers: report as holes only what reads back as zeros (POSIX
+        ``SEEK_HOLE``), and never a range past the object's end."""
+        yield (start, end)
 
     def exists(self, key: str) -> bool:
         try:

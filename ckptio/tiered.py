@@ -38,8 +38,12 @@ it until a newer chosen step is chosen). A step skipped by backpressure is not c
 committed on the durable tier; the newest step that every rank has on its fast root or that
 is committed on the durable tier is read, each rank from its fast root where it has it (an
 object missing there is read from the durable tier when the step is committed there), else
-from the durable tier. A read that fails (an object gone, a CRC mismatch) falls back to the
-same step on the durable tier, then to the next older candidate, agreed by every rank.
+from the durable tier. Any read of the fast tier that fails (an object gone, a CRC mismatch,
+an I/O error of a failing disk, an object refused as a symlink out of the root) falls back to
+the same step on the durable tier, then to the next older candidate, agreed by every rank
+(:func:`read_first_intact`), each time with a warning naming the tier, the step and the cause.
+A durable tier that cannot be listed (its endpoint down) leaves the fast tier's steps, with a
+warning. Damaged data is never returned: every chunk's CRC32C is checked on either tier.
 
 **Fast roots per rank** (node-local disks): ``local`` may name each rank's root, as a URL with
 ``{rank}`` or a list of one URL per rank. Each rank then writes its shards, its lease and a
@@ -51,6 +55,7 @@ tier when the step was drained, else from that rank's root if this process can r
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import secrets
@@ -85,7 +90,8 @@ from ckptio.checkpoint.write import (
 from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.forked import ForkedWriter
 from ckptio.lease import RETIRE_GRACE_SECONDS, SaveLease
-from ckptio.registry import open_store
+from ckptio.redact import redact_url
+from ckptio.registry import location, open_store
 from ckptio.store import Store, option_int
 
 log = logging.getLogger(__name__)
@@ -481,6 +487,7 @@ class TieredCheckpointer:
         )
         self.fast.protected = self._protected
         self.fast.per_rank = self.per_rank
+        self._claim_fast_root()
         self._lock = threading.Lock()
         self._saves = 0
         self._drains: list[DrainHandle] = []  # queued or running, in order
@@ -490,6 +497,28 @@ class TieredCheckpointer:
         self._drain_comm: Communicator | None = None
         self._executor: ThreadPoolExecutor | None = None
 
+    def _claim_fast_root(self) -> None:
+        """Collective: every rank's fast root is this job's (its owner record names this
+        durable root, or is written now), or every rank raises the same error."""
+        refusal: tuple[str, str] = ("", "")  # (why, "refused" or "failed")
+        try:
+            why = claim_fast_root(self.fast.store, location(self.store.url))
+            refusal = (why, "refused")
+        except errors.CkptioError as err:
+            where = f"{self.fast.store.url}/{OWNER_KEY}"
+            refusal = (
+                f"local: the fast root's owner record {where} cannot be read or written: {err}",
+                "failed",
+            )
+        if self.comm.size > 1:
+            refusals = self.comm.gather(refusal, root=0)
+            refusal = self.comm.bcast(next((r for r in refusals or () if r[0]), ("", "")), root=0)
+        why, how = refusal
+        if why:
+            self.fast.close()
+            self.durable.close()
+            raise (errors.InvalidArgumentError if how == "refused" else errors.StorageError)(why)
+
     # -- saving -----------------------------------------------------------------------------
     def save(
         self, state: Any, step: int, *, metadata: Any = None, blocking: bool | None = None
@@ -497,7 +526,7 @@ class TieredCheckpointer:
         """Save ``state`` as ``step`` on the fast tier (returns when it is committed there, or
         after the snapshot with ``async_save``); drain it if it is chosen (see the module
         docstring). Every rank calls it together."""
-        fmt.step_dir(step)
+        step = fmt.as_step(step)
         t0 = time.perf_counter()
         self.fast.wait()  # the previous save's commit (raising its failure): its drain may start
         chosen = self._saves % self.persist_every == 0
@@ -758,16 +787,30 @@ class TieredCheckpointer:
         there, newest first."""
         store, rank = self.fast.store, self.comm.rank
         mine_only = self.per_rank
-        out = []
-        for s in reversed(committed_steps(store)):
+        out: list[int] = []
+        try:
+            steps = committed_steps(store)
+        except _CALLERS_FAULT:
+            raise
+        except Exception as err:  # a failing local disk: the durable tier may have it all
+            log.warning(
+                "the fast tier %s cannot be listed (%s): restoring without it", store.url, err
+            )
+            return out
+        for s in reversed(steps):
             if step is not None and s != step:
                 continue
             try:
                 m = read_manifest(store, s)
-            except (FileNotFoundError, errors.CorruptCheckpointError, PermissionError):
+                prefix = fmt.step_dir(s) + "/"
+                present = set(store.list(prefix))
+            except _CALLERS_FAULT:
+                raise
+            except Exception as err:
+                gone = isinstance(err, FileNotFoundError)  # retired meanwhile
+                if not gone or isinstance(err, errors.NotRegularFileError):
+                    log.warning("step %d on the fast tier %s cannot be read: %s", s, store.url, err)
                 continue
-            prefix = fmt.step_dir(s) + "/"
-            present = set(store.list(prefix))
             need = [k for k in m.objects if not mine_only or object_rank(k) == rank]
             if all(prefix + k in present for k in need):
                 out.append(s)
@@ -799,18 +842,29 @@ class TieredCheckpointer:
                 guess = self.comm.bcast(guess, root=0)
                 if guess is not None:
                     read = speculate(guess)
-            durable = [s for s in listing.result() if want(s)]
-        gathered = self.comm.gather({"local": local, "durable": durable}, root=0)
-        pick = None
+            durable, unreachable = _durable_listing(listing, self.store.url)
+            durable = [s for s in durable if want(s)]
+        gathered = self.comm.gather(
+            {"local": local, "durable": durable, "unreachable": unreachable}, root=0
+        )
+        verdict: tuple[int | None, str] = (None, "")
         if gathered is not None:
             durable0 = set(durable)
             candidates = sorted({s for g in gathered for s in g["local"]} | durable0, reverse=True)
+            down = next((g["unreachable"] for g in gathered if g["unreachable"]), "")
+            verdict = (None, down)
             for s in candidates:
                 if all(s in g["local"] or s in durable0 for g in gathered):
-                    pick = s
+                    verdict = (s, down)
                     break
-        pick = self.comm.bcast(pick, root=0)
+        pick, down = self.comm.bcast(verdict, root=0)
         if pick is None:
+            if down:  # nothing on the fast tier: the durable tier's failure is the answer
+                what = f"step {step}" if step is not None else "checkpoint"
+                raise errors.StorageError(
+                    f"no {what} complete for every rank on the fast tier "
+                    f"({self.roots[self.comm.rank]}), and the durable tier cannot be listed: {down}"
+                )
             return None
         state, error = read if pick == guess else (None, "")
         return pick, pick in local, pick in durable, pick == guess, state, error
@@ -827,9 +881,9 @@ class TieredCheckpointer:
         """The state of the newest step complete for every rank (or of ``step``), read from
         the fast tier where this rank has it, else from the durable tier (see the module
         docstring). Every rank calls it together."""
-        self.fast.wait()
         if step is not None:
-            fmt.step_dir(step)
+            step = fmt.as_step(step)
+        self.fast.wait()
         skip: set[int] = set()
         for _ in range(_RELISTS):
             choice = self._choose(
@@ -857,7 +911,7 @@ class TieredCheckpointer:
         self, step: int, local: bool, durable: bool, select: Any, into: Any
     ) -> tuple[Any, str]:
         """This rank's read of ``step``: (state, "") or (None, the error)."""
-        tries: list[Store] = []
+        tiers: list[tuple[str, Store]] = []
         others: list[Store] = []
         if local:
             # objects of other ranks (replicated tensors, a resharded read): from the durable
@@ -865,23 +919,15 @@ class TieredCheckpointer:
             others = [
                 open_store(u) for u in dict.fromkeys(self.roots) if u != self.roots[self.comm.rank]
             ]
-            tries.append(_Overlay([self.fast.store, *([self.store] if durable else []), *others]))
+            overlay = _Overlay([self.fast.store, *([self.store] if durable else []), *others])
+            tiers.append(("the fast tier", overlay))
         if durable:
-            tries.append(self.store)
-        error = "not on either tier"
+            tiers.append(("the durable tier", self.store))
         try:
-            for store in tries:
-                try:
-                    return CheckpointReader(store, step, read_manifest(store, step)).state(
-                        select, into=into
-                    ), ""
-                except (FileNotFoundError, errors.CorruptCheckpointError) as err:
-                    log.info("step %d from %s: %s", step, store.url, err)
-                    error = f"{store.url}: {type(err).__name__}: {err}"
+            return read_first_intact(tiers, step, select, into)
         finally:
-            for store in others if local else ():
+            for store in others:
                 store.close()
-        return None, error
 
     # -- lifetime ---------------------------------------------------------------------------
     def wait(self) -> SaveResult | None:
@@ -914,6 +960,109 @@ class TieredCheckpointer:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         close_on_exit(self.close, exc_type)
+
+
+OWNER_KEY = "fast-tier-owner.json"
+"""The object at a fast root that names the durable root it serves (outside every step: gc
+and retention, which look under ``step-*``, never touch it)."""
+OWNER_KIND = "ckptio-fast-tier"
+_MAX_OWNER_BYTES = 64 << 10
+
+
+def claim_fast_root(store: Store, owner: str) -> str:
+    """Make the fast root ``store`` this job's: ``""`` when its owner record names ``owner``
+    (the durable root's :func:`~ckptio.registry.location`), or did not exist and now does
+    (published create-if-absent, so of two jobs claiming a new root at once one wins); else
+    why it is not. A root with steps but no record (an older ckptio's) is adopted, with a
+    warning naming its steps."""
+    for _ in range(3):
+        try:
+            size = store.size(OWNER_KEY)
+            data = store.get(OWNER_KEY) if size <= _MAX_OWNER_BYTES else b""
+        except errors.NotRegularFileError:
+            raise
+        except FileNotFoundError:
+            steps = committed_steps(store)
+            doc = {"kind": OWNER_KIND, "durable": owner}
+            try:
+                store.publish(OWNER_KEY, json.dumps(doc).encode(), overwrite=False)
+            except errors.AlreadyExistsError:
+                continue  # another job (or rank) claimed it meanwhile: read its record
+            if steps:
+                log.warning(
+                    "the fast root %s holds steps %s with no owner record (an older ckptio's); "
+                    "this job, whose durable root is %s, takes them as its own",
+                    store.url,
+                    steps,
+                    owner,
+                )
+            return ""
+        try:
+            doc = json.loads(data)
+            recorded = doc["durable"] if doc.get("kind") == OWNER_KIND else None
+        except (ValueError, TypeError, KeyError, AttributeError):
+            recorded = None
+        if not isinstance(recorded, str):
+            return (
+                f"local: {store.url}/{OWNER_KEY} is not a fast tier's owner record; whose "
+                "fast root this is cannot be told: give this job a fast root of its own"
+            )
+        if recorded != owner:
+            return (
+                f"local: the fast root {store.url} belongs to the job whose durable root is "
+                f"{redact_url(recorded)}, not {redact_url(owner)}: a fast root serves one job "
+                "(its steps, retention and drains are that job's); give each job its own (a "
+                "directory per job on the node's disk)"
+            )
+        return ""
+    return f"local: {store.url}/{OWNER_KEY} keeps changing; is another job claiming it?"
+
+
+_CALLERS_FAULT = (errors.InvalidArgumentError, errors.InsufficientMemoryError)
+"""What a read raises that another tier would raise as well (a bad ``select`` or ``into``,
+more than this machine can hold): raised at once, not tried elsewhere."""
+
+
+def read_first_intact(
+    tiers: Sequence[tuple[str, Store]], step: int, select: Any, into: Any
+) -> tuple[Any, str]:
+    """The restore's fallback: the state of ``step`` from the first of ``tiers`` (``(name,
+    store)``, nearest first) that reads it whole, as ``(state, "")``; ``(None, the last
+    failure)`` when none does. Any failure to read a tier (an object missing, a CRC mismatch,
+    an I/O error such as a failing disk's EIO, an object refused as a symlink out of the
+    root, the storage unreachable) moves on to the next tier, with a warning naming the tier,
+    the step and the cause. Damaged data is never returned: every chunk's CRC32C is checked
+    on every tier."""
+    error = "not on either tier"
+    for i, (name, store) in enumerate(tiers):
+        try:
+            manifest = read_manifest(store, step)
+            return CheckpointReader(store, step, manifest).state(select, into=into), ""
+        except _CALLERS_FAULT:
+            raise
+        except Exception as err:
+            error = f"{name} ({store.url}): {type(err).__name__}: {err}"
+            if i + 1 < len(tiers):
+                log.warning(
+                    "step %d cannot be read from %s; reading it from %s",
+                    step,
+                    error,
+                    tiers[i + 1][0],
+                )
+    return None, error
+
+
+def _durable_listing(listing: Future[list[int]], url: str) -> tuple[list[int], str]:
+    """The durable tier's committed steps, or ``([], why)`` when it cannot be listed (an S3
+    endpoint down, say): a restore then takes what the fast tier holds, with a warning."""
+    try:
+        return listing.result(), ""
+    except _CALLERS_FAULT:
+        raise
+    except Exception as err:
+        why = f"{url}: {type(err).__name__}: {err}"
+        log.warning("the durable tier cannot be listed (%s); restoring from the fast tier", why)
+        return [], why
 
 
 def _acquire_beside(store: Store, step: int, tries: int = 3) -> SaveLease:

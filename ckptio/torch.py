@@ -35,6 +35,7 @@ import contextlib
 import dataclasses
 import io
 import logging
+import math
 import os
 import re
 import secrets
@@ -302,16 +303,57 @@ def encode(state: Any) -> Any:
 
 
 def decode(state: Any) -> Any:
-    """Inverse of :func:`encode`."""
+    """Inverse of :func:`encode`. A loaded checkpoint may be damaged or hostile: an
+    ``{"__ckptio_items__": ...}`` node that is not what :func:`encode` writes (not a list of
+    ``[key, value]`` pairs, a key that is not a str or int, a key given twice, the marker
+    beside other keys) is refused with :class:`~ckptio.errors.ManifestError` naming where in
+    the tree it lies."""
+    return _decode(state, ())
+
+
+def _decode(state: Any, path: tuple[Any, ...]) -> Any:
     if isinstance(state, Mapping):
-        if set(state) == {ITEMS_MARKER}:
-            return {(k[0] if isinstance(k, list) else k): decode(v) for k, v in state[ITEMS_MARKER]}
-        return {k: decode(v) for k, v in state.items()}
+        if ITEMS_MARKER in state:
+            return _decode_items(state, path)
+        return {k: _decode(v, (*path, k)) for k, v in state.items()}
     if isinstance(state, list):
-        return [decode(v) for v in state]
+        return [_decode(v, (*path, i)) for i, v in enumerate(state)]
     if isinstance(state, tuple):
-        return tuple(decode(v) for v in state)
+        return tuple(_decode(v, (*path, i)) for i, v in enumerate(state))
     return state
+
+
+def _decode_items(node: Mapping[str, Any], path: tuple[Any, ...]) -> dict[Any, Any]:
+    """The dict an ``{ITEMS_MARKER: [[key, value], ...]}`` node stands for, checked."""
+    where = "tree" + "".join(f"[{k!r:.60}]" for k in (*path, ITEMS_MARKER))
+
+    def refuse(message: str, at: str = "") -> errors.ManifestError:
+        return errors.ManifestError(message, field=where + at)
+
+    if len(node) != 1:
+        others = sorted(str(k) for k in node if k != ITEMS_MARKER)
+        raise refuse(f"beside other keys ({', '.join(others)[:80]}); encode() writes it alone")
+    items = node[ITEMS_MARKER]
+    if not isinstance(items, list | tuple):
+        raise refuse(f"expected a list of [key, value] pairs, got {_kind(items)}")
+    out: dict[Any, Any] = {}
+    for i, item in enumerate(items):
+        if not isinstance(item, list | tuple) or len(item) != 2:
+            raise refuse(f"expected [key, value], got {_kind(item)}", f"[{i}]")
+        key, value = item
+        if not isinstance(key, str | int) or isinstance(key, bool):
+            raise refuse(f"key {key!r:.60} ({type(key).__name__}): keys are str or int", f"[{i}]")
+        if key in out:
+            raise refuse(f"key {key!r:.60} given twice", f"[{i}]")
+        out[key] = _decode(value, (*path, key))
+    return out
+
+
+def _kind(value: Any) -> str:
+    """What ``value`` is, for an error message: its type, and its length if it has one."""
+    if isinstance(value, list | tuple | Mapping | str):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
 
 
 def save(
@@ -413,7 +455,7 @@ def _split_checkpoint_url(url: str, step: int | None) -> tuple[str, int | None]:
     """``(root_url, step)`` from ``<root>/step-<N>`` or from ``url`` + ``step``; ``(url, None)``
     for a URL that names no step (DCP's "any directory" form)."""
     if step is not None:
-        return url, step
+        return url, fmt.as_step(step)
     parts = urlsplit(url) if "://" in url else None
     path = parts.path if parts is not None else url
     head, _, last = path.rstrip("/").rpartition("/")
@@ -527,6 +569,7 @@ def _metadata_from_json(doc: Any) -> Metadata:
         )
         size = fmt._int_list(e.get("size"), f"extra.dcp.{f}.size")
         chunks = []
+        boxes = []  # DCP loads only the boxes listed: they must tile the tensor, as ckptio's do
         cl = e.get("chunks")
         _want(isinstance(cl, list), f"{f}.chunks", "expected a list")
         for i, c in enumerate(cl):
@@ -535,13 +578,28 @@ def _metadata_from_json(doc: Any) -> Metadata:
             )
             offs = fmt._int_list(c[0], f"extra.dcp.{f}.chunks[{i}].offsets", len(size))
             sizes = fmt._int_list(c[1], f"extra.dcp.{f}.chunks[{i}].sizes", len(size))
+            _want(
+                all(o + n <= full for o, n, full in zip(offs, sizes, size, strict=True)),
+                f"{f}.chunks[{i}]",
+                f"a box of {list(sizes)} at {list(offs)} does not fit the tensor's size {list(size)}",
+            )
             chunks.append(ChunkStorageMetadata(torch.Size(offs), torch.Size(sizes)))
+            boxes.append(fmt.Chunk(offs, sizes, "", 0, 0, 0))
+        covered = sum(math.prod(b.shape) for b in boxes)
+        _want(
+            covered == math.prod(size),
+            f"{f}.chunks",
+            f"the boxes hold {covered} elements, the tensor {math.prod(size)}",
+        )
+        fmt._check_no_overlap(boxes, f"extra.dcp.{f}.chunks")
+        for flag in ("requires_grad", "pin_memory"):
+            _want(isinstance(e.get(flag, False), bool), f"{f}.{flag}", "expected true or false")
         props = TensorProperties(
             dtype=_TORCH_DTYPES[e["dtype"]],
             layout=_LAYOUTS[e["layout"]],
-            requires_grad=bool(e.get("requires_grad", False)),
+            requires_grad=e.get("requires_grad", False),
             memory_format=_MEMORY_FORMATS[e["memory_format"]],
-            pin_memory=bool(e.get("pin_memory", False)),
+            pin_memory=e.get("pin_memory", False),
         )
         sdm[fqn] = TensorStorageMetadata(props, torch.Size(size), chunks)
     pd = doc.get("planner_data")
@@ -567,6 +625,13 @@ def _metadata_from_json(doc: Any) -> Metadata:
             "storage_meta.modules",
             "expected a list of strings",
         )
+        for name in ("checkpoint_id", "save_id", "load_id"):
+            value = smd.get(name)
+            _want(
+                value is None or isinstance(value, str),
+                f"storage_meta.{name}",
+                f"expected a string or null, got {type(value).__name__}",
+            )
         storage_meta = StorageMeta(
             checkpoint_id=smd.get("checkpoint_id"),
             save_id=smd.get("save_id"),

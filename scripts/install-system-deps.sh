@@ -9,7 +9,9 @@ fi
 # radosgw, ceph-mon, ceph-osd: Ceph's RADOS Gateway, a real S3 implementation on loopback for
 #   the S3 tests and the comparison (ckptio.testing.rgw)
 # gcc, libc6-dev, python3-dev: build ckptio._memcopy (optional: without them copies use numpy)
-pkgs=(fio glusterfs-server glusterfs-client fuse3 attr radosgw ceph-mon ceph-osd gcc libc6-dev python3-dev)
+# chromium: renders the report's index.html headless for tests/test_report_page.py (the
+#   conclusion comes first in the page a browser shows; the screenshot is not blank)
+pkgs=(fio glusterfs-server glusterfs-client fuse3 attr radosgw ceph-mon ceph-osd gcc libc6-dev python3-dev chromium)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -408,3 +408,61 @@ def test_a_state_with_nothing_to_save_is_refused(tmp_path: Path, empty: object) 
     assert list(tmp_path.iterdir()) == []
     ckptio.save({"step": 0}, str(tmp_path), step=1)  # a value alone is something to save
     assert ckptio.load(str(tmp_path)) == {"step": 0}
+
+
+# -- any integral step ------------------------------------------------------------------------
+
+INTEGRAL_STEPS = [np.int64(7), np.uint8(7), np.int32(7), np.array(7)]
+
+
+@pytest.mark.parametrize("step", INTEGRAL_STEPS, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("how", ["sync", "async", "checkpointer", "tiered"])
+def test_any_integral_step_is_a_step(tmp_path: Path, step, how: str) -> None:
+    """numpy integer scalars (a training loop's counter is often one) are steps everywhere a
+    step is taken: save (sync and async), load, Checkpointer, the tiered checkpointer; the
+    manifest holds a plain int."""
+    url, state = f"file://{tmp_path}/run", {"w": np.arange(4.0)}
+    if how in ("sync", "async"):
+        ckptio.save(state, url, step=step, blocking=how == "sync").wait()
+        got = ckptio.load(url, step=step)
+    elif how == "checkpointer":
+        with ckptio.Checkpointer(url, async_save=True) as c:
+            handle = c.save(state, step=step)
+            assert handle.wait().step == 7 and type(handle.step) is int
+            got = c.load(step)
+    else:
+        with ckptio.Checkpointer(url, local=f"file://{tmp_path}/fast") as c:
+            assert c.save(state, step=step).wait_drain().status == "durable"
+            got = c.load(step)
+    assert np.array_equal(got["w"], state["w"])
+    assert json.loads((tmp_path / "run" / fmt.manifest_key(7)).read_bytes())["step"] == 7
+    assert ckptio.open_checkpoint(url, step).step == 7
+
+
+@pytest.mark.parametrize(
+    "step, says",
+    [
+        (True, r"got True \(a bool\)"),
+        (np.True_, r"got True \(a bool\)"),
+        (7.0, r"got 7.0 \(float\) \(pass int\(step\) if it is a whole number\)"),
+        (np.float64(7.0), r"got 7.0 \(float64\)"),
+        ("7", r"got '7' \(str\)"),
+        (None, r"got None \(NoneType\)"),
+        (np.int64(-1), r"in \[0, 9999999999\], got -1$"),
+        (10**10, r"got 10000000000$"),
+    ],
+)
+def test_a_step_that_is_not_an_integer_is_refused_in_one_line(tmp_path: Path, step, says) -> None:
+    url = f"file://{tmp_path}/run"
+    for call in (
+        lambda: ckptio.save({"w": np.zeros(1)}, url, step=step),
+        lambda: ckptio.save({"w": np.zeros(1)}, url, step=step, blocking=False),
+        lambda: ckptio.Checkpointer(url).save({"w": np.zeros(1)}, step),
+    ):
+        with pytest.raises(errors.InvalidArgumentError, match=says) as err:
+            call()
+        assert "\n" not in str(err.value)
+    if step is not None:
+        with pytest.raises(errors.InvalidArgumentError, match=says):
+            ckptio.load(url, step=step)
+    assert not (tmp_path / "run").exists() or not list((tmp_path / "run").rglob("manifest.json"))

@@ -112,10 +112,10 @@ def test_model_compares_bandwidths_in_one_call_and_names_the_gpu_count(
     }
     head = rows["target"]
     fast, slow = (dict(zip(head, rows[t], strict=True)) for t in ("70 GB/s", "7 GB/s"))
-    assert fast["write"] == "28.6 s" and fast["idle"] == "0.40%"
+    assert fast["write"] == "28.6 s" and fast["stall share"] == "0.40%"
     value, unit = slow["write"].split()
     assert unit == "min" and round(float(value), 1) == 4.8
-    assert round(float(slow["idle"].rstrip("%")), 1) == 4.0
+    assert round(float(slow["stall share"].rstrip("%")), 1) == 4.0
     assert "GPUs: 1 (assumed" in text
     assert (
         "GPUs: 1,024 (--gpus)"
@@ -144,7 +144,7 @@ def test_model_async_save_with_figures_given_directly(capsys: pytest.CaptureFixt
         assert t["checkpoint_seconds"] == pytest.approx(2e12 / 1024 / 25e9)  # the snapshot
         assert t["async_save"] is True
         assert t["blocking_stall_seconds"] == pytest.approx(2e12 / bw)
-        assert t["idle_fraction"] == pytest.approx(2e12 / 1024 / 25e9 / 7200)
+        assert t["stall_share"] == pytest.approx(2e12 / 1024 / 25e9 / 7200)
         assert t["async_fits_interval"]
     assert doc["gpus"] == 1024 and doc["gpus_from"] == "given"
     _, err = run_main(capsys, "model", "--checkpoint-seconds", "300", "--async-save", code=2)

@@ -593,3 +593,66 @@ def test_filesystemwriter_keywords_are_taken_and_mapped(tmp_path: Path) -> None:
         StorageWriter(tmp_path / "x", serialization_format=SerializationFormat.SAFETENSORS)
     with pytest.raises(errors.InvalidArgumentError, match="_extensions"):
         StorageWriter(tmp_path / "x", _extensions=[object()])
+
+
+HOSTILE_DCP = {
+    # DCP reads only the boxes listed: one outside the tensor, or a gap, loaded wrong data
+    "box-outside": (
+        ("state_dict_metadata", "model.w", "chunks"),
+        [[[64, 0], [128, 16]]],
+        r"\['model.w'\]\.chunks\[0\]: a box of \[128, 16\] at \[64, 0\] does not fit",
+    ),
+    "no-boxes": (
+        ("state_dict_metadata", "model.w", "chunks"),
+        [],
+        r"\['model.w'\]\.chunks: the boxes hold 0 elements, the tensor 2048",
+    ),
+    "overlap": (
+        ("state_dict_metadata", "model.w", "chunks"),
+        [[[0, 0], [64, 16]], [[32, 0], [64, 16]]],  # as many elements as the tensor, a gap
+        r"\['model.w'\]\.chunks: chunks at \[0, 0\] and \[32, 0\] overlap",
+    ),
+    # a dict where a list belongs, a 3-element item, a string
+    "dict-chunks": (
+        ("state_dict_metadata", "model.w", "chunks"),
+        {"0": 1},
+        "chunks: expected a list",
+    ),
+    "3-item": (
+        ("state_dict_metadata", "model.w", "chunks"),
+        [[[0, 0], [128, 16], [1]]],
+        r"chunks\[0\]: expected \[offsets, sizes\]",
+    ),
+    "string": (("state_dict_metadata",), "model.w", "state_dict_metadata: expected an object"),
+    "flag": (
+        ("state_dict_metadata", "model.w", "requires_grad"),
+        "no",
+        "requires_grad: expected true or false",
+    ),
+    "save-id": (
+        ("storage_meta", "save_id"),
+        {"a": 1},
+        "storage_meta.save_id: expected a string or null, got dict",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_DCP))
+def test_hostile_dcp_metadata_is_refused_naming_the_field(tmp_path: Path, name: str) -> None:
+    """DCP's metadata inside a ckptio manifest, spoiled: read_metadata refuses it with a
+    ManifestError naming the field under extra.dcp, and dcp.load fails with it, rather than
+    loading a tensor partly or from the wrong box."""
+    state = _state()
+    dcp.save(state, storage_writer=StorageWriter(str(tmp_path), step=1), no_dist=True)
+    where, value, says = HOSTILE_DCP[name]
+    path = tmp_path / "step-0000000001" / "manifest.json"
+    doc = json.loads(path.read_bytes())
+    node = doc["extra"]["dcp"]
+    for k in where[:-1]:
+        node = node[k]
+    node[where[-1]] = value
+    path.write_text(json.dumps(doc))
+    with pytest.raises(errors.ManifestError, match=r"extra\.dcp\..*" + says):
+        StorageReader(str(tmp_path), step=1).read_metadata()
+    with pytest.raises(CheckpointException, match=says):
+        dcp.load(_zeros_like(state), storage_reader=StorageReader(str(tmp_path)), no_dist=True)

@@ -82,6 +82,45 @@ def test_every_code_block_runs_or_is_data(page: Path) -> None:
     )
 
 
+HIDE_OPTIONAL = """
+import sys
+for name in ("torch", "jax", "jaxlib", "pytorch_lightning", "lightning"):
+    sys.modules[name] = None  # import raises ModuleNotFoundError, as where it is not installed
+"""
+
+
+def test_doc_blocks_run_or_skip_on_their_own_without_the_optional_packages(tmp_path: Path) -> None:
+    """The page with torch, Lightning and JAX examples, run as the README's test command runs
+    it on a machine without those packages (hidden from a real pytest run here, whatever is
+    installed): every block passes or skips, each skip names its page and line and the
+    install that enables it, and a block that needs none of them runs although the page's
+    first block, which imports ckptio and torch, is skipped."""
+    import subprocess
+
+    (tmp_path / "hide_optional.py").write_text(HIDE_OPTIONAL)
+    page = DOCS / "training.md"
+    lines = page.read_text().splitlines()
+    fork = next(i for i, t in enumerate(lines, 1) if 'snapshot="fork", keep_last=2' in t)
+    fence = max(i for i, t in enumerate(lines[:fork], 1) if t == "```python")
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
+    pytest_args = ["-p", "hide_optional", "-p", "no:cacheprovider", "-rs", "-v"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", *pytest_args, str(page.relative_to(ROOT))],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert f"docs/training.md::line:{fence},column:1 PASSED" in out, out[-6000:]
+    skips = [t for t in out.splitlines() if t.startswith("SKIPPED")]
+    assert len(skips) >= 4, out[-6000:]
+    for t in skips:
+        assert re.match(r"SKIPPED \[1\] docs/training\.md:\d+: ", t) and "pip install -e" in t, t
+
+
 def test_profile_table_is_generated_from_every_profile() -> None:
     sys.path.insert(0, str(ROOT / "scripts"))
     try:

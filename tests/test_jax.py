@@ -229,3 +229,44 @@ def test_tiered_checkpointer_saves_pytrees_on_the_fast_tier_and_drains_them(
         ck.save(None, step=9)
     with cj.Checkpointer(f"file://{durable}", local=f"file://{tmp_path / 'new-node'}") as lost:
         _same(_at_step(3), lost.load(target=_abstract(_tree())))
+
+
+@pytest.mark.parametrize(
+    "stored, target, says",
+    [
+        # a string where an array belongs: returned as it was, or indexed character by character
+        (
+            {"w": "abc"},
+            {"w": (3,)},
+            r"tree\['w'\]: the target holds an array here, the checkpoint a str",
+        ),
+        ({"opt": "xyz"}, {"opt": [(1,)]}, r"tree\['opt'\]: expected a list .*found a str"),
+        # a dict where a list belongs, and the other way round
+        ({"layers": {"0": np.zeros(2)}}, {"layers": [(2,)]}, r"tree\['layers'\]: expected a list"),
+        ({"w": [np.zeros(2)]}, {"w": {"a": (2,)}}, r"tree\['w'\]: expected a dict .*found a list"),
+        # a container where an array, or a plain value, belongs
+        (
+            {"w": {"a": np.zeros(3)}},
+            {"w": (3,)},
+            r"tree\['w'\]: the target holds an array here, the checkpoint a dict",
+        ),
+        (
+            {"n": [1, 2, 3]},
+            {"n": 5},
+            r"tree\['n'\]: the target holds an int here, the checkpoint a list",
+        ),
+    ],
+)
+def test_a_hostile_tree_is_refused_naming_the_field(memory_url: str, stored, target, says) -> None:
+    """A checkpoint (written by anything: here plain ckptio.save) whose structure is not the
+    target's: a ManifestError naming where, not a str or dict handed back as an array."""
+    ckptio.save({"pad": np.zeros(1), **stored}, memory_url, step=1)
+
+    def spec(leaf):
+        return jax.ShapeDtypeStruct(leaf, jnp.float64) if isinstance(leaf, tuple) else leaf
+
+    abstract = jax.tree_util.tree_map(spec, target, is_leaf=lambda x: isinstance(x, tuple))
+    with pytest.raises(errors.ManifestError, match=says):
+        cj.load(memory_url, target=abstract)
+    with pytest.raises(errors.ManifestError, match=says):
+        cj.Checkpointer(memory_url).load(target=abstract)

@@ -79,10 +79,15 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "analysis",  # model, report, the comparison and the servers it starts
         (
+            "ckptio.intervals",
+            "ckptio.costmodel",
+            "ckptio.stallmodel",
+            "ckptio.calibration",
+            "ckptio.sensitivity",
             "ckptio.model",
             "ckptio.simulate",
             "ckptio.report",
-            "ckptio.report_sim",
+            "ckptio.report.*",
             "ckptio.compare",
             "ckptio.mockserver",
             "ckptio.rgwserver",

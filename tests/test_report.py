@@ -1,6 +1,7 @@
 """`ckptio report`: results from different machines/sites merge into one report."""
 
 import json
+import math
 
 import pytest
 
@@ -77,9 +78,11 @@ def test_model_calibrates_from_measured_results(two_sites, capsys) -> None:
     out = json.loads(capsys.readouterr().out)
     cal = out["calibration"][0]
     assert cal["stream_bandwidth"] > 0 and cal["requests"] > 0 and not cal["emulated"]
+    # one round of 4 MiB: fitted, but too little to project (no spread between rounds, no
+    # steady state), and it says what would do
     t = out["targets"][0]
-    assert t["write_seconds"] > 0 and t["binding"]
-    assert "fitted from measured requests" in t["profile"]["figures"]["stream_bandwidth"]["source"]
+    assert t["kind"] == "measured" and "write_seconds" not in t
+    assert "round" in t["refusal"] and "--iterations" in t["refusal"]
 
 
 def test_report_of_nothing_is_an_error(tmp_path, capsys) -> None:
@@ -145,3 +148,120 @@ def test_plot_axes_fit_the_data_and_name_their_units(two_sites, tmp_path, monkey
     assert hi <= slowest * 1e3 * 100, (hi, slowest)  # ms; room for the labels, not 3 decades
     labels = [a.get_ylabel() for ax in seen["cost.png"].axes for a in (ax, *ax.child_axes)]
     assert any("price units per GPU-hour" in label for label in labels), labels
+
+
+@pytest.fixture(scope="module")
+def small_compare(tmp_path_factory):
+    """A compare of every kind of target the plots draw: a measured one with intervals (4
+    rounds; its rounds are far too short to be projected for real, so this fixture lets every
+    round count and no interval refuse: the steady-state rules have tests of their own), an
+    emulated one and a tiered one."""
+    from ckptio import calibration
+    from ckptio.compare import CompareWorkload, compare
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(calibration, "MIN_ROUND_BYTES", 0)
+    mp.setattr(calibration, "MIN_ROUND_SECONDS", 0.0)
+    mp.setattr(calibration, "MIN_ROUND_REQUESTS", 0)
+    mp.setattr(calibration, "HALVES_TOLERANCE", math.inf)
+    mp.setattr(calibration, "MAX_RELATIVE_INTERVAL", math.inf)
+    try:
+        out = tmp_path_factory.mktemp("plots") / "report"
+        result = compare(
+            targets=["local"],
+            profiles=["cloud-s3"],
+            tiered=["cloud-s3+local-nvme"],
+            workload=CompareWorkload(total_size="4MiB", object_size="1MiB", iterations=4),
+            out=str(out),
+            say=lambda _line: None,
+        )
+    finally:
+        mp.undo()
+    return out, result
+
+
+def test_every_plot_shows_the_figures_of_the_table_beside_it(small_compare) -> None:
+    """One model, one answer: each plot's figures (the report returns what each one drew)
+    are the table's, figure for figure; the cost curve at the chosen interval is the table's
+    lost cost; the tornado's middle is the table's answer."""
+    out, result = small_compare
+    plots = result["plots"]
+    assert {"summary", "latency", "breakdown", "cost", "timeline", "tornado"} <= set(plots)
+    proj = {p["name"]: p for p in result["projections"] if p.get("write_seconds")}
+    local = proj["local"]
+    assert local["write_seconds_low"] < local["write_seconds"] < local["write_seconds_high"]
+    assert set(proj) == {"local", "cloud-s3", "cloud-s3+local-nvme"}
+    for s in result["summary"]:
+        drawn = plots["summary"][f"{s['label']} {s['point']}".strip()]
+        for key in ("write_GBps", "read_GBps"):
+            assert drawn[key] == s[key], (s["target"], key)
+    for name, p in proj.items():
+        for part in ("stall", "rework", "restart", "lost"):
+            key = f"{part}_cost_per_day"
+            assert plots["breakdown"][name][key] == p[key], (name, key)
+        assert plots["cost"][name]["lost_cost_per_day"] == pytest.approx(
+            p["lost_cost_per_day"], rel=1e-9
+        ), name
+        for key, value in plots["timeline"][name].items():
+            assert value == p[key], (name, key)
+        tornado = plots["tornado"][name]
+        assert tornado["base"] == pytest.approx(p["lost_cost_per_day"], rel=1e-9)
+        for row in result["sensitivity"][name]:
+            assert tornado[f"{row['assumption']} low"] == row["low"]
+            assert tornado[f"{row['assumption']} high"] == row["high"]
+    # the table in the report shows the same figures, with the interval beside them
+    from ckptio.report.tables import figure_text
+
+    md = (out / "report.md").read_text()
+    assert figure_text(local, "lost_cost_per_day", "money") in md
+    assert " to " in figure_text(local, "stall_seconds", "s")
+
+
+def test_the_report_writes_its_tables_as_parquet_with_units(small_compare) -> None:
+    import pyarrow.parquet as pq
+
+    out, result = small_compare
+    proj = pq.read_table(out / "projections.parquet")
+    rows = {r["name"]: r for r in proj.to_pylist()}
+    assert rows["local"]["stall_seconds_low"] == result["projections"][0]["stall_seconds_low"]
+    assert rows["cloud-s3"]["stall_seconds_low"] is None  # emulated: deterministic
+    assert rows["cloud-s3"]["basis"].startswith("deterministic")
+    units = {f.name: f.metadata[b"unit"].decode() for f in proj.schema}
+    assert units["stall_seconds_high"] == "seconds"
+    assert units["lost_cost_per_day"].startswith("price units per day")
+    summary = pq.read_table(out / "summary.parquet").to_pylist()
+    assert any(r["write_seconds_low"] is not None for r in summary)
+    assert pq.read_table(out / "sensitivity.parquet").num_rows >= 5
+
+
+def test_two_compares_are_two_sessions_never_rounds_of_one(tmp_path, monkeypatch) -> None:
+    """Each compare writes a directory of its own; a report of the folder of both shows each
+    target once per session, labelled, and never averages one with the other. A compare
+    asked to write where another one's results are refuses before it runs."""
+    from ckptio import errors
+    from ckptio.compare import CompareWorkload, compare
+
+    monkeypatch.chdir(tmp_path)
+    kw = dict(
+        targets=["local"],
+        profiles=[],
+        tiered=[],
+        workload=CompareWorkload(total_size="4MiB", object_size="1MiB", iterations=2),
+        say=lambda _line: None,
+    )
+    first, second = compare(**kw), compare(**kw)
+    assert first["session"] != second["session"]
+    assert first["out"] != second["out"] and first["out"].startswith("ckptio-report")
+    assert (tmp_path / first["out"] / "index.html").exists()
+    with pytest.raises(errors.InvalidArgumentError, match="already holds the results"):
+        compare(**kw, out=first["out"])
+    from ckptio.report import build_report
+
+    merged = build_report(["ckptio-report"], "merged")
+    local = [s for s in merged["summary"] if s["target"].startswith("local")]
+    assert len(local) == 2 and all(s["rounds"] <= 2 for s in local)
+    assert len({s["session"] for s in local}) == 2
+    assert all("UTC]" in s["target"] for s in local)
+    assert (
+        "2 separate sessions merged on purpose" in (tmp_path / "merged" / "report.md").read_text()
+    )

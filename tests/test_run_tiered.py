@@ -84,7 +84,9 @@ def test_two_local_ranks_with_their_own_fast_roots(tmp_path: Path) -> None:
     assert rep.returncode == 0, rep.stdout + rep.stderr
     md = (tmp_path / "report" / "report.md").read_text()
     assert "file-durable-tiered" in md and "durable tier" in md
-    assert "fitted from its drains (measured)" in md
+    # two small rounds are fitted but not projected: the report says why and what would do
+    assert "the spread between rounds is unknown" in md or "too small" in md
+    assert "not projected" in md and ("--iterations" in md or "--total-size" in md)
 
 
 @pytest.mark.s3

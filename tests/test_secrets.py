@@ -303,7 +303,6 @@ def test_every_cli_command_hides_credentials_from_every_place(
             "cmp",
         ),
         ok("backends"),
-        ok("ls", f"s3+fsspec://{ukey}:{quote(usecret, safe='')}@{s3_bucket}/sweep"),
         fails("ls", f"s3://{ukey}:abc/{usecret}@{s3_bucket}/run"),
         fails("ls", _query_url(f"no-such-bucket-{s3_bucket}", "x")),
         fails("verify", _query_url(s3_bucket, "run", "&part_size=lots")),
@@ -319,6 +318,8 @@ def test_every_cli_command_hides_credentials_from_every_place(
         ok("ls", f"s3://{s3_bucket}/run?profile={PROFILE_NAME}", drop=no_env_keys),
         ok("report", "results", "cmp/results", "--out", "report", "--json"),
         ok("model", "--from", "results", "--preset", "llama3-8b"),
+        # the sweep's root, listed once the sweep is done (beside it, it raced the sweep)
+        ok("ls", f"s3+fsspec://{ukey}:{quote(usecret, safe='')}@{s3_bucket}/sweep"),
     )
     moto_auth(True)  # every key is wrong now
     shown += cli.batch(fails("ls", url))
@@ -330,9 +331,9 @@ def test_every_cli_command_hides_credentials_from_every_place(
     assert bucket_leaking(s3_client, s3_bucket) == {}
     assert cli.unexpected == []
     # the commands did what they say, and what is not a secret stays readable
-    assert "malformed URL" in shown[6] and "credentials" in shown[17]
-    assert "complete" in shown[5] and "complete" in shown[11] and '"ok": true' in shown[12]
-    assert PROFILE_NAME in shown[14]  # a profile's name is not a secret; its keys are
+    assert "malformed URL" in shown[5] and "credentials" in shown[17]
+    assert "complete" in shown[16] and "complete" in shown[10] and '"ok": true' in shown[11]
+    assert PROFILE_NAME in shown[13]  # a profile's name is not a secret; its keys are
     assert "from durable s" in shown[1]
     text = "\n".join(cli.text)
     assert "region=us-east-1" in text and "127.0.0.1:9" in text
@@ -521,3 +522,33 @@ def test_the_redaction_rule() -> None:
     assert doc["store_options"] == {"secret_access_key": "***", "streams": 4, "profile": "prod"}
     assert "env" not in doc and doc["key_layout"] == "flat" and doc["n"] == [1, "x"]
     assert doc["url"] == shown
+
+
+def test_paths_are_shown_and_secrets_in_them_are_not(tmp_path: Path) -> None:
+    """The shell's PWD and OLDPWD (and XAUTHORITY, AWS_SHARED_CREDENTIALS_FILE: paths whose
+    names say auth or credential) are not credentials: a message about a relative path shows
+    the directory it resolved to. A secret-named variable's value is still hidden, also inside
+    a path."""
+    secret = "ckptioPathSecret0123456789"
+    (tmp_path / "bench").mkdir()
+    env = {
+        **os.environ,
+        "PWD": str(tmp_path),
+        "OLDPWD": str(tmp_path.parent),
+        "XAUTHORITY": str(tmp_path / "bench"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path),
+        "CKPTIO_DEMO_API_TOKEN": secret,
+    }
+    ckptio = [sys.executable, "-m", "ckptio.cli"]
+    for rel, shown in (("bench", f"file://{tmp_path}/bench"), (secret, f"file://{tmp_path}/***")):
+        proc = subprocess.run(
+            [*ckptio, "verify", f"./{rel}", "--step", "5"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and f"{shown}: no committed checkpoint at step 5" in out, out
+        assert secret not in out and "***/bench" not in out, out

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from ckptio import errors
-from ckptio.model import Workload, estimate
 from ckptio.profiles import load_profile
 from ckptio.registry import open_store
+from ckptio.stallmodel import Conditions, Workload, estimate
 
 # Figures small enough to run in ~1-2 s, large enough that emulated time dominates per-request
 # CPU work and scheduling noise on a busy 2-core machine.
@@ -196,7 +196,7 @@ def test_restore_through_shaped_agrees_with_the_model(tmp_path, tiered: bool) ->
     for the restore of the same checkpoint on the same profile (``restore_seconds``), within
     20%: the data, the listing and the manifest before it, a size check of each object."""
     import ckptio
-    from ckptio.model import evaluate
+    from ckptio.stallmodel import evaluate
 
     figs = "request_latency=50ms&metadata_latency=100ms&stream_bandwidth=20MB/s"
     part, objects = 512 * 1024, 12
@@ -230,7 +230,9 @@ def test_restore_through_shaped_agrees_with_the_model(tmp_path, tiered: bool) ->
         objects_per_rank=objects,
         ranks_per_node=1,
     )
-    projected = evaluate(workload=w, profiles=[profile], streams=4, part_size=part)
+    projected = evaluate(
+        workload=w, profiles=[profile], conditions=Conditions(streams=4, part_size=part)
+    )
     restore = projected["targets"][0]["restore_seconds"]
     measured = _agrees(measure, restore)
     assert measured == pytest.approx(restore, rel=0.20), (measured, restore)

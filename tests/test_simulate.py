@@ -232,7 +232,7 @@ def test_runners_client_overlaps_metadata_the_model_puts_in_series(small: Job) -
 
 def sim_divergence(s: sim.Simulation, phase: str) -> str:
     """What the report says about ``phase`` of ``s`` (via the result table it writes)."""
-    from ckptio.report_sim import divergence
+    from ckptio.report.simulated import divergence
 
     row = {**s.rows("t")[0], **s.as_dict()["phases"][phase]}
     row["latency"] = s.storage.latency.describe()
@@ -306,8 +306,7 @@ def test_storage_fitted_from_a_measured_run(tmp_path: Path) -> None:
 
 
 def test_results_round_trip_and_the_report_section(tmp_path: Path, small: Job) -> None:
-    from ckptio.report import md_table
-    from ckptio.report_sim import build
+    from ckptio.report.simulated import build
 
     s = simulate(small, Storage.from_profile("cloud-s3"), replications=3, seed=5)
     slow = Storage.from_profile("cloud-s3", latency="fixed", overrides={"write_request_rate": 200})
@@ -326,7 +325,7 @@ def test_results_round_trip_and_the_report_section(tmp_path: Path, small: Job) -
         assert back[ph]["p50_seconds"] == summary["p50_seconds"]
         assert back[ph]["modelled_seconds"] == summary["modelled_seconds"]
         assert back[ph]["replications"] == 3 and back[ph]["seed"] == 5
-    files = build([str(tmp_path / "r")], str(tmp_path / "rep"), md_table=md_table)
+    files = build([str(tmp_path / "r")], str(tmp_path / "rep"))
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "Simulated vs modelled" in md and "3 replications, seed 5" in md
     assert "Where simulation and model part" in md

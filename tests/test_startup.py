@@ -113,6 +113,8 @@ _HEAVY = (
     "ckptio.runner",
     "ckptio.workload",
     "ckptio.model",
+    "ckptio.stallmodel",
+    "ckptio.calibration",
     "ckptio.report",
     "ckptio.compare",
 )
@@ -148,7 +150,7 @@ def test_help_imports_no_array_machinery_rich_or_subcommand_modules():
         ),  # numpy: the file:// backend is loaded to list it
         (
             ["model", "--size", "2TB", "--write-bandwidth", "70GB/s", "--json"],
-            {"ckptio.model", "ckptio.report", "rich"},
+            {"ckptio.stallmodel", "ckptio.calibration", "ckptio.report", "rich"},
         ),
         (["plan", "--preset", "llama3-8b", "--json"], {"ckptio.workload", "numpy", "rich"}),
     ],

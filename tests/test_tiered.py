@@ -628,3 +628,188 @@ def test_a_drain_lease_that_lost_its_temp_file_is_published_again(tmp_path):
         c.fast.store.publish_transient = publish_once_lost
         assert c.save(expected_state(1), 1).wait_drain().status == "durable"
         assert lost
+
+
+# -- restore: any read failure of the fast tier falls back ---------------------------------------
+
+
+def _warnings(caplog) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+
+
+@pytest.mark.fuse
+def test_an_eio_on_the_fast_tier_falls_back_to_the_durable_tier_then_to_older_steps(
+    tmp_path, caplog
+):
+    """The fast tier on a failing disk (a FUSE mount whose data reads fail with a real EIO from
+    the kernel): the same step from the durable tier where it was drained; a step on the fast
+    tier only is skipped for the next older one; each with a warning naming the tier, the
+    step and the cause. Without faults the fast tier serves the newest step again."""
+    from ckptio.testing import faultyfs
+
+    fs = faultyfs.start_or_skip(tmp_path)
+    try:
+        opts = {**SMALL, "keep_last_local": 4, "persist_every": 2}
+        fast, durable = f"file://{fs.mountpoint}/fast", f"file://{tmp_path}/durable"
+        with ckptio.Checkpointer(durable, local=fast, **opts) as c:
+            for s in range(1, 5):
+                c.save(expected_state(s), s)
+        assert c.tiers() == {"local": [1, 2, 3, 4], "durable": [1, 3]}
+        step3 = fs.faults(["read"], match=f"/{fmt.step_dir(3)}/data/")
+        with step3, caplog.at_level("WARNING"), ckptio.Checkpointer(durable, local=fast) as c:
+            assert state_mismatch(c.load(3), expected_state(3)) is None
+        said = _warnings(caplog)
+        assert "step 3 cannot be read from the fast tier" in said, said
+        assert "Input/output error" in said and "reading it from the durable tier" in said, said
+        caplog.clear()
+        every = fs.faults(["read"], match="/data/")
+        with every, caplog.at_level("WARNING"), ckptio.Checkpointer(durable, local=fast) as c:
+            assert state_mismatch(c.load(), expected_state(3)) is None
+        said = _warnings(caplog)
+        assert "restoring step 4 failed" in said and "Input/output error" in said, said
+        with ckptio.Checkpointer(durable, local=fast) as c:
+            assert state_mismatch(c.load(), expected_state(4)) is None
+    finally:
+        fs.stop()
+
+
+def test_a_fast_object_that_is_a_symlink_out_of_the_root_falls_back(tmp_path, caplog):
+    """A fast-tier data object replaced by a symlink to a file outside the root (the same
+    bytes): refused there, read from the durable tier, with a warning; never followed."""
+    with tiered(tmp_path, persist_every=1) as c:
+        c.save(expected_state(1), 1)
+        c.save(expected_state(2), 2)
+    data = tmp_path / "fast" / fmt.step_dir(2) / "data"
+    victim = sorted(data.iterdir())[0]
+    outside = tmp_path / "outside.bin"
+    victim.rename(outside)
+    victim.symlink_to(outside)
+    with caplog.at_level("WARNING"), tiered(tmp_path) as c:
+        assert state_mismatch(c.load(), expected_state(2)) is None
+    said = _warnings(caplog)
+    assert "step 2 cannot be read from the fast tier" in said, said
+    assert "outside the root" in said and "reading it from the durable tier" in said, said
+    shutil.rmtree(tmp_path / "durable")
+    with caplog.at_level("WARNING"), tiered(tmp_path) as c:  # nowhere else: the next older
+        assert state_mismatch(c.load(), expected_state(1)) is None
+
+
+@pytest.mark.s3
+def test_a_restore_with_the_durable_tier_down_reads_the_fast_tier(tmp_path, monkeypatch, caplog):
+    """The durable tier an S3 endpoint that refuses connections (a moto server the test
+    started, then stopped; then a port nobody listens on): a restore takes the newest step
+    complete on the fast tier, with a warning that the durable tier cannot be listed; with the
+    fast tier empty too it fails naming the durable tier's failure."""
+    from ckptio.testing.motoserver import aws_env, boto3_client, start_moto_server
+
+    server, endpoint = start_moto_server()
+    try:
+        for k, v in aws_env(endpoint).items():
+            monkeypatch.setenv(k, v)
+        boto3_client(endpoint).create_bucket(Bucket="ckpt")
+        with tiered(tmp_path, "s3://ckpt/run", persist_every=2) as c:
+            for s in range(1, 4):
+                c.save(expected_state(s), s)
+            assert [r.status for r in c.wait_drains()] == ["durable"]
+    finally:
+        server.stop()
+    with caplog.at_level("WARNING"), tiered(tmp_path, "s3://ckpt/run") as c:
+        assert state_mismatch(c.load(), expected_state(3)) is None
+    said = _warnings(caplog)
+    assert "the durable tier cannot be listed" in said and "s3://ckpt/run" in said, said
+    import socket
+
+    with socket.socket() as sock:  # a port that refuses connections: bound, never listening
+        sock.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{sock.getsockname()[1]}")
+        with tiered(tmp_path, "s3://ckpt/run") as c:
+            assert state_mismatch(c.load(2), expected_state(2)) is None
+        shutil.rmtree(tmp_path / "fast")
+        with (
+            tiered(tmp_path, "s3://ckpt/run") as c,
+            pytest.raises(
+                errors.StorageError,
+                match=r"no checkpoint complete .* the durable tier cannot be listed: s3://ckpt/run",
+            ),
+        ):
+            c.load()
+
+
+# -- a fast root belongs to one job ----------------------------------------------------------------
+
+
+def test_a_second_job_on_the_same_fast_root_is_refused_and_the_first_keeps_its_steps(tmp_path):
+    """Job A's fast root named by job B (another durable root): B is refused at once, naming
+    both durable roots, before it saves, retires or restores anything there; A restores its
+    own newest step and its drains go on. Before, B's save became what A restored, and B's
+    retention retired steps A was draining."""
+    shared = f"file://{tmp_path}/shared"
+    a_url, b_url = f"file://{tmp_path}/job-a", f"file://{tmp_path}/job-b"
+    with ckptio.Checkpointer(a_url, local=shared, keep_last_local=1) as a:
+        first = a.save(expected_state(1), 1)
+        with pytest.raises(
+            errors.InvalidArgumentError,
+            match=rf"the fast root {shared} belongs to the job whose durable root is "
+            rf"file://{tmp_path}/job-a, not file://{tmp_path}/job-b: a fast root serves one job",
+        ):
+            ckptio.Checkpointer(b_url, local=shared, keep_last_local=1)
+        second = a.save(expected_state(2), 2)
+        assert [h.wait_drain().status for h in (first, second)] == ["durable", "durable"]
+        assert state_mismatch(a.load(), expected_state(2)) is None
+    assert not (tmp_path / "job-b").exists() or not any((tmp_path / "job-b").rglob("*.json"))
+    # the same job under another spelling of its durable root is the same job
+    with ckptio.Checkpointer(str(tmp_path / "job-a") + "/", local=shared) as again:
+        assert state_mismatch(again.load(), expected_state(2)) is None
+
+
+def _claim_in_a_process(durable: str, roots: list[str], barrier, results) -> None:
+    for fast in roots:
+        barrier.wait(60)  # both processes claim the same new root at once
+        try:
+            ckptio.Checkpointer(durable, local=fast).close()
+            results.put((fast, durable, ""))
+        except errors.InvalidArgumentError as err:
+            results.put((fast, durable, str(err)))
+
+
+def test_two_jobs_claiming_a_new_fast_root_at_once_one_wins(tmp_path):
+    """Two processes (two jobs) construct their tiered checkpointers on the same new fast
+    root at the same moment, round after round: each time exactly one owns it and the other
+    is refused naming the winner's durable root."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    roots = [f"file://{tmp_path}/fast-{i}" for i in range(6)]
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    jobs = [
+        ctx.Process(
+            target=_claim_in_a_process, args=(f"file://{tmp_path}/{n}", roots, barrier, results)
+        )
+        for n in ("job-a", "job-b")
+    ]
+    for p in jobs:
+        p.start()
+    got = [results.get(timeout=120) for _ in range(2 * len(roots))]
+    for p in jobs:
+        p.join(60)
+        assert p.exitcode == 0
+    for fast in roots:
+        outcome = {durable: err for root, durable, err in got if root == fast}
+        winners = [d for d, err in outcome.items() if not err]
+        assert len(winners) == 1, outcome
+        loser = next(err for err in outcome.values() if err)
+        assert f"durable root is {winners[0]}" in loser, loser
+
+
+def test_a_fast_root_without_an_owner_record(tmp_path, caplog):
+    """Steps of an older ckptio's fast root (no owner record) are adopted with a warning that
+    names them; an owner record that is not one is refused, not overwritten."""
+    with tiered(tmp_path) as c:
+        c.save(expected_state(1), 1)
+    (tmp_path / "fast" / "fast-tier-owner.json").unlink()
+    with caplog.at_level("WARNING"), tiered(tmp_path) as c:
+        assert state_mismatch(c.load(), expected_state(1)) is None
+    assert "holds steps [1] with no owner record" in _warnings(caplog)
+    (tmp_path / "fast" / "fast-tier-owner.json").write_text('{"kind": "something else"}')
+    with pytest.raises(errors.InvalidArgumentError, match="is not a fast tier's owner record"):
+        tiered(tmp_path)

@@ -189,3 +189,105 @@ def test_encode_rejects_reserved_and_odd_keys() -> None:
         ct.encode({1.5: 1})
     mixed = {"a": 1, 2: "b"}
     assert ct.decode(ct.encode(mixed)) == mixed
+
+
+# -- hostile or damaged trees -------------------------------------------------------------------
+
+#: ``{"__ckptio_items__": ...}`` nodes that encode() never writes, and what the refusal says
+HOSTILE_ITEMS = {
+    "dict": (
+        {ct.ITEMS_MARKER: {"0": 1}},
+        r"expected a list of \[key, value\] pairs, got a dict of 1",
+    ),
+    "string": (
+        {ct.ITEMS_MARKER: "abc"},
+        r"expected a list of \[key, value\] pairs, got a str of 3",
+    ),
+    "3-item": ({ct.ITEMS_MARKER: [[0, 1, 2]]}, r"\[0\]: expected \[key, value\], got a list of 3"),
+    "2-char": (
+        {ct.ITEMS_MARKER: [[0, 1], "ab"]},
+        r"\[1\]: expected \[key, value\], got a str of 2",
+    ),
+    "list-key": ({ct.ITEMS_MARKER: [[[1], 2]]}, r"\[0\]: key \[1\] \(list\): keys are str or int"),
+    "bool-key": ({ct.ITEMS_MARKER: [[True, 2]]}, r"\[0\]: key True \(bool\): keys are str or int"),
+    "twice": ({ct.ITEMS_MARKER: [[0, 1], [0, 2]]}, r"\[1\]: key 0 given twice"),
+    "beside": ({ct.ITEMS_MARKER: [], "x": 1}, r"beside other keys \(x\)"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_ITEMS))
+def test_hostile_items_nodes_are_refused_naming_the_field(tmp_path: Path, name: str) -> None:
+    """A checkpoint (written by anything: here plain ckptio.save) whose tree holds an items
+    node that encode() never writes: ckptio.torch.load, its Checkpointer and the Lightning
+    plugin refuse it with a ManifestError naming where it lies, never a raw TypeError or
+    ValueError, nor a dict built from a string's characters."""
+    node, says = HOSTILE_ITEMS[name]
+    url = f"file://{tmp_path}/run"
+    ckptio.save({"w": np.zeros(2), "optim": {"state": node}}, url, step=1)
+    field = r"tree\['optim'\]\['state'\]\['__ckptio_items__'\]"
+    loads = [lambda: ct.load(url), lambda: ct.Checkpointer(url).load(), lambda: ct.decode(node)]
+    for load in loads:
+        with pytest.raises(errors.ManifestError, match=says) as err:
+            load()
+        if load is not loads[-1]:
+            assert err.value.field is not None and re_match(field, err.value.field), err.value
+    pytest.importorskip("pytorch_lightning")
+    from ckptio.lightning import CkptioCheckpointIO
+
+    io = CkptioCheckpointIO()
+    with pytest.raises(errors.ManifestError, match=field + ".*" + says):
+        io.load_checkpoint(str(tmp_path / "run"))
+    io.teardown()
+
+
+def re_match(pattern: str, text: str) -> bool:
+    import re
+
+    return re.match(pattern, text) is not None
+
+
+def test_a_lightning_checkpoint_that_is_not_a_dict_is_refused(tmp_path: Path) -> None:
+    pytest.importorskip("pytorch_lightning")
+    from ckptio.lightning import CkptioCheckpointIO
+
+    ckptio.save([np.zeros(2), 1], f"file://{tmp_path}/run", step=0)
+    io = CkptioCheckpointIO()
+    with pytest.raises(
+        errors.ManifestError,
+        match=r"tree: .*a Lightning checkpoint is a dict, this one holds a list",
+    ):
+        io.load_checkpoint(str(tmp_path / "run"))
+    io.teardown()
+
+
+# -- any integral step ------------------------------------------------------------------------
+
+
+def test_torch_integer_scalars_are_steps_and_float_ones_are_refused(tmp_path: Path) -> None:
+    """A step counter kept as a torch tensor (``torch.tensor(7)``, a LongTensor from a
+    scheduler) is a step for ckptio.torch's save/load, its Checkpointer and the DCP
+    writer/reader; a float tensor is refused in one line."""
+    import torch.distributed.checkpoint as dcp
+
+    from ckptio.torch import StorageReader, StorageWriter
+
+    url, state = f"file://{tmp_path}/run", {"w": torch.arange(4.0)}
+    ct.save(state, url, step=torch.tensor(7))
+    assert torch.equal(ct.load(url, step=torch.tensor(7))["w"], state["w"])
+    with ct.Checkpointer(url, async_save=True) as ck:
+        ck.save(state, step=torch.tensor(8, dtype=torch.int32))
+        assert ck.steps() == [7, 8] and torch.equal(ck.load(np.int64(8))["w"], state["w"])
+    with pytest.warns(UserWarning, match="torch.distributed is disabled"):
+        dcp.save(state, storage_writer=StorageWriter(f"{url}-dcp", step=torch.tensor(9)))
+    out = {"w": torch.zeros(4)}
+    with pytest.warns(UserWarning, match="torch.distributed is disabled"):
+        dcp.load(out, storage_reader=StorageReader(f"{url}-dcp", step=np.int64(9)))
+    assert torch.equal(out["w"], state["w"])
+    for bad, says in (
+        (torch.tensor(7.0), r"got tensor\(7\.\) \(Tensor\)$"),
+        (torch.tensor(True), r"got tensor\(True\) \(a bool\)$"),
+    ):
+        with pytest.raises(errors.InvalidArgumentError, match=says):
+            ct.save(state, url, step=bad)
+        with pytest.raises(errors.InvalidArgumentError, match="step must be an integer"):
+            StorageWriter(url, step=bad)

@@ -390,8 +390,9 @@ class Checkpointer:
         self, state: Any, step: int, *, metadata: Any = None, blocking: bool | None = None
     ) -> SaveHandle:
         """Save ``state`` as ``step``. Blocking: returns when committed. Async: returns after
-        the snapshot; ``handle.wait()`` (or the next ``save``/``wait``) gives the outcome."""
-        fmt.step_dir(step)
+        the snapshot; ``handle.wait()`` (or the next ``save``/``wait``) gives the outcome.
+        ``step``: any integral (:func:`ckptio.format.as_step`)."""
+        step = fmt.as_step(step)
         self.wait()  # one save in flight at a time; raises the previous one's failure
         background = self.async_save if blocking is None else not blocking
         fork = background and self.snapshot == "fork"
@@ -563,6 +564,8 @@ class Checkpointer:
     ) -> Any:
         """The state of ``step`` (default: the newest complete checkpoint); ``select`` and
         ``into`` as for :func:`load`."""
+        if step is not None:
+            step = fmt.as_step(step)
         self.wait()
         if step is not None:
             return open_checkpoint(self.store, step).state(select, into=into)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -526,11 +527,19 @@ class CheckpointReader:
             )
         return tuple(slice(o, o + n) for o, n in zip(offsets, shape, strict=True))
 
-    def verify(self) -> list[str]:
+    def verify(self, progress: Callable[[int], None] | None = None) -> list[str]:
         """Re-read every object and check sizes and every chunk's CRC. Returns the problems
-        found (empty: the checkpoint is intact). Holds at most ``readers`` buffers of
-        :data:`VERIFY_BLOCK_BYTES`, whatever the manifest declares."""
+        found (empty: the checkpoint is intact). ``progress(n)`` is called (in this thread)
+        as the chunks of ``n`` declared bytes are checked.
+
+        Bounded by what is stored, not by what the manifest declares: it holds at most
+        ``readers`` buffers of :data:`VERIFY_BLOCK_BYTES`, and of a sparse object (a file
+        whose declared size is mostly holes, :meth:`~ckptio.store.Store.stored_ranges`) it
+        reads only the bytes stored, the CRC of each hole's zeros computed
+        (:func:`crc32c_zeros`): a manifest declaring terabytes over a sparse file is answered
+        in the time its few stored bytes take."""
         problems: list[str] = []
+        sizes: dict[str, int] = {}
         for key, size in self.manifest.objects.items():
             try:
                 actual = self.store.size(self._prefix + key)
@@ -540,9 +549,21 @@ class CheckpointReader:
             except FileNotFoundError:
                 problems.append(f"{self._prefix}{key}: missing")
                 continue
+            sizes[key] = actual
             if actual != size:
                 problems.append(f"{self._prefix}{key}: {actual} bytes, manifest says {size}")
-        jobs = [c for t in self.manifest.tensors.values() for c in t.chunks]
+        by_object: dict[str, list[fmt.Chunk]] = {}
+        for t in self.manifest.tensors.values():
+            for c in t.chunks:
+                by_object.setdefault(c.key, []).append(c)
+        dense: list[fmt.Chunk] = []
+        sparse: list[tuple[str, list[fmt.Chunk]]] = []
+        for key, chunks in by_object.items():
+            stat = sizes.get(key)
+            if stat is not None and self._sparse(key, stat):
+                sparse.append((key, chunks))
+            else:
+                dense.extend(chunks)
 
         def check(chunk: fmt.Chunk) -> str | None:
             buf = as_byte_view(aligned_empty((min(chunk.length, VERIFY_BLOCK_BYTES),), np.uint8))
@@ -558,17 +579,79 @@ class CheckpointReader:
                     if n < len(view):
                         break  # the object ends early
                 self._check_chunk(chunk, done, None, crc=crc)
-            except (
-                errors.CorruptCheckpointError,
-                FileNotFoundError,
-                errors.StoragePermissionError,
-            ) as err:
+            except _VERIFY_FAILURES as err:
                 return str(err)
             return None
 
+        def check_sparse(job: tuple[str, list[fmt.Chunk]]) -> list[str]:
+            key, chunks = job
+            return self._verify_sparse(key, chunks, sizes[key])
+
         with ThreadPoolExecutor(self.readers, thread_name_prefix="ckptio-verify") as pool:
-            problems.extend(p for p in pool.map(check, jobs) if p)
+            for chunk, problem in zip(dense, pool.map(check, dense), strict=True):
+                if problem:
+                    problems.append(problem)
+                if progress is not None:
+                    progress(chunk.length)
+            for job, found in zip(sparse, pool.map(check_sparse, sparse), strict=True):
+                problems.extend(found)
+                if progress is not None:
+                    progress(sum(c.length for c in job[1]))
         return problems
+
+    def _sparse(self, key: str, size: int) -> bool:
+        """Whether the storage holds fewer bytes of ``key`` than its ``size`` (holes)."""
+        try:
+            return _first_hole(self.store, self._prefix + key, size) is not None
+        except _VERIFY_FAILURES:
+            return False  # the reads will say what is wrong
+
+    def _verify_sparse(self, key: str, chunks: list[fmt.Chunk], size: int) -> list[str]:
+        """The problems of ``chunks`` of the sparse object ``key`` (of ``size`` bytes): only
+        its stored ranges are read, in blocks; each hole adds the CRC of its zeros."""
+        path = self._prefix + key
+        problems: list[str] = []
+        buf = as_byte_view(aligned_empty((VERIFY_BLOCK_BYTES,), np.uint8))
+        try:
+            ranges = self.store.stored_ranges(path, 0, size)
+            here: tuple[int, int] | None = next(ranges, None)
+        except _VERIFY_FAILURES as err:
+            return [str(err)]
+        stored = 0
+        for chunk in sorted(chunks, key=lambda c: c.offset):  # they never share bytes
+            end = chunk.offset + chunk.length
+            crc, pos = 0, chunk.offset
+            try:
+                if end > size:  # truncated: named as a read of the whole chunk names it
+                    self._check_chunk(chunk, max(0, size - chunk.offset), None, crc=0)
+                while pos < end:
+                    while here is not None and here[1] <= pos:
+                        here = next(ranges, None)
+                    data = end if here is None else min(max(here[0], pos), end)
+                    crc, pos = crc32c_zeros(crc, data - pos), data  # a hole: zeros
+                    stop = pos if here is None else min(here[1], end)
+                    while pos < stop:
+                        view = buf[: min(len(buf), stop - pos)]
+                        n = self.store.read_into(path, pos, view)
+                        crc, pos, stored = crc32c(view[:n], crc), pos + n, stored + n
+                        if n < len(view):
+                            raise errors.CorruptCheckpointError(
+                                f"{self.store.url}/{path}: ends at byte {pos} while read, "
+                                f"its size said {size}"
+                            )
+                self._check_chunk(chunk, chunk.length, None, crc=crc)
+            except errors.ChecksumError as err:
+                problems.append(
+                    f"{err} (a sparse file: {size} bytes by its size, of which "
+                    f"{stored} read so far are stored)"
+                )
+            except _VERIFY_FAILURES as err:
+                problems.append(str(err))
+        return problems
+
+
+_VERIFY_FAILURES = (errors.CorruptCheckpointError, FileNotFoundError, errors.StoragePermissionError)
+"""What ``verify`` reports as a problem of the checkpoint rather than raises."""
 
 
 def read_manifest(store: Store, step: int) -> fmt.Manifest:
@@ -577,11 +660,78 @@ def read_manifest(store: Store, step: int) -> fmt.Manifest:
     size = store.size(key)
     if size > fmt.MAX_MANIFEST_BYTES:
         raise errors.ManifestError(f"{key} is {size} bytes, more than {fmt.MAX_MANIFEST_BYTES}")
+    hole = _first_hole(store, key, size)
+    if hole is not None:  # never read: its size is not what is stored
+        raise errors.ManifestError(
+            f"{store.url}/{key}: {size} bytes by its size, but a sparse file with a hole at "
+            f"byte {hole} (nothing stored there); ckptio writes manifests whole, so it is "
+            "damaged or hostile, and not read"
+        )
     data = store.get(key)
     try:
         return fmt.parse_manifest(data, expect_step=step)
     except errors.ManifestError as err:
         raise errors.ManifestError(f"{store.url}/{key}: {err}") from None
+
+
+def _first_hole(store: Store, key: str, size: int) -> int | None:
+    """The offset of the first byte of ``key`` (of ``size`` bytes) that the storage does not
+    hold (a sparse file's hole), or None when it holds them all."""
+    pos = 0
+    for start, end in store.stored_ranges(key, 0, size):
+        if start > pos:
+            return pos
+        pos = end
+    return pos if pos < size else None
+
+
+_CRC32C_POLY = 0x82F63B78
+"""CRC-32C (Castagnoli), reflected."""
+_ZERO_BYTES = bytes(1 << 16)
+_ZEROS_OPERATORS: list[list[int]] = []
+"""``[k]``: what ``2**k`` zero bytes do to a CRC-32C register, a 32x32 matrix over GF(2) (one
+int per column), made as they are first needed."""
+_ZEROS_LOCK = threading.Lock()
+
+
+def _gf2_times(matrix: list[int], vector: int) -> int:
+    out, i = 0, 0
+    while vector:
+        if vector & 1:
+            out ^= matrix[i]
+        vector >>= 1
+        i += 1
+    return out
+
+
+def _gf2_square(matrix: list[int]) -> list[int]:
+    return [_gf2_times(matrix, column) for column in matrix]
+
+
+def crc32c_zeros(crc: int, n: int) -> int:
+    """The CRC32C of ``n`` zero bytes following bytes whose CRC32C is ``crc``: what a hole of
+    a sparse file adds, in time logarithmic in ``n`` (a 4 TiB hole in microseconds, where
+    reading it would take an hour). Written here because no maintained CRC32C library for
+    Python offers zero extension or ``crc32c_combine``: zlib's method (the register's
+    update by one zero bit is linear; ``2**k`` zero bytes are its matrix squared), with the
+    matrices kept."""
+    if n <= len(_ZERO_BYTES):
+        return crc32c(_ZERO_BYTES[:n], crc) if n else crc
+    register = crc ^ 0xFFFFFFFF
+    k = 0
+    while n:
+        if n & 1:
+            with _ZEROS_LOCK:
+                if not _ZEROS_OPERATORS:  # one zero bit, then squared three times: a byte
+                    one = [_CRC32C_POLY] + [1 << (i - 1) for i in range(1, 32)]
+                    _ZEROS_OPERATORS.append(_gf2_square(_gf2_square(_gf2_square(one))))
+                while len(_ZEROS_OPERATORS) <= k:
+                    _ZEROS_OPERATORS.append(_gf2_square(_ZEROS_OPERATORS[-1]))
+                operator = _ZEROS_OPERATORS[k]
+            register = _gf2_times(operator, register)
+        n >>= 1
+        k += 1
+    return register ^ 0xFFFFFFFF
 
 
 def committed_steps(store: Store) -> list[int]:
@@ -606,7 +756,7 @@ def open_checkpoint(
     """Open the checkpoint of ``step`` (default: the newest complete one) for reading."""
     store = open_store(url, **options)
     if step is not None:
-        fmt.step_dir(step)
+        step = fmt.as_step(step)
         try:
             return CheckpointReader(store, step, read_manifest(store, step))
         except errors.NotRegularFileError:

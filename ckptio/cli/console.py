@@ -50,6 +50,7 @@ __all__ = [
     "print_run",
     "profiles_sheet",
     "projection_sheet",
+    "refusal_lines",
     "warn",
 ]
 
@@ -156,7 +157,7 @@ class Printer:
             return
         out = sys.stdout
         if self.fmt == "markdown":
-            from ckptio.report import md_table
+            from ckptio.report.tables import md_table
 
             out.write(
                 ("\n" if self._sheets else "")
@@ -352,7 +353,7 @@ class Progress:
 def profiles_sheet(profiles: list[Any]) -> Sheet:
     """One row per figure, one column per profile; ``*`` marks an assumption."""
     from ckptio.profiles import FIGURES
-    from ckptio.report import fig_text
+    from ckptio.report.tables import fig_text
     from ckptio.units import human_size
 
     names = [p.name for p in profiles]
@@ -397,14 +398,15 @@ def gpus_text(result: dict[str, Any]) -> str:
     how = {
         "given": "--gpus",
         "workload": "the workload",
-        "assumed": "assumed: no --gpus given; idle GPU-hours and the async snapshot scale with it",
+        "assumed": "assumed: no --gpus given; lost GPU-hours and the async snapshot scale with it",
     }.get(src, f"the layout of {src}" if src.startswith("preset ") else src)
     return f"GPUs: {n:,} ({how})"
 
 
 def print_model(result: dict[str, Any], out: Printer) -> None:
     """The model's answer: per target, time, binding limit, stall, idle cost, intervals."""
-    from ckptio.model import LIMITS
+    from ckptio.report.tables import figure_text
+    from ckptio.stallmodel import LIMITS
     from ckptio.units import human_rate, human_seconds, human_size
 
     targets = result["targets"]
@@ -432,27 +434,58 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
             "read",
             "binding limit",
             "GPU stall",
-            "idle",
-            "idle GPU-h/day",
-            "cost/day",
+            "stall share",
+            "stall GPU-h/day",
+            "rework GPU-h/day",
+            "restart GPU-h/day",
+            "lost GPU-h/day",
+            "lost cost/day",
         ],
-        right={"size", "write", "read", "GPU stall", "idle", "idle GPU-h/day", "cost/day"},
+        right={
+            "size",
+            "write",
+            "read",
+            "GPU stall",
+            "stall share",
+            "stall GPU-h/day",
+            "rework GPU-h/day",
+            "restart GPU-h/day",
+            "lost GPU-h/day",
+            "lost cost/day",
+        },
+        caption="stall share: of wall time, the GPUs waiting for saves; lost = stall + rework "
+        "(work redone after a failure) + restart; rework and restart need --mtbf; ±: 95% "
+        "interval over a measured target's rounds",
     )
     for t in targets:
+        if t.get("refusal"):
+            continue
+
+        def f(key: str, unit: str, t: dict[str, Any] = t) -> str:
+            return figure_text(t, key, unit, short=True)
+
         s.add(
             t["target"],
             human_rate(t["checkpoint_bytes"]).removesuffix("/s")
             if t.get("checkpoint_bytes")
             else "-",
-            human_seconds(t.get("write_seconds", t["checkpoint_seconds"])),
-            human_seconds(t["read_seconds"]) if "read_seconds" in t else "-",
+            f("write_seconds", "s"),
+            f("read_seconds", "s") if "read_seconds" in t else "-",
             t.get("binding_detail", "-"),
-            human_seconds(t["checkpoint_seconds"]) + (" (async)" if t.get("async_save") else ""),
-            idle_text(t["idle_fraction"]),
-            f"{t['idle_gpu_hours_per_day']:,.1f}",
-            f"{t['idle_cost_per_day']:,.0f}" if t["price_per_gpu_hour"] else "-",
+            f("stall_seconds", "s") + (" (async)" if t.get("async_save") else ""),
+            f("stall_share", "%"),
+            *(
+                f(f"{part}_gpu_hours_per_day", "GPU-h")
+                if part == "stall" or t.get("mtbf_seconds")
+                else "-"
+                for part in ("stall", "rework", "restart", "lost")
+            ),
+            f("lost_cost_per_day", "money") if t["price_per_gpu_hour"] else "-",
         )
     out.sheet(s.drop_empty_columns())
+    for t in targets:
+        if t.get("refusal"):
+            out.line(f"{t['target']}: not projected — {t['refusal']}")
     projected = [t for t in targets if "write" in t]
     if projected:
         att = Sheet(
@@ -471,12 +504,22 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
                 cells.append(Styled(cell + " *", "bold") if lim["binding"] else cell)
             att.add(*cells)
         out.sheet(att)
+    for line in _model_lines(targets):
+        out.line(line)
+
+
+def _model_lines(targets: list[dict[str, Any]]) -> list[str]:
+    """The lines under ``ckptio model``'s tables: what would fix each target, its async save,
+    tiers, restart and optimal interval."""
+    from ckptio.units import human_seconds
+
+    lines: list[str] = []
     for t in targets:
         if t.get("write", {}).get("remedy"):
-            out.line(f"{t['target']}: what would fix it: {t['write']['remedy']}")
+            lines.append(f"{t['target']}: what would fix it: {t['write']['remedy']}")
     for t in targets:
         if t.get("async_save"):
-            out.line(
+            lines.append(
                 f"{t['target']}: async save stalls {human_seconds(t['snapshot_seconds'])} "
                 f"(snapshot at {t['snapshot_bandwidth'] / 1e9:g} GB/s per GPU) instead of "
                 f"{human_seconds(t['blocking_stall_seconds'])}"
@@ -491,7 +534,7 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
             continue
         tiers = t["tiers"]
         fits = "fits" if t["drain_fits_interval"] else "does NOT fit"
-        out.line(
+        lines.append(
             f"{t['target']}: stall {human_seconds(t['write_seconds'])} on {tiers['local']}; drain "
             f"{human_seconds(t['drain_seconds'])} to {tiers['durable']} (bound by {t['drain_binding']}), "
             f"{fits} in {t['persist_every']} \u00d7 {human_seconds(t['interval_seconds'])}; newest "
@@ -518,12 +561,10 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
             line += f"; the restore is bound by {t['restore_binding_detail']}"
         elif t.get("restore_binding"):
             line += f"; the restore is bound by the {t['restore_binding']}"
-        if t.get("idle_fraction_with_restarts") is not None:
-            line += f"; idle with restarts {t['idle_fraction_with_restarts']:.2%}"
-        out.line(f"{t['target']}: {line}")
+        lines.append(f"{t['target']}: {line}")
     for t in targets:
         if t.get("young_interval_seconds") is not None:
-            out.line(
+            lines.append(
                 f"{t['target']}: optimal interval Young "
                 f"{human_seconds(t['young_interval_seconds'])}, Daly "
                 f"{human_seconds(t['daly_interval_seconds'])} of compute; total overhead "
@@ -531,20 +572,20 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
                 f"{t['overhead_at_optimum']:.2%} at the optimum (restarts of "
                 f"{human_seconds(t['restart_seconds'])} included)"
             )
+    return lines
 
 
 def comparison_sheet(summary: list[dict[str, Any]], title: str = "comparison") -> Sheet:
     """The comparison (what ``ckptio compare`` and ``ckptio report`` print): one row per target
-    and point (a target's sweep points are rows of their own, never averaged together)."""
-    from ckptio.units import human_seconds, human_size
-
-    def g(x: float | None) -> str:
-        return "-" if x is None else f"{x:.3g}"
+    and point (a target's sweep points are rows of their own, never averaged together), each
+    figure the mean over its steady rounds with its 95% interval (``±``)."""
+    from ckptio.report.tables import figure_text
+    from ckptio.units import human_size
 
     sizes = {s["checkpoint_bytes"] for s in summary}
     if len(sizes) == 1:
         title = f"{title}: {human_size(sizes.pop() or 0)} checkpoint"
-    cols = ["target", "kind", "write", "write GB/s", "read GB/s", "iterations", "reqs", "throttled"]
+    cols = ["target", "kind", "rounds", "write", "write GB/s", "read GB/s", "reqs", "throttled"]
     if any(s.get("tiered") for s in summary):
         cols[cols.index("write") + 1 : cols.index("write") + 1] = ["drain", "restore"]
     if any(s.get("point") for s in summary):
@@ -555,8 +596,9 @@ def comparison_sheet(summary: list[dict[str, Any]], title: str = "comparison") -
         title,
         cols,
         right=set(cols) - {"target", "point", "kind"},
-        caption="mock: moto, not a performance figure; emulated: a profile imposed by "
-        "sleeping (plus this machine's real CPU work); figures: mean over iterations"
+        caption="mean over the steady rounds, ±: its 95% interval (none with one round; a "
+        "first round that is a warm-up is left out); mock: moto, not a performance figure; "
+        "emulated: a profile imposed by sleeping (plus this machine's real CPU work)"
         + (
             "; tiered (A+B): write = the stall (the fast tier's save), drain to the durable "
             "tier, restore from the fast tier"
@@ -567,20 +609,23 @@ def comparison_sheet(summary: list[dict[str, Any]], title: str = "comparison") -
     for s in summary:
         pk = s.get("phase_kinds") or {}
 
-        def secs(x: float | None, phase: str, pk: dict[str, str] = pk) -> str:
-            return "-" if x is None else human_seconds(x) + (f" ({pk[phase]})" if pk else "")
+        def secs(key: str, phase: str, s: dict[str, Any] = s, pk: dict[str, str] = pk) -> str:
+            text = figure_text(s, key, "s", short=True)
+            return text + (f" ({pk[phase]})" if pk and text != "-" else "")
 
+        warm = s.get("warmup_rounds") or 0
         cells = {
             "target": s["target"],
             "point": s.get("point", ""),
             "kind": f"tiered: {s['tiers_note']}" if s.get("tiered") else s["kind"],
-            "drain": secs(s.get("drain_seconds"), "drain"),
-            "restore": secs(s.get("read_seconds"), "restore"),
+            "rounds": f"{s.get('rounds', s.get('iterations', ''))}"
+            + (f" +{warm} warm-up" if warm else ""),
+            "drain": secs("drain_seconds", "drain"),
+            "restore": secs("read_seconds", "restore"),
             "size": human_size(s["checkpoint_bytes"] or 0),
-            "write": secs(s["write_seconds"], "save"),
-            "write GB/s": g(s["write_GBps"]),
-            "read GB/s": g(s["read_GBps"]),
-            "iterations": str(s.get("iterations", "")),
+            "write": secs("write_seconds", "save"),
+            "write GB/s": figure_text(s, "write_GBps", "GB/s", short=True),
+            "read GB/s": figure_text(s, "read_GBps", "GB/s", short=True),
             "reqs": str(s["requests"]),
             "throttled": str(s["throttled"]),
         }
@@ -589,63 +634,72 @@ def comparison_sheet(summary: list[dict[str, Any]], title: str = "comparison") -
 
 
 def projection_sheet(proj: list[dict[str, Any]]) -> Sheet:
-    """Full-scale projections: time, the binding limit in words, idle cost."""
-    from ckptio.units import human_seconds
+    """Full-scale projections: the stall and its binding limit, the restore and restart, and
+    what the lost GPU time costs (stall + rework + restart), each with its 95% interval
+    (``±``) where the target was measured; ``basis`` says how each row was made."""
+    from ckptio.report.tables import cost_key, figure_text
 
-    workloads = list(dict.fromkeys(f"{p['preset']} on {p['gpus']} GPUs" for p in proj))
+    workloads = list(dict.fromkeys(f"{p['preset']} on {p['gpus']:,} GPUs" for p in proj))
     one = len(workloads) == 1
-    title = "full-scale projection (model): why it stalls"
+    price = proj[0]["price_per_gpu_hour"] if proj else 0.0
+    unit = "cost/day" if price else "GPU-h/day"
+    title = "full-scale projection (model): why it stalls and what it costs"
+    parts = [f"{part} {unit}" for part in ("stall", "rework", "restart", "lost")]
     cols = ([] if one else ["workload"]) + [
         "target",
-        "write",
+        "basis",
+        "stall",
         "binding limit",
         "drain",
         "restore",
-        "idle",
-        "idle w/ restarts",
-        "GPU-h/day idle",
-        "cost/day",
+        "restart",
+        *parts,
     ]
     sheet = Sheet(
         f"{title} — {workloads[0]}" if one else title,
         cols,
-        right={
-            "write",
-            "drain",
-            "restore",
-            "idle",
-            "idle w/ restarts",
-            "GPU-h/day idle",
-            "cost/day",
-        },
-        caption="idle: share of each interval the GPUs wait for a blocking save (for a "
-        "tiered target, its fast tier's); with restarts: plus restart (overhead + restore) / "
-        "MTBF; cost/day: idle GPU-hours with restarts times the price",
+        right={"stall", "drain", "restore", "restart", *parts},
+        caption="stall: what the GPUs wait per checkpoint; lost = stall + rework (work redone "
+        "after a failure) + restart (overhead + restore); ±: 95% interval over the measured "
+        "rounds; exact: an emulated target, projected from its profile (deterministic)",
     )
     for p in proj:
-        done = bool(p.get("write_seconds"))
+        done = bool(p.get("write_seconds")) and not p.get("refusal")
+        basis = (
+            f"measured, {p['rounds']} rounds"
+            if done and p.get("rounds")
+            else "exact (emulated)"
+            if done
+            else "not projected"
+        )
         cells = {
-            "workload": f"{p['preset']} / {p['gpus']} GPUs",
+            "workload": f"{p['preset']} / {p['gpus']:,} GPUs",
             "target": f"{p['name']} ({p['kind']})" if p.get("name") else p["target"],
-            "write": human_seconds(p["write_seconds"]) if done else "-",
+            "basis": basis,
+            "stall": figure_text(p, "stall_seconds", "s", short=True) if done else "-",
             "binding limit": p["binding_detail"].split(": ", 1)[-1]
             if done
+            else "see below"
+            if p.get("refusal") and p.get("kind") != "mock"
             else p["binding_detail"],
-            "drain": human_seconds(p["drain_seconds"]) if done and p.get("drain_seconds") else "-",
-            "restore": human_seconds(p["restore_seconds"])
-            if done and p.get("restore_seconds") is not None
-            else "-",
-            "idle": idle_text(p["idle_fraction"]) if done else "-",
-            "idle w/ restarts": idle_text(p["idle_fraction_with_restarts"])
-            if done and p.get("idle_fraction_with_restarts") is not None
-            else "-",
-            "GPU-h/day idle": f"{p['idle_gpu_hours_per_day']:,.0f}" if done else "-",
-            "cost/day": f"{p['idle_cost_per_day_with_restarts']:,.0f}"
-            if done and p.get("idle_cost_per_day_with_restarts") is not None
-            else "-",
+            "drain": figure_text(p, "drain_seconds", "s", short=True) if done else "-",
+            "restore": figure_text(p, "restore_seconds", "s", short=True) if done else "-",
+            "restart": figure_text(p, "restart_seconds", "s", short=True) if done else "-",
         }
+        for part, col in zip(("stall", "rework", "restart", "lost"), parts, strict=True):
+            key, u = cost_key(part, price)
+            cells[col] = figure_text(p, key, u, short=True) if done else "-"
         sheet.add(*[cells[c] for c in cols])
     return sheet
+
+
+def refusal_lines(proj: list[dict[str, Any]]) -> list[str]:
+    """One line per target not projected, with why (and what would do)."""
+    return [
+        f"{p.get('name') or p['target']}: not projected — {p['refusal']}"
+        for p in proj
+        if p.get("refusal") and p.get("kind") != "mock"
+    ]
 
 
 Column = tuple[str, Callable[[dict[str, Any]], str]]

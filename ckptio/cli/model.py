@@ -201,90 +201,46 @@ def _profiles_from_args(names: list[str] | None, overrides: dict[str, str]) -> l
     return [load_profile(n, overrides) for n in (wanted or available())]
 
 
-def model_result(args: argparse.Namespace) -> dict[str, Any]:
-    """``ckptio model``: the argparse namespace -> :func:`ckptio.model.evaluate`'s result."""
-    from ckptio.model import Calibration, Workload, calibrate_results, evaluate, preset_workload
-    from ckptio.profiles import Profile, parse_overrides
+def _conditions(args: argparse.Namespace) -> Any:
+    """The projection's :class:`~ckptio.stallmodel.Conditions` from the arguments."""
+    from ckptio.stallmodel import Conditions
 
-    overrides = parse_overrides(args.set)
-    prefixes = 256 if args.key_layout == "hashed" else 1
-    size = parse_size(args.size, field="--size") if args.size else None
-    common: dict[str, Any] = dict(
+    return Conditions(
         interval=parse_duration(args.interval, field="--interval", positive=True),
         mtbf=(
             parse_duration(args.mtbf, field="--mtbf", positive=True, allow_inf=True)
             if args.mtbf
             else math.inf
         ),
+        gpus=args.gpus,
+        price_per_gpu_hour=args.price,
         restart_seconds=parse_duration(args.restart, field="--restart")
         if args.restart is not None
         else None,
         restart_overhead=parse_duration(args.restart_overhead, field="--restart-overhead"),
-        read_bandwidth=parse_bandwidth(args.read_bandwidth, field="--read-bandwidth")
-        if args.read_bandwidth
-        else None,
-        gpus=args.gpus,
-        writing_ranks=args.writing_ranks,
-        price_per_gpu_hour=args.price,
-        streams=args.streams,
-        part_size=parse_size(args.part_size, field="--part-size") if args.part_size else None,
         async_save=args.async_save,
         snapshot_bandwidth=parse_bandwidth(args.snapshot_bandwidth, field="--snapshot-bandwidth"),
+        persist_every=args.persist_every,
+        p_lose_node=args.p_lose_node,
+        streams=args.streams,
+        part_size=parse_size(args.part_size, field="--part-size") if args.part_size else None,
     )
-    tiers: dict[str, Any] = {}
-    if getattr(args, "local", None):
-        from ckptio.profiles import load_profile
 
-        if not 0 <= args.p_lose_node <= 1:
-            raise errors.InvalidArgumentError(
-                f"--p-lose-node: a probability in [0, 1], got {args.p_lose_node}"
-            )
-        if args.persist_every < 1:
-            raise errors.InvalidArgumentError(
-                f"--persist-every: must be >= 1, got {args.persist_every}"
-            )
-        tiers = dict(
-            local=load_profile(args.local, overrides),
-            persist_every=args.persist_every,
-            p_lose_node=args.p_lose_node,
-        )
-    if args.checkpoint_seconds is not None:
-        return evaluate(
-            checkpoint_seconds=parse_duration(
-                args.checkpoint_seconds, field="--checkpoint-seconds"
-            ),
-            size=size,
-            **common,
-        )
-    if args.write_bandwidth is not None:
-        if size is None:
-            raise errors.InvalidArgumentError("--write-bandwidth needs --size (e.g. --size 2TB)")
-        return evaluate(
-            size=size,
-            write_bandwidth=parse_list(
-                args.write_bandwidth, parse_bandwidth, field="--write-bandwidth"
-            ),
-            **common,
-        )
-    profiles: list[Profile] = []
-    calibrations: list[Calibration] = []
-    if args.from_results:
-        calibrations = calibrate_results(args.from_results)
-        profiles = [c.as_profile().with_overrides(overrides) for c in calibrations]
-        if args.profile:
-            profiles += _profiles_from_args(args.profile, overrides)
-    else:
-        profiles = _profiles_from_args(args.profile, overrides)
+
+def _workload(args: argparse.Namespace, size: int | None) -> tuple[Any, str]:
+    """The workload to project and where its GPU count comes from."""
+    from ckptio.stallmodel import Workload, preset_workload
+
+    prefixes = 256 if args.key_layout == "hashed" else 1
     if args.preset:
-        workload = preset_workload(
+        w = preset_workload(
             args.preset, gpus=args.gpus, ranks_per_node=args.ranks_per_node, prefixes=prefixes
         )
-        common["gpus_from"] = "given" if args.gpus else f"preset {args.preset}"
-    elif size is not None:
-        common["gpus_from"] = "given" if args.gpus else "assumed"
+        return w, "given" if args.gpus else f"preset {args.preset}"
+    if size is not None:
         gpus = args.gpus or 1
         writing = args.writing_ranks or gpus
-        workload = Workload(
+        w = Workload(
             total_bytes=size,
             writing_ranks=writing,
             bytes_per_rank=-(-size // writing),
@@ -294,14 +250,71 @@ def model_result(args: argparse.Namespace) -> dict[str, Any]:
             name=f"{args.size} checkpoint",
             prefixes=prefixes,
         )
-    else:
-        raise errors.InvalidArgumentError(
-            "model needs a workload: --preset NAME (see `ckptio plan`), or --size with --gpus; "
-            "or figures: --checkpoint-seconds, or --size with --write-bandwidth"
+        return w, "given" if args.gpus else "assumed"
+    raise errors.InvalidArgumentError(
+        "model needs a workload: --preset NAME (see `ckptio plan`), or --size with --gpus; "
+        "or figures: --checkpoint-seconds, or --size with --write-bandwidth"
+    )
+
+
+def model_result(args: argparse.Namespace) -> dict[str, Any]:
+    """``ckptio model``: the argparse namespace -> :func:`ckptio.stallmodel.evaluate`'s
+    result; measured targets (``--from``) first, each with its intervals over its rounds, or
+    the reason it is not projected."""
+    from ckptio.calibration import calibrate_results, fit_profiles, project_rounds
+    from ckptio.profiles import load_profile, parse_overrides
+    from ckptio.stallmodel import Figures, evaluate
+
+    overrides = parse_overrides(args.set)
+    size = parse_size(args.size, field="--size") if args.size else None
+    c = _conditions(args)
+    local = load_profile(args.local, overrides) if getattr(args, "local", None) else None
+    if args.checkpoint_seconds is not None or args.write_bandwidth is not None:
+        if args.checkpoint_seconds is None and size is None:
+            raise errors.InvalidArgumentError("--write-bandwidth needs --size (e.g. --size 2TB)")
+        figures = Figures(
+            checkpoint_seconds=parse_duration(args.checkpoint_seconds, field="--checkpoint-seconds")
+            if args.checkpoint_seconds is not None
+            else None,
+            size=size,
+            write_bandwidths=tuple(
+                parse_list(args.write_bandwidth, parse_bandwidth, field="--write-bandwidth")
+            )
+            if args.write_bandwidth is not None
+            else (),
+            read_bandwidth=parse_bandwidth(args.read_bandwidth, field="--read-bandwidth")
+            if args.read_bandwidth
+            else None,
+            writing_ranks=args.writing_ranks,
         )
-    result = evaluate(profiles=profiles, workload=workload, **common, **tiers)
-    if calibrations:
-        result["calibration"] = [asdict(c) for c in calibrations]
+        return evaluate(figures=figures, conditions=c)
+    workload, gpus_from = _workload(args, size)
+    measured: list[dict[str, Any]] = []
+    fits = calibrate_results(args.from_results) if args.from_results else []
+    for fit in fits:
+        assert fit.pooled is not None  # calibrate_results keeps only fits with data
+        kind = "mock" if fit.pooled.mock else "emulated" if fit.pooled.emulated else "measured"
+        if fit.refusal:
+            measured.append(
+                {"target": f"measured:{fit.target}", "kind": kind, "refusal": fit.refusal}
+            )
+            continue
+        pooled, rounds = fit_profiles(fit, overrides)
+        entry = project_rounds(
+            workload, c, (pooled, local), [(p, local) for p in rounds], what=fit.target
+        )
+        measured.append({**entry, "kind": kind, "notes": fit.notes})
+    profiles = _profiles_from_args(args.profile, overrides) if args.profile or not fits else []
+    result = evaluate(
+        workload=workload,
+        profiles=profiles,
+        conditions=c,
+        local=local,
+        gpus_from=gpus_from,
+        measured=measured,
+    )
+    if fits:
+        result["calibration"] = [asdict(f.pooled) for f in fits if f.pooled is not None]
     return result
 
 
@@ -389,32 +402,33 @@ def parse_projection(text: str, *, field: str = "--project") -> tuple[str, int |
     return name, gpus
 
 
-def _projection_options(args: argparse.Namespace) -> dict[str, Any]:
-    from ckptio.report import DEFAULT_PRICE_PER_GPU_HOUR
+def _scenario(args: argparse.Namespace) -> Any:
+    """What ``report`` and ``compare`` project to (:class:`ckptio.report.Scenario`)."""
+    from ckptio.report import DEFAULT_PRICE_PER_GPU_HOUR, Scenario
     from ckptio.units import parse_duration
 
-    presets = list(args.project or [])  # (preset, GPUs) pairs, checked by parse_projection
-    return {
-        "presets": presets or None,
-        "interval": parse_duration(args.interval, field="--interval", positive=True),
-        "price": DEFAULT_PRICE_PER_GPU_HOUR if args.price is None else args.price,
-        "restart": None
-        if args.restart is None
-        else parse_duration(args.restart, field="--restart"),
-    }
+    presets = tuple(args.project or [])  # (preset, GPUs) pairs, checked by parse_projection
+    return Scenario(
+        **({"presets": presets} if presets else {}),
+        interval=parse_duration(args.interval, field="--interval", positive=True),
+        price=DEFAULT_PRICE_PER_GPU_HOUR if args.price is None else args.price,
+        restart=None if args.restart is None else parse_duration(args.restart, field="--restart"),
+    )
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from ckptio.cli.console import comparison_sheet, projection_sheet, warn
+    from ckptio.cli.console import comparison_sheet, projection_sheet, refusal_lines, warn
     from ckptio.report import build_report
 
     out = printer(args)
-    result = build_report(args.results, args.out, **_projection_options(args))
+    result = build_report(args.results, args.out, _scenario(args))
     if out.fmt == "json":
         out.json(result)
         return 0
     out.sheet(comparison_sheet(result["summary"], "merged results"))
     out.sheet(projection_sheet(result["projections"]))
+    for line in refusal_lines(result["projections"]):
+        out.line(line)
     out.line(f"report: {args.out}/index.html ({len(result['files'])} files)")
     if result["plots_missing"]:
         warn(f"no plots: {result['plots_missing']}")
@@ -462,24 +476,26 @@ def declare_compare(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--iterations",
         type=count_arg(1, MAX_ITERATIONS),
-        default=1,
-        help=f"checkpoints to write per target, 1 to {MAX_ITERATIONS} (default 1)",
+        help=f"rounds (checkpoints written and read back) per target, 1 to {MAX_ITERATIONS} "
+        "(default: one for emulated and mock targets; for measured ones as many as their "
+        "full-scale projection needs to be within ±20%%, at least 4)",
     )
     p.add_argument(
         "--site", help="label of this machine/site in merged reports (default: hostname)"
     )
     p.add_argument(
         "--out",
-        default="ckptio-report",
-        help="report directory (default ckptio-report/); results go to OUT/results/",
+        help="report directory, which must not hold an earlier run's results (default: "
+        "ckptio-report/<session>/, a directory of its own for each compare); results go to "
+        "OUT/results/",
     )
     add_projection_arguments(p)
     add_format(p)
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from ckptio.cli.console import comparison_sheet, projection_sheet
-    from ckptio.compare import DEFAULT_TOTAL_SIZE, compare
+    from ckptio.cli.console import comparison_sheet, projection_sheet, refusal_lines
+    from ckptio.compare import DEFAULT_TOTAL_SIZE, CompareWorkload, compare
 
     def names(text: str | None) -> list[str] | None:
         return None if text is None else [n.strip() for n in text.split(",") if n.strip()]
@@ -489,14 +505,16 @@ def run_compare(args: argparse.Namespace) -> int:
         targets=names(args.targets),
         profiles=names(args.profiles),
         tiered=names(args.tiered),
-        preset=args.preset,
-        total_size=args.total_size or (None if args.scale else DEFAULT_TOTAL_SIZE),
-        scale=args.scale,
-        object_size=args.object_size,
-        iterations=args.iterations,
+        workload=CompareWorkload(
+            preset=args.preset,
+            total_size=args.total_size or (None if args.scale else DEFAULT_TOTAL_SIZE),
+            scale=args.scale,
+            object_size=args.object_size,
+            iterations=args.iterations,
+        ),
         out=args.out,
         site=args.site,
-        **_projection_options(args),
+        scenario=_scenario(args),
         say=note,
     )
     if out.fmt == "json":
@@ -504,7 +522,9 @@ def run_compare(args: argparse.Namespace) -> int:
         return 0
     out.sheet(comparison_sheet(result["summary"], "ckptio compare (this machine, small scale)"))
     out.sheet(projection_sheet(result["projections"]))
-    out.line(f"report: {args.out}/index.html, results: {result['results_dir']}")
+    for line in refusal_lines(result["projections"]):
+        out.line(line)
+    out.line(f"report: {result['out']}/index.html, results: {result['results_dir']}")
     return 0
 
 

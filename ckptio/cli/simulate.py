@@ -300,15 +300,9 @@ def run_simulate(args: argparse.Namespace) -> int:
         paths = sim.write_results(sims, args.out or args.report, config=_config(args))
         written = [str(p) for p in paths]
     if args.report:
-        from ckptio.report import md_table, plots_unavailable
-        from ckptio.report_sim import build
+        from ckptio.report.simulated import build
 
-        written += build(
-            [args.out or args.report],
-            args.report,
-            md_table=md_table,
-            plots_missing=plots_unavailable(),
-        )
+        written += build([args.out or args.report], args.report)
     if out.fmt == "json":
         out.json({"simulations": [s.as_dict() for s in sims], "files": written})
     else:

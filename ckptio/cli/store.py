@@ -115,15 +115,23 @@ def declare_verify(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
+VERIFY_PROGRESS_BYTES = 1 << 30
+"""A verify of at least this many declared bytes shows its progress on stderr."""
+
+
 def run_verify(args: argparse.Namespace) -> int:
     import time
 
     from ckptio.checkpoint import open_checkpoint
+    from ckptio.cli.console import Progress
 
     t0 = time.perf_counter()
     try:
         reader = open_checkpoint(args.url, args.step)
-        problems = reader.verify()
+        total = sum(c.length for t in reader.manifest.tensors.values() for c in t.chunks)
+        what = f"verify step {reader.step} ({human_bytes(total)} declared)"
+        with Progress(what, total, enabled=total >= VERIFY_PROGRESS_BYTES) as bar:
+            problems = reader.verify(progress=bar.advance)
         step, nbytes = reader.step, reader.manifest.nbytes
     except errors.CorruptCheckpointError as err:
         problems, step, nbytes = [str(err)], args.step, 0

@@ -240,6 +240,19 @@ class StoreTests:
         arr = np.zeros(64, dtype=np.uint8)  # any writable buffer
         assert store.read_into("r.bin", 0, arr) == 64 and arr.tobytes() == data[:64]
 
+    def test_stored_ranges_of_a_written_object_leave_no_hole(self, store: Store) -> None:
+        """What was written is stored: ``stored_ranges`` reports every byte of it, of the
+        whole object and of a part (however it splits the ranges)."""
+        data = bytes(range(256)) * 64
+        self.raw_put(store, "s.bin", data)
+        for lo, hi in ((0, len(data)), (100, 200)):
+            ranges = list(store.stored_ranges("s.bin", lo, hi))
+            pos = lo
+            for start, end in ranges:
+                assert start == pos < end, ranges
+                pos = end
+            assert pos == hi, ranges
+
     def test_read_large_object(self, store: Store) -> None:
         data = np.random.default_rng(2).integers(0, 255, self.large_size, dtype=np.uint8)
         self.raw_put(store, "big-in.bin", data.tobytes())

@@ -1,36 +1,40 @@
-"""The report's section on **simulated** figures (:mod:`ckptio.simulate`): simulated beside
+"""The report's sections on **simulated** figures (:mod:`ckptio.simulate`): simulated beside
 modelled stall for each target and scale, a plot of both against scale, where and why they
 part, and what checkpoints cost a 16,384-GPU job that is interrupted as often as Llama 3's.
 
-It reads the ``*.simulated.parquet`` files that ``ckptio simulate --out`` writes, from the same
-directories as the runs; :func:`section` gives Markdown and HTML for
-:func:`ckptio.report.build_report`, and :func:`build` writes a report of simulations alone.
-Every figure here is labelled simulated (with its seed and replications) or modelled.
+:func:`read` takes the ``*.simulated.parquet`` files that ``ckptio simulate --out`` writes,
+from the same directories as the runs; :func:`sections` gives the sections
+:func:`ckptio.report.build_report` adds, and :func:`build` writes a report of simulations
+alone. Every figure here is labelled simulated (with its seed and replications) or modelled.
 """
 
 from __future__ import annotations
 
-import html
 import math
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
+from ckptio.report.pages import Image, Paragraphs, Section, Table
 from ckptio.units import human_seconds
 
 __all__ = [
+    "COST_COLUMNS",
     "LLAMA3_DAYS",
     "LLAMA3_GPUS",
     "LLAMA3_INTERRUPTIONS",
     "LLAMA3_SOURCE",
     "LLAMA3_UNPLANNED",
-    "Section",
+    "SIMULATED_COLUMNS",
     "build",
+    "cost_cells",
     "divergence",
     "interruption_costs",
     "plot_scale",
-    "section",
+    "read",
+    "sections",
+    "simulated_cells",
+    "simulated_text",
 ]
 
 #: Llama 3 405B's pre-training: 466 job interruptions in a 54-day snapshot on 16,384 H100
@@ -44,16 +48,6 @@ LLAMA3_SOURCE = "Dubey et al. 2024 (Llama 3, arXiv 2407.21783, section 3.3.4)"
 
 #: |simulated / modelled - 1| above which the report says why the two part.
 AGREE = 0.05
-
-
-@dataclass
-class Section:
-    """What :func:`section` made: Markdown lines, HTML fragments and the files it wrote."""
-
-    markdown: list[str] = field(default_factory=list)
-    html: list[str] = field(default_factory=list)
-    files: list[str] = field(default_factory=list)
-    rows: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _secs(x: float | None) -> str:
@@ -153,10 +147,12 @@ def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     )
 
 
-def plot_scale(rows: list[dict[str, Any]], path: str) -> str | None:
+def plot_scale(rows: list[dict[str, Any]], path: str) -> dict[str, dict[str, float]] | None:
     """Simulated (p50, bar to p99; a failed point is an ``x`` at the top) and modelled
     (dashed) stall against GPUs, log-log: a row of two panels (save, restore) per preset and
-    scenario, one colour per target. None when nothing was simulated at two scales or more."""
+    scenario, one colour per target. Returns what it drew (per ``target preset phase GPUs``:
+    the simulated p50 and p99 and the modelled seconds), or None (nothing drawn) when nothing
+    was simulated at two scales or more."""
     series: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
     for s in rows:
         if s["phase"] in ("save", "restore"):
@@ -164,11 +160,12 @@ def plot_scale(rows: list[dict[str, Any]], path: str) -> str | None:
             series.setdefault(key, []).append(s)
     if not any(len({p["gpus"] for p in pts}) > 1 for pts in series.values()):
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
+
+    from ckptio.report.plots import _plt
+
+    plt = _plt()
+    drawn: dict[str, dict[str, float]] = {}
 
     panels = sorted({k[:2] for k in series})[:4]
     targets = sorted({k[2] for k in series})
@@ -193,6 +190,12 @@ def plot_scale(rows: list[dict[str, Any]], path: str) -> str | None:
                 if not pts:
                     continue
                 c = colour[target]
+                for p in pts:
+                    drawn[f"{target} {preset} {phase} {p['gpus']}"] = {
+                        k: p[k]
+                        for k in ("p50_seconds", "p99_seconds", "modelled_seconds")
+                        if p[k] is not None
+                    }
                 ok = [p for p in pts if p["p50_seconds"] is not None]
                 if ok:
                     ax.errorbar(
@@ -230,7 +233,7 @@ def plot_scale(rows: list[dict[str, Any]], path: str) -> str | None:
     fig.tight_layout(rect=(0, 0.08 if len(panels) > 1 else 0.12, 1, 1))
     fig.savefig(path)
     plt.close(fig)
-    return path
+    return drawn
 
 
 def interruption_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -240,7 +243,7 @@ def interruption_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     (p50) and the unplanned failures' MTBF; saves cost ``stall / (interval + stall)``;
     restores cost every restart's simulated restore (p50); the work redone after each
     unplanned failure (half an interval on average) is shown beside them."""
-    from ckptio.model import daly_interval
+    from ckptio.costmodel import daly_interval
 
     span = LLAMA3_DAYS * 86400.0
     mtbf = span / LLAMA3_UNPLANNED
@@ -289,221 +292,195 @@ def interruption_costs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _table(
-    header: list[str], rows: list[list[Any]], md_table: Callable[[list[str], list[list[Any]]], str]
-) -> tuple[str, str]:
-    """The same table as Markdown (``md_table``: the report's) and HTML."""
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows
+SIMULATED_COLUMNS = [
+    "target",
+    "preset",
+    "GPUs",
+    "phase",
+    "modelled",
+    "simulated p50 [interval]",
+    "simulated p99",
+    "sim/model",
+    "bound by (simulated)",
+    "binding (model)",
+    "throttled",
+    "retried",
+    "scenario",
+    "runs",
+]
+
+
+def simulated_cells(s: dict[str, Any]) -> list[str]:
+    """One row of the simulated table (:data:`SIMULATED_COLUMNS`)."""
+    ratio = (
+        f"{s['p50_seconds'] / s['modelled_seconds']:.2f}"
+        if s["p50_seconds"] and s["modelled_seconds"]
+        else "-"
     )
-    return md_table(header, rows), f"<table class='simulated'><tr>{head}</tr>{body}</table>"
+    return [
+        s["target"],
+        s["preset"],
+        f"{s['gpus']:,}",
+        s["phase"],
+        _secs(s["modelled_seconds"]),
+        simulated_text(s),
+        _secs(s["p99_seconds"]),
+        ratio,
+        s["bound_by"],
+        s["model_binding"] or "-",
+        f"{s['throttled']:,}",
+        f"{s['retried']:,}",
+        _scenario(s),
+        _runs_text(s),
+    ]
 
 
-def section(
-    paths: Sequence[str],
-    out_dir: str,
-    *,
-    md_table: Callable[[list[str], list[list[Any]]], str],
-    plots_missing: str | None = None,
-) -> Section | None:
-    """The simulated section from the ``*.simulated.parquet`` files under ``paths``, its plot
-    written to ``out_dir/simulated.png`` (unless ``plots_missing`` says why plots cannot be
-    drawn); None when there are no simulations there. ``md_table`` and ``plots_missing``
-    come from :mod:`ckptio.report`, which calls this (so this module does not import it)."""
+def read(paths: Sequence[str]) -> list[dict[str, Any]]:
+    """The simulated phases (:func:`ckptio.simulate.read_summaries`) in ``paths``, in the
+    report's order."""
     from ckptio.simulate import read_summaries
 
-    rows = _order(read_summaries(paths))
+    return _order(read_summaries(paths))
+
+
+def sections(rows: list[dict[str, Any]], plot: str | None = None) -> list[Section]:
+    """The report's sections on simulated figures (none without ``rows``): simulated beside
+    modelled, the plot (``plot``: its file name, when drawn), where and why they part, and
+    the cost at Llama 3's interruption rate."""
     if not rows:
-        return None
-    sec = Section(rows=rows)
-    md, parts = sec.markdown, sec.html
+        return []
     intro = (
         "Every request of the checkpoint's plan replayed in virtual time (ckptio.simulate, "
         "SimPy): latency drawn from a distribution, per-prefix request rates with 503 SlowDown "
         "and ckptio's own retries, stragglers, a restore storm. **Simulated** figures are "
         "projections from storage profiles, not measurements: each is the p50 over its "
-        "replications with a distribution-free interval [low, high] (95%+ unless shown), and "
-        "the p99; **modelled** is the closed form (ckptio.model) for the same job."
+        "replications (the runs column: how many, and the seed) with a distribution-free "
+        "interval [low, high] (95% or more unless shown), and the p99; **modelled** is the "
+        "closed form (ckptio.stallmodel) for the same job."
     )
-    md += ["## Simulated vs modelled (full scale)", "", intro, ""]
-    parts += ["<h2>Simulated vs modelled (full scale)</h2>", f"<p>{html.escape(intro)}</p>"]
-    header = [
-        "target",
-        "preset",
-        "GPUs",
-        "phase",
-        "modelled",
-        "simulated p50 [interval]",
-        "simulated p99",
-        "sim/model",
-        "bound by (simulated)",
-        "binding (model)",
-        "throttled",
-        "retried",
-        "scenario",
-        "runs",
+    blocks: list[Paragraphs | Table | Image] = [
+        Paragraphs([intro]),
+        Table(SIMULATED_COLUMNS, [simulated_cells(s) for s in rows], ["simulated"] * len(rows)),
     ]
-    table_rows = []
-    for s in rows:
-        ratio = (
-            f"{s['p50_seconds'] / s['modelled_seconds']:.2f}"
-            if s["p50_seconds"] and s["modelled_seconds"]
-            else "-"
+    if plot:
+        blocks.append(
+            Image(
+                plot,
+                "Stall against scale: simulated (p50, bar to p99; x: failed) and modelled "
+                "(dashed).",
+                "simulated",
+            )
         )
-        table_rows.append(
-            [
-                s["target"],
-                s["preset"],
-                f"{s['gpus']:,}",
-                s["phase"],
-                _secs(s["modelled_seconds"]),
-                simulated_text(s),
-                _secs(s["p99_seconds"]),
-                ratio,
-                s["bound_by"],
-                s["model_binding"] or "-",
-                f"{s['throttled']:,}",
-                f"{s['retried']:,}",
-                _scenario(s),
-                _runs_text(s),
-            ]
-        )
-    t_md, t_html = _table(header, table_rows, md_table)
-    md += [t_md, ""]
-    parts.append(t_html)
-    path = None if plots_missing else plot_scale(rows, os.path.join(out_dir, "simulated.png"))
-    caption = "Stall against scale: simulated (p50, bar to p99) and modelled (dashed)."
-    if path:
-        sec.files.append(path)
-        md += [f"### {caption}", "", "![simulated](simulated.png)", ""]
-        parts.append(f"<h3>{html.escape(caption)}</h3><img src='simulated.png' alt='simulated'>")
-    elif plots_missing:
-        md += [f"_Plot not drawn: {plots_missing}._", ""]
-        parts.append(f"<p><i>Plot not drawn: {html.escape(plots_missing)}.</i></p>")
-    apart = [(s, divergence(s)) for s in rows]
-    apart = [(s, d) for s, d in apart if d]
-    md += ["### Where simulation and model part, and why", ""]
-    parts.append("<h3>Where simulation and model part, and why</h3>")
-    if not apart:
-        line = f"They agree within {AGREE:.0%} everywhere here."
-        md += [line, ""]
-        parts.append(f"<p>{html.escape(line)}</p>")
-    items = []
-    for s, why in apart:
-        head = (
-            f"{s['target']}, {s['preset']} on {s['gpus']:,} GPUs, {s['phase']}: simulated "
-            f"{simulated_text(s)} vs modelled {_secs(s['modelled_seconds'])}"
-        )
-        items.append(
-            f"{head}. Why: {why}. Last: rank {s['bound_rank']} on node {s['bound_node']}"
-            + (f", prefix {s['bound_prefix']!r}" if s["bound_prefix"] else "")
-            + f" ({s['mechanism']})."
-        )
-    md += [f"- {i}" for i in items] + ([""] if items else [])
-    if items:
-        parts.append("<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in items) + "</ul>")
+    apart = [(s, why) for s in rows if (why := divergence(s))]
+    items = [
+        f"{s['target']}, {s['preset']} on {s['gpus']:,} GPUs, {s['phase']}: simulated "
+        f"{simulated_text(s)} vs modelled {_secs(s['modelled_seconds'])}. Why: {why}. Last: "
+        f"rank {s['bound_rank']} on node {s['bound_node']}"
+        + (f", prefix {s['bound_prefix']!r}" if s["bound_prefix"] else "")
+        + f" ({s['mechanism']})."
+        for s, why in apart
+    ]
+    parting: list[Paragraphs | Table | Image] = (
+        [Paragraphs(items, bullets=True)]
+        if items
+        else [Paragraphs([f"They agree within {AGREE:.0%} everywhere here."])]
+    )
+    out = [
+        Section("simulated", "Simulated vs modelled (full scale)", blocks),
+        Section("simulated-apart", "Where simulation and model part, and why", parting, level=3),
+    ]
     costs = interruption_costs(rows)
     if costs:
-        intro = (
-            f"{LLAMA3_GPUS:,} GPUs interrupted as Llama 3 405B's pre-training was: "
-            f"{LLAMA3_INTERRUPTIONS} interruptions in {LLAMA3_DAYS} days, {LLAMA3_UNPLANNED} "
-            f"unplanned ({LLAMA3_SOURCE}); every interruption restarts from the newest "
-            "checkpoint. Interval: Daly's optimum for the simulated save (p50) and the "
-            f"unplanned failures' MTBF ({_secs(LLAMA3_DAYS * 86400 / LLAMA3_UNPLANNED)}). "
-            "Shares of GPU time: saves (stall / (interval + stall)) and restores (every "
-            "restart's simulated restore); the work redone after each unplanned failure "
-            "(half an interval) is shown beside them, not included. A tiered target's drain "
-            "runs in the background: when it fails, no durable copy is made and a failure that "
-            "loses a node loses its newest checkpoint."
-        )
-        md += [
-            "### What checkpoints cost at Llama 3's interruption rate (simulated)",
-            "",
-            intro,
-            "",
-        ]
-        parts += [
-            "<h3>What checkpoints cost at Llama 3's interruption rate (simulated)</h3>",
-            f"<p>{html.escape(intro)}</p>",
-        ]
-        header = [
-            "target",
-            "preset",
-            "save p50",
-            "restore p50",
-            "drain (background)",
-            "interval",
-            "saves",
-            "restores",
-            "saves + restores",
-            "work redone",
-            "scenario",
-            "runs",
-        ]
-        crow = []
-        for c in costs:
-            if c["failed"]:
-                cells = ["-", "-", "a save or restore fails (see above)", "-", "-"]
-            else:
-                cells = [
-                    _secs(c["interval_seconds"]),
-                    f"{c['save_share']:.2%}",
-                    f"{c['restore_share']:.2%}",
-                    f"{c['checkpoint_share']:.2%}",
-                    f"{c['rework_share']:.2%}",
-                ]
-            crow.append(
+        out.append(
+            Section(
+                "simulated-llama3",
+                "What checkpoints cost at Llama 3's interruption rate (simulated)",
                 [
-                    c["target"],
-                    c["preset"],
-                    _secs(c["save_seconds"]),
-                    _secs(c["restore_seconds"]),
-                    c["drain"] or "-",
-                    *cells,
-                    c["scenario"],
-                    c["runs"],
-                ]
+                    Paragraphs([_llama3_intro()]),
+                    Table(COST_COLUMNS, [cost_cells(c) for c in costs]),
+                ],
+                level=3,
             )
-        t_md, t_html = _table(header, crow, md_table)
-        md += [t_md, ""]
-        parts.append(t_html)
-    return sec
+        )
+    return out
 
 
-def build(
-    paths: Sequence[str],
-    out_dir: str,
-    *,
-    md_table: Callable[[list[str], list[list[Any]]], str],
-    plots_missing: str | None = None,
-    title: str = "ckptio simulation",
-) -> list[str]:
+def _llama3_intro() -> str:
+    return (
+        f"{LLAMA3_GPUS:,} GPUs interrupted as Llama 3 405B's pre-training was: "
+        f"{LLAMA3_INTERRUPTIONS} interruptions in {LLAMA3_DAYS} days, {LLAMA3_UNPLANNED} "
+        f"unplanned ({LLAMA3_SOURCE}); every interruption restarts from the newest checkpoint. "
+        "Interval: Daly's optimum for the simulated save (p50) and the unplanned failures' "
+        f"MTBF ({_secs(LLAMA3_DAYS * 86400 / LLAMA3_UNPLANNED)}). Shares of GPU time: saves "
+        "(stall / (interval + stall)) and restores (every restart's simulated restore); the "
+        "work redone after each unplanned failure (half an interval) is shown beside them, not "
+        "included. A tiered target's drain runs in the background: when it fails, no durable "
+        "copy is made and a failure that loses a node loses its newest checkpoint."
+    )
+
+
+COST_COLUMNS = [
+    "target",
+    "preset",
+    "save p50",
+    "restore p50",
+    "drain (background)",
+    "interval",
+    "saves",
+    "restores",
+    "saves + restores",
+    "work redone",
+    "scenario",
+    "runs",
+]
+
+
+def cost_cells(c: dict[str, Any]) -> list[str]:
+    """One row of the Llama 3 table (:data:`COST_COLUMNS`)."""
+    if c["failed"]:
+        cells = ["-", "-", "a save or restore fails (see above)", "-", "-"]
+    else:
+        cells = [
+            _secs(c["interval_seconds"]),
+            f"{c['save_share']:.2%}",
+            f"{c['restore_share']:.2%}",
+            f"{c['checkpoint_share']:.2%}",
+            f"{c['rework_share']:.2%}",
+        ]
+    return [
+        c["target"],
+        c["preset"],
+        _secs(c["save_seconds"]),
+        _secs(c["restore_seconds"]),
+        c["drain"] or "-",
+        *cells,
+        c["scenario"],
+        c["runs"],
+    ]
+
+
+def build(paths: Sequence[str], out_dir: str, *, title: str = "ckptio simulation") -> list[str]:
     """A report of the simulations alone (``index.html``, ``report.md``, the plot) in
-    ``out_dir``; the files written. Raises when ``paths`` hold no simulation."""
+    ``out_dir``, rendered as :func:`ckptio.report.build_report` renders its pages; the files
+    written. Raises when ``paths`` hold no simulation."""
     from ckptio import errors
+    from ckptio.report.pages import render_html, render_markdown
+    from ckptio.report.plots import plots_unavailable
 
-    os.makedirs(out_dir, exist_ok=True)
-    sec = section(paths, out_dir, md_table=md_table, plots_missing=plots_missing)
-    if sec is None:
+    rows = read(paths)
+    if not rows:
         raise errors.InvalidArgumentError(
             f"no simulated results (*.simulated.parquet) in {', '.join(map(str, paths))}"
         )
-    md_path = os.path.join(out_dir, "report.md")
-    with open(md_path, "w", encoding="utf-8") as f:
-        f.write("\n".join([f"# {title}", "", *sec.markdown]) + "\n")
-    html_path = os.path.join(out_dir, "index.html")
-    with open(html_path, "w", encoding="utf-8") as f:
-        f.write(
-            "<!doctype html><html><head><meta charset='utf-8'>"
-            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"
-            f"<h1>{html.escape(title)}</h1>" + "\n".join(sec.html) + "</body></html>\n"
-        )
-    return [html_path, md_path, *sec.files]
-
-
-_CSS = (
-    "body{font-family:sans-serif;max-width:1200px;margin:auto}"
-    "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:3px 6px}"
-    "table.simulated tr{background:#f3effa}img{max-width:100%}"
-)
+    os.makedirs(out_dir, exist_ok=True)
+    missing = plots_unavailable()
+    plot = None if missing else plot_scale(rows, os.path.join(out_dir, "simulated.png"))
+    secs = sections(rows, "simulated.png" if plot is not None else None)
+    intro = [f"Plots not drawn: {missing}."] if missing else []
+    files = []
+    for name, render in (("index.html", render_html), ("report.md", render_markdown)):
+        path = os.path.join(out_dir, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(render(title, intro, secs))
+        files.append(path)
+    return files + ([os.path.join(out_dir, "simulated.png")] if plot is not None else [])
