@@ -171,6 +171,7 @@ UNITS: dict[str, str] = {
             "bound_prefix",
             "mechanism",
             "latency",
+            "overrides",
             "key_layout",
             "readers",
         ),
@@ -268,6 +269,7 @@ SIMULATED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("failed_requests", "int64"),
     ("checkpoint_bytes", "int64"),
     ("latency", "string"),
+    ("overrides", "string"),
     ("key_layout", "string"),
     ("readers", "string"),
     ("stragglers", "int32"),
@@ -281,7 +283,8 @@ SIMULATED_COLUMNS: tuple[tuple[str, str], ...] = (
 (:mod:`ckptio.simulate`; ``kind`` is always ``simulated``: a projection, never a
 measurement). ``seconds``: the stall (for a ``failed`` one, until its first request ran out
 of attempts); ``modelled_seconds``: the model's figure for the same phase; ``bound_*``: the
-last rank, its node, the prefix that refused most requests, the limit and the mechanism."""
+last rank, its node, the prefix that refused most requests, the limit and the mechanism;
+``overrides``: the profile figures the user set (``write_request_rate=200``), or empty."""
 
 TABLES = {
     "requests": REQUEST_COLUMNS,

@@ -721,6 +721,18 @@ class Simulation:
     """The model's answer for the same job and target (:func:`ckptio.stallmodel.project`)."""
     notes: list[str] = field(default_factory=list)
 
+    def overrides(self) -> str:
+        """The profile figures set by the user (``--set``), as ``name=value`` (canonical
+        units), or empty."""
+        tiers = [self.storage] + ([self.local] if self.local else [])
+        return ", ".join(
+            f"{name}={s.profile.value(name):g}"
+            if name in s.profile.figures
+            else f"{name}={getattr(s.profile, name)}"
+            for s in tiers
+            for name in s.profile.overridden
+        )
+
     def rows(self, run_id: str) -> list[dict[str, Any]]:
         """One row per phase and replication: the ``simulated`` table of
         :mod:`ckptio.results` (:data:`~ckptio.results.SIMULATED_COLUMNS`)."""
@@ -760,6 +772,7 @@ class Simulation:
                         "failed_requests": res.failed_requests[i],
                         "checkpoint_bytes": res.bytes,
                         "latency": self.storage.latency.describe(),
+                        "overrides": self.overrides(),
                         "key_layout": job["key_layout"],
                         "readers": job["readers"],
                         "stragglers": self.stragglers,
@@ -779,6 +792,7 @@ class Simulation:
             "job": self.job.describe(),
             "storage": self.storage.describe(),
             "local": self.local.describe() if self.local else None,
+            "overrides": self.overrides(),
             "seed": self.seed,
             "replications": self.replications,
             "deterministic": self.deterministic,
@@ -1576,6 +1590,7 @@ SUMMARY_KEYS = (
     "key_layout",
     "readers",
     "latency",
+    "overrides",
     "stragglers",
     "straggler_slowdown",
     "lockstep",

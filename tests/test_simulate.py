@@ -330,7 +330,22 @@ def test_results_round_trip_and_the_report_section(tmp_path: Path, small: Job) -
     assert "Simulated vs modelled" in md and "3 replications, seed 5" in md
     assert "Where simulation and model part" in md
     assert any(f.endswith("index.html") for f in files)
-    # the throttled save: both figures and the mechanism
+    # the plot draws the table's figures, none of its own
+    from ckptio.report.simulated import _scenario, plot_scale, read
+
+    bigger = replace(small, plan=fit_layout("gpt3-175b", 3072, scale=0.01)[0])
+    two = [simulate(j, exact("cloud-s3")) for j in (small, bigger)] + [throttled]
+    sim.write_results(two, str(tmp_path / "p"))
+    rows = read([str(tmp_path / "p")])
+    drawn = plot_scale(rows, str(tmp_path / "p.png"))
+    assert drawn and len(drawn) == len(rows) == 5
+    for r in rows:
+        fig = drawn[
+            f"{r['target']} {r['preset']} {_scenario(r, shape=True)} {r['phase']} {r['gpus']}"
+        ]
+        assert fig["modelled_seconds"] == r["modelled_seconds"]
+        assert fig.get("p50_seconds") == r["p50_seconds"]  # none drawn for a failed phase
+        # the throttled save: both figures and the mechanism
     model = phases(throttled)["save"]["modelled_seconds"]
     (line,) = [x for x in md.splitlines() if x.startswith("- cloud-s3") and "failed 2/2" in x]
     assert f"vs modelled {human_seconds(model)}" in line

@@ -401,9 +401,10 @@ def print_simulation(sims: list[dict[str, Any]], out: Printer) -> None:
             if s["deterministic"]
             else f"{s['replications']} replications, seed {s['seed']}"
         )
+        sets = f"; set {s['overrides']}" if s["overrides"] else ""
         out.line(
             f"{s['target']} at {s['job']['gpus']:,} GPUs ({runs}; {s['storage']['latency']} "
-            f"latency; simulated in {s['wall_seconds']:.1f} s):"
+            f"latency{sets}; simulated in {s['wall_seconds']:.1f} s):"
         )
         for ph in s["phases"].values():
             where = (

@@ -75,6 +75,8 @@ def _scenario(s: dict[str, Any], *, shape: bool = False) -> str:
     if shape:
         latency = "fixed latency" if latency.startswith("fixed") else latency.split(" (")[0]
     parts = [latency, f"{s['key_layout']} keys"]
+    if s.get("overrides"):
+        parts.append(f"set {s['overrides']}")
     if s["readers"] == "all":
         parts.append("every rank restores")
     if s["stragglers"]:
@@ -150,7 +152,8 @@ def _order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def plot_scale(rows: list[dict[str, Any]], path: str) -> dict[str, dict[str, float]] | None:
     """Simulated (p50, bar to p99; a failed point is an ``x`` at the top) and modelled
     (dashed) stall against GPUs, log-log: a row of two panels (save, restore) per preset and
-    scenario, one colour per target. Returns what it drew (per ``target preset phase GPUs``:
+    scenario, one colour per target. Returns what it drew (per ``target preset scenario phase
+    GPUs``, the scenario's latency by its shape:
     the simulated p50 and p99 and the modelled seconds), or None (nothing drawn) when nothing
     was simulated at two scales or more."""
     series: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
@@ -191,7 +194,7 @@ def plot_scale(rows: list[dict[str, Any]], path: str) -> dict[str, dict[str, flo
                     continue
                 c = colour[target]
                 for p in pts:
-                    drawn[f"{target} {preset} {phase} {p['gpus']}"] = {
+                    drawn[f"{target} {preset} {scenario} {phase} {p['gpus']}"] = {
                         k: p[k]
                         for k in ("p50_seconds", "p99_seconds", "modelled_seconds")
                         if p[k] is not None
