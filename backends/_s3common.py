@@ -14,21 +14,31 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar, Literal
+from datetime import UTC, datetime
+from typing import Any, Literal
 
 from ckptio import errors
 from ckptio.arrays import prefault
 from ckptio.redact import redact, redact_url
 from ckptio.registry import parse_url
-from ckptio.store import DEFAULT_RETRY_POLICY, Buffer, Capabilities, Store, Writer, as_byte_view
+from ckptio.store import (
+    DEFAULT_RETRY_POLICY,
+    Buffer,
+    Capabilities,
+    Store,
+    StoreInfo,
+    Writer,
+    as_byte_view,
+)
 from ckptio.trace import Trace
 
 from ._s3config import (
-    AWS_OPTIONS,
     MAX_SINGLE_PUT,
+    S3Options,
     canonical_options,
     io_options,
     make_boto3_client,
+    own_options,
     reject_unknown,
     resolve_aws,
 )
@@ -60,6 +70,22 @@ def batch_label(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"{len(names)} keys"
 
 
+def timestamp(value: Any) -> float | None:
+    """Unix seconds of a time a client library reports (a ``datetime``, an ISO 8601 string,
+    or seconds), None if it reports none."""
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if isinstance(value, datetime):
+        if value.tzinfo is None:  # S3 times are UTC
+            value = value.replace(tzinfo=UTC)
+        return value.timestamp()
+    return None
+
+
 def copy_into(out: memoryview, data: Any) -> int:
     """Copy ``data`` (bytes or any buffer a client library returns) to the front of ``out``;
     returns its length in bytes."""
@@ -76,32 +102,14 @@ class S3Base(Store):
     through botocore for every backend, since pyarrow and obstore do not expose those S3
     calls).
 
-    Options every S3 store takes (keyword-only, or in the URL's query; a parameter left None
-    takes the default named here), checked by :meth:`_setup`:
-
-    - ``part_size`` (bytes or ``"16MiB"``, default 8 MiB, 5 MiB..5 GiB) and ``streams``
-      (int, default 8): the size of an upload's parts and the requests in flight;
-    - ``endpoint_url`` (``http(s)://host[:port]``), ``region``, ``profile``,
-      ``access_key_id``, ``secret_access_key``, ``session_token`` (str, default: resolved
-      as the AWS CLI does, from ``AWS_*`` environment variables, ``~/.aws/credentials`` and
-      ``~/.aws/config``, then instance metadata; region ``us-east-1`` when nothing says);
-    - ``anonymous`` (bool, default False): unsigned requests, for public buckets;
-    - ``addressing_style`` (``"path"`` or ``"virtual"``, default ``"path"``);
-    - ``connect_timeout`` / ``read_timeout`` (seconds or ``"3s"``, default 3 s / 60 s);
-    - ``storage_options`` (dict): options nested as fsspec passes them, under any spelling;
-    - ``**spellings``: the fsspec/s3fs and boto3 names of these (``key``, ``anon``,
-      ``region_name``, ``client_kwargs={...}``, ...; the table is
-      :data:`~ckptio.backends._s3config.OPTION_SPELLINGS`). One option under two spellings
-      with different values, or a name nobody takes, is an
-      :class:`~ckptio.errors.InvalidArgumentError` naming it.
+    The options every S3 store takes are :class:`~ckptio.backends._s3config.S3Options`, each
+    documented there once with its environment variable; :meth:`_setup` checks them.
     """
 
-    OPTIONS: tuple[str, ...] = ("part_size", "streams", *AWS_OPTIONS)
-    client_packages: ClassVar[tuple[str, ...]] = ("botocore",)  # the janitor's client
+    OPTIONS: tuple[str, ...] = own_options(S3Options)
 
-    @property
-    def request_size(self) -> int:
-        return self.part_size
+    def describe(self) -> StoreInfo:
+        return StoreInfo(self.name, request_size=self.part_size, streams=self.streams)
 
     def _setup(self, options: dict[str, Any]) -> None:
         """Take the bucket and prefix from the URL (:func:`~ckptio.registry.parse_url`) and pop the I/O and AWS

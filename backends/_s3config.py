@@ -29,6 +29,13 @@ fsspec / s3fs                                              boto3                
 
 ``storage_options`` and ``client_kwargs`` are dicts whose entries are options (nested as
 fsspec nests them); one option given under two spellings with different values is an error.
+
+s3fs's ``config_kwargs`` (botocore ``Config`` settings, :func:`from_botocore_config`) maps
+what has a ckptio meaning — ``connect_timeout``, ``read_timeout``, ``region_name``,
+``s3={"addressing_style": ...}``, ``signature_version=botocore.UNSIGNED`` (``anonymous``) —
+and refuses the rest, saying what ckptio does instead (retries, connection pool). s3fs's and
+boto3's ``use_ssl`` is checked against the endpoint, where ckptio takes http or https from:
+``use_ssl=False`` needs an ``http://`` endpoint.
 """
 
 from __future__ import annotations
@@ -120,21 +127,6 @@ class AwsSettings:
         return out
 
 
-#: Options every S3 backend accepts for its connection (beyond its own I/O options).
-AWS_OPTIONS = (
-    "endpoint_url",
-    "region",
-    "profile",
-    "access_key_id",
-    "secret_access_key",
-    "session_token",
-    "anonymous",
-    "addressing_style",
-    "connect_timeout",
-    "read_timeout",
-)
-
-
 OPTION_SPELLINGS: Mapping[str, str] = MappingProxyType(
     {
         # fsspec / s3fs (S3FileSystem's keyword arguments)
@@ -153,42 +145,141 @@ OPTION_SPELLINGS: Mapping[str, str] = MappingProxyType(
 """Other libraries' name of an option -> ckptio's name. The one table (see the module
 docstring); ``endpoint_url`` and ``profile`` are spelled alike everywhere."""
 
-NESTED_OPTIONS = ("storage_options", "client_kwargs")
+NESTED_OPTIONS = ("storage_options", "client_kwargs", "config_kwargs")
 """Options that hold a dict of options: fsspec's ``storage_options`` (what pandas, Lightning,
-xarray pass on to a filesystem) and s3fs's ``client_kwargs`` (what it passes to the boto
-client: ``endpoint_url``, ``region_name``, ...)."""
+xarray pass on to a filesystem), s3fs's ``client_kwargs`` (what it passes to the boto
+client: ``endpoint_url``, ``region_name``, ``use_ssl``, ...) and its ``config_kwargs`` (botocore
+``Config`` settings, read by :func:`from_botocore_config`)."""
+
+BOTOCORE_CONFIG: Mapping[str, str] = MappingProxyType(
+    {"connect_timeout": "connect_timeout", "read_timeout": "read_timeout", "region_name": "region"}
+)
+"""botocore ``Config`` settings (s3fs's ``config_kwargs``) that are ckptio options, by name."""
+
+BOTOCORE_REFUSED: Mapping[str, str] = MappingProxyType(
+    {
+        "retries": "ckptio retries every request itself (jittered exponential backoff, each "
+        "attempt traced) and turns botocore's retries off",
+        "max_pool_connections": "ckptio sizes the connection pool from streams= (requests in "
+        "flight): give streams= instead",
+        "proxies": "ckptio's clients take proxies from the environment (HTTPS_PROXY, "
+        "HTTP_PROXY, NO_PROXY)",
+        "request_checksum_calculation": "ckptio sends and checks a CRC32C of every chunk itself",
+        "response_checksum_validation": "ckptio sends and checks a CRC32C of every chunk itself",
+    }
+)
+"""botocore ``Config`` settings refused with what ckptio does instead (any other one is
+refused with the list of those it maps)."""
 
 
-class OptionSpellings(TypedDict, total=False):
-    """What an S3 store's ``**spellings`` takes: the other libraries' names of its options
-    (:data:`OPTION_SPELLINGS`; each means the ckptio option it maps to, with its type) and
-    s3fs's ``client_kwargs`` (:data:`NESTED_OPTIONS`; ``storage_options`` is a parameter of
-    every S3 store). A name outside these is refused when the store opens
-    (:func:`reject_unknown`)."""
+class S3Options(TypedDict, total=False):
+    """The options of every S3 store (``s3://``, ``s3+boto3://``, ``s3+fsspec://``,
+    ``s3+arrow://``, ``s3+obstore://``), each documented once, here: keyword arguments of the
+    store's constructor (``**options: Unpack[S3Options]``) or ``name=value`` pairs of its URL's
+    query (``s3://bucket/run?part_size=16MiB``), and of ``ckptio.save``/``load``/
+    ``Checkpointer``, which pass them on. An option left None is not given: it takes the
+    default named here, or the value another spelling or ``storage_options`` sets. A name
+    outside these is refused when the store opens (:class:`~ckptio.errors.UnknownOptionError`,
+    naming the closest valid one).
 
-    key: str
-    secret: str
-    token: str
-    anon: bool | str
-    aws_access_key_id: str
-    aws_secret_access_key: str
-    aws_session_token: str
-    region_name: str
-    profile_name: str
-    client_kwargs: Mapping[str, Any]
+    Where an option is not given, credentials, region and endpoint are resolved the AWS way
+    (:func:`resolve_aws`): the environment variable named with each, then the profile in
+    ``~/.aws/credentials`` and ``~/.aws/config`` (``AWS_SHARED_CREDENTIALS_FILE``,
+    ``AWS_CONFIG_FILE``), then instance metadata. ``s3+boto3://`` takes two more
+    (:class:`~ckptio.backends.s3.Boto3Options`); ``fsspec+<protocol>://`` takes
+    ``part_size``, ``streams`` and ``storage_options`` only, for a protocol other than S3."""
+
+    part_size: int | str | None
+    """Bytes per part of a multipart upload (``8388608``, ``"16MiB"``), 5 MiB .. 5 GiB (S3's
+    limits). Default 8 MiB. **Environment variable**: none."""
+    streams: int | str | None
+    """Requests in flight per store: parts of one object and of different objects together.
+    Default 8. **Environment variable**: none."""
+    endpoint_url: str | None
+    """``http(s)://host[:port]`` of the S3 service (MinIO, Ceph RGW, a moto server); http or
+    https is taken from it. Default: AWS's endpoint for the region. **Environment
+    variables**: ``AWS_ENDPOINT_URL_S3``, then ``AWS_ENDPOINT_URL`` (or ``endpoint_url`` in the
+    profile; none of them when ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true``)."""
+    region: str | None
+    """The bucket's region. Default ``us-east-1``. **Environment variables**: ``AWS_REGION``,
+    then ``AWS_DEFAULT_REGION`` (or ``region`` in the profile)."""
+    profile: str | None
+    """A profile of ``~/.aws/credentials`` / ``~/.aws/config`` to take credentials, region and
+    endpoint from. Default: ``default``. **Environment variable**: ``AWS_PROFILE``."""
+    access_key_id: str | None
+    """The access key (also ``s3://KEY:SECRET@bucket``). **Environment variable**:
+    ``AWS_ACCESS_KEY_ID``."""
+    secret_access_key: str | None
+    """The secret key; never shown in messages, logs or result files. **Environment
+    variable**: ``AWS_SECRET_ACCESS_KEY``."""
+    session_token: str | None
+    """The session token of temporary credentials. **Environment variable**:
+    ``AWS_SESSION_TOKEN``."""
+    anonymous: bool | str | None
+    """Send unsigned requests (public buckets); no credentials are looked for. Default False.
+    **Environment variable**: none."""
+    addressing_style: str | None
+    """``"path"`` (``endpoint/bucket/key``: MinIO, Ceph RGW, moto) or ``"virtual"``
+    (``bucket.endpoint/key``). Default ``"path"``. **Environment variable**: none."""
+    connect_timeout: float | str | None
+    """Seconds to open a connection (``3``, ``"3s"``). Default 3 s. **Environment variable**:
+    none."""
+    read_timeout: float | str | None
+    """Seconds without a byte from the server before a request times out (then retried).
+    Default 60 s. **Environment variable**: none."""
+    use_ssl: bool | str | None
+    """s3fs's and boto3's switch, checked against ``endpoint_url``, where ckptio takes http or
+    https from: False needs an ``http://`` endpoint. **Environment variable**: none."""
+    storage_options: Mapping[str, Any] | None
+    """A dict of these options as fsspec passes them (what pandas, Lightning, xarray hand to
+    a filesystem), under any spelling below, nested as fsspec nests them. For
+    ``fsspec+<protocol>://`` other than S3: the options of ``fsspec.filesystem``.
+    **Environment variable**: none."""
+    # the other libraries' spellings (OPTION_SPELLINGS, NESTED_OPTIONS; the module docstring's
+    # table): each means the option it maps to
+    key: str | None
+    """fsspec/s3fs: ``access_key_id``."""
+    secret: str | None
+    """fsspec/s3fs: ``secret_access_key``."""
+    token: str | None
+    """fsspec/s3fs: ``session_token``."""
+    anon: bool | str | None
+    """fsspec/s3fs: ``anonymous``."""
+    aws_access_key_id: str | None
+    """boto3: ``access_key_id``."""
+    aws_secret_access_key: str | None
+    """boto3: ``secret_access_key``."""
+    aws_session_token: str | None
+    """boto3: ``session_token``."""
+    region_name: str | None
+    """boto3: ``region``."""
+    profile_name: str | None
+    """boto3: ``profile``."""
+    client_kwargs: Mapping[str, Any] | None
+    """s3fs: a dict of options for its boto client (``endpoint_url``, ``region_name``,
+    ``use_ssl``, ...)."""
+    config_kwargs: Mapping[str, Any] | None
+    """s3fs: botocore ``Config`` settings, those with a ckptio meaning
+    (:func:`from_botocore_config`)."""
 
 
-def given(
-    params: Mapping[str, Any], names: Iterable[str], spellings: Mapping[str, Any]
-) -> dict[str, Any]:
-    """The options an S3 store's constructor was given, as it was given them: of its
-    parameters ``params`` (its ``locals()`` on entry), those in ``names`` and
-    ``storage_options`` that are not None (None means not given: the documented default, or
-    a value another spelling or ``storage_options`` sets), then the ``spellings`` it took as
-    ``**spellings``. :func:`canonical_options` (in :meth:`S3Base._setup`) renames and
-    flattens them."""
-    named = {n: params[n] for n in (*names, "storage_options") if params.get(n) is not None}
-    return {**named, **spellings}
+def own_options(options: type[Any]) -> tuple[str, ...]:
+    """The keys of an options ``TypedDict`` (:class:`S3Options` or one that extends it) under
+    ckptio's own names: without the other libraries' spellings and the nested dicts."""
+    return tuple(
+        k for k in options.__annotations__ if k not in OPTION_SPELLINGS and k not in NESTED_OPTIONS
+    )
+
+
+AWS_OPTIONS = tuple(k for k in own_options(S3Options) if k not in ("part_size", "streams"))
+"""The :class:`S3Options` of the connection (beyond the I/O options)."""
+
+
+def given(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options an S3 store's constructor was given: those not None (None means not given:
+    the documented default, or a value another spelling or ``storage_options`` sets).
+    :func:`canonical_options` (in :meth:`S3Base._setup`) renames and flattens them."""
+    return {k: v for k, v in options.items() if v is not None}
 
 
 def canonical_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -208,7 +299,9 @@ def canonical_options(options: Mapping[str, Any]) -> dict[str, Any]:
                         f"{where}: expected a dict of options (as fsspec/s3fs take it), got "
                         f"{type(value).__name__}"
                     )
-                take(value, where)
+                take(
+                    from_botocore_config(value, where) if name == "config_kwargs" else value, where
+                )
                 continue
             canon = OPTION_SPELLINGS.get(name, name)
             if canon in out and out[canon] != value:
@@ -219,6 +312,45 @@ def canonical_options(options: Mapping[str, Any]) -> dict[str, Any]:
 
     take(options, "")
     return out
+
+
+def from_botocore_config(config: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The ckptio options that botocore ``Config`` settings (s3fs's ``config_kwargs``, at
+    ``where``) mean; a setting ckptio has no option for is an
+    :class:`~ckptio.errors.InvalidArgumentError` saying what ckptio does instead."""
+    out: dict[str, Any] = {}
+    for name, value in config.items():
+        at = f"{where}[{name!r}]"
+        if name in BOTOCORE_CONFIG:
+            out[BOTOCORE_CONFIG[name]] = value
+        elif name == "s3" and isinstance(value, Mapping) and set(value) <= {"addressing_style"}:
+            out.update(value)
+        elif name == "signature_version" and _unsigned(value):
+            out["anonymous"] = True
+        elif name == "signature_version" and value in ("s3v4", "v4"):
+            pass  # what ckptio's clients sign with
+        elif name in BOTOCORE_REFUSED:
+            raise errors.InvalidArgumentError(f"{at}: not taken: {BOTOCORE_REFUSED[name]}")
+        else:
+            raise errors.InvalidArgumentError(
+                f"{at}: ckptio takes no such botocore setting; of config_kwargs it maps "
+                f"{', '.join(BOTOCORE_CONFIG)}, s3={{'addressing_style': ...}} and botocore's "
+                "UNSIGNED signature version (anonymous=True)"
+            )
+    return out
+
+
+def _unsigned(value: Any) -> bool:
+    """botocore's ``UNSIGNED`` (a sentinel object), without importing botocore for it."""
+    return type(value).__name__ == "_UNSIGNED" or value is _botocore_unsigned()
+
+
+def _botocore_unsigned() -> Any:
+    try:
+        from botocore import UNSIGNED
+    except ImportError:
+        return None
+    return UNSIGNED
 
 
 def _aws_files(session: Any) -> tuple[str, str, str]:
@@ -343,6 +475,21 @@ def resolve_aws(options: dict[str, Any], *, where: str = "s3") -> AwsSettings:
     for name in ("connect_timeout", "read_timeout"):
         if name in opts:
             timeouts[name] = parse_duration(opts[name], field=name, positive=True)
+    if "use_ssl" in opts:  # s3fs/boto3: ckptio takes http or https from the endpoint
+        use_ssl = option_bool(opts["use_ssl"], field="use_ssl")
+        scheme = "https" if endpoint is None else endpoint.partition(":")[0]
+        if use_ssl != (scheme == "https"):
+            raise errors.InvalidArgumentError(
+                f"{where}: use_ssl={use_ssl} but the endpoint is "
+                + (redact_url(endpoint) if endpoint else "AWS's (https)")
+                + ": ckptio takes http or https from the endpoint URL; "
+                + (
+                    "give endpoint_url='http://host:port' (or AWS_ENDPOINT_URL) for a plain-HTTP "
+                    "service"
+                    if not use_ssl
+                    else "give an https:// endpoint_url, or drop use_ssl"
+                )
+            )
     if not anonymous and not (key and secret):  # after the options' own checks
         raise errors.StoragePermissionError(no_credentials_message(where, session, opts))
     return AwsSettings(

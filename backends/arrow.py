@@ -25,15 +25,15 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, ClassVar, Literal, Unpack
 
 from ckptio import errors
-from ckptio.store import Capabilities
+from ckptio.store import Capabilities, ObjectStat
 from ckptio.trace import Trace
 
 from . import _s3common as c
-from ._s3config import OptionSpellings, given
+from ._s3config import S3Options, given
 
 __all__ = ["ArrowStore"]
 
@@ -45,13 +45,10 @@ _CHECKSUM_ENV = "AWS_REQUEST_CHECKSUM_CALCULATION"
 class ArrowStore(c.WholeObjectStore):
     """S3 through ``pyarrow.fs``.
 
-    URL: ``s3+arrow://bucket/prefix``. Options (keyword-only; URL query strings work too):
-    ``part_size`` (bytes, default 8 MiB; Arrow chooses its own part size, this one only
-    decides when ckptio aborts leftover uploads), ``streams`` (int, default 8: Arrow I/O
-    threads at least), the AWS connection options of every S3 store (``endpoint_url``,
-    ``region``, ``profile``, credentials, ``anonymous``, ``addressing_style``, timeouts,
-    ``storage_options`` and the fsspec/boto3 spellings: see
-    :class:`~ckptio.backends._s3common.S3Base`), ``trace``.
+    URL: ``s3+arrow://bucket/prefix``. Options: those of every S3 store
+    (:class:`~ckptio.backends._s3config.S3Options`), two of them read Arrow's way: Arrow
+    chooses its own part size (``part_size`` only decides when ckptio aborts leftover
+    uploads), and ``streams`` is the least number of Arrow I/O threads; ``trace``.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+arrow",)
@@ -59,34 +56,20 @@ class ArrowStore(c.WholeObjectStore):
     capabilities: ClassVar[Capabilities] = dataclasses.replace(
         c.S3_CAPABILITIES, conditional_create=False
     )
-    client_packages: ClassVar[tuple[str, ...]] = ("pyarrow", "botocore")
 
     def __init__(
         self,
         url: str,
         *,
         trace: Trace | None = None,
-        part_size: int | str | None = None,
-        streams: int | str | None = None,
-        endpoint_url: str | None = None,
-        region: str | None = None,
-        profile: str | None = None,
-        access_key_id: str | None = None,
-        secret_access_key: str | None = None,
-        session_token: str | None = None,
-        anonymous: bool | str | None = None,
-        addressing_style: str | None = None,
-        connect_timeout: float | str | None = None,
-        read_timeout: float | str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        **spellings: Unpack[OptionSpellings],
+        **options: Unpack[S3Options],
     ) -> None:
-        options = given(locals(), self.OPTIONS, spellings)
+        opts = given(options)
         pyarrow = errors.require("pyarrow", extra="s3", purpose="the s3+arrow backend")
         from pyarrow import fs as pafs
 
         super().__init__(url, trace=trace)
-        self._setup(options)
+        self._setup(opts)
         aws = self.aws
         kw: dict[str, Any] = {
             "region": aws.region,
@@ -218,11 +201,15 @@ class ArrowStore(c.WholeObjectStore):
         return sorted(self._call("list", prefix, 0, "list", run))
 
     def size(self, key: str) -> int:
+        return self.stat(key).size
+
+    def stat(self, key: str) -> ObjectStat:
+        """One ``get_file_info`` (a HEAD); its ``mtime`` is the server's ``LastModified``."""
         path = self._path(self._full(key))
         info = self._call("head", key, 0, "stat", lambda: self.fs.get_file_info(path))
         if info.type != self._pafs.FileType.File:
             raise errors.NotFoundError(f"{self.where}: no object {key!r}")
-        return int(info.size)
+        return ObjectStat(int(info.size), c.timestamp(info.mtime))
 
     def delete(self, keys: Iterable[str]) -> None:
         # through botocore: pyarrow's delete_file writes a directory marker ("prefix/") when

@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+import dataclasses
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Literal, Unpack
 
 from ckptio import errors
 from ckptio.registry import parse_url
-from ckptio.store import Capabilities
+from ckptio.store import Capabilities, ObjectStat, StoreInfo
 from ckptio.trace import Trace
 
 from . import _s3common as c
 from ._s3config import (
     AwsSettings,
-    OptionSpellings,
+    S3Options,
     botocore_config,
     given,
     io_options,
@@ -45,47 +46,24 @@ class FsspecStore(c.WholeObjectStore):
     URLs: ``s3+fsspec://bucket/prefix`` (s3fs), ``fsspec+<proto>://<path>`` (e.g.
     ``fsspec+gs://bucket/ckpt``, ``fsspec+memory://tmp/ckpt``).
 
-    Options (keyword-only; URL query strings work too; None means the default named here):
-
-    - ``part_size`` (bytes, default 8 MiB, 5 MiB..5 GiB), ``streams`` (int, default 8): the
-      multipart upload's part size and parts in flight (s3fs);
-    - for S3, the AWS connection options of every S3 store (``endpoint_url``, ``region``,
-      ``profile``, credentials, ``anonymous``, ``addressing_style``, timeouts,
-      ``storage_options`` and the fsspec/boto3 spellings: see
-      :class:`~ckptio.backends._s3common.S3Base`), resolved the AWS way (environment,
-      config files);
-    - for other protocols, ``storage_options`` (a dict) goes to ``fsspec.filesystem``
-      (``fsspec+file://``: ``auto_mkdir`` defaults to True), and the AWS options are
-      refused;
-    - ``trace``.
+    Options: those of every S3 store (:class:`~ckptio.backends._s3config.S3Options`;
+    ``part_size`` and ``streams`` are s3fs's multipart part size and parts in flight); for a
+    protocol other than S3 only ``part_size``, ``streams`` and ``storage_options`` (a dict for
+    ``fsspec.filesystem``; ``fsspec+file://``: ``auto_mkdir`` defaults to True). ``trace``.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+fsspec", "fsspec")
     name: ClassVar[str] = "s3+fsspec"
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES  # s3fs: If-None-Match for "create"
-    client_packages: ClassVar[tuple[str, ...]] = ("fsspec", "s3fs", "botocore")
 
     def __init__(
         self,
         url: str,
         *,
         trace: Trace | None = None,
-        part_size: int | str | None = None,
-        streams: int | str | None = None,
-        endpoint_url: str | None = None,
-        region: str | None = None,
-        profile: str | None = None,
-        access_key_id: str | None = None,
-        secret_access_key: str | None = None,
-        session_token: str | None = None,
-        anonymous: bool | str | None = None,
-        addressing_style: str | None = None,
-        connect_timeout: float | str | None = None,
-        read_timeout: float | str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        **spellings: Unpack[OptionSpellings],
+        **options: Unpack[S3Options],
     ) -> None:
-        options = given(locals(), self.OPTIONS, spellings)
+        opts = given(options)
         fsspec = errors.require(
             "fsspec", extra="s3", purpose="the fsspec backends (s3+fsspec://, fsspec+<protocol>://)"
         )
@@ -96,17 +74,17 @@ class FsspecStore(c.WholeObjectStore):
         self.protocol = proto
         self._is_s3 = proto in ("s3", "s3a")
         if self._is_s3:
-            self._setup(options)
+            self._setup(opts)
             self.fs = _s3fs(self.aws, self.streams)
             self.root = f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
         else:
-            fs_options = dict(options.pop("storage_options", None) or {})
+            fs_options = dict(opts.pop("storage_options", None) or {})
             if loc.local:  # fsspec's local filesystem writes into existing directories only
                 fs_options.setdefault("auto_mkdir", True)
-            self.part_size, self.streams = io_options(options)
+            self.part_size, self.streams = io_options(opts)
             reject_unknown(
                 f"fsspec+{proto}",
-                options,
+                opts,
                 ("part_size", "streams", "storage_options"),
                 spellings=False,
             )
@@ -121,9 +99,9 @@ class FsspecStore(c.WholeObjectStore):
                 atomic_rename=False, conditional_create=False, multipart=False, listing=True
             )
 
-    @property
-    def local_path(self) -> str | None:
-        return self.root if parse_url(self._given_url).local else None
+    def describe(self) -> StoreInfo:
+        local = self.root if parse_url(self._given_url).local else None
+        return dataclasses.replace(super().describe(), local_path=local)
 
     @property
     def where(self) -> str:
@@ -208,11 +186,17 @@ class FsspecStore(c.WholeObjectStore):
         return sorted(self._call("list", prefix, 0, "list", run))
 
     def size(self, key: str) -> int:
+        return self.stat(key).size
+
+    def stat(self, key: str) -> ObjectStat:
+        """One ``info`` (a HEAD on S3): its ``LastModified`` (s3fs) or ``mtime`` (local)."""
         path = self._path(self._full(key))
         info = self._call("head", key, 0, "stat", lambda: self.fs.info(path))
         if info.get("type") == "directory":
             raise errors.NotFoundError(f"{self.where}: no object {key!r}")
-        return int(info["size"])
+        return ObjectStat(
+            int(info["size"]), c.timestamp(info.get("LastModified", info.get("mtime")))
+        )
 
     def delete(self, keys: Iterable[str]) -> None:
         paths = [self._path(self._full(k)) for k in keys]

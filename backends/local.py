@@ -41,9 +41,12 @@ from ckptio.arrays import address, copy_into, not_inherited, private_pages
 from ckptio.store import (
     Buffer,
     Capabilities,
+    ColdReads,
     NoOptions,
+    ObjectStat,
     PositionalWriter,
     Store,
+    StoreInfo,
     Writer,
     as_byte_view,
     check_key,
@@ -552,6 +555,46 @@ class _LocalPositionalWriter(PositionalWriter):
         self._close_fds()
 
 
+class LocalColdReads(ColdReads):
+    """Cold reads of a :class:`LocalStore`: ``o_direct`` turns the store's ``direct_read`` on
+    until :meth:`end`; ``fadvise`` drops the cached pages of every key
+    (:meth:`LocalStore.drop_cache`)."""
+
+    def __init__(self, store: LocalStore) -> None:
+        self._store = store
+        self._direct_before: bool | None = None
+        """``direct_read`` before :meth:`start` switched it on (None: not switched)."""
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        direct = ("o_direct",) if self._store.capabilities.direct_io else ()
+        return (*direct, "fadvise") if hasattr(os, "posix_fadvise") else direct
+
+    def start(self, keys: Sequence[str], mode: str) -> str:
+        store = self._store
+        if mode not in self.modes:
+            raise self.refuse(mode, store.name)
+        if mode == "o_direct":
+            if self._direct_before is None:
+                self._direct_before = store.direct_read
+            store.direct_read = True
+            return mode
+        done = [store.drop_cache(k) for k in keys]
+        return mode if done and all(done) else "none" if any(done) else ""
+
+    def end(self) -> bool:
+        """False where the filesystem refused O_DIRECT during the reads (``direct_read`` then
+        stays off: later reads go buffered at once); else ``direct_read`` is as it was."""
+        before, self._direct_before = self._direct_before, None
+        if before is None:
+            return True
+        store = self._store
+        held = store.direct_read
+        if held:
+            store.direct_read = before
+        return held
+
+
 class LocalStore(Store):
     """Files under a local directory.
 
@@ -633,49 +676,16 @@ class LocalStore(Store):
         """Directories known to exist."""
         self._unsynced: set[str] = set()
         """Directories with an entry created here and not yet fsynced (see sync_new_dirs)."""
+        self._cold_reads = LocalColdReads(self)
 
-    # -- the contract's figures and cold reads ---------------------------------------------
-    request_size_option: ClassVar[str] = "block_size"
-    flush_option: ClassVar[str | None] = "fsync"
-    _direct_before_cold: bool | None = None
-    """``direct_read`` before :meth:`start_cold_reads` switched it on (None: not switched)."""
-
-    @property
-    def request_size(self) -> int:
-        return self.block_size
-
-    @property
-    def local_path(self) -> str | None:
-        return self.root
-
-    @property
-    def cold_read_modes(self) -> tuple[str, ...]:
-        direct = ("o_direct",) if self.capabilities.direct_io else ()
-        return (*direct, "fadvise") if hasattr(os, "posix_fadvise") else direct
-
-    def start_cold_reads(self, keys: Sequence[str], mode: str) -> str:
-        """``o_direct``: ``direct_read`` on until :meth:`end_cold_reads`; ``fadvise``:
-        :meth:`drop_cache` of every key."""
-        if mode not in self.cold_read_modes:
-            return super().start_cold_reads(keys, mode)
-        if mode == "o_direct":
-            if self._direct_before_cold is None:
-                self._direct_before_cold = self.direct_read
-            self.direct_read = True
-            return mode
-        done = [self.drop_cache(k) for k in keys]
-        return mode if done and all(done) else "none" if any(done) else ""
-
-    def end_cold_reads(self) -> bool:
-        """False where the filesystem refused O_DIRECT during the reads (``direct_read`` then
-        stays off: later reads go buffered at once); else ``direct_read`` is as it was."""
-        before, self._direct_before_cold = self._direct_before_cold, None
-        if before is None:
-            return True
-        held = self.direct_read
-        if held:
-            self.direct_read = before
-        return held
+    def describe(self) -> StoreInfo:
+        return StoreInfo(
+            self.name,
+            request_size=self.block_size,
+            streams=self.streams,
+            local_path=self.root,
+            cold_reads=self._cold_reads,
+        )
 
     def _fresh_concurrency(self) -> None:
         """The I/O pool (created on first use) and the locks and bounds around it."""
@@ -1065,6 +1075,15 @@ class LocalStore(Store):
         """Checked as reads are: a path that resolves outside the root is refused
         (:class:`~ckptio.errors.StoragePermissionError`), and anything but a regular file
         is no object (:func:`not_regular`)."""
+        return self._stat_regular(key).st_size
+
+    def stat(self, key: str) -> ObjectStat:
+        """Checked as :meth:`size`; the mtime is stamped by the kernel that wrote the file (an
+        NFS server's; on Lustre and CephFS, the writing client's)."""
+        st = self._stat_regular(key)
+        return ObjectStat(st.st_size, st.st_mtime)
+
+    def _stat_regular(self, key: str) -> os.stat_result:
         path = self._checked_read_path(key)
         with self.trace.request("head", key, backend=self.name):
             try:
@@ -1073,7 +1092,7 @@ class LocalStore(Store):
                 raise os_error(err, path, "stat") from err
             if not stat.S_ISREG(st.st_mode):
                 raise not_regular(path, st.st_mode)
-            return st.st_size
+            return st
 
     def stored_ranges(self, key: str, start: int, end: int) -> Iterator[tuple[int, int]]:
         """The file's data regions within ``start..end`` (and its size), by

@@ -15,15 +15,15 @@ from __future__ import annotations
 import builtins
 import contextlib
 import datetime
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, ClassVar, Literal, Unpack
 
 from ckptio import errors
-from ckptio.store import Capabilities
+from ckptio.store import Capabilities, ObjectStat
 from ckptio.trace import Trace
 
 from . import _s3common as c
-from ._s3config import OptionSpellings, given
+from ._s3config import S3Options, given
 
 __all__ = ["ObstoreStore"]
 
@@ -31,44 +31,27 @@ __all__ = ["ObstoreStore"]
 class ObstoreStore(c.WholeObjectStore):
     """S3 through obstore.
 
-    URL: ``s3+obstore://bucket/prefix``. Options (keyword-only; URL query strings work too):
-    ``part_size`` (bytes, default 8 MiB, 5 MiB..5 GiB), ``streams`` (int, default 8), the AWS
-    connection options of every S3 store (``endpoint_url``, ``region``, ``profile``,
-    credentials, ``anonymous``, ``addressing_style``, timeouts, ``storage_options`` and the
-    fsspec/boto3 spellings: see :class:`~ckptio.backends._s3common.S3Base`), ``trace``.
+    URL: ``s3+obstore://bucket/prefix``. Options: those of every S3 store
+    (:class:`~ckptio.backends._s3config.S3Options`); ``trace``.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("s3+obstore",)
     name: ClassVar[str] = "s3+obstore"
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES
-    client_packages: ClassVar[tuple[str, ...]] = ("obstore", "botocore")
 
     def __init__(
         self,
         url: str,
         *,
         trace: Trace | None = None,
-        part_size: int | str | None = None,
-        streams: int | str | None = None,
-        endpoint_url: str | None = None,
-        region: str | None = None,
-        profile: str | None = None,
-        access_key_id: str | None = None,
-        secret_access_key: str | None = None,
-        session_token: str | None = None,
-        anonymous: bool | str | None = None,
-        addressing_style: str | None = None,
-        connect_timeout: float | str | None = None,
-        read_timeout: float | str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        **spellings: Unpack[OptionSpellings],
+        **options: Unpack[S3Options],
     ) -> None:
-        options = given(locals(), self.OPTIONS, spellings)
+        opts = given(options)
         obstore = errors.require("obstore", extra="s3", purpose="the s3+obstore backend")
         from obstore.store import S3Store
 
         super().__init__(url, trace=trace)
-        self._setup(options)
+        self._setup(opts)
         aws = self.aws
         config: dict[str, Any] = {
             "region": aws.region,
@@ -163,9 +146,13 @@ class ObstoreStore(c.WholeObjectStore):
         ]
 
     def size(self, key: str) -> int:
+        return self.stat(key).size
+
+    def stat(self, key: str) -> ObjectStat:
+        """One HEAD; ``last_modified`` is the server's clock."""
         full = self._full(key)
         meta = self._call("head", key, 0, "stat", lambda: self._obs.head(self.store, full))
-        return int(meta["size"])
+        return ObjectStat(int(meta["size"]), c.timestamp(meta.get("last_modified")))
 
     def delete(self, keys: Iterable[str]) -> None:
         fulls = [self._full(k) for k in keys]

@@ -16,20 +16,20 @@ botocore's own retries are off (``total_max_attempts=1``): every attempt goes th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, Unpack
 
-from ckptio.store import Capabilities, Writer, option_bool
+from ckptio.store import Capabilities, ObjectStat, Writer, option_bool
 from ckptio.trace import Trace
 
 from . import _s3common as c
-from ._s3config import OptionSpellings, canonical_options, given, make_boto3_client
+from ._s3config import S3Options, canonical_options, given, make_boto3_client, own_options
 from ._s3errors import error_details
 from ._s3multipart import MultipartWriter, PieceReader, crc32c_b64, crc32c_of
 from ._s3presigned import PresignedGets, receive
 
-__all__ = ["Boto3Store"]
+__all__ = ["Boto3Options", "Boto3Store", "S3Options"]
 
 
 class _BotoSender:
@@ -86,26 +86,27 @@ class _BotoSender:
         self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
 
 
+class Boto3Options(S3Options, total=False):
+    """The options of ``s3+boto3://`` (and ``s3://``): those of every S3 store and two more."""
+
+    checksum: bool | str | None
+    """Send a CRC32C with every part and PUT, for S3 to check. Default True. **Environment
+    variable**: none."""
+    presigned_reads: bool | str | None
+    """Send ranged GETs as presigned URLs through botocore's HTTP session, not
+    ``get_object`` (less client CPU per request:
+    :class:`~ckptio.backends._s3presigned.PresignedGets`, measured by
+    ``benchmarks/s3_request_cpu.py``); False sends every read through ``get_object``.
+    Default True. **Environment variable**: none."""
+
+
 class Boto3Store(c.S3Base):
     """S3 through boto3/botocore.
 
-    URL: ``s3+boto3://bucket/prefix``. Options (keyword-only; URL query strings work too;
-    None means the default named here):
-
-    - ``part_size`` (bytes or ``"16MiB"``; default 8 MiB; S3 limits 5 MiB..5 GiB, raised
-      automatically so an object fits in 10,000 parts when ``size_hint`` is given);
-    - ``streams`` (int, default 8): requests in flight for the whole store;
-    - ``checksum`` (bool, default True): send CRC32C with every part and PUT;
-    - ``presigned_reads`` (bool, default True): send ranged GETs as presigned URLs through
-      botocore's HTTP session, not ``get_object`` (less client CPU per request:
-      :class:`~ckptio.backends._s3presigned.PresignedGets`, measured by
-      ``benchmarks/s3_request_cpu.py``); False sends every read through ``get_object``;
-    - the AWS connection options of every S3 store (``endpoint_url``, ``region``,
-      ``profile``, ``access_key_id``, ``secret_access_key``, ``session_token``,
-      ``anonymous``, ``addressing_style``, ``connect_timeout``, ``read_timeout``,
-      ``storage_options`` and the fsspec/boto3 spellings): see
-      :class:`~ckptio.backends._s3common.S3Base`;
-    - ``trace``: a :class:`~ckptio.trace.Trace`.
+    URL: ``s3+boto3://bucket/prefix`` (and ``s3://``). Options: :class:`Boto3Options`, those
+    of every S3 store (:class:`~ckptio.backends._s3config.S3Options`) and two of its own; a
+    ``part_size`` too small for an object of known size (``size_hint``) is raised so the
+    object fits in 10,000 parts. ``trace``: a :class:`~ckptio.trace.Trace`.
 
     Commit: ``publish`` is one PUT; with ``overwrite=False`` it sends ``If-None-Match: *`` so
     S3 itself refuses a second manifest (S3 and moto support it; some S3 clones do not).
@@ -114,39 +115,23 @@ class Boto3Store(c.S3Base):
     schemes: ClassVar[tuple[str, ...]] = ("s3+boto3", "s3")
     name: ClassVar[str] = "s3+boto3"
     capabilities: ClassVar[Capabilities] = c.S3_CAPABILITIES
-    client_packages: ClassVar[tuple[str, ...]] = ("botocore",)
-    OPTIONS = ("checksum", "presigned_reads", *c.S3Base.OPTIONS)
+    OPTIONS = own_options(Boto3Options)
 
     def __init__(
         self,
         url: str,
         *,
         trace: Trace | None = None,
-        part_size: int | str | None = None,
-        streams: int | str | None = None,
-        checksum: bool | str | None = None,
-        presigned_reads: bool | str | None = None,
-        endpoint_url: str | None = None,
-        region: str | None = None,
-        profile: str | None = None,
-        access_key_id: str | None = None,
-        secret_access_key: str | None = None,
-        session_token: str | None = None,
-        anonymous: bool | str | None = None,
-        addressing_style: str | None = None,
-        connect_timeout: float | str | None = None,
-        read_timeout: float | str | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        **spellings: Unpack[OptionSpellings],
+        **options: Unpack[Boto3Options],
     ) -> None:
         # under ckptio's names first: storage_options={"checksum": ...} sets checksum too
-        options = canonical_options(given(locals(), self.OPTIONS, spellings))
+        opts = canonical_options(given(options))
         super().__init__(url, trace=trace)
-        self.checksum = option_bool(options.pop("checksum", True), field="checksum")
+        self.checksum = option_bool(opts.pop("checksum", True), field="checksum")
         self.presigned_reads = option_bool(
-            options.pop("presigned_reads", True), field="presigned_reads"
+            opts.pop("presigned_reads", True), field="presigned_reads"
         )
-        self._setup(options)
+        self._setup(opts)
         self.client = make_boto3_client(self.aws, pool_connections=self.streams + 4)
         self._janitor_client = self.client
         self._sender = _BotoSender(self.client, self.bucket, self.checksum)
@@ -215,11 +200,15 @@ class Boto3Store(c.S3Base):
         return sorted(self._call("list", prefix, 0, "list", run))
 
     def size(self, key: str) -> int:
+        return self.stat(key).size
+
+    def stat(self, key: str) -> ObjectStat:
+        """One HEAD; ``LastModified`` is the server's clock (whole seconds on AWS)."""
         full = self._full(key)
         resp = self._call(
             "head", key, 0, "stat", lambda: self.client.head_object(Bucket=self.bucket, Key=full)
         )
-        return int(resp["ContentLength"])
+        return ObjectStat(int(resp["ContentLength"]), c.timestamp(resp.get("LastModified")))
 
     def delete(self, keys: Iterable[str]) -> None:
         self._delete_objects(self.client, keys)

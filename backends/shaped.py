@@ -47,7 +47,10 @@ from ckptio.registry import open_store, parse_url
 from ckptio.store import (
     Buffer,
     Capabilities,
+    ColdReads,
+    ObjectStat,
     Store,
+    StoreInfo,
     Writer,
     as_byte_view,
     check_key,
@@ -109,6 +112,26 @@ class _RateLimiter:
                 return True
             self._buckets[scope] = (tokens, now)
             return False
+
+
+class _PageCacheDrops(ColdReads):
+    """The wrapped store's page-cache drop (``fadvise``) passes through; its reads are not
+    switched to direct I/O (what a read costs here is the profile's)."""
+
+    def __init__(self, inner: ColdReads) -> None:
+        self._inner = inner
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return tuple(m for m in self._inner.modes if m == "fadvise")
+
+    def start(self, keys: Sequence[str], mode: str) -> str:
+        if mode not in self.modes:
+            raise self.refuse(mode, "an emulated store")
+        return self._inner.start(keys, mode)
+
+    def end(self) -> bool:
+        return self._inner.end()
 
 
 class _ShapedWriter(Writer):
@@ -178,8 +201,6 @@ class ShapedStore(Store):
 
     schemes: ClassVar[tuple[str, ...]] = ("shaped",)
     name: ClassVar[str] = "shaped"
-    emulated: ClassVar[bool] = True
-    """Results through this store are emulated, never measured."""
 
     def __init__(
         self,
@@ -247,6 +268,7 @@ class ShapedStore(Store):
         self._pool = ThreadPoolExecutor(
             max_workers=self.streams, thread_name_prefix="ckptio-shaped"
         )
+        self._cold_reads = _PageCacheDrops(self.inner.describe().cold_reads)
 
     # -- emulated requests ----------------------------------------------------------------
     def _scope(self, key: str) -> str:
@@ -341,6 +363,9 @@ class ShapedStore(Store):
     def size(self, key: str) -> int:
         return self._metadata("head", key, lambda: self.inner.size(key), read=True)
 
+    def stat(self, key: str) -> ObjectStat:
+        return self._metadata("head", key, lambda: self.inner.stat(key), read=True)
+
     def delete(self, keys: Iterable[str]) -> None:
         keys = list(keys)
         self._metadata("delete", keys[0] if keys else "-", lambda: self.inner.delete(keys))
@@ -351,31 +376,17 @@ class ShapedStore(Store):
     def cleanup_incomplete(self, prefix: str = "", *, older_than: float = 0.0) -> int:
         return self.inner.cleanup_incomplete(prefix, older_than=older_than)
 
-    # -- the contract's figures: the emulated service's, the wrapped store's local facts ---
-    @property
-    def request_size(self) -> int:
-        return self.part_size
-
-    @property
-    def local_path(self) -> str | None:
-        return self.inner.local_path
-
-    def client_versions(self) -> dict[str, str]:
-        return self.inner.client_versions()
-
-    @property
-    def cold_read_modes(self) -> tuple[str, ...]:
-        """The wrapped store's page-cache drop passes through; its reads are not switched
-        to direct I/O (what a read costs here is the profile's)."""
-        return tuple(m for m in self.inner.cold_read_modes if m == "fadvise")
-
-    def start_cold_reads(self, keys: Sequence[str], mode: str) -> str:
-        if mode not in self.cold_read_modes:
-            return super().start_cold_reads(keys, mode)
-        return self.inner.start_cold_reads(keys, mode)
-
-    def end_cold_reads(self) -> bool:
-        return self.inner.end_cold_reads()
+    # -- what the suite records: the emulated service's figures, the wrapped store's local facts
+    def describe(self) -> StoreInfo:
+        inner = self.inner.describe()
+        return StoreInfo(
+            self.name,
+            request_size=self.part_size,
+            streams=self.streams,
+            emulated=True,
+            local_path=inner.local_path,
+            cold_reads=self._cold_reads,
+        )
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)

@@ -19,6 +19,7 @@ __all__ = [
     "ChecksumError",
     "CkptioError",
     "CorruptCheckpointError",
+    "DamagedCheckpointWarning",
     "InsufficientMemoryError",
     "InvalidArgumentError",
     "ManifestError",
@@ -168,13 +169,23 @@ class SaveFailedError(CkptioError, RuntimeError):
     """A checkpoint save failed (on this rank or another); nothing was committed."""
 
 
-def missing_package(err: ImportError, *, extra: str, purpose: str) -> BackendUnavailableError:
+class DamagedCheckpointWarning(UserWarning):
+    """A load of the newest checkpoint skipped a newer one that is damaged (an object its
+    manifest names is missing, unreadable or fails its CRC) and loaded an older one; the
+    message names the skipped step and the object."""
+
+
+def missing_package(
+    err: ImportError, *, purpose: str, extra: str = "", install: str = ""
+) -> BackendUnavailableError:
     """The error for ``err`` (an optional package not installed) met while ``purpose`` needed
-    it: names the missing module and the pip extra that installs it (raise it ``from err``)."""
+    it: names the missing module and what installs it, ckptio's pip ``extra`` or the command
+    ``install`` (raise it ``from err``)."""
     name = err.name or str(err)
+    hint = install or f"pip install 'ckptio[{extra}]'"
     return BackendUnavailableError(
         f"{purpose} needs the Python package {name.partition('.')[0]!r}, which is not "
-        f"installed; pip install 'ckptio[{extra}]'"
+        f"installed; {hint}"
     )
 
 

@@ -5,12 +5,14 @@
     <root>/step-<step:010d>/manifest.json         the commit point: written last, atomically
     <root>/step-<step:010d>/data/<...>            shard objects
     <root>/step-<step:010d>/saving-<token>.json   the lease of a save in flight
+    <root>/step-<step:010d>/fence-<token>.json    a gc deleting under the step (for a moment)
     <root>/step-<step:010d>/retired.json          retention removed the step; data kept a while
 
 A checkpoint exists when, and only when, its manifest exists and validates. Data without a
 manifest is garbage only once no save owns it: a live lease keeps everything under its step
-from gc and retention, a save publishes its manifest only while its lease holds and every
-object it names is listed, and retention removes a manifest before its data (see
+from gc and retention, gc fences a step before it deletes there, a save withdraws its manifest
+if it finds a fence or a missing object when it lists its step after publishing, and
+retention removes a manifest before its data (see
 :mod:`ckptio.lease` for the protocol, the same on POSIX and object stores). The manifest is
 JSON (never pickle). Everything read back is validated before it is used: a bad manifest
 raises :class:`~ckptio.errors.ManifestError` naming the field; nothing outside the root is
@@ -64,6 +66,7 @@ __all__ = [
     "dtype_name",
     "encode_tree",
     "escape",
+    "foreign_checkpoint",
     "join_path",
     "json_values",
     "manifest_key",
@@ -233,6 +236,22 @@ def parse_step_dir(name: str) -> int | None:
 
 
 KEY_LAYOUTS = ("flat", "hashed")
+
+
+def foreign_checkpoint(keys: Sequence[str]) -> str | None:
+    """What a root that holds no ckptio checkpoint holds instead, from the keys listed under
+    it, and what reads it; None when nothing known is there. Only the names are looked at
+    (nothing is opened): an error message's hint, not a validation."""
+    names = {k for k in keys if "/" not in k}
+    if ".metadata" in names and any(k.endswith(".distcp") for k in names):
+        return (
+            "it holds a torch.distributed.checkpoint (DCP) checkpoint written by DCP's "
+            "FileSystemWriter (.metadata, *.distcp), not a ckptio one: read it with "
+            "dcp.load(..., storage_reader=FileSystemReader(path)), or convert it once with "
+            "ckptio.torch.convert_dcp(path, url, allow_pickle=True) (its .metadata is a pickle: "
+            "only for storage you trust)"
+        )
+    return None
 
 
 def shard_key(step: int, rank: int, index: int, *, key_layout: str = "flat") -> str:

@@ -32,7 +32,7 @@ import importlib
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib.metadata import entry_points
 from types import MappingProxyType
@@ -47,107 +47,240 @@ if TYPE_CHECKING:
     from ckptio.backends.parallelfs import ParallelFSStore
 
 __all__ = [
+    "BUILTIN",
+    "EMULATOR",
     "GROUP",
-    "INSTALL_HINTS",
-    "REQUIRES",
+    "THIRD_PARTY_ATTRIBUTES",
+    "URL_FORMS",
     "BackendInfo",
     "accepted_forms",
+    "backend_for",
+    "backend_info",
     "backends",
+    "client_versions",
+    "emulation_url",
+    "from_fsspec_url",
     "load_backend",
     "location",
     "open_store",
     "parse_url",
     "split_url",
+    "store_class",
     "wrap_url",
 ]
 
 GROUP = "ckptio.backends"
 
-#: The pip extra that brings each built-in backend's dependencies.
-INSTALL_HINTS: Mapping[str, str] = MappingProxyType(
+URL_FORMS: Mapping[str, str] = MappingProxyType(
     {
-        "s3": "s3",
-        "s3+boto3": "s3",
-        "s3+fsspec": "s3",
-        "s3+arrow": "s3",
-        "s3+obstore": "s3",
-        "fsspec": "s3",
+        "path": "{}:///abs/path",
+        "bucket": "{}://bucket/prefix",
+        "host": "{}://name/prefix",
+        "protocol": "{}+<protocol>://path",
+        "wrapper": "{}+<url>",
     }
 )
-
-
-#: The packages each built-in backend imports when a store opens (not when its module loads):
-#: :func:`load_backend` checks that they are installed, without importing them.
-REQUIRES: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {
-        "s3": ("botocore",),
-        "s3+boto3": ("botocore",),
-        "s3+fsspec": ("fsspec", "s3fs", "botocore"),
-        "s3+arrow": ("pyarrow", "botocore"),
-        "s3+obstore": ("obstore", "botocore"),
-        "fsspec": ("fsspec",),
-    }
-)
+"""How a scheme's URLs read (:attr:`BackendInfo.form`), each with the example error messages
+show: ``path`` (a local directory, percent-decoded), ``bucket`` (an S3 bucket and a key
+prefix, credentials as user info), ``host`` (a name and a prefix, as written), ``protocol``
+(``<scheme>+<protocol>://...``: the rest is a URL of another library's protocol), ``wrapper``
+(``<scheme>+<url>``: another store's URL, wrapped)."""
 
 
 @dataclass(frozen=True)
 class BackendInfo:
+    """One URL scheme and the backend that serves it: everything ckptio knows about it
+    *before* a store opens (what an open store says about itself is
+    :meth:`~ckptio.store.Store.describe`). ckptio's own schemes are the records of
+    :data:`BUILTIN`; another distribution's are built from its entry point and the class
+    attributes of the class it names (:func:`backend_info`)."""
+
     scheme: str
+    """As written in URLs and registered as the entry point's name: ``s3+obstore``."""
     target: str
-    """``module:Class`` as registered."""
-    distribution: str
+    """``module:Class``, the entry point's value."""
+    distribution: str = "ckptio"
+    """The pip distribution that registered it."""
+    form: str = "host"
+    """How its URLs read: a key of :data:`URL_FORMS`."""
+    requires: tuple[str, ...] = ()
+    """The client packages the backend imports when a store opens (not when its module
+    loads), each named as both its pip distribution and its top-level module:
+    :func:`load_backend` checks they are installed without importing them, and their
+    versions go into every result's sidecar (:func:`client_versions`)."""
+    extra: str = ""
+    """ckptio's pip extra that installs :attr:`requires` (``s3``); empty for another
+    distribution's backend."""
+    install_hint: str = ""
+    """What to run when :attr:`requires` are missing: ``pip install 'ckptio[s3]'`` for
+    :attr:`extra`; another distribution's own words, or ``pip install <distribution>``."""
+    request_size_option: str = "part_size"
+    """The keyword option that sets the bytes per data request (``block_size`` on POSIX
+    stores): how ``--part-size`` and a sweep over request sizes configure this backend."""
+    flush_option: str | None = None
+    """The boolean keyword option that, set false, skips durable flushes (``fsync`` on POSIX
+    stores; DCP's ``sync_files=False``), for measuring what they cost; None where the backend
+    has no such switch."""
+
+    def __post_init__(self) -> None:
+        if self.form not in URL_FORMS:
+            raise errors.CkptioError(
+                f"backend {self.scheme!r} ({self.target}): URL form {self.form!r} is not one of "
+                f"{', '.join(URL_FORMS)}"
+            )
+        if not self.install_hint:
+            hint = (
+                f"pip install 'ckptio[{self.extra}]'"
+                if self.extra
+                else f"pip install {self.distribution}"
+            )
+            object.__setattr__(self, "install_hint", hint)
+
+
+def _builtin(scheme: str, target: str, **facts: Any) -> tuple[str, BackendInfo]:
+    return scheme, BackendInfo(scheme, f"ckptio.backends.{target}", **facts)
+
+
+_S3: dict[str, Any] = {"extra": "s3", "form": "bucket"}
+_POSIX: dict[str, Any] = {
+    "form": "path",
+    "request_size_option": "block_size",
+    "flush_option": "fsync",
+}
+
+BUILTIN: Mapping[str, BackendInfo] = MappingProxyType(
+    dict(
+        [
+            _builtin("file", "local:LocalStore", **_POSIX),
+            _builtin("pfs", "parallelfs:ParallelFSStore", **_POSIX),
+            _builtin("memory", "memory:MemoryStore"),
+            _builtin("shaped", "shaped:ShapedStore", form="wrapper"),
+            _builtin("s3", "s3:Boto3Store", requires=("botocore",), **_S3),
+            _builtin("s3+boto3", "s3:Boto3Store", requires=("botocore",), **_S3),
+            _builtin(
+                "s3+fsspec", "fsspec:FsspecStore", requires=("fsspec", "s3fs", "botocore"), **_S3
+            ),
+            _builtin("s3+arrow", "arrow:ArrowStore", requires=("pyarrow", "botocore"), **_S3),
+            _builtin("s3+obstore", "obstore:ObstoreStore", requires=("obstore", "botocore"), **_S3),
+            _builtin(
+                "fsspec", "fsspec:FsspecStore", form="protocol", requires=("fsspec",), extra="s3"
+            ),
+        ]
+    )
+)
+"""ckptio's own schemes, one record each, in the order error messages list them. Each is also
+an entry point in ``pyproject.toml`` (``tests/test_contract.py`` checks the two agree): adding
+a scheme is its backend module, its entry point and its record here."""
+
+THIRD_PARTY_ATTRIBUTES = (
+    "url_form",
+    "requires",
+    "install_hint",
+    "request_size_option",
+    "flush_option",
+)
+"""The class attributes another distribution's Store class may set to say what a record of
+:data:`BUILTIN` says (:func:`backend_info` reads them; ``url_form`` is
+:attr:`BackendInfo.form`); those it leaves out take :class:`BackendInfo`'s defaults."""
 
 
 @cache
 def _entry_points() -> Mapping[str, BackendInfo]:
+    """Every registered scheme: its :data:`BUILTIN` record where ckptio registered it, else
+    what the entry point says (its class's attributes are read by :func:`backend_info`)."""
     found: dict[str, BackendInfo] = {}
     for ep in entry_points(group=GROUP):
         dist = ep.dist.name if ep.dist is not None else "?"
-        found[ep.name] = BackendInfo(ep.name, ep.value, dist)
+        builtin = BUILTIN.get(ep.name)
+        if builtin is not None and builtin.target == ep.value:
+            found[ep.name] = builtin
+        else:
+            found[ep.name] = BackendInfo(ep.name, ep.value, dist)
     return MappingProxyType(found)
 
 
 def backends() -> Mapping[str, BackendInfo]:
-    """Registered schemes (a read-only mapping), whether or not their dependencies import."""
+    """Registered schemes (a read-only mapping), whether or not their dependencies import.
+    Another distribution's records hold its entry point only; :func:`backend_info` adds what
+    its class declares."""
     return _entry_points()
+
+
+@cache
+def backend_info(scheme: str) -> BackendInfo:
+    """The record of ``scheme`` (a registered scheme, or a URL's scheme resolved as
+    :func:`parse_url` does: ``fsspec+gs`` -> ``fsspec``). Another distribution's backend is
+    imported to read its class attributes (:data:`THIRD_PARTY_ATTRIBUTES`); where it does
+    not import, its entry point's record (the error comes when a store opens)."""
+    table = _entry_points()
+    info = table.get(scheme) or table[_resolve(scheme.lower(), scheme)[0]]
+    if BUILTIN.get(info.scheme) is info:
+        return info
+    try:
+        cls = _import_class(info)
+    except errors.CkptioError:
+        return info
+    declared = {name: getattr(cls, name) for name in THIRD_PARTY_ATTRIBUTES if hasattr(cls, name)}
+    if "url_form" in declared:
+        declared["form"] = declared.pop("url_form")
+    if "requires" in declared:
+        declared["requires"] = tuple(declared["requires"])
+    return replace(info, **declared)
 
 
 def load_backend(scheme: str) -> type[Store]:
     """The Store class for ``scheme``: a registered scheme, or a URL's scheme resolved as
-    :func:`parse_url` does (``fsspec+gs`` -> ``fsspec``). Imports it on first use."""
-    table = _entry_points()
-    info = table.get(scheme) or table[_resolve(scheme.lower(), scheme)[0]]
+    :func:`parse_url` does (``fsspec+gs`` -> ``fsspec``). Imports it on first use, after
+    which its :attr:`~BackendInfo.requires` are checked to be installed (without importing
+    them: the class imports them when a store opens)."""
+    info = backend_info(scheme)
+    cls = _import_class(info)
+    for name in info.requires:
+        if not _installed(name):
+            missing = ModuleNotFoundError(f"No module named {name!r}", name=name)
+            raise errors.missing_package(
+                missing, install=info.install_hint, purpose=f"backend {info.scheme!r}"
+            )
+    return cls
+
+
+def _import_class(info: BackendInfo) -> type[Store]:
     module_name, _, attr = info.target.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        extra = INSTALL_HINTS.get(info.scheme) or INSTALL_HINTS.get(scheme)
-        if extra:
-            raise errors.missing_package(
-                err, extra=extra, purpose=f"backend {info.scheme!r}"
-            ) from err
-        raise errors.BackendUnavailableError(
-            f"backend {info.scheme!r} needs a module that is not installed ({err.name or err}); "
-            f"install {info.distribution}'s dependencies"
+        raise errors.missing_package(
+            err, install=info.install_hint, purpose=f"backend {info.scheme!r}"
         ) from err
-    cls = getattr(module, attr)
+    cls = getattr(module, attr, None)
     if not (isinstance(cls, type) and issubclass(cls, Store)):
         raise errors.CkptioError(f"entry point {info.target!r} is not a ckptio Store class")
-    extra = INSTALL_HINTS.get(info.scheme) or INSTALL_HINTS.get(scheme)
-    for name in REQUIRES.get(info.scheme, ()):  # imported when a store opens: found, not imported
-        if not _installed(name):
-            missing = ModuleNotFoundError(f"No module named {name!r}", name=name)
-            raise errors.missing_package(
-                missing, extra=extra or "all", purpose=f"backend {info.scheme!r}"
-            )
     return cls
 
 
 def store_class(url: str | os.PathLike[str]) -> type[Store]:
     """The Store class that serves ``url`` (parsed by :func:`parse_url`), without opening a
-    store: where callers read the contract's class-level members
-    (:attr:`~ckptio.store.Store.request_size_option`, ...) before a store exists."""
+    store."""
     return _class_for(parse_url(url))
+
+
+def client_versions(url: str | os.PathLike[str]) -> dict[str, str]:
+    """``{distribution: version}`` of the client packages (:attr:`BackendInfo.requires`) of
+    the backend that serves ``url`` — the innermost store's where a wrapper wraps one
+    (``shaped+s3://``: botocore's) — those not installed left out: what a result records
+    about the client a store ran on."""
+    from importlib import metadata
+
+    loc = parse_url(url)
+    while loc.inner is not None:
+        loc = loc.inner
+    out = {}
+    for name in backend_info(loc.backend).requires:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
 
 
 def _installed(module: str) -> bool:
@@ -166,34 +299,6 @@ def _installed(module: str) -> bool:
 
 # -- URLs ------------------------------------------------------------------------------------
 
-_FORMS: Mapping[str, str] = MappingProxyType(
-    {
-        "file": "path",
-        "pfs": "path",
-        "memory": "host",
-        "s3": "bucket",
-        "s3+boto3": "bucket",
-        "s3+fsspec": "bucket",
-        "s3+arrow": "bucket",
-        "s3+obstore": "bucket",
-        "fsspec": "protocol",
-        "shaped": "wrapper",
-    }
-)
-"""How each built-in backend reads its URL: ``path`` (a local directory), ``bucket``
-(``bucket/prefix``), ``host`` (``name/prefix``), ``protocol`` (``<scheme>+<protocol>://...``),
-``wrapper`` (``<scheme>+<url>``). Backends of other distributions read ``host``."""
-
-_EXAMPLES: Mapping[str, str] = MappingProxyType(
-    {
-        "path": "{}:///abs/path",
-        "bucket": "{}://bucket/prefix",
-        "host": "{}://name/prefix",
-        "protocol": "{}+<protocol>://path",
-        "wrapper": "{}+<url>",
-    }
-)
-
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
@@ -203,14 +308,14 @@ _FSSPEC_S3 = ("s3", "s3a")
 
 def accepted_forms() -> str:
     """The URL forms this installation accepts, as one line for error messages."""
-    order = list(_FORMS)
+    order = list(BUILTIN)
     schemes = sorted(
         _entry_points(), key=lambda s: (order.index(s) if s in order else len(order), s)
     )
     forms = [
         "/abs/path",
         "relative/path",
-        *(_EXAMPLES[_FORMS.get(s, "host")].format(s) for s in schemes),
+        *(URL_FORMS[backend_info(s).form].format(s) for s in schemes),
     ]
     return ", ".join(forms)
 
@@ -230,15 +335,14 @@ def _resolve(scheme: str, text: str) -> tuple[str, str]:
     """``(registered scheme, suffix)`` for the lower-cased ``scheme`` of ``text``: a
     registered scheme as it is, or ``<wrapper>+<inner>`` / ``<fsspec>+<protocol>``."""
     table = _entry_points()
-    form = _FORMS.get(scheme)
-    if scheme in table and form not in ("wrapper", "protocol"):
+    if scheme in table and _form(scheme) not in ("wrapper", "protocol"):
         return scheme, ""
     head, plus, tail = scheme.partition("+")
-    if head in table and _FORMS.get(head) in ("wrapper", "protocol"):
+    if head in table and (form := _form(head)) in ("wrapper", "protocol"):
         if plus and tail:
             return head, tail
-        need = "must wrap another store" if _FORMS[head] == "wrapper" else "needs a protocol"
-        raise _malformed(text, f"{head}:// {need}: {_EXAMPLES[_FORMS[head]].format(head)}")
+        need = "must wrap another store" if form == "wrapper" else "needs a protocol"
+        raise _malformed(text, f"{head}:// {need}: {URL_FORMS[form].format(head)}")
     import difflib  # error path only
 
     close = difflib.get_close_matches(scheme, list(table), n=1)
@@ -247,6 +351,11 @@ def _resolve(scheme: str, text: str) -> tuple[str, str]:
         + (f" (did you mean {close[0]!r}?)" if close else "")
         + f"; installed schemes: {', '.join(sorted(table))}; accepted forms: {accepted_forms()}"
     )
+
+
+def _form(scheme: str) -> str:
+    """The URL form of the registered ``scheme`` (:attr:`BackendInfo.form`)."""
+    return backend_info(scheme).form
 
 
 def _query(query: str, text: str) -> dict[str, str]:
@@ -309,7 +418,7 @@ def parse_url(url: str | os.PathLike[str]) -> StoreURL:
         )
     scheme = m.group(1).lower()
     backend, suffix = _resolve(scheme, url)
-    form = _FORMS.get(backend, "host")
+    form = _form(backend)
     if form == "wrapper":
         inner = parse_url(url[len(backend) + 1 :])
         return StoreURL(scheme, backend, options=dict(inner.options), inner=inner)
@@ -401,6 +510,35 @@ def emulation_url(url: str | os.PathLike[str]) -> str:
     return wrap_url(EMULATOR, url)
 
 
+_FSSPEC_ALIKE = (*_FSSPEC_LOCAL, *_FSSPEC_S3)
+"""Schemes whose URLs name the same storage in ckptio as in fsspec (a local path, an S3
+bucket): every other scheme fsspec knows means, in fsspec's hands, fsspec's own filesystem."""
+
+
+def from_fsspec_url(url: str | os.PathLike[str]) -> str:
+    """The ckptio URL of the storage that fsspec (and so Lightning, pandas, ...) means by
+    ``url``. A plain path, ``file://`` and ``s3://`` mean the same in both and are returned as
+    they are; another scheme fsspec knows means its fsspec filesystem here too:
+    ``memory://x`` (fsspec's in-process filesystem, not ckptio's ``memory://``) becomes
+    ``fsspec+memory://x``, ``gs://b/p`` becomes ``fsspec+gs://b/p``. A scheme fsspec does not
+    know (``pfs://``, ``s3+obstore://``) is ckptio's own and stays."""
+    if isinstance(url, os.PathLike):
+        return os.fspath(url)
+    m = _SCHEME.match(url)
+    if m is None or not url.startswith("//", m.end()):
+        return url
+    scheme = m.group(1).lower()
+    if scheme in _FSSPEC_ALIKE:
+        return url
+    try:
+        import fsspec
+    except ImportError:
+        return url
+    if scheme not in fsspec.available_protocols():
+        return url
+    return f"fsspec+{scheme}{url[m.end(1) :]}"
+
+
 def location(url: str | os.PathLike[str]) -> str:
     """Where ``url``'s objects live, the same whichever client or spelling reaches them: a
     local directory's real path (``file:///data/run``, ``pfs:///data/run``, ``data/run``, a
@@ -435,14 +573,27 @@ def open_store(url: str | os.PathLike[str] | Store, **options: Any) -> Store:
 
 
 def _class_for(loc: StoreURL) -> type[Store]:
-    """The class that serves ``loc``: its backend's; for a ``file://`` URL whose root lies on a
-    parallel filesystem, ``pfs://``'s (``ParallelFSStore``: the same options plus striping
-    ones)."""
+    """The class that serves ``loc``: its backend's (:func:`_serving`)."""
+    return load_backend(_serving(loc))
+
+
+def _serving(loc: StoreURL) -> str:
+    """The registered scheme whose backend serves ``loc``: its own; for a ``file://`` URL
+    whose root lies on a parallel filesystem, ``pfs`` (``ParallelFSStore``: the same options
+    plus striping ones)."""
     if loc.backend == "file" and "pfs" in _entry_points():
         pfs = cast("type[ParallelFSStore]", load_backend("pfs"))
         if pfs.claims(loc.path):
-            return pfs
-    return load_backend(loc.backend)
+            return "pfs"
+    return loc.backend
+
+
+def backend_for(url: str | os.PathLike[str]) -> BackendInfo:
+    """The record of the backend that serves ``url`` (parsed by :func:`parse_url`), without
+    opening a store: a wrapper's own for a wrapped URL (``shaped+file://``: ``shaped``'s),
+    ``pfs``'s for a ``file://`` URL on a parallel filesystem. What the CLI and the runner read
+    before a store opens (:attr:`BackendInfo.request_size_option`, ...)."""
+    return backend_info(_serving(parse_url(url)))
 
 
 def _register_credentials(loc: StoreURL, options: Mapping[str, Any]) -> None:

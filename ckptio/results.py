@@ -392,7 +392,7 @@ def machine_info(target_path: str | None = None) -> dict[str, Any]:
 
 _VERSIONED = ("ckptio", "numpy", "pyarrow", "crc32c", "cryptography", "mpi4py", "torch", "moto")
 """The packages of every run whose versions shape a result; the store adds its client
-libraries' (:meth:`ckptio.store.Store.client_versions`)."""
+libraries' (:func:`ckptio.registry.client_versions`)."""
 
 
 def versions(client_versions: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -424,7 +424,7 @@ def sidecar(
 ) -> dict[str, Any]:
     """The JSON sidecar of a run (``config``, ``labels`` and ``extra`` through
     :func:`ckptio.redact.redact_obj`: credentials hidden, environment dumps left out).
-    ``client_versions``: the store's (:meth:`ckptio.store.Store.client_versions`)."""
+    ``client_versions``: the store's (:func:`ckptio.registry.client_versions`)."""
     doc: dict[str, Any] = {
         "run_id": run_id,
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),

@@ -64,7 +64,7 @@ import resource
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,12 +86,13 @@ from ckptio.checkpoint import (
     pack_pieces,
     place_shared_region,
     pwrite_pieces,
+    read_manifest,
     write_rank_shards,
 )
 from ckptio.dist import Communicator, detect
-from ckptio.lease import SaveLease
+from ckptio.lease import SaveLease, StorageClock, is_lease_key, read_lease
 from ckptio.redact import redact, redact_url
-from ckptio.registry import emulation_url, open_store, split_url, store_class
+from ckptio.registry import backend_for, client_versions, emulation_url, open_store, split_url
 from ckptio.store import Store
 from ckptio.units import (
     parse_size,
@@ -109,6 +110,8 @@ __all__ = [
     "RunSummary",
     "SweepPoint",
     "check_layout",
+    "default_keep",
+    "first_run_step",
     "rank_main",
     "run_workload",
     "sweep",
@@ -121,7 +124,7 @@ log = logging.getLogger(__name__)
 CACHE_MODES = ("auto", "o_direct", "fadvise", "drop_caches", "none")
 """How the restore bypasses the page cache. ``auto``: O_DIRECT where the store can read that
 way, else ``posix_fadvise(DONTNEED)`` of each object (the store's
-:attr:`~ckptio.store.Store.cold_read_modes`); stores without a local page cache (object
+:attr:`~ckptio.store.ColdReads.modes` of its description); stores without a local page cache (object
 stores, memory) record ``n/a``."""
 
 KEEP = ("last", "all", "none")
@@ -237,12 +240,12 @@ class RunSummary:
     """Checkpoint steps written, one per iteration."""
     url: str = ""
     target_path: str | None = None
-    """The store's local directory, if it has one (:attr:`Store.local_path`; for the
+    """The store's local directory, if it has one (:attr:`~ckptio.store.StoreInfo.local_path`; for the
     sidecar's filesystem type)."""
     tables: dict[str, Any] = field(default_factory=dict)
     """Rank 0: the three tables as columns/rows, before writing (sweeps merge them)."""
     client_versions: dict[str, str] = field(default_factory=dict)
-    """Versions of the client libraries the store ran on (:meth:`Store.client_versions`)."""
+    """Versions of the client libraries the store ran on (:func:`ckptio.registry.client_versions`)."""
     tiered: list[dict[str, Any]] = field(default_factory=list)
     """Rank 0 of a tiered run (:mod:`ckptio.tierbench`): per iteration the slowest rank's
     stall, drain, restore from the fast tier and from the durable one (seconds, GB/s)."""
@@ -381,6 +384,8 @@ class RunSettings:
     cache: str = "auto"
     """How the restore bypasses caches: one of :data:`CACHE_MODES`."""
     keep: str = "last"
+    share_root: bool = False
+    """Run beside checkpoints that are not a run's (see :func:`first_run_step`)."""
     key_layout: str = "flat"
     layout: str = "file-per-shard"
     label: str = ""
@@ -412,7 +417,8 @@ def run_workload(
     inflight: int = 2,
     read: bool = True,
     cache: str = "auto",
-    keep: str = "last",
+    keep: str | None = None,
+    share_root: bool = False,
     key_layout: str = "flat",
     label: str | None = None,
     site: str | None = None,
@@ -434,7 +440,10 @@ def run_workload(
 
     ``inflight``: shard objects each rank has in flight (memory per rank ~ inflight x
     ``plan.object_size``). ``pause``: seconds between iterations. ``read``: run the restore
-    phase. ``cache``: one of :data:`CACHE_MODES`. ``keep``: one of :data:`KEEP`.
+    phase. ``cache``: one of :data:`CACHE_MODES`. ``keep``: one of :data:`KEEP` (default
+    ``last``; ``none`` with ``share_root``). ``share_root``: run into a root that holds
+    checkpoints or saves in flight that are not a run's (refused otherwise, see
+    :func:`first_run_step`).
     ``emulate``: a profile name; the target is wrapped in the backend that emulates profiles
     (:func:`ckptio.registry.emulation_url`) and every figure is marked emulated.
     ``store_options`` go to the store (``streams``, ``part_size``, ...). ``progress`` (rank 0)
@@ -451,8 +460,7 @@ def run_workload(
         raise errors.InvalidArgumentError(
             f"unknown cache mode {cache!r}; valid: {', '.join(CACHE_MODES)}"
         )
-    if keep not in KEEP:
-        raise errors.InvalidArgumentError(f"unknown keep {keep!r}; valid: {', '.join(KEEP)}")
+    keep = default_keep(keep, share_root)
     if key_layout not in fmt.KEY_LAYOUTS:
         raise errors.InvalidArgumentError(
             f"unknown key_layout {key_layout!r}; valid: {', '.join(fmt.KEY_LAYOUTS)}"
@@ -485,11 +493,12 @@ def run_workload(
             read=read,
             cache=cache,
             keep=keep,
+            share_root=share_root,
             key_layout=key_layout,
             layout=layout,
             label=redact(label) if label else _target_label(url, emulate, layout),
             site=site,
-            emulated=store.emulated,
+            emulated=store.describe().emulated,
             profile=profile,
             mock=mock,
             options=options,
@@ -505,6 +514,69 @@ def run_workload(
         return _run(store, url, plan, comm, settings)
     finally:
         store.close()
+
+
+def default_keep(keep: str | None, share_root: bool) -> str:
+    """``keep`` checked (one of :data:`KEEP`); None: ``last``, or ``none`` in a shared root
+    (a run's step left there would be newer than the training job's, and ``load(root)``
+    returns the newest: it is kept only when ``keep`` asks)."""
+    if keep is None:
+        return "none" if share_root else "last"
+    if keep not in KEEP:
+        raise errors.InvalidArgumentError(f"unknown keep {keep!r}; valid: {', '.join(KEEP)}")
+    return keep
+
+
+def first_run_step(store: Store, *, share_root: bool = False) -> int:
+    """The first step of a benchmark run on ``store``: one past every step under the root,
+    committed or not, so a run never takes a number that a save in flight holds (its lease is
+    published before its data) nor one that an interrupted save left debris under.
+
+    A run writes synthetic checkpoints, and ``load(root)`` returns the newest one: a root that
+    holds a checkpoint a run did not write, or a save in flight that is not a run's, is
+    refused with :class:`~ckptio.errors.InvalidArgumentError` naming it, unless
+    ``share_root`` (``ckptio run --share-root``; the run's steps are then deleted as they are
+    read unless ``keep`` says otherwise: :func:`default_keep`). A root of earlier runs' steps
+    is the run's to use. Reads the manifests of committed steps, newest first, until one that
+    is not a run's (a root of many kept runs: all of them), and the leases of steps in flight."""
+    by_step: dict[int, list[str]] = {}
+    for key in store.list("step-"):
+        step = fmt.parse_step_dir(key.partition("/")[0])
+        if step is not None:
+            by_step.setdefault(step, []).append(key)
+    if not share_root:
+        other = _not_a_runs(store, by_step)
+        if other:
+            raise errors.InvalidArgumentError(
+                f"{store.url} holds {other}: a run's checkpoints would be newer than it and "
+                "load() would return them; run into a root of its own, or pass --share-root "
+                "(share_root=True) to run beside it (its steps are then numbered after every "
+                "step there and deleted as they are read: --keep none)"
+            )
+    return max(by_step, default=-1) + 1
+
+
+def _not_a_runs(store: Store, by_step: Mapping[int, Sequence[str]]) -> str:
+    """What under the root a benchmark run did not write (a checkpoint, a save in flight), or
+    empty."""
+    clock = StorageClock.of(store)
+    for step in sorted(by_step, reverse=True):
+        keys = by_step[step]
+        if fmt.manifest_key(step) in keys:
+            try:
+                metadata = read_manifest(store, step).metadata
+            except FileNotFoundError:
+                continue  # retired or deleted meanwhile
+            except errors.CkptioError:
+                return f"a checkpoint at step {step} whose manifest does not validate"
+            if not (isinstance(metadata, dict) and metadata.get("synthetic") is True):
+                return f"a checkpoint at step {step} that no benchmark run wrote"
+            continue
+        for key in filter(is_lease_key, keys):
+            lease = read_lease(store, key)
+            if lease is not None and lease.purpose != "run" and lease.live(clock):
+                return f"a save in flight at step {step} ({lease.holder()})"
+    return ""
 
 
 def check_layout(store: Store, layout: str, url: str) -> None:
@@ -636,11 +708,9 @@ class _Run:
 
     # -- prepare -------------------------------------------------------------------------
     def prepare(self) -> None:
-        """Check the cache mode, name the run and pick its first step (rank 0 picks the
-        first free step; every rank learns both), make the data generator, the buffers and
-        the I/O pool."""
-        from ckptio.checkpoint import committed_steps
-
+        """Check the cache mode, name the run and pick its first step (rank 0:
+        :func:`first_run_step`; every rank learns both), make the data generator, the buffers
+        and the I/O pool."""
         store, s = self.store, self.s
         _valid_cache(store, s.cache)  # the same verdict on every rank, before any collective
         if self.rank == 0 and s.out_dir is not None and s.write_files:
@@ -648,15 +718,18 @@ class _Run:
         first = None
         if self.rank == 0:
             try:
-                steps = committed_steps(store)
                 first = {
                     "run_id": s.run_id or res.new_run_id(s.label),
-                    "step": (steps[-1] + 1) if steps else 0,
+                    "step": first_run_step(store, share_root=s.share_root),
                     "seed": secrets.token_hex(8),
                 }
+            except errors.InvalidArgumentError as err:  # a root that is not the run's to use
+                first = {"refused": str(err)}
             except errors.CkptioError as err:
                 first = {"error": f"{type(err).__name__}: {err}"}
         first = self.comm.bcast(first, root=0)
+        if "refused" in first:
+            raise errors.InvalidArgumentError(first["refused"])
         if "error" in first:
             raise errors.SaveFailedError(
                 f"cannot start the run on {redact_url(self.url)}: {first['error']}"
@@ -689,7 +762,7 @@ class _Run:
         store, s, pool = self.store, self.s, self.pool
         assert pool is not None
         if self.rank == 0:  # before any rank writes: gc and retention leave the step alone
-            self.leases.append(SaveLease(store, step, token).acquire())
+            self.leases.append(SaveLease(store, step, token, purpose="run").acquire())
         self.comm.barrier()
         outcomes: list[dict[str, Any]] = []
         region: SharedRegion | None = None  # N-1: this process's range, placed below
@@ -853,7 +926,7 @@ class _Run:
     # -- restore -------------------------------------------------------------------------
     def restore(self, it: int, step: int, written: _Written, info: _Iter) -> None:
         """The restore of the checkpoint just committed (the newest), cold: every rank makes
-        the coming reads miss the caches of its machine (:meth:`Store.start_cold_reads`,
+        the coming reads miss the caches of its machine (:meth:`~ckptio.store.ColdReads.start`,
         as ``cache`` says), then, between barriers, reads its own shard objects back into
         recycled buffers and checks every chunk's CRC32C. Recorded as the ``read`` and
         ``verify`` phases, with how caches were bypassed."""
@@ -882,7 +955,7 @@ class _Run:
                 rfail, nread = err, 0
             info.read_start = rphase.start
             rdone = info.read_done = time.time()
-        if not store.end_cold_reads():
+        if not store.describe().cold_reads.end():
             # the filesystem refused O_DIRECT during the reads and the store fell back to
             # buffered reads: they may have come from the page cache; say so
             mode = info.cache = "none"
@@ -970,9 +1043,9 @@ class _Run:
             generator=self.gen.name,
             steps=self.written_steps,
             url=redact_url(self.url),
-            target_path=store.local_path,
+            target_path=store.describe().local_path,
             cache=self.per_iter[-1].cache if self.per_iter else "",
-            client_versions=store.client_versions(),
+            client_versions=client_versions(self.url),
         )
         if self.rank != 0:
             summary.peak_rss_bytes = [mine_summary["peak_rss"]]
@@ -1039,7 +1112,7 @@ class _Run:
                 "store_options": s.options,
                 **s.config,
             },
-            target_path=self.store.local_path,
+            target_path=self.store.describe().local_path,
             emulated=s.emulated,
             profile=s.profile,
             mock=s.mock,
@@ -1087,21 +1160,22 @@ def _bounded_map(
 def _start_cold_reads(store: Store, step: int, keys: Sequence[str], cache: str) -> str:
     """Make the coming reads miss the page cache; return how (a :data:`CACHE_MODES` value
     other than auto, or ``n/a`` for stores without a local page cache). The store's
-    :meth:`~ckptio.store.Store.end_cold_reads` follows the reads."""
+    :meth:`ColdReads.end <ckptio.store.ColdReads.end>` follows the reads."""
     prefix = fmt.step_dir(step) + "/"
-    modes = store.cold_read_modes
+    cold = store.describe().cold_reads
+    modes = cold.modes
     has_direct, has_fadvise = "o_direct" in modes, "fadvise" in modes
     if cache == "none":
         return "none"
     if cache in ("auto", "o_direct") and has_direct:
-        return store.start_cold_reads([prefix + k for k in keys], "o_direct")
+        return cold.start([prefix + k for k in keys], "o_direct")
     if cache == "o_direct":
         raise errors.InvalidArgumentError(
             f"{store.name}:// cannot read with O_DIRECT; "
             f"valid cache modes here: {_valid_modes(store)}"
         )
     if cache in ("auto", "fadvise") and has_fadvise:
-        done = store.start_cold_reads([prefix + k for k in keys], "fadvise")
+        done = cold.start([prefix + k for k in keys], "fadvise")
         if done:
             return done  # "fadvise", or "none": only some objects could be dropped
         has_fadvise = False  # e.g. an emulated store over memory: no page cache to drop
@@ -1125,12 +1199,13 @@ def _start_cold_reads(store: Store, step: int, keys: Sequence[str], cache: str) 
 
 
 def _valid_cache(store: Store, cache: str) -> None:
-    if cache == "o_direct" and "o_direct" not in store.cold_read_modes:
+    modes = store.describe().cold_reads.modes
+    if cache == "o_direct" and "o_direct" not in modes:
         raise errors.InvalidArgumentError(
             f"{store.name}:// cannot read with O_DIRECT; "
             f"valid cache modes here: {_valid_modes(store)}"
         )
-    if cache == "fadvise" and "fadvise" not in store.cold_read_modes:
+    if cache == "fadvise" and "fadvise" not in modes:
         raise errors.InvalidArgumentError(
             f"{store.name}:// has no local page cache to advise; "
             f"valid cache modes here: {_valid_modes(store)}"
@@ -1139,9 +1214,10 @@ def _valid_cache(store: Store, cache: str) -> None:
 
 def _valid_modes(store: Store) -> str:
     modes = ["auto", "none"]
-    if "o_direct" in store.cold_read_modes:
+    offered = store.describe().cold_reads.modes
+    if "o_direct" in offered:
         modes.append("o_direct")
-    if "fadvise" in store.cold_read_modes:
+    if "fadvise" in offered:
         modes.append("fadvise")
     modes.append("drop_caches (root)")
     return ", ".join(modes)
@@ -1231,8 +1307,8 @@ def _run_rows(
                 "throttled": int((outcomes == "throttled").sum()),
                 "errors": int((outcomes == "error").sum()),
                 "generate_GBps": _gb_per_s(total, gen_s),
-                "streams": store.streams,
-                "part_size": store.request_size,
+                "streams": store.describe().streams,
+                "part_size": store.describe().request_size,
                 "emulated": s.emulated,
                 "profile": s.profile,
                 "mock": s.mock,
@@ -1397,9 +1473,9 @@ def sweep(
         raise errors.InvalidArgumentError(
             f"streams must be >= 1 and part sizes > 0; got {list(streams)}, {list(part_sizes)}"
         )
-    part_option = store_class(url).request_size_option
+    part_option = backend_for(url).request_size_option
     base_options = dict(kwargs.pop("store_options", None) or {})
-    keep = kwargs.pop("keep", "last")
+    keep = default_keep(kwargs.pop("keep", None), bool(kwargs.get("share_root")))
     max_memory = parse_size(kwargs.pop("max_memory", DEFAULT_SWEEP_MEMORY), field="max_memory")
     # enough objects in flight that s streams of p-byte requests can all be busy, within the
     # memory budget (a client needs streams x part size in flight to use them all)

@@ -33,11 +33,15 @@ from ckptio.units import MAX_COUNT, parse_count
 
 __all__ = [
     "DEFAULT_RETRY_POLICY",
+    "NO_COLD_READS",
     "Buffer",
     "Capabilities",
+    "ColdReads",
+    "ObjectStat",
     "PositionalWriter",
     "RetryPolicy",
     "Store",
+    "StoreInfo",
     "StoreURL",
     "Writer",
     "as_byte_view",
@@ -48,6 +52,19 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ObjectStat:
+    """What the storage says about one object (:meth:`Store.stat`)."""
+
+    size: int
+    """Bytes."""
+    modified: float | None = None
+    """Unix seconds of the object's last write *by the storage's clock* (an object store's
+    ``LastModified``; a filesystem's mtime, stamped by its kernel or server), or None where a
+    backend cannot tell. Ages compared with it do not depend on the writer's clock (see
+    :mod:`ckptio.lease`)."""
 
 
 @dataclass(frozen=True)
@@ -162,8 +179,90 @@ class Capabilities:
     """Reads and writes can bypass the page cache (``O_DIRECT``)."""
     shared: bool = True
     """Every process that opens the same URL sees the same objects. False for a store held in
-    one process's memory: a save's commit then cannot list other processes' objects, so its
-    pre-commit check (every object the manifest names is there) covers this process's only."""
+    one process's memory: no other process can delete a save's objects there, and a commit
+    skips its check after publishing (:func:`ckptio.checkpoint.publish_manifest`)."""
+
+
+class ColdReads(ABC):
+    """How a store makes the coming reads miss this machine's caches, so that a restore is
+    measured cold: what ``ckptio run`` does before its read phase. A store whose reads pass a
+    local cache (a filesystem's page cache) offers one through :attr:`StoreInfo.cold_reads`;
+    elsewhere every read reaches the storage and :data:`NO_COLD_READS` says so."""
+
+    @property
+    @abstractmethod
+    def modes(self) -> tuple[str, ...]:
+        """The modes offered, best first: ``o_direct`` (the store's reads bypass the page
+        cache until :meth:`end`) and ``fadvise`` (the cached pages of given objects are
+        dropped)."""
+
+    @abstractmethod
+    def start(self, keys: Sequence[str], mode: str) -> str:
+        """Make the coming reads of ``keys`` miss local caches by ``mode`` (one of
+        :attr:`modes`; another raises :class:`~ckptio.errors.InvalidArgumentError`).
+
+        Returns ``mode`` when done for every key, ``"none"`` when done for some only (reads of
+        the others may come from the cache), ``""`` when done for none (nothing to drop).
+        ``o_direct`` switches every read of the store, whatever ``keys`` hold; call
+        :meth:`end` after the reads."""
+
+    @abstractmethod
+    def end(self) -> bool:
+        """Back to ordinary reads. Returns whether every read since :meth:`start` bypassed
+        caches as asked (False: the filesystem refused O_DIRECT on the way and the store read
+        through the page cache instead)."""
+
+    def refuse(self, mode: str, who: str) -> errors.InvalidArgumentError:
+        """The error for a ``mode`` not in :attr:`modes`, naming the store ``who``."""
+        offered = ", ".join(self.modes) or "none (nothing caches its reads)"
+        return errors.InvalidArgumentError(
+            f"{who} cannot make reads cold by {mode!r}; cold-read modes it offers: {offered}"
+        )
+
+
+class _NoColdReads(ColdReads):
+    @property
+    def modes(self) -> tuple[str, ...]:
+        return ()
+
+    def start(self, keys: Sequence[str], mode: str) -> str:
+        raise self.refuse(mode, "this store")
+
+    def end(self) -> bool:
+        return True
+
+
+NO_COLD_READS: ColdReads = _NoColdReads()
+"""The :class:`ColdReads` of a store with nothing between it and its storage that caches
+reads (object stores, memory): no modes; every read is cold already."""
+
+
+@dataclass(frozen=True)
+class StoreInfo:
+    """What an open store says about itself to the benchmark runner and the result files
+    (:meth:`Store.describe`), apart from its storage semantics: the suite records these
+    beside every run and never asks a store for anything else."""
+
+    backend: str
+    """The store's name in traces and reports (:attr:`Store.name`: ``file``,
+    ``s3+boto3``, ``shaped:cloud-s3+memory``)."""
+    request_size: int = 0
+    """Bytes per data request: a part of a multipart upload, a block of a POSIX write, an
+    emulated request (set by the scheme's
+    :attr:`~ckptio.registry.BackendInfo.request_size_option`). 0 where writes are not split
+    into requests (memory)."""
+    streams: int = 0
+    """Requests the store keeps in flight at once (I/O threads, connections, parts in
+    flight): its concurrency, set by its ``streams`` option. 0 where it does not say."""
+    emulated: bool = False
+    """Requests are timed by an emulation (``shaped``), not by the storage: results through
+    this store are marked emulated and never taken for measurements."""
+    local_path: str | None = None
+    """The absolute local directory the objects live under, where there is one (``file://``,
+    ``pfs://``, ``fsspec+file://``, a shaped store over them): results record its filesystem
+    type. None for object stores and memory."""
+    cold_reads: ColdReads = field(default=NO_COLD_READS, compare=False)
+    """How reads can be made to miss this machine's caches (:class:`ColdReads`)."""
 
 
 class _CloseOrAbort(ABC):
@@ -277,6 +376,9 @@ class Store(ABC):
     for messages and labels. Backends connect with the parts of the URL they were given
     (:func:`ckptio.registry.parse_url`) and their options, never with this."""
 
+    trace: Trace
+    """Where every request of this store is reported (:meth:`Trace.request`)."""
+
     def __init__(self, url: str, *, trace: Trace | None = None) -> None:
         self._given_url = url
         self.url = redact_url(url)
@@ -376,6 +478,13 @@ class Store(ABC):
     def size(self, key: str) -> int:
         """Size of ``key`` in bytes; :class:`~ckptio.errors.NotFoundError` if absent."""
 
+    def stat(self, key: str) -> ObjectStat:
+        """Size and last-write time of ``key`` (one HEAD/stat: the request :meth:`size`
+        makes); :class:`~ckptio.errors.NotFoundError` if absent. The default knows no time.
+
+        Note for implementers: report the storage's own timestamp, never the client's clock."""
+        return ObjectStat(self.size(key))
+
     def stored_ranges(self, key: str, start: int, end: int) -> Iterator[tuple[int, int]]:
         """The byte ranges ``[a, b)`` within ``start..end`` of ``key`` (``end`` at most its
         size, which the caller knows) that the storage really holds, ascending; bytes in
@@ -408,85 +517,19 @@ class Store(ABC):
         ``older_than`` seconds. Returns how many were removed. Default: nothing to do."""
         return 0
 
-    # -- what results and the runner ask of a store ---------------------------------------
-    emulated: ClassVar[bool] = False
-    """Requests are timed by an emulation (``shaped``), not by the storage: results through
-    this store are marked emulated and never taken for measurements."""
+    # -- what the suite records about a store (a description, not storage semantics) -------
+    def describe(self) -> StoreInfo:
+        """What this open store says about itself to the benchmark runner and the result
+        files (:class:`StoreInfo`: its request size, concurrency, local directory, whether it
+        is emulated, how its reads can be made cold). The default says "not applicable" to
+        everything. What is known before a store opens (the option that sets the request
+        size, the client packages) is its scheme's record,
+        :func:`ckptio.registry.backend_info`.
 
-    client_packages: ClassVar[tuple[str, ...]] = ()
-    """Distributions (pip names) of the client libraries this backend runs on; their
-    versions go into every result's sidecar (:meth:`client_versions`)."""
-
-    request_size_option: ClassVar[str] = "part_size"
-    """The keyword option that sets :attr:`request_size` (``block_size`` on POSIX stores):
-    how a sweep over request sizes configures this backend. Known before a store opens
-    (:func:`ckptio.registry.store_class`)."""
-
-    flush_option: ClassVar[str | None] = None
-    """The boolean keyword option that, set false, skips durable flushes (``fsync`` on POSIX
-    stores), for measuring what they cost (DCP's ``sync_files=False``); None where a store
-    has no such switch."""
-
-    streams: int = 0
-    """Requests the store keeps in flight at once (I/O threads, connections, parts in
-    flight): its concurrency, set by its ``streams`` option. 0 where it does not say."""
-
-    @property
-    def request_size(self) -> int:
-        """Bytes per data request: a part of a multipart upload, a block of a POSIX write, an
-        emulated request (set by the option :attr:`request_size_option`). 0 where writes are
-        not split into requests (memory)."""
-        return 0
-
-    @property
-    def local_path(self) -> str | None:
-        """The absolute local directory the objects live under, where there is one
-        (``file://``, ``pfs://``, ``fsspec+file://``, a shaped store over them): results
-        record its filesystem type. None for object stores and memory."""
-        return None
-
-    def client_versions(self) -> dict[str, str]:
-        """``{distribution: version}`` of :attr:`client_packages` (those not installed left
-        out): what a result records about the client this store ran on."""
-        from importlib import metadata
-
-        out = {}
-        for name in self.client_packages:
-            try:
-                out[name] = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                continue
-        return out
-
-    # -- cold reads -------------------------------------------------------------------------
-    @property
-    def cold_read_modes(self) -> tuple[str, ...]:
-        """How this store can make reads miss a cache on this machine, best first:
-        ``o_direct`` (its reads bypass the page cache until :meth:`end_cold_reads`) and
-        ``fadvise`` (the cached pages of given objects are dropped). Empty where nothing
-        caches between the store and its storage (object stores, memory): every read reaches
-        the storage. A restore measured cold goes through these."""
-        return ()
-
-    def start_cold_reads(self, keys: Sequence[str], mode: str) -> str:
-        """Make the coming reads of ``keys`` miss local caches by ``mode`` (one of
-        :attr:`cold_read_modes`; another raises :class:`~ckptio.errors.InvalidArgumentError`).
-
-        Returns ``mode`` when done for every key, ``"none"`` when done for some only (reads of
-        the others may come from the cache), ``""`` when done for none (nothing to drop).
-        ``o_direct`` switches every read of the store, whatever ``keys`` hold; call
-        :meth:`end_cold_reads` after the reads."""
-        offered = ", ".join(self.cold_read_modes) or "none (nothing caches its reads)"
-        raise errors.InvalidArgumentError(
-            f"{self.name or type(self).__name__} cannot make reads cold by {mode!r}; "
-            f"cold-read modes it offers: {offered}"
-        )
-
-    def end_cold_reads(self) -> bool:
-        """Back to ordinary reads. Returns whether every read since :meth:`start_cold_reads`
-        bypassed caches as asked (False: the filesystem refused O_DIRECT on the way and the
-        store read through the page cache instead)."""
-        return True
+        Note for implementers: cheap and without requests; every call returns the same
+        :attr:`StoreInfo.cold_reads` object (it may hold state between ``start`` and
+        ``end``)."""
+        return StoreInfo(self.name or type(self).__name__)
 
     def close(self) -> None:  # noqa: B027  (optional: stores without resources keep it)
         """Release clients, thread pools and connections."""

@@ -60,10 +60,9 @@ from ckptio import format as fmt
 from ckptio.checkpoint import Shard, delete_step
 from ckptio.dist import Communicator
 from ckptio.redact import redact, redact_url
-from ckptio.registry import emulation_url, open_store
+from ckptio.registry import client_versions, emulation_url, open_store
 from ckptio.runner import (
     CACHE_MODES,
-    KEEP,
     DataGenerator,
     RunSettings,
     RunSummary,
@@ -75,6 +74,8 @@ from ckptio.runner import (
     _start_cold_reads,
     _target_label,
     _valid_cache,
+    default_keep,
+    first_run_step,
     log,
 )
 from ckptio.store import Store
@@ -270,7 +271,8 @@ def run_tiered_workload(
     pause: float = 0.0,
     read: bool = True,
     cache: str = "auto",
-    keep: str = "last",
+    keep: str | None = None,
+    share_root: bool = False,
     key_layout: str | None = None,
     label: str | None = None,
     site: str | None = None,
@@ -298,8 +300,7 @@ def run_tiered_workload(
 
     if iterations < 1:
         raise errors.InvalidArgumentError(f"iterations must be >= 1, got {iterations}")
-    if keep not in KEEP:
-        raise errors.InvalidArgumentError(f"unknown keep {keep!r}; valid: {', '.join(KEEP)}")
+    keep = default_keep(keep, share_root)
     if cache not in CACHE_MODES:
         raise errors.InvalidArgumentError(
             f"unknown cache mode {cache!r}; valid: {', '.join(CACHE_MODES)}"
@@ -345,12 +346,17 @@ def run_tiered_workload(
             if rank == 0:
                 assert steps is not None
                 newest = max((s for part in steps for s in part), default=-1)
-                first = {
-                    "run_id": res.new_run_id(label),
-                    "step": newest + 1,
-                    "seed": secrets.token_hex(8),
-                }
+                try:  # the durable root is refused as a run's is (first_run_step)
+                    first = {
+                        "run_id": res.new_run_id(label),
+                        "step": max(newest + 1, first_run_step(ck.store, share_root=share_root)),
+                        "seed": secrets.token_hex(8),
+                    }
+                except errors.InvalidArgumentError as err:
+                    first = {"refused": str(err)}
             first = comm.bcast(first, root=0)
+            if "refused" in first:
+                raise errors.InvalidArgumentError(first["refused"])
             run_id, step0 = first["run_id"], int(first["step"])
             gen = DataGenerator(first["seed"])
 
@@ -393,7 +399,7 @@ def run_tiered_workload(
                 ck.fast.store.trace.clear()
                 comm.barrier()
                 t0 = time.time()
-                handle = ck.save(state, step)
+                handle = ck.save(state, step, metadata={"synthetic": True, "run_id": run_id})
                 stall = handle.blocking_seconds
                 drain = handle.wait_drain()
                 drained_at = time.time()
@@ -452,7 +458,7 @@ def run_tiered_workload(
                             try:
                                 reader.load(into=state)  # the newest: what a restart reads
                             finally:
-                                if not cold.end_cold_reads():
+                                if not cold.describe().cold_reads.end():
                                     how = "none"  # O_DIRECT refused: reads went buffered
                             fig[phase] = time.time() - t
                             events = [
@@ -488,7 +494,7 @@ def run_tiered_workload(
                 if pause and it < iterations - 1:
                     time.sleep(pause)
             durable, fast_name = ck.store, ck.fast.store.name
-            versions = durable.client_versions()
+            versions = client_versions(durable_url)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     everything = comm.gather(

@@ -75,9 +75,9 @@ from ckptio.checkpoint.commit import (
     SaveResult,
     _plan_writers,
     build_manifest,
-    check_objects_present,
     discard_objects,
     lease_new_step,
+    publish_manifest,
     write_mine,
 )
 from ckptio.checkpoint.read import _RELISTS, CheckpointReader, committed_steps, read_manifest
@@ -286,9 +286,8 @@ def _save_own_roots(
 ) -> SaveResult:
     """A save with a fast root per rank: rank 0 plans as usual; each rank publishes its lease
     on its own root, writes its shards there, and checks them listed; the manifest, built by
-    rank 0, is published on every rank's root once every rank's check passed. A failure before
-    that discards every rank's data; one while publishing leaves the step complete on some
-    roots only, which a restore does not take unless the step is on the durable tier."""
+    rank 0, is committed on every rank's root (:func:`publish_manifest`); if any rank's commit
+    fails, every rank withdraws its manifest and discards its data."""
     t0 = time.perf_counter()
     store, mkey = ck.store, fmt.manifest_key(step)
     offer = (
@@ -359,15 +358,16 @@ def _save_own_roots(
             except Exception as err:
                 doc = {"ok": False, "error": _error_text(err)}
         doc = comm.bcast(doc, root=0)
-        check: dict[str, Any] = {"ok": True}
+        # each rank commits on its own root (publish, then list: withdrawn if fenced or an
+        # object is missing); if any rank could not, every rank withdraws its manifest
+        committed: dict[str, Any] = {"ok": True}
         if doc["ok"]:
             try:
-                lease.check()
-                check_objects_present(store, step, written["objects"])
+                publish_manifest(store, step, doc["manifest"].encode(), written["objects"])
             except Exception as err:
                 local_error = local_error or err
-                check = {"ok": False, "error": f"rank {comm.rank}: {_error_text(err)}"}
-        checks = comm.gather(check, root=0)
+                committed = {"ok": False, "error": f"rank {comm.rank}: {_error_text(err)}"}
+        checks = comm.gather(committed, root=0)
         verdict = doc
         if checks is not None and doc["ok"]:
             bad = [c["error"] for c in checks if not c["ok"]]
@@ -375,24 +375,12 @@ def _save_own_roots(
         verdict = comm.bcast({k: v for k, v in verdict.items() if k != "manifest"}, root=0)
         prefix = fmt.step_dir(step) + "/"
         if not verdict["ok"]:
+            if doc["ok"] and committed["ok"]:
+                discard_objects(store, [mkey])  # this rank's commit, withdrawn with the others
             discard_objects(store, [prefix + k for k in written["objects"]])
             raise errors.SaveFailedError(
                 f"save of step {step} failed, nothing committed: {verdict['error']}"
             ) from local_error
-        try:
-            store.publish(mkey, doc["manifest"].encode(), overwrite=False)
-            published: dict[str, Any] = {"ok": True}
-        except Exception as err:
-            published = {"ok": False, "error": f"rank {comm.rank}: {_error_text(err)}"}
-        outcomes = comm.gather(published, root=0)
-        missing = comm.bcast(
-            None if outcomes is None else [o["error"] for o in outcomes if not o["ok"]], root=0
-        )
-        if missing:
-            raise errors.SaveFailedError(
-                f"step {step} was committed on some ranks' fast roots only ({'; '.join(missing)}); "
-                "a restore does not take it unless it is drained"
-            )
     finally:
         lease.release()
     return SaveResult(
@@ -651,6 +639,10 @@ class TieredCheckpointer:
                         raise _Cancelled
                     data = self.fast.store.get(mkey)
                     fmt.parse_manifest(data, expect_step=step)
+                    if self.durable.keep_last is not None and not self.durable._retained:
+                        # what killed predecessors' drains left before their retention ran:
+                        # a run of such kills cannot pile checkpoints up (as Checkpointer)
+                        self.durable._retain(step - 1)
                     # leases first: nothing is written to the durable tier, nor read from the
                     # fast one, before gc and retention elsewhere know to leave the step alone
                     leases.append(lease_new_step(self.store, step))
@@ -680,9 +672,7 @@ class TieredCheckpointer:
             verdict: dict[str, Any] = {}
             if comm.rank == 0:
                 assert outcomes is not None
-                verdict = self._commit_drain(
-                    step, plan["manifest"].encode(), manifest, outcomes, leases[0]
-                )
+                verdict = self._commit_drain(step, plan["manifest"].encode(), manifest, outcomes)
                 for lease in leases:
                     lease.release()
                 if verdict["ok"] and self.durable.keep_last is not None:
@@ -704,7 +694,6 @@ class TieredCheckpointer:
         data: bytes,
         manifest: fmt.Manifest,
         outcomes: Sequence[Mapping[str, Any]],
-        lease: SaveLease,
     ) -> dict[str, Any]:
         """Rank 0: publish the manifest on the durable tier once every rank's objects are
         there, or discard what the drain copied."""
@@ -719,9 +708,7 @@ class TieredCheckpointer:
             discard_objects(self.store, copied)
             return {"ok": False, "cancelled": cancelled and not failed, "error": "; ".join(failed)}
         try:
-            lease.check()
-            check_objects_present(self.store, step, manifest.objects)
-            self.store.publish(fmt.manifest_key(step), data, overwrite=False)
+            publish_manifest(self.store, step, data, manifest.objects)
         except Exception as err:
             if not isinstance(err, errors.AlreadyExistsError):
                 discard_objects(self.store, copied)
@@ -1090,7 +1077,7 @@ def _copy_object(
     nothing at ``dst``) on a mismatch, a short read or when ``stop()`` says so. Returns the
     bytes copied."""
     # a writer may hold buffers until a part (S3) or a staging block (file://) is full
-    held = dst.request_size
+    held = dst.describe().request_size
     parts = 2 * held + COPY_PIECE_BYTES
     budget = threading.Semaphore(max(2, max(DRAIN_BUFFER_BYTES, parts) // COPY_PIECE_BYTES))
     # buffers the writer let go of are read into again: fresh memory costs a page fault per

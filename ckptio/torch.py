@@ -76,7 +76,7 @@ from ckptio import format as fmt
 from ckptio import tiered as _tiered
 from ckptio.arrays import Target, contiguous_le
 from ckptio.lease import RETIRE_GRACE_SECONDS, SaveLease
-from ckptio.registry import open_store, split_url, store_class
+from ckptio.registry import backend_for, open_store, split_url
 from ckptio.store import Store, option_int
 from ckptio.units import parse_size
 
@@ -86,6 +86,7 @@ __all__ = [
     "Checkpointer",
     "StorageReader",
     "StorageWriter",
+    "convert_dcp",
     "decode",
     "encode",
     "from_numpy",
@@ -662,10 +663,10 @@ def _reopen(
 
 def _sync_options(options: Mapping[str, Any], root: str, sync_files: bool) -> dict[str, Any]:
     """``options`` for the store at ``root``; without ``sync_files``, the store's switch
-    that skips durable flushes set off (:attr:`~ckptio.store.Store.flush_option`), where it
+    that skips durable flushes set off (:attr:`~ckptio.registry.BackendInfo.flush_option`), where it
     has one and it is not given."""
     out = dict(options)
-    flush = store_class(root).flush_option
+    flush = backend_for(root).flush_option
     if not sync_files and flush is not None:
         out.setdefault(flush, False)
     return out
@@ -699,12 +700,12 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
     - ``write_data`` (every rank): each write item is written raw (tensor bytes, C order, no
       ``torch.save``) into the rank's shard objects ``data/rank-RRRRR-III-<token>.bin``,
       4 KiB-aligned, CRC32C computed while writing. Returns when the objects are durable.
-    - ``finish`` (coordinator, after every rank succeeded): checks that the lease has not
-      lapsed and that every object the manifest names is listed, then writes ckptio's
-      manifest, the commit point, atomically and last (with ``overwrite=True`` an existing
-      manifest of the step is replaced atomically). DCP's ``Metadata`` is stored inside it as
-      JSON (never pickle); the manifest is validated exactly as a reader will before it is
-      published. Then it releases the lease, retires all but the newest ``keep_last``
+    - ``finish`` (coordinator, after every rank succeeded): writes ckptio's manifest, the
+      commit point, atomically and last (with ``overwrite=True`` an existing manifest of the
+      step is replaced atomically), then lists the step and withdraws it if a gc fenced the
+      step or an object is missing (:func:`ckptio.checkpoint.publish_manifest`). DCP's
+      ``Metadata`` is stored inside it as JSON (never pickle); the manifest is validated
+      exactly as a reader will before it is published. Then it releases the lease, retires all but the newest ``keep_last``
       checkpoints under the root, and removes debris as ``ckptio gc`` does (objects of the
       replaced or interrupted saves of this step, temp files, dead leases; never a committed
       checkpoint nor a save in flight).
@@ -948,10 +949,7 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
         prefix = fmt.step_dir(self.step) + "/"
         try:
             data = self._manifest(metadata, results)
-            if self._lease is not None:
-                self._lease.check()
-            _ck.check_objects_present(self.store, self.step, objects)
-            self.store.publish(fmt.manifest_key(self.step), data, overwrite=self.overwrite)
+            _ck.publish_manifest(self.store, self.step, data, objects, overwrite=self.overwrite)
         except BaseException:
             _ck.discard_objects(self.store, sorted(prefix + k for k in objects))
             raise
@@ -1016,6 +1014,57 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         return _valid_id(checkpoint_id)
+
+
+def convert_dcp(
+    path: str | os.PathLike[str],
+    url: str | os.PathLike[str],
+    *,
+    step: int | None = None,
+    allow_pickle: bool = False,
+    **options: Any,
+) -> str:
+    """Convert the DCP checkpoint that DCP's ``FileSystemWriter`` wrote in the local
+    directory ``path`` (``.metadata``, ``*.distcp``) into a ckptio one at ``url`` (``step``,
+    or the step the URL names, or 0), written through :class:`StorageWriter`; returns its
+    ``checkpoint_id``. ``options`` go to :class:`StorageWriter`.
+
+    DCP's ``.metadata`` is a pickle, and its tensor items are ``torch.save`` blobs: reading
+    them can run code, so this refuses unless ``allow_pickle=True`` (for a directory you
+    trust). Then the whole checkpoint is read once into host memory by DCP itself (its
+    ``FileSystemReader``, as ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``
+    does, in this process) and saved as one ckptio checkpoint: the result needs host memory
+    for the whole state. Read the result with :class:`StorageReader` (``dcp.load``, any
+    number of ranks) or :func:`load`; its non-tensor values stay DCP's pickles, as for any
+    checkpoint :class:`StorageWriter` writes."""
+    import torch.distributed.checkpoint as dcp
+
+    # what torch.distributed.checkpoint.format_utils.dcp_to_torch_save uses (both private):
+    # dcp.load keeps only the keys its state_dict had, and this one starts empty
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    source = os.fspath(path)
+    if not allow_pickle:
+        raise errors.InvalidArgumentError(
+            f"{source}: a DCP FileSystemWriter checkpoint's .metadata is a pickle and its "
+            "tensors are torch.save blobs (loading them can run code); pass "
+            "convert_dcp(..., allow_pickle=True) for a directory you trust"
+        )
+    if not os.path.isfile(os.path.join(source, ".metadata")):
+        raise errors.NotFoundError(
+            f"{source}: no .metadata there: not a checkpoint DCP's FileSystemWriter wrote"
+        )
+    state: dict[str, Any] = {}
+    _load_state_dict(
+        state,
+        storage_reader=dcp.FileSystemReader(source),
+        planner=_EmptyStateDictLoadPlanner(),
+        no_dist=True,
+    )
+    writer = StorageWriter(url, step=step, **options)
+    dcp.save(state, storage_writer=writer, no_dist=True)
+    return writer.checkpoint_id
 
 
 def _inside(offsets: Sequence[int], local: _ck.LocalTensor) -> bool:

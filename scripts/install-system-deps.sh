@@ -11,7 +11,8 @@ fi
 # gcc, libc6-dev, python3-dev: build ckptio._memcopy (optional: without them copies use numpy)
 # chromium: renders the report's index.html headless for tests/test_report_page.py (the
 #   conclusion comes first in the page a browser shows; the screenshot is not blank)
-pkgs=(fio glusterfs-server glusterfs-client fuse3 attr radosgw ceph-mon ceph-osd gcc libc6-dev python3-dev chromium)
+# faketime: a saving process whose clock runs minutes behind (tests/test_protocol.py)
+pkgs=(fio glusterfs-server glusterfs-client fuse3 attr radosgw ceph-mon ceph-osd gcc libc6-dev python3-dev chromium faketime)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -271,8 +271,14 @@ def test_flipped_byte_is_detected_by_load_and_verify(tmp_path: Path) -> None:
     data = bytearray(obj.read_bytes())
     data[100] ^= 0x01
     obj.write_bytes(bytes(data))
-    with pytest.raises(errors.ChecksumError, match=obj.name):
+    # the only step is damaged: load warns that it skips it, then raises (nothing older loads)
+    with (
+        pytest.warns(errors.DamagedCheckpointWarning, match="skipping step 3"),
+        pytest.raises(errors.ChecksumError, match=obj.name),
+    ):
         ckptio.load(f"file://{root}")
+    with pytest.raises(errors.ChecksumError, match=obj.name):
+        ckptio.load(f"file://{root}", step=3)
     problems = ckptio.verify(f"file://{root}")
     assert problems and obj.name in problems[0]
     assert cli_main(["verify", f"file://{root}"]) == 1
@@ -287,7 +293,10 @@ def test_load_into_a_damaged_checkpoint_raises(tmp_path: Path) -> None:
     data[100] ^= 0x01
     obj.write_bytes(bytes(data))
     into = {"model": {"w32": np.zeros((64, 33), np.float32)}}
-    with pytest.raises(errors.ChecksumError, match=obj.name):
+    with (
+        pytest.warns(errors.DamagedCheckpointWarning),
+        pytest.raises(errors.ChecksumError, match=obj.name),
+    ):
         ckptio.load(f"file://{root}", into=into)
 
 
@@ -297,7 +306,10 @@ def test_truncated_object_is_detected(tmp_path: Path) -> None:
     obj = _data_object(root, 3)
     with open(obj, "r+b") as f:
         f.truncate(1000)
-    with pytest.raises(errors.CorruptCheckpointError, match="truncated"):
+    with (
+        pytest.warns(errors.DamagedCheckpointWarning),
+        pytest.raises(errors.CorruptCheckpointError, match="truncated"),
+    ):
         ckptio.load(f"file://{root}")
     assert any("bytes" in p for p in ckptio.verify(f"file://{root}"))
 

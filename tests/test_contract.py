@@ -16,7 +16,7 @@ import pytest
 import ckptio
 from ckptio import errors, registry
 from ckptio.registry import open_store
-from ckptio.store import Store
+from ckptio.store import NO_COLD_READS, Store, StoreInfo
 
 PACKAGE = Path(ckptio.__file__).resolve().parent
 BACKENDS = PACKAGE.parent / "backends"
@@ -231,84 +231,130 @@ def test_the_scan_sees_what_it_forbids(tmp_path: Path) -> None:
 # -- the contract members, on every backend ----------------------------------------------------
 
 
+STORAGE_MEMBERS = {
+    # what a store is and can do
+    "schemes",
+    "name",
+    "url",
+    "trace",
+    "capabilities",
+    "fork_safe",
+    "preferred_key_layout",
+    "positional_alignment",
+    "retry_policy",
+    # writes, reads, metadata, debris
+    "open_writer",
+    "open_positional",
+    "publish",
+    "publish_transient",
+    "put",
+    "read_into",
+    "get",
+    "list",
+    "size",
+    "stat",
+    "stored_ranges",
+    "exists",
+    "delete",
+    "list_incomplete",
+    "cleanup_incomplete",
+    # lifetime and requests
+    "after_fork",
+    "close",
+    "retrying",
+    # the one door to what the suite records (StoreInfo)
+    "describe",
+}
+"""The Store contract, storage semantics only (as zarr's ``Store``): a new member is a
+decision, made here. What the benchmark runner records about a store is its description,
+:meth:`Store.describe`; what is known before it opens is its scheme's record in the registry."""
+
+
+def test_the_store_contract_is_storage_only() -> None:
+    public = {n for n in (*dir(Store), *Store.__annotations__) if not n.startswith("_")}
+    assert public - {"stat"} <= STORAGE_MEMBERS and STORAGE_MEMBERS - {"stat"} <= public
+
+
 def _check_common(store: Store) -> None:
-    assert isinstance(store.streams, int) and store.streams >= 0
-    assert isinstance(store.request_size, int) and store.request_size >= 0
-    assert isinstance(type(store).request_size_option, str)
-    assert isinstance(store.emulated, bool)
-    versions = store.client_versions()
-    assert all(isinstance(k, str) and isinstance(v, str) for k, v in versions.items())
-    if not store.emulated:  # an emulated store runs on the wrapped store's clients
-        assert set(versions) <= set(store.client_packages)
-    assert set(store.cold_read_modes) <= {"o_direct", "fadvise"}
-    assert store.local_path is None or os.path.isabs(store.local_path)
+    info = store.describe()
+    assert store.describe() == info and store.describe().cold_reads is info.cold_reads
+    assert info.backend == store.name
+    assert isinstance(info.streams, int) and info.streams >= 0
+    assert isinstance(info.request_size, int) and info.request_size >= 0
+    assert isinstance(info.emulated, bool)
+    assert set(info.cold_reads.modes) <= {"o_direct", "fadvise"}
+    assert info.local_path is None or os.path.isabs(info.local_path)
     # a mode the store does not offer is refused, naming the ones it does
-    for mode in {"o_direct", "fadvise"} - set(store.cold_read_modes):
+    for mode in {"o_direct", "fadvise"} - set(info.cold_reads.modes):
         with pytest.raises(errors.InvalidArgumentError, match="cold"):
-            store.start_cold_reads([], mode)
+            info.cold_reads.start([], mode)
 
 
 def _cold_read_round(store: Store) -> None:
     """Every mode the store offers makes the next read cold and gives the data back."""
     data = os.urandom(3 * 2**20 + 17)
     store.put("cold/a.bin", data)
-    for mode in store.cold_read_modes:
-        assert store.start_cold_reads(["cold/a.bin"], mode) == mode
+    cold = store.describe().cold_reads
+    for mode in cold.modes:
+        assert cold.start(["cold/a.bin"], mode) == mode
         buf = bytearray(len(data))
         assert store.read_into("cold/a.bin", 0, buf) == len(data)
-        assert store.end_cold_reads() is True
+        assert cold.end() is True
         assert bytes(buf) == data
 
 
 def test_local_store_contract(tmp_path: Path) -> None:
     with open_store(f"file://{tmp_path}/root", streams=3, block_size="1MiB") as store:
         _check_common(store)
-        assert (store.streams, store.request_size) == (3, 2**20)
-        assert type(store).request_size_option == "block_size"
-        assert store.local_path == f"{tmp_path}/root"
-        assert not store.emulated
-        assert "fadvise" in store.cold_read_modes
-        assert ("o_direct" in store.cold_read_modes) == store.capabilities.direct_io
+        info = store.describe()
+        assert (info.streams, info.request_size) == (3, 2**20)
+        assert registry.backend_for(f"file://{tmp_path}/root").request_size_option == "block_size"
+        assert info.local_path == f"{tmp_path}/root"
+        assert not info.emulated
+        assert "fadvise" in info.cold_reads.modes
+        assert ("o_direct" in info.cold_reads.modes) == store.capabilities.direct_io
         _cold_read_round(store)
 
 
 def test_local_store_fadvise_reports_what_it_could_drop(tmp_path: Path) -> None:
     with open_store(f"file://{tmp_path}/root") as store:
         store.put("x/a.bin", b"a" * 4096)
+        cold = store.describe().cold_reads
         # an object that is not there cannot be dropped: not every read will be cold
-        assert store.start_cold_reads(["x/a.bin", "x/missing.bin"], "fadvise") == "none"
-        assert store.start_cold_reads(["x/missing.bin"], "fadvise") == ""
-        assert store.start_cold_reads(["x/a.bin"], "fadvise") == "fadvise"
-        assert store.end_cold_reads() is True
+        assert cold.start(["x/a.bin", "x/missing.bin"], "fadvise") == "none"
+        assert cold.start(["x/missing.bin"], "fadvise") == ""
+        assert cold.start(["x/a.bin"], "fadvise") == "fadvise"
+        assert cold.end() is True
 
 
 def test_local_direct_reads_end_as_they_began(tmp_path: Path) -> None:
     with open_store(f"file://{tmp_path}/root", direct_read=False) as store:
-        if "o_direct" not in store.cold_read_modes:
+        cold = store.describe().cold_reads
+        if "o_direct" not in cold.modes:
             pytest.skip("no O_DIRECT on this platform")
         store.put("x/a.bin", os.urandom(2**20))
-        assert store.start_cold_reads(["x/a.bin"], "o_direct") == "o_direct"
+        assert cold.start(["x/a.bin"], "o_direct") == "o_direct"
         assert store.direct_read  # type: ignore[attr-defined]
-        assert store.end_cold_reads() is True
+        assert cold.end() is True
         assert not store.direct_read  # type: ignore[attr-defined]
 
 
 def test_pfs_store_contract(tmp_path: Path) -> None:
     with open_store(f"pfs://{tmp_path}/root", block_size="2MiB") as store:
         _check_common(store)
-        assert store.request_size == 2 * 2**20
-        assert type(store).request_size_option == "block_size"
-        assert store.local_path == f"{tmp_path}/root"
+        assert store.describe().request_size == 2 * 2**20
+        assert registry.backend_for(f"pfs://{tmp_path}/root").request_size_option == "block_size"
+        assert store.describe().local_path == f"{tmp_path}/root"
         _cold_read_round(store)
 
 
 def test_memory_store_contract(memory_url: str) -> None:
     with open_store(memory_url) as store:
         _check_common(store)
-        assert store.cold_read_modes == ()
-        assert store.local_path is None
-        assert store.client_versions() == {}
-        assert store.end_cold_reads() is True
+        info = store.describe()
+        assert info.cold_reads.modes == () and info.cold_reads.end() is True
+        assert info.local_path is None
+        assert registry.client_versions(memory_url) == {}
 
 
 @pytest.mark.parametrize("inner", ["memory", "file"])
@@ -316,15 +362,16 @@ def test_shaped_store_contract(inner: str, tmp_path: Path, memory_url: str) -> N
     url = memory_url if inner == "memory" else f"file://{tmp_path}/root"
     with open_store(f"shaped+{url}", profile="local-nvme", part_size="4MiB", streams=5) as store:
         _check_common(store)
-        assert store.emulated
-        assert (store.streams, store.request_size) == (5, 4 * 2**20)
-        assert type(store).request_size_option == "part_size"
+        info = store.describe()
+        assert info.emulated
+        assert (info.streams, info.request_size) == (5, 4 * 2**20)
+        assert registry.backend_for(f"shaped+{url}").request_size_option == "part_size"
         if inner == "file":
-            assert store.local_path == f"{tmp_path}/root"
-            assert store.cold_read_modes == ("fadvise",)  # direct reads are not emulated
+            assert info.local_path == f"{tmp_path}/root"
+            assert info.cold_reads.modes == ("fadvise",)  # direct reads are not emulated
         else:
-            assert store.local_path is None
-            assert store.cold_read_modes == ()
+            assert info.local_path is None
+            assert info.cold_reads.modes == ()
         _cold_read_round(store)
 
 
@@ -340,34 +387,41 @@ def test_shaped_store_contract(inner: str, tmp_path: Path, memory_url: str) -> N
     ],
 )
 def test_s3_store_contract(scheme: str, packages: set[str], s3_bucket: str) -> None:
-    with open_store(f"{scheme}://{s3_bucket}/root", part_size="6MiB", streams=3) as store:
+    url = f"{scheme}://{s3_bucket}/root"
+    with open_store(url, part_size="6MiB", streams=3) as store:
         _check_common(store)
-        assert (store.streams, store.request_size) == (3, 6 * 2**20)
-        assert type(store).request_size_option == "part_size"
-        assert store.local_path is None
-        assert store.cold_read_modes == ()
-        assert set(store.client_packages) == packages
-        assert "botocore" in store.client_versions()
+        info = store.describe()
+        assert (info.streams, info.request_size) == (3, 6 * 2**20)
+        assert registry.backend_for(url).request_size_option == "part_size"
+        assert info.local_path is None
+        assert info.cold_reads.modes == ()
+        assert set(registry.backend_for(url).requires) == packages
+        assert set(registry.client_versions(url)) == packages
+        # an emulated store runs on the wrapped store's clients
+        assert registry.client_versions(f"shaped+{url}") == registry.client_versions(url)
 
 
 def test_fsspec_local_contract(tmp_path: Path) -> None:
     pytest.importorskip("fsspec")
     with open_store(f"fsspec+file://{tmp_path}/root", streams=2) as store:
         _check_common(store)
-        assert store.local_path == f"{tmp_path}/root"
-        assert store.streams == 2
-        assert "fsspec" in store.client_versions()
+        assert store.describe().local_path == f"{tmp_path}/root"
+        assert store.describe().streams == 2
+        assert set(registry.client_versions(f"fsspec+file://{tmp_path}/root")) == {"fsspec"}
 
 
-def test_store_class_is_found_without_opening_a_store() -> None:
+def test_the_record_is_found_without_opening_a_store() -> None:
     """What the CLI needs before it opens anything: the option that sets the request size."""
-    assert registry.store_class("/tmp/x").request_size_option == "block_size"
-    assert registry.store_class("shaped+memory://x").request_size_option == "part_size"
-    assert registry.store_class("s3://bucket/x").request_size_option == "part_size"
+    assert registry.backend_for("/tmp/x").request_size_option == "block_size"
+    assert registry.backend_for("/tmp/x").flush_option == "fsync"
+    assert registry.backend_for("shaped+memory://x").request_size_option == "part_size"
+    assert registry.backend_for("s3://bucket/x").request_size_option == "part_size"
+    assert registry.backend_for("s3://bucket/x").flush_option is None
 
 
 def test_base_class_defaults() -> None:
-    """A third-party store that says nothing gets defaults that mean 'not applicable'."""
+    """A third-party store that says nothing gets a description that means 'not
+    applicable'."""
 
     class Minimal(Store):
         def open_writer(self, key: str, *, size_hint: int | None = None) -> Any: ...
@@ -383,8 +437,92 @@ def test_base_class_defaults() -> None:
 
         def delete(self, keys: Any) -> None: ...
 
-    s = Minimal("x://y")
-    assert (s.streams, s.request_size, s.local_path, s.emulated) == (0, 0, None, False)
-    assert s.cold_read_modes == () and s.client_versions() == {}
-    assert Minimal.request_size_option == "part_size" and Minimal.client_packages == ()
-    assert s.end_cold_reads() is True
+    info = Minimal("x://y").describe()
+    assert info == StoreInfo("Minimal")
+    assert (info.streams, info.request_size, info.local_path, info.emulated) == (0, 0, None, False)
+    assert info.cold_reads is NO_COLD_READS and info.cold_reads.end() is True
+
+
+# -- one record per scheme ---------------------------------------------------------------------
+
+
+def test_every_builtin_record_is_an_entry_point_and_the_reverse() -> None:
+    """``pyproject.toml`` registers exactly the schemes of :data:`registry.BUILTIN`, each at the
+    class its record names; the class is a Store that names the scheme among its ``schemes``
+    (a wrapper or protocol scheme: its head)."""
+    import tomllib
+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    declared = pyproject["project"]["entry-points"]["ckptio.backends"]
+    assert declared == {k: v.target for k, v in registry.BUILTIN.items()}
+    for scheme, info in registry.BUILTIN.items():
+        assert registry.backends()[scheme] is info
+        cls = registry.load_backend(scheme)
+        assert issubclass(cls, Store)
+        assert scheme in cls.schemes or info.form in ("wrapper", "protocol"), scheme
+
+
+def test_a_third_party_backend_declares_its_record_by_class_attributes(tmp_path: Path) -> None:
+    """Another distribution's backend: an entry point, and class attributes for what a built-in
+    record says (URL form, client packages, install hint, option names), read through the
+    entry point; in a fresh interpreter that finds the distribution on its path."""
+    import subprocess
+    import sys
+    import textwrap
+
+    dist = tmp_path / "kvstore_demo-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kvstore-demo\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[ckptio.backends]\nkvdemo = kvdemo:KVStore\n")
+    (tmp_path / "kvdemo.py").write_text(
+        textwrap.dedent(
+            """
+            from ckptio.store import Store
+
+            class KVStore(Store):
+                schemes = ("kvdemo",)
+                url_form = "bucket"
+                requires = ("kvdemo_client_not_installed",)
+                install_hint = "pip install kvstore-demo[client]"
+                request_size_option = "chunk_size"
+            """
+        )
+    )
+    code = textwrap.dedent(
+        """
+        from ckptio import errors, registry
+        info = registry.backend_info("kvdemo")
+        print(info.form, info.requires, info.request_size_option, info.flush_option)
+        print(registry.parse_url("kvdemo://bucket-1/run").bucket)
+        print("kvdemo://bucket/prefix" in registry.accepted_forms())
+        try:
+            registry.open_store("kvdemo://bucket-1/run")
+        except errors.BackendUnavailableError as err:
+            print(err)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:3] == [
+        "bucket ('kvdemo_client_not_installed',) chunk_size None",
+        "bucket-1",
+        "True",
+    ]
+    assert "'kvdemo_client_not_installed'" in lines[3]
+    assert lines[3].endswith("pip install kvstore-demo[client]")
+
+
+def test_a_missing_client_names_the_extra_from_the_record() -> None:
+    """The record's install hint is what a missing client package's error says."""
+    for info in registry.BUILTIN.values():
+        if info.requires:
+            assert info.install_hint == f"pip install 'ckptio[{info.extra}]'"
+        else:
+            assert info.install_hint  # never empty

@@ -1,10 +1,14 @@
 """Conventions of the ecosystem (issue 20 item 6): the fsspec/s3fs and boto3 spellings of S3
 options work (one table, ``OPTION_SPELLINGS``); result files carry their units (Parquet field
 metadata, ``*_GBps`` column names, old ``*_gbps`` files still read); every fixture ckptio ships
-has a docstring, and ``s3_url`` yields a ready ``s3://`` URL."""
+has a docstring, and ``s3_url`` yields a ready ``s3://`` URL. And the shape of the source
+(issue 31): no file, function or parameter list over its limit, no private name imported across
+modules."""
 
 from __future__ import annotations
 
+import ast
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -146,30 +150,48 @@ BACKEND_CLASSES = [
 ]
 
 
+def _typed_options(cls: type) -> tuple[set[str], type | None]:
+    """The keyword-only parameters of ``cls.__init__`` after ``url`` and the ``TypedDict`` of
+    its ``**`` parameter (None: none, or an untyped one)."""
+    import inspect
+    import typing
+
+    params = list(inspect.signature(cls.__init__).parameters.values())[2:]  # self, url
+    named = {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+    assert all(p.annotation is not p.empty for p in params), params
+    rest = [p for p in params if p.kind is not p.KEYWORD_ONLY]
+    assert [p.kind for p in rest] == [inspect.Parameter.VAR_KEYWORD], params
+    hint = typing.get_type_hints(cls.__init__, include_extras=True).get(rest[0].name)
+    if typing.get_origin(hint) is typing.Unpack:
+        return named, typing.get_args(hint)[0]
+    return named, None
+
+
 @pytest.mark.parametrize(
     ("module", "name", "url"), BACKEND_CLASSES, ids=[c[1] for c in BACKEND_CLASSES]
 )
 def test_every_backend_names_its_options_in_its_signature(
     module: str, name: str, url: str, tmp_path: Path
 ) -> None:
-    """Each backend's options are typed keyword-only parameters, and the options its refusal
-    of an unknown one lists are exactly those (plus the S3 spellings, and for ``shaped`` the
-    profile figures): a catch-all ``**`` admits no further name a type checker would let
-    through, except ``shaped``'s, which holds the wrapped store's options."""
+    """Each backend's options are typed: keyword-only parameters, or the keys of the
+    ``TypedDict`` its ``**`` parameter unpacks (the S3 stores': ``S3Options``, one definition
+    for the four), and the options its refusal of an unknown one lists are exactly those (plus
+    the S3 spellings, and for ``shaped`` the profile figures): a catch-all ``**`` admits no
+    further name a type checker would let through, except ``shaped``'s, which holds the
+    wrapped store's options."""
     import importlib
-    import inspect
+
+    from ckptio.backends._s3config import own_options
 
     from ckptio.profiles import ALL_FIGURES
+    from ckptio.store import NoOptions
 
     cls = getattr(importlib.import_module(f"ckptio.backends.{module}"), name)
-    params = list(inspect.signature(cls.__init__).parameters.values())[2:]  # self, url
-    named = {p.name for p in params if p.kind is p.KEYWORD_ONLY}
-    assert "trace" in named, params
-    assert all(p.annotation is not p.empty for p in params), params
-    rest = [p for p in params if p.kind is not p.KEYWORD_ONLY]
-    assert [p.kind for p in rest] == [inspect.Parameter.VAR_KEYWORD], params
+    named, typed = _typed_options(cls)
+    assert "trace" in named
     if name != "ShapedStore":
-        assert rest[0].annotation in ("Unpack[NoOptions]", "Unpack[OptionSpellings]"), rest
+        assert typed is not None, name
+        named |= set(own_options(typed)) if typed is not NoOptions else set()
 
     with pytest.raises(errors.UnknownOptionError) as refused:
         cls(url.format(tmp=tmp_path), bogus_option=1)
@@ -179,14 +201,49 @@ def test_every_backend_names_its_options_in_its_signature(
     assert set(own) - set(ALL_FIGURES) <= named, taker
 
 
-def test_s3_spellings_are_typed_as_the_table_says() -> None:
-    """``**spellings`` of the S3 stores is typed with exactly the other spellings of the one
-    table (``storage_options`` is a parameter of its own)."""
-    from ckptio.backends._s3config import NESTED_OPTIONS, OPTION_SPELLINGS, OptionSpellings
+def test_the_s3_options_are_one_typed_definition() -> None:
+    """The four S3 stores take ``**options: Unpack[S3Options]`` (boto3's a ``TypedDict`` that
+    extends it): one definition, whose keys are ckptio's options and exactly the other
+    spellings of the one table; each key is documented once, an option of ckptio's own naming
+    its environment variable (or none)."""
+    import ast
+    import inspect
 
-    assert set(OptionSpellings.__annotations__) == {*OPTION_SPELLINGS, *NESTED_OPTIONS} - {
-        "storage_options"
-    }
+    from ckptio.backends import _s3config
+    from ckptio.backends.arrow import ArrowStore
+    from ckptio.backends.fsspec import FsspecStore
+    from ckptio.backends.obstore import ObstoreStore
+    from ckptio.backends.s3 import Boto3Options, Boto3Store
+
+    S3Options = _s3config.S3Options
+    for cls in (ArrowStore, FsspecStore, ObstoreStore):
+        assert _typed_options(cls) == ({"trace"}, S3Options)
+    assert _typed_options(Boto3Store) == ({"trace"}, Boto3Options)
+    assert issubclass(Boto3Options, dict) and S3Options.__annotations__.items() <= (
+        Boto3Options.__annotations__.items()
+    )
+    own = set(_s3config.own_options(S3Options))
+    spellings = {*_s3config.OPTION_SPELLINGS, *_s3config.NESTED_OPTIONS}
+    assert set(S3Options.__annotations__) == own | spellings
+    for typed in (S3Options, Boto3Options):
+        tree = ast.parse(inspect.getsource(inspect.getmodule(typed)))  # type: ignore[arg-type]
+        body = next(
+            n.body
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ClassDef) and n.name == typed.__name__
+        )
+        docs = {
+            a.target.id: b.value.value
+            for a, b in itertools.pairwise(body)
+            if isinstance(a, ast.AnnAssign)
+            and isinstance(a.target, ast.Name)
+            and isinstance(b, ast.Expr)
+            and isinstance(b.value, ast.Constant)
+        }
+        mine = {a.target.id for a in body if isinstance(a, ast.AnnAssign)}  # type: ignore[union-attr]
+        assert mine <= set(docs), mine - set(docs)
+        for key in mine & set(_s3config.own_options(typed)):
+            assert "**Environment variable" in " ".join(docs[key].split()), key
 
 
 @pytest.mark.parametrize("scheme", S3_BACKENDS)
@@ -321,3 +378,223 @@ def test_result_files_with_the_old_gbps_names_are_still_read(one_run: Path, tmp_
     assert runs.column("write_GBps").to_pylist() == new.column("write_GBps").to_pylist()
     assert runs.column("generate_GBps").to_pylist() == new.column("generate_GBps").to_pylist()
     assert runs.schema.field("read_GBps").metadata[b"unit"] == b"GB/s (1e9 bytes/s)"
+
+
+# -- the shape of the source --------------------------------------------------------------------
+#
+# Limits that keep a module readable in one sitting and a function on one screen or two
+# (ARCHITECTURE.md, "Conventions"): no file over MAX_FILE_LINES lines in ckptio/ and backends/,
+# no function over MAX_FUNCTION_LINES lines (its ``def`` line through its last, docstring and
+# nested definitions included) or over MAX_PARAMETERS parameters (``self``/``cls`` not counted;
+# ``*args`` and ``**kwargs`` count one each), and no private name of one ckptio module imported
+# by another (``from ckptio.x import _y``; a private *module* is imported only inside its own
+# package, ``from . import _s3common`` in backends/). Other libraries' private names are theirs
+# to keep stable and out of this check.
+
+ROOT = Path(ckptio.__file__).resolve().parent.parent
+MAX_FILE_LINES = 1000
+MAX_FUNCTION_LINES = 150
+MAX_PARAMETERS = 12
+
+KNOWN_VIOLATIONS: dict[str, str] = {
+    # owner "pipeline" (issue 31, the checkpoint side: one save pipeline, composition)
+    "lines ckptio/format.py": "pipeline: one manifest serializer moves out of format.py",
+    "lines ckptio/runner.py": "pipeline: the runner drives the users' save pipeline",
+    "lines ckptio/tiered.py": "pipeline: tiers composed of checkpointers",
+    "lines ckptio/torch.py": "pipeline: frameworks as codecs, no twin classes",
+    "length ckptio/tierbench.py:run_tiered_workload": "pipeline: tiered runs as a runner phase",
+    "parameters ckptio/tierbench.py:run_tiered_workload": "pipeline: tiered runs as a runner phase",
+    "parameters ckptio/runner.py:run_workload": "pipeline: run_workload(url, plan, settings, comm)",
+    "parameters ckptio/runner.py:sweep": "pipeline: the sweep takes the runner's settings",
+    "parameters ckptio/checkpoint/commit.py:_write_and_commit": "pipeline: one pipeline's plan",
+    "parameters ckptio/tiered.py:TieredCheckpointer.__init__": "pipeline: tiers composed",
+    "parameters ckptio/torch.py:StorageWriter.__init__": "pipeline: frameworks as codecs",
+    "private ckptio.checkpoint.checkpointer imports ckptio.checkpoint.commit._save_collective": (
+        "pipeline: one save pipeline"
+    ),
+    "private ckptio.checkpoint.checkpointer imports ckptio.checkpoint.read._read_newest": (
+        "pipeline: one save pipeline"
+    ),
+    "private ckptio.checkpoint.checkpointer imports ckptio.checkpoint.snapshot._prepare": (
+        "pipeline: one save pipeline"
+    ),
+    "private ckptio.checkpoint.commit imports ckptio.checkpoint.write._error_text": (
+        "pipeline: one save pipeline"
+    ),
+    "private ckptio.checkpoint.commit imports ckptio.checkpoint.write._write_rank_shared": (
+        "pipeline: one save pipeline"
+    ),
+    "private ckptio.lightning imports ckptio.checkpoint.checkpointer._split_options": (
+        "pipeline: one save pipeline"
+    ),
+    "private ckptio.tiered imports ckptio.checkpoint.commit._plan_writers": (
+        "pipeline: tiers composed of checkpointers"
+    ),
+    "private ckptio.tiered imports ckptio.checkpoint.read._RELISTS": (
+        "pipeline: tiers composed of checkpointers"
+    ),
+    "private ckptio.tiered imports ckptio.checkpoint.write._error_text": (
+        "pipeline: tiers composed of checkpointers"
+    ),
+    "private ckptio.cli.run imports ckptio.runner._assign": "pipeline: the runner's structure",
+    "private ckptio.tierbench imports ckptio.runner._assign": "pipeline: tiered runs as a runner phase",
+    "private ckptio.tierbench imports ckptio.runner._events_columns": "pipeline: tiered runs as a runner phase",
+    "private ckptio.tierbench imports ckptio.runner._merge_columns": "pipeline: tiered runs as a runner phase",
+    "private ckptio.tierbench imports ckptio.runner._peak_rss": "pipeline: tiered runs as a runner phase",
+    "private ckptio.tierbench imports ckptio.runner._run_rows": "pipeline: tiered runs as a runner phase",
+    "private ckptio.tierbench imports ckptio.runner._start_cold_reads": "pipeline: tiered runs as a runner phase",
+    "private ckptio.tierbench imports ckptio.runner._target_label": "pipeline: tiered runs as a runner phase",
+    "private ckptio.tierbench imports ckptio.runner._valid_cache": "pipeline: tiered runs as a runner phase",
+    # owner "contract" (issue 31, the storage side)
+    "length ckptio/testing/faultyfs.py:_operations": "contract: the FUSE operations' own module",
+    "lines backends/local.py": "contract: split by responsibility",
+    "parameters backends/parallelfs.py:ParallelFSStore.__init__": "contract: typed options",
+    "parameters ckptio/workload.py:custom_preset": "contract: a model and a layout",
+}
+"""Violations still there, each with its owner and why; the list only shrinks: a new
+violation fails, and so does an entry whose violation is gone (delete it)."""
+
+
+def _source_files() -> list[tuple[str, Path]]:
+    """``(module, file)`` for every Python file in ckptio/ and backends/ (as
+    ``ckptio.backends``)."""
+    out = []
+    for base, package in ((ROOT / "ckptio", "ckptio"), (ROOT / "backends", "ckptio.backends")):
+        for path in sorted(base.rglob("*.py")):
+            rel = path.relative_to(base)
+            if package == "ckptio" and rel.parts[0] == "backends":
+                continue  # a link to ../backends in some checkouts
+            parts = [package, *rel.with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            out.append((".".join(parts), path))
+    return out
+
+
+def _qualified(tree: ast.AST) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """Every function with its qualified name (``Class.method``, ``outer.inner``)."""
+    found = []
+
+    def walk(node: ast.AST, where: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                name = f"{where}.{child.name}" if where else child.name
+                if not isinstance(child, ast.ClassDef):
+                    found.append((name, child))
+                walk(child, name)
+            else:
+                walk(child, where)
+
+    walk(tree, "")
+    return found
+
+
+def _parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    a = fn.args
+    names = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+    if names and names[0] in ("self", "cls"):
+        names = names[1:]
+    return len(names) + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def _private_imports(module: str, is_package: bool, tree: ast.AST, known: set[str]) -> list[str]:
+    """``module imports X._y`` for every private ckptio name or module ``module`` takes from
+    another module: a name starting with ``_`` (not a dunder) from a ckptio module, or a
+    private module from outside its own package."""
+    own_package = module if is_package else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = own_package.split(".")
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join([*parts, base] if base else parts)
+            if base != "ckptio" and not base.startswith("ckptio."):
+                continue
+            for alias in node.names:
+                name = alias.name
+                if not name.startswith("_") or name.startswith("__"):
+                    continue
+                if f"{base}.{name}" in known and base == own_package:
+                    continue  # a private module of the importer's own package
+                out.append(f"{module} imports {base}.{name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] != "ckptio":
+                    continue
+                for i, part in enumerate(parts):
+                    if part.startswith("_") and ".".join(parts[:i]) != own_package:
+                        out.append(f"{module} imports {alias.name}")
+                        break
+    return out
+
+
+def shape_violations() -> dict[str, str]:
+    """Every violation of the limits above: ``key -> what`` (the key is what
+    :data:`KNOWN_VIOLATIONS` lists)."""
+    files = _source_files()
+    known = {m for m, _ in files}
+    found: dict[str, str] = {}
+    for module, path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        text = path.read_text(encoding="utf-8")
+        lines = text.count("\n")
+        if lines > MAX_FILE_LINES:
+            found[f"lines {rel}"] = f"{lines} lines (at most {MAX_FILE_LINES})"
+        tree = ast.parse(text, str(path))
+        for name, fn in _qualified(tree):
+            length = (fn.end_lineno or fn.lineno) - fn.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                found[f"length {rel}:{name}"] = f"{length} lines (at most {MAX_FUNCTION_LINES})"
+            count = _parameters(fn)
+            if count > MAX_PARAMETERS:
+                found[f"parameters {rel}:{name}"] = f"{count} parameters (at most {MAX_PARAMETERS})"
+        for what in _private_imports(module, path.name == "__init__.py", tree, known):
+            found[f"private {what}"] = "a private name used outside its module"
+    return found
+
+
+def test_no_file_function_or_import_breaks_the_limits() -> None:
+    found = shape_violations()
+    new = {k: v for k, v in found.items() if k not in KNOWN_VIOLATIONS}
+    gone = sorted(k for k in KNOWN_VIOLATIONS if k not in found)
+    assert new == {}, "over the limits (split it, or pass a typed options object):\n" + "\n".join(
+        f"{k}: {v}" for k, v in sorted(new.items())
+    )
+    assert gone == [], "fixed: delete these from KNOWN_VIOLATIONS:\n" + "\n".join(gone)
+
+
+def test_every_known_violation_names_its_owner() -> None:
+    for key, why in KNOWN_VIOLATIONS.items():
+        owner, _, reason = why.partition(":")
+        assert owner.strip() and reason.strip(), key
+
+
+def test_the_shape_check_sees_what_it_forbids(tmp_path: Path) -> None:
+    """The checker itself, on a module made for it."""
+    tree = ast.parse(
+        "from ckptio.runner import _assign\n"
+        "from ckptio.backends import _s3config\n"
+        "from . import _local_direct\n"
+        "from torch.x import _private\n"
+        "import ckptio.checkpoint._inner\n"
+        "def f(a, b, c, d, e, f, g, h, i, j, k, l, *m): pass\n"
+        "class C:\n    def g(self, a, b, c, d, e, f, g, h, i, j, k, l): pass\n"
+    )
+    known = {
+        "ckptio.backends._s3config",
+        "ckptio.backends._local_direct",
+        "ckptio.checkpoint._inner",
+    }
+    assert _private_imports("ckptio.backends.local", False, tree, known) == [
+        "ckptio.backends.local imports ckptio.runner._assign",
+        "ckptio.backends.local imports ckptio.checkpoint._inner",
+    ]
+    assert _private_imports("ckptio.cli.run", False, tree, known)[1:3] == [
+        "ckptio.cli.run imports ckptio.backends._s3config",
+        "ckptio.cli.run imports ckptio.cli._local_direct",
+    ]
+    counts = {name: _parameters(fn) for name, fn in _qualified(tree)}
+    assert counts == {"f": 13, "C.g": 12}

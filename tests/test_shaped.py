@@ -88,7 +88,7 @@ def test_data_arrives_intact_and_requests_are_traced() -> None:
     assert ops["write"]["requests"] == 11 and ops["write"]["bytes"] == len(data)
     assert ops["get"]["bytes"] >= len(data)
     assert {e.backend for e in store.trace.events()} == {"shaped:cloud-s3+memory"}
-    assert store.emulated
+    assert store.describe().emulated
     store.close()
 
 

@@ -136,14 +136,13 @@ class Probe(pl.Callback):
         if phase == "train" and trainer.global_step == 8:  # ModelCheckpoint saves right after
             torch.save(module.state_dict(), os.path.join(out, "saved-8.pt"))
         if phase == "train" and trainer.global_step == 10:
-            for ck in list(io._checkpointers.values()):
-                ck.wait()  # the async save of step 8 committed (and its stub written)
+            io.teardown()  # the async save of step 8 committed
             os.kill(os.getpid(), signal.SIGKILL)
 
 g = torch.Generator().manual_seed(0)
 x = torch.randn(64, 8, generator=g)
 data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
-io = CkptioCheckpointIO(url, async_save=async_save)
+io = CkptioCheckpointIO(url, async_save=async_save, base=out)
 ckpt = pl.callbacks.ModelCheckpoint(every_n_train_steps=4, save_top_k=1, monitor="step", mode="max", save_last=True)
 trainer = pl.Trainer(max_steps=12, plugins=[io], callbacks=[Probe(), ckpt], logger=False,
                      enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
@@ -206,15 +205,19 @@ def test_ckpt_path_last_resumes_after_a_kill_with_a_file_url(
     store = tmp_path / "store"
     _kill_and_resume(tmp_path, f"file://{store}", async_save)
     # the top-1 checkpoint of step 4, then 8, was removed through the plugin: no folder is left
-    dirs, _files = _dirs_and_files(store)
+    # the url mirrors the run directory (base=): <store>/checkpoints/<name>
+    dirs, _files = _dirs_and_files(store / "checkpoints")
     tops = {d for d in dirs if "/" not in d}
     assert tops == {"last.ckpt", "epoch=1-step=12.ckpt"}, dirs
-    assert all(any(Path(store, d).iterdir()) for d in dirs), f"an empty folder is left: {dirs}"
+    assert all(any(Path(store, "checkpoints", d).iterdir()) for d in dirs), (
+        f"an empty folder is left: {dirs}"
+    )
     # Lightning's own directory holds the stubs of exactly these
     stubs = {p.name for p in (tmp_path / "run" / "checkpoints").iterdir()}
     assert stubs == tops
     stub = json.loads((tmp_path / "run" / "checkpoints" / "last.ckpt").read_text())
-    assert stub["kind"] == "ckptio-lightning-stub" and stub["root"] == f"file://{store}/last.ckpt"
+    assert stub["kind"] == "ckptio-lightning-stub"
+    assert stub["root"] == f"file://{store}/checkpoints/last.ckpt"
 
 
 @pytest.mark.slow
@@ -224,14 +227,16 @@ def test_ckpt_path_last_resumes_after_a_kill_with_an_s3_url(
 ) -> None:
     _kill_and_resume(tmp_path, f"s3://{s3_bucket}/run", False)
     keys = [o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket)["Contents"]]
-    assert {k.split("/")[1] for k in keys} == {"last.ckpt", "epoch=1-step=12.ckpt"}, keys
+    assert {k.split("/")[2] for k in keys} == {"last.ckpt", "epoch=1-step=12.ckpt"}, keys
 
 
 def test_restore_stubs_lets_last_resolve_on_a_machine_without_them(tmp_path: Path) -> None:
     """A fresh node resuming from the URL has no stubs; ``restore_stubs`` writes them, and
-    Lightning's own lookup of ``last`` (ModelCheckpoint._find_last_checkpoints) finds them."""
+    Lightning's own lookup of ``last`` (ModelCheckpoint._find_last_checkpoints) finds them.
+    The two nodes' run directories differ; ``base=`` (each node's run directory) makes the
+    URL mirror the run directory, so both find the same roots."""
     url = f"file://{tmp_path}/store"
-    io = CkptioCheckpointIO(url)
+    io = CkptioCheckpointIO(url, base=tmp_path / "node1")
     ckpts = tmp_path / "node1" / "ckpts"
     io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 8}, ckpts / "last.ckpt")
     io.save_checkpoint(
@@ -241,7 +246,7 @@ def test_restore_stubs_lets_last_resolve_on_a_machine_without_them(tmp_path: Pat
     fresh = tmp_path / "node2" / "ckpts"
     finder = pl.callbacks.ModelCheckpoint(dirpath=fresh)
     assert finder._find_last_checkpoints(None) == set()
-    io2 = CkptioCheckpointIO(url)
+    io2 = CkptioCheckpointIO(url, base=tmp_path / "node2")
     assert sorted(io2.restore_stubs(fresh)) == [
         str(fresh / "epoch=0-step=8.ckpt"),
         str(fresh / "last.ckpt"),
@@ -274,3 +279,34 @@ def test_a_stub_temp_file_of_a_killed_process_is_removed(tmp_path: Path) -> None
     assert sorted(p.name for p in ckpts.iterdir()) == sorted(
         [f".last.ckpt.ckptio-tmp-{here}-1", other, "last.ckpt"]
     )
+
+
+def test_what_is_not_a_ckptio_checkpoint_is_named_not_read(tmp_path: Path) -> None:
+    """A ``torch.save`` file (Lightning's default plugin wrote it) is refused without being
+    unpickled; a file that is no stub says so; a path never saved is "not found" as
+    Lightning's default plugin says it; a path outside ``base`` is refused."""
+    io = CkptioCheckpointIO()
+    torch_file = tmp_path / "old.ckpt"
+    torch.save({"state_dict": {}}, torch_file)
+    with pytest.raises(errors.InvalidArgumentError, match=r"torch\.save file"):
+        io.load_checkpoint(torch_file)
+    other = tmp_path / "notes.ckpt"
+    other.write_text("hello")
+    with pytest.raises(errors.InvalidArgumentError, match="not a ckptio checkpoint stub"):
+        io.load_checkpoint(other)
+    with pytest.raises(FileNotFoundError, match="Checkpoint file not found"):
+        io.load_checkpoint(tmp_path / "never.ckpt")
+    scoped = CkptioCheckpointIO(f"file://{tmp_path}/store", base=tmp_path / "run")
+    with pytest.raises(errors.InvalidArgumentError, match="not below base"):
+        scoped.save_checkpoint({"w": torch.ones(1)}, tmp_path / "elsewhere" / "x.ckpt")
+    with pytest.raises(errors.InvalidArgumentError, match="needs url"):
+        CkptioCheckpointIO(base=tmp_path)
+
+
+def test_lightning_paths_are_read_as_fsspec_reads_them() -> None:
+    from ckptio.registry import from_fsspec_url
+
+    assert from_fsspec_url("memory://run/last.ckpt") == "fsspec+memory://run/last.ckpt"
+    assert from_fsspec_url("gs://bucket/run") == "fsspec+gs://bucket/run"
+    for same in ("/abs/last.ckpt", "rel/last.ckpt", "file:///abs", "s3://bucket/run", "pfs:///x"):
+        assert from_fsspec_url(same) == same

@@ -44,9 +44,9 @@ from ckptio.checkpoint.checkpointer import (
 from ckptio.checkpoint.commit import (
     SaveResult,
     build_manifest,
-    check_objects_present,
     commit_step,
     discard_objects,
+    publish_manifest,
 )
 from ckptio.checkpoint.read import (
     COALESCE_CHUNK_BYTES,
@@ -126,7 +126,6 @@ __all__ = [
     "WriteProgress",
     "aligned_empty",
     "build_manifest",
-    "check_objects_present",
     "close_on_exit",
     "collect_garbage",
     "commit_step",
@@ -141,6 +140,7 @@ __all__ = [
     "open_checkpoint",
     "pack_pieces",
     "place_shared_region",
+    "publish_manifest",
     "pwrite_pieces",
     "read_manifest",
     "refuse_empty",

@@ -339,6 +339,8 @@ class Checkpointer:
                 f"retire_grace: expected seconds >= 0, got {retire_grace!r}"
             )
         self.retire_grace = float(retire_grace)
+        # a store this Checkpointer opened is its to close; a Store it was given is the caller's
+        self._owns_store = not isinstance(url, Store)
         try:
             self.store = open_store(url, **store_options)
         except errors.UnknownOptionError as err:  # suggest the Checkpointer's options too
@@ -573,7 +575,10 @@ class Checkpointer:
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
-        """Wait for the save in flight (raising its failure) and release resources."""
+        """Wait for the save in flight (raising its failure) and release resources: the
+        background thread, the snapshot memory, and the store if this Checkpointer opened it
+        from a URL (its clients and I/O threads; a Store passed in is left open for its
+        owner). Closing twice is harmless."""
         try:
             self.wait()
         finally:
@@ -581,6 +586,9 @@ class Checkpointer:
                 self._executor.shutdown(wait=True)
                 self._executor = None
             self._snapshots.release()
+            if self._owns_store:
+                self._owns_store = False
+                self.store.close()
 
     def __enter__(self) -> Self:
         return self

@@ -6,12 +6,14 @@
    rank writes, so gc and retention leave the step alone.
 2. Write: each rank its share (:mod:`ckptio.checkpoint.write`, or a forked child).
 3. Commit (rank 0, :func:`commit_step`): build the manifest and validate it exactly as a reader
-   will, check that the lease has not lapsed and that every object it names is listed, then
-   publish it create-if-absent. The manifest is the commit point: before it nothing of the
-   step is visible.
+   will, publish it create-if-absent, then list the step once (:func:`publish_manifest`): a gc's
+   fence there, or an object the manifest names missing, and the manifest is withdrawn and the
+   save fails. The manifest is the commit point: before it nothing of the step is visible, and
+   a save that returns OK has a manifest whose every object was there after it was published,
+   with no gc able to delete them since (see :mod:`ckptio.lease`).
 
 Any failure, on any rank, is broadcast so every rank raises
-:class:`~ckptio.errors.SaveFailedError`; nothing is published and the attempt's data is
+:class:`~ckptio.errors.SaveFailedError`; nothing stays published and the attempt's data is
 discarded (what a discard misses, ``ckptio gc`` removes)."""
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ckptio.checkpoint.write import (
 )
 from ckptio.dist import Communicator
 from ckptio.forked import ForkedWriter
-from ckptio.lease import SaveLease
+from ckptio.lease import SaveLease, is_fence_key
 from ckptio.store import Store
 
 log = logging.getLogger(__name__)
@@ -43,10 +45,10 @@ log = logging.getLogger(__name__)
 __all__ = [
     "SaveResult",
     "build_manifest",
-    "check_objects_present",
     "commit_step",
     "discard_objects",
     "lease_new_step",
+    "publish_manifest",
 ]
 
 
@@ -335,10 +337,10 @@ def commit_step(
     *,
     lease: SaveLease | None = None,
 ) -> dict[str, Any]:
-    """Rank 0: publish the manifest of a step whose data every rank reported written, or
-    discard that data. Before publishing it checks that ``lease`` (the save's, see
-    :mod:`ckptio.lease`) has not lapsed and that every object the manifest names is listed, so
-    a manifest never names a missing object."""
+    """Rank 0: publish the manifest of a step whose data every rank reported written
+    (:func:`publish_manifest`: withdrawn again if a gc fenced the step or an object is
+    missing), or discard that data. ``lease`` (the save's) is held by the caller until the
+    verdict; it is not consulted here: the check after publishing is what decides."""
     prefix = fmt.step_dir(step) + "/"
     written = [prefix + k for r in results if r.get("ok") for k in r["objects"]]
     failed = [(rank, r["error"]) for rank, r in enumerate(results) if not r.get("ok")]
@@ -352,10 +354,7 @@ def commit_step(
         data, objects = build_manifest(
             step, prepared, plan, results, world_size, layout, key_layout
         )
-        if lease is not None:
-            lease.check()
-        check_objects_present(store, step, objects)
-        store.publish(fmt.manifest_key(step), data, overwrite=False)
+        publish_manifest(store, step, data, objects)
     except Exception as err:  # reported to every rank; the data is discarded
         log.debug("commit of step %d failed", step, exc_info=True)
         if isinstance(err, errors.AlreadyExistsError):
@@ -370,19 +369,57 @@ def commit_step(
     return {"ok": True, "nbytes": sum(objects.values())}
 
 
-def check_objects_present(store: Store, step: int, objects: Iterable[str]) -> None:
-    """Raise :class:`~ckptio.errors.SaveFailedError` unless every object (a key relative to
-    the step directory) is listed: one listing of the step, before its manifest is published."""
+def publish_manifest(
+    store: Store, step: int, data: bytes, objects: Iterable[str], *, overwrite: bool = False
+) -> None:
+    """The commit of ``step``: publish its manifest ``data`` (create-if-absent unless
+    ``overwrite``), then list the step once; if a gc's fence is there or an object the
+    manifest names (``objects``, keys relative to the step directory) is missing, withdraw
+    (delete) the manifest and raise :class:`~ckptio.errors.SaveFailedError`.
+
+    The listing comes *after* the publish, so a gc that fences the step after it finds the
+    manifest and spares the data, and one that fenced it before is seen here (see
+    :mod:`ckptio.lease`): a commit that returns names only objects no gc can take. It costs what
+    a check before publishing cost (one LIST), no request and no fsync more. Every commit
+    (saves, the DCP writer, tiered saves and drains, the runner) goes through here."""
+    mkey = fmt.manifest_key(step)
+    store.publish(mkey, data, overwrite=overwrite)
     if not store.capabilities.shared:
-        return  # other processes' objects are not visible here (memory://)
+        return  # other processes' objects are not visible here (memory://), nor is a gc
+    try:
+        problem = _commit_problem(store, step, objects)
+    except Exception as err:  # unknown: withdrawn as if lost (a save that fails is safe)
+        problem = f"its step could not be listed after publishing ({_error_text(err)})"
+    if problem is None:
+        return
+    try:
+        store.delete([mkey])
+    except Exception as err:  # loud: a manifest naming a missing object stays behind
+        log.error(
+            "could not withdraw the manifest %s/%s (%s): loads skip that step as damaged, "
+            "`ckptio gc` does not remove it; delete it by hand",
+            store.url,
+            mkey,
+            err,
+        )
+    raise errors.SaveFailedError(f"step {step} {problem}; its manifest was withdrawn")
+
+
+def _commit_problem(store: Store, step: int, objects: Iterable[str]) -> str | None:
+    """Why the just-published manifest of ``step`` must be withdrawn (one listing of the
+    step), or None."""
     prefix = fmt.step_dir(step) + "/"
     present = set(store.list(prefix))
+    fences = sorted(k for k in present if is_fence_key(k))
+    if fences:
+        return f"was fenced by a gc ({fences[0]}) while it was saved (its lease had lapsed)"
     missing = sorted(k for k in objects if prefix + k not in present)
     if missing:
-        raise errors.SaveFailedError(
-            f"{len(missing)} object(s) of step {step} vanished before its commit (deleted by "
-            f"another process?), e.g. {prefix}{missing[0]}; not committed"
+        return (
+            f"lost {len(missing)} object(s) before its commit (deleted by another process?), "
+            f"e.g. {prefix}{missing[0]}"
         )
+    return None
 
 
 def _attempt_keys(store: Store, prefix: str, token: str) -> list[str]:

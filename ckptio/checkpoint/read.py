@@ -7,9 +7,11 @@
   machine can hold what it will allocate (:func:`ckptio.arrays.ensure_memory`): a hostile or
   truncated checkpoint fails with a clear error, not an out-of-memory kill.
 - Every chunk's CRC32C is checked; a mismatch names the object and byte range.
-- "The newest checkpoint" is the newest whose manifest validates: damaged ones are skipped
-  with a warning, and a step retired by retention while it is opened or read makes the
-  reader list the steps again (:data:`_RELISTS` times)."""
+- "The newest checkpoint" is the newest that loads: one whose manifest does not validate is
+  skipped with a logged warning, one whose manifest stays but an object of which is missing or
+  unreadable with a :class:`~ckptio.errors.DamagedCheckpointWarning` (``load``; an explicit
+  ``step`` raises instead), and a step retired by retention while it is opened or read makes
+  the reader list the steps again (:data:`_RELISTS` times). A damaged step is never loaded."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import logging
 import math
 import os
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -238,8 +241,19 @@ class CheckpointReader:
         return self.manifest.metadata
 
     def _read_chunk_into(self, chunk: fmt.Chunk, out: memoryview) -> None:
-        n = self.store.read_into(self._prefix + chunk.key, chunk.offset, out)
+        n = self._read_object(chunk.key, chunk.offset, out)
         self._check_chunk(chunk, n, out)
+
+    def _read_object(self, key: str, offset: int, out: memoryview) -> int:
+        """``store.read_into`` of one of the step's objects; one that is gone (or is no
+        regular file) is damage to the checkpoint, raised as such, never taken for a missing
+        argument (a load falls back past damage: :func:`_read_newest`)."""
+        try:
+            return self.store.read_into(self._prefix + key, offset, out)
+        except FileNotFoundError as err:
+            raise errors.CorruptCheckpointError(
+                f"{self.store.url}/{self._prefix}{key}: missing ({err})"
+            ) from err
 
     def _check_chunk(self, chunk: fmt.Chunk, n: int, data: Any, *, crc: int | None = None) -> None:
         """Raise unless ``n`` (bytes read) is the chunk's length and ``data`` (or ``crc``, the
@@ -420,7 +434,7 @@ class CheckpointReader:
         start = group[0][0].offset
         end = max(c.offset + c.length for c, _ in group)
         buf = aligned_empty((end - start,), np.uint8)
-        n = self.store.read_into(self._prefix + group[0][0].key, start, as_byte_view(buf))
+        n = self._read_object(group[0][0].key, start, as_byte_view(buf))
         for job in group:
             chunk = job[0]
             a = chunk.offset - start
@@ -574,7 +588,7 @@ class CheckpointReader:
                 crc = done = 0
                 while done < chunk.length:
                     view = buf[: min(len(buf), chunk.length - done)]
-                    n = self.store.read_into(self._prefix + chunk.key, chunk.offset + done, view)
+                    n = self._read_object(chunk.key, chunk.offset + done, view)
                     crc, done = crc32c(view[:n], crc), done + n
                     if n < len(view):
                         break  # the object ends early
@@ -801,31 +815,63 @@ def _open_newest(store: Store, skip: Iterable[int]) -> CheckpointReader:
                 vanished = True  # retired meanwhile: an older one, or a newer one on re-listing
         if not vanished:
             break
-    raise errors.NotFoundError(f"{store.url}: no complete checkpoint found")
+    foreign = fmt.foreign_checkpoint(store.list(""))
+    raise errors.NotFoundError(
+        f"{store.url}: no complete checkpoint found" + (f"; {foreign}" if foreign else "")
+    )
+
+
+_DAMAGE = (
+    errors.CorruptCheckpointError,  # missing, truncated, replaced, a CRC that does not match
+    errors.StorageError,  # unreadable (EIO), refused (a symlink out of the root, a mode bit)
+)
+"""What reading a committed step's objects can fail with that makes a load of the newest
+checkpoint fall back to an older one. Not an argument the step cannot serve (``select`` or
+``into=`` naming a tensor it lacks), and not a transient failure that outlasted its retries
+(the storage, not the step, is the problem then)."""
 
 
 def _read_newest(store: Store, select: Mapping[str, Any] | None, into: Any) -> Any:
-    """The state of the newest complete checkpoint. If the step is retired while it is read
-    (its manifest gone, an object with it), the newest complete one is read instead; an object
-    missing under a manifest that still exists is damage, raised as it is."""
+    """The state of the newest loadable checkpoint. A step retired while it is read (its
+    manifest gone, an object with it) is skipped quietly, the steps listed again; a step whose
+    manifest stays but an object of which is missing or unreadable is damaged: it is skipped
+    with a :class:`~ckptio.errors.DamagedCheckpointWarning` naming it and the object, and the
+    next older one is read (never a mix: each try reads a whole state from one step). If
+    every step is damaged, the newest one's error is raised."""
     skip: set[int] = set()
-    for _ in range(_RELISTS):
-        reader = _open_newest(store, skip)
+    damaged: list[BaseException] = []
+    retired = 0
+    while True:
+        try:
+            reader = _open_newest(store, skip)
+        except errors.NotFoundError:
+            if damaged:
+                raise damaged[0] from None
+            raise
         try:
             return reader.state(select, into=into)
-        except (FileNotFoundError, errors.CorruptCheckpointError) as err:
-            if store.exists(fmt.manifest_key(reader.step)):
+        except _DAMAGE as err:
+            if isinstance(err, errors.TransientStorageError | errors.RetryBudgetExceededError):
                 raise
-            log.info(
-                "step %d was retired while being read (%s); reading the newest again",
-                reader.step,
-                err,
-            )
             skip.add(reader.step)
-    raise errors.NotFoundError(
-        f"{store.url}: every checkpoint read was retired before it could be read whole "
-        f"({_RELISTS} tries); is retention removing checkpoints faster than they are read?"
-    )
+            if not store.exists(fmt.manifest_key(reader.step)):
+                retired += 1
+                if retired >= _RELISTS:
+                    raise errors.NotFoundError(
+                        f"{store.url}: every checkpoint read was retired before it could be "
+                        f"read whole ({_RELISTS} tries); is retention removing checkpoints "
+                        "faster than they are read?"
+                    ) from err
+                log.info("step %d was retired while read (%s); reading again", reader.step, err)
+                continue
+            damaged.append(err)
+            warnings.warn(
+                f"{store.url}: skipping step {reader.step}, which is damaged ({err}); loading "
+                "the newest older checkpoint instead (`ckptio verify --step "
+                f"{reader.step}` lists every problem)",
+                errors.DamagedCheckpointWarning,
+                stacklevel=3,  # the caller of load() or Checkpointer.load()
+            )
 
 
 def load(

@@ -5,13 +5,14 @@
   data stays ``grace`` seconds for readers that opened it just before.
 - Garbage collection (:func:`collect_garbage`, and the sweep after each retention) removes
   debris of interrupted or losing saves and the data of retired steps. It never touches a
-  committed checkpoint's objects nor a step whose save holds a live lease, and it lists the
-  leases and checks the manifest again just before removing anything of a step."""
+  committed checkpoint's objects nor a step whose save holds a live lease (judged by the
+  storage's clock), and before removing anything of a step it publishes a fence there and
+  lists the step again (:func:`_fenced_delete`): a save that committed meanwhile keeps its data,
+  and one that commits later finds the fence and withdraws (see :mod:`ckptio.lease`)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ckptio import errors
@@ -20,11 +21,14 @@ from ckptio.checkpoint.read import committed_steps, read_manifest
 from ckptio.lease import (
     RETIRE_GRACE_SECONDS,
     TEMP_MIN_AGE_SECONDS,
+    Fence,
     LeaseInfo,
+    StorageClock,
+    is_holder_key,
     is_lease_key,
     read_lease,
     retire,
-    retired_at,
+    retired_age,
     retired_key,
 )
 from ckptio.store import Store, is_key
@@ -49,10 +53,16 @@ class StepInfo:
     objects: int
     created: str = ""
     problem: str = ""
+    state: str = "incomplete"
+    """``complete``; ``damaged`` (its manifest does not validate, or names an object that is
+    missing or of another size: loads skip it); ``saving`` (a save holds it); ``retired``;
+    ``incomplete`` (no manifest: an interrupted save's debris)."""
 
 
 def list_steps(store: Store) -> list[StepInfo]:
-    """Every step under the root, committed or not, with its size (for ``ckptio ls``)."""
+    """Every step under the root, committed or not, with its size (for ``ckptio ls``). A step
+    is complete when its manifest validates and every object it names is there with the size
+    it declares; a save in flight is judged by this host's clock (nothing is written)."""
     by_step: dict[int, list[str]] = {}
     for key in filter(is_key, store.list("step-")):  # not a foreign key (a folder marker)
         step = fmt.parse_step_dir(key.partition("/")[0])
@@ -65,24 +75,44 @@ def list_steps(store: Store) -> list[StepInfo]:
         except (FileNotFoundError, PermissionError):  # deleted meanwhile, or refused
             return 0
 
+    clock = StorageClock(store, probe=False)
     out = []
     for step, keys in sorted(by_step.items()):
-        nbytes = sum(map(size, keys))
-        info = StepInfo(step, False, nbytes, len(keys))
+        sizes = {k: size(k) for k in keys}
+        info = StepInfo(step, False, sum(sizes.values()), len(keys))
         if fmt.manifest_key(step) in keys:
             try:
                 m = read_manifest(store, step)
-                info.complete, info.created = True, m.created
+                info.created = m.created
+                info.problem = _damage(step, m.objects, sizes)
             except errors.CkptioError as err:
                 info.problem = str(err)
-        elif live := _live_leases(store, keys, time.time()):
+            info.complete = not info.problem
+            info.state = "damaged" if info.problem else "complete"
+        elif live := _live_holders(store, keys, clock):
+            info.state = "saving"
             info.problem = "save in progress (" + ", ".join(lease.holder() for lease in live) + ")"
         elif retired_key(step) in keys:
+            info.state = "retired"
             info.problem = "retired by retention (its data stays for readers, then gc removes it)"
         else:
             info.problem = "no manifest (incomplete or interrupted save)"
         out.append(info)
     return out
+
+
+def _damage(step: int, objects: Mapping[str, int], sizes: Mapping[str, int]) -> str:
+    """What is wrong with the objects a manifest of ``step`` names, given the listed keys'
+    ``sizes``: the first missing or mis-sized one, or empty."""
+    prefix = fmt.step_dir(step) + "/"
+    missing = [k for k in objects if prefix + k not in sizes]
+    if missing:
+        return f"{len(missing)} object(s) missing, e.g. {prefix}{missing[0]}"
+    wrong = [k for k, n in objects.items() if sizes[prefix + k] != n]
+    if wrong:
+        k = wrong[0]
+        return f"{prefix}{k} is {sizes[prefix + k]} bytes, the manifest says {objects[k]}"
+    return ""
 
 
 def doomed_steps(steps: Sequence[int], newest: int, keep_last: int | None) -> list[int]:
@@ -135,10 +165,12 @@ def collect_garbage(
     losing concurrent save), leases of dead saves, the data of a step retired by retention more
     than ``grace`` seconds ago, every object of a step without a manifest whose save's lease is
     dead, or that is older than ``before_step`` (default: the newest committed step), or, with
-    ``unfinished``, of any step without a manifest, and temp files / open multipart uploads older than ``older_than``
-    seconds (of any age under a step whose save's lease is dead: that save was killed). Before removing anything of a step it lists the step's leases again and checks its
-    manifest once more, so a save that started or committed meanwhile keeps its data. Returns
-    the keys removed (with ``dry_run``, that would be removed).
+    ``unfinished``, of any step without a manifest, and temp files / open multipart uploads
+    older than ``older_than`` seconds (of any age under a step whose save's lease is dead:
+    that save was killed). Before removing anything of a step it publishes a fence there and
+    lists the step again (:func:`_fenced_delete`), so a save that started or committed
+    meanwhile keeps its data and one that commits later withdraws. Returns the keys removed
+    (with ``dry_run``, that would be removed: judged on one listing, no fence).
     """
     return _sweep(
         store,
@@ -150,16 +182,70 @@ def collect_garbage(
     ).removed
 
 
+def _named(store: Store, step: int) -> set[str] | None:
+    """The keys a committed step keeps (its manifest, its objects, its retirement mark); None
+    if the manifest is damaged or refused (left for a person to look at) or gone meanwhile
+    (retired: judged as such on the next sweep)."""
+    try:
+        manifest = read_manifest(store, step)
+    except (errors.CorruptCheckpointError, PermissionError, FileNotFoundError):
+        return None
+    prefix = fmt.step_dir(step) + "/"
+    return {prefix + k for k in manifest.objects} | {fmt.manifest_key(step), retired_key(step)}
+
+
+def _fenced_delete(
+    store: Store, step: int, stray: list[str], listed: list[str], clock: StorageClock
+) -> tuple[list[str], list[LeaseInfo]]:
+    """Delete ``stray`` (keys of ``step``, from the listing ``listed``) under a fence: publish
+    the fence, list the step again, and delete only if no live lease or other gc holds it and
+    no manifest appeared (a committed step: only what its manifest, read again, does not name);
+    the fence goes last. Returns the keys deleted and the live holders that stopped it.
+
+    The fence is published *before* the step is listed again, and a save lists its step only
+    *after* publishing its manifest, so one of the two sees the other (see :mod:`ckptio.lease`).
+    Costs one PUT and one DELETE (the fence) and one LIST per step with something to delete."""
+    prefix = fmt.step_dir(step) + "/"
+    mkey = fmt.manifest_key(step)
+    with Fence(store, step) as fence:
+        now = [k for k in store.list(prefix) if k != fence.key]
+        holders = _live_holders(store, now, clock)
+        if holders:
+            return [], holders
+        if mkey in now:
+            if mkey not in listed:
+                return [], []  # committed since the listing: its own sweep judges it
+            keep = _named(store, step)  # read again: a save may have replaced it
+            if keep is None:
+                return [], []
+            stray = [k for k in stray if k not in keep]
+        stray = [k for k in stray if k in now]  # (a save's lease, say, released meanwhile)
+        if stray:
+            store.delete(stray)
+    return stray, []
+
+
 @dataclass
 class _Sweep:
     removed: list[str]
     live: list[LeaseInfo]
-    """Leases of saves in flight (every step)."""
+    """Leases of saves in flight (every step; not the fences of other gcs)."""
 
 
-def _live_leases(store: Store, keys: Iterable[str], now: float) -> list[LeaseInfo]:
-    infos = (read_lease(store, k) for k in keys if is_lease_key(k))
-    return [i for i in infos if i is not None and i.live(now)]
+def _live_holders(
+    store: Store, keys: Iterable[str], clock: StorageClock, gone: set[str] | None = None
+) -> list[LeaseInfo]:
+    """The live leases and fences among ``keys`` (saves in flight, gcs deleting); those
+    removed since ``keys`` were listed are added to ``gone``."""
+    live = []
+    for key in filter(is_holder_key, keys):
+        info = read_lease(store, key)
+        if info is None:
+            if gone is not None:
+                gone.add(key)
+        elif info.live(clock):
+            live.append(info)
+    return live
 
 
 def _sweep(
@@ -183,64 +269,60 @@ def _sweep(
             by_step.setdefault(s, []).append(key)
     committed = [s for s, keys in by_step.items() if fmt.manifest_key(s) in keys]
     limit = before_step if before_step is not None else max(committed, default=None)
-    now = time.time()
+    clock = StorageClock.of(store)
     removed: list[str] = []
     live: list[LeaseInfo] = []
+    busy = False  # a save or another gc holds some step: temp files only under quiet steps
     quiet: list[str] = []  # prefixes of steps with no save in flight
     over: list[str] = []  # quiet prefixes with a dead lease: their saves ended (killed)
-    for s, keys in sorted(by_step.items()):
+    for s, listed in sorted(by_step.items()):
         prefix = fmt.step_dir(s) + "/"
-        leases = _live_leases(store, keys, now)
-        if leases:
-            live.extend(leases)
+        released: set[str] = set()  # leases removed since the listing (a save just committed)
+        holders = _live_holders(store, listed, clock, released)
+        keys = [k for k in listed if k not in released]
+        if holders:
+            live.extend(h for h in holders if is_lease_key(h.key))
+            busy = True
             continue
         quiet.append(prefix)
         if any(map(is_lease_key, keys)):
             over.append(prefix)
         mkey = fmt.manifest_key(s)
         if mkey in keys:
-            try:
-                manifest = read_manifest(store, s)
-            except (errors.CorruptCheckpointError, PermissionError):
-                continue  # damaged or refused: leave it for a person to look at
-            except FileNotFoundError:
-                manifest = None  # retired meanwhile: judged as such on the next sweep
-            if manifest is None:
+            keep = _named(store, s)
+            if keep is None:
                 continue
-            keep = {prefix + k for k in manifest.objects} | {mkey, retired_key(s)}
             stray = [k for k in keys if k not in keep]
         else:
-            when = retired_at(store, s) if retired_key(s) in keys else None
-            if when is not None:
-                if now - when < grace:
+            age = retired_age(store, s, clock) if retired_key(s) in keys else None
+            if age is not None:
+                if age < grace:
                     continue
             elif not (
-                unfinished or (limit is not None and s < limit) or any(map(is_lease_key, keys))
+                unfinished or (limit is not None and s < limit) or any(map(is_holder_key, keys))
             ):
                 continue  # may be a save in flight; a dead lease proves its save is over
             stray = keys
-        # a save may have started (its lease listed after its first data) or committed since
-        # the listing: its lease is published before its data, the manifest before its lease
-        # is removed, so leases are listed again first and the manifest checked after them
-        again = _live_leases(store, store.list(prefix), time.time())
+        if not stray:
+            continue
+        if dry_run:
+            removed.extend(stray)
+            continue
+        gone, again = _fenced_delete(store, s, stray, keys, clock)
         if again:
-            live.extend(again)
-            continue
-        if mkey not in keys and store.exists(mkey):
-            continue
-        if stray and not dry_run:
-            store.delete(stray)
-        removed.extend(stray)
+            live.extend(h for h in again if is_lease_key(h.key))
+            busy = True
+        removed.extend(gone)
     if not dry_run:
         # temp files and open uploads: under every step when no save is in flight (that also
         # reaches steps with no listed object), else under the quiet steps only
-        for prefix in quiet if live else ["step-"]:
+        for prefix in quiet if busy else ["step-"]:
             store.cleanup_incomplete(prefix, older_than=max(older_than, temp_min_age))
         # the temp files of a save whose lease is dead (a killed save) are debris at any age;
         # the leases are listed once more first, as above
         for prefix in over:
-            if max(older_than, temp_min_age) > 0 and not _live_leases(
-                store, store.list(prefix), time.time()
+            if max(older_than, temp_min_age) > 0 and not _live_holders(
+                store, store.list(prefix), clock
             ):
                 store.cleanup_incomplete(prefix)
     return _Sweep(removed, live)

@@ -197,8 +197,16 @@ def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
     r.add_argument(
         "--keep",
         choices=KEEP,
-        default="last",
-        help="checkpoints left on the target afterwards (default last)",
+        default=None,
+        help="the run's checkpoints left on the target afterwards: the last iteration's, all "
+        "or none (default last; none with --share-root)",
+    )
+    r.add_argument(
+        "--share-root",
+        action="store_true",
+        help="run into a root that holds checkpoints (or saves in flight) no benchmark run "
+        "wrote, such as a training job's: refused without this flag, since load() returns the "
+        "newest step; the run's steps are numbered after every step there",
     )
     r.add_argument("--key-layout", choices=fmt.KEY_LAYOUTS, default="flat")
     r.add_argument(
@@ -267,7 +275,7 @@ def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
 
 
 def _options(args: Any, *, sweep_mode: bool) -> dict[str, Any]:
-    from ckptio.registry import store_class
+    from ckptio.registry import backend_for
 
     opts: dict[str, Any] = {}
     for item in args.option:
@@ -279,7 +287,7 @@ def _options(args: Any, *, sweep_mode: bool) -> dict[str, Any]:
         if args.streams is not None:
             opts["streams"] = args.streams
         if args.part_size:
-            opts[store_class(args.target).request_size_option] = args.part_size
+            opts[backend_for(args.target).request_size_option] = args.part_size
     return opts
 
 
@@ -316,7 +324,7 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
     """Check the options of ``ckptio run`` / ``sweep`` (``args``: their argparse namespace)
     and the target, once, before any work: a wrong target, option or layout raises here."""
     from ckptio import dist
-    from ckptio.registry import emulation_url, open_store, store_class
+    from ckptio.registry import backend_for, emulation_url, open_store
     from ckptio.runner import _assign, check_layout, sweep_points
 
     plan = plan_from_args(args)
@@ -335,7 +343,7 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
             {
                 **opts,
                 "streams": parse_list(args.streams, field="--streams")[0],
-                store_class(args.target).request_size_option: parse_list(
+                backend_for(args.target).request_size_option: parse_list(
                     args.part_size, field="--part-size", sizes=True
                 )[0],
             }
@@ -368,6 +376,7 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
         "read": not args.no_read,
         "cache": args.cache,
         "keep": args.keep,
+        "share_root": args.share_root,
         "key_layout": args.key_layout,
         "emulate": args.emulate,
         "site": args.site,

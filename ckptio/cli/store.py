@@ -92,13 +92,21 @@ def run_ls(args: argparse.Namespace) -> int:
         right={"step", "size", "objects"},
     )
     for s in steps:
-        state = Styled("complete", "green") if s.complete else Styled("incomplete", "yellow")
-        sheet.add(str(s.step), state, human_bytes(s.nbytes), str(s.objects), s.created or s.problem)
+        sheet.add(
+            str(s.step), _state(s), human_bytes(s.nbytes), str(s.objects), s.problem or s.created
+        )
     if steps or out.fmt != "table":
         out.sheet(sheet)
     else:
         out.line(f"no checkpoints under {args.url}")
     return 0
+
+
+_STATE_COLOURS = {"complete": "green", "damaged": "red"}
+
+
+def _state(step: Any) -> Styled:
+    return Styled(step.state, _STATE_COLOURS.get(step.state, "yellow"))
 
 
 # -- verify -----------------------------------------------------------------------------------

@@ -48,6 +48,7 @@ import secrets
 import select
 import signal
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
@@ -281,6 +282,20 @@ class StoreTests:
         with pytest.raises(errors.NotFoundError):
             store.read_into("nope.bin", 0, bytearray(4))
         assert not store.exists("nope.bin")
+
+    def test_stat_reports_the_size_and_the_storages_write_time(self, store: Store) -> None:
+        """``stat`` is one HEAD: the size, and the write time the storage stamped (leases are
+        judged by it, :mod:`ckptio.lease`), or None where the backend cannot tell. The
+        storages these tests start run on this machine, so the stamp is near its clock."""
+        before = time.time()
+        self.raw_put(store, "t/stat.bin", b"12345")
+        after = time.time()
+        st = store.stat("t/stat.bin")
+        assert st.size == 5
+        if st.modified is not None:  # S3 stamps whole seconds; a filesystem's clock is coarse
+            assert before - 2 <= st.modified <= after + 2, (before, st.modified, after)
+        with pytest.raises(errors.NotFoundError):
+            store.stat("t/nope.bin")
 
     # -- listing and deleting ---------------------------------------------------------------
     def test_list_prefix_sorted(self, store: Store) -> None:
