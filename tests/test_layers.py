@@ -87,6 +87,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ckptio.sensitivity",
             "ckptio.model",
             "ckptio.simulate",
+            "ckptio.simulate.*",
             "ckptio.report",
             "ckptio.report.*",
             "ckptio.compare",

@@ -165,9 +165,9 @@ def plot_scale(rows: list[dict[str, Any]], path: str) -> dict[str, dict[str, flo
         return None
     from matplotlib.lines import Line2D
 
-    from ckptio.report.plots import _plt
+    from ckptio.report.plots import pyplot
 
-    plt = _plt()
+    plt = pyplot()
     drawn: dict[str, dict[str, float]] = {}
 
     panels = sorted({k[:2] for k in series})[:4]
