@@ -239,6 +239,67 @@ def sim_divergence(s: sim.Simulation, phase: str) -> str:
     return divergence(row)
 
 
+def test_the_report_shows_both_figures_and_the_mechanism_where_they_part(
+    tmp_path: Path, small: Job
+) -> None:
+    """Check 3 as the reader sees it: for throttling (a client that retries until it gets
+    through), latency tails and a straggler node, the report's "where they part" list gives
+    the simulated figure, the model's, and the mechanism, in report.md and index.html; the
+    exact case is said to agree and is not listed."""
+    import html as html_lib
+
+    from ckptio.report.simulated import build
+
+    patient = replace(
+        Storage.from_profile("cloud-s3", latency="fixed", overrides={"write_request_rate": 200}),
+        retry=RetryPolicy(max_attempts=10_000),
+    )
+    tails = Storage.from_profile("cloud-s3", latency="lognormal:8", overrides=NO_LIMITS)
+    cases = {
+        "throttling": (simulate(small, patient, phases=["save"], replications=2, seed=1), "save"),
+        "tails": (simulate(small, tails, phases=["restore"], replications=3, seed=1), "restore"),
+        "straggler": (
+            simulate(small, exact("cloud-s3"), phases=["save"], replications=2, stragglers=1),
+            "save",
+        ),
+    }
+    mechanism = {
+        "throttling": ["answered 503 SlowDown and retried", "ckptio's jittered backoff"],
+        "tails": ["drawn from a distribution", "the slowest rank meets its tail"],
+        "straggler": ["a straggler node sets the end", "the model has every node alike"],
+    }
+    for s, _ in cases.values():
+        sim.write_results([s], str(tmp_path / "apart"))
+    build([str(tmp_path / "apart")], str(tmp_path / "rep"))
+    md = (tmp_path / "rep" / "report.md").read_text()
+    page = html_lib.unescape((tmp_path / "rep" / "index.html").read_text())
+    apart = md.split("Where simulation and model part, and why", 1)[1]
+    for name, (s, ph) in cases.items():
+        d = phases(s)[ph]
+        simulated, modelled = d["p50_seconds"], d["modelled_seconds"]
+        assert simulated > 1.1 * modelled, (name, d)  # they do part
+        (line,) = [x for x in apart.splitlines() if x.startswith("- ") and _scenario_of(s) in x]
+        assert f"simulated {human_seconds(simulated)}" in line, (name, line)
+        assert f"vs modelled {human_seconds(modelled)}" in line, (name, line)
+        for words in mechanism[name]:
+            assert words in line, (name, words, line)
+            assert words in page, (name, words)
+    # where the model is exact the report says they agree, and lists nothing
+    same = simulate(replace(small, lockstep=True), exact("abci-lustre"))
+    sim.write_results([same], str(tmp_path / "same"))
+    build([str(tmp_path / "same")], str(tmp_path / "rep2"))
+    md = (tmp_path / "rep2" / "report.md").read_text()
+    assert "They agree within 5% everywhere here." in md
+
+
+def _scenario_of(s: sim.Simulation) -> str:
+    """The words that tell ``s``'s line apart in the report (its scenario, as the table's
+    column and the plot name it)."""
+    from ckptio.report.simulated import _scenario
+
+    return _scenario({**s.rows("t")[0], "latency": s.storage.latency.describe()})
+
+
 # -- inputs refused --------------------------------------------------------------------------
 
 

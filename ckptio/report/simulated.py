@@ -376,7 +376,8 @@ def sections(rows: list[dict[str, Any]], plot: str | None = None) -> list[Sectio
         )
     apart = [(s, why) for s in rows if (why := divergence(s))]
     items = [
-        f"{s['target']}, {s['preset']} on {s['gpus']:,} GPUs, {s['phase']}: simulated "
+        f"{s['target']}, {s['preset']} on {s['gpus']:,} GPUs, {s['phase']} "
+        f"({_scenario(s)}): simulated "
         f"{simulated_text(s)} vs modelled {_secs(s['modelled_seconds'])}. Why: {why}. Last: "
         f"rank {s['bound_rank']} on node {s['bound_node']}"
         + (f", prefix {s['bound_prefix']!r}" if s["bound_prefix"] else "")
