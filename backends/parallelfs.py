@@ -18,6 +18,14 @@ beegfs      0x19830326       N-1 ranges aligned to ``f_bsize`` (the chunk size);
 glusterfs   0x65735546       (FUSE, ``fuse.glusterfs`` in ``/proc/self/mounts``) the local
                              store's I/O defaults; the volume's DHT spreads files over bricks
                              by name hash.
+cephfs      0x00C36400       (the kernel client; ``ceph-fuse`` is FUSE, ``fuse.ceph-fuse`` in
+                             the mount table) each shard file gets the layout the stripe
+                             options ask for, set on the empty file through the
+                             ``ceph.file.layout`` xattr (its stripe unit = ``stripe_size``,
+                             ``stripe_count``, ``object_size``): Lustre's stripe settings under
+                             CephFS's names; N-1 ranges aligned to the stripe unit. Without
+                             those options files keep their directory's layout
+                             (``ceph.dir.layout``).
 nfs, fuse,  (see _MAGIC)     not parallel: plain local behaviour.
 ext4, xfs,
 tmpfs
@@ -28,6 +36,10 @@ tmpfs
 than about ranks/256 files and creates spread over metadata locks (Lustre DNE, GPFS
 directory blocks).
 
+:meth:`ParallelFSStore.file_layout` reads back the layout a file got (Lustre: ``lfs
+getstripe``; CephFS: the ``ceph.file.layout`` xattr); the runner records it in a run's
+sidecar.
+
 Hints not applied (documented so nobody assumes they are): GPFS ``gpfs_fcntl`` access-range
 hints and BeeGFS ``beegfs-ctl --setpattern`` (striping of a *directory*, usually root-only)
 need the vendor library or admin rights; set them on the run directory beforehand. The
@@ -37,6 +49,7 @@ need the vendor library or admin rights; set them on the run directory beforehan
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import logging
 import os
@@ -57,7 +70,7 @@ from ckptio.backends.local import (
 )
 
 from ckptio import errors
-from ckptio.store import NoOptions, option_bool, option_int
+from ckptio.store import NoOptions, StoreInfo, option_bool, option_int
 from ckptio.trace import Trace
 from ckptio.units import parse_size
 
@@ -77,14 +90,27 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-KINDS = ("lustre", "gpfs", "beegfs", "glusterfs", "fuse", "nfs", "ext4", "xfs", "tmpfs", "other")
-PARALLEL_KINDS = frozenset({"lustre", "gpfs", "beegfs", "glusterfs"})
+KINDS = (
+    "lustre",
+    "gpfs",
+    "beegfs",
+    "glusterfs",
+    "cephfs",
+    "fuse",
+    "nfs",
+    "ext4",
+    "xfs",
+    "tmpfs",
+    "other",
+)
+PARALLEL_KINDS = frozenset({"lustre", "gpfs", "beegfs", "glusterfs", "cephfs"})
 
 #: statfs ``f_type`` magic numbers (linux/magic.h and the vendors' headers).
 _MAGIC: dict[int, str] = {
     0x0BD00BD0: "lustre",
     0x47504653: "gpfs",
     0x19830326: "beegfs",
+    0x00C36400: "cephfs",  # CEPH_SUPER_MAGIC: the kernel client
     0x65735546: "fuse",
     0x6969: "nfs",
     0xEF53: "ext4",  # also ext2/ext3: one magic
@@ -92,7 +118,15 @@ _MAGIC: dict[int, str] = {
     0x01021994: "tmpfs",
 }
 
-PFS_OPTIONS = ("fs", "stripe_count", "stripe_size", "lfs", "fanout")
+#: FUSE mount types (``/proc/self/mounts``) of parallel filesystems' userspace clients
+_FUSE_KINDS = {
+    "fuse.glusterfs": "glusterfs",
+    "glusterfs": "glusterfs",
+    "fuse.ceph-fuse": "cephfs",
+    "fuse.ceph": "cephfs",
+}
+
+PFS_OPTIONS = ("fs", "stripe_count", "stripe_size", "object_size", "lfs", "fanout")
 """The options :class:`ParallelFSStore` takes beyond :data:`~ckptio.backends.local.LOCAL_OPTIONS`."""
 
 DEFAULT_STRIPE_SIZE = 4 * 2**20
@@ -171,10 +205,12 @@ def mount_of(path: str, mounts_file: str = "/proc/self/mounts") -> tuple[str, st
 def kind_of(magic: int, mount_type: str) -> str:
     """The filesystem kind from a statfs magic and the mount table's type name."""
     kind = _MAGIC.get(magic, "other")
-    if kind == "fuse" and mount_type in ("fuse.glusterfs", "glusterfs"):
-        return "glusterfs"
+    if kind == "fuse" and mount_type in _FUSE_KINDS:
+        return _FUSE_KINDS[mount_type]
     if kind == "other" and mount_type in PARALLEL_KINDS:
         return mount_type  # e.g. an unknown magic the mount table still names
+    if kind == "other" and mount_type == "ceph":
+        return "cephfs"
     return kind
 
 
@@ -221,6 +257,8 @@ _DEFAULTS: dict[str, _Defaults] = {
     "gpfs": _Defaults(direct=True, fanout=True),
     "beegfs": _Defaults(direct=None, fanout=True),
     "glusterfs": _Defaults(direct=None, fanout=False),
+    # CephFS fragments big directories itself (no fan-out needed); O_DIRECT as file://
+    "cephfs": _Defaults(direct=None, fanout=False),
 }
 _PLAIN = _Defaults(direct=None, fanout=False)
 
@@ -236,8 +274,13 @@ class ParallelFSStore(LocalStore):
       detects it with statfs. Set it where detection cannot see the truth (a bind mount
       through a container layer).
     - ``stripe_count`` (int or ``auto``, default ``auto``): Lustre stripe count of each shard
-      file; ``auto`` chooses by size (:func:`stripe_for`), -1 means every OST.
-    - ``stripe_size`` (size, default ``4MiB``): Lustre stripe size (a multiple of 64 KiB).
+      file; ``auto`` chooses by size (:func:`stripe_for`), -1 means every OST. On CephFS the
+      layout's ``stripe_count`` (``auto``: the directory's; -1 is refused there).
+    - ``stripe_size`` (size, default ``4MiB``): Lustre stripe size (a multiple of 64 KiB); on
+      CephFS the layout's ``stripe_unit`` (given: every file gets it; default: the
+      directory's).
+    - ``object_size`` (size, CephFS only; default: the directory's, raised to a multiple of
+      ``stripe_size``): bytes of each RADOS object the file is cut into.
     - ``lfs`` (str, default ``lfs``): the ``lfs`` command (looked up on ``PATH``). Missing on
       Lustre: a warning, and files get the directory's default layout.
     - ``fanout`` (bool; default on for lustre/gpfs/beegfs): spread shard files over 256
@@ -262,7 +305,8 @@ class ParallelFSStore(LocalStore):
         trace: Trace | None = None,
         fs: str = "auto",
         stripe_count: int | str = "auto",
-        stripe_size: int | str = DEFAULT_STRIPE_SIZE,
+        stripe_size: int | str | None = None,
+        object_size: int | str | None = None,
         lfs: str = "lfs",
         fanout: bool | str | None = None,
         direct: bool | str | None = None,
@@ -313,11 +357,16 @@ class ParallelFSStore(LocalStore):
                 raise errors.InvalidArgumentError(
                     "stripe_count: 0 is not a count; use auto, -1 (all OSTs) or >= 1"
                 )
-        self.stripe_size = parse_size(stripe_size, field="stripe_size")
+        self.stripe_size = parse_size(
+            DEFAULT_STRIPE_SIZE if stripe_size is None else stripe_size, field="stripe_size"
+        )
         if self.stripe_size <= 0 or self.stripe_size % (64 * 1024):
             raise errors.InvalidArgumentError(
                 f"stripe_size must be a positive multiple of 64 KiB (Lustre's rule), got {self.stripe_size}"
             )
+        self.ceph_layout = self._ceph_layout(
+            stripe_size is not None, None if object_size is None else object_size
+        )
         self.lfs = lfs
         self._lfs_warned = False
         self.fanout = defaults.fanout if fanout is None else option_bool(fanout, field="fanout")
@@ -325,10 +374,98 @@ class ParallelFSStore(LocalStore):
         self.positional_alignment = self._alignment()
 
     # -- what the filesystem kind changes -----------------------------------------------------
+    def _ceph_layout(self, sized: bool, object_size: int | str | None) -> str | None:
+        """On CephFS, the ``ceph.file.layout`` value every shard file gets (None: the
+        directory's layout stands), from the stripe options; other kinds refuse
+        ``object_size``. The stripe unit in force (given or the root's) becomes
+        :attr:`stripe_size`, which N-1 ranges align to."""
+        if self.fs.kind != "cephfs":
+            if object_size is not None:
+                raise errors.InvalidArgumentError(
+                    f"object_size is a CephFS layout setting; {self.root} is {self.fs.kind}"
+                )
+            return None
+        current = self._dir_layout()
+        if not sized and self.stripe_count is None and object_size is None:
+            self.stripe_size = current.get("stripe_unit", self.stripe_size)
+            return None
+        if self.stripe_count == -1:
+            raise errors.InvalidArgumentError(
+                "stripe_count -1 (every OST) is Lustre's; CephFS needs a count >= 1"
+            )
+        unit = self.stripe_size if sized else current.get("stripe_unit", DEFAULT_STRIPE_SIZE)
+        count = self.stripe_count or current.get("stripe_count", 1)
+        if object_size is None:
+            obj = max(current.get("object_size", unit), unit)
+            obj += -obj % unit  # CephFS: a whole number of stripe units per object
+        else:
+            obj = parse_size(object_size, field="object_size")
+            if obj <= 0 or obj % unit:
+                raise errors.InvalidArgumentError(
+                    f"object_size must be a positive multiple of the stripe unit ({unit}), got {obj}"
+                )
+        self.stripe_size = unit
+        return f"stripe_unit={unit} stripe_count={count} object_size={obj}"
+
+    def _dir_layout(self) -> dict[str, int]:
+        """The CephFS layout new files under the root get (the nearest existing directory's
+        ``ceph.dir.layout``, which CephFS reports for the filesystem root and for any directory
+        given one); {} where it cannot be read."""
+        probe = self.root
+        while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+            probe = os.path.dirname(probe)
+        while True:
+            try:
+                return _parse_layout(os.getxattr(probe, "ceph.dir.layout"))
+            except OSError:
+                parent = os.path.dirname(probe)
+                if parent == probe or not probe.startswith(self.fs.mount_point or "/"):
+                    return {}
+                probe = parent
+
+    def describe(self) -> StoreInfo:
+        return dataclasses.replace(super().describe(), file_layout=self.file_layout)
+
+    def file_layout(self, key: str) -> dict[str, int | str]:
+        """The layout the object ``key`` got on the filesystem, as its names say it (CephFS:
+        ``stripe_unit``, ``stripe_count``, ``object_size``, ``pool``; Lustre: ``stripe_count``,
+        ``stripe_size`` from ``lfs getstripe``), with ``fs``: the kind; only ``fs`` where the
+        filesystem has no layout to read. Raises :class:`~ckptio.errors.NotFoundError` when
+        ``key`` does not exist."""
+        path = self.path_of(key)
+        if not os.path.exists(path):
+            raise errors.NotFoundError(f"{self.url}: no object {key!r}")
+        out: dict[str, int | str] = {"fs": self.fs.kind}
+        if self.fs.kind == "cephfs":
+            try:
+                raw = os.getxattr(path, "ceph.file.layout")
+                out.update(_parse_layout(raw))
+                pool = [
+                    v for k, _, v in (i.partition("=") for i in raw.decode().split()) if k == "pool"
+                ]
+                if pool:
+                    out["pool"] = pool[0]
+            except OSError as err:
+                log.debug("ceph.file.layout of %s: %s", path, err)
+        elif self.fs.kind == "lustre" and shutil.which(self.lfs):
+            import subprocess  # only a Lustre layout read runs a command
+
+            for opt, name in (("-c", "stripe_count"), ("-S", "stripe_size")):
+                done = subprocess.run(
+                    [self.lfs, "getstripe", opt, path],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    check=False,
+                )
+                if done.returncode == 0 and done.stdout.strip().lstrip("-").isdigit():
+                    out[name] = int(done.stdout.strip())
+        return out
+
     def _alignment(self) -> int:
-        """Bytes between writers of a shared file: Lustre's stripe size, GPFS/BeeGFS's block
-        size, else 4096."""
-        if self.fs.kind == "lustre":
+        """Bytes between writers of a shared file: Lustre's stripe size (CephFS: its stripe
+        unit), GPFS/BeeGFS's block size, else 4096."""
+        if self.fs.kind in ("lustre", "cephfs"):
             return self.stripe_size
         if self.fs.kind in ("gpfs", "beegfs") and self.fs.block_size % ALIGN == 0:
             return max(ALIGN, min(self.fs.block_size, MAX_ALIGNMENT))
@@ -344,7 +481,22 @@ class ParallelFSStore(LocalStore):
         exclusive: bool = True,
     ) -> int:
         """On Lustre, create the file through ``lfs setstripe`` (its layout is fixed at
-        creation), then open it; elsewhere as :meth:`LocalStore.create_file`."""
+        creation), then open it; on CephFS create it and set its layout while it is empty
+        (traced as ``setlayout``); elsewhere as :meth:`LocalStore.create_file`."""
+        if self.fs.kind == "cephfs" and self.ceph_layout is not None:
+            fd = super().create_file(key, path, size_hint, target=target, exclusive=exclusive)
+            if os.fstat(fd).st_size == 0:  # a layout is fixed once a file holds data
+                with self.trace.request("setlayout", key, backend=self.name):
+                    try:
+                        os.setxattr(path, "ceph.file.layout", self.ceph_layout.encode())
+                    except OSError as err:
+                        os.close(fd)
+                        raise errors.StorageError(
+                            err.errno or errno.EIO,
+                            f"cannot set the CephFS layout of {target} ({self.ceph_layout}): {err}",
+                            target,
+                        ) from err
+            return fd
         if self.fs.kind != "lustre" or not size_hint or os.path.exists(path):
             return super().create_file(key, path, size_hint, target=target, exclusive=exclusive)
         count = self.stripe_count if self.stripe_count is not None else stripe_for(size_hint)
@@ -387,3 +539,14 @@ class ParallelFSStore(LocalStore):
 
     def __repr__(self) -> str:
         return f"ParallelFSStore({self.url!r}, fs={self.fs.kind})"
+
+
+def _parse_layout(raw: bytes) -> dict[str, int]:
+    """``stripe_unit=4194304 stripe_count=1 object_size=4194304 pool=cephfs_data`` -> the
+    numeric fields (CephFS's layout xattrs)."""
+    out: dict[str, int] = {}
+    for item in raw.decode(errors="replace").split():
+        name, _, value = item.partition("=")
+        if value.isdigit():
+            out[name] = int(value)
+    return out

@@ -386,6 +386,7 @@ class ShapedStore(Store):
             emulated=True,
             local_path=inner.local_path,
             cold_reads=self._cold_reads,
+            file_layout=inner.file_layout,
         )
 
     def close(self) -> None:

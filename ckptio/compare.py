@@ -11,6 +11,11 @@ Default targets (a laptop needs nothing else):
   installed): a single-node Ceph RADOS Gateway started on loopback and stopped here
   (:mod:`ckptio.rgwserver`): **measured — Ceph RGW on loopback**, a real S3 implementation
   on this machine (memstore: objects in the OSD's memory), not a cloud service;
+- ``cephfs`` (asked for by name, where the Ceph packages, ``ceph-mds`` and ``ceph-fuse`` are
+  installed and the process may mount): CephFS mounted with ``ceph-fuse`` from the same
+  single-node Ceph as ``rgw`` (one Ceph serves both when both run: the same OSD behind a POSIX
+  and an S3 interface), reached as ``pfs://``: **measured — CephFS (ceph-fuse) on loopback**;
+  skipped with the reason where it cannot start (``rgw`` still runs);
 - one emulated target per profile (default ``cloud-s3``, ``abci-lustre``): the shaped backend
   over ``memory://`` (emulated: the profile imposed by sleeping, not the real service);
 - tiered targets ``DURABLE+LOCAL`` (default ``cloud-s3+local-nvme``): the workload's state
@@ -80,7 +85,7 @@ DEFAULT_TOTAL_SIZE = "256MiB"
 """Small enough that every default target finishes in well under a minute on 2 cores."""
 DEFAULT_OBJECT_SIZE = "16MiB"
 MOCK_BUCKET = "ckptio-compare"
-SPECIAL_TARGETS = ("local", "mock-s3", "rgw", "memory")
+SPECIAL_TARGETS = ("local", "mock-s3", "rgw", "cephfs", "memory")
 RGW_BUCKET = "ckptio-compare"
 
 
@@ -96,6 +101,9 @@ class Target:
     mock: bool = False
     rgw: bool = False
     """A Ceph RGW started for the run (measured, on loopback)."""
+    cephfs: bool = False
+    """CephFS from a Ceph started for the run (measured, on loopback; the same Ceph as
+    ``rgw``'s when both run)."""
 
 
 def default_targets() -> tuple[str, ...]:
@@ -122,25 +130,57 @@ def _aws_env(env: dict[str, str]) -> Iterator[None]:
 
 @contextmanager
 def rgw_s3_server() -> Iterator[str]:
-    """Start a single-node Ceph RGW on loopback (:func:`ckptio.rgwserver.start_rgw`), point
+    """Start a single-node Ceph RGW on loopback (:func:`ckptio.rgwserver.start_ceph`), point
     this process's AWS environment at it, create a bucket; yield an ``s3://`` URL. Stops every
     daemon and deletes its directory afterwards. Raises
     :class:`~ckptio.errors.BackendUnavailableError` where it cannot start (the reason says
     why: missing packages, with the install hint)."""
-    from ckptio.rgwserver import RgwUnavailable, start_rgw, stop_rgw
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="ckptio-rgw-") as tmp:
+        yield _Ceph(stack, tmp, rgw=True, cephfs=False).url(Target("rgw", "", rgw=True))
 
-    try:
-        server = start_rgw()
-    except RgwUnavailable as err:
-        raise errors.BackendUnavailableError(f"the rgw target: {err}") from err
-    try:
-        with _aws_env(server.env()):
-            client = server.client()
-            client.create_bucket(Bucket=RGW_BUCKET)
-            client.close()
-            yield f"s3://{RGW_BUCKET}/compare"
-    finally:
-        stop_rgw(server)
+
+class _Ceph:
+    """The one Ceph of a comparison, started at the first of ``rgw`` and ``cephfs`` that runs
+    (with both services when both are targets) and stopped with ``stack``."""
+
+    def __init__(self, stack: ExitStack, tmp: str, *, rgw: bool, cephfs: bool) -> None:
+        from ckptio.rgwserver import unavailable_reason
+
+        # CephFS needs more than RGW (root, FUSE, the MDS and ceph-fuse): without it, rgw
+        # still runs and cephfs alone is skipped with the reason
+        self.cephfs_missing = unavailable_reason(cephfs=True) if cephfs else None
+        self.stack, self.tmp, self.rgw = stack, tmp, rgw
+        self.cephfs = cephfs and self.cephfs_missing is None
+        self.server: Any = None
+        self.error: errors.BackendUnavailableError | None = None
+
+    def url(self, target: Target) -> str:
+        """The target's URL on the started Ceph; raises BackendUnavailableError (the same
+        reason for both targets when Ceph could not start)."""
+        from ckptio.rgwserver import RgwUnavailable, mount_cephfs, start_ceph, stop_ceph
+
+        if target.cephfs and self.cephfs_missing:
+            raise errors.BackendUnavailableError(f"the cephfs target: {self.cephfs_missing}")
+        if self.error is not None:
+            raise self.error
+        if self.server is None:
+            try:
+                self.server = start_ceph(rgw=self.rgw, cephfs=self.cephfs)
+            except RgwUnavailable as err:
+                what = "rgw and cephfs" if self.rgw and self.cephfs else target.name
+                self.error = errors.BackendUnavailableError(f"the {what} target: {err}")
+                raise self.error from err
+            self.stack.callback(stop_ceph, self.server)
+            if self.cephfs:
+                mount_cephfs(self.server, os.path.join(self.tmp, "cephfs"))
+            if self.rgw:
+                self.stack.enter_context(_aws_env(self.server.env()))
+                client = self.server.client()
+                client.create_bucket(Bucket=RGW_BUCKET)
+                client.close()
+        if target.cephfs:
+            return f"pfs://{os.path.join(self.tmp, 'cephfs', 'compare')}"
+        return f"s3://{RGW_BUCKET}/compare"
 
 
 @contextmanager
@@ -186,6 +226,8 @@ def resolve_targets(names: list[str], profiles: list[str], *, tmp: str) -> list[
             out.append(Target("mock-s3", "", mock=True))
         elif name == "rgw":
             out.append(Target("rgw", "", rgw=True))
+        elif name == "cephfs":
+            out.append(Target("cephfs", "", cephfs=True))
         elif name == "memory":
             out.append(Target("memory", "memory://ckptio-compare-memory"))
         elif "://" in name or name.startswith("/"):
@@ -344,8 +386,15 @@ def compare(
 
                 open_store(t.url).close()
         os.makedirs(results_dir, exist_ok=True)
-        for t in chosen:
-            run.target(t)
+        with ExitStack() as ceph_stack:  # the Ceph of rgw and cephfs, stopped once both ran
+            run.ceph = _Ceph(
+                ceph_stack,
+                tmp,
+                rgw=any(t.rgw for t in chosen),
+                cephfs=any(t.cephfs for t in chosen),
+            )
+            for t in chosen:
+                run.target(t)
         for spec in specs:
             run.tiered(spec, tmp)
     if not run.run_ids:
@@ -378,6 +427,7 @@ class _Runner:
         self.session, self.scenario, self.say = session, scenario, say
         self.run_ids: list[str] = []
         self.skipped: list[dict[str, str]] = []
+        self.ceph: _Ceph | None = None  # set by compare() for its targets
 
     def _config(self, name: str) -> dict[str, Any]:
         return {"command": "compare", "target": name, "session": self.session}
@@ -387,9 +437,14 @@ class _Runner:
 
         with ExitStack() as stack:
             url = t.url
-            if t.mock or t.rgw:
+            if t.mock or t.rgw or t.cephfs:
                 try:
-                    url = stack.enter_context(mock_s3_server() if t.mock else rgw_s3_server())
+                    if t.mock:
+                        url = stack.enter_context(mock_s3_server())
+                    elif self.ceph is not None:
+                        url = self.ceph.url(t)
+                    else:
+                        url = stack.enter_context(rgw_s3_server())
                 except errors.BackendUnavailableError as err:
                     self.say(f"skipped {t.name}: {err}")
                     self.skipped.append({"target": t.name, "reason": str(err)})

@@ -83,8 +83,10 @@ REQUEST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("outcome", "string"),
     ("backend", "string"),
     ("thread", "int64"),
+    ("host", "string"),
 )
-"""One storage request (or retry attempt). ``phase`` is ``write`` or ``read``."""
+"""One storage request (or retry attempt). ``phase`` is ``write`` or ``read``; ``host``: the
+hostname of the rank's node."""
 
 PHASE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("run_id", "string"),
@@ -97,10 +99,11 @@ PHASE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("start", "float64"),
     ("end", "float64"),
     ("cache", "string"),
+    ("host", "string"),
 )
 """One phase of one rank in one iteration: generate, write, flush, commit, read, verify.
 ``cache`` says how the read phase bypassed the page cache (o_direct, fadvise, drop_caches,
-none) and is ``n/a`` elsewhere."""
+none) and is ``n/a`` elsewhere; ``host``: the hostname of the rank's node."""
 
 RUN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("run_id", "string"),
@@ -135,6 +138,7 @@ RUN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("sweep_streams", "int32"),
     ("sweep_part_size", "int64"),
     ("layout", "string"),
+    ("nodes", "int32"),
 )
 """One iteration of a run. ``write_seconds``: the maximum over ranks from the start barrier
 to the commit (write + durable flush + commit); ``write_GBps = checkpoint_bytes /
@@ -143,7 +147,8 @@ write_seconds / 1e9``; ``min_rank_*_GBps``: the slowest rank's own bytes over it
 generation work (throughput per core; compare it with write_GBps / cores to see whether
 generation could limit a run). ``layout``: how the checkpoint was laid out on the target
 (``file-per-shard``, ``shared-file``, ``shared-file-per-node``; see
-:data:`ckptio.checkpoint.LAYOUTS`)."""
+:data:`ckptio.checkpoint.LAYOUTS`). ``nodes``: the distinct hosts whose ranks wrote (0 in
+files written before it was recorded)."""
 
 GBPS = "GB/s (1e9 bytes/s)"
 
@@ -174,6 +179,7 @@ UNITS: dict[str, str] = {
             "overrides",
             "key_layout",
             "readers",
+            "host",
         ),
         "text",
     ),
@@ -235,10 +241,15 @@ RENAMED_COLUMNS: dict[str, dict[str, str]] = {
 """Old column name -> today's, per table: :func:`read_results` reads files written before a
 rename (``*_gbps`` read as gigabits; the values were always 1e9 bytes/s)."""
 
-ADDED_COLUMNS: dict[str, dict[str, Any]] = {"run": {"layout": "file-per-shard"}}
+ADDED_COLUMNS: dict[str, dict[str, Any]] = {
+    "run": {"layout": "file-per-shard", "nodes": 0},
+    "phases": {"host": ""},
+    "requests": {"host": ""},
+}
 """Columns added to a table after result files were first written, with the value that
 files written before them imply (the runner wrote only file-per-shard checkpoints before
-it had a layout); :func:`read_results` fills them in, so old files stay readable."""
+it had a layout; a host and a node count were not recorded: empty, 0); :func:`read_results`
+fills them in, so old files stay readable."""
 
 SIMULATED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("run_id", "string"),

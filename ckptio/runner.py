@@ -62,6 +62,7 @@ import os
 import queue
 import resource
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -246,6 +247,8 @@ class RunSummary:
     """Rank 0: the three tables as columns/rows, before writing (sweeps merge them)."""
     client_versions: dict[str, str] = field(default_factory=dict)
     """Versions of the client libraries the store ran on (:func:`ckptio.registry.client_versions`)."""
+    hosts: dict[str, list[int]] = field(default_factory=dict)
+    """Rank 0: host -> its ranks (the sidecar's ``hosts``)."""
     tiered: list[dict[str, Any]] = field(default_factory=list)
     """Rank 0 of a tiered run (:mod:`ckptio.tierbench`): per iteration the slowest rank's
     stall, drain, restore from the fast tier and from the durable one (seconds, GB/s)."""
@@ -254,6 +257,10 @@ class RunSummary:
 def _peak_rss() -> int:
     """This process's resident-set high-water mark in bytes (Linux reports KiB)."""
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+HOST = socket.gethostname()
+"""This process's node, as every phase and request row names it (``host``)."""
 
 
 def _events_columns(
@@ -276,6 +283,7 @@ def _events_columns(
             "thread",
         )
     }
+    cols["host"] = [HOST] * len(events)
     for ev in events:
         cols["rank"].append(rank)
         cols["iteration"].append(iteration)
@@ -651,6 +659,7 @@ class _Run:
         self.per_iter: list[_Iter] = []
         self.written_steps: list[int] = []
         self.leases: list[SaveLease] = []  # rank 0's, one per iteration; all released at the end
+        self.storage_layout: dict[str, Any] = {}  # rank 0: Store.file_layout of one object
         self.pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()  # the per-thread CPU seconds summed into an _Iter
 
@@ -694,6 +703,7 @@ class _Run:
                 "start": float(start),
                 "end": float(end),
                 "cache": cache_mode,
+                "host": HOST,
             }
         )
 
@@ -897,6 +907,12 @@ class _Run:
                     lease=self.leases[-1],
                 )
                 self.leases[-1].release()
+                if verdict.get("ok") and not self.storage_layout:
+                    keys = [k for g in gathered for k in g.get("objects", {})]
+                    if keys:  # what the storage made of one object (a PFS's striping)
+                        self.storage_layout = store.describe().file_layout(
+                            f"{fmt.step_dir(step)}/{keys[0]}"
+                        )
         verdict = self.comm.bcast(verdict, root=0)
         if not verdict.get("ok"):
             raise errors.SaveFailedError(
@@ -1034,6 +1050,7 @@ class _Run:
             "requests": _merge_columns(self.request_parts),
             "iters": [vars(i) for i in self.per_iter],
             "peak_rss": _peak_rss(),
+            "host": HOST,
         }
         everything = comm.gather(mine_summary, root=0)
         summary = RunSummary(
@@ -1078,6 +1095,7 @@ class _Run:
         summary.requests = n
         summary.peak_rss_bytes = [int(e["peak_rss"]) for e in everything]
         summary.tables = {"requests": reqs, "phases": all_phases, "runs": runs}
+        summary.hosts = hosts_of(everything)
         if s.out_dir is not None and s.write_files:
             side = self._sidecar(summary)
             summary.paths = res.write_run(
@@ -1123,6 +1141,8 @@ class _Run:
                 "steps": self.written_steps,
                 "cache_bypass": summary.cache,
                 "communicator": type(comm).__name__,
+                "hosts": summary.hosts,
+                "storage_layout": self.storage_layout,
             },
             client_versions=summary.client_versions,
         )
@@ -1241,6 +1261,15 @@ def _delete_step(store: Store, comm: Communicator, step: int, my_objects: Sequen
         )
 
 
+def hosts_of(everything: Sequence[dict[str, Any]]) -> dict[str, list[int]]:
+    """Host -> the ranks that ran there, from every rank's gathered summary (in rank order):
+    the sidecar's ``hosts``."""
+    out: dict[str, list[int]] = {}
+    for rank, e in enumerate(everything):
+        out.setdefault(str(e.get("host", "")), []).append(rank)
+    return out
+
+
 def _gb_per_s(nbytes: float, seconds: float) -> float:
     return nbytes / seconds / 1e9 if seconds > 0 else 0.0
 
@@ -1281,6 +1310,9 @@ def _run_rows(
             default=0.0,
         )
         gen_s = sum(i["gen_seconds"] for i in iters)
+        nodes = len(
+            {e.get("host", "") for e, i in zip(everything, iters, strict=True) if i["bytes"] > 0}
+        )
         sel = req_iter == it
         outcomes = req_outcome[sel]
         rows.append(
@@ -1317,6 +1349,7 @@ def _run_rows(
                 "sweep_streams": s.sweep_streams,
                 "sweep_part_size": s.sweep_part_size,
                 "layout": s.layout,
+                "nodes": nodes,
             }
         )
     return rows

@@ -263,6 +263,13 @@ class StoreInfo:
     type. None for object stores and memory."""
     cold_reads: ColdReads = field(default=NO_COLD_READS, compare=False)
     """How reads can be made to miss this machine's caches (:class:`ColdReads`)."""
+    file_layout: Callable[[str], dict[str, int | str]] = field(
+        default=lambda key: {}, compare=False
+    )
+    """How the storage laid the existing object ``key`` out, in its own terms (a parallel
+    filesystem's striping: ``fs``, ``stripe_count``, ``stripe_size`` / ``stripe_unit``,
+    ``object_size``, ...); ``{}`` where the storage has no such notion. A run's sidecar
+    records it for one of its objects (``storage_layout``)."""
 
 
 class _CloseOrAbort(ABC):

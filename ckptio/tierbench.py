@@ -63,6 +63,7 @@ from ckptio.redact import redact, redact_url
 from ckptio.registry import client_versions, emulation_url, open_store
 from ckptio.runner import (
     CACHE_MODES,
+    HOST,
     DataGenerator,
     RunSettings,
     RunSummary,
@@ -76,6 +77,7 @@ from ckptio.runner import (
     _valid_cache,
     default_keep,
     first_run_step,
+    hosts_of,
     log,
 )
 from ckptio.store import Store
@@ -388,6 +390,7 @@ def run_tiered_workload(
                         "start": start,
                         "end": start + seconds,
                         "cache": how,
+                        "host": HOST,
                     }
                 )
 
@@ -498,7 +501,13 @@ def run_tiered_workload(
     finally:
         shutil.rmtree(base, ignore_errors=True)
     everything = comm.gather(
-        {"phases": rows, "requests": _merge_columns(parts), "iters": iters, "rss": _peak_rss()},
+        {
+            "phases": rows,
+            "requests": _merge_columns(parts),
+            "iters": iters,
+            "rss": _peak_rss(),
+            "host": HOST,
+        },
         root=0,
     )
     summary = RunSummary(
@@ -541,7 +550,8 @@ def run_tiered_workload(
                     "gen_seconds": 0.0,
                 }
                 for f in e["iters"]
-            ]
+            ],
+            "host": e["host"],
         }
         for e in everything
     ]
@@ -627,6 +637,7 @@ def run_tiered_workload(
                 "steps": written,
                 "cache_bypass": cache_used,
                 "communicator": type(comm).__name__,
+                "hosts": hosts_of(everything),
             },
             client_versions=versions,
         )

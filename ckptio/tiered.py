@@ -405,6 +405,39 @@ def _fast_roots(local: Any, size: int) -> list[str]:
     )
 
 
+def _check_one_root_reaches_every_node(store: Store, comm: Communicator) -> None:
+    """Collective, where every rank was given one fast-tier root: when the ranks run on more
+    than one host and name the same URL, check that it is one place for all of them (a shared
+    filesystem), not a node-local path that names a different directory on each node (rank 0's commit
+    would find the other nodes' objects missing). Rank 0 publishes a marker there and every
+    rank looks for it; a rank that cannot see it raises
+    :class:`~ckptio.errors.InvalidArgumentError` on every rank, naming the fix (``{rank}``)."""
+    import socket
+
+    given = comm.gather((socket.gethostname(), store.url), root=0)
+    probe = None
+    if given is not None and len({h for h, _ in given}) > 1 and len({u for _, u in given}) == 1:
+        probe = f".ckptio-root-probe-{secrets.token_hex(6)}"
+    probe = comm.bcast(probe, root=0)
+    if probe is None:  # one node (one root), or each rank named a root of its own
+        return
+    if comm.rank == 0:
+        store.publish(probe, b"1")
+    comm.barrier()
+    seen = comm.gather((socket.gethostname(), store.exists(probe)), root=0)
+    comm.barrier()
+    if comm.rank == 0:
+        store.delete([probe])
+    blind = comm.bcast(None if seen is None else sorted({h for h, ok in seen if not ok}), root=0)
+    if blind:
+        raise errors.InvalidArgumentError(
+            f"local: {store.url} is node-local (a different directory on each node: "
+            f"{', '.join(blind)} cannot see what rank 0 writes there), yet every rank was given "
+            "it as one root; give each rank its own root with {rank} "
+            f"({store.url.rstrip('/')}/{{rank}})"
+        )
+
+
 class TieredCheckpointer:
     """Checkpoints of one run on two tiers (see the module docstring).
 
@@ -476,6 +509,13 @@ class TieredCheckpointer:
         self.fast.protected = self._protected
         self.fast.per_rank = self.per_rank
         self._claim_fast_root()
+        if not self.per_rank and self.comm.size > 1:
+            try:
+                _check_one_root_reaches_every_node(self.fast.store, self.comm)
+            except errors.InvalidArgumentError:
+                self.fast.close()
+                self.durable.close()
+                raise
         self._lock = threading.Lock()
         self._saves = 0
         self._drains: list[DrainHandle] = []  # queued or running, in order

@@ -7,6 +7,7 @@ import pytest
 from ckptio import errors
 from ckptio.cli import main
 from ckptio.compare import CompareWorkload, compare
+from ckptio.results import read_results
 
 TINY = ["--total-size", "4MiB", "--object-size", "1MiB"]
 
@@ -191,3 +192,70 @@ def test_compare_against_rgw_is_measured_on_loopback(tmp_path, capsys) -> None:
         == 0
     )
     assert json.loads(capsys.readouterr().out)["target"] == "measured:rgw"
+
+
+@pytest.mark.s3
+@pytest.mark.rgw
+def test_cephfs_beside_rgw_on_one_ceph_is_measured(tmp_path, monkeypatch) -> None:
+    """The same OSD behind a POSIX and an S3 interface: one Ceph serves both targets, each
+    measured and labelled as what it is."""
+    from ckptio import rgwserver
+    from ckptio.testing.rgw import in_ci
+
+    reason = rgwserver.unavailable_reason(cephfs=True)
+    if reason:
+        if in_ci():
+            pytest.fail(f"CephFS is missing in CI: {reason}", pytrace=False)
+        pytest.skip(reason)
+    started = []
+    real = rgwserver.start_ceph
+
+    def counted(*args, **kw):
+        started.append(kw)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(rgwserver, "start_ceph", counted)
+    out = tmp_path / "report"
+    result = compare(
+        targets=["rgw", "cephfs"],
+        profiles=[],
+        tiered=[],
+        out=str(out),
+        workload=CompareWorkload(total_size="8MiB", iterations=2),
+    )
+    assert started == [{"rgw": True, "cephfs": True}]
+    assert [(s["target"], s["kind"]) for s in result["summary"]] == [
+        ("cephfs", "measured"),
+        ("rgw", "measured"),
+    ]
+    assert all(s["write_GBps"] > 0 for s in result["summary"])
+    report = (out / "report.md").read_text()
+    assert "measured — CephFS (ceph-fuse) on loopback" in report
+    assert "measured — Ceph RGW on loopback" in report
+    sides = {s["labels"]["target"]: s for s in read_results([out / "results"]).sidecars}
+    assert sides["cephfs"]["machine"]["filesystem"] == "fuse.ceph-fuse"
+    assert sides["cephfs"]["storage_layout"]["fs"] == "cephfs"
+
+
+def test_cephfs_without_root_is_skipped_with_the_reason_and_rgw_still_runs(
+    tmp_path, monkeypatch
+) -> None:
+    from ckptio import rgwserver
+
+    if rgwserver.unavailable_reason():
+        pytest.skip(rgwserver.unavailable_reason())
+    monkeypatch.setattr(rgwserver.os, "geteuid", lambda: 1000)
+    result = compare(
+        targets=["rgw", "cephfs"],
+        profiles=[],
+        tiered=[],
+        out=str(tmp_path / "report"),
+        workload=CompareWorkload(total_size="4MiB", iterations=1),
+    )
+    assert result["skipped"] == [
+        {
+            "target": "cephfs",
+            "reason": "the cephfs target: CephFS through ceph-fuse needs root (mount)",
+        }
+    ]
+    assert [s["target"] for s in result["summary"]] == ["rgw"]

@@ -31,6 +31,8 @@ ALLOWED_SCHEMES: dict[tuple[str, str], str] = {
     ("compare.py", "mock_s3_server"): "the URL of the S3 service the suite starts (moto speaks "
     "S3); nothing branches on it",
     ("compare.py", "rgw_s3_server"): "likewise, for the Ceph RGW the suite starts",
+    ("compare.py", "_Ceph.url"): "likewise, the URLs of the Ceph the suite starts (RGW's S3, "
+    "CephFS's mount as pfs://); nothing branches on them",
     ("tierbench.py", "run_tiered"): "the tiered targets' emulated durable tier lives in "
     "memory://, as compare's emulated targets do; nothing branches on it",
     ("arrays.py", "_read_capacity"): "'memory' is the cgroup controller, not a store",
@@ -346,6 +348,8 @@ def test_pfs_store_contract(tmp_path: Path) -> None:
         assert registry.backend_for(f"pfs://{tmp_path}/root").request_size_option == "block_size"
         assert store.describe().local_path == f"{tmp_path}/root"
         _cold_read_round(store)
+        # the layout the filesystem gave an object, in its own terms (here: no striping)
+        assert store.describe().file_layout("cold/a.bin")["fs"] != ""
 
 
 def test_memory_store_contract(memory_url: str) -> None:
@@ -355,6 +359,7 @@ def test_memory_store_contract(memory_url: str) -> None:
         assert info.cold_reads.modes == () and info.cold_reads.end() is True
         assert info.local_path is None
         assert registry.client_versions(memory_url) == {}
+        assert info.file_layout("any") == {}  # no layout to tell
 
 
 @pytest.mark.parametrize("inner", ["memory", "file"])

@@ -88,6 +88,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ckptio.model",
             "ckptio.simulate",
             "ckptio.simulate.*",
+            "ckptio.pernode",
             "ckptio.report",
             "ckptio.report.*",
             "ckptio.compare",

@@ -30,6 +30,7 @@ def _rows(run_id: str, site: str) -> dict:
             "outcome": "ok",
             "backend": "memory",
             "thread": 1,
+            "host": "node-a",
         }
     ]
     ph = [
@@ -44,6 +45,7 @@ def _rows(run_id: str, site: str) -> dict:
             "start": 1.0,
             "end": 2.0,
             "cache": "n/a",
+            "host": "node-a",
         }
     ]
     run = [

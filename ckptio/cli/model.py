@@ -439,7 +439,8 @@ def declare_compare(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--targets",
         help="comma-separated: local, mock-s3, rgw (a Ceph RADOS "
-        "Gateway started on loopback: measured, a real S3 implementation), memory, "
+        "Gateway started on loopback: measured, a real S3 implementation), cephfs (CephFS "
+        "from the same Ceph, mounted with ceph-fuse: measured, needs root), memory, "
         "or URLs (default: local,mock-s3, and rgw where radosgw, ceph-mon and "
         "ceph-osd are installed)",
     )

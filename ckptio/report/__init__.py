@@ -67,6 +67,8 @@ class Report:
     sites: list[str] = field(default_factory=list)
     simulated: list[dict[str, Any]] = field(default_factory=list)
     """The simulated phases in the result directories (:mod:`ckptio.report.simulated`)."""
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    """Sections on runs over several hosts (:func:`ckptio.pernode.sections`)."""
 
 
 def _sensitivity(
@@ -114,7 +116,7 @@ def _plots(r: Report, out_dir: str) -> None:
 def compute(paths: Sequence[str], scenario: Scenario, *, title: str) -> Report:
     """Read result files/directories ``paths`` and compute the report's tables (no file is
     written)."""
-    from ckptio import errors
+    from ckptio import errors, pernode
     from ckptio.report import simulated
     from ckptio.report.data import group_targets, summary_rows
     from ckptio.report.projections import projection_rows
@@ -138,6 +140,7 @@ def compute(paths: Sequence[str], scenario: Scenario, *, title: str) -> Report:
         sessions=sorted(set(sessions.values())),
         sites=sorted({t["site"] for t in targets if t["site"]}),
         simulated=simulated.read(paths),
+        nodes=pernode.sections(res),
     )
 
 
@@ -302,6 +305,17 @@ def sections(r: Report) -> list[Section]:
                 *_image(r, "sweep", "Throughput against concurrency from sweeps."),
             ],
         ),
+        *(  # runs over several hosts: each node, the slowest, the model against more nodes
+            Section(
+                "nodes" if i == 0 else f"nodes-{i}",
+                sec["title"],
+                [
+                    Paragraphs([sec["intro"]]),
+                    Table(sec["header"], sec["rows"], ["measured"] * len(sec["rows"])),
+                ],
+            )
+            for i, sec in enumerate(r.nodes)
+        ),
         Section(
             "timeline",
             "Stall, drain and restore at full scale",
@@ -374,4 +388,5 @@ def build_report(
         "sessions": r.sessions,
         "sites": r.sites,
         "plots_missing": r.plots_missing,
+        "nodes": r.nodes,
     }

@@ -42,10 +42,13 @@ KIND_NOTE = {
     "projected": "projected by the model",
 }
 
-MEASURED_NOTES = {"rgw": "measured — Ceph RGW on loopback"}
+MEASURED_NOTES = {
+    "rgw": "measured — Ceph RGW on loopback",
+    "cephfs": "measured — CephFS (ceph-fuse) on loopback",
+}
 """What a measured target of ``ckptio compare`` is, where its name alone does not say: ``rgw``
 is a real S3 implementation run on this machine (:mod:`ckptio.rgwserver`), not a cloud
-service."""
+service; ``cephfs`` a real parallel filesystem from the same Ceph (the same OSD)."""
 
 
 def measured_note(target: str) -> str:

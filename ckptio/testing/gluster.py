@@ -66,13 +66,27 @@ class GlusterVolume:
     started_glusterd: bool
     glusterd_pid: int = 0
     extra_mounts: list[str] = field(default_factory=list)
+    host: str = BRICK_HOST
+    """The address of the bricks and of glusterd that clients mount from (a bridge's, for
+    clients in network namespaces)."""
 
-    def mount_again(self, path: str, *, readonly: bool = False) -> str:
-        """Mount the volume a second time at ``path`` (``readonly``: with ``-o ro``)."""
+    @property
+    def source(self) -> str:
+        """What ``mount -t glusterfs`` mounts: ``host:/name``."""
+        return f"{self.host}:/{self.name}"
+
+    def mount_again(
+        self, path: str, *, readonly: bool = False, enter: list[str] | None = None
+    ) -> str:
+        """Mount the volume a second time at ``path`` (``readonly``: with ``-o ro``).
+        ``enter``: a command prefix that runs the mount elsewhere (``nsenter -t PID --mount
+        ...``: inside a node's namespaces, where it stays private and goes away with the node;
+        such a mount is not recorded for :func:`stop_volume`)."""
         os.makedirs(path, exist_ok=True)
         opts = ["-o", "ro"] if readonly else []
-        _run(["mount", "-t", "glusterfs", *opts, f"{BRICK_HOST}:/{self.name}", path])
-        self.extra_mounts.append(path)
+        _run([*(enter or []), "mount", "-t", "glusterfs", *opts, self.source, path])
+        if enter is None:
+            self.extra_mounts.append(path)
         return path
 
     def unmount(self, path: str) -> None:
@@ -119,10 +133,17 @@ def _glusterd_answers() -> bool:
 
 
 def start_volume(
-    workdir: str | os.PathLike[str], *, bricks: int = 2, name: str | None = None
+    workdir: str | os.PathLike[str],
+    *,
+    bricks: int = 2,
+    name: str | None = None,
+    host: str = BRICK_HOST,
+    mount: str | os.PathLike[str] | None = None,
 ) -> GlusterVolume:
     """Start glusterd if needed, create and start a distributed volume of ``bricks`` bricks
-    under ``workdir``, and mount it at ``workdir/mnt``. Raises :class:`GlusterUnavailable`."""
+    under ``workdir`` served at ``host`` (an address of this machine: a loopback one, or a
+    bridge's for clients in network namespaces), and mount it at ``mount`` (default
+    ``workdir/mnt``). Raises :class:`GlusterUnavailable`."""
     reason = unavailable_reason()
     if reason:
         raise GlusterUnavailable(reason)
@@ -145,7 +166,8 @@ def start_volume(
     brick_dirs = [str(work / f"brick{i}") for i in range(bricks)]
     for b in brick_dirs:
         os.makedirs(b, exist_ok=True)
-    vol = GlusterVolume(name, brick_dirs, str(work / "mnt"), str(work), started, pid)
+    point = str(Path(mount).resolve()) if mount is not None else str(work / "mnt")
+    vol = GlusterVolume(name, brick_dirs, point, str(work), started, pid, host=host)
     try:
         _run(
             [
@@ -154,13 +176,13 @@ def start_volume(
                 "volume",
                 "create",
                 name,
-                *(f"{BRICK_HOST}:{b}" for b in brick_dirs),
+                *(f"{host}:{b}" for b in brick_dirs),
                 "force",
             ]
         )
         _run(["gluster", "--mode=script", "volume", "start", name])
         os.makedirs(vol.mount, exist_ok=True)
-        _run(["mount", "-t", "glusterfs", f"{BRICK_HOST}:/{name}", vol.mount])
+        _run(["mount", "-t", "glusterfs", vol.source, vol.mount])
     except BaseException:
         stop_volume(vol)
         raise

@@ -8,6 +8,11 @@ Fixtures:
   ``fault_proxy`` (:mod:`ckptio.testing.moto`).
 - ``gluster_volume`` (session): a real GlusterFS volume mounted through FUSE
   (:mod:`ckptio.testing.gluster`); skips without root/FUSE/gluster, fails under ``CI=true``.
+- ``cephfs`` (session): a CephFS mounted through ``ceph-fuse`` (:mod:`ckptio.testing.rgw`);
+  skips with the install hint where it cannot run, fails under ``CI=true``.
+- ``cluster`` (session): a 3-node cluster on this machine — nodes as namespaces, Slurm, Open
+  MPI, torchrun, Ceph (RGW + CephFS), GlusterFS (:mod:`ckptio.testing.cluster`); marked
+  ``cluster``; skips with the install step where it cannot run, fails under ``CI=true``.
 - S3 servers on loopback (:mod:`ckptio.testing.moto`): ``moto_server``, ``rgw_server`` (Ceph
   RGW, :mod:`ckptio.testing.rgw`), ``s3_target`` (moto, or both with
   ``ckptio.testing.moto.MOTO_AND_RGW``), ``s3_env``, ``s3_client``, ``s3_bucket``,
@@ -28,6 +33,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "rgw: runs against Ceph's RADOS Gateway (ckptio.testing.rgw)"
     )
+    config.addinivalue_line(
+        "markers", "cluster: runs on the namespace cluster (ckptio.testing.cluster; needs root)"
+    )
 
 
 @pytest.fixture
@@ -40,9 +48,12 @@ def memory_url() -> Iterator[str]:
     memory._SPACES.pop(name, None)
 
 
-# A GlusterFS volume through FUSE for the session (gluster_volume): see ckptio.testing.gluster;
+# the namespace cluster (cluster): see ckptio.testing.cluster;
+# a GlusterFS volume through FUSE for the session (gluster_volume): see ckptio.testing.gluster;
 # S3 fixtures on a moto server or Ceph RGW (moto_server, rgw_server, s3_target, s3_env,
-# s3_client, s3_bucket, s3_url, fault_proxy): see ckptio.testing.moto
+# s3_client, s3_bucket, s3_url, fault_proxy): see ckptio.testing.moto;
+# a CephFS mounted through ceph-fuse (cephfs): see ckptio.testing.rgw
+from ckptio.testing.cluster.fixture import cluster  # noqa: E402, F401
 from ckptio.testing.gluster import gluster_volume  # noqa: E402, F401
 from ckptio.testing.moto import (  # noqa: E402, F401
     fault_proxy,
@@ -54,3 +65,4 @@ from ckptio.testing.moto import (  # noqa: E402, F401
     s3_target,
     s3_url,
 )
+from ckptio.testing.rgw import cephfs  # noqa: E402, F401
