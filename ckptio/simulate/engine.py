@@ -22,7 +22,7 @@ from ckptio.stallmodel import (
 from ckptio.units import human_seconds
 from ckptio.workload import Plan
 
-__all__ = ["STEP", "ObjectList", "Replication", "plan_work"]
+__all__ = ["LIST_PAGE", "STEP", "ObjectList", "Replication", "commit_requests", "plan_work"]
 
 STEP = 1  # the step whose keys the simulation names (any: only the prefix matters)
 
@@ -129,6 +129,20 @@ class _Object:
         self.pipes: list[tuple[_Pipe, float]] = []
 
 
+LIST_PAGE = 1000
+"""Keys a listing returns per request: S3's ListObjectsV2 returns at most 1,000 (Amazon S3 API
+Reference, ListObjectsV2, MaxKeys)."""
+
+
+def commit_requests(objects: int) -> int:
+    """The requests of a save's commit after its data, in series on the step's prefix, as
+    :func:`ckptio.checkpoint.commit.publish_manifest` and the save's lease make them: publish
+    the manifest, list the step (every object, the manifest and the lease: one request per
+    :data:`LIST_PAGE` keys) to check that nothing is missing and no gc fenced it, then release
+    the lease (a delete)."""
+    return 2 + -(-(objects + 2) // LIST_PAGE)
+
+
 class _Rank:
     __slots__ = ("end", "failed", "index", "node", "todo")
 
@@ -202,6 +216,7 @@ class Replication:
         simpy = errors.require("simpy", extra="sim", purpose="simulating a checkpoint")
         self.env = simpy.Environment()
         self.job, self.storage, self.phase = job, storage, phase
+        self.objects = sum(len(objs) for objs in work)
         self.reading = phase == "restore"
         p = storage.profile
         self.streams = job.streams or p.streams
@@ -249,7 +264,8 @@ class Replication:
         if p.rate_scope != "none" and not math.isinf(rate):
             lanes = job.restore_readers if self.reading else job.object_concurrency
             nranks = sum(len(v) for v in nodes_work.values())
-            floor = min(lat_dist.minimum, storage.metadata.minimum)
+            own = storage.object_metadata
+            floor = min(lat_dist.minimum, storage.metadata.minimum, (own or lat_dist).minimum)
             peak = (
                 math.inf if floor <= 0 else (active_nodes * self.streams + nranks * lanes) / floor
             )
@@ -272,6 +288,8 @@ class Replication:
                 self.ranks.append(_Rank(r, node, iter(objs)))
         self.lat = _Draw(lat_dist, rng)
         self.meta = _Draw(storage.metadata, rng)
+        own = storage.object_metadata
+        self.object_meta = self.meta if own is None else _Draw(own, rng)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -437,7 +455,8 @@ class Replication:
         part = self.part
         reading = self.reading
         bucket = self._bucket(self._prefix(src, number), reading)
-        if not (yield from self._request(node, bucket, self.meta, 0, [])):
+        meta = self.meta if reading else self.object_meta
+        if not (yield from self._request(node, bucket, meta, 0, [])):
             return False
         obj = _Object(rank, -(-nbytes // part), bucket, env.event())
         obj.pipes = self._pipes_for(node, nbytes)
@@ -453,7 +472,7 @@ class Replication:
         yield obj.done
         if obj.failed:
             return False
-        return reading or (yield from self._request(node, bucket, self.meta, 0, []))
+        return reading or (yield from self._request(node, bucket, meta, 0, []))
 
     def _lane(self, rank: _Rank) -> Generator[Any, Any, None]:
         """One of a rank's objects in flight: the next object as soon as this one is done."""
@@ -519,9 +538,12 @@ class Replication:
         yield env.all_of(ranks)
         if not self.reading and not self.failed and self.ranks:
             first = self.ranks[0].node
-            ok = yield from self._request(first, self._bucket(ROOT_PREFIX, False), self.meta, 0, [])
-            if not ok:
-                self._give_up(self.ranks[0])
+            root = self._bucket(ROOT_PREFIX, False)
+            # the model's client (lockstep) commits as the model counts: one request
+            for _ in range(1 if self.job.lockstep else commit_requests(self.objects)):
+                if not (yield from self._request(first, root, self.meta, 0, [])):
+                    self._give_up(self.ranks[0])
+                    return
 
     def _give_up(self, rank: _Rank) -> None:
         """A request ran out of attempts: the checkpoint has failed (the commit will not

@@ -171,6 +171,9 @@ class Storage:
     """Data requests that read (ranged GET, read call)."""
     metadata: Latency
     """Create, complete, size checks, listing, the manifest."""
+    object_metadata: Latency | None = None
+    """A written object's own metadata, before its data (create) and after (complete; a
+    file's fsync, close, rename), where measured (:func:`fit_storage`); None: :attr:`metadata`."""
     targets: int = 0
     """Storage targets (Lustre OSTs) the aggregate bandwidth is split over, each a FIFO pipe
     of ``aggregate / targets``; 0: not modelled (one aggregate pipe)."""
@@ -234,6 +237,7 @@ class Storage:
             self.latency.random
             or self.read_latency.random
             or self.metadata.random
+            or (self.object_metadata is not None and self.object_metadata.random)
             or (self.targets > 0 and self.placement == "random")
         )
 
@@ -243,6 +247,7 @@ class Storage:
             "latency": self.latency.describe(),
             "read_latency": self.read_latency.describe(),
             "metadata_latency": self.metadata.describe(),
+            "object_metadata": self.object_metadata.describe() if self.object_metadata else "",
             "latency_source": self.latency.source,
             "targets": self.targets,
             "stripe_count": self.stripe_count,
@@ -260,10 +265,41 @@ class Storage:
 
 def _residuals(rows: list[dict[str, Any]], bandwidth: float) -> tuple[float, ...]:
     """What each measured request took beyond its transfer at ``bandwidth``: its latency."""
-    out = sorted(max(0.0, r["seconds"] - r["nbytes"] / bandwidth) for r in rows)
-    if len(out) > 20000:  # a bounded sample of the distribution, tails kept
+    return _bounded(max(0.0, r["seconds"] - r["nbytes"] / bandwidth) for r in rows)
+
+
+def _bounded(values: Any) -> tuple[float, ...]:
+    """``values`` sorted, as a bounded sample of their distribution (tails kept)."""
+    out = sorted(values)
+    if len(out) > 20000:
         out = [out[i] for i in np.linspace(0, len(out) - 1, 20000).round().astype(int)]
     return tuple(out)
+
+
+DATA_OPS = ("write", "put", "get", "upload_part")
+"""Request ops that move an object's bytes; the others of the object (create, fsync, close,
+rename; a multipart upload's create and complete) are its metadata."""
+
+
+def _metadata(rows: list[dict[str, Any]]) -> tuple[float, ...]:
+    """The measured metadata of each written object, as the simulation sends it: one request
+    before its data (what the client did before the first data request: a PFS create; a
+    multipart upload's create) and one after (fsync, close and rename; a multipart's complete),
+    each the sum of those requests' times: 0 for an object sent as one PUT, which has none."""
+    objects: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        if "data/" in (r["key"] or ""):  # the shards (a step's manifest is published apart)
+            objects.setdefault((r["run_id"], r["iteration"], r["rank"], r["key"]), []).append(r)
+    out: list[float] = []
+    for reqs in objects.values():
+        data = [r["start"] for r in reqs if r["op"] in DATA_OPS and r["nbytes"] > 0]
+        meta = [r for r in reqs if r["op"] not in DATA_OPS]
+        if not data:
+            continue
+        first = min(data)
+        out.append(sum(r["seconds"] for r in meta if r["start"] < first))
+        out.append(sum(r["seconds"] for r in meta if r["start"] >= first))
+    return _bounded(out)
 
 
 def _empirical(samples: tuple[float, ...], source: str) -> Latency:
@@ -280,49 +316,90 @@ def _empirical(samples: tuple[float, ...], source: str) -> Latency:
 def fit_storage(paths: Sequence[str], *, target: str | None = None) -> list[Storage]:
     """Storage descriptions fitted from measured result files (or directories): the figures
     of :func:`ckptio.calibration.calibrate` (per-stream bandwidth, the node's link from the
-    highest throughput seen; one node cannot see an aggregate or a request-rate limit, so
-    those stay unbounded), and latencies resampled from the recorded requests — each data
-    request's time beyond its transfer at the fitted bandwidth, tails included. ``target``
+    steady throughput; one node cannot see an aggregate or a request-rate limit, so those stay
+    unbounded), and latencies resampled from the recorded requests of the same steady rounds
+    (warm-ups left out, as the fit leaves them out): each data request's time beyond its
+    transfer at the fitted bandwidth, tails included, and each written object's own metadata
+    requests as measured (:func:`_metadata`: a file's create, fsync, close and rename; nothing
+    for an object sent as one PUT). Other metadata (listing, size checks, the manifest) is
+    resampled from the requests of the runs' commits (the manifest's publish, the step's
+    listing, the lease's release), or where none were recorded takes the data requests' shape
+    at the fitted figure. The model's figures stay those of
+    ``ckptio model --from`` (its ``metadata_latency`` the fitted request latency). ``target``
     keeps one measured target."""
-    from ckptio.calibration import calibrate
+    from ckptio.calibration import fit_targets
     from ckptio.results import read_results
 
     res = read_results(list(paths))
-    cals = calibrate(res.requests, res.runs, res.phases)
+    fits = [f for f in fit_targets(res.requests, res.runs, res.phases) if f.pooled is not None]
     if target is not None:
-        cals = [c for c in cals if c.target == target]
-    if not cals:
+        fits = [f for f in fits if f.target == target]
+    if not fits:
         raise errors.InvalidArgumentError(
             f"no measured write requests{f' of {target!r}' if target else ''} in "
             f"{', '.join(map(str, paths))} to fit a storage description from"
         )
     requests = res.requests.to_pylist()
     out = []
-    for cal in cals:
+    for fit in fits:
+        assert fit.pooled is not None
+        cal = fit.pooled
         profile = cal.as_profile()
-        mine = [r for r in requests if r["target"] == cal.target and r["outcome"] == "ok"]
+        steady = {(rd.run_id, rd.iteration) for rd in fit.used}
+        mine = [
+            r
+            for r in requests
+            if r["target"] == cal.target
+            and r["outcome"] == "ok"
+            and (r["run_id"], r["iteration"]) in steady
+        ]
         writes = [
             r
             for r in mine
             if r["phase"] == "write" and r["op"] in ("write", "put") and r["nbytes"] > 0
         ]
         reads = [r for r in mine if r["phase"] == "read" and r["op"] == "get" and r["nbytes"] > 0]
-        src = f"resampled from {len(writes)} measured requests of {cal.target}"
+        rounds = f"{len(steady)} steady round(s)"
+        src = f"resampled from {len(writes)} measured requests of {cal.target}, {rounds}"
         lat = _empirical(_residuals(writes, profile.stream_bandwidth), src)
         read_lat = (
             _empirical(
                 _residuals(reads, profile.side("stream_bandwidth", read=True)),
-                f"resampled from {len(reads)} measured reads of {cal.target}",
+                f"resampled from {len(reads)} measured reads of {cal.target}, {rounds}",
             )
             if reads
             else lat
+        )
+        step_meta = _bounded(
+            r["seconds"]
+            for r in mine
+            if r["phase"] == "write"
+            and "data/" not in (r["key"] or "")
+            and r["op"] not in DATA_OPS[2:]
+        )
+        measured_meta = _metadata([r for r in mine if r["phase"] == "write"])
+        object_metadata = (
+            _empirical(
+                measured_meta,
+                f"resampled from the metadata requests of {len(measured_meta) // 2} measured "
+                f"objects of {cal.target}, {rounds} (before and after each object's data)",
+            )
+            if measured_meta
+            else None
         )
         out.append(
             Storage(
                 profile=profile,
                 latency=lat,
                 read_latency=read_lat,
-                metadata=lat.scaled(profile.value("metadata_latency")),
+                metadata=_empirical(
+                    step_meta,
+                    f"resampled from {len(step_meta)} measured requests of {cal.target}'s "
+                    f"commits, {rounds} (the manifest's publish, the step's listing, the lease)",
+                )
+                if step_meta
+                else lat.scaled(profile.value("metadata_latency")),
+                object_metadata=object_metadata,
                 fitted_from=", ".join(map(str, paths)),
             )
         )
