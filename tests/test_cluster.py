@@ -204,6 +204,40 @@ def test_a_test_session_killed_mid_run_leaves_nothing(cluster: Cluster, tmp_path
     assert cluster.leftovers() and cluster.hostname("node0") == "node0"
 
 
+@pytest.mark.slow
+def test_the_command_brings_a_cluster_up_and_down_leaving_nothing(cluster: Cluster) -> None:
+    """``python -m ckptio.testing.cluster up --gluster`` starts every part (nodes, Slurm,
+    Ceph with a CephFS client per node, GlusterFS); ``down`` removes it all: no network
+    namespace (``ip netns list``), no link, no mount, no process and no directory of it is
+    left. The session's cluster, beside it, is untouched."""
+    tool = [sys.executable, "-m", "ckptio.testing.cluster"]
+    up = subprocess.run([*tool, "up", "-n", "2", "--gluster"], capture_output=True, text=True)
+    assert up.returncode == 0, up.stderr
+    ident = up.stdout.split()[1].rstrip(":")
+    try:
+        state = load_state(ident)
+        assert state.id != cluster.id
+        mounts = Path("/proc/mounts").read_text()
+        assert f"{state.workdir}/mnt/cephfs fuse.ceph-fuse" in mounts
+        assert f"{state.workdir}/mnt/gluster fuse.glusterfs" in mounts
+        exec_ = [*tool, "exec", ident, "node1", "--", "hostname"]
+        assert subprocess.run(exec_, capture_output=True, text=True).stdout == "node1\n"
+        daemons = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True)
+        assert f"slurmd -f {state.workdir}" in daemons.stdout, daemons.stdout
+    finally:
+        down = subprocess.run([*tool, "down", ident], capture_output=True, text=True)
+    assert down.returncode == 0, down.stderr
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"ckc{ident}" not in netns
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert f"ckc{ident}" not in links
+    assert state.workdir not in Path("/proc/mounts").read_text()
+    ps = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    assert [line for line in ps.splitlines() if state.workdir in line] == []
+    assert not Path(state.workdir).exists() and leftovers(state) == []
+    assert cluster.hostname("node0") == "node0" and cluster.leftovers()
+
+
 def test_without_root_it_skips_naming_the_install_step(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setenv("CI", "false")

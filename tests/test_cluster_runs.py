@@ -1,7 +1,8 @@
 """``ckptio run`` across the namespace cluster's 3 nodes x 2 ranks, under each real launcher
-(srun, the sbatch script of docs/cluster.md as written, mpiexec, torchrun), to a shared CephFS
-and GlusterFS directory, to RGW, and tiered with a node-local fast root per rank: every run's
-rows come from 3 distinct hosts, and the report shows each node and the slowest one."""
+(srun, the sbatch script of docs/cluster.md as written, mpiexec, torchrun), each to a shared
+filesystem (CephFS or GlusterFS), to RGW, and tiered with a node-local fast root per rank
+(srun: to all four): every run's rows come from 3 distinct hosts, each node's disk holds its
+own ranks' fast roots only, and the report shows each node and the slowest one."""
 
 from __future__ import annotations
 
@@ -56,9 +57,34 @@ def target_args(cluster: Cluster, bucket: str, target: str, run: str) -> tuple[s
         return f"pfs://{cluster.gluster}/{run}", ["--label", "glusterfs"]
     if target == "rgw":
         return f"s3://{bucket}/{run}", ["--label", "rgw"]
-    # tiered: each rank's fast root on its node's own disk, drained to CephFS
+    # tiered: each rank's fast root on its node's own disk, drained to CephFS (or RGW)
     local = f"file://{cluster.local}/{run}/{{rank}}"
+    if target == "tiered-rgw":
+        return f"s3://{bucket}/{run}", ["--local", local, "--label", "rgw+local"]
     return f"pfs://{cluster.cephfs}/{run}", ["--local", local, "--label", "cephfs+local"]
+
+
+def check_node_local(cluster: Cluster, run: str) -> None:
+    """Each node's disk holds its own two ranks' fast roots of ``run``, and nobody else's;
+    this machine (the login node) none."""
+    for node, ranks in HOSTS.items():
+        roots = cluster.run(node, ["ls", f"{cluster.local}/{run}"]).stdout.split()
+        assert sorted(roots) == [str(r) for r in ranks], (node, roots)
+    assert not os.path.exists(f"{cluster.local}/{run}")
+
+
+def check_target(cluster: Cluster, res: Results, target: str, run: str) -> None:
+    """What the target's kind shows in the results: the filesystem and its layout, the
+    tiered phases and where the fast roots went."""
+    side = res.sidecars[0]
+    if target == "cephfs":
+        assert side["storage_layout"]["fs"] == "cephfs"
+        assert side["machine"]["filesystem"] == "fuse.ceph-fuse"
+    if target == "gluster":
+        assert side["machine"]["filesystem"] == "fuse.glusterfs"
+    if target.startswith("tiered"):
+        assert {p["phase"] for p in res.phases.to_pylist()} >= {"save", "drain", "restore"}
+        check_node_local(cluster, run)
 
 
 def check_three_nodes(out: Path, communicator: str) -> Results:
@@ -100,19 +126,7 @@ def test_srun_three_nodes_two_ranks_each(
     cluster.srun([*SPREAD, *ckptio_run(url, out, *extra)], cwd=str(tmp_path))
     res = check_three_nodes(out, "MPICommunicator")
     check_report(out, tmp_path, extra[-1])
-    side = res.sidecars[0]
-    if target == "cephfs":
-        assert side["storage_layout"]["fs"] == "cephfs"
-        assert side["machine"]["filesystem"] == "fuse.ceph-fuse"
-    if target == "gluster":
-        assert side["machine"]["filesystem"] == "fuse.glusterfs"
-    if target == "tiered":
-        assert {p["phase"] for p in res.phases.to_pylist()} >= {"save", "drain", "restore"}
-        # each node's disk holds its own two ranks' fast roots, and nobody else's
-        for node, ranks in HOSTS.items():
-            roots = cluster.run(node, ["ls", f"{cluster.local}/{run}"]).stdout.split()
-            assert sorted(roots) == [str(r) for r in ranks], (node, roots)
-        assert not os.path.exists(f"{cluster.local}/{run}")  # nor on this machine
+    check_target(cluster, res, target, run)
 
 
 def test_one_node_local_root_for_every_rank_is_refused_naming_the_fix(
@@ -140,16 +154,19 @@ def docs_sbatch_script() -> str:
     return script
 
 
+@pytest.mark.parametrize("target", ["cephfs", "rgw"])
 def test_the_docs_sbatch_script_runs_as_written(
-    cluster: Cluster, bucket: str, tmp_path: Path
+    cluster: Cluster, bucket: str, target: str, tmp_path: Path
 ) -> None:
+    """The script's two runs (plain, and tiered with ``LOCAL`` per rank on each node's disk)
+    to a shared CephFS directory, then to RGW, and its report."""
     script = tmp_path / "ckptio.sbatch"
     script.write_text(docs_sbatch_script())
-    run = f"sbatch-{uuid.uuid4().hex[:6]}"
+    run = f"sbatch-{target}-{uuid.uuid4().hex[:6]}"
     out = tmp_path / "results"
     env = {
         "PATH": os.pathsep.join([os.path.dirname(sys.executable), os.environ["PATH"]]),
-        "TARGET": f"pfs://{cluster.cephfs}/{run}",
+        "TARGET": target_args(cluster, bucket, target, run)[0],
         "LOCAL": f"file://{cluster.local}/{run}/{{rank}}",
         "OUT": str(out),
     }
@@ -161,24 +178,63 @@ def test_the_docs_sbatch_script_runs_as_written(
     for side in res.sidecars:
         assert side["hosts"] == HOSTS and side["communicator"] == "MPICommunicator"
     assert {p["host"] for p in res.phases.to_pylist()} == set(HOSTS)
+    check_node_local(cluster, run)
     report = (out / "report" / "report.md").read_text()
     assert "## Per node" in report
 
 
-def test_mpiexec_three_nodes(cluster: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("target", ["gluster", "tiered-rgw"])
+def test_mpiexec_three_nodes(cluster: Cluster, bucket: str, target: str, tmp_path: Path) -> None:
+    """mpiexec (Open MPI's daemons started in each node by the cluster's launch agent) to a
+    shared GlusterFS directory, and tiered: node-local fast roots drained to RGW."""
     pytest.importorskip("mpi4py")
-    run = f"mpiexec-{uuid.uuid4().hex[:6]}"
+    run = f"mpiexec-{target}-{uuid.uuid4().hex[:6]}"
+    url, extra = target_args(cluster, bucket, target, run)
     out = tmp_path / "out"
-    url = f"pfs://{cluster.gluster}/{run}"
-    cluster.mpiexec(ckptio_run(url, out, "--label", "glusterfs"), cwd=str(tmp_path))
-    check_three_nodes(out, "MPICommunicator")
+    cluster.mpiexec(ckptio_run(url, out, *extra), cwd=str(tmp_path))
+    res = check_three_nodes(out, "MPICommunicator")
+    check_target(cluster, res, target, run)
 
 
-def test_torchrun_three_nodes(cluster: Cluster, bucket: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("target", ["rgw", "tiered"])
+def test_torchrun_three_nodes(cluster: Cluster, bucket: str, target: str, tmp_path: Path) -> None:
+    """torchrun on every node (c10d rendezvous on node0) to RGW, and tiered: node-local fast
+    roots drained to CephFS."""
     pytest.importorskip("torch")
-    run = f"torchrun-{uuid.uuid4().hex[:6]}"
+    run = f"torchrun-{target}-{uuid.uuid4().hex[:6]}"
+    url, extra = target_args(cluster, bucket, target, run)
     out = tmp_path / "out"
-    cmd = ckptio_run(f"s3://{bucket}/{run}", out, "--label", "rgw")[1:]  # torchrun's python
+    # torchrun's python; `--` ends torchrun's options, as docs/cluster.md shows (without it
+    # torchrun takes `--local` for an abbreviation of its own --local-addr and stops)
+    cmd = ["-m", "ckptio.cli", "--", *ckptio_run(url, out, *extra)[3:]]
     done = cluster.torchrun(cmd, cwd=str(tmp_path))
     assert len(done) == 3
-    check_three_nodes(out, "TorchCommunicator")
+    res = check_three_nodes(out, "TorchCommunicator")
+    check_target(cluster, res, target, run)
+
+
+def test_the_report_checks_the_model_on_one_two_and_three_nodes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The same run to CephFS on 1, 2 and 3 nodes (2 ranks each, srun): the report fits the
+    model on the 1-node run and sets its prediction for each node count beside the
+    measurement; a row more than 25% off is flagged and says why, the others are not."""
+    from ckptio import pernode
+    from ckptio.report import build_report
+
+    out = tmp_path / "results"
+    for n in (1, 2, 3):
+        url = f"pfs://{cluster.cephfs}/scaling-{n}n-{uuid.uuid4().hex[:6]}"
+        spread = [f"-N{n}", "--ntasks-per-node=2", "--mpi=pmix"]
+        cluster.srun([*spread, *ckptio_run(url, out, "--label", "cephfs")], cwd=str(tmp_path))
+    res = read_results([out])
+    assert sorted({r["nodes"] for r in res.runs.to_pylist()}) == [1, 2, 3]
+    rows = pernode.scaling_rows(res)
+    assert [(r["target"], r["nodes"]) for r in rows] == [("cephfs", n) for n in (1, 2, 3)]
+    for r in rows:
+        assert r["measured_GBps"] > 0 and r["predicted_GBps"] > 0, r
+        assert r["flagged"] == (abs(r["difference"]) > pernode.DIFFERENCE_SHOWN), r
+        assert bool(r["why"]) == r["flagged"], r
+    build_report([str(out)], str(tmp_path / "report"))
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## The model against runs on more nodes" in md and "## Per node" in md
