@@ -39,6 +39,7 @@ __all__ = [
     "RENAMED_COLUMNS",
     "REQUEST_COLUMNS",
     "RUN_COLUMNS",
+    "SIMULATED_COLUMNS",
     "TABLES",
     "UNITS",
     "Results",
@@ -46,12 +47,14 @@ __all__ = [
     "machine_info",
     "new_run_id",
     "read_results",
+    "read_simulated",
     "schema",
     "session_name",
     "sidecar",
     "table",
     "versions",
     "write_run",
+    "write_simulated",
 ]
 
 
@@ -167,12 +170,28 @@ UNITS: dict[str, str] = {
             "site",
             "kind",
             "layout",
+            "parallel_layout",
+            "model_binding",
+            "bound_by",
+            "bound_prefix",
+            "mechanism",
+            "latency",
+            "overrides",
+            "key_layout",
+            "readers",
             "host",
         ),
         "text",
     ),
-    **dict.fromkeys(("emulated", "mock"), "boolean"),
-    **dict.fromkeys(("rank", "iteration"), "index (from 0)"),
+    **dict.fromkeys(
+        ("emulated", "mock", "failed", "lockstep", "aggregated", "deterministic"), "boolean"
+    ),
+    **dict.fromkeys(
+        ("rank", "iteration", "replication", "bound_rank", "bound_node"), "index (from 0)"
+    ),
+    "seed": "integer (the random seed)",
+    "straggler_slowdown": "ratio (times slower)",
+    **dict.fromkeys(("modelled_seconds", "wall_seconds"), "seconds"),
     "attempt": "index (1 = the first attempt)",
     "thread": "thread id",
     # sizes, times, rates
@@ -196,7 +215,13 @@ UNITS: dict[str, str] = {
             "errors",
             "streams",
             "sweep_streams",
+            "gpus",
             "nodes",
+            "replications",
+            "bound_weight",
+            "attempts",
+            "failed_requests",
+            "stragglers",
         ),
         "count",
     ),
@@ -226,7 +251,58 @@ files written before them imply (the runner wrote only file-per-shard checkpoint
 it had a layout; a host and a node count were not recorded: empty, 0); :func:`read_results`
 fills them in, so old files stay readable."""
 
-TABLES = {"requests": REQUEST_COLUMNS, "phases": PHASE_COLUMNS, "run": RUN_COLUMNS}
+SIMULATED_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("run_id", "string"),
+    ("kind", "string"),
+    ("target", "string"),
+    ("preset", "string"),
+    ("parallel_layout", "string"),
+    ("gpus", "int32"),
+    ("nodes", "int32"),
+    ("phase", "string"),
+    ("replication", "int32"),
+    ("replications", "int32"),
+    ("seed", "int64"),
+    ("seconds", "float64"),
+    ("failed", "bool_"),
+    ("modelled_seconds", "float64"),
+    ("model_binding", "string"),
+    ("bound_by", "string"),
+    ("bound_rank", "int32"),
+    ("bound_node", "int32"),
+    ("bound_prefix", "string"),
+    ("bound_weight", "int32"),
+    ("mechanism", "string"),
+    ("requests", "int64"),
+    ("attempts", "int64"),
+    ("throttled", "int64"),
+    ("retries", "int64"),
+    ("failed_requests", "int64"),
+    ("checkpoint_bytes", "int64"),
+    ("latency", "string"),
+    ("overrides", "string"),
+    ("key_layout", "string"),
+    ("readers", "string"),
+    ("stragglers", "int32"),
+    ("straggler_slowdown", "float64"),
+    ("lockstep", "bool_"),
+    ("aggregated", "bool_"),
+    ("deterministic", "bool_"),
+    ("wall_seconds", "float64"),
+)
+"""One phase (``save``, ``restore``, a tiered target's ``drain``) of one simulated checkpoint
+(:mod:`ckptio.simulate`; ``kind`` is always ``simulated``: a projection, never a
+measurement). ``seconds``: the stall (for a ``failed`` one, until its first request ran out
+of attempts); ``modelled_seconds``: the model's figure for the same phase; ``bound_*``: the
+last rank, its node, the prefix that refused most requests, the limit and the mechanism;
+``overrides``: the profile figures the user set (``write_request_rate=200``), or empty."""
+
+TABLES = {
+    "requests": REQUEST_COLUMNS,
+    "phases": PHASE_COLUMNS,
+    "run": RUN_COLUMNS,
+    "simulated": SIMULATED_COLUMNS,
+}
 
 
 def schema(name: str) -> Any:
@@ -390,30 +466,90 @@ def write_run(
     """Write the three tables (Arrow tables of :func:`schema`) and the sidecar of one run
     under ``out_dir`` (created). Files appear complete or not at all (temp + rename).
     Returns the paths written."""
+    run_id = _checked_run_id(sidecar)
+    paths = [
+        _write_table(out_dir, run_id, name, tbl)
+        for name, tbl in (("requests", requests), ("phases", phases), ("run", runs))
+    ]
+    paths.append(_write_sidecar(out_dir, run_id, sidecar))
+    return paths
+
+
+def write_simulated(
+    out_dir: str | os.PathLike[str], *, rows: Any, sidecar: Mapping[str, Any]
+) -> list[Path]:
+    """Write the ``simulated`` table (:data:`SIMULATED_COLUMNS`, an Arrow table or row dicts)
+    of one ``ckptio simulate`` and its sidecar under ``out_dir``, as
+    ``<run_id>.simulated.parquet`` and ``<run_id>.json``: beside runs, never mistaken for
+    one (:func:`read_results` reads runs only; :func:`read_simulated` reads these)."""
+    run_id = _checked_run_id(sidecar)
+    return [
+        _write_table(out_dir, run_id, "simulated", rows),
+        _write_sidecar(out_dir, run_id, sidecar),
+    ]
+
+
+def read_simulated(paths: Sequence[str | os.PathLike[str]]) -> tuple[Any, list[dict[str, Any]]]:
+    """The ``simulated`` rows of every ``*.simulated.parquet`` named by ``paths`` (files or
+    directories; other files there are ignored) and their sidecars; an empty table when
+    there are none."""
     pa = _pa()
     import pyarrow.parquet as pq
 
+    files: list[Path] = []
+    for p in map(Path, [paths] if isinstance(paths, str | os.PathLike) else paths):
+        if p.is_dir():
+            files.extend(sorted(p.glob("*.simulated.parquet")))
+        elif p.name.endswith(".simulated.parquet"):
+            if not p.exists():
+                raise errors.NotFoundError(f"result file {p} is missing")
+            files.append(p)
+    tables, sidecars = [], []
+    sch = schema("simulated")
+    for f in dict.fromkeys(files):
+        tables.append(_redacted(pq.read_table(f).select(sch.names).cast(sch)))
+        side = f.with_name(f.name[: -len(".simulated.parquet")] + ".json")
+        if side.exists():
+            try:
+                sidecars.append(redact_obj(json.loads(side.read_text(encoding="utf-8"))))
+            except json.JSONDecodeError as err:
+                raise errors.InvalidArgumentError(f"{side} is not valid JSON: {err}") from None
+    return (pa.concat_tables(tables) if tables else sch.empty_table()), sidecars
+
+
+def _checked_run_id(sidecar: Mapping[str, Any]) -> str:
     run_id = str(sidecar["run_id"])
     if not re.fullmatch(r"[A-Za-z0-9.-]+", run_id):
         raise errors.InvalidArgumentError(f"run_id {run_id!r} must be [A-Za-z0-9.-]")
+    return run_id
+
+
+def _write_table(out_dir: str | os.PathLike[str], run_id: str, name: str, tbl: Any) -> Path:
+    """``<run_id>.<name>.parquet`` under ``out_dir`` (created): complete or absent (temp +
+    rename), strings redacted."""
+    pa = _pa()
+    import pyarrow.parquet as pq
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, tbl in (("requests", requests), ("phases", phases), ("run", runs)):
-        if not isinstance(tbl, pa.Table):
-            tbl = table(name, tbl)
-        tbl = _redacted(tbl.select(schema(name).names).cast(schema(name)))
-        path = out / f"{run_id}.{name}.parquet"
-        tmp = path.with_name(f".{path.name}.tmp")
-        pq.write_table(tbl, tmp, compression="zstd")
-        os.replace(tmp, path)
-        paths.append(path)
-    path = out / f"{run_id}.json"
+    if not isinstance(tbl, pa.Table):
+        tbl = table(name, tbl)
+    tbl = _redacted(tbl.select(schema(name).names).cast(schema(name)))
+    path = out / f"{run_id}.{name}.parquet"
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(tbl, tmp, compression="zstd")
+    os.replace(tmp, path)
+    return path
+
+
+def _write_sidecar(
+    out_dir: str | os.PathLike[str], run_id: str, sidecar: Mapping[str, Any]
+) -> Path:
+    path = Path(out_dir) / f"{run_id}.json"
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(redact_obj(sidecar), indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
-    paths.append(path)
-    return paths
+    return path
 
 
 def _redacted(tbl: Any, *, skip: Iterable[str] = ()) -> Any:

@@ -576,6 +576,15 @@ class RetryPolicy:
     max_delay: float = 5.0
     """Seconds; the cap of one backoff."""
 
+    def delay(
+        self, attempt: int, uniform: Callable[[float, float], float] = random.uniform
+    ) -> float:
+        """Seconds to back off after failed attempt ``attempt`` (1 = the first):
+        ``uniform(0, min(max_delay, base_delay * 2**attempt))``. The one place the backoff is
+        computed: :meth:`call` sleeps it, and :mod:`ckptio.simulate` replays it in virtual
+        time with its own seeded ``uniform``."""
+        return uniform(0, min(self.max_delay, self.base_delay * 2**attempt))
+
     def call(
         self,
         fn: Callable[[], T],
@@ -606,8 +615,7 @@ class RetryPolicy:
                     raise errors.RetryBudgetExceededError(
                         f"{op} {key!r} failed {attempt} times; last error: {err}"
                     ) from err
-                delay = random.uniform(0, min(self.max_delay, self.base_delay * 2**attempt))
-                _sleep(delay)
+                _sleep(self.delay(attempt))
                 attempt += 1
 
 

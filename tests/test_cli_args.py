@@ -58,6 +58,9 @@ ZERO_OK = {
     "--price",
     "--restart-overhead",
     "--p-lose-node",
+    "--osts",
+    "--stragglers",
+    "--seed",
 }
 """Options where 0 means something (ZeRO stage 0, step 0, no restart time, ...)."""
 INF_OK = {"--write-bandwidth", "--snapshot-bandwidth", "--read-bandwidth", "--mtbf"}
@@ -83,6 +86,13 @@ COUNT_OPTIONS = {
     "--ranks",
     "--inflight",
     "--persist-every",
+    "--osts",
+    "--stripe-count",
+    "--max-attempts",
+    "--readers",
+    "--stragglers",
+    "--replications",
+    "--seed",
 }
 TEXT_OPTIONS = {
     "--preset",
@@ -101,6 +111,9 @@ TEXT_OPTIONS = {
     "--help",
     "--project",
     "--local",
+    "--target",
+    "--latency",
+    "--report",
 }
 """Options whose values are names, paths or KEY=VALUE items (``--project``, ``--option`` and
 ``--set`` have corpora of their own below)."""
@@ -200,6 +213,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     import ckptio.dist
     import ckptio.report
     import ckptio.runner
+    import ckptio.simulate
     import ckptio.store
 
     def accepted(*args: object, **kwargs: object) -> None:
@@ -210,6 +224,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ckptio.dist, "run_local", accepted)
     monkeypatch.setattr(ckptio.store, "_sleep", accepted)  # a retry: a store was used
     monkeypatch.setattr(ckptio.runner, "run_workload", accepted)
+    monkeypatch.setattr(ckptio.simulate, "simulate", accepted)
     monkeypatch.setattr(ckptio.report, "build_report", accepted)
     monkeypatch.setattr(ckptio.checkpoint, "collect_garbage", accepted)
 
@@ -282,6 +297,7 @@ def test_the_corpus_reaches_every_subcommand() -> None:
     """The walk finds the numeric options (a guard against a walk that finds nothing)."""
     covered = {name for name, _ in NUMERIC}
     assert {"verify", "gc", "model", "compare", "report", "plan", "run", "sweep"} <= covered
+    assert "simulate" in covered
     assert len(NUMERIC) >= 80
 
 

@@ -86,6 +86,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ckptio.calibration",
             "ckptio.sensitivity",
             "ckptio.model",
+            "ckptio.simulate",
+            "ckptio.simulate.*",
             "ckptio.pernode",
             "ckptio.report",
             "ckptio.report.*",

@@ -3,7 +3,8 @@
 The command line is the top layer of ckptio, and the only place for argparse and rich. Each
 subcommand is two functions in the module of its group (:mod:`ckptio.cli.store`: ``backends``,
 ``ls``, ``verify``, ``gc``, ``profiles``; :mod:`ckptio.cli.model`: ``model``, ``report``,
-``compare``; :mod:`ckptio.cli.run`: ``plan``, ``run``, ``sweep``): ``declare_<name>(parser)``
+``compare``; :mod:`ckptio.cli.run`: ``plan``, ``run``, ``sweep``; :mod:`ckptio.cli.simulate`:
+``simulate``): ``declare_<name>(parser)``
 declares its arguments and ``run_<name>(args) -> int`` runs it and returns the exit status; the
 group's ``COMMANDS`` maps names to both. A new command goes in the module of its group, with its
 one-line help in :data:`HELP` here. Errors that a user caused
@@ -60,6 +61,8 @@ HELP: dict[str, str] = {
     "run": "write and read back a synthetic sharded checkpoint of a "
     "preset on a target, on N ranks; Parquet results",
     "sweep": "throughput versus concurrency: the workload at each --streams x --part-size",
+    "simulate": "replay every request of a full-scale checkpoint in virtual time (tails, "
+    "throttling, stragglers) beside the model (simulated)",
 }
 
 
@@ -73,6 +76,10 @@ def _group(command: str) -> ModuleType:
         from ckptio.cli import model
 
         return model
+    if command == "simulate":
+        from ckptio.cli import simulate
+
+        return simulate
     from ckptio.cli import store
 
     return store

@@ -61,21 +61,25 @@ __all__ = [
 # -- workload options (plan, run, sweep) ----------------------------------------------------
 
 
-def add_workload_arguments(p: Any) -> None:
-    """The workload options shared by ``ckptio plan``, ``run`` and ``sweep`` (argparse)."""
+def add_workload_arguments(p: Any, *, gpus_type: Callable[[str], Any] | None = None) -> None:
+    """The workload options shared by ``ckptio plan``, ``run``, ``sweep`` and ``simulate``
+    (argparse); ``gpus_type``: the type of ``--gpus`` (``simulate`` takes a list: a
+    sweep)."""
     w = p.add_argument_group("workload")
     w.add_argument(
         "--preset",
         default="llama3-8b",
         help=f"model preset: {', '.join(preset_names())} (default llama3-8b)",
     )
-    gpus = count_arg(1, MAX_GPUS)
     w.add_argument(
         "--gpus",
-        type=gpus,
+        type=gpus_type or count_arg(1, MAX_GPUS),
         help="GPUs of the layout (data parallelism = GPUs / "
-        f"(TPxPP)), 1 to {MAX_GPUS}; default: the preset's",
+        f"(TPxPP)), 1 to {MAX_GPUS}"
+        + ("; several, comma-separated (8,1536,16384), simulate each" if gpus_type else "")
+        + "; default: the preset's",
     )
+    gpus = count_arg(1, MAX_GPUS)
     w.add_argument("--tp", type=gpus, help="tensor parallelism (default: the preset's)")
     w.add_argument("--pp", type=gpus, help="pipeline parallelism (default: the preset's)")
     w.add_argument("--zero", type=count_arg(0, 3), help="ZeRO stage 0-3 (default: the preset's)")

@@ -65,6 +65,8 @@ class Report:
     plots_missing: str | None = None
     sessions: list[str] = field(default_factory=list)
     sites: list[str] = field(default_factory=list)
+    simulated: list[dict[str, Any]] = field(default_factory=list)
+    """The simulated phases in the result directories (:mod:`ckptio.report.simulated`)."""
     nodes: list[dict[str, Any]] = field(default_factory=list)
     """Sections on runs over several hosts (:func:`ckptio.pernode.sections`)."""
 
@@ -91,6 +93,7 @@ def _sensitivity(
 def _plots(r: Report, out_dir: str) -> None:
     """Draws every plot that has something to show; records its file and what it drew."""
     from ckptio.report import plots as pl
+    from ckptio.report import simulated
 
     first = [p for p in r.projections if p["preset"] == r.scenario.presets[0][0]]
     draw = {
@@ -101,6 +104,7 @@ def _plots(r: Report, out_dir: str) -> None:
         "cost": ("cost", lambda path: pl.plot_cost(first, path)),
         "timeline": ("timeline", lambda path: pl.plot_timeline(first, path)),
         "tornado": ("tornado", lambda path: pl.plot_tornado(r.sensitivity, path)),
+        "simulated": ("simulated", lambda path: simulated.plot_scale(r.simulated, path)),
     }
     for name, (stem, fn) in draw.items():
         path = os.path.join(out_dir, f"{stem}.png")
@@ -113,6 +117,7 @@ def compute(paths: Sequence[str], scenario: Scenario, *, title: str) -> Report:
     """Read result files/directories ``paths`` and compute the report's tables (no file is
     written)."""
     from ckptio import errors, pernode
+    from ckptio.report import simulated
     from ckptio.report.data import group_targets, summary_rows
     from ckptio.report.projections import projection_rows
     from ckptio.results import read_results
@@ -134,6 +139,7 @@ def compute(paths: Sequence[str], scenario: Scenario, *, title: str) -> Report:
         sensitivity=_sensitivity(targets, scenario),
         sessions=sorted(set(sessions.values())),
         sites=sorted({t["site"] for t in targets if t["site"]}),
+        simulated=simulated.read(paths),
         nodes=pernode.sections(res),
     )
 
@@ -319,6 +325,10 @@ def sections(r: Report) -> list[Section]:
         ),
         Section("profiles", "Profiles emulated and projected with", _profiles(r)),
     ]
+    from ckptio.report.simulated import sections as simulated_sections
+
+    plot = os.path.basename(r.plots["simulated"][0]) if "simulated" in r.plots else None
+    out[3:3] = simulated_sections(r.simulated, plot)  # after what the projection costs
     return [s for s in out if s.blocks]
 
 

@@ -45,7 +45,9 @@ def plots_unavailable() -> str | None:
     return None
 
 
-def _plt() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot, headless (Agg), in the report's style: every plot of the report
+    (and of :mod:`ckptio.report.simulated`) draws with it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -82,13 +84,13 @@ def _err(row: Mapping[str, Any], key: str, scale: float = 1.0) -> list[list[floa
 
 def _save(fig: Any, path: str) -> None:
     fig.savefig(path)
-    _plt().close(fig)
+    pyplot().close(fig)
 
 
 def plot_throughput(summary: Sequence[Mapping[str, Any]], path: str) -> Drawn:
     """Bars of write and read throughput (GB/s, mean over rounds, error bars: the interval)
     per row of the comparison table: one per target and point, never points together."""
-    plt = _plt()
+    plt = pyplot()
     rows = [(f"{s['label']} {s['point']}".strip(), s) for s in summary]
     n = len(rows)
     height = 1.6 + 0.9 * n
@@ -139,7 +141,7 @@ _DATA_OPS = ("write", "put", "get")
 
 def plot_latency(targets: Sequence[Mapping[str, Any]], path: str) -> Drawn | None:
     """Distributions (box plots, log scale) of data-request latency per target and phase."""
-    plt = _plt()
+    plt = pyplot()
     series = []
     for t in targets:
         for phase in ("write", "read"):
@@ -208,7 +210,7 @@ def plot_sweep(summary: Sequence[Mapping[str, Any]], path: str) -> Drawn | None:
     sweeps = [s for s in summary if s.get("sweep")]
     if not sweeps:
         return None
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     series: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
@@ -263,7 +265,7 @@ def plot_timeline(proj: Sequence[Mapping[str, Any]], path: str) -> Drawn | None:
     rows = _projected(proj)
     if not rows:
         return None
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     interval = rows[0]["interval_seconds"]
@@ -373,7 +375,7 @@ def plot_breakdown(proj: Sequence[Mapping[str, Any]], path: str) -> Drawn | None
     rows = _projected(proj)
     if not rows:
         return None
-    plt = _plt()
+    plt = pyplot()
     price = rows[0]["price_per_gpu_hour"]
     colors = {"stall": "#e53935", "rework": "#fb8c00", "restart": "#8e24aa"}
     height = 1.8 + 0.6 * len(rows)
@@ -446,7 +448,7 @@ def plot_cost(proj: Sequence[Mapping[str, Any]], path: str) -> Drawn | None:
     rows = _projected(proj)
     if not rows:
         return None
-    plt = _plt()
+    plt = pyplot()
     import numpy as np
 
     price = rows[0]["price_per_gpu_hour"]
@@ -552,7 +554,7 @@ def plot_tornado(sens: Mapping[str, Sequence[Mapping[str, Any]]], path: str) -> 
     as assumed."""
     if not sens:
         return None
-    plt = _plt()
+    plt = pyplot()
     n = len(sens)
     per = max(len(rows) for rows in sens.values())
     fig, axes = plt.subplots(n, 1, figsize=(9, 1.2 + (0.45 * per + 0.8) * n), squeeze=False)

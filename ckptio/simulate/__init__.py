@@ -1,0 +1,311 @@
+"""Full scale by simulation: every request of a checkpoint's plan, replayed in virtual time.
+
+The model (:mod:`ckptio.stallmodel`) projects a checkpoint with closed-form limits: bandwidths, a
+per-request latency, a request rate. At full scale the stall is set by the *slowest* rank, by
+the tail of the request latency, by a prefix answering ``503 SlowDown`` past its request rate
+and by the client's retries piling onto it, by a straggler node, by storage targets that some
+files share, and, after a failure, by every rank reading at once. None of these is linear;
+this module replays the plan of :mod:`ckptio.workload` request by request with SimPy (a
+discrete-event library: processes, events, queues) to see them. What it prints is
+**simulated**: a projection, never a measurement.
+
+**The client** is the one the model describes (so that where the model is exact the two
+agree; ``tests/test_simulate.py`` checks it within 5% at 8, 1,536 and 16,384 GPUs): ranks are
+packed ``ranks_per_node`` to a node in the plan's order (Megatron's: a tensor-parallel group
+per node); a node sends its data requests over ``streams`` connections (a SimPy process
+each) that take the node's parts first come, first served; a rank writes
+``object_concurrency`` objects at once (the runner's ``--inflight``) and reads
+``restore_readers`` at once (:class:`~ckptio.checkpoint.CheckpointReader`'s ``readers``).
+An object is created (one metadata request), its parts sent, then completed (another); the
+save ends when every rank is done and rank 0 has committed as ckptio commits: the manifest
+published, the step listed (a request per 1,000 keys) to check that nothing is missing and
+no gc fenced it, the save's lease released (:func:`~ckptio.simulate.engine.commit_requests`;
+the model counts one request for the commit, and so does ``lockstep``, the model's client). A
+restore lists
+the steps, checks the manifest's size twice and reads it (every reading rank: that is the
+storm), then checks each object's size before reading its parts. Which ranks read: each
+writing rank its own bytes (``readers="writers"``, what the model counts), or every rank
+what it holds (``readers="all"``: data-parallel replicas read the same objects).
+
+**A request** waits its latency (drawn from :class:`Latency`: a fixed value, a lognormal with
+a given p99, or the residuals of measured requests) and sends its bytes at the stream's
+bandwidth. Shared links (a node's link, the aggregate bandwidth, storage targets) are FIFO
+pipes: a request's bytes leave a pipe at its capacity after those queued before them (the
+Lindley recursion), and the request ends when the slowest of its stream and its pipes is
+done. A pipe is work-conserving, so a saturated link drains at exactly its capacity and the
+end of a phase is what fair sharing gives; the order within a saturated link is first come,
+first served, so which rank ends last can differ from fair sharing. A pipe that cannot bind
+(the streams behind it cannot fill it) is left out, which is exact.
+
+**Throttling**: each prefix (the key's parent: one for the ``flat`` layout, 256 for
+``hashed``, :func:`ckptio.format.shard_key`) has a token bucket per direction at the
+profile's request rate, holding ``burst`` seconds of it (an assumption: S3 publishes the
+rate, not the burst). A request that finds it empty is answered ``503 SlowDown`` after its
+latency, and the client backs off as ckptio's :class:`~ckptio.store.RetryPolicy` does (the
+same object: its ``delay`` and ``max_attempts``); after the last attempt the request fails,
+the rank's save fails, and the checkpoint is counted as failed, its time the moment of that
+first failure (the simulation of that checkpoint ends there). S3 splits a hot prefix in
+minutes; no split happens within a simulated checkpoint.
+
+**Not simulated**: the client's CPU (checksums, copies: the model's ``client CPU`` limit,
+5.5 GB/s per rank, binds with none of the shipped profiles; where it would, the simulation is
+optimistic), the page cache, and a prefix's split by the service.
+
+**Identical nodes** are simulated once and weighted (their bytes count that many times on
+shared pipes) when that is exact: no random input (fixed latencies, no throttling possible,
+no storage targets). Otherwise every node is simulated. The result says which.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ckptio import errors
+from ckptio.simulate.engine import ObjectList, Replication, plan_work
+from ckptio.simulate.job import Job, fit_layout
+from ckptio.simulate.results import (
+    SUMMARY_KEYS,
+    Bound,
+    PhaseResult,
+    Simulation,
+    median_interval,
+    read_summaries,
+    write_results,
+)
+from ckptio.simulate.storage import (
+    DEFAULT_BURST,
+    DEFAULT_LATENCY,
+    DEFAULT_TAIL,
+    LATENCY_KINDS,
+    PHASES,
+    PLACEMENTS,
+    READERS,
+    ROOT_PREFIX,
+    Latency,
+    Storage,
+    fit_storage,
+    parse_latency,
+)
+from ckptio.stallmodel import (
+    DEFAULT_P_LOSE_NODE,
+    Conditions,
+    project,
+)
+from ckptio.units import human_seconds
+
+__all__ = [
+    "DEFAULT_BURST",
+    "DEFAULT_LATENCY",
+    "DEFAULT_TAIL",
+    "LATENCY_KINDS",
+    "PHASES",
+    "PLACEMENTS",
+    "READERS",
+    "ROOT_PREFIX",
+    "SUMMARY_KEYS",
+    "Bound",
+    "Job",
+    "Latency",
+    "PhaseResult",
+    "Simulation",
+    "Storage",
+    "fit_layout",
+    "fit_storage",
+    "median_interval",
+    "parse_latency",
+    "read_summaries",
+    "simulate",
+    "write_results",
+]
+
+# -- the API ---------------------------------------------------------------------------------
+
+
+def _model(job: Job, storage: Storage, local: Storage | None, p_lose_node: float) -> Any:
+    """The model's figures for ``job`` on the target (:func:`ckptio.stallmodel.project`)."""
+    conditions = Conditions(streams=job.streams, part_size=job.part_size, p_lose_node=p_lose_node)
+    return project(
+        job.workload(), storage.profile, conditions, local=local.profile if local else None
+    )
+
+
+def _stragglers(rng: np.random.Generator, work: list[ObjectList], rpn: int, count: int) -> set[int]:
+    nodes = sorted({r // rpn for r, objs in enumerate(work) if objs})
+    if not count or not nodes:
+        return set()
+    pick = rng.choice(len(nodes), size=min(count, len(nodes)), replace=False)
+    return {nodes[int(i)] for i in pick}
+
+
+def simulate(
+    job: Job,
+    storage: Storage,
+    *,
+    local: Storage | None = None,
+    phases: Sequence[str] = PHASES,
+    replications: int = 10,
+    seed: int = 0,
+    stragglers: int = 0,
+    straggler_slowdown: float = 2.0,
+    p_lose_node: float = DEFAULT_P_LOSE_NODE,
+    aggregate: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> Simulation:
+    """Simulate ``phases`` of ``job`` on ``storage`` (a tiered target with ``local``: the
+    save writes the fast tier, a ``drain`` phase writes the durable tier in the background,
+    and a restore reads the fast tier unless the failure lost a node, with probability
+    ``p_lose_node``, whose ranks then read the durable tier) over ``replications``
+    checkpoints, seeded by ``seed``. ``stragglers`` nodes (drawn per replication among those
+    with work) do everything ``straggler_slowdown`` times slower. ``aggregate``: simulate
+    identical nodes once where that is exact. Nothing random in the input (fixed latencies,
+    no stragglers, no throttling possible): one replication, and the result says so."""
+    if replications < 1:
+        raise errors.InvalidArgumentError(f"replications must be >= 1, got {replications}")
+    bad = [p for p in phases if p not in PHASES]
+    if bad or not phases:
+        raise errors.InvalidArgumentError(
+            f"phases {', '.join(bad) or '(none)'}; valid: {', '.join(PHASES)}"
+        )
+    if stragglers < 0 or not (math.isfinite(straggler_slowdown) and straggler_slowdown >= 1):
+        raise errors.InvalidArgumentError("stragglers must be >= 0 and the slowdown a number >= 1")
+    if not 0 <= p_lose_node <= 1:
+        raise errors.InvalidArgumentError(f"p_lose_node must be in [0, 1], got {p_lose_node}")
+    t0 = time.perf_counter()
+    target = f"{storage.name}+{local.name}" if local else storage.name
+    tiers = [storage] + ([local] if local else [])
+    random_input = any(s.random for s in tiers) or stragglers > 0 or local is not None
+    works = {ph: plan_work(job, ph) for ph in phases}
+    rpn = job.ranks_per_node
+
+    def throttling_possible(s: Storage) -> bool:
+        p = s.profile
+        return p.rate_scope != "none" and not (
+            math.isinf(p.value("write_request_rate")) and math.isinf(p.value("read_request_rate"))
+        )
+
+    maybe_throttled = any(throttling_possible(s) for s in tiers)
+    deterministic = not random_input and not maybe_throttled
+    reps = 1 if deterministic else replications
+    model = _model(job, storage, local, p_lose_node)
+    order = [*phases] + (["drain"] if local is not None and "save" in phases else [])
+    results = {ph: PhaseResult(ph) for ph in order}
+    seeds = np.random.SeedSequence(seed).spawn(reps)
+    classes = simulated = 0
+    aggregated = every_node = False
+    for i in range(reps):
+        rng = np.random.default_rng(seeds[i])
+        jitter = random.Random(int(rng.integers(2**63)))
+        strag = _stragglers(rng, works.get("save") or works["restore"], rpn, stragglers)
+        for ph in order:
+            work = works["save" if ph == "drain" else ph]
+            with_work = sorted({r // rpn for r, objs in enumerate(work) if objs})
+            # which tier each part of the phase runs on (a tiered restore: the fast tier, and
+            # the durable tier for the ranks of a node the failure lost)
+            runs: list[tuple[Storage, set[int] | None]] = [
+                (local if local is not None and ph != "drain" else storage, None)
+            ]
+            lost = local is not None and ph == "restore" and rng.random() < p_lose_node
+            if lost and with_work:
+                runs.append((storage, {with_work[int(rng.integers(len(with_work)))]}))
+            agg = aggregate and not any(
+                s.random or s.targets or throttling_possible(s) for s, _ in runs
+            )
+            reps_here = []
+            for tier, only in runs:
+                rep = Replication(
+                    job,
+                    tier,
+                    "save" if ph == "drain" else ph,
+                    work,
+                    rng=rng,
+                    jitter=jitter,
+                    stragglers=strag,
+                    slowdown=straggler_slowdown,
+                    aggregate=agg,
+                    only_nodes=only,
+                )
+                end, bound = rep.run()
+                if only is not None:
+                    bound = replace(
+                        bound, mechanism=f"lost node reads {tier.name}: {bound.mechanism}"
+                    )
+                reps_here.append((rep, end, bound))
+                classes = max(classes, rep.classes)
+                simulated = max(simulated, len(rep.nodes))
+                if only is None:
+                    aggregated = aggregated or len(rep.nodes) < len(with_work)
+                    every_node = every_node or (aggregate and not agg and len(with_work) > 1)
+                if rep.failed:
+                    break
+            results[ph].add(reps_here)
+            if progress:
+                progress(f"{target} {ph} {i + 1}/{reps}: {human_seconds(results[ph].stalls[-1])}")
+    _attach_model(results, model, local is not None)
+    notes = []
+    if job.layout_note:
+        notes.append(job.layout_note)
+    if deterministic:
+        notes.append(
+            "deterministic: no random input (fixed latencies, no throttling, no "
+            "stragglers), so one replication is the answer"
+        )
+    if aggregated:
+        notes.append(
+            f"identical nodes simulated once and weighted (at most {classes} node classes): "
+            "exact where nothing is random and nothing can throttle"
+        )
+    if every_node:
+        notes.append(
+            "every node simulated: with random latencies, throttling or storage targets, "
+            "identical nodes do not stay identical"
+        )
+    if job.readers == "all" and "restore" in phases:
+        notes.append(
+            "restore storm: every rank reads what it holds (replicas read the same "
+            "objects); the model counts each byte once"
+        )
+    sim = Simulation(
+        target=target,
+        job=job,
+        storage=storage,
+        local=local,
+        seed=seed,
+        replications=reps,
+        deterministic=deterministic,
+        aggregated=aggregated,
+        node_classes=classes,
+        simulated_nodes=simulated,
+        stragglers=stragglers,
+        straggler_slowdown=straggler_slowdown,
+        phases=results,
+        wall_seconds=time.perf_counter() - t0,
+        model=model,
+        notes=notes,
+    )
+    return sim
+
+
+def _attach_model(results: dict[str, PhaseResult], model: dict[str, Any], tiered: bool) -> None:
+    """The model's seconds and binding limit beside each simulated phase."""
+    if "save" in results:
+        results["save"].modelled = float(model["write_seconds"])
+        results["save"].model_binding = str(model.get("binding", ""))
+    if "restore" in results:
+        results["restore"].modelled = float(model["restore_seconds"])
+        results["restore"].model_binding = str(model.get("restore_binding", ""))
+    if tiered and "drain" in results:
+        results["drain"].modelled = float(model["drain_seconds"])
+        results["drain"].model_binding = str(model.get("drain_binding", ""))
+        results["restore"].note = (
+            "the model gives the expected restore, (1 - p) x fast + p x durable, the "
+            "durable read being the busiest node's; the simulation draws whether each "
+            "failure lost a node, and which (any node that wrote): its ranks read the "
+            "durable tier"
+        )

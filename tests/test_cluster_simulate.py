@@ -1,0 +1,185 @@
+"""Check 2 of the simulation (:mod:`ckptio.simulate`) on the namespace cluster: storage
+descriptions fitted from runs on ONE node (``ckptio simulate --from``: per-stream bandwidth,
+the node's link, request latencies resampled from the recorded requests) replay the same job
+on 2 and 3 nodes, against what ``ckptio run`` measures there on RGW, CephFS and GlusterFS.
+
+The same workload as ``benchmarks/cluster.py`` (llama3-8b, 12 logical ranks, 2 processes per
+node under srun), smaller. The measured side is the report's (:func:`ckptio.pernode.scaling_rows`:
+the steady iterations' write throughput, warm-ups left out as the fit leaves them out); the
+simulated side is the p50 save of the job :meth:`ckptio.simulate.Job.for_run` builds from the
+run's processes, streams and in-flight objects.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckptio import pernode
+from ckptio import simulate as sim
+from ckptio.results import read_results
+from ckptio.testing.cluster import Cluster
+from ckptio.workload import make_plan
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytest.importorskip("simpy")
+
+TARGETS = ("rgw", "cephfs", "glusterfs")
+NODES = (1, 2, 3)
+PER_NODE = 2
+WORKLOAD = {"preset": "llama3-8b", "gpus": 12, "total_size": "48MiB"}
+ITERATIONS = 4
+WITHIN = 0.20
+"""The issue's bound: simulated within 20% of measured."""
+
+
+@pytest.fixture(scope="module")
+def measured(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``ckptio run`` of the workload on 1, 2 and 3 nodes to each target, each run's results
+    in ``<target>-<nodes>/``."""
+    import boto3
+
+    out = tmp_path_factory.mktemp("simcheck")
+    env = cluster.env()
+    bucket = f"ckptio-sim-{uuid.uuid4().hex[:8]}"
+    client = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
+    )
+    client.create_bucket(Bucket=bucket)
+    client.close()
+    for target in TARGETS:
+        for n in NODES:
+            run = f"{target}-{n}n-{uuid.uuid4().hex[:6]}"
+            url = {
+                "cephfs": f"pfs://{cluster.cephfs}/{run}",
+                "glusterfs": f"pfs://{cluster.gluster}/{run}",
+                "rgw": f"s3://{bucket}/{run}",
+            }[target]
+            cluster.srun(
+                [
+                    f"-N{n}", f"--ntasks-per-node={PER_NODE}", "--mpi=pmix",
+                    sys.executable, "-m", "ckptio.cli", "run", url,
+                    "--preset", WORKLOAD["preset"], "--gpus", str(WORKLOAD["gpus"]),
+                    "--total-size", WORKLOAD["total_size"], "--iterations", str(ITERATIONS),
+                    "--label", target, "--out", str(out / f"{target}-{n}"),
+                ],
+                cwd=str(out),
+                timeout=900,
+            )  # fmt: skip
+    return out
+
+
+def steady_seconds(res: Any, target: str, nodes: int) -> list[float]:
+    """The write seconds of each steady iteration of ``target`` on ``nodes`` nodes: a run's
+    first iteration is left out where it is a warm-up (:func:`ckptio.calibration.warmups`),
+    as the fit leaves it out."""
+    from ckptio.calibration import read_rounds, warmups
+
+    runs = [r for r in res.runs.to_pylist() if r["target"] == target and int(r["nodes"]) == nodes]
+    ids = {r["run_id"] for r in runs}
+    requests = [q for q in res.requests.to_pylist() if q["run_id"] in ids]
+    phases = [p for p in res.phases.to_pylist() if p["run_id"] in ids]
+    warm = {(w.run_id, w.iteration) for w in warmups(read_rounds(requests, runs, phases))}
+    return [float(r["write_seconds"]) for r in runs if (r["run_id"], r["iteration"]) not in warm]
+
+
+def comparison(out: Path) -> list[dict[str, Any]]:
+    """Per target and node count: the measured write (the steady iterations' mean seconds, as
+    GB/s), the simulation's p50 save from the storage fitted on one node, and the model's from
+    the same runs (:func:`ckptio.pernode.scaling_rows`: fitted on the fewest nodes)."""
+    plan = make_plan(WORKLOAD["preset"], gpus=WORKLOAD["gpus"], total_size=WORKLOAD["total_size"])
+    gb = plan.total_bytes / 1e9
+    rows = []
+    for target in TARGETS:
+        dirs = [str(out / f"{target}-{n}") for n in NODES]
+        res = read_results(dirs)
+        scaling = {r["nodes"]: r for r in pernode.scaling_rows(res) if r["target"] == target}
+        (storage,) = sim.fit_storage([dirs[0]], target=target)  # one node only
+        for n in NODES:
+            (run, *_) = [
+                r for r in res.runs.to_pylist() if int(r["nodes"]) == n and r["target"] == target
+            ]
+            assert int(run["checkpoint_bytes"]) == plan.total_bytes  # the plan ckptio run ran
+            side = next(s for s in res.sidecars if s.get("run_id") == run["run_id"])
+            job = sim.Job.for_run(
+                plan,
+                processes=int(run["ranks"]),
+                processes_per_node=PER_NODE,
+                streams=int(run["streams"]),
+                inflight=int((side.get("config") or {}).get("inflight") or 2),
+            )
+            assert job.nodes == n
+            s = sim.simulate(job, storage, phases=["save"], replications=5, seed=n)
+            save = s.phases["save"].summary()
+            seconds = steady_seconds(res, target, n)
+            measured = sum(seconds) / len(seconds)
+            rows.append(
+                {
+                    "target": target,
+                    "nodes": n,
+                    "iterations": len(seconds),
+                    "measured_GBps": gb / measured,
+                    "measured_range": (gb / max(seconds), gb / min(seconds)),
+                    "simulated_GBps": gb / save["p50_seconds"],
+                    "modelled_GBps": scaling[n]["predicted_GBps"],
+                    "difference": save["p50_seconds"] / measured - 1,
+                    "bound_by": save["bound_by"],
+                }
+            )
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "target     nodes  measured GB/s (range, steady iterations)  simulated  modelled  "
+        "measured/simulated - 1  bound by (simulated)"
+    ]
+    for r in rows:
+        lo, hi = r["measured_range"]
+        lines.append(
+            f"{r['target']:<10} {r['nodes']:>5}  {r['measured_GBps']:.3f} ({lo:.3f}-{hi:.3f}, "
+            f"{r['iterations']}){'':>15} {r['simulated_GBps']:.3f}      {r['modelled_GBps']:.3f}"
+            f"     {r['difference']:+.0%}{'':>14}{r['bound_by']}"
+        )
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def rows(measured: Path) -> list[dict[str, Any]]:
+    rows = comparison(measured)
+    print("\n" + table(rows))  # shown with -s (and in the report of a failure below)
+    return rows
+
+
+def test_the_simulation_fitted_on_one_node_reproduces_that_node(rows: list[dict[str, Any]]) -> None:
+    """The fit and the replay agree with the run they came from: request latencies resampled
+    from its requests, its streams and its node link give back its throughput."""
+    for r in (r for r in rows if r["nodes"] == 1):
+        assert abs(r["difference"]) <= WITHIN, table(rows)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "On one machine the cluster's nodes are namespaces sharing its 2 cores, one Ceph OSD "
+        "and the GlusterFS bricks on its disk: 2 and 3 nodes measure about what 1 node does "
+        "(benchmarks/results/cluster-2026-12-05.md), a limit the nodes share. A fit from one "
+        "node cannot see it (its aggregate stays unbounded), so the simulation, as the model, "
+        "predicts throughput growing with the nodes. XPASS (strict) fails: on a cluster whose "
+        "nodes are machines of their own, delete this mark."
+    ),
+)
+def test_the_simulation_fitted_on_one_node_predicts_two_and_three(
+    rows: list[dict[str, Any]],
+) -> None:
+    """The issue's check 2: within 20% of the measured write at 2 and 3 nodes."""
+    for r in (r for r in rows if r["nodes"] > 1):
+        assert abs(r["difference"]) <= WITHIN, table(rows)
