@@ -98,7 +98,7 @@ import torch
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio import torch as ct
-from ckptio.checkpoint.checkpointer import SaveHandle, _split_options
+from ckptio.checkpoint.checkpointer import SaveHandle, split_options
 from ckptio.dist import SingleProcess
 from ckptio.lease import runs_here
 from ckptio.registry import from_fsspec_url, open_store, parse_url
@@ -411,9 +411,9 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
                 _ROOTS.release(root, closer=threading.current_thread())
 
         closer = threading.Thread(target=close, name="ckptio-close")
-        with self._lock:
+        with self._lock:  # started before _reap can see it: a thread not started cannot be joined
             self._closers = [t for t in self._closers if t.is_alive()] + [closer]
-        closer.start()
+            closer.start()
 
     # -- the CheckpointIO interface -----------------------------------------------------------
     def save_checkpoint(
@@ -440,7 +440,9 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
             try:
                 steps = ck.steps()
                 step = steps[-1] + 1 if steps else 0
-                handle = ck.save(checkpoint, step=step, metadata={"lightning_path": lightning_path})
+                saved = ck.save(checkpoint, step=step, metadata={"lightning_path": lightning_path})
+                # tiered (local= among the options): the fast tier's save is the commit here
+                handle = saved if isinstance(saved, SaveHandle) else saved.fast
             except BaseException:
                 ck.close()
                 raise
@@ -504,7 +506,7 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
             return
         root = self._source(path)
         stub = self._stub_path(path, root)
-        _, store_options = _split_options(dict(self.options))
+        _, store_options = split_options(dict(self.options))
         with _ROOTS.holding(root):
             self._reap()  # the save of this root, if it was in flight, is done now
             with open_store(root, **store_options) as store:
@@ -532,7 +534,7 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
                 "are in the ModelCheckpoint's directory already"
             )
         self._reap()
-        _, store_options = _split_options(dict(self.options))
+        _, store_options = split_options(dict(self.options))
         with open_store(self._root(dirpath), **store_options) as store:
             names = sorted(
                 {

@@ -40,7 +40,8 @@ import os
 import re
 import secrets
 import uuid
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -73,8 +74,8 @@ from torch.futures import Future
 from ckptio import checkpoint as _ck
 from ckptio import errors
 from ckptio import format as fmt
-from ckptio import tiered as _tiered
 from ckptio.arrays import Target, contiguous_le
+from ckptio.checkpoint.facade import refuse_load_options
 from ckptio.lease import RETIRE_GRACE_SECONDS, SaveLease
 from ckptio.registry import backend_for, open_store, split_url
 from ckptio.store import Store, option_int
@@ -86,6 +87,7 @@ __all__ = [
     "Checkpointer",
     "StorageReader",
     "StorageWriter",
+    "TorchCodec",
     "convert_dcp",
     "decode",
     "encode",
@@ -381,9 +383,28 @@ def load(
     return decode(to_torch(_ck.load(url, step, select=select, into=into, **options), device=device))
 
 
+class TorchCodec:
+    """How torch state is saved and loaded by a :class:`ckptio.Checkpointer`: state dicts as
+    they come (integer keys included: :func:`encode`), tensors back as torch tensors on
+    ``device`` (default CPU, sharing the memory ckptio read into); ``into``: a state dict whose
+    tensors are filled in place."""
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        self.device = device
+
+    def encode(self, state: Any) -> Any:
+        return encode(state)
+
+    def decode(self, read: Callable[[Any], Any], *, into: Any = None, **how: Any) -> Any:
+        refuse_load_options(how, "torch")
+        plain = read(None if into is None else encode(into))
+        return decode(to_torch(plain, device=self.device))
+
+
 class Checkpointer(_ck.Checkpointer):
-    """:class:`ckptio.Checkpointer` for torch state: ``save`` takes state dicts as they come
-    (integer keys included), ``load`` returns torch tensors on ``device``."""
+    """:class:`ckptio.Checkpointer` given a :class:`TorchCodec`: ``save`` takes state dicts as
+    they come (integer keys included), ``load`` returns torch tensors on ``device``. With
+    ``local=...``, tiered as :class:`ckptio.Checkpointer` is."""
 
     def __init__(
         self,
@@ -392,41 +413,20 @@ class Checkpointer(_ck.Checkpointer):
         device: str | torch.device | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(url, **options)
+        super().__init__(url, codec=TorchCodec(device), **options)
         self.device = device
 
-    def save(self, state: Any, step: int, **kwargs: Any) -> _ck.SaveHandle:
-        return super().save(encode(state), step, **kwargs)
 
-    def load(
-        self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None
-    ) -> Any:
-        into = None if into is None else encode(into)
-        return decode(to_torch(super().load(step, select=select, into=into), device=self.device))
-
-    @classmethod
-    def _tiered(cls) -> Any:
-        return TieredCheckpointer
-
-
-class TieredCheckpointer(_tiered.TieredCheckpointer):
-    """:class:`ckptio.tiered.TieredCheckpointer` for torch state, as :class:`Checkpointer` is
-    for one tier; ``ckptio.torch.Checkpointer(url, local=...)`` returns one."""
-
-    def __init__(
-        self, url: Any, *, device: str | torch.device | None = None, **options: Any
-    ) -> None:
-        super().__init__(url, **options)
-        self.device = device
-
-    def save(self, state: Any, step: int, **kwargs: Any) -> _tiered.TieredSaveHandle:
-        return super().save(encode(state), step, **kwargs)
-
-    def load(
-        self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None
-    ) -> Any:
-        into = None if into is None else encode(into)
-        return decode(to_torch(super().load(step, select=select, into=into), device=self.device))
+def __getattr__(name: str) -> Any:
+    if name == "TieredCheckpointer":  # before the codec, a twin class of Checkpointer
+        warnings.warn(
+            "ckptio.torch.TieredCheckpointer is deprecated: ckptio.torch.Checkpointer(url, "
+            "local=...) is tiered",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return Checkpointer
+    raise AttributeError(f"module 'ckptio.torch' has no attribute {name!r}")
 
 
 # -- torch.distributed.checkpoint -------------------------------------------------------------

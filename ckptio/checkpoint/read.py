@@ -11,7 +11,7 @@
   skipped with a logged warning, one whose manifest stays but an object of which is missing or
   unreadable with a :class:`~ckptio.errors.DamagedCheckpointWarning` (``load``; an explicit
   ``step`` raises instead), and a step retired by retention while it is opened or read makes
-  the reader list the steps again (:data:`_RELISTS` times). A damaged step is never loaded."""
+  the reader list the steps again (:data:`RELISTS` times). A damaged step is never loaded."""
 
 from __future__ import annotations
 
@@ -247,7 +247,7 @@ class CheckpointReader:
     def _read_object(self, key: str, offset: int, out: memoryview) -> int:
         """``store.read_into`` of one of the step's objects; one that is gone (or is no
         regular file) is damage to the checkpoint, raised as such, never taken for a missing
-        argument (a load falls back past damage: :func:`_read_newest`)."""
+        argument (a load falls back past damage: :func:`read_newest`)."""
         try:
             return self.store.read_into(self._prefix + key, offset, out)
         except FileNotFoundError as err:
@@ -782,7 +782,7 @@ def open_checkpoint(
     return _open_newest(store, skip=())
 
 
-_RELISTS = 8
+RELISTS = 8
 """How many times a reader re-lists the steps when the checkpoint it chose was retired under it
 (each time the newest then complete one is taken; retention's grace makes a second rare)."""
 
@@ -795,7 +795,7 @@ def _open_newest(store: Store, skip: Iterable[int]) -> CheckpointReader:
     local directory tree is not one snapshot, and a save that commits a step and retires the
     previous one between the scans of their two directories hides both manifests from it."""
     skipped = set(skip)
-    for _ in range(_RELISTS):
+    for _ in range(RELISTS):
         keys = store.list("step-")
         steps = _manifest_steps(keys)
         vanished = not steps and bool(keys)
@@ -831,7 +831,7 @@ checkpoint fall back to an older one. Not an argument the step cannot serve (``s
 (the storage, not the step, is the problem then)."""
 
 
-def _read_newest(store: Store, select: Mapping[str, Any] | None, into: Any) -> Any:
+def read_newest(store: Store, select: Mapping[str, Any] | None, into: Any) -> Any:
     """The state of the newest loadable checkpoint. A step retired while it is read (its
     manifest gone, an object with it) is skipped quietly, the steps listed again; a step whose
     manifest stays but an object of which is missing or unreadable is damaged: it is skipped
@@ -856,10 +856,10 @@ def _read_newest(store: Store, select: Mapping[str, Any] | None, into: Any) -> A
             skip.add(reader.step)
             if not store.exists(fmt.manifest_key(reader.step)):
                 retired += 1
-                if retired >= _RELISTS:
+                if retired >= RELISTS:
                     raise errors.NotFoundError(
                         f"{store.url}: every checkpoint read was retired before it could be "
-                        f"read whole ({_RELISTS} tries); is retention removing checkpoints "
+                        f"read whole ({RELISTS} tries); is retention removing checkpoints "
                         "faster than they are read?"
                     ) from err
                 log.info("step %d was retired while read (%s); reading again", reader.step, err)
@@ -905,7 +905,7 @@ def load(
     """
     if step is not None:
         return open_checkpoint(url, step, **options).state(select, into=into)
-    return _read_newest(open_store(url, **options), select, into)
+    return read_newest(open_store(url, **options), select, into)
 
 
 def verify(

@@ -1,6 +1,6 @@
 """What a rank offers to save, and the snapshot of it (the bottom of the package).
 
-:func:`_prepare` walks a state into a :class:`PreparedState`: its structure (encoded by
+:func:`prepare` walks a state into a :class:`PreparedState`: its structure (encoded by
 :mod:`ckptio.format`), one :class:`LocalTensor` per array, and JSON metadata. Decisions:
 
 - A background save copies the arrays once into :class:`SnapshotBuffers`, one page-aligned
@@ -232,7 +232,7 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return np.frombuffer(buf, dtype=np.uint8, count=nbytes).view(dt).reshape(shape)
 
 
-def _prepare(
+def prepare(
     state: Any,
     metadata: Any,
     *,

@@ -276,7 +276,7 @@ def place_shared_region(
                 store.open_positional(prefix + name, size, create=True).close()
             placement = {"ok": True, "ranks": ranks, "files": files}
         except Exception as err:  # every rank learns it from the bcast
-            placement = {"ok": False, "error": _error_text(err)}
+            placement = {"ok": False, "error": error_text(err)}
     placement = comm.bcast(placement, root=0)
     if not placement["ok"]:
         raise errors.SaveFailedError(f"cannot create the shared file: {placement['error']}")
@@ -323,7 +323,7 @@ def pwrite_pieces(
     return chunks
 
 
-def _write_rank_shared(
+def write_rank_shared(
     store: Store,
     step: int,
     comm: Communicator,
@@ -343,5 +343,5 @@ def _write_rank_shared(
     return {"chunks": chunks, "objects": {region.key: region.size}}
 
 
-def _error_text(err: BaseException) -> str:
+def error_text(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
