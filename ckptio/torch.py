@@ -44,7 +44,6 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -74,6 +73,7 @@ from torch.futures import Future
 from ckptio import checkpoint as _ck
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
 from ckptio.arrays import Target, contiguous_le
 from ckptio.checkpoint.facade import refuse_load_options
 from ckptio.lease import RETIRE_GRACE_SECONDS, SaveLease
@@ -568,7 +568,7 @@ def _metadata_from_json(doc: Any) -> Metadata:
             f"{f}.memory_format",
             f"unknown memory format {e.get('memory_format')!r:.40}",
         )
-        size = fmt._int_list(e.get("size"), f"extra.dcp.{f}.size")
+        size = mf.int_list(e.get("size"), f"extra.dcp.{f}.size")
         chunks = []
         boxes = []  # DCP loads only the boxes listed: they must tile the tensor, as ckptio's do
         cl = e.get("chunks")
@@ -577,22 +577,22 @@ def _metadata_from_json(doc: Any) -> Metadata:
             _want(
                 isinstance(c, list) and len(c) == 2, f"{f}.chunks[{i}]", "expected [offsets, sizes]"
             )
-            offs = fmt._int_list(c[0], f"extra.dcp.{f}.chunks[{i}].offsets", len(size))
-            sizes = fmt._int_list(c[1], f"extra.dcp.{f}.chunks[{i}].sizes", len(size))
+            offs = mf.int_list(c[0], f"extra.dcp.{f}.chunks[{i}].offsets", len(size))
+            sizes = mf.int_list(c[1], f"extra.dcp.{f}.chunks[{i}].sizes", len(size))
             _want(
                 all(o + n <= full for o, n, full in zip(offs, sizes, size, strict=True)),
                 f"{f}.chunks[{i}]",
                 f"a box of {list(sizes)} at {list(offs)} does not fit the tensor's size {list(size)}",
             )
             chunks.append(ChunkStorageMetadata(torch.Size(offs), torch.Size(sizes)))
-            boxes.append(fmt.Chunk(offs, sizes, "", 0, 0, 0))
+            boxes.append(mf.Chunk(offs, sizes, "", 0, 0, 0))
         covered = sum(math.prod(b.shape) for b in boxes)
         _want(
             covered == math.prod(size),
             f"{f}.chunks",
             f"the boxes hold {covered} elements, the tensor {math.prod(size)}",
         )
-        fmt._check_no_overlap(boxes, f"extra.dcp.{f}.chunks")
+        mf.check_no_overlap(boxes, f"extra.dcp.{f}.chunks")
         for flag in ("requires_grad", "pin_memory"):
             _want(isinstance(e.get(flag, False), bool), f"{f}.{flag}", "expected true or false")
         props = TensorProperties(
@@ -961,39 +961,29 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
             log.warning("retention after %s failed: %s", self.checkpoint_id, err)
 
     def _manifest(self, metadata: Metadata, results: list[list[Any]]) -> bytes:
-        chunks: dict[str, list[fmt.Chunk]] = {}
+        chunks: dict[str, list[dict[str, Any]]] = {}
         objects: dict[str, int] = {}
         for rs in results:
             for wr in rs:
                 st: _Stored = wr.storage_data
                 objects.update(dict(st.objects))
-                for c in st.chunks:
-                    chunks.setdefault(st.path, []).append(
-                        fmt.Chunk(
-                            tuple(c["offsets"]),
-                            tuple(c["shape"]),
-                            c["key"],
-                            c["offset"],
-                            c["length"],
-                            c["crc32c"],
-                        )
-                    )
-        tensors: dict[str, fmt.TensorEntry] = {}
+                chunks.setdefault(st.path, []).extend(st.chunks)
+        tensors: dict[str, mf.TensorEntry] = {}
         tree: dict[str, Any] = {}
         for fqn, sm in metadata.state_dict_metadata.items():
             if isinstance(sm, TensorStorageMetadata):
                 path = fmt.escape(fqn)
-                tensors[path] = fmt.TensorEntry(
+                tensors[path] = mf.TensorEntry(
                     dtype_name(sm.properties.dtype),
                     tuple(int(x) for x in sm.size),
-                    tuple(sorted(chunks.get(path, []), key=lambda c: c.offsets)),
+                    mf.chunks_of(chunks.get(path, [])),
                 )
                 tree[fqn] = {"t": path}
             else:
                 path = BYTES_PREFIX + fmt.escape(fqn)
-                cs = sorted(chunks.get(path, []), key=lambda c: c.offsets)
-                tensors[path] = fmt.TensorEntry("uint8", (sum(c.length for c in cs),), tuple(cs))
-        manifest = fmt.Manifest(
+                cs = mf.chunks_of(chunks.get(path, []))
+                tensors[path] = mf.TensorEntry("uint8", (sum(c.length for c in cs),), cs)
+        manifest = mf.Manifest(
             step=self.step,
             world_size=len(results),
             tensors=tensors,
@@ -1004,12 +994,9 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
                 "key_layout": "flat",
                 "writer": "torch.distributed.checkpoint",
             },
-            created=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             extra={DCP_EXTRA: _metadata_to_json(metadata)},
         )
-        data = manifest.to_json()
-        fmt.parse_manifest(data, expect_step=self.step)  # never publish what load would refuse
-        return data
+        return mf.encode_manifest(manifest)  # never publishes what load would refuse
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:

@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ckptio.store",
             "ckptio.registry",
             "ckptio.format",
+            "ckptio.manifest",
             "ckptio.backends",
             "ckptio.backends.*",
         ),

@@ -17,6 +17,7 @@ import ckptio
 from ckptio import checkpoint as ck
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
 from ckptio.checkpoint.drain import object_rank
 from ckptio.registry import open_store
 from ckptio.testing.crash import expected_state, state_mismatch
@@ -455,7 +456,7 @@ def test_a_copy_reads_ahead_of_its_writer_by_a_bounded_amount(tmp_path, monkeypa
     src, dst = open_store(f"file://{tmp_path}/a"), open_store("memory://bounded-copy")
     data = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()  # 16 pieces
     src.put("obj", data)
-    chunk = fmt.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
+    chunk = mf.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
     inner = dst.open_writer
     wrote = [threading.Event() for _ in range(17)]
 
@@ -522,7 +523,7 @@ def test_a_copy_reads_into_the_buffers_its_writer_let_go_of(tmp_path, monkeypatc
     src, dst = open_store(f"file://{tmp_path}/a"), open_store("memory://reused-buffers")
     data = np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
     src.put("obj", data)
-    chunk = fmt.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
+    chunk = mf.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
     inner = dst.open_writer
 
     class LettingGo:  # sends each buffer's bytes at once and lets go of the buffer
@@ -559,7 +560,7 @@ def test_a_copy_never_reuses_a_buffer_whose_bytes_its_writer_still_holds(tmp_pat
     src, dst = open_store(f"file://{tmp_path}/a"), open_store("memory://queued-views")
     data = np.random.default_rng(2).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
     src.put("obj", data)
-    chunk = fmt.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
+    chunk = mf.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
     inner = dst.open_writer
 
     class Queueing:  # keeps a byte view of each buffer, as the local writer does, until close

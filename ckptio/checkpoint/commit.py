@@ -23,11 +23,11 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
 from ckptio.checkpoint.snapshot import LocalTensor, PreparedState
 from ckptio.checkpoint.write import (
     PARALLEL_OBJECTS,
@@ -288,7 +288,7 @@ def build_manifest(
         for path, cs in r["chunks"].items():
             chunk_lists.setdefault(path, []).extend(cs)
     metas = prepared.metas()
-    doc_tensors = {}
+    tensors: dict[str, mf.TensorEntry] = {}
     for path in plan["writers"]:
         meta = metas.get(path)
         if meta is None:
@@ -296,30 +296,19 @@ def build_manifest(
                 f"tensor {path!r} is held by another rank but not by rank 0; rank 0's state "
                 "must name every tensor (its structure is the checkpoint's)"
             )
-        doc_tensors[path] = {
-            "dtype": meta[0],
-            "shape": meta[1],
-            "chunks": sorted(chunk_lists.get(path, []), key=lambda c: c["offsets"]),
-        }
-    manifest = fmt.Manifest(
+        tensors[path] = mf.TensorEntry(
+            meta[0], tuple(meta[1]), mf.chunks_of(chunk_lists.get(path, []))
+        )
+    manifest = mf.Manifest(
         step=step,
         world_size=world_size,
-        tensors={},
+        tensors=tensors,
         objects=objects,
         tree=prepared.tree,
         metadata=prepared.metadata,
         layout={"kind": layout, "key_layout": key_layout},
-        created=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
     )
-    data = manifest.to_json()
-    # splice the tensors in (as JSON) and validate what we are about to commit, exactly
-    # as a reader will: a save never publishes a manifest that load would refuse
-    import json
-
-    doc = json.loads(data)
-    doc["tensors"] = doc_tensors
-    data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
-    fmt.parse_manifest(data, expect_step=step)
+    data = mf.encode_manifest(manifest)
     return data, objects
 
 

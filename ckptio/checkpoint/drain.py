@@ -15,6 +15,7 @@ from typing import Any
 
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
 from ckptio.checkpoint.snapshot import aligned_empty, crc32c
 from ckptio.lease import SaveLease
 from ckptio.store import Store
@@ -124,7 +125,7 @@ def copy_object(
     dst: Store,
     key: str,
     size: int,
-    chunks: Sequence[fmt.Chunk],
+    chunks: Sequence[mf.Chunk],
     stop: Callable[[], bool],
 ) -> int:
     """Copy one object, checking the CRC32C of every chunk as its bytes pass; abort (leaving
@@ -200,7 +201,7 @@ def copy_object(
 def copy_rank_objects(
     src: Store,
     dst: Store,
-    manifest: fmt.Manifest,
+    manifest: mf.Manifest,
     rank: int,
     cancelled: Callable[[], bool],
     outcome: dict[str, Any],
@@ -209,7 +210,7 @@ def copy_rank_objects(
     durable one), :data:`DRAIN_STREAMS` at a time, recording each finished key and its bytes in
     ``outcome`` (``keys``, ``nbytes``: so a failure can discard them); stop when
     ``cancelled()`` says so (raising :class:`Cancelled`) or when one copy failed."""
-    chunks: dict[str, list[fmt.Chunk]] = {}
+    chunks: dict[str, list[mf.Chunk]] = {}
     for entry in manifest.tensors.values():
         for c in entry.chunks:
             chunks.setdefault(c.key, []).append(c)

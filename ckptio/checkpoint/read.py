@@ -29,6 +29,7 @@ import numpy as np
 
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
 from ckptio.arrays import Target, as_target, ensure_memory
 from ckptio.checkpoint.snapshot import Shard, aligned_empty, crc32c
 from ckptio.registry import open_store
@@ -104,7 +105,7 @@ def _normalize(
     return starts, stops, keep
 
 
-_Job = tuple[fmt.Chunk, Any]
+_Job = tuple[mf.Chunk, Any]
 """A chunk to read and where it lands: a byte view of contiguous output (a whole chunk), or
 ``(out, starts, lo, hi)``: the box ``lo..hi`` of the tensor, whose output ``out`` begins at
 ``starts``."""
@@ -137,7 +138,7 @@ class _Reads:
         return results
 
 
-def _row_jobs(entry: fmt.TensorEntry, out: np.ndarray) -> list[_Job] | None:
+def _row_jobs(entry: mf.TensorEntry, out: np.ndarray) -> list[_Job] | None:
     """A whole tensor whose chunks are split along dim 0 (how ckptio writes them): each chunk
     lands on contiguous rows of ``out``, with no box arithmetic. None for other chunkings."""
     rows = [c for c in entry.chunks if c.shape[1:] == entry.shape[1:]]
@@ -153,7 +154,7 @@ def _row_jobs(entry: fmt.TensorEntry, out: np.ndarray) -> list[_Job] | None:
 
 
 def _box_jobs(
-    entry: fmt.TensorEntry,
+    entry: mf.TensorEntry,
     out: np.ndarray,
     starts: list[int],
     stops: list[int],
@@ -226,9 +227,7 @@ class CheckpointReader:
     and checking each chunk's CRC32C. ``state(select)`` rebuilds the saved structure.
     """
 
-    def __init__(
-        self, store: Store, step: int, manifest: fmt.Manifest, *, readers: int = 8
-    ) -> None:
+    def __init__(self, store: Store, step: int, manifest: mf.Manifest, *, readers: int = 8) -> None:
         self.store = store
         self.step = step
         self.manifest = manifest
@@ -240,7 +239,7 @@ class CheckpointReader:
     def metadata(self) -> Any:
         return self.manifest.metadata
 
-    def _read_chunk_into(self, chunk: fmt.Chunk, out: memoryview) -> None:
+    def _read_chunk_into(self, chunk: mf.Chunk, out: memoryview) -> None:
         n = self._read_object(chunk.key, chunk.offset, out)
         self._check_chunk(chunk, n, out)
 
@@ -255,7 +254,7 @@ class CheckpointReader:
                 f"{self.store.url}/{self._prefix}{key}: missing ({err})"
             ) from err
 
-    def _check_chunk(self, chunk: fmt.Chunk, n: int, data: Any, *, crc: int | None = None) -> None:
+    def _check_chunk(self, chunk: mf.Chunk, n: int, data: Any, *, crc: int | None = None) -> None:
         """Raise unless ``n`` (bytes read) is the chunk's length and ``data`` (or ``crc``, the
         CRC32C of what was read) its CRC32C."""
         key = self._prefix + chunk.key
@@ -566,12 +565,12 @@ class CheckpointReader:
             sizes[key] = actual
             if actual != size:
                 problems.append(f"{self._prefix}{key}: {actual} bytes, manifest says {size}")
-        by_object: dict[str, list[fmt.Chunk]] = {}
+        by_object: dict[str, list[mf.Chunk]] = {}
         for t in self.manifest.tensors.values():
             for c in t.chunks:
                 by_object.setdefault(c.key, []).append(c)
-        dense: list[fmt.Chunk] = []
-        sparse: list[tuple[str, list[fmt.Chunk]]] = []
+        dense: list[mf.Chunk] = []
+        sparse: list[tuple[str, list[mf.Chunk]]] = []
         for key, chunks in by_object.items():
             stat = sizes.get(key)
             if stat is not None and self._sparse(key, stat):
@@ -579,7 +578,7 @@ class CheckpointReader:
             else:
                 dense.extend(chunks)
 
-        def check(chunk: fmt.Chunk) -> str | None:
+        def check(chunk: mf.Chunk) -> str | None:
             buf = as_byte_view(aligned_empty((min(chunk.length, VERIFY_BLOCK_BYTES),), np.uint8))
             try:
                 if chunk.length <= VERIFY_BLOCK_BYTES:
@@ -597,7 +596,7 @@ class CheckpointReader:
                 return str(err)
             return None
 
-        def check_sparse(job: tuple[str, list[fmt.Chunk]]) -> list[str]:
+        def check_sparse(job: tuple[str, list[mf.Chunk]]) -> list[str]:
             key, chunks = job
             return self._verify_sparse(key, chunks, sizes[key])
 
@@ -620,7 +619,7 @@ class CheckpointReader:
         except _VERIFY_FAILURES:
             return False  # the reads will say what is wrong
 
-    def _verify_sparse(self, key: str, chunks: list[fmt.Chunk], size: int) -> list[str]:
+    def _verify_sparse(self, key: str, chunks: list[mf.Chunk], size: int) -> list[str]:
         """The problems of ``chunks`` of the sparse object ``key`` (of ``size`` bytes): only
         its stored ranges are read, in blocks; each hole adds the CRC of its zeros."""
         path = self._prefix + key
@@ -668,7 +667,7 @@ _VERIFY_FAILURES = (errors.CorruptCheckpointError, FileNotFoundError, errors.Sto
 """What ``verify`` reports as a problem of the checkpoint rather than raises."""
 
 
-def read_manifest(store: Store, step: int) -> fmt.Manifest:
+def read_manifest(store: Store, step: int) -> mf.Manifest:
     """Fetch and validate the manifest of ``step``; NotFoundError if it is not committed."""
     key = fmt.manifest_key(step)
     size = store.size(key)
@@ -683,7 +682,7 @@ def read_manifest(store: Store, step: int) -> fmt.Manifest:
         )
     data = store.get(key)
     try:
-        return fmt.parse_manifest(data, expect_step=step)
+        return mf.parse_manifest(data, expect_step=step)
     except errors.ManifestError as err:
         raise errors.ManifestError(f"{store.url}/{key}: {err}") from None
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
 from ckptio.arrays import as_host_array, contiguous_le, copy_into, not_inherited, private_pages
 
 __all__ = [
@@ -292,7 +293,7 @@ def prepare(
             text = json.dumps(metadata, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
         except (TypeError, ValueError) as err:
             raise errors.InvalidArgumentError(f"metadata must be JSON values: {err}") from None
-        problem = fmt.metadata_problem(text.encode("utf-8", "surrogatepass"))
+        problem = mf.metadata_problem(text.encode("utf-8", "surrogatepass"))
         if problem is not None:  # a load would refuse it: refused before anything is written
             raise errors.InvalidArgumentError(
                 f"metadata {problem}; store large data as arrays in the state"

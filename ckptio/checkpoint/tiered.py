@@ -67,6 +67,7 @@ from typing import Any, TypeVar
 
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
 from ckptio.checkpoint.checkpointer import Lifetime, SaveHandle, StoreCheckpointer
 from ckptio.checkpoint.commit import (
     SaveResult,
@@ -441,7 +442,7 @@ class TieredCheckpointer(Lifetime):
                     if job.cancel_event.is_set():
                         raise Cancelled
                     data = self.fast.store.get(mkey)
-                    fmt.parse_manifest(data, expect_step=step)
+                    mf.parse_manifest(data, expect_step=step)
                     if self.durable.keep_last is not None and not self.durable._retained:
                         # what killed predecessors' drains left before their retention ran:
                         # a run of such kills cannot pile checkpoints up (as Checkpointer)
@@ -460,7 +461,7 @@ class TieredCheckpointer(Lifetime):
                 if plan.get("cancelled"):
                     return DrainResult(step, "cancelled")
                 return DrainResult(step, "failed", error=plan["error"])
-            manifest = fmt.parse_manifest(plan["manifest"].encode(), expect_step=step)
+            manifest = mf.parse_manifest(plan["manifest"].encode(), expect_step=step)
             outcome: dict[str, Any] = {"ok": True, "keys": [], "nbytes": 0}
             try:
                 if self.per_rank and comm.rank != 0:  # what this rank reads stays on its root
@@ -502,7 +503,7 @@ class TieredCheckpointer(Lifetime):
         self,
         step: int,
         data: bytes,
-        manifest: fmt.Manifest,
+        manifest: mf.Manifest,
         outcomes: Sequence[Mapping[str, Any]],
     ) -> dict[str, Any]:
         """Rank 0: publish the manifest on the durable tier once every rank's objects are

@@ -27,6 +27,7 @@ import numpy as np
 
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
 from ckptio.checkpoint.snapshot import PAGE, LocalTensor, cpu_pool, crc32c
 from ckptio.dist import Communicator
 from ckptio.store import Store, wait_all
@@ -208,7 +209,7 @@ def write_rank_shards(
         object_sizes[rel] = total
         for (piece, offset), crc in zip(members, crcs, strict=True):
             chunks.setdefault(piece.path, []).append(
-                fmt.Chunk(
+                mf.Chunk(
                     piece.offsets, piece.view.shape, rel, offset, piece.view.nbytes, crc
                 ).as_json()
             )
@@ -311,7 +312,7 @@ def pwrite_pieces(
     chunks: dict[str, list[dict[str, Any]]] = {}
     for (piece, offset), crc in zip(placed, crcs, strict=True):
         chunks.setdefault(piece.path, []).append(
-            fmt.Chunk(
+            mf.Chunk(
                 piece.offsets,
                 piece.view.shape,
                 region.key,
