@@ -399,7 +399,6 @@ MAX_PARAMETERS = 12
 KNOWN_VIOLATIONS: dict[str, str] = {
     # owner "pipeline" (issue 31, the checkpoint side: one save pipeline, composition)
     "lines ckptio/runner.py": "pipeline: the runner drives the users' save pipeline",
-    "lines ckptio/torch.py": "pipeline: frameworks as codecs, no twin classes",
     "length ckptio/tierbench.py:run_tiered_workload": "pipeline: tiered runs as a runner phase",
     "parameters ckptio/tierbench.py:run_tiered_workload": "pipeline: tiered runs as a runner phase",
     "parameters ckptio/runner.py:run_workload": "pipeline: run_workload(url, plan, settings, comm)",

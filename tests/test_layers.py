@@ -63,6 +63,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ckptio.checkpoint.*",
             "ckptio.lease",
             "ckptio.tiered",
+            "ckptio.dcp_metadata",
             "ckptio.torch",
             "ckptio.jax",
             "ckptio.lightning",
