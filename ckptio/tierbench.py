@@ -66,7 +66,6 @@ from ckptio.runner import (
     DataGenerator,
     RunSettings,
     RunSummary,
-    _assign,
     _events_columns,
     _merge_columns,
     _peak_rss,
@@ -77,6 +76,7 @@ from ckptio.runner import (
     default_keep,
     first_run_step,
     log,
+    writer_ranks,
 )
 from ckptio.store import Store
 
@@ -180,7 +180,7 @@ class _Box:
 
 def _boxes(plan: Any, size: int, rank: int) -> list[_Box]:
     """This process's box of each global tensor (components no rank holds are left out)."""
-    assigned = _assign(plan, size)
+    assigned = writer_ranks(plan, size)
     out = []
     for name, field, dtype in _COMPONENTS:
         counts = [int(getattr(plan, field)[a].sum()) for a in assigned]

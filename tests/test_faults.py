@@ -137,7 +137,7 @@ def test_runner_results_count_retries(s3_bucket, fault_proxy, tmp_path):
     import pyarrow.parquet as pq
 
     from ckptio.dist import SingleProcess
-    from ckptio.runner import run_workload
+    from ckptio.runner import RunSettings, run_workload
     from ckptio.workload import make_plan
 
     proxy = fault_proxy(rate=0.1, kinds=("slowdown", "internal", "drop"), seed=8)
@@ -145,9 +145,8 @@ def test_runner_results_count_retries(s3_bucket, fault_proxy, tmp_path):
     summary = run_workload(
         f"s3://{s3_bucket}/bench",
         plan,
-        comm=SingleProcess(),
-        out_dir=tmp_path / "out",
-        store_options={"endpoint_url": proxy.url, "streams": 4},
+        RunSettings(out_dir=tmp_path / "out", options={"endpoint_url": proxy.url, "streams": 4}),
+        SingleProcess(),
     )
     faults = proxy.stats().get("faults", 0)
     proxy.set(rate=0.0)
