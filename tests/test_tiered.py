@@ -814,3 +814,20 @@ def test_a_fast_root_without_an_owner_record(tmp_path, caplog):
     (tmp_path / "fast" / "fast-tier-owner.json").write_text('{"kind": "something else"}')
     with pytest.raises(errors.InvalidArgumentError, match="is not a fast tier's owner record"):
         tiered(tmp_path)
+
+
+def test_the_framework_twin_classes_are_deprecated_aliases(tmp_path):
+    """Before codecs, ``ckptio.torch``/``ckptio.jax`` each had a ``TieredCheckpointer`` twin;
+    the name still works, warns, and is the framework's ``Checkpointer`` (which takes local=)."""
+    torch = pytest.importorskip("torch")
+    from ckptio import torch as ct
+
+    with pytest.warns(DeprecationWarning, match=r"ckptio.torch.Checkpointer\(url, local=...\)"):
+        twin = ct.TieredCheckpointer
+    assert twin is ct.Checkpointer
+    with twin(f"file://{tmp_path}/durable", local=f"file://{tmp_path}/fast") as c:
+        assert c.tiered and isinstance(c, ckptio.Checkpointer)
+        c.save({"w": torch.ones(3)}, 1).wait_drain()
+        assert torch.equal(c.load()["w"], torch.ones(3))
+    with pytest.raises(AttributeError, match="no attribute 'Tiered'"):
+        ct.Tiered  # noqa: B018
