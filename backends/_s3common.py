@@ -208,6 +208,10 @@ class S3Base(Store):
             return None
 
     # -- reads -------------------------------------------------------------------------------
+    def size(self, key: str) -> int:
+        """One HEAD, as :meth:`stat` (each backend's)."""
+        return self.stat(key).size
+
     def read_into(self, key: str, offset: int, buffer: Buffer) -> int:
         """Read up to ``len(buffer)`` bytes of ``key`` from byte ``offset`` straight into
         ``buffer``, in one ranged request (retried and traced); returns the bytes read, 0 at or

@@ -200,9 +200,6 @@ class ArrowStore(c.WholeObjectStore):
 
         return sorted(self._call("list", prefix, 0, "list", run))
 
-    def size(self, key: str) -> int:
-        return self.stat(key).size
-
     def stat(self, key: str) -> ObjectStat:
         """One ``get_file_info`` (a HEAD); its ``mtime`` is the server's ``LastModified``."""
         path = self._path(self._full(key))

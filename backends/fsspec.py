@@ -185,9 +185,6 @@ class FsspecStore(c.WholeObjectStore):
 
         return sorted(self._call("list", prefix, 0, "list", run))
 
-    def size(self, key: str) -> int:
-        return self.stat(key).size
-
     def stat(self, key: str) -> ObjectStat:
         """One ``info`` (a HEAD on S3): its ``LastModified`` (s3fs) or ``mtime`` (local)."""
         path = self._path(self._full(key))

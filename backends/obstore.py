@@ -145,9 +145,6 @@ class ObstoreStore(c.WholeObjectStore):
             for o in page.get("Contents", ())
         ]
 
-    def size(self, key: str) -> int:
-        return self.stat(key).size
-
     def stat(self, key: str) -> ObjectStat:
         """One HEAD; ``last_modified`` is the server's clock."""
         full = self._full(key)

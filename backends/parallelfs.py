@@ -43,23 +43,22 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
-from typing import ClassVar, Unpack
+from typing import Any, ClassVar, Unpack
 
-from ckptio.backends.local import (
+from ckptio import errors
+from ckptio.store import option_bool, option_int
+from ckptio.trace import Trace
+from ckptio.units import parse_size
+
+from .local import (
     ALIGN,
-    DEFAULT_BLOCK_SIZE,
-    DEFAULT_STREAMS,
     LOCAL_OPTIONS,
+    LocalOptions,
     LocalStore,
     local_root,
     open_regular,
     os_error,
 )
-
-from ckptio import errors
-from ckptio.store import NoOptions, option_bool, option_int
-from ckptio.trace import Trace
-from ckptio.units import parse_size
 
 __all__ = [
     "DEFAULT_STRIPE_SIZE",
@@ -67,6 +66,7 @@ __all__ = [
     "MAX_ALIGNMENT",
     "PARALLEL_KINDS",
     "FsInfo",
+    "PFSOptions",
     "ParallelFSStore",
     "detect_fs",
     "kind_of",
@@ -92,7 +92,31 @@ _MAGIC: dict[int, str] = {
     0x01021994: "tmpfs",
 }
 
-PFS_OPTIONS = ("fs", "stripe_count", "stripe_size", "lfs", "fanout")
+
+class PFSOptions(LocalOptions, total=False):
+    """The options of :class:`ParallelFSStore`: every
+    :class:`~ckptio.backends.local.LocalOptions` (``streams``, ``block_size``, ``direct``,
+    ``direct_read``, ``fsync``, ``preallocate``) plus these, each documented once, here
+    (keyword arguments or ``name=value`` pairs of the URL's query:
+    ``pfs:///lustre/run1?stripe_count=8``)."""
+
+    fs: str
+    """The filesystem kind (one of :data:`KINDS`; default ``auto``, detected with statfs).
+    Set it where detection cannot see the truth (a bind mount through a container layer)."""
+    stripe_count: int | str
+    """Lustre stripe count of each shard file; ``auto`` (the default) chooses by size
+    (:func:`stripe_for`), -1 means every OST."""
+    stripe_size: int | str
+    """Lustre stripe size (a size, default ``4MiB``; a multiple of 64 KiB)."""
+    lfs: str
+    """The ``lfs`` command (default ``lfs``, looked up on ``PATH``). Missing on Lustre: a
+    warning, and files get the directory's default layout."""
+    fanout: bool | str | None
+    """Spread shard files over 256 directories (the ``hashed`` key layout); default on for
+    lustre/gpfs/beegfs. (``direct`` defaults on for lustre/gpfs, else as ``file://``.)"""
+
+
+PFS_OPTIONS = tuple(k for k in PFSOptions.__annotations__ if k not in LOCAL_OPTIONS)
 """The options :class:`ParallelFSStore` takes beyond :data:`~ckptio.backends.local.LOCAL_OPTIONS`."""
 
 DEFAULT_STRIPE_SIZE = 4 * 2**20
@@ -228,22 +252,9 @@ _PLAIN = _Defaults(direct=None, fanout=False)
 class ParallelFSStore(LocalStore):
     """Files on a parallel filesystem (or any POSIX one): ``pfs:///lustre/run1?stripe_count=8``.
 
-    Options (keyword-only; also from the URL query), besides every
-    :class:`~ckptio.backends.local.LocalStore` option (``streams``, ``block_size``,
-    ``direct``, ``direct_read``, ``fsync``, ``preallocate``):
-
-    - ``fs`` (str, default ``auto``): the filesystem kind (one of :data:`KINDS`); ``auto``
-      detects it with statfs. Set it where detection cannot see the truth (a bind mount
-      through a container layer).
-    - ``stripe_count`` (int or ``auto``, default ``auto``): Lustre stripe count of each shard
-      file; ``auto`` chooses by size (:func:`stripe_for`), -1 means every OST.
-    - ``stripe_size`` (size, default ``4MiB``): Lustre stripe size (a multiple of 64 KiB).
-    - ``lfs`` (str, default ``lfs``): the ``lfs`` command (looked up on ``PATH``). Missing on
-      Lustre: a warning, and files get the directory's default layout.
-    - ``fanout`` (bool; default on for lustre/gpfs/beegfs): spread shard files over 256
-      directories (the ``hashed`` key layout).
-    - ``direct`` (bool; default on for lustre/gpfs, else ``file://``'s default): O_DIRECT
-      writes, as for ``file://``.
+    Options: :class:`PFSOptions` (keyword-only; also from the URL query): every
+    :class:`~ckptio.backends.local.LocalOptions` plus the striping ones. ``direct`` defaults
+    on for lustre/gpfs, else as for ``file://``.
     """
 
     schemes: ClassVar[tuple[str, ...]] = ("pfs",)
@@ -256,23 +267,16 @@ class ParallelFSStore(LocalStore):
         return detect_fs(path).parallel
 
     def __init__(
-        self,
-        url: str,
-        *,
-        trace: Trace | None = None,
-        fs: str = "auto",
-        stripe_count: int | str = "auto",
-        stripe_size: int | str = DEFAULT_STRIPE_SIZE,
-        lfs: str = "lfs",
-        fanout: bool | str | None = None,
-        direct: bool | str | None = None,
-        direct_read: bool | str | None = None,
-        streams: int | str = DEFAULT_STREAMS,
-        block_size: int | str = DEFAULT_BLOCK_SIZE,
-        fsync: bool | str = True,
-        preallocate: bool | str = False,
-        **unknown: Unpack[NoOptions],
+        self, url: str, *, trace: Trace | None = None, **options: Unpack[PFSOptions]
     ) -> None:
+        opts: dict[str, Any] = dict(options)
+        fs = opts.pop("fs", "auto")
+        stripe_count = opts.pop("stripe_count", "auto")
+        stripe_size = opts.pop("stripe_size", DEFAULT_STRIPE_SIZE)
+        lfs = opts.pop("lfs", "lfs")
+        fanout = opts.pop("fanout", None)
+        direct = opts.pop("direct", None)
+        unknown = {k: v for k, v in opts.items() if k not in LOCAL_OPTIONS}
         root = local_root(url)
         self.fs = detect_fs(root)
         if fs != "auto":
@@ -291,16 +295,7 @@ class ParallelFSStore(LocalStore):
                 where, unknown, [(where, (*PFS_OPTIONS, *LOCAL_OPTIONS))]
             )
         try:
-            super().__init__(
-                url,
-                trace=trace,
-                streams=streams,
-                block_size=block_size,
-                direct=direct,
-                direct_read=direct_read,
-                fsync=fsync,
-                preallocate=preallocate,
-            )
+            super().__init__(url, trace=trace, direct=direct, **opts)
         except errors.InvalidArgumentError as err:
             raise errors.InvalidArgumentError(
                 f"{err} (pfs:// also takes: {', '.join(PFS_OPTIONS)})"
@@ -362,7 +357,7 @@ class ParallelFSStore(LocalStore):
             return super().create_file(key, path, size_hint, target=target, exclusive=exclusive)
         with self.trace.request("create", key, backend=self.name):
             try:
-                self.make_dirs(os.path.dirname(path))
+                self.dirs.make(os.path.dirname(path))
             except OSError as err:
                 raise os_error(err, target, "create") from err
             import subprocess  # only striping runs a command; every file:// store loads this module

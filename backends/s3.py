@@ -199,9 +199,6 @@ class Boto3Store(c.S3Base):
 
         return sorted(self._call("list", prefix, 0, "list", run))
 
-    def size(self, key: str) -> int:
-        return self.stat(key).size
-
     def stat(self, key: str) -> ObjectStat:
         """One HEAD; ``LastModified`` is the server's clock (whole seconds on AWS)."""
         full = self._full(key)

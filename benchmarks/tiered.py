@@ -9,7 +9,7 @@ Each round, on the same state (``--size`` of random float32 in 8 tensors), in ro
 - ``local-load`` / ``tiered-load``: a plain load of the local save, and the tiered restore
   (from its fast tier).
 
-``durable`` defaults to ``shaped+file://…?profile=cloud-s3`` (the shaped backend imposing the
+``durable`` defaults to ``emulate+file://…?profile=cloud-s3`` (the emulate backend imposing the
 cloud-s3 profile's latency and bandwidth on a local directory). The page cache is not dropped
 (both local cases and both loads see it alike). Prints the medians and the issue's ratios:
 tiered save blocks <= 1.1x a local save; drain throughput >= 0.9x a direct save's; tiered
@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--dir", default="/var/tmp/ckptio-tiered")
     ap.add_argument(
         "--durable",
-        default="shaped+file://{dir}/durable-{case}-{round}?profile=cloud-s3",
+        default="emulate+file://{dir}/durable-{case}-{round}?profile=cloud-s3",
         help="durable URL template ({dir}, {case}, {round})",
     )
     ap.add_argument("--out", help="also write the samples and medians to this JSON file")

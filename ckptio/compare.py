@@ -11,7 +11,7 @@ Default targets (a laptop needs nothing else):
   installed): a single-node Ceph RADOS Gateway started on loopback and stopped here
   (:mod:`ckptio.rgwserver`): **measured — Ceph RGW on loopback**, a real S3 implementation
   on this machine (memstore: objects in the OSD's memory), not a cloud service;
-- one emulated target per profile (default ``cloud-s3``, ``abci-lustre``): the shaped backend
+- one emulated target per profile (default ``cloud-s3``, ``abci-lustre``): the emulate backend
   over ``memory://`` (emulated: the profile imposed by sleeping, not the real service);
 - tiered targets ``DURABLE+LOCAL`` (default ``cloud-s3+local-nvme``): the workload's state
   saved through :class:`~ckptio.tiered.TieredCheckpointer` on a node-local fast tier and
@@ -92,7 +92,7 @@ class Target:
     """Label in tables and plots (a URL's credentials hidden)."""
     url: str
     emulate: str | None = None
-    """Profile name when the target is emulated through the shaped backend."""
+    """Profile name when the target is emulated through the emulate backend."""
     mock: bool = False
     rgw: bool = False
     """A Ceph RGW started for the run (measured, on loopback)."""

@@ -27,15 +27,21 @@ ABC; the plugin implements all of it), so either ``Trainer`` accepts it.
 (:func:`ckptio.registry.from_fsspec_url`): a plain path or ``file://`` is a local path,
 ``s3://`` the bucket, and ``memory://`` fsspec's in-process filesystem (where Lightning's
 ``ModelCheckpoint`` and HPC resume look), not ckptio's ``memory://``. Each checkpoint path
-Lightning names (``ckpts/epoch=0-step=500.ckpt``, ``ckpts/last.ckpt``) is a ckptio *root*:
+Lightning names (``ckpts/epoch=0-step=500.ckpt``, ``ckpts/last.ckpt``) has a ckptio *root*,
+and a local path holds a *stub*: a small JSON file (``{"kind": "ckptio-lightning-stub",
+"root": ..., "step": ...}``, never a pickle) naming that root, which Lightning lists, dates,
+versions and hands back to the plugin, as it would its own ``torch.save`` file:
 
-- with ``url=None``, the path itself (a directory, or a prefix on object storage);
-- with a ``url``, a local path becomes ``<url>/<the path relative to base>`` (``base``
-  defaults to ``/``: ``<url>/home/me/run/ckpts/last.ckpt``), so distinct Lightning paths are
-  distinct roots, and a *stub* is left at the local path: a small JSON file
-  (``{"kind": "ckptio-lightning-stub", "root": ..., "step": ...}``, never a pickle) that
-  Lightning lists, dates and hands back to the plugin, which reads the root it names. A path
-  that is a URL is its own root (no stub).
+- with ``url=None``, the root is in the *sidecar* of the path's directory, beside it:
+  ``ckpts/last.ckpt`` is the stub, ``ckpts.ckptio/last.ckpt`` its root (the stub names it
+  relative to itself, so the run directory can move or be copied whole). Beside, not inside:
+  Lightning's tests and users' scripts list a checkpoint directory and expect only
+  checkpoint files there. A path that is a directory is its own root: what earlier versions
+  of this plugin saved (they had no stubs) still loads, resumes and is saved to as it was;
+- with a ``url``, the root is ``<url>/<the path relative to base>`` (``base`` defaults to
+  ``/``: ``<url>/home/me/run/ckpts/last.ckpt``), so distinct Lightning paths are distinct
+  roots;
+- a path that is a URL (``s3://``, ``memory://``) is its own root, with no stub.
 
 Every save of a path is the next step under its root, committed atomically, and older steps of
 it are retired after the commit (``keep_last=1``): rewriting ``last.ckpt`` can never leave a
@@ -50,26 +56,33 @@ progress on it, in any thread of the process and through any plugin instance: a 
 ``AsyncCheckpointIO`` thread, and a load of a path whose ``async_save`` is in flight (by a
 second Trainer in the same process, too) waits for its commit. When ``save_checkpoint``
 returns, the path exists for Lightning's own checks (``ModelCheckpoint``'s version counter
-asks fsspec): the root's directory, or the stub, is there — for an async save, before its
-commit (on object storage without a ``url``, once the save's first object, its lease, is
-stored: a prefix exists only with an object under it). A process killed before a path's *first* commit leaves that path existing with
-nothing committed; loading it says so (:class:`~ckptio.errors.NotFoundError`). A path that is
-a symbolic link (``save_last="link"``) is removed as a link, never followed; a save to it
-replaces the link.
+asks fsspec): the stub is there, written after the commit for a synchronous save, and for an
+async save before its commit (a URL path without a stub: its directory, or on object
+storage the save's first object, its lease, once stored: a prefix exists only with an object
+under it). A process killed during an async save's *first* commit leaves that path existing
+with nothing committed; loading it says so (:class:`~ckptio.errors.NotFoundError`). One
+killed between a first synchronous commit and its stub leaves a root no stub names:
+:meth:`CkptioCheckpointIO.restore_stubs` writes it. A removal deletes the stub first, then
+the root. A path that is a symbolic link (``save_last="link"``) is removed as a link, never
+followed; a save to it replaces the link.
 
 **Getting a model back.** ``LightningModule.load_from_checkpoint(path)`` reads ``path`` with
-``torch.load`` and never asks the plugin, so it cannot read a ckptio checkpoint. Use
+``torch.load`` and never asks the plugin: given a stub it raises ``pickle.UnpicklingError``
+("Weights only load failed ... Unsupported operand 123", the stub's opening ``{``; torch's
+advice to retry with ``weights_only=False`` does not apply, the stub is JSON), given a root
+``IsADirectoryError``. Use
 :func:`load_from_checkpoint` (``load_from_checkpoint(MyModel, path)``), or resume training
 with ``trainer.fit(model, ckpt_path=path)`` / ``ckpt_path="last"``, which go through the
 plugin.
 
 **Resuming with ``ckpt_path="last"``.** Lightning looks for ``last*.ckpt`` by listing the
-``ModelCheckpoint``'s directory with fsspec. With ``url=None`` the roots are there (but
-Lightning's lookup drops the scheme of a directory that is a URL, ``s3://`` or
-``memory://``, and finds nothing, with its default plugin too). With a ``url`` the stubs are; on a machine without them (a fresh node resuming from ``s3://``), call
-``io.restore_stubs(dirpath)`` before ``fit`` (it writes the stub of every checkpoint
-committed under the URL for that directory), or pass the path explicitly:
-``ckpt_path="<dirpath>/last.ckpt"`` loads its root whether or not the stub exists.
+``ModelCheckpoint``'s directory with fsspec, and finds the stubs there (Lightning's lookup
+drops the scheme of a directory that is a URL, ``s3://`` or ``memory://``, and finds
+nothing, with its default plugin too). On a machine without them (a fresh node resuming from
+a ``url``), call ``io.restore_stubs(dirpath)`` before ``fit`` (it writes the stub of every
+checkpoint committed under the URL, or in the sidecar, for that directory), or pass the path
+explicitly: ``ckpt_path="<dirpath>/last.ckpt"`` loads its root whether or not the stub
+exists.
 
 **Processes.** Lightning calls ``save_checkpoint`` on global rank 0 only, so the plugin saves
 as a single process. It pickles without its live state (``strategy="ddp_spawn"`` sends it to
@@ -111,6 +124,8 @@ STUB_KIND = "ckptio-lightning-stub"
 STUB_MAX_BYTES = 64 << 10
 """Bytes; a stub is a few hundred bytes, so a larger file at a checkpoint path is not one."""
 _TMP_MARK = ".ckptio-tmp-"
+SIDECAR_SUFFIX = ".ckptio"
+"""Without a ``url``, the checkpoints of directory ``d`` live in ``d`` + this, beside it."""
 
 
 def _checkpoint_io_bases() -> list[ABCMeta]:
@@ -217,6 +232,20 @@ def _make_visible(path: str, local_root: str | None) -> None:
         fs.makedirs(fs_path, exist_ok=True)
 
 
+def _sidecar(directory: str) -> str:
+    """The directory beside the local directory ``directory`` that holds the roots of its
+    checkpoints when there is no ``url``: ``<directory>.ckptio`` (``ckpts/epoch=0.ckpt`` is a
+    stub, its root ``ckpts.ckptio/epoch=0.ckpt``). Beside it, not in it: Lightning and the
+    code around it list a checkpoint directory and expect only checkpoints there."""
+    parent, name = os.path.split(directory.rstrip(os.sep))
+    if not name:
+        raise errors.InvalidArgumentError(
+            f"a checkpoint directly in {directory} has no directory beside it for its data "
+            f"(<directory>{SIDECAR_SUFFIX}); pass CkptioCheckpointIO(url=...)"
+        )
+    return os.path.join(parent, name + SIDECAR_SUFFIX)
+
+
 def _read_stub(path: str) -> dict[str, Any] | None:
     """The stub at the local file ``path``, None if ``path`` is no regular file; a file that
     is not a stub is an error saying what it is."""
@@ -252,8 +281,8 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
     Options (keyword-only after ``url``):
 
     - ``url`` (str or None): root under which each local Lightning checkpoint path ``p``
-      becomes ``<url>/<p relative to base>``, with a stub left at ``p``; None: each Lightning
-      path is its own root.
+      becomes ``<url>/<p relative to base>``; None: ``p``'s root is in the sidecar of its
+      directory, ``<directory>.ckptio/<name>``. Either way a stub is left at ``p``.
     - ``base`` (a local directory, default ``/``; with ``url`` only): the directory whose tree
       the ``url`` mirrors. A Lightning path outside it is refused.
     - ``async_save`` (bool, False): save in the background after a snapshot.
@@ -300,13 +329,19 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
 
     # -- where a path lives -------------------------------------------------------------------
     def _root(self, path: Any) -> str:
-        """The ckptio root of the Lightning path ``path`` (its stub aside)."""
+        """The ckptio root of the Lightning path ``path`` (its stub aside): a URL is its own
+        root; a local path's root is ``<url>/<path relative to base>`` with a ``url``, else
+        in the sidecar of its directory (:func:`_sidecar`) — or the path itself where it is
+        a directory, the root an earlier version of this plugin saved there."""
         p = from_fsspec_url(os.fspath(path))
-        if self.url is None:
-            return p
         local = _local_path(p)
         if local is None:  # a URL is its own root
             return p
+        if self.url is None:
+            if os.path.isdir(local):
+                return os.path.abspath(local)
+            directory, name = os.path.split(os.path.abspath(local))
+            return os.path.join(_sidecar(os.path.realpath(directory)), name)
         rel = os.path.relpath(os.path.abspath(local), self.base)
         if rel == os.curdir or rel.split(os.sep, 1)[0] == os.pardir:
             raise errors.InvalidArgumentError(
@@ -315,11 +350,17 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
             )
         return f"{self.url.rstrip('/')}/{rel.replace(os.sep, '/')}"
 
-    def _stub_path(self, path: Any, root: str) -> str | None:
-        """Where the stub of ``path`` goes: its local path when there is a ``url``, else (or
-        for a URL path) None."""
+    def _home(self, directory: Any) -> str:
+        """Where the roots of the checkpoints in the local directory ``directory`` live: the
+        URL ``<url>/<directory relative to base>``, or its sidecar."""
         if self.url is None:
-            return None
+            return _sidecar(os.path.realpath(os.fspath(directory)))
+        return self._root(directory)
+
+    @staticmethod
+    def _stub_path(path: Any, root: str) -> str | None:
+        """Where the stub of ``path`` goes: its local path, unless ``path`` is a URL or its
+        own root (a directory an earlier version saved)."""
         local = _local_path(from_fsspec_url(os.fspath(path)))
         if local is None or _local_path(root) == os.path.abspath(local):
             return None
@@ -327,11 +368,16 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
 
     def _source(self, path: Any) -> str:
         """The root to read or remove for ``path``: the one its stub names, if a stub is
-        there (also without a ``url``: a stub written by a plugin that had one), else
-        :meth:`_root`."""
+        there (whichever plugin wrote it: with or without a ``url``), else :meth:`_root`."""
         local = _local_path(from_fsspec_url(os.fspath(path)))
         stub = _read_stub(local) if local is not None else None
-        return stub["root"] if stub is not None else self._root(path)
+        if local is None or stub is None:
+            return self._root(path)
+        root: str = stub["root"]
+        if "://" in root or os.path.isabs(root):
+            return root
+        # relative to the stub's directory (through a "last" link: its target's)
+        return os.path.normpath(os.path.join(os.path.dirname(os.path.realpath(local)), root))
 
     def _checkpointer(self, root: str) -> ct.Checkpointer:
         return ct.Checkpointer(
@@ -340,7 +386,9 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
 
     def _write_stub(self, stub: str, root: str, step: int) -> None:
         """Write the stub through a hidden temp file renamed into place, so Lightning sees
-        the whole stub or none. The temp file names its host and process; one in the
+        the whole stub or none. A sidecar's root (no ``url``) is written relative to the
+        stub's directory, so a run directory moved or copied whole still loads; a ``url``
+        root as it is. The temp file names its host and process; one in the
         directory whose process is gone (killed between write and rename) is removed first,
         so the directory holds stubs only. Another host's temp files are left alone: whether
         their process runs is not known here (a second job writing stubs beside this one)."""
@@ -353,6 +401,8 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
                 with contextlib.suppress(OSError):
                     os.remove(os.path.join(directory, entry))
         tmp = os.path.join(directory, f".{name}{_TMP_MARK}{socket.gethostname()}-{os.getpid()}")
+        if self.url is None:  # a sidecar's root: named from here, so the two move together
+            root = os.path.relpath(root, os.path.dirname(os.path.realpath(stub)))
         with open(tmp, "w") as f:
             json.dump({"kind": STUB_KIND, "root": root, "step": step}, f)
         os.replace(tmp, stub)
@@ -411,9 +461,9 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
                 _ROOTS.release(root, closer=threading.current_thread())
 
         closer = threading.Thread(target=close, name="ckptio-close")
-        with self._lock:  # started before _reap can see it: a thread not started cannot be joined
-            self._closers = [t for t in self._closers if t.is_alive()] + [closer]
+        with self._lock:  # listed once started: teardown joins it, and cannot join it before
             closer.start()
+            self._closers = [t for t in self._closers if t.is_alive()] + [closer]
 
     # -- the CheckpointIO interface -----------------------------------------------------------
     def save_checkpoint(
@@ -496,9 +546,11 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
 
     def remove_checkpoint(self, path: Any) -> None:
         """Remove the checkpoint at ``path``: a symbolic link is removed as a link (its
-        target stays); otherwise every object under its root (manifests first, so no
-        checkpoint is half there), its stub and the local directories that leaves empty,
-        after any save of that root in flight in this process."""
+        target stays); otherwise its stub first (Lightning no longer sees the path), then
+        every object under its root (manifests first, so no checkpoint is half there) and the
+        local directories of the root that leaves empty, after any save of that root in
+        flight in this process. The sidecar directory itself stays: a save in another thread
+        may be creating its next root in it."""
         self._reap()
         local = _local_path(from_fsspec_url(os.fspath(path)))
         if local is not None and os.path.islink(local):
@@ -509,6 +561,8 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
         _, store_options = split_options(dict(self.options))
         with _ROOTS.holding(root):
             self._reap()  # the save of this root, if it was in flight, is done now
+            if stub is not None and os.path.isfile(stub):
+                os.remove(stub)
             with open_store(root, **store_options) as store:
                 keys = store.list("")
                 manifests = [k for k in keys if k.endswith("/" + fmt.MANIFEST_NAME)]
@@ -516,8 +570,6 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
                 store.delete([k for k in keys if k not in manifests])
                 store.cleanup_incomplete("")
                 top = store.describe().local_path
-            if stub is not None and os.path.isfile(stub):
-                os.remove(stub)
             if top is not None and os.path.isdir(top):
                 for dirpath, _dirs, _files in os.walk(top, topdown=False):
                     with contextlib.suppress(OSError):  # rmdir removes only empty directories
@@ -525,17 +577,14 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
 
     def restore_stubs(self, dirpath: Any) -> list[str]:
         """Write, under the local directory ``dirpath`` (the ``ModelCheckpoint``'s), the stub of
-        every ``*.ckpt`` root that has a committed checkpoint under the ``url``, so that
-        ``ckpt_path="last"`` (and top-k bookkeeping) sees them on a machine that lacks them.
-        Returns the stub paths written."""
-        if self.url is None:
-            raise errors.InvalidArgumentError(
-                "restore_stubs needs CkptioCheckpointIO(url=...): without a url the checkpoints "
-                "are in the ModelCheckpoint's directory already"
-            )
+        every ``*.ckpt`` root that has a committed checkpoint under the ``url`` (or, without
+        one, in the directory's sidecar), so that ``ckpt_path="last"`` (and top-k
+        bookkeeping) sees them on a machine that lacks them (a fresh node resuming from the
+        ``url``), or after a process was killed between a first commit and its stub. Returns
+        the stub paths written."""
         self._reap()
         _, store_options = split_options(dict(self.options))
-        with open_store(self._root(dirpath), **store_options) as store:
+        with open_store(self._home(dirpath), **store_options) as store:
             names = sorted(
                 {
                     k.split("/", 1)[0]

@@ -12,9 +12,9 @@ URLs are parsed strictly, by one parser (:func:`parse_url`) for every backend:
 - a plain path (absolute or relative, no scheme) and any ``os.PathLike`` mean ``file://``;
   relative paths are resolved against the current directory;
 - otherwise ``scheme://...``, where the scheme is registered exactly (``s3+boto3``), or is
-  ``shaped+<url>`` (any accepted URL, wrapped) or ``fsspec+<protocol>`` (a protocol fsspec
-  knows). Anything else (``s3:/bucket``, ``file:relative``, ``s3+boto://``) is refused with
-  the accepted forms (:class:`~ckptio.errors.InvalidArgumentError`,
+  ``emulate+<url>`` (any accepted URL, wrapped; ``shaped+<url>``, its earlier name, too) or
+  ``fsspec+<protocol>`` (a protocol fsspec knows). Anything else (``s3:/bucket``,
+  ``file:relative``, ``s3+boto://``) is refused with the accepted forms (:class:`~ckptio.errors.InvalidArgumentError`,
   :class:`~ckptio.errors.UnknownSchemeError`);
 - ``file://``, ``pfs://`` and ``fsspec+file://`` name a local path: the host is empty or
   ``localhost`` (``file:///abs/path``), and the path is percent-decoded (RFC 8089, so
@@ -121,6 +121,10 @@ class BackendInfo:
     """The boolean keyword option that, set false, skips durable flushes (``fsync`` on POSIX
     stores; DCP's ``sync_files=False``), for measuring what they cost; None where the backend
     has no such switch."""
+    aliases: tuple[str, ...] = ()
+    """Earlier names of the scheme, still accepted in URLs where users may have written them
+    (``shaped+<url>`` for ``emulate+<url>``); a store opened through one is the same store,
+    named by :attr:`scheme` (``Store.url``, results). ckptio's own records only."""
 
     def __post_init__(self) -> None:
         if self.form not in URL_FORMS:
@@ -154,7 +158,7 @@ BUILTIN: Mapping[str, BackendInfo] = MappingProxyType(
             _builtin("file", "local:LocalStore", **_POSIX),
             _builtin("pfs", "parallelfs:ParallelFSStore", **_POSIX),
             _builtin("memory", "memory:MemoryStore"),
-            _builtin("shaped", "shaped:ShapedStore", form="wrapper"),
+            _builtin("emulate", "emulate:EmulatedStore", form="wrapper", aliases=("shaped",)),
             _builtin("s3", "s3:Boto3Store", requires=("botocore",), **_S3),
             _builtin("s3+boto3", "s3:Boto3Store", requires=("botocore",), **_S3),
             _builtin(
@@ -213,7 +217,8 @@ def backend_info(scheme: str) -> BackendInfo:
     imported to read its class attributes (:data:`THIRD_PARTY_ATTRIBUTES`); where it does
     not import, its entry point's record (the error comes when a store opens)."""
     table = _entry_points()
-    info = table.get(scheme) or table[_resolve(scheme.lower(), scheme)[0]]
+    name = _aliases().get(scheme, scheme)
+    info = table.get(name) or table[_resolve(name.lower(), name)[0]]
     if BUILTIN.get(info.scheme) is info:
         return info
     try:
@@ -267,7 +272,7 @@ def store_class(url: str | os.PathLike[str]) -> type[Store]:
 def client_versions(url: str | os.PathLike[str]) -> dict[str, str]:
     """``{distribution: version}`` of the client packages (:attr:`BackendInfo.requires`) of
     the backend that serves ``url`` — the innermost store's where a wrapper wraps one
-    (``shaped+s3://``: botocore's) — those not installed left out: what a result records
+    (``emulate+s3://``: botocore's) — those not installed left out: what a result records
     about the client a store ran on."""
     from importlib import metadata
 
@@ -331,10 +336,24 @@ def _malformed(text: str, why: str) -> errors.InvalidArgumentError:
     )
 
 
+@cache
+def _aliases() -> Mapping[str, str]:
+    """Every :attr:`BackendInfo.aliases` name of a registered scheme -> that scheme (a name
+    registered as a scheme of its own stays that scheme)."""
+    table = _entry_points()
+    return MappingProxyType(
+        {a: s for s, info in table.items() for a in info.aliases if a not in table}
+    )
+
+
 def _resolve(scheme: str, text: str) -> tuple[str, str]:
     """``(registered scheme, suffix)`` for the lower-cased ``scheme`` of ``text``: a
-    registered scheme as it is, or ``<wrapper>+<inner>`` / ``<fsspec>+<protocol>``."""
+    registered scheme as it is, or ``<wrapper>+<inner>`` / ``<fsspec>+<protocol>``; an alias
+    (:attr:`BackendInfo.aliases`) as the scheme it names."""
     table = _entry_points()
+    head, plus, tail = scheme.partition("+")
+    if head in _aliases():
+        scheme = f"{_aliases()[head]}{plus}{tail}"
     if scheme in table and _form(scheme) not in ("wrapper", "protocol"):
         return scheme, ""
     head, plus, tail = scheme.partition("+")
@@ -420,7 +439,7 @@ def parse_url(url: str | os.PathLike[str]) -> StoreURL:
     backend, suffix = _resolve(scheme, url)
     form = _form(backend)
     if form == "wrapper":
-        inner = parse_url(url[len(backend) + 1 :])
+        inner = parse_url(url.split("+", 1)[1])  # after the wrapper's name as written
         return StoreURL(scheme, backend, options=dict(inner.options), inner=inner)
     try:
         parts = urlsplit(url)
@@ -492,16 +511,16 @@ def _check_protocol(protocol: str, text: str) -> None:
 
 
 def wrap_url(wrapper: str, url: str | os.PathLike[str]) -> str:
-    """``<wrapper>+<url>`` for a URL or a plain path (``shaped`` + ``/tmp/x`` gives
-    ``shaped+file:///tmp/x``); the URL's query stays as written."""
+    """``<wrapper>+<url>`` for a URL or a plain path (``emulate`` + ``/tmp/x`` gives
+    ``emulate+file:///tmp/x``); the URL's query stays as written."""
     loc = parse_url(url)
     if isinstance(url, str) and _SCHEME.match(url):
         return f"{wrapper}+{url}"
     return f"{wrapper}+{loc.bare}"
 
 
-EMULATOR = "shaped"
-"""The backend that emulates storage profiles on any store (``shaped+<url>?profile=...``)."""
+EMULATOR = "emulate"
+"""The backend that emulates storage profiles on any store (``emulate+<url>?profile=...``)."""
 
 
 def emulation_url(url: str | os.PathLike[str]) -> str:
@@ -544,7 +563,7 @@ def location(url: str | os.PathLike[str]) -> str:
     local directory's real path (``file:///data/run``, ``pfs:///data/run``, ``data/run``, a
     symlink to it: ``file:///data/run``), a bucket's prefix whichever S3 client
     (``s3+obstore://b/run/`` and ``fsspec+s3://b/run``: ``s3://b/run``), a wrapped URL's
-    (``shaped+<url>``) own. No credentials, options or endpoint: what a tiered checkpointer
+    (``emulate+<url>``) own. No credentials, options or endpoint: what a tiered checkpointer
     records as the owner of its fast root."""
     loc = parse_url(url)
     while loc.inner is not None:
@@ -590,7 +609,7 @@ def _serving(loc: StoreURL) -> str:
 
 def backend_for(url: str | os.PathLike[str]) -> BackendInfo:
     """The record of the backend that serves ``url`` (parsed by :func:`parse_url`), without
-    opening a store: a wrapper's own for a wrapped URL (``shaped+file://``: ``shaped``'s),
+    opening a store: a wrapper's own for a wrapped URL (``emulate+file://``: ``emulate``'s),
     ``pfs``'s for a ``file://`` URL on a parallel filesystem. What the CLI and the runner read
     before a store opens (:attr:`BackendInfo.request_size_option`, ...)."""
     return backend_info(_serving(parse_url(url)))

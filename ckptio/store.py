@@ -76,15 +76,15 @@ class StoreURL:
     What ``host`` and ``path`` hold depends on the backend's form: a local directory
     (``file``, ``pfs``, ``fsspec+file``): ``host`` empty, ``path`` absolute and
     percent-decoded; a bucket (``s3`` and its ``+client`` variants, ``fsspec+s3``): ``host``
-    the bucket, ``path`` the key prefix as written; a wrapper (``shaped+<url>``): ``inner``
+    the bucket, ``path`` the key prefix as written; a wrapper (``emulate+<url>``): ``inner``
     the wrapped URL; otherwise the URL's host and path as written.
     """
 
     scheme: str
-    """As written, lower-cased: ``file``, ``s3+obstore``, ``fsspec+gs``, ``shaped+file``."""
+    """As written, lower-cased: ``file``, ``s3+obstore``, ``fsspec+gs``, ``emulate+file``."""
     backend: str
     """The registered scheme (entry point) that serves it: ``file``, ``s3+obstore``,
-    ``fsspec``, ``shaped``."""
+    ``fsspec``, ``emulate``."""
     host: str = ""
     path: str = ""
     options: dict[str, str] = field(default_factory=dict, repr=False, compare=False)
@@ -93,7 +93,7 @@ class StoreURL:
     protocol: str = ""
     """``fsspec+<protocol>``: the fsspec protocol."""
     inner: StoreURL | None = None
-    """``shaped+<url>``: the wrapped URL."""
+    """``emulate+<url>``: the wrapped URL."""
     local: bool = False
     """``path`` is a local filesystem path."""
 
@@ -245,7 +245,7 @@ class StoreInfo:
 
     backend: str
     """The store's name in traces and reports (:attr:`Store.name`: ``file``,
-    ``s3+boto3``, ``shaped:cloud-s3+memory``)."""
+    ``s3+boto3``, ``emulate:cloud-s3+memory``)."""
     request_size: int = 0
     """Bytes per data request: a part of a multipart upload, a block of a POSIX write, an
     emulated request (set by the scheme's
@@ -255,11 +255,11 @@ class StoreInfo:
     """Requests the store keeps in flight at once (I/O threads, connections, parts in
     flight): its concurrency, set by its ``streams`` option. 0 where it does not say."""
     emulated: bool = False
-    """Requests are timed by an emulation (``shaped``), not by the storage: results through
+    """Requests are timed by an emulation (``emulate``), not by the storage: results through
     this store are marked emulated and never taken for measurements."""
     local_path: str | None = None
     """The absolute local directory the objects live under, where there is one (``file://``,
-    ``pfs://``, ``fsspec+file://``, a shaped store over them): results record its filesystem
+    ``pfs://``, ``fsspec+file://``, an emulating store over them): results record its filesystem
     type. None for object stores and memory."""
     cold_reads: ColdReads = field(default=NO_COLD_READS, compare=False)
     """How reads can be made to miss this machine's caches (:class:`ColdReads`)."""

@@ -654,37 +654,78 @@ def make_plan(
     return plan
 
 
+_LEGACY_ARCHITECTURE = (
+    "hidden",
+    "layers",
+    "ffn",
+    "vocab",
+    "heads",
+    "kv_heads",
+    "gated_mlp",
+    "biases",
+    "tied_embeddings",
+    "positions",
+)
+_LEGACY_LAYOUT = ("tp", "pp", "dp", "zero")
+
+
 def custom_preset(
+    model: Transformer | None = None,
+    layout: Layout | None = None,
     *,
-    hidden: int,
-    layers: int,
-    ffn: int,
-    vocab: int,
-    heads: int,
-    kv_heads: int | None = None,
-    tp: int = 1,
-    pp: int = 1,
-    dp: int = 1,
-    zero: int = 1,
-    gated_mlp: bool = True,
-    biases: bool = False,
-    tied_embeddings: bool = False,
-    positions: int = 0,
     name: str = "custom",
+    **legacy: Any,
 ) -> Preset:
-    """A preset from an architecture and layout of your own."""
-    model = Transformer(
-        hidden,
-        layers,
-        ffn,
-        vocab,
-        heads,
-        kv_heads or heads,
-        gated_mlp,
-        biases,
-        tied_embeddings,
-        positions,
-    )
-    layout = Layout(tp, pp, dp, zero)
+    """A preset from an architecture (a :class:`Transformer`) and a parallel layout (a
+    :class:`Layout`, default one rank with ZeRO stage 1) of your own::
+
+        custom_preset(Transformer(1024, 8, 4096, 32000, 16, 16), Layout(tp=2, pp=2, dp=2))
+
+    The layout is checked against the model (a tensor-parallel degree that does not divide
+    the heads is an :class:`~ckptio.errors.InvalidArgumentError`). The earlier spelling, every
+    field as a keyword (``custom_preset(hidden=1024, ..., tp=2)``), still works and warns
+    (:class:`DeprecationWarning`)."""
+    if legacy:
+        if model is not None or layout is not None:
+            raise errors.InvalidArgumentError(
+                f"custom_preset takes a Transformer and a Layout, or the keywords "
+                f"{', '.join(_LEGACY_ARCHITECTURE + _LEGACY_LAYOUT)}, not both"
+            )
+        model, layout = _from_keywords(legacy)
+    if not isinstance(model, Transformer):
+        raise errors.InvalidArgumentError(
+            f"custom_preset needs a Transformer (the model), got {type(model).__name__}"
+        )
+    layout = Layout(zero=1) if layout is None else layout
+    if not isinstance(layout, Layout):
+        raise errors.InvalidArgumentError(
+            f"custom_preset's layout must be a Layout, got {type(layout).__name__}"
+        )
     _check_layout(model, layout)
     return Preset(name, model, layout, source="user-defined")
+
+
+def _from_keywords(given: dict[str, Any]) -> tuple[Transformer, Layout]:
+    """The model and layout of :func:`custom_preset`'s keyword spelling (deprecated)."""
+    import warnings
+
+    unknown = sorted(set(given) - set(_LEGACY_ARCHITECTURE + _LEGACY_LAYOUT))
+    if unknown:
+        raise errors.InvalidArgumentError(
+            f"custom_preset: unknown keyword {', '.join(unknown)}; it takes a Transformer and "
+            "a Layout"
+        )
+    warnings.warn(
+        "custom_preset(hidden=..., tp=...) is deprecated: pass custom_preset(Transformer(...), "
+        "Layout(...))",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    arch = {k: given[k] for k in _LEGACY_ARCHITECTURE if k in given}
+    missing = [k for k in ("hidden", "layers", "ffn", "vocab", "heads") if k not in arch]
+    if missing:
+        raise errors.InvalidArgumentError(f"custom_preset needs {', '.join(missing)}")
+    if arch.get("kv_heads") is None:
+        arch["kv_heads"] = arch["heads"]
+    layout = Layout(**{"zero": 1, **{k: given[k] for k in _LEGACY_LAYOUT if k in given}})
+    return Transformer(**arch), layout

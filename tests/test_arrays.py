@@ -55,9 +55,9 @@ def test_staging_blocks_ask_for_huge_pages_and_other_scratch_memory_does_not() -
     """Staging blocks are reused for every O_DIRECT transfer, so they are on huge pages (few,
     large device requests); memory touched once (snapshots, load buffers) keeps 4 KiB pages,
     whose first touch is cheaper."""
-    from ckptio.backends.local import _aligned_buffer
+    from ckptio.backends._directio import aligned_buffer
 
-    stage = _aligned_buffer(4 << 20)
+    stage = aligned_buffer(4 << 20)
     flags = mapping_flags(int(np.frombuffer(stage, dtype=np.uint8).ctypes.data))
     assert {"hg", "dc"} <= flags  # MADV_HUGEPAGE, and not inherited by forks (MADV_DONTFORK)
     plain = private_pages(4 << 20)

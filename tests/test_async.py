@@ -655,14 +655,14 @@ def test_scratch_memory_is_not_inherited_by_forks(tmp_path):
     """ckptio's own scratch memory (staging blocks, copy snapshots) is MADV_DONTFORK: a fork
     (a DataLoader worker) does not write-protect it, so the next snapshot pays no page faults.
     A fork snapshot's copies (of shared memory) must reach its child: those are inherited."""
-    from ckptio.backends.local import _aligned_buffer
+    from ckptio.backends._directio import aligned_buffer
 
     from ckptio.checkpoint import SnapshotBuffers
     from ckptio.forked import in_ranges, unforkable_ranges
 
     src = [np.ones(1 << 20, dtype=np.float32)]
     copy_mode, fork_mode = SnapshotBuffers(inherit=False), SnapshotBuffers(inherit=True)
-    stage = np.frombuffer(_aligned_buffer(1 << 24), dtype=np.uint8)
+    stage = np.frombuffer(aligned_buffer(1 << 24), dtype=np.uint8)
     copied, forked = copy_mode.views(src)[0], fork_mode.views(src)[0]
     ranges = unforkable_ranges()
     assert in_ranges(copied, ranges) and in_ranges(stage, ranges)

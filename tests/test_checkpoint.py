@@ -183,7 +183,7 @@ def test_saving_a_committed_step_again_is_refused(url: str) -> None:
 def test_a_save_asks_whether_its_step_exists_while_it_publishes_its_lease(tmp_path) -> None:
     """On an object store each is a round trip before the first byte: they overlap (here on
     emulated cloud S3, 100 ms each; a HEAD that finds nothing takes its round trip too)."""
-    store = ckptio.open_store(f"shaped+file://{tmp_path}?profile=cloud-s3")
+    store = ckptio.open_store(f"emulate+file://{tmp_path}?profile=cloud-s3")
     ckptio.save({"x": np.zeros(3)}, store, step=1)
     head = next(e for e in store.trace.events() if e.op == "head")
     lease = next(e for e in store.trace.events() if e.op == "put" and "saving-" in e.key)
@@ -209,7 +209,7 @@ def test_failed_save_leaves_previous_checkpoint(
     ckptio.save(nested_state(1), url, step=1)
     from ckptio.backends import local
 
-    real = local._LocalWriter._pwrite
+    real = local.LocalWriter._pwrite
     calls = {"n": 0}
 
     def flaky(self, fd, view, offset):
@@ -218,7 +218,7 @@ def test_failed_save_leaves_previous_checkpoint(
             raise errors.NoSpaceError(28, "injected: no space left", self._path)
         return real(self, fd, view, offset)
 
-    monkeypatch.setattr(local._LocalWriter, "_pwrite", flaky)
+    monkeypatch.setattr(local.LocalWriter, "_pwrite", flaky)
     with pytest.raises(errors.SaveFailedError, match="no space"):
         ckptio.save({"big": np.ones((4096, 1024))}, url, step=2, chunk_size=2**20)
     monkeypatch.undo()
@@ -235,14 +235,14 @@ def test_killed_save_leaves_previous_checkpoint(tmp_path: Path) -> None:
         f"""
         import os, signal, threading, numpy as np, ckptio
         from ckptio.backends import local
-        real = local._LocalWriter._pwrite
+        real = local.LocalWriter._pwrite
         n = {{"n": 0}}
         def slow(self, fd, view, offset):
             n["n"] += 1
             if n["n"] == 3:
                 os.kill(os.getpid(), signal.SIGKILL)   # die in the middle of the data
             return real(self, fd, view, offset)
-        local._LocalWriter._pwrite = slow
+        local.LocalWriter._pwrite = slow
         ckptio.save({{"x": np.ones((2048, 1024))}}, {url!r}, step=2, block_size="1MiB")
         """
     )

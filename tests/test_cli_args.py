@@ -327,7 +327,7 @@ def _url_cases(tmp: Path, *, s3: bool) -> Iterator[tuple[str, str]]:
     for v in STORE_SIZE_BAD:
         yield f"file://{tmp}/root?block_size={v}", "block_size"
         yield f"pfs://{tmp}/pfs?stripe_size={v}", "stripe_size"
-        yield f"shaped+memory://cli-args?part_size={v}", "part_size"
+        yield f"emulate+memory://cli-args?part_size={v}", "part_size"
         if s3:
             yield f"s3://cli-args-bucket/x?part_size={v}", "part_size"
     for v in STORE_COUNT_BAD:

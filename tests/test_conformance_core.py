@@ -1,6 +1,6 @@
 """The conformance suite (ckptio.testing.store_tests) on the backends without a server: local
 files (buffered and O_DIRECT), pfs:// on local disk (plain and the Lustre code path), memory,
-and shaped (an emulated profile over memory). Each class reaches the storage around the store:
+and emulate (an emulated profile over memory). Each class reaches the storage around the store:
 the filesystem, the memory store's dictionary, the wrapped store."""
 
 from __future__ import annotations
@@ -82,10 +82,10 @@ class TestMemoryStore(MemoryRawAccess, StoreTests):
         return MemoryStore(memory_url)
 
 
-class TestShapedMemory(MemoryRawAccess, InnerStoreFaults, StoreTests):
-    """shaped+memory with figures small enough to keep the suite quick: the emulation's
+class TestEmulatedMemory(MemoryRawAccess, InnerStoreFaults, StoreTests):
+    """emulate+memory with figures small enough to keep the suite quick: the emulation's
     request path (streams, parts, rate limiter, retries) with little sleeping. The fault hook
-    fails the wrapped store's requests; the shaped store's own retries answer."""
+    fails the wrapped store's requests; the emulating store's own retries answer."""
 
     FIGURES: ClassVar[str] = (
         "request_latency=1ms&metadata_latency=1ms&stream_bandwidth=4GB/s&part_size=1MiB"
@@ -95,7 +95,7 @@ class TestShapedMemory(MemoryRawAccess, InnerStoreFaults, StoreTests):
     def store(self, memory_url: str) -> Store:
         name = memory_url.removeprefix("memory://")
         self.space = memory._space(name)
-        st = open_store(f"shaped+memory://{name}?profile=cloud-s3&streams=4&{self.FIGURES}")
+        st = open_store(f"emulate+memory://{name}?profile=cloud-s3&streams=4&{self.FIGURES}")
         yield st
         st.close()
 

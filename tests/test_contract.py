@@ -38,6 +38,8 @@ ALLOWED_SCHEMES: dict[tuple[str, str], str] = {
     "moto server the suite starts (moved from testing/), not a store",
     ("testing/", "*"): "the conformance suite and the pytest plugin's fixtures build URLs of the "
     "stores under test (a test helper, not the library)",
+    ("cli/run.py", "prepare_run"): "'emulate' is the runner's keyword (--emulate PROFILE), "
+    "spelled as the emulating backend's scheme on purpose; nothing branches on a store",
 }
 """(file under ckptio/ or a package ``dir/``, qualified function or ``*``) -> why a scheme
 literal (or a backend import) there is not about stores."""
@@ -215,7 +217,7 @@ def test_the_scan_sees_what_it_forbids(tmp_path: Path) -> None:
     (pkg / "bad.py").write_text(
         "from ckptio.backends.local import LocalStore\n"
         "def f(store, url):\n"
-        "    if url.startswith('shaped'):\n"
+        "    if url.startswith('emulate'):\n"
         "        pass\n"
         "    table = {'file': 'block_size'}\n"
         "    u = f's3://{url}'\n"
@@ -358,14 +360,14 @@ def test_memory_store_contract(memory_url: str) -> None:
 
 
 @pytest.mark.parametrize("inner", ["memory", "file"])
-def test_shaped_store_contract(inner: str, tmp_path: Path, memory_url: str) -> None:
+def test_emulated_store_contract(inner: str, tmp_path: Path, memory_url: str) -> None:
     url = memory_url if inner == "memory" else f"file://{tmp_path}/root"
-    with open_store(f"shaped+{url}", profile="local-nvme", part_size="4MiB", streams=5) as store:
+    with open_store(f"emulate+{url}", profile="local-nvme", part_size="4MiB", streams=5) as store:
         _check_common(store)
         info = store.describe()
         assert info.emulated
         assert (info.streams, info.request_size) == (5, 4 * 2**20)
-        assert registry.backend_for(f"shaped+{url}").request_size_option == "part_size"
+        assert registry.backend_for(f"emulate+{url}").request_size_option == "part_size"
         if inner == "file":
             assert info.local_path == f"{tmp_path}/root"
             assert info.cold_reads.modes == ("fadvise",)  # direct reads are not emulated
@@ -398,7 +400,7 @@ def test_s3_store_contract(scheme: str, packages: set[str], s3_bucket: str) -> N
         assert set(registry.backend_for(url).requires) == packages
         assert set(registry.client_versions(url)) == packages
         # an emulated store runs on the wrapped store's clients
-        assert registry.client_versions(f"shaped+{url}") == registry.client_versions(url)
+        assert registry.client_versions(f"emulate+{url}") == registry.client_versions(url)
 
 
 def test_fsspec_local_contract(tmp_path: Path) -> None:
@@ -414,7 +416,7 @@ def test_the_record_is_found_without_opening_a_store() -> None:
     """What the CLI needs before it opens anything: the option that sets the request size."""
     assert registry.backend_for("/tmp/x").request_size_option == "block_size"
     assert registry.backend_for("/tmp/x").flush_option == "fsync"
-    assert registry.backend_for("shaped+memory://x").request_size_option == "part_size"
+    assert registry.backend_for("emulate+memory://x").request_size_option == "part_size"
     assert registry.backend_for("s3://bucket/x").request_size_option == "part_size"
     assert registry.backend_for("s3://bucket/x").flush_option is None
 

@@ -182,8 +182,8 @@ def test_misspelt_checkpoint_option_suggests_the_checkpoint_option(tmp_path: Pat
     [
         ("file:///tmp/x", "stream", "streams"),
         ("pfs:///tmp/x", "stripe_cont", "stripe_count"),
-        ("shaped+memory://x", "profil", "profile"),
-        ("shaped+memory://x", "blok_size", None),
+        ("emulate+memory://x", "profil", "profile"),
+        ("emulate+memory://x", "blok_size", None),
         ("s3://bucket/x", "endpoint", "endpoint_url"),
         ("s3+obstore://bucket/x", "part_sise", "part_size"),
     ],

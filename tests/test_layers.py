@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ckptio.dist",
             "ckptio.dist_torch",
             "ckptio.forked",
-            # storage profiles are data (TOML, read with units): the shaped backend emulates
+            # storage profiles are data (TOML, read with units): the emulate backend emulates
             # them and the model projects with them, so they sit below both
             "ckptio.profiles",
         ),

@@ -13,6 +13,7 @@ of it).
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
 import threading
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pl = pytest.importorskip("pytorch_lightning")
 
-from ckptio import Checkpointer  # noqa: E402
+from ckptio import Checkpointer, errors  # noqa: E402
 from ckptio.lightning import CkptioCheckpointIO  # noqa: E402
 from ckptio.trace import RequestEvent, Trace  # noqa: E402
 
@@ -115,6 +116,194 @@ class _Hold(Trace):
             self.timed_out = not self.release.wait(HOLD_SECONDS)
 
 
+# -- 0. without a url, Lightning's paths are files; the data is beside them ------------------------
+def _tree(root: Path) -> dict[str, set[str]]:
+    """Each directory under ``root`` (relative) -> the names in it."""
+    return {
+        str(d.relative_to(root)): {p.name for p in d.iterdir()}
+        for d in [root, *root.rglob("*")]
+        if d.is_dir()
+    }
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_without_a_url_each_checkpoint_path_is_a_file_and_its_root_is_beside(
+    tmp_path: Path, async_save: bool
+) -> None:
+    """Lightning (and code around it) expects its checkpoint directory to hold checkpoint
+    files only: ``os.path.isfile``, ``*.ckpt``, exact listings, its own ``last`` lookup. Each
+    path is a stub file; its root is in ``ckpts.ckptio``, beside the directory, and a top-k
+    removal removes both (step 2's are gone)."""
+    ckpt = pl.callbacks.ModelCheckpoint(
+        dirpath=tmp_path / "ckpts",
+        save_top_k=2,
+        monitor="step",
+        mode="max",
+        save_last=True,
+        every_n_train_steps=2,
+    )
+    trainer = _trainer(tmp_path, CkptioCheckpointIO(async_save=async_save), [ckpt], max_steps=6)
+    trainer.fit(Tiny(), _data())
+    ckpts, sidecar = tmp_path / "ckpts", tmp_path / "ckpts.ckptio"
+    names = {"epoch=0-step=4.ckpt", "epoch=0-step=6.ckpt", "last.ckpt"}
+    assert {p.name for p in ckpts.iterdir()} == names
+    assert all((ckpts / n).is_file() and not (ckpts / n).is_symlink() for n in names)
+    assert {p.name for p in ckpts.glob("*.ckpt")} == names
+    assert ckpt._find_last_checkpoints(trainer) == {str(ckpts / "last.ckpt")}
+    assert {p.name for p in tmp_path.iterdir()} == {"ckpts", "ckpts.ckptio"}
+    assert {p.name for p in sidecar.iterdir()} == names  # step 2's root went with its stub
+    assert _steps_of(sorted(ckpts.iterdir())) == {
+        "epoch=0-step=4.ckpt": 4,
+        "epoch=0-step=6.ckpt": 6,
+        "last.ckpt": 6,
+    }
+    # rewritten three times, last.ckpt's root has one committed step, its newest (the older
+    # ones are retired: their data goes after ckptio's grace period)
+    manifests = (sidecar / "last.ckpt").glob("step-*/manifest.json")
+    assert [m.parent.name for m in manifests] == ["step-0000000002"]
+
+
+def test_a_stub_appears_only_once_its_checkpoint_is_committed(tmp_path: Path) -> None:
+    """A synchronous ``trainer.save_checkpoint`` of a new path, held while it writes its data
+    (in a second thread, so the test can look): Lightning's path does not exist yet; after
+    the commit it does, and loads. A reader never meets a path with nothing behind it."""
+    hold = _Hold(thread="", when=lambda e: e.op == "create" and "/data/" in e.key)
+    trainer = _trainer(tmp_path, CkptioCheckpointIO(trace=hold), [], max_steps=2)
+    trainer.fit(Tiny(), _data())
+    path = tmp_path / "ckpts" / "now.ckpt"
+    hold.armed.set()
+    failed: list[BaseException] = []
+
+    def save() -> None:
+        try:
+            trainer.save_checkpoint(path)
+        except BaseException as err:
+            failed.append(err)
+
+    saver = threading.Thread(target=save)
+    saver.start()
+    try:
+        assert hold.held.wait(HOLD_SECONDS)
+        assert not path.exists() and not trainer.checkpoint_callback.file_exists(path, trainer)
+    finally:
+        hold.release.set()
+        saver.join()
+    assert not failed and not hold.timed_out
+    assert path.is_file() and _steps_of([path]) == {"now.ckpt": 2}
+
+
+def test_a_checkpoint_an_earlier_version_saved_as_a_directory_still_loads(tmp_path: Path) -> None:
+    """Before the sidecar layout, the plugin without a ``url`` saved each path as its own
+    root, a directory (``Legacy`` below saves as it did). Such a run resumes with
+    ``ckpt_path="last"`` (Lightning lists the directory and finds ``last.ckpt``, a directory);
+    its ``last.ckpt`` is saved to where it is (it stays a directory: nothing is lost while
+    the new one commits); new paths are stubs; top-k removes an old directory whole; and
+    ``load_from_checkpoint`` reads one."""
+    from ckptio import torch as ct
+    from ckptio.dist import SingleProcess
+    from ckptio.lightning import load_from_checkpoint
+
+    class Legacy(CkptioCheckpointIO):
+        def save_checkpoint(self, checkpoint: Any, path: Any, storage_options: Any = None) -> None:
+            with ct.Checkpointer(path, keep_last=1, comm=SingleProcess()) as ck:
+                steps = ck.steps()
+                ck.save(
+                    checkpoint,
+                    step=steps[-1] + 1 if steps else 0,
+                    metadata={"lightning_path": str(path)},
+                )
+
+    def callback() -> Any:
+        return pl.callbacks.ModelCheckpoint(
+            dirpath=tmp_path / "ckpts",
+            save_top_k=1,
+            monitor="step",
+            mode="max",
+            save_last=True,
+            every_n_train_steps=2,
+        )
+
+    ckpts = tmp_path / "ckpts"
+    _trainer(tmp_path, Legacy(), [callback()], max_steps=4).fit(Tiny(), _data())
+    assert {p.name for p in ckpts.iterdir() if p.is_dir()} == {"epoch=0-step=4.ckpt", "last.ckpt"}
+    model = load_from_checkpoint(Tiny, ckpts / "epoch=0-step=4.ckpt")
+    assert isinstance(model, Tiny)
+
+    start = _StartStep()
+    again = _trainer(tmp_path, CkptioCheckpointIO(), [callback(), start], max_steps=6)
+    again.fit(Tiny(), _data(), ckpt_path="last")
+    assert start.step == 4 and again.global_step == 6
+    assert (ckpts / "last.ckpt").is_dir()  # saved to where it was
+    assert (ckpts / "epoch=0-step=6.ckpt").is_file()  # a new path: a stub
+    assert not (ckpts / "epoch=0-step=4.ckpt").exists()  # removed by top-1, whole
+    assert _steps_of(sorted(ckpts.iterdir())) == {"epoch=0-step=6.ckpt": 6, "last.ckpt": 6}
+
+
+def test_a_run_directory_moved_whole_still_loads_and_resumes(tmp_path: Path) -> None:
+    """A stub names its sidecar root relative to itself: the run directory (checkpoints and
+    sidecar) moved or copied elsewhere loads and resumes with ``ckpt_path="last"``."""
+    import shutil
+
+    run = tmp_path / "run"
+    ckpt = pl.callbacks.ModelCheckpoint(
+        dirpath=run / "ckpts", save_last=True, every_n_train_steps=2
+    )
+    _trainer(run, CkptioCheckpointIO(), [ckpt], max_steps=4).fit(Tiny(), _data())
+    moved = tmp_path / "moved"
+    shutil.move(run, moved)
+    assert _steps_of(sorted((moved / "ckpts").iterdir())) == {
+        "epoch=0-step=4.ckpt": 4,
+        "last.ckpt": 4,
+    }
+    start = _StartStep()
+    again = pl.callbacks.ModelCheckpoint(dirpath=moved / "ckpts", save_last=True)
+    _trainer(moved, CkptioCheckpointIO(), [again, start], max_steps=6).fit(
+        Tiny(), _data(), ckpt_path="last"
+    )
+    assert start.step == 4
+
+
+def test_a_root_left_without_its_stub_is_found_again(tmp_path: Path) -> None:
+    """A process killed between a path's first commit and its stub leaves a committed root no
+    stub names (here: the stub removed by hand); ``restore_stubs(dirpath)`` writes its stub,
+    and Lightning's ``ckpt_path="last"`` resumes from it."""
+    ckpt = pl.callbacks.ModelCheckpoint(
+        dirpath=tmp_path / "ckpts", save_last=True, every_n_train_steps=2
+    )
+    _trainer(tmp_path, CkptioCheckpointIO(), [ckpt], max_steps=4).fit(Tiny(), _data())
+    ckpts = tmp_path / "ckpts"
+    for stub in ckpts.iterdir():
+        stub.unlink()
+    io = CkptioCheckpointIO()
+    assert sorted(io.restore_stubs(ckpts)) == [
+        str(ckpts / "epoch=0-step=4.ckpt"),
+        str(ckpts / "last.ckpt"),
+    ]
+    start = _StartStep()
+    again = pl.callbacks.ModelCheckpoint(dirpath=ckpts, save_last=True)
+    _trainer(tmp_path, io, [again, start], max_steps=6).fit(Tiny(), _data(), ckpt_path="last")
+    assert start.step == 4
+
+
+def test_a_checkpoint_with_no_directory_beside_it_is_refused_before_writing(
+    tmp_path: Path,
+) -> None:
+    """A path directly in ``/`` has no directory beside its own for the sidecar: refused,
+    saying to pass a ``url``, before anything is written."""
+    import shutil
+
+    path = Path(os.sep, f"ckptio-refused-{tmp_path.name}-{os.getpid()}.ckpt")
+    try:
+        with pytest.raises(errors.InvalidArgumentError, match=r"url="):
+            CkptioCheckpointIO().save_checkpoint({"w": torch.ones(1)}, path)
+        assert not path.exists()
+    finally:  # whatever a wrong plugin wrote there
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
 # -- 1. save_last="link" ------------------------------------------------------------------------
 def test_removing_a_last_link_keeps_the_checkpoint_it_points_to(tmp_path: Path) -> None:
     """With ``save_last="link"`` and a last name that changes (``last-{epoch}``), Lightning
@@ -137,11 +326,15 @@ def test_removing_a_last_link_keeps_the_checkpoint_it_points_to(tmp_path: Path) 
     assert _steps_of(links) == {"last-epoch=2.ckpt": 6}
 
 
-# -- 2. two ModelCheckpoints, one file name, one url ------------------------------------------------
-def test_the_same_file_name_in_two_directories_is_two_checkpoints(tmp_path: Path) -> None:
+# -- 2. two ModelCheckpoints, one file name -----------------------------------------------------------
+@pytest.mark.parametrize("url", [False, True])
+def test_the_same_file_name_in_two_directories_is_two_checkpoints(
+    tmp_path: Path, url: bool
+) -> None:
     """A top-1 "best" callback and a keep-all one name their files alike in two directories;
-    with a ``url`` they are two roots: the best one's removals never touch the other's."""
-    io = CkptioCheckpointIO(f"file://{tmp_path}/store")
+    they are two roots (with a ``url``, two paths under it; without, two sidecars): the best
+    one's removals never touch the other's."""
+    io = CkptioCheckpointIO(f"file://{tmp_path}/store" if url else None)
     best = pl.callbacks.ModelCheckpoint(
         dirpath=tmp_path / "best", monitor="step", mode="max", every_n_train_steps=2
     )
@@ -162,8 +355,8 @@ def test_the_same_file_name_in_two_directories_is_two_checkpoints(tmp_path: Path
 @pytest.mark.parametrize("url", [False, True])
 def test_a_trained_model_comes_back_from_best_model_path(tmp_path: Path, url: bool) -> None:
     """``LightningModule.load_from_checkpoint`` reads with ``torch.load`` and cannot read a
-    ckptio checkpoint; ``ckptio.lightning.load_from_checkpoint`` builds the model as it
-    would (hyperparameters, weights), from a root or from a stub."""
+    ckptio checkpoint (the path is a JSON stub); ``ckptio.lightning.load_from_checkpoint``
+    builds the model as it would (hyperparameters, weights), with or without a ``url``."""
     io = CkptioCheckpointIO(f"file://{tmp_path}/store" if url else None)
     ckpt = pl.callbacks.ModelCheckpoint(
         dirpath=tmp_path / "ckpts", monitor="step", mode="max", every_n_train_steps=4
@@ -172,8 +365,8 @@ def test_a_trained_model_comes_back_from_best_model_path(tmp_path: Path, url: bo
     _trainer(tmp_path, io, [ckpt], max_steps=8).fit(model, _data())
     best = ckpt.best_model_path
     assert Path(best).name == "epoch=0-step=8.ckpt"
-    with pytest.raises((IsADirectoryError, pickle.UnpicklingError)):
-        Tiny.load_from_checkpoint(best)  # what the plugin cannot change
+    with pytest.raises(pickle.UnpicklingError, match="Unsupported operand 123"):
+        Tiny.load_from_checkpoint(best)  # torch.load of the stub, "{": the plugin is not asked
     from ckptio.lightning import load_from_checkpoint
 
     back = load_from_checkpoint(Tiny, best)
@@ -268,6 +461,59 @@ def test_no_thread_of_the_plugin_outlives_fit(tmp_path: Path, async_save: bool) 
         "epoch=0-step=6.ckpt": 6,
         "last.ckpt": 6,
     }
+
+
+def test_an_async_save_outside_fit_ends_its_threads_by_itself(tmp_path: Path) -> None:
+    """``trainer.save_checkpoint`` with ``async_save=True`` outside ``fit`` (no ``teardown``
+    follows): the save's thread is alive while it commits (what Lightning's thread check
+    meets when a test ends right after such a save), and every ckptio thread of it ends once
+    the save is committed, with nothing else called."""
+    hold = _Hold()
+    trainer = _trainer(tmp_path, CkptioCheckpointIO(async_save=True, trace=hold), [], max_steps=2)
+    trainer.fit(Tiny(), _data())
+    before = _ckptio_threads()
+    hold.armed.set()
+    trainer.save_checkpoint(tmp_path / "out.ckpt")
+    assert hold.held.wait(HOLD_SECONDS)
+    assert {t.name for t in _ckptio_threads() - before} == {"ckptio-save_0"}  # committing
+    hold.release.set()
+    for _ in range(10):  # the save's thread starts the one that closes its Checkpointer
+        alive = _ckptio_threads() - before
+        for thread in alive:
+            thread.join(HOLD_SECONDS)
+    assert not _ckptio_threads() - before and not hold.timed_out
+    assert _steps_of([tmp_path / "out.ckpt"]) == {"out.ckpt": 2}
+
+
+def test_teardown_never_meets_a_closing_thread_not_yet_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An async save's own thread, once committed, starts a thread that closes its
+    Checkpointer and lists it for ``teardown`` to join (when no plugin call came first).
+    Listed before it was started, a ``teardown`` in between failed with "cannot join thread
+    before it is started" (the end of ``fit`` in docs/training.md's example). The closing
+    thread of a save outside ``fit`` is recorded as it starts: not listed yet; then
+    ``teardown`` joins it."""
+    plugin = CkptioCheckpointIO(async_save=True)
+    trainer = _trainer(tmp_path, plugin, [], max_steps=2)
+    trainer.fit(Tiny(), _data())
+    listed_before_start: list[bool] = []
+    started = threading.Event()
+
+    class Recorded(threading.Thread):
+        def start(self) -> None:
+            if self.name == "ckptio-close":
+                listed_before_start.append(self in plugin._closers)
+                started.set()
+            super().start()
+
+    monkeypatch.setattr(threading, "Thread", Recorded)
+    trainer.save_checkpoint(tmp_path / "out.ckpt")
+    assert started.wait(HOLD_SECONDS)  # committed; nothing called the plugin meanwhile
+    monkeypatch.undo()
+    plugin.teardown()
+    assert listed_before_start == [False]
+    assert _steps_of([tmp_path / "out.ckpt"]) == {"out.ckpt": 2}
 
 
 # -- 6. strategy="ddp_spawn" ------------------------------------------------------------------------

@@ -120,11 +120,13 @@ def test_aligned_empty_is_page_aligned_for_large_arrays():
 def test_save_from_aligned_empty_arrays_needs_no_staging(tmp_path, monkeypatch):
     """State allocated with ``ckptio.aligned_empty`` goes to the disk as it is; numpy's own
     arrays (not on a page) go through staging blocks."""
+    from ckptio.backends._directio import Staging
+
     import ckptio
 
     staged: list[int] = []
-    new_stage = LocalStore.new_stage
-    monkeypatch.setattr(LocalStore, "new_stage", lambda self: staged.append(1) or new_stage(self))
+    new_stage = Staging.new
+    monkeypatch.setattr(Staging, "new", lambda self: staged.append(1) or new_stage(self))
     a = ckptio.aligned_empty((4, MiB), np.float32)
     a[...] = np.arange(4 * MiB, dtype=np.float32).reshape(4, MiB)
     ckptio.save({"a": a}, LocalStore(str(tmp_path / "aligned"), direct=True), step=1)
@@ -227,7 +229,7 @@ def _refuse_direct(monkeypatch, name):
     real = getattr(os, name)
 
     def fake(fd, *args):
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & local._O_DIRECT:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & local.O_DIRECT:
             raise OSError(22, "Invalid argument")
         return real(fd, *args)
 
@@ -282,3 +284,31 @@ def test_aligned_empty_falls_back_when_no_mapping_is_left(monkeypatch):
     assert a.shape == (2, MiB) and a.ctypes.data % 4096 == 0
     a[:] = 1.5
     assert float(a.sum()) == 1.5 * 2 * MiB
+
+
+@pytest.mark.parametrize("size", [5000, 4096 * 3 + 1, 256 * 1024 + 17])
+def test_direct_positional_writes_leave_the_declared_size(store, size):
+    """A shared file written through O_DIRECT whose ranges end off a page: the unaligned tail
+    goes through the page cache, so nothing past the declared size is written (zero padding
+    used to grow the file to the next 4096 bytes)."""
+    data = _random(size, 7).tobytes()
+    split = 4096 if size > 8192 else size  # one writer, or two meeting at a page boundary
+    first = store.open_positional("shared.bin", size, create=True)
+    first.pwrite(0, data[:split])
+    second = store.open_positional("shared.bin", size)
+    second.pwrite(split, data[split:])
+    second.close()
+    first.close()
+    assert store.size("shared.bin") == size
+    assert _read_file(store, "shared.bin") == data
+
+
+def test_one_positional_writer_continuing_off_a_page_keeps_its_bytes(store):
+    """One writer's ranges, the first ending off a page and the next starting there: the first
+    range's tail is not followed by padding that could land over the next range's bytes."""
+    data = _random(3 * 4096, 8).tobytes()
+    w = store.open_positional("seq.bin", len(data), create=True)
+    w.pwrite(0, data[:5000])
+    w.pwrite(5000, data[5000:])
+    w.close()
+    assert _read_file(store, "seq.bin") == data

@@ -239,7 +239,7 @@ def test_a_failing_target_commits_nothing_and_says_why(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     plan = make_plan("llama3-8b", total_size="2MiB", object_size="1MiB")
     with pytest.raises(errors.CkptioError) as info:
-        run_workload(f"file://{blocker}/ckpt", plan, comm=SingleProcess())
+        run_workload(f"file://{blocker}/ckpt", plan, None, SingleProcess())
     assert str(blocker) in str(info.value)
     r = ckptio_cli(
         "run",
@@ -367,12 +367,12 @@ def test_restore_says_when_the_filesystem_refused_o_direct(
 
     from ckptio.backends import local
 
-    if not local._O_DIRECT:
+    if not local.O_DIRECT:
         pytest.skip("no O_DIRECT on this platform")
     real = local.os.preadv
 
     def refuse(fd: int, *args: Any) -> int:
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & local._O_DIRECT:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & local.O_DIRECT:
             raise OSError(22, "Invalid argument")
         return real(fd, *args)
 

@@ -230,7 +230,7 @@ def test_layout_shared_file_refused_on_memory_store(
         run_workload(
             "memory://nopos2", plan, RunSettings(layout="shared-file-per-node"), SingleProcess()
         )
-    # the emulated (shaped) wrapper writes whole objects only: refused too, not silently N-N
+    # the emulate wrapper writes whole objects only: refused too, not silently N-N
     with pytest.raises(errors.InvalidArgumentError, match="positional writes"):
         run_workload(
             f"file://{tmp_path}/emu",

@@ -85,9 +85,12 @@ def test_lightning_saves_resumes_and_removes_through_ckptio(
     names = {p.name for p in ckpts.iterdir()}
     # top-2 by step plus last; the step-4 checkpoint was removed through the plugin
     assert names == {"epoch=0-step=8.ckpt", "epoch=1-step=12.ckpt", "last.ckpt"}
-    # each is a ckptio root: a JSON manifest, one committed step (older ones deleted)
+    # each is a stub file; its ckptio root, beside the directory, holds a JSON manifest and
+    # one committed step (older ones deleted)
     last = ckpts / "last.ckpt"
-    manifests = sorted(last.glob("step-*/manifest.json"))
+    assert all(p.is_file() for p in ckpts.iterdir())
+    assert {p.name for p in (tmp_path / "ckpts.ckptio").iterdir()} == names
+    manifests = sorted((tmp_path / "ckpts.ckptio" / "last.ckpt").glob("step-*/manifest.json"))
     assert len(manifests) == 1
     doc = json.loads(manifests[0].read_bytes())
     assert doc["metadata"] == {"lightning_path": str(last)}
@@ -253,8 +256,8 @@ def test_restore_stubs_lets_last_resolve_on_a_machine_without_them(tmp_path: Pat
     ]
     assert finder._find_last_checkpoints(None) == {str(fresh / "last.ckpt")}
     assert io2.load_checkpoint(fresh / "last.ckpt")["global_step"] == 8
-    with pytest.raises(errors.InvalidArgumentError, match="needs CkptioCheckpointIO"):
-        CkptioCheckpointIO().restore_stubs(fresh)
+    # without the url, the plugin looks in the directory's sidecar: nothing there
+    assert CkptioCheckpointIO().restore_stubs(fresh) == []
 
 
 def test_a_stub_temp_file_of_a_killed_process_is_removed(tmp_path: Path) -> None:

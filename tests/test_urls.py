@@ -23,7 +23,7 @@ BUILTIN = {
     "file",
     "pfs",
     "memory",
-    "shaped",
+    "emulate",
     "s3",
     "s3+boto3",
     "s3+fsspec",
@@ -37,7 +37,7 @@ LOCAL_SCHEMES = ["file", "pfs"]
 
 def test_the_table_covers_every_builtin_scheme() -> None:
     assert set(backends()) >= BUILTIN
-    covered = {*S3_SCHEMES, *LOCAL_SCHEMES, "memory", "shaped", "fsspec"} - {"fsspec+s3"}
+    covered = {*S3_SCHEMES, *LOCAL_SCHEMES, "memory", "emulate", "fsspec"} - {"fsspec+s3"}
     assert covered == BUILTIN
 
 
@@ -323,19 +323,21 @@ def test_malformed_fsspec_urls_are_refused(in_tmp: Path, url: str, unknown: bool
     assert list(in_tmp.iterdir()) == []
 
 
-# -- shaped+<url> ----------------------------------------------------------------------------
+# -- emulate+<url> (and its old spelling shaped+<url>) -------------------------------------
 
 
 @pytest.mark.parametrize(
     ("form", "check"),
     [
-        ("shaped+file://{tmp}/run?profile=cloud-s3", ("root", "{tmp}/run")),
-        ("shaped+FILE://localhost{tmp}/run", ("root", "{tmp}/run")),
-        ("shaped+pfs://{tmp}/run?fanout=1", ("root", "{tmp}/run")),
-        ("shaped+memory://{sp}/p", ("name", "memory")),
+        ("emulate+file://{tmp}/run?profile=cloud-s3", ("root", "{tmp}/run")),
+        ("emulate+FILE://localhost{tmp}/run", ("root", "{tmp}/run")),
+        ("emulate+pfs://{tmp}/run?fanout=1", ("root", "{tmp}/run")),
+        ("emulate+memory://{sp}/p", ("name", "memory")),
+        ("shaped+file://{tmp}/run?profile=cloud-s3", ("root", "{tmp}/run")),  # the old name
+        ("SHAPED+memory://{sp}/p", ("name", "memory")),
     ],
 )
-def test_shaped_url_forms(in_tmp: Path, form: str, check: tuple[str, str]) -> None:
+def test_emulate_url_forms(in_tmp: Path, form: str, check: tuple[str, str]) -> None:
     sp = f"urls-{uuid.uuid4().hex[:8]}"
     store = open_store(form.format(tmp=in_tmp, sp=sp))
     try:
@@ -348,15 +350,17 @@ def test_shaped_url_forms(in_tmp: Path, form: str, check: tuple[str, str]) -> No
 @pytest.mark.parametrize(
     ("url", "unknown"),
     [
+        ("emulate://x", False),
+        ("emulate:/x", False),
+        ("emulate+s3:/bucket/x", False),
+        ("emulate+s3+boto://bucket/x", True),
+        ("emulate+file://relative/dir", False),
+        ("emulate+nosuch://x", True),
         ("shaped://x", False),
-        ("shaped:/x", False),
-        ("shaped+s3:/bucket/x", False),
-        ("shaped+s3+boto://bucket/x", True),
-        ("shaped+file://relative/dir", False),
         ("shaped+nosuch://x", True),
     ],
 )
-def test_malformed_shaped_urls_are_refused(in_tmp: Path, url: str, unknown: bool) -> None:
+def test_malformed_emulate_urls_are_refused(in_tmp: Path, url: str, unknown: bool) -> None:
     _refused(url, unknown=unknown)
     assert list(in_tmp.iterdir()) == []
 
@@ -378,7 +382,7 @@ def test_malformed_shaped_urls_are_refused(in_tmp: Path, url: str, unknown: bool
         "fsspec+file:///abs/run",
         "fsspec+memory://x/y",
         "fsspec+s3://bucket/p",
-        "shaped+s3+arrow://bucket/p?profile=cloud-s3",
+        "emulate+s3+arrow://bucket/p?profile=cloud-s3",
     ],
 )
 def test_the_canonical_url_parses_to_the_same_parts(url: str) -> None:

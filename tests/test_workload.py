@@ -15,6 +15,7 @@ from ckptio.workload import (
     GIB,
     PRESETS,
     Layout,
+    Transformer,
     custom_preset,
     make_plan,
     plan_layout,
@@ -142,12 +143,33 @@ def test_wrong_input_names_the_problem_and_valid_values(kwargs: dict, words: lis
 
 
 def test_custom_model() -> None:
-    p = custom_preset(hidden=1024, layers=8, ffn=4096, vocab=32000, heads=16, tp=2, pp=2, dp=2)
+    model = Transformer(hidden=1024, layers=8, ffn=4096, vocab=32000, heads=16, kv_heads=16)
+    p = custom_preset(model, Layout(tp=2, pp=2, dp=2))
     plan = plan_layout(p)
     assert plan.ranks == 8
     assert plan.total_bytes == pytest.approx(p.model.num_parameters() * 14, rel=0.05)
+    assert custom_preset(model).layout == Layout(zero=1)
     with pytest.raises(errors.InvalidArgumentError, match="does not divide"):
+        custom_preset(model, Layout(tp=3))
+    with pytest.raises(errors.InvalidArgumentError, match="needs a Transformer"):
+        custom_preset(Layout(tp=2))  # type: ignore[arg-type]
+
+
+def test_custom_model_keyword_spelling_still_works_and_warns() -> None:
+    """The spelling before the model and the layout were two objects."""
+    with pytest.warns(DeprecationWarning, match="Transformer"):
+        old = custom_preset(hidden=1024, layers=8, ffn=4096, vocab=32000, heads=16, tp=2, pp=2)
+    model = Transformer(hidden=1024, layers=8, ffn=4096, vocab=32000, heads=16, kv_heads=16)
+    assert old == custom_preset(model, Layout(tp=2, pp=2, zero=1))
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(errors.InvalidArgumentError, match="does not divide"),
+    ):
         custom_preset(hidden=1024, layers=8, ffn=4096, vocab=32000, heads=16, tp=3)
+    with pytest.raises(errors.InvalidArgumentError, match="unknown keyword hiden"):
+        custom_preset(hiden=1024)
+    with pytest.raises(errors.InvalidArgumentError, match="not both"):
+        custom_preset(model, tp=2)
 
 
 def test_plan_is_fast_for_every_preset() -> None:

@@ -31,7 +31,16 @@ from ckptio.units import (
     parse_count,
     parse_size,
 )
-from ckptio.workload import OBJECT_ALIGNMENT, Plan, Preset, custom_preset, make_plan, preset_names
+from ckptio.workload import (
+    OBJECT_ALIGNMENT,
+    Layout,
+    Plan,
+    Preset,
+    Transformer,
+    custom_preset,
+    make_plan,
+    preset_names,
+)
 
 if TYPE_CHECKING:
     from ckptio.dist import Communicator
@@ -114,14 +123,14 @@ def plan_from_args(args: Any) -> Plan:
                 f"--preset custom needs {', '.join(missing)} (and optionally --kv-heads, "
                 "--tp, --pp, --dp, --zero)"
             )
-        preset = custom_preset(
-            **need,
-            kv_heads=args.kv_heads,
+        model = Transformer(**need, kv_heads=args.kv_heads or need["heads"])
+        layout = Layout(
             tp=args.tp or 1,
             pp=args.pp or 1,
             dp=args.dp or 1,
             zero=1 if args.zero is None else args.zero,
         )
+        preset = custom_preset(model, layout)
     return make_plan(
         preset,
         gpus=args.gpus,

@@ -2,7 +2,7 @@
 
 A profile is a TOML file in this package (``cloud-s3.toml``, ``abci-lustre.toml``, ...) or any
 path a user gives. It serves twice: :mod:`ckptio.model` projects a workload to full scale with
-it, and the ``shaped`` backend emulates it on any store.
+it, and the ``emulate`` backend emulates it on any store.
 
 Figures (canonical units; ``inf`` where there is no limit):
 

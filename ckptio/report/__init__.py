@@ -2,7 +2,7 @@
 what it would cost at full scale, and why.
 
 Every figure shown carries what it is: **measured** (on real storage, with its 95% interval
-over the rounds), **emulated** (through the ``shaped`` backend: a profile imposed by
+over the rounds), **emulated** (through the ``emulate`` backend: a profile imposed by
 sleeping, not the real service; projected deterministically from the profile), **mock**
 (moto: tests correctness, not a performance figure) or **projected** (the model at full
 scale). The report's page starts with what it found (:mod:`ckptio.report.findings`).
@@ -280,7 +280,7 @@ def sections(r: Report) -> list[Section]:
                         "Mean over the steady rounds of each target, with the 95% interval in "
                         "brackets (none with one round); a run's first round is left out when "
                         "it is a warm-up. **measured**: real storage. **emulated** (orange rows): "
-                        "the shaped backend imposing a storage profile by sleeping, not the real "
+                        "the emulate backend imposing a storage profile by sleeping, not the real "
                         "service. **mock** (grey rows): moto, not a performance figure."
                     ]
                 ),

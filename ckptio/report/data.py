@@ -37,7 +37,7 @@ KIND_STYLE = {
 }
 KIND_NOTE = {
     "measured": "measured",
-    "emulated": "emulated (shaped backend: a profile imposed by sleeping)",
+    "emulated": "emulated (emulate backend: a profile imposed by sleeping)",
     "mock": "mock — not a performance figure",
     "projected": "projected by the model",
 }

@@ -1,4 +1,5 @@
-"""The shaped backend: emulates a profile on any store, and agrees with the model."""
+"""The emulate backend (``emulate+<url>``, formerly ``shaped+``): emulates a profile on any
+store, and agrees with the model."""
 
 import functools
 import time
@@ -49,9 +50,9 @@ def _write_checkpoint(store, *, objects: int, object_bytes: int) -> float:
         ("&stream_bandwidth=10MB/s&node_bandwidth=15MB/s", "node link"),
     ],
 )
-def test_shaped_run_agrees_with_the_model(extra: str, binding: str) -> None:
+def test_emulate_run_agrees_with_the_model(extra: str, binding: str) -> None:
     objects, object_bytes, part = 5, 4 * 2**20, 512 * 1024
-    url = f"shaped+memory://agree-{len(extra)}?profile=cloud-s3&streams=4&part_size={part}&{FIGS}{extra}"
+    url = f"emulate+memory://agree-{len(extra)}?profile=cloud-s3&streams=4&part_size={part}&{FIGS}{extra}"
 
     def measure() -> float:
         store = open_store(url)
@@ -76,7 +77,9 @@ def test_shaped_run_agrees_with_the_model(extra: str, binding: str) -> None:
 
 
 def test_data_arrives_intact_and_requests_are_traced() -> None:
-    store = open_store(f"shaped+memory://intact?profile=cloud-s3&streams=3&part_size=100000&{FIGS}")
+    store = open_store(
+        f"emulate+memory://intact?profile=cloud-s3&streams=3&part_size=100000&{FIGS}"
+    )
     data = np.arange(1_000_003, dtype=np.uint8)
     with store.open_writer("a/obj.bin") as w:
         w.write(data)
@@ -87,7 +90,7 @@ def test_data_arrives_intact_and_requests_are_traced() -> None:
     ops = store.trace.summary()
     assert ops["write"]["requests"] == 11 and ops["write"]["bytes"] == len(data)
     assert ops["get"]["bytes"] >= len(data)
-    assert {e.backend for e in store.trace.events()} == {"shaped:cloud-s3+memory"}
+    assert {e.backend for e in store.trace.events()} == {"emulate:cloud-s3+memory"}
     assert store.describe().emulated
     store.close()
 
@@ -96,7 +99,7 @@ def test_a_request_answered_with_an_error_pays_its_round_trip() -> None:
     """A HEAD or GET of a missing object, or a create of one already there, takes the
     profile's latency as on the real service (a save asks whether its step exists)."""
     store = open_store(
-        "shaped+memory://answers?profile=cloud-s3&request_latency=200ms&metadata_latency=200ms"
+        "emulate+memory://answers?profile=cloud-s3&request_latency=200ms&metadata_latency=200ms"
     )
     store.publish("there", b"x")
     for call in (
@@ -117,7 +120,7 @@ def test_a_request_answered_with_an_error_pays_its_round_trip() -> None:
 def test_request_rate_limit_throttles_and_retries() -> None:
     # 4 requests/s per prefix: a burst of 4, then 503 SlowDown answers; the retry path recovers.
     store = open_store(
-        "shaped+memory://throttle?profile=cloud-s3&streams=8&part_size=65536"
+        "emulate+memory://throttle?profile=cloud-s3&streams=8&part_size=65536"
         "&write_request_rate=4&request_latency=1ms&metadata_latency=1ms"
         "&stream_bandwidth=1GB/s"
     )
@@ -133,7 +136,7 @@ def test_request_rate_limit_throttles_and_retries() -> None:
 
 
 def test_file_store_wrapped(tmp_path) -> None:
-    store = open_store(f"shaped+file://{tmp_path}?profile=abci-lustre")
+    store = open_store(f"emulate+file://{tmp_path}?profile=abci-lustre")
     store.publish("x/m.json", b"{}")
     assert store.list("x") == ["x/m.json"]
     assert (tmp_path / "x" / "m.json").read_bytes() == b"{}"
@@ -142,16 +145,47 @@ def test_file_store_wrapped(tmp_path) -> None:
 
 def test_unknown_profile_lists_valid_names() -> None:
     with pytest.raises(errors.InvalidArgumentError, match="valid: abci-lustre"):
-        open_store("shaped+memory://x?profile=nope")
+        open_store("emulate+memory://x?profile=nope")
 
 
-def test_shaped_needs_an_inner_url() -> None:
+def test_emulate_needs_an_inner_url() -> None:
     with pytest.raises(errors.InvalidArgumentError, match="wrap another store"):
-        open_store("shaped://x")
+        open_store("emulate://x")
 
 
-def test_runner_on_shaped_agrees_with_the_model(tmp_path) -> None:
-    """A whole `run_workload` (write, commit, read) through the shaped backend takes what the
+def test_the_old_name_shaped_opens_the_same_emulating_store(tmp_path, capsys) -> None:
+    """``shaped+<url>``, the scheme's name before ``emulate``, in URLs users wrote (scripts,
+    ``ckptio`` commands) and the old import path: the same store, named ``emulate``."""
+    from ckptio.backends.emulate import EmulatedStore
+    from ckptio.backends.shaped import ShapedStore
+
+    import ckptio
+    from ckptio import registry
+    from ckptio.cli import main
+
+    assert ShapedStore is EmulatedStore
+    assert registry.backend_info("shaped") is registry.backend_info("emulate")
+    assert registry.backend_info("emulate").aliases == ("shaped",)
+    assert registry.backend_for(f"shaped+file://{tmp_path}/b").request_size_option == "part_size"
+    old = f"shaped+file://{tmp_path}/run?profile=local-nvme"
+    with open_store(old) as store:
+        assert isinstance(store, EmulatedStore)
+        assert store.url == f"emulate+file://{tmp_path}/run"
+        assert store.name == "emulate:local-nvme+file" and store.describe().emulated
+    ckptio.save({"w": np.arange(4.0)}, old, step=1)
+    assert ckptio.load(f"emulate+file://{tmp_path}/run?profile=local-nvme")["w"].tolist() == [
+        0.0,
+        1.0,
+        2.0,
+        3.0,
+    ]
+    capsys.readouterr()
+    assert main(["ls", old]) == 0
+    assert "1" in capsys.readouterr().out
+
+
+def test_runner_on_emulate_agrees_with_the_model(tmp_path) -> None:
+    """A whole `run_workload` (write, commit, read) through the emulate backend takes what the
     model predicts for the same plan and profile, within 20%."""
     from ckptio.dist import SingleProcess
     from ckptio.results import read_results
@@ -192,9 +226,9 @@ def test_runner_on_shaped_agrees_with_the_model(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("tiered", [False, True], ids=["load", "tiered-from-durable"])
-def test_restore_through_shaped_agrees_with_the_model(tmp_path, tiered: bool) -> None:
+def test_restore_through_emulated_agrees_with_the_model(tmp_path, tiered: bool) -> None:
     """A restore (``ckptio.load`` of the newest step; a tiered one whose fast tier is gone
-    reads it from the durable tier) through the shaped backend takes what the model projects
+    reads it from the durable tier) through the emulate backend takes what the model projects
     for the restore of the same checkpoint on the same profile (``restore_seconds``), within
     20%: the data, the listing and the manifest before it, a size check of each object."""
     import ckptio
@@ -202,7 +236,7 @@ def test_restore_through_shaped_agrees_with_the_model(tmp_path, tiered: bool) ->
 
     figs = "request_latency=50ms&metadata_latency=100ms&stream_bandwidth=20MB/s"
     part, objects = 512 * 1024, 12
-    url = f"shaped+memory://restore-{tiered}?profile=cloud-s3&streams=4&part_size={part}&{figs}"
+    url = f"emulate+memory://restore-{tiered}?profile=cloud-s3&streams=4&part_size={part}&{figs}"
     rng = np.random.default_rng(0)
     state = {f"t{i:02d}": rng.standard_normal(2**19, dtype=np.float32) for i in range(objects)}
     with ckptio.Checkpointer(url, max_object_size="2MiB") as ck:
