@@ -63,7 +63,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common as cm
 
 import ckptio
-from ckptio import format as fmt
+from ckptio import manifest as mf
 from ckptio.units import human_bytes, parse_size
 
 ROW = 4096
@@ -482,7 +482,7 @@ def manifest_100k() -> bytes:
     tensors = {}
     for t in range(1000):
         chunks = tuple(
-            fmt.Chunk(
+            mf.Chunk(
                 (c * rows, 0),
                 (rows, 1024),
                 f"data/rank-{c:05d}-000-0000abcd.bin",
@@ -492,9 +492,9 @@ def manifest_100k() -> bytes:
             )
             for c in range(per)
         )
-        tensors[f"model/layers/{t}/w"] = fmt.TensorEntry("float32", (rows * per, 1024), chunks)
+        tensors[f"model/layers/{t}/w"] = mf.TensorEntry("float32", (rows * per, 1024), chunks)
     tree = {"d": {p: {"t": p} for p in tensors}}
-    return fmt.Manifest(
+    return mf.Manifest(
         step=1, world_size=per, tensors=tensors, objects=objects, tree=tree
     ).to_json()
 
@@ -502,7 +502,7 @@ def manifest_100k() -> bytes:
 def case_manifest(ctx: Ctx) -> cm.Sample:
     data = manifest_100k()
     with cm.timed() as t:
-        m = fmt.parse_manifest(data, expect_step=1)
+        m = mf.parse_manifest(data, expect_step=1)
     chunks = sum(len(e.chunks) for e in m.tensors.values())
     return cm.Sample.of(t, chunks=chunks, manifest_bytes=len(data))
 

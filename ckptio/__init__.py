@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "CheckpointReader": "ckptio.checkpoint",
     "Checkpointer": "ckptio.checkpoint",
+    "Codec": "ckptio.checkpoint",
     "SaveHandle": "ckptio.checkpoint",
     "SaveResult": "ckptio.checkpoint",
     "aligned_empty": "ckptio.checkpoint",
@@ -39,6 +40,7 @@ __all__ = [
     "CheckpointReader",
     "Checkpointer",
     "CkptioError",
+    "Codec",
     "SaveHandle",
     "SaveResult",
     "Shard",
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
     from ckptio.checkpoint import (
         Checkpointer,
         CheckpointReader,
+        Codec,
         SaveHandle,
         SaveResult,
         Shard,

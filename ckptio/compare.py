@@ -485,20 +485,22 @@ class _Runner:
 
     def _run(self, t: Target, url: str, rounds: int) -> str:
         from ckptio.dist import SingleProcess
-        from ckptio.runner import run_workload
+        from ckptio.runner import RunSettings, run_workload
 
         return run_workload(
             url,
             self.plan,
-            iterations=rounds,
-            comm=SingleProcess(),
-            out_dir=self.results_dir,
-            label=t.name,
-            site=self.site,
-            emulate=t.emulate,
-            mock=t.mock,
-            config=self._config(t.name),
-            say=lambda line: self.say(f"  {line}"),
+            RunSettings(
+                iterations=rounds,
+                out_dir=self.results_dir,
+                label=t.name,
+                site=self.site,
+                emulate=t.emulate,
+                mock=t.mock,
+                config=self._config(t.name),
+                say=lambda line: self.say(f"  {line}"),
+            ),
+            SingleProcess(),
         ).run_id
 
     def tiered(self, spec: Any, tmp: str) -> None:

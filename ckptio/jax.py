@@ -16,9 +16,10 @@
   ``FlattenedIndexKey`` -> list index). JSON values (ints, floats, strings) stay JSON.
 - ``Checkpointer``: the same with ``keep_last`` retention and ``async_save`` (see its
   docstring); ``save`` and ``Checkpointer.save`` refuse a pytree with no leaves (None, empty
-  containers) instead of committing an empty checkpoint. ``Checkpointer(url, local=...)``
-  returns a :class:`TieredCheckpointer`: saves on a fast tier drained to ``url``
-  (:mod:`ckptio.tiered`), pytrees in and ``jax.Array`` leaves out as here.
+  containers) instead of committing an empty checkpoint. ``Checkpointer(url, local=...)`` is
+  tiered: saves on a fast tier drained to ``url`` (:mod:`ckptio.checkpoint.tiered`), pytrees
+  in and ``jax.Array`` leaves out as here. It is :class:`ckptio.Checkpointer` given a
+  :class:`JaxCodec`.
 - ``load``: without ``target``, that plain structure with ``jax.Array`` leaves. With
   ``target`` (a pytree of the same structure: arrays, ``jax.ShapeDtypeStruct`` or anything
   with ``shape``/``dtype``), the target's own node types come back, every leaf is checked
@@ -34,17 +35,18 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from ckptio import checkpoint as _ck
 from ckptio import errors
-from ckptio import tiered as _tiered
+from ckptio.checkpoint.facade import refuse_load_options
 from ckptio.store import Store
 
-__all__ = ["Checkpointer", "TieredCheckpointer", "load", "save", "to_numpy"]
+__all__ = ["Checkpointer", "JaxCodec", "load", "save", "to_numpy"]
 
 
 def to_numpy(obj: Any) -> np.ndarray | None:
@@ -234,8 +236,29 @@ def _restore(plain: Any, target: Any) -> Any:
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
+class JaxCodec:
+    """How JAX pytrees are saved and loaded by a :class:`ckptio.Checkpointer`: ``save`` takes
+    any pytree (as :func:`save`: one with no leaves is refused), ``load`` returns ``jax.Array``
+    leaves, in ``target``'s structure, shapes, dtypes and shardings when given (as
+    :func:`load`); not ``into`` (jax arrays are immutable)."""
+
+    def encode(self, state: Any) -> Any:
+        return _plain_to_save(state)
+
+    def decode(
+        self, read: Callable[[Any], Any], *, into: Any = None, target: Any = None, **how: Any
+    ) -> Any:
+        if into is not None:
+            raise errors.InvalidArgumentError(
+                "load: into= fills arrays in place, and jax arrays are immutable; give target="
+            )
+        refuse_load_options(how, "JAX", "select, target")
+        return _restore(read(None), target)
+
+
 class Checkpointer(_ck.Checkpointer):
-    """:class:`ckptio.Checkpointer` for JAX pytrees: the same options and contract
+    """:class:`ckptio.Checkpointer` given a :class:`JaxCodec`, for JAX pytrees: the same
+    options and contract
     (``keep_last`` retention, ``async_save`` with one snapshot copy and the failure reported
     once, ``wait``/``steps``/``latest``/``close``, a ``with`` block), with ``save`` taking any
     pytree (as :func:`save`: a pytree with no leaves is refused) and ``load`` returning
@@ -249,47 +272,22 @@ class Checkpointer(_ck.Checkpointer):
                     ck.save(state, step=step)
         state = ck.load(target=abstract_state)     # the newest checkpoint
 
-    Single process: arrays sharded over several processes are not fully addressable here
-    (see the module docstring).
+    With ``local=...`` it is tiered (saves on a fast tier drained to ``url``), as
+    :class:`ckptio.Checkpointer` is. Single process: arrays sharded over several processes are
+    not fully addressable here (see the module docstring).
     """
 
-    def save(self, state: Any, step: int, **kwargs: Any) -> _ck.SaveHandle:
-        return super().save(_plain_to_save(state), step, **kwargs)
-
-    def load(  # type: ignore[override]  # target= in place of into= (jax arrays are immutable)
-        self,
-        step: int | None = None,
-        *,
-        target: Any = None,
-        select: Mapping[str, Any] | None = None,
-    ) -> Any:
-        return _restore(super().load(step, select=select), target)
-
-    @classmethod
-    def _tiered(cls) -> Any:
-        return TieredCheckpointer
+    def __init__(self, url: str | os.PathLike[str] | Store, **options: Any) -> None:
+        super().__init__(url, codec=JaxCodec(), **options)
 
 
-class TieredCheckpointer(_tiered.TieredCheckpointer):
-    """:class:`ckptio.tiered.TieredCheckpointer` for JAX pytrees, as :class:`Checkpointer` is
-    for one tier (``ckptio.jax.Checkpointer(url, local=...)`` returns one): ``save`` takes any
-    pytree (one with no leaves is refused), ``load`` returns ``jax.Array`` leaves, in
-    ``target``'s structure, shapes, dtypes and shardings when given::
-
-        with ckptio.jax.Checkpointer("s3://bucket/run", local="file:///nvme/run",
-                                     persist_every=3) as ck:
-            ck.save(state, step=step)                 # blocks for the node-local tier only
-        state = ck.load(target=abstract_state)        # the newest step, from either tier
-    """
-
-    def save(self, state: Any, step: int, **kwargs: Any) -> _tiered.TieredSaveHandle:
-        return super().save(_plain_to_save(state), step, **kwargs)
-
-    def load(  # type: ignore[override]  # target= in place of into= (jax arrays are immutable)
-        self,
-        step: int | None = None,
-        *,
-        target: Any = None,
-        select: Mapping[str, Any] | None = None,
-    ) -> Any:
-        return _restore(super().load(step, select=select), target)
+def __getattr__(name: str) -> Any:
+    if name == "TieredCheckpointer":  # before the codec, a twin class of Checkpointer
+        warnings.warn(
+            "ckptio.jax.TieredCheckpointer is deprecated: ckptio.jax.Checkpointer(url, "
+            "local=...) is tiered",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return Checkpointer
+    raise AttributeError(f"module 'ckptio.jax' has no attribute {name!r}")

@@ -111,7 +111,7 @@ import torch
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio import torch as ct
-from ckptio.checkpoint.checkpointer import SaveHandle, _split_options
+from ckptio.checkpoint.checkpointer import SaveHandle, split_options
 from ckptio.dist import SingleProcess
 from ckptio.lease import runs_here
 from ckptio.registry import from_fsspec_url, open_store, parse_url
@@ -490,7 +490,9 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
             try:
                 steps = ck.steps()
                 step = steps[-1] + 1 if steps else 0
-                handle = ck.save(checkpoint, step=step, metadata={"lightning_path": lightning_path})
+                saved = ck.save(checkpoint, step=step, metadata={"lightning_path": lightning_path})
+                # tiered (local= among the options): the fast tier's save is the commit here
+                handle = saved if isinstance(saved, SaveHandle) else saved.fast
             except BaseException:
                 ck.close()
                 raise
@@ -556,7 +558,7 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
             return
         root = self._source(path)
         stub = self._stub_path(path, root)
-        _, store_options = _split_options(dict(self.options))
+        _, store_options = split_options(dict(self.options))
         with _ROOTS.holding(root):
             self._reap()  # the save of this root, if it was in flight, is done now
             if stub is not None and os.path.isfile(stub):
@@ -581,7 +583,7 @@ class CkptioCheckpointIO(_BASES[0]):  # type: ignore[misc,valid-type]  # Lightni
         ``url``), or after a process was killed between a first commit and its stub. Returns
         the stub paths written."""
         self._reap()
-        _, store_options = _split_options(dict(self.options))
+        _, store_options = split_options(dict(self.options))
         with open_store(self._home(dirpath), **store_options) as store:
             names = sorted(
                 {

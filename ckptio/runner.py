@@ -67,7 +67,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,7 @@ __all__ = [
     "PROGRESS_HOOK",
     "SAY_HOOK",
     "DataGenerator",
+    "RunSettings",
     "RunSummary",
     "SweepPoint",
     "check_layout",
@@ -118,6 +119,7 @@ __all__ = [
     "sweep",
     "sweep_points",
     "sweep_warnings",
+    "writer_ranks",
 ]
 
 log = logging.getLogger(__name__)
@@ -311,7 +313,7 @@ def _merge_columns(parts: Sequence[dict[str, list[Any]]]) -> dict[str, list[Any]
 # -- the run ----------------------------------------------------------------------------------
 
 
-def _assign(plan: Plan, size: int) -> list[np.ndarray]:
+def writer_ranks(plan: Plan, size: int) -> list[np.ndarray]:
     """Logical ranks that write, dealt round-robin over ``size`` processes."""
     writers = np.flatnonzero(plan.rank_bytes > 0)
     return [writers[p::size] for p in range(size)]
@@ -378,11 +380,13 @@ def _synthetic_prepared(plan: Plan, metadata: dict[str, Any]) -> PreparedState:
 
 @dataclass
 class RunSettings:
-    """How a run goes (:func:`run_workload`'s arguments, checked, and what it derived from
-    the target): the one object every phase of :class:`_Run` reads."""
+    """How a run goes: every option of :func:`run_workload` (and :func:`sweep`), checked when
+    made, and what the run derived from the target (``emulated``, ``profile``, ``label``):
+    the one object every phase of :class:`_Run` reads."""
 
     iterations: int = 1
     out_dir: str | os.PathLike[str] | None = None
+    """Rank 0 writes the result files here (when given and ``write_files``)."""
     pause: float = 0.0
     """Seconds between iterations (the compute time)."""
     inflight: int = 2
@@ -391,20 +395,28 @@ class RunSettings:
     """Run the restore phase after each commit."""
     cache: str = "auto"
     """How the restore bypasses caches: one of :data:`CACHE_MODES`."""
-    keep: str = "last"
+    keep: str | None = None
+    """One of :data:`KEEP`; None: ``last``, or ``none`` with ``share_root``
+    (:func:`default_keep`)."""
     share_root: bool = False
     """Run beside checkpoints that are not a run's (see :func:`first_run_step`)."""
     key_layout: str = "flat"
     layout: str = "file-per-shard"
+    """One of :data:`ckptio.checkpoint.LAYOUTS` (the shared ones need positional writes)."""
     label: str = ""
+    """The target's name in the results (default: from the URL)."""
     site: str | None = None
-    emulated: bool = False
-    profile: str = ""
+    emulate: str | None = None
+    """A profile name: the target is wrapped in the backend that emulates profiles
+    (:func:`ckptio.registry.emulation_url`) and every figure is marked emulated."""
     mock: bool = False
     options: dict[str, Any] = field(default_factory=dict)
-    """The store options the target was opened with (recorded in the sidecar)."""
+    """Store options (``streams``, ``part_size``, ...; recorded in the sidecar)."""
     progress: Callable[[int], None] | None = None
+    """Rank 0: called with bytes done."""
     say: Callable[[str], None] | None = None
+    """Rank 0: called with a line per phase done (``iteration 1/3: write 64.0 MiB in 0.21 s,
+    0.32 GB/s``)."""
     run_id: str | None = None
     kind: str = "run"
     sweep_streams: int = 0
@@ -412,114 +424,68 @@ class RunSettings:
     config: dict[str, Any] = field(default_factory=dict)
     """More configuration for the sidecar (the command that ran it, ...)."""
     write_files: bool = True
+    emulated: bool = False
+    """Derived: the store the run opened is emulated."""
+    profile: str = ""
+    """Derived: the profile it emulates."""
+
+    def __post_init__(self) -> None:
+        if self.iterations < 1:
+            raise errors.InvalidArgumentError(f"iterations must be >= 1, got {self.iterations}")
+        if self.inflight < 1:
+            raise errors.InvalidArgumentError(f"inflight must be >= 1, got {self.inflight}")
+        if self.cache not in CACHE_MODES:
+            raise errors.InvalidArgumentError(
+                f"unknown cache mode {self.cache!r}; valid: {', '.join(CACHE_MODES)}"
+            )
+        self.keep = default_keep(self.keep, self.share_root)
+        if self.key_layout not in fmt.KEY_LAYOUTS:
+            raise errors.InvalidArgumentError(
+                f"unknown key_layout {self.key_layout!r}; valid: {', '.join(fmt.KEY_LAYOUTS)}"
+            )
+        if self.pause < 0:
+            raise errors.InvalidArgumentError(f"pause must be >= 0 seconds, got {self.pause}")
+        if self.layout not in LAYOUTS:
+            raise errors.InvalidArgumentError(
+                f"unknown layout {self.layout!r}; valid: {', '.join(LAYOUTS)}"
+            )
 
 
 def run_workload(
     url: str,
     plan: Plan,
-    *,
-    iterations: int = 1,
+    settings: RunSettings | None = None,
     comm: Communicator | None = None,
-    out_dir: str | os.PathLike[str] | None = None,
-    pause: float = 0.0,
-    inflight: int = 2,
-    read: bool = True,
-    cache: str = "auto",
-    keep: str | None = None,
-    share_root: bool = False,
-    key_layout: str = "flat",
-    label: str | None = None,
-    site: str | None = None,
-    emulate: str | None = None,
-    mock: bool = False,
-    store_options: dict[str, Any] | None = None,
-    progress: Callable[[int], None] | None = None,
-    run_id: str | None = None,
-    kind: str = "run",
-    sweep_streams: int = 0,
-    sweep_part_size: int = 0,
-    config: dict[str, Any] | None = None,
-    write_files: bool = True,
-    layout: str = "file-per-shard",
-    say: Callable[[str], None] | None = None,
 ) -> RunSummary:
-    """Run ``plan`` against ``url`` for ``iterations`` iterations on every rank of ``comm``
-    (default: detected from the launcher). Every rank calls this with the same arguments.
-
-    ``inflight``: shard objects each rank has in flight (memory per rank ~ inflight x
-    ``plan.object_size``). ``pause``: seconds between iterations. ``read``: run the restore
-    phase. ``cache``: one of :data:`CACHE_MODES`. ``keep``: one of :data:`KEEP` (default
-    ``last``; ``none`` with ``share_root``). ``share_root``: run into a root that holds
-    checkpoints or saves in flight that are not a run's (refused otherwise, see
-    :func:`first_run_step`).
-    ``emulate``: a profile name; the target is wrapped in the backend that emulates profiles
-    (:func:`ckptio.registry.emulation_url`) and every figure is marked emulated.
-    ``store_options`` go to the store (``streams``, ``part_size``, ...). ``progress`` (rank 0)
-    is called with bytes done, ``say`` (rank 0) with a line per phase done (``iteration 1/3:
-    write 64.0 MiB in 0.21 s, 0.32 GB/s``). ``layout``: one of :data:`ckptio.checkpoint.LAYOUTS` (the
-    shared ones need a store with positional writes). Rank 0 writes the result files under
-    ``out_dir`` (when given and ``write_files``) and returns the complete :class:`RunSummary`.
-    """
-    if iterations < 1:
-        raise errors.InvalidArgumentError(f"iterations must be >= 1, got {iterations}")
-    if inflight < 1:
-        raise errors.InvalidArgumentError(f"inflight must be >= 1, got {inflight}")
-    if cache not in CACHE_MODES:
-        raise errors.InvalidArgumentError(
-            f"unknown cache mode {cache!r}; valid: {', '.join(CACHE_MODES)}"
-        )
-    keep = default_keep(keep, share_root)
-    if key_layout not in fmt.KEY_LAYOUTS:
-        raise errors.InvalidArgumentError(
-            f"unknown key_layout {key_layout!r}; valid: {', '.join(fmt.KEY_LAYOUTS)}"
-        )
-    if pause < 0:
-        raise errors.InvalidArgumentError(f"pause must be >= 0 seconds, got {pause}")
-    if layout not in LAYOUTS:
-        raise errors.InvalidArgumentError(f"unknown layout {layout!r}; valid: {', '.join(LAYOUTS)}")
+    """Run ``plan`` against ``url`` as ``settings`` say (default: one iteration, with the
+    restore) on every rank of ``comm`` (default: detected from the launcher). Every rank calls
+    this with the same arguments. Rank 0 writes the result files under ``settings.out_dir``
+    (when given and ``write_files``) and returns the complete :class:`RunSummary`."""
+    s = settings if settings is not None else RunSettings()
     comm = comm if comm is not None else detect()
     if comm.size > plan.ranks:
         raise errors.InvalidArgumentError(
             f"{comm.size} ranks exceed the plan's {plan.ranks} GPUs; use at most {plan.ranks} "
             "ranks or more GPUs (--gpus)"
         )
-    options = dict(store_options or {})
+    options = dict(s.options)
     target_url = url
-    if emulate:
+    if s.emulate:
         target_url = emulation_url(url)
-        options["profile"] = emulate
+        options["profile"] = s.emulate
         options.setdefault("ranks", comm.size)  # the processes share aggregate limits
-    profile = emulate or str(options.get("profile", ""))
+    profile = s.emulate or str(options.get("profile", ""))
     store = open_store(target_url, **options)
     try:
-        check_layout(store, layout, url)  # the same verdict on every rank, before any collective
-        settings = RunSettings(
-            iterations=iterations,
-            out_dir=out_dir,
-            pause=pause,
-            inflight=inflight,
-            read=read,
-            cache=cache,
-            keep=keep,
-            share_root=share_root,
-            key_layout=key_layout,
-            layout=layout,
-            label=redact(label) if label else _target_label(url, emulate, layout),
-            site=site,
+        check_layout(store, s.layout, url)  # the same verdict on every rank, before any collective
+        s = replace(
+            s,
+            options=options,
+            label=redact(s.label) if s.label else _target_label(url, s.emulate, s.layout),
             emulated=store.describe().emulated,
             profile=profile,
-            mock=mock,
-            options=options,
-            progress=progress,
-            say=say,
-            run_id=run_id,
-            kind=kind,
-            sweep_streams=sweep_streams,
-            sweep_part_size=sweep_part_size,
-            config=config or {},
-            write_files=write_files,
         )
-        return _run(store, url, plan, comm, settings)
+        return _run(store, url, plan, comm, s)
     finally:
         store.close()
 
@@ -650,7 +616,7 @@ class _Run:
     ) -> None:
         self.store, self.url, self.plan, self.comm, self.s = store, url, plan, comm, settings
         self.rank = comm.rank
-        self.mine = _assign(plan, comm.size)[self.rank]
+        self.mine = writer_ranks(plan, comm.size)[self.rank]
         self.my_bytes = int(plan.rank_bytes[self.mine].sum()) if len(self.mine) else 0
         self.run_id = ""
         self.step0 = 0
@@ -1405,7 +1371,7 @@ def sweep_points(
     cap = max(1, max_memory // plan.object_size)
     # per process: its objects' sizes, largest first (the runner deals writing ranks round-robin)
     shares = []
-    for ranks in _assign(plan, processes):
+    for ranks in writer_ranks(plan, processes):
         sizes = []
         for nbytes in (plan.model_bytes[ranks], plan.optim_bytes[ranks]):
             full, rest = np.divmod(nbytes, plan.object_size)
@@ -1475,27 +1441,23 @@ def sweep_warnings(
 def sweep(
     url: str,
     plan: Plan,
+    settings: RunSettings | None = None,
+    comm: Communicator | None = None,
     *,
     streams: Sequence[int],
     part_sizes: Sequence[int | str],
-    comm: Communicator | None = None,
-    out_dir: str | os.PathLike[str] | None = None,
-    iterations: int = 1,
-    label: str | None = None,
-    progress: Callable[[int], None] | None = None,
-    layout: str = "file-per-shard",
-    say: Callable[[str], None] | None = None,
+    max_memory: int | str = DEFAULT_SWEEP_MEMORY,
     warn: bool = True,
-    **kwargs: Any,
 ) -> RunSummary:
     """Throughput versus concurrency: run ``plan`` once per (streams, part size) pair, with
     enough shard objects in flight to keep every stream busy where the plan has them
-    (:func:`sweep_points`), and write all points as one run (``kind = "sweep"``) under
-    ``out_dir``. ``layout``: the checkpoint layout of every point
-    (:data:`ckptio.checkpoint.LAYOUTS`). With ``warn`` (rank 0) a point whose streams exceed the
-    parts the layout puts in flight is logged as a warning (:func:`sweep_warnings`); the
-    sidecar lists every point with its ``parts_in_flight``. ``say`` (rank 0) gets a line per
-    point and phase. Other keyword arguments go to :func:`run_workload`."""
+    (:func:`sweep_points`, within ``max_memory`` per process), and write all points as one run
+    (``kind = "sweep"``) under ``settings.out_dir``. Each point runs as ``settings`` say (its
+    ``inflight``, streams and part size set by the point). With ``warn`` (rank 0) a point whose
+    streams exceed the parts the layout puts in flight is logged as a warning
+    (:func:`sweep_warnings`); the sidecar lists every point with its ``parts_in_flight``.
+    ``settings.say`` (rank 0) gets a line per point and phase."""
+    base = settings if settings is not None else RunSettings()
     comm = comm if comm is not None else detect()
     if not streams or not part_sizes:
         raise errors.InvalidArgumentError(
@@ -1507,46 +1469,37 @@ def sweep(
             f"streams must be >= 1 and part sizes > 0; got {list(streams)}, {list(part_sizes)}"
         )
     part_option = backend_for(url).request_size_option
-    base_options = dict(kwargs.pop("store_options", None) or {})
-    keep = default_keep(kwargs.pop("keep", None), bool(kwargs.get("share_root")))
-    max_memory = parse_size(kwargs.pop("max_memory", DEFAULT_SWEEP_MEMORY), field="max_memory")
+    memory = parse_size(max_memory, field="max_memory")
     # enough objects in flight that s streams of p-byte requests can all be busy, within the
     # memory budget (a client needs streams x part size in flight to use them all)
     points = sweep_points(
-        plan, comm.size, streams, parts, inflight=kwargs.get("inflight", 2), max_memory=max_memory
+        plan, comm.size, streams, parts, inflight=base.inflight, max_memory=memory
     )
     if warn and comm.rank == 0:
-        for line in sweep_warnings(points, plan, comm.size, max_memory=max_memory):
+        for line in sweep_warnings(points, plan, comm.size, max_memory=memory):
             log.warning("%s", line)
     run_id = None
     merged: RunSummary | None = None
     tables: dict[str, Any] = {"requests": [], "phases": [], "runs": []}
     for n, point in enumerate(points):
         s, p, inflight = point.streams, point.part_size, point.inflight
-        if say is not None and comm.rank == 0:
-            say(
+        if base.say is not None and comm.rank == 0:
+            base.say(
                 f"sweep point {n + 1}/{len(points)}: {s} stream(s), "
                 f"{units.human_bytes(p)} parts, {inflight} object(s) in flight per process"
             )
-        opts = {**base_options, "streams": s, part_option: p}
-        summary = run_workload(
-            url,
-            plan,
-            iterations=iterations,
-            comm=comm,
+        point_settings = replace(
+            base,
             out_dir=None,
-            label=label,
-            progress=progress,
             run_id=run_id,
             kind="sweep",
             sweep_streams=s,
             sweep_part_size=p,
-            store_options=opts,
-            layout=layout,
-            say=say,
-            keep=keep if n == len(points) - 1 else "none",
-            **{**kwargs, "inflight": inflight},
+            options={**base.options, "streams": s, part_option: p},
+            keep=base.keep if n == len(points) - 1 else "none",
+            inflight=inflight,
         )
+        summary = run_workload(url, plan, point_settings, comm)
         run_id = summary.run_id
         if comm.rank == 0:
             t = summary.tables
@@ -1566,7 +1519,7 @@ def sweep(
     if comm.rank != 0:
         return RunSummary(run_id, comm.rank)
     assert merged is not None
-    if out_dir is not None:
+    if base.out_dir is not None:
         side = res.sidecar(
             run_id,
             config={
@@ -1575,11 +1528,11 @@ def sweep(
                 "scale": plan.scale,
                 "streams": list(streams),
                 "part_sizes": parts,
-                "iterations": iterations,
+                "iterations": base.iterations,
                 "ranks": comm.size,
                 "kind": "sweep",
                 "points": [{**vars(pt), "capped": pt.capped} for pt in points],
-                "checkpoint_layout": layout,
+                "checkpoint_layout": base.layout,
             },
             target_path=merged.target_path,
             emulated=any(r["emulated"] for r in merged.runs),
@@ -1589,7 +1542,7 @@ def sweep(
             client_versions=merged.client_versions,
         )
         merged.paths = res.write_run(
-            out_dir,
+            base.out_dir,
             requests=res.table("requests", _merge_columns(tables["requests"])),
             phases=res.table("phases", tables["phases"]),
             runs=res.table("run", tables["runs"]),
@@ -1602,16 +1555,21 @@ def sweep(
 
 
 def rank_main(
-    comm: Communicator, url: str, plan: Plan, kwargs: dict[str, Any], mode: str = "run"
+    comm: Communicator,
+    url: str,
+    plan: Plan,
+    settings: RunSettings,
+    sweep_points_of: Mapping[str, Any] | None = None,
 ) -> RunSummary:
-    """What every local-process rank runs (:func:`ckptio.dist.run_local` target)."""
+    """What every local-process rank runs (:func:`ckptio.dist.run_local` target): the run,
+    or with ``sweep_points_of`` (:func:`sweep`'s ``streams``, ``part_sizes``, ...) the sweep."""
     if comm.rank == 0 and PROGRESS_HOOK is not None:
-        kwargs = {**kwargs, "progress": PROGRESS_HOOK}
+        settings = replace(settings, progress=PROGRESS_HOOK)
     if comm.rank == 0 and SAY_HOOK is not None:
-        kwargs = {**kwargs, "say": SAY_HOOK}
-    if mode == "sweep":
-        return sweep(url, plan, comm=comm, **kwargs)
-    return run_workload(url, plan, comm=comm, **kwargs)
+        settings = replace(settings, say=SAY_HOOK)
+    if sweep_points_of is not None:
+        return sweep(url, plan, settings, comm, **sweep_points_of)
+    return run_workload(url, plan, settings, comm)
 
 
 PROGRESS_HOOK: Callable[[int], None] | None = None

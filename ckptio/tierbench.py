@@ -1,4 +1,4 @@
-"""The tiered workload: a plan's state saved through :class:`~ckptio.tiered.TieredCheckpointer`
+"""The tiered workload: a plan's state saved through :class:`~ckptio.checkpoint.tiered.TieredCheckpointer`
 on every rank, with its save, drain and restore timed.
 
 Two ways in:
@@ -67,7 +67,6 @@ from ckptio.runner import (
     DataGenerator,
     RunSettings,
     RunSummary,
-    _assign,
     _events_columns,
     _merge_columns,
     _peak_rss,
@@ -79,6 +78,7 @@ from ckptio.runner import (
     first_run_step,
     hosts_of,
     log,
+    writer_ranks,
 )
 from ckptio.store import Store
 
@@ -182,7 +182,7 @@ class _Box:
 
 def _boxes(plan: Any, size: int, rank: int) -> list[_Box]:
     """This process's box of each global tensor (components no rank holds are left out)."""
-    assigned = _assign(plan, size)
+    assigned = writer_ranks(plan, size)
     out = []
     for name, field, dtype in _COMPONENTS:
         counts = [int(getattr(plan, field)[a].sum()) for a in assigned]
@@ -288,7 +288,7 @@ def run_tiered_workload(
     progress: Callable[[int], None] | None = None,
     say: Callable[[str], None] | None = None,
 ) -> RunSummary:
-    """Run ``plan`` through a :class:`~ckptio.tiered.TieredCheckpointer` with durable tier
+    """Run ``plan`` through a :class:`~ckptio.checkpoint.tiered.TieredCheckpointer` with durable tier
     ``url`` and fast tier ``local`` (a URL; ``{rank}`` in it gives each rank its own root) for
     ``iterations`` iterations on every rank of ``comm`` (see the module docstring). Every rank
     calls it with the same arguments. ``emulate`` / ``emulate_local``: profiles that wrap the
@@ -297,8 +297,8 @@ def run_tiered_workload(
     ``restore-durable`` are made. The other arguments are :func:`ckptio.runner.run_workload`'s.
     Returns this rank's :class:`~ckptio.runner.RunSummary` (complete on rank 0)."""
     from ckptio import results as res
+    from ckptio.checkpoint.tiered import tiered_checkpointer
     from ckptio.dist import detect
-    from ckptio.tiered import TieredCheckpointer
 
     if iterations < 1:
         raise errors.InvalidArgumentError(f"iterations must be >= 1, got {iterations}")
@@ -342,7 +342,7 @@ def run_tiered_workload(
         first = comm.bcast(first, root=0)  # the same verdict on every rank
         if "error" in first:
             raise errors.InvalidArgumentError(first["error"])
-        with TieredCheckpointer(durable_url, local=fast_url, **opts) as ck:
+        with tiered_checkpointer(durable_url, local=fast_url, **opts) as ck:
             _valid_cache(ck.fast.store, cache)
             steps = comm.gather(ck.steps(), root=0)
             if rank == 0:
@@ -447,7 +447,7 @@ def run_tiered_workload(
                     lost = os.path.join(base, f"lost-{it}-{rank}")  # an empty fast root
                     lost = emulation_url(lost) if emulate_local else lost
                     for phase, roots in (("restore", fast_url), ("restore-durable", lost)):
-                        with TieredCheckpointer(durable_url, local=roots, **opts) as reader:
+                        with tiered_checkpointer(durable_url, local=roots, **opts) as reader:
                             cold = reader.fast.store if phase == "restore" else reader.store
                             prefix = fmt.step_dir(step) + "/"
                             keys = [k[len(prefix) :] for k in cold.list(prefix)]

@@ -35,28 +35,22 @@ import contextlib
 import dataclasses
 import io
 import logging
-import math
 import os
-import re
 import secrets
 import uuid
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 import torch
 from torch.distributed.checkpoint import storage as _dcp_storage
 from torch.distributed.checkpoint.metadata import (
-    BytesStorageMetadata,
-    ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
     StorageMeta,
-    TensorProperties,
     TensorStorageMetadata,
 )
 from torch.distributed.checkpoint.planner import (
@@ -73,10 +67,21 @@ from torch.futures import Future
 from ckptio import checkpoint as _ck
 from ckptio import errors
 from ckptio import format as fmt
-from ckptio import tiered as _tiered
+from ckptio import manifest as mf
 from ckptio.arrays import Target, contiguous_le
+from ckptio.checkpoint.facade import refuse_load_options
+from ckptio.dcp_metadata import (
+    dtype_name,
+    metadata_from_json,
+    metadata_to_json,
+    reopen_store,
+    split_checkpoint_url,
+    sync_options,
+    valid_checkpoint_id,
+    want,
+)
 from ckptio.lease import RETIRE_GRACE_SECONDS, SaveLease
-from ckptio.registry import backend_for, open_store, split_url
+from ckptio.registry import open_store
 from ckptio.store import Store, option_int
 from ckptio.units import parse_size
 
@@ -86,6 +91,7 @@ __all__ = [
     "Checkpointer",
     "StorageReader",
     "StorageWriter",
+    "TorchCodec",
     "convert_dcp",
     "decode",
     "encode",
@@ -111,38 +117,6 @@ _NP_TO_VIEWED: dict[str, tuple[Any, torch.dtype]] = {
     "float8_e4m3fn": (np.uint8, torch.float8_e4m3fn),
     "float8_e5m2": (np.uint8, torch.float8_e5m2),
 }
-#: every torch dtype ckptio stores, by its ckptio (numpy) name
-_TORCH_DTYPES: dict[str, torch.dtype] = {
-    "bool": torch.bool,
-    "int8": torch.int8,
-    "int16": torch.int16,
-    "int32": torch.int32,
-    "int64": torch.int64,
-    "uint8": torch.uint8,
-    "uint16": torch.uint16,
-    "uint32": torch.uint32,
-    "uint64": torch.uint64,
-    "float16": torch.float16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "complex64": torch.complex64,
-    "complex128": torch.complex128,
-    "bfloat16": torch.bfloat16,
-    "float8_e4m3fn": torch.float8_e4m3fn,
-    "float8_e5m2": torch.float8_e5m2,
-}
-_DTYPE_NAMES: dict[torch.dtype, str] = {dt: name for name, dt in _TORCH_DTYPES.items()}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """The ckptio (manifest) name of a torch dtype; raises for dtypes ckptio does not store."""
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        raise errors.InvalidArgumentError(
-            f"torch dtype {dtype} cannot be checkpointed by ckptio; supported: "
-            + ", ".join(str(d) for d in _TORCH_DTYPES.values())
-        )
-    return name
 
 
 def _is_cuda(t: torch.Tensor) -> bool:
@@ -381,9 +355,28 @@ def load(
     return decode(to_torch(_ck.load(url, step, select=select, into=into, **options), device=device))
 
 
+class TorchCodec:
+    """How torch state is saved and loaded by a :class:`ckptio.Checkpointer`: state dicts as
+    they come (integer keys included: :func:`encode`), tensors back as torch tensors on
+    ``device`` (default CPU, sharing the memory ckptio read into); ``into``: a state dict whose
+    tensors are filled in place."""
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        self.device = device
+
+    def encode(self, state: Any) -> Any:
+        return encode(state)
+
+    def decode(self, read: Callable[[Any], Any], *, into: Any = None, **how: Any) -> Any:
+        refuse_load_options(how, "torch")
+        plain = read(None if into is None else encode(into))
+        return decode(to_torch(plain, device=self.device))
+
+
 class Checkpointer(_ck.Checkpointer):
-    """:class:`ckptio.Checkpointer` for torch state: ``save`` takes state dicts as they come
-    (integer keys included), ``load`` returns torch tensors on ``device``."""
+    """:class:`ckptio.Checkpointer` given a :class:`TorchCodec`: ``save`` takes state dicts as
+    they come (integer keys included), ``load`` returns torch tensors on ``device``. With
+    ``local=...``, tiered as :class:`ckptio.Checkpointer` is."""
 
     def __init__(
         self,
@@ -392,41 +385,20 @@ class Checkpointer(_ck.Checkpointer):
         device: str | torch.device | None = None,
         **options: Any,
     ) -> None:
-        super().__init__(url, **options)
+        super().__init__(url, codec=TorchCodec(device), **options)
         self.device = device
 
-    def save(self, state: Any, step: int, **kwargs: Any) -> _ck.SaveHandle:
-        return super().save(encode(state), step, **kwargs)
 
-    def load(
-        self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None
-    ) -> Any:
-        into = None if into is None else encode(into)
-        return decode(to_torch(super().load(step, select=select, into=into), device=self.device))
-
-    @classmethod
-    def _tiered(cls) -> Any:
-        return TieredCheckpointer
-
-
-class TieredCheckpointer(_tiered.TieredCheckpointer):
-    """:class:`ckptio.tiered.TieredCheckpointer` for torch state, as :class:`Checkpointer` is
-    for one tier; ``ckptio.torch.Checkpointer(url, local=...)`` returns one."""
-
-    def __init__(
-        self, url: Any, *, device: str | torch.device | None = None, **options: Any
-    ) -> None:
-        super().__init__(url, **options)
-        self.device = device
-
-    def save(self, state: Any, step: int, **kwargs: Any) -> _tiered.TieredSaveHandle:
-        return super().save(encode(state), step, **kwargs)
-
-    def load(
-        self, step: int | None = None, *, select: Mapping[str, Any] | None = None, into: Any = None
-    ) -> Any:
-        into = None if into is None else encode(into)
-        return decode(to_torch(super().load(step, select=select, into=into), device=self.device))
+def __getattr__(name: str) -> Any:
+    if name == "TieredCheckpointer":  # before the codec, a twin class of Checkpointer
+        warnings.warn(
+            "ckptio.torch.TieredCheckpointer is deprecated: ckptio.torch.Checkpointer(url, "
+            "local=...) is tiered",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return Checkpointer
+    raise AttributeError(f"module 'ckptio.torch' has no attribute {name!r}")
 
 
 # -- torch.distributed.checkpoint -------------------------------------------------------------
@@ -436,36 +408,6 @@ BYTES_PREFIX = "~dcp-bytes/"
 in an escaped tensor path, so no tensor can collide with it)."""
 DCP_EXTRA = "dcp"
 """Key of DCP's metadata in the manifest's ``extra``."""
-
-_LAYOUTS = {"strided": torch.strided}
-_MEMORY_FORMATS = {
-    "contiguous_format": torch.contiguous_format,
-    "channels_last": torch.channels_last,
-    "preserve_format": torch.preserve_format,
-}
-
-
-def _enum_name(table: Mapping[str, Any], value: Any, what: str) -> str:
-    for name, v in table.items():
-        if v == value:
-            return name
-    raise errors.InvalidArgumentError(f"{what} {value} cannot be stored; valid: {', '.join(table)}")
-
-
-def _split_checkpoint_url(url: str, step: int | None) -> tuple[str, int | None]:
-    """``(root_url, step)`` from ``<root>/step-<N>`` or from ``url`` + ``step``; ``(url, None)``
-    for a URL that names no step (DCP's "any directory" form)."""
-    if step is not None:
-        return url, fmt.as_step(step)
-    parts = urlsplit(url) if "://" in url else None
-    path = parts.path if parts is not None else url
-    head, _, last = path.rstrip("/").rpartition("/")
-    m = re.fullmatch(r"step-(\d{1,10})", last)
-    if m is None:
-        return url, None
-    if parts is None:
-        return head or ".", int(m.group(1))
-    return urlunsplit((parts.scheme, parts.netloc, head, parts.query, "")), int(m.group(1))
 
 
 @dataclass(frozen=True)
@@ -478,198 +420,6 @@ class _Stored:
     """ckptio chunks (``Chunk.as_json()``) holding it."""
     objects: tuple[tuple[str, int], ...]
     """Objects (relative key, bytes) those chunks live in."""
-
-
-def _metadata_to_json(md: Metadata) -> dict[str, Any]:
-    entries: dict[str, Any] = {}
-    for fqn, sm in md.state_dict_metadata.items():
-        if isinstance(sm, BytesStorageMetadata):
-            entries[fqn] = {"type": "bytes"}
-        elif isinstance(sm, TensorStorageMetadata):
-            p = sm.properties
-            entries[fqn] = {
-                "type": "tensor",
-                "dtype": dtype_name(p.dtype),
-                "size": list(sm.size),
-                "layout": _enum_name(_LAYOUTS, p.layout, "tensor layout"),
-                "memory_format": _enum_name(_MEMORY_FORMATS, p.memory_format, "memory format"),
-                "requires_grad": bool(p.requires_grad),
-                "pin_memory": bool(p.pin_memory),
-                "chunks": [[list(c.offsets), list(c.sizes)] for c in sm.chunks],
-            }
-        else:
-            raise errors.InvalidArgumentError(
-                f"{fqn}: unknown DCP storage metadata {type(sm).__name__}"
-            )
-    planner_data: Any = None
-    if md.planner_data is not None:
-        pd = md.planner_data
-        if not (
-            isinstance(pd, Mapping)
-            and all(
-                isinstance(k, str)
-                and isinstance(v, tuple | list)
-                and all(isinstance(x, str | int) and not isinstance(x, bool) for x in v)
-                for k, v in pd.items()
-            )
-        ):
-            raise errors.InvalidArgumentError(
-                f"DCP planner_data of type {type(pd).__name__} is not a mapping of fqn -> path; "
-                "ckptio stores DCP metadata as JSON (no pickle) and cannot store it"
-            )
-        planner_data = {k: list(v) for k, v in pd.items()}
-    sm_json = None
-    if md.storage_meta is not None:
-        s = md.storage_meta
-        sm_json = {
-            "checkpoint_id": None if s.checkpoint_id is None else str(s.checkpoint_id),
-            "save_id": s.save_id,
-            "load_id": s.load_id,
-            "modules": list(s.modules),
-        }
-    return {
-        "version": md.version,
-        "state_dict_metadata": entries,
-        "planner_data": planner_data,
-        "storage_meta": sm_json,
-    }
-
-
-def _want(cond: bool, field: str, message: str) -> None:
-    if not cond:
-        raise errors.ManifestError(message, field=f"extra.dcp.{field}")
-
-
-def _metadata_from_json(doc: Any) -> Metadata:
-    """Rebuild DCP's Metadata from its JSON form, validating each field (no pickle)."""
-    _want(isinstance(doc, dict), "", "expected an object")
-    entries = doc.get("state_dict_metadata")
-    _want(isinstance(entries, dict), "state_dict_metadata", "expected an object")
-    sdm: dict[str, Any] = {}
-    for fqn, e in entries.items():
-        f = f"state_dict_metadata[{fqn!r:.80}]"
-        _want(isinstance(e, dict), f, "expected an object")
-        if e.get("type") == "bytes":
-            sdm[fqn] = BytesStorageMetadata()
-            continue
-        _want(
-            e.get("type") == "tensor",
-            f"{f}.type",
-            f"expected 'tensor' or 'bytes', got {e.get('type')!r:.40}",
-        )
-        _want(
-            e.get("dtype") in _TORCH_DTYPES,
-            f"{f}.dtype",
-            f"unknown dtype {e.get('dtype')!r:.40}; allowed: {', '.join(_TORCH_DTYPES)}",
-        )
-        _want(e.get("layout") in _LAYOUTS, f"{f}.layout", f"unknown layout {e.get('layout')!r:.40}")
-        _want(
-            e.get("memory_format") in _MEMORY_FORMATS,
-            f"{f}.memory_format",
-            f"unknown memory format {e.get('memory_format')!r:.40}",
-        )
-        size = fmt._int_list(e.get("size"), f"extra.dcp.{f}.size")
-        chunks = []
-        boxes = []  # DCP loads only the boxes listed: they must tile the tensor, as ckptio's do
-        cl = e.get("chunks")
-        _want(isinstance(cl, list), f"{f}.chunks", "expected a list")
-        for i, c in enumerate(cl):
-            _want(
-                isinstance(c, list) and len(c) == 2, f"{f}.chunks[{i}]", "expected [offsets, sizes]"
-            )
-            offs = fmt._int_list(c[0], f"extra.dcp.{f}.chunks[{i}].offsets", len(size))
-            sizes = fmt._int_list(c[1], f"extra.dcp.{f}.chunks[{i}].sizes", len(size))
-            _want(
-                all(o + n <= full for o, n, full in zip(offs, sizes, size, strict=True)),
-                f"{f}.chunks[{i}]",
-                f"a box of {list(sizes)} at {list(offs)} does not fit the tensor's size {list(size)}",
-            )
-            chunks.append(ChunkStorageMetadata(torch.Size(offs), torch.Size(sizes)))
-            boxes.append(fmt.Chunk(offs, sizes, "", 0, 0, 0))
-        covered = sum(math.prod(b.shape) for b in boxes)
-        _want(
-            covered == math.prod(size),
-            f"{f}.chunks",
-            f"the boxes hold {covered} elements, the tensor {math.prod(size)}",
-        )
-        fmt._check_no_overlap(boxes, f"extra.dcp.{f}.chunks")
-        for flag in ("requires_grad", "pin_memory"):
-            _want(isinstance(e.get(flag, False), bool), f"{f}.{flag}", "expected true or false")
-        props = TensorProperties(
-            dtype=_TORCH_DTYPES[e["dtype"]],
-            layout=_LAYOUTS[e["layout"]],
-            requires_grad=e.get("requires_grad", False),
-            memory_format=_MEMORY_FORMATS[e["memory_format"]],
-            pin_memory=e.get("pin_memory", False),
-        )
-        sdm[fqn] = TensorStorageMetadata(props, torch.Size(size), chunks)
-    pd = doc.get("planner_data")
-    planner_data = None
-    if pd is not None:
-        _want(isinstance(pd, dict), "planner_data", "expected an object")
-        planner_data = {}
-        for k, v in pd.items():
-            _want(
-                isinstance(v, list)
-                and all(isinstance(x, str | int) and not isinstance(x, bool) for x in v),
-                f"planner_data[{k!r:.80}]",
-                "expected a list of keys",
-            )
-            planner_data[k] = tuple(v)
-    smd = doc.get("storage_meta")
-    storage_meta = None
-    if smd is not None:
-        _want(isinstance(smd, dict), "storage_meta", "expected an object")
-        mods = smd.get("modules", [])
-        _want(
-            isinstance(mods, list) and all(isinstance(m, str) for m in mods),
-            "storage_meta.modules",
-            "expected a list of strings",
-        )
-        for name in ("checkpoint_id", "save_id", "load_id"):
-            value = smd.get(name)
-            _want(
-                value is None or isinstance(value, str),
-                f"storage_meta.{name}",
-                f"expected a string or null, got {type(value).__name__}",
-            )
-        storage_meta = StorageMeta(
-            checkpoint_id=smd.get("checkpoint_id"),
-            save_id=smd.get("save_id"),
-            load_id=smd.get("load_id"),
-            modules=mods,
-        )
-    version = doc.get("version")
-    _want(version is None or isinstance(version, str), "version", "expected a string")
-    return Metadata(
-        state_dict_metadata=sdm,
-        planner_data=planner_data,
-        storage_meta=storage_meta,
-        version=version,
-    )
-
-
-def _reopen(
-    store: Store | None, old_root: str | None, root: str, options: Mapping[str, Any]
-) -> Store:
-    """The store for ``root``: the current one if the root is unchanged (a ``checkpoint_id``
-    naming another step of the same run), else a new one (the old one is closed)."""
-    if store is not None and old_root == root:
-        return store
-    if store is not None:
-        store.close()
-    return open_store(root, **options)
-
-
-def _sync_options(options: Mapping[str, Any], root: str, sync_files: bool) -> dict[str, Any]:
-    """``options`` for the store at ``root``; without ``sync_files``, the store's switch
-    that skips durable flushes set off (:attr:`~ckptio.registry.BackendInfo.flush_option`), where it
-    has one and it is not given."""
-    out = dict(options)
-    flush = backend_for(root).flush_option
-    if not sync_files and flush is not None:
-        out.setdefault(flush, False)
-    return out
 
 
 def _done(value: Any) -> Future[Any]:
@@ -801,11 +551,11 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
         self.save_id = uuid.uuid4().hex
 
     def _target(self, url: str, step: int | None) -> None:
-        root, s = _split_checkpoint_url(str(url), step)
+        root, s = split_checkpoint_url(str(url), step)
         self.step = 0 if s is None else s
         fmt.step_dir(self.step)  # validates the step
-        options = _sync_options(self._store_options, root, self.sync_files)
-        self.store: Store = _reopen(
+        options = sync_options(self._store_options, root, self.sync_files)
+        self.store: Store = reopen_store(
             getattr(self, "store", None), getattr(self, "root", None), root, options
         )
         self.root = root
@@ -827,7 +577,7 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
         self.__dict__.update(state)
         self._lease = None
         self.state_dict_cache = None
-        options = _sync_options(self._store_options, self.root, self.sync_files)
+        options = sync_options(self._store_options, self.root, self.sync_files)
         self.store = open_store(self.root, **options)
 
     def _release(self) -> None:
@@ -961,39 +711,29 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
             log.warning("retention after %s failed: %s", self.checkpoint_id, err)
 
     def _manifest(self, metadata: Metadata, results: list[list[Any]]) -> bytes:
-        chunks: dict[str, list[fmt.Chunk]] = {}
+        chunks: dict[str, list[dict[str, Any]]] = {}
         objects: dict[str, int] = {}
         for rs in results:
             for wr in rs:
                 st: _Stored = wr.storage_data
                 objects.update(dict(st.objects))
-                for c in st.chunks:
-                    chunks.setdefault(st.path, []).append(
-                        fmt.Chunk(
-                            tuple(c["offsets"]),
-                            tuple(c["shape"]),
-                            c["key"],
-                            c["offset"],
-                            c["length"],
-                            c["crc32c"],
-                        )
-                    )
-        tensors: dict[str, fmt.TensorEntry] = {}
+                chunks.setdefault(st.path, []).extend(st.chunks)
+        tensors: dict[str, mf.TensorEntry] = {}
         tree: dict[str, Any] = {}
         for fqn, sm in metadata.state_dict_metadata.items():
             if isinstance(sm, TensorStorageMetadata):
                 path = fmt.escape(fqn)
-                tensors[path] = fmt.TensorEntry(
+                tensors[path] = mf.TensorEntry(
                     dtype_name(sm.properties.dtype),
                     tuple(int(x) for x in sm.size),
-                    tuple(sorted(chunks.get(path, []), key=lambda c: c.offsets)),
+                    mf.chunks_of(chunks.get(path, [])),
                 )
                 tree[fqn] = {"t": path}
             else:
                 path = BYTES_PREFIX + fmt.escape(fqn)
-                cs = sorted(chunks.get(path, []), key=lambda c: c.offsets)
-                tensors[path] = fmt.TensorEntry("uint8", (sum(c.length for c in cs),), tuple(cs))
-        manifest = fmt.Manifest(
+                cs = mf.chunks_of(chunks.get(path, []))
+                tensors[path] = mf.TensorEntry("uint8", (sum(c.length for c in cs),), cs)
+        manifest = mf.Manifest(
             step=self.step,
             world_size=len(results),
             tensors=tensors,
@@ -1004,16 +744,13 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
                 "key_layout": "flat",
                 "writer": "torch.distributed.checkpoint",
             },
-            created=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-            extra={DCP_EXTRA: _metadata_to_json(metadata)},
+            extra={DCP_EXTRA: metadata_to_json(metadata)},
         )
-        data = manifest.to_json()
-        fmt.parse_manifest(data, expect_step=self.step)  # never publish what load would refuse
-        return data
+        return mf.encode_manifest(manifest)  # never publishes what load would refuse
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-        return _valid_id(checkpoint_id)
+        return valid_checkpoint_id(checkpoint_id)
 
 
 def convert_dcp(
@@ -1075,17 +812,6 @@ def _inside(offsets: Sequence[int], local: _ck.LocalTensor) -> bool:
     )
 
 
-def _valid_id(checkpoint_id: Any) -> bool:
-    try:
-        root, _ = _split_checkpoint_url(str(checkpoint_id), None)
-        from ckptio.registry import load_backend
-
-        load_backend(split_url(root)[0])
-    except (errors.CkptioError, ValueError):
-        return False
-    return True
-
-
 class StorageReader(_dcp_storage.StorageReader):
     """``torch.distributed.checkpoint`` reads through any ckptio store.
 
@@ -1127,8 +853,8 @@ class StorageReader(_dcp_storage.StorageReader):
         self._index: dict[MetadataIndex, str] = {}
 
     def _target(self, url: str, step: int | None) -> None:
-        root, s = _split_checkpoint_url(url, step)  # no step named: the newest committed one
-        self.store: Store = _reopen(
+        root, s = split_checkpoint_url(url, step)  # no step named: the newest committed one
+        self.store: Store = reopen_store(
             getattr(self, "store", None), getattr(self, "root", None), root, self._store_options
         )
         self.root = root
@@ -1156,13 +882,13 @@ class StorageReader(_dcp_storage.StorageReader):
                 "torch.distributed.checkpoint; read it with ckptio.load / ckptio.torch.load",
                 field="extra.dcp",
             )
-        md = _metadata_from_json(doc)
+        md = metadata_from_json(doc)
         index: dict[MetadataIndex, str] = {}
         for fqn, sm in md.state_dict_metadata.items():
             if isinstance(sm, TensorStorageMetadata):
                 path = fmt.escape(fqn)
                 entry = reader.manifest.tensors.get(path)
-                _want(
+                want(
                     entry is not None
                     and entry.shape == tuple(sm.size)
                     and entry.dtype == dtype_name(sm.properties.dtype),
@@ -1173,7 +899,7 @@ class StorageReader(_dcp_storage.StorageReader):
                     index[MetadataIndex(fqn, c.offsets)] = path
             else:
                 path = BYTES_PREFIX + fmt.escape(fqn)
-                _want(
+                want(
                     path in reader.manifest.tensors,
                     f"state_dict_metadata[{fqn!r:.80}]",
                     "its bytes are not in the manifest",
@@ -1252,4 +978,4 @@ class StorageReader(_dcp_storage.StorageReader):
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-        return _valid_id(checkpoint_id)
+        return valid_checkpoint_id(checkpoint_id)

@@ -211,6 +211,7 @@ LOST_SCRIPT = textwrap.dedent(
     import ckptio
     from ckptio import errors
     from ckptio.backends.local import LocalStore
+    from ckptio.checkpoint.checkpointer import StoreCheckpointer
 
     scenario, root, snapshot = sys.argv[1], sys.argv[2], sys.argv[3]
     exiting = threading.Event()
@@ -259,7 +260,7 @@ LOST_SCRIPT = textwrap.dedent(
     if scenario in ("dropped-handle", "in-flight-at-exit"):
         ckptio.save(state(1), store("a"), 1, blocking=False, snapshot=snapshot)  # handle dropped
         if scenario == "dropped-handle":
-            [ck] = [o for o in gc.get_objects() if isinstance(o, ckptio.Checkpointer)]  # save's own
+            [ck] = [o for o in gc.get_objects() if isinstance(o, StoreCheckpointer)]  # save's own
             ref = weakref.ref(ck)
             del ck
             until_collected(ref)
@@ -670,7 +671,7 @@ def test_scratch_memory_is_not_inherited_by_forks(tmp_path):
         with ckptio.Checkpointer(
             f"file://{tmp_path}/{snapshot}", async_save=True, snapshot=snapshot
         ) as ck:
-            assert ck._snapshots.inherit is inherited
+            assert ck.engine._snapshots.inherit is inherited
 
 
 def test_page_releaser_gives_back_only_pages_nothing_pending_needs(monkeypatch):

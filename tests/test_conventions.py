@@ -398,46 +398,11 @@ MAX_PARAMETERS = 12
 
 KNOWN_VIOLATIONS: dict[str, str] = {
     # owner "pipeline" (issue 31, the checkpoint side: one save pipeline, composition)
-    "lines ckptio/format.py": "pipeline: one manifest serializer moves out of format.py",
     "lines ckptio/runner.py": "pipeline: the runner drives the users' save pipeline",
-    "lines ckptio/tiered.py": "pipeline: tiers composed of checkpointers",
-    "lines ckptio/torch.py": "pipeline: frameworks as codecs, no twin classes",
     "length ckptio/tierbench.py:run_tiered_workload": "pipeline: tiered runs as a runner phase",
     "parameters ckptio/tierbench.py:run_tiered_workload": "pipeline: tiered runs as a runner phase",
-    "parameters ckptio/runner.py:run_workload": "pipeline: run_workload(url, plan, settings, comm)",
-    "parameters ckptio/runner.py:sweep": "pipeline: the sweep takes the runner's settings",
     "parameters ckptio/checkpoint/commit.py:_write_and_commit": "pipeline: one pipeline's plan",
-    "parameters ckptio/tiered.py:TieredCheckpointer.__init__": "pipeline: tiers composed",
     "parameters ckptio/torch.py:StorageWriter.__init__": "pipeline: frameworks as codecs",
-    "private ckptio.checkpoint.checkpointer imports ckptio.checkpoint.commit._save_collective": (
-        "pipeline: one save pipeline"
-    ),
-    "private ckptio.checkpoint.checkpointer imports ckptio.checkpoint.read._read_newest": (
-        "pipeline: one save pipeline"
-    ),
-    "private ckptio.checkpoint.checkpointer imports ckptio.checkpoint.snapshot._prepare": (
-        "pipeline: one save pipeline"
-    ),
-    "private ckptio.checkpoint.commit imports ckptio.checkpoint.write._error_text": (
-        "pipeline: one save pipeline"
-    ),
-    "private ckptio.checkpoint.commit imports ckptio.checkpoint.write._write_rank_shared": (
-        "pipeline: one save pipeline"
-    ),
-    "private ckptio.lightning imports ckptio.checkpoint.checkpointer._split_options": (
-        "pipeline: one save pipeline"
-    ),
-    "private ckptio.tiered imports ckptio.checkpoint.commit._plan_writers": (
-        "pipeline: tiers composed of checkpointers"
-    ),
-    "private ckptio.tiered imports ckptio.checkpoint.read._RELISTS": (
-        "pipeline: tiers composed of checkpointers"
-    ),
-    "private ckptio.tiered imports ckptio.checkpoint.write._error_text": (
-        "pipeline: tiers composed of checkpointers"
-    ),
-    "private ckptio.cli.run imports ckptio.runner._assign": "pipeline: the runner's structure",
-    "private ckptio.tierbench imports ckptio.runner._assign": "pipeline: tiered runs as a runner phase",
     "private ckptio.tierbench imports ckptio.runner._events_columns": "pipeline: tiered runs as a runner phase",
     "private ckptio.tierbench imports ckptio.runner._merge_columns": "pipeline: tiered runs as a runner phase",
     "private ckptio.tierbench imports ckptio.runner._peak_rss": "pipeline: tiered runs as a runner phase",

@@ -345,13 +345,13 @@ def test_restarted_job_retains_before_its_first_save(tmp_path, monkeypatch):
     with open_store(url) as store:
         store.put("step-0000000002/data/rank-00000-000-0badf00d.bin", b"y")  # a losing attempt
     seen = []
-    real = checkpointer._save_collective
+    real = checkpointer.save_collective
 
     def spy(store, *args, **kwargs):
         seen.append((ck.committed_steps(store), ck.collect_garbage(store, dry_run=True)))
         return real(store, *args, **kwargs)
 
-    monkeypatch.setattr(checkpointer, "_save_collective", spy)
+    monkeypatch.setattr(checkpointer, "save_collective", spy)
     with ck.Checkpointer(url, keep_last=2) as c:
         c.save(expected_state(5), 5)
         c.save(expected_state(6), 6)

@@ -189,7 +189,7 @@ def test_runner_on_emulate_agrees_with_the_model(tmp_path) -> None:
     model predicts for the same plan and profile, within 20%."""
     from ckptio.dist import SingleProcess
     from ckptio.results import read_results
-    from ckptio.runner import run_workload
+    from ckptio.runner import RunSettings, run_workload
     from ckptio.workload import make_plan
 
     figs = {"request_latency": "50ms", "metadata_latency": "50ms", "stream_bandwidth": "20MB/s"}
@@ -203,11 +203,13 @@ def test_runner_on_emulate_agrees_with_the_model(tmp_path) -> None:
         summary = run_workload(
             f"memory://agree-run-{len(rows)}",
             plan,
-            comm=SingleProcess(),
-            out_dir=out,
-            emulate="cloud-s3",
-            inflight=2,
-            store_options={"streams": 8, "part_size": 256 * 1024, **figs},
+            RunSettings(
+                out_dir=out,
+                emulate="cloud-s3",
+                inflight=2,
+                options={"streams": 8, "part_size": 256 * 1024, **figs},
+            ),
+            SingleProcess(),
         )
         rows.append((out, summary.runs[0]))
         return float(summary.runs[0][f"{phase}_seconds"])

@@ -137,7 +137,7 @@ def test_runner_results_count_retries(s3_bucket, fault_proxy, tmp_path):
     import pyarrow.parquet as pq
 
     from ckptio.dist import SingleProcess
-    from ckptio.runner import run_workload
+    from ckptio.runner import RunSettings, run_workload
     from ckptio.workload import make_plan
 
     proxy = fault_proxy(rate=0.1, kinds=("slowdown", "internal", "drop"), seed=8)
@@ -145,9 +145,8 @@ def test_runner_results_count_retries(s3_bucket, fault_proxy, tmp_path):
     summary = run_workload(
         f"s3://{s3_bucket}/bench",
         plan,
-        comm=SingleProcess(),
-        out_dir=tmp_path / "out",
-        store_options={"endpoint_url": proxy.url, "streams": 4},
+        RunSettings(out_dir=tmp_path / "out", options={"endpoint_url": proxy.url, "streams": 4}),
+        SingleProcess(),
     )
     faults = proxy.stats().get("faults", 0)
     proxy.set(rate=0.0)
@@ -385,3 +384,30 @@ def test_failed_manifest_publish_leaves_no_data(tmp_path, monkeypatch):
     monkeypatch.undo()
     with open_store(url) as store:
         assert store.list("step-") == [] and store.list_incomplete("step-") == []
+
+
+@pytest.mark.fuse
+def test_a_write_fault_is_seen_alike_by_save_and_by_ckptio_run(faulty_disk, tmp_path):
+    """The library's save and the suite's run write through the same writer (issue 31): the
+    kernel's EIO on every write of a data object fails ``ckptio.save`` and ``ckptio run``
+    alike, each naming the object under its own root and the error, each committing nothing;
+    with the faults off both succeed on the same roots."""
+    mount = faulty_disk.mountpoint
+    lib, suite = f"file://{mount}/lib", f"file://{mount}/suite"
+    run = [sys.executable, "-m", "ckptio.cli", "run", suite, "--total-size", "4MiB"]
+    run += ["--object-size", "1MiB", "--no-read", "--out", str(tmp_path / "results")]
+    with faulty_disk.faults(["write"], match="/data/"):
+        with pytest.raises(errors.SaveFailedError) as saved:
+            ckptio.save(expected_state(1), lib, step=1)
+        ran = subprocess.run(run, capture_output=True, text=True, timeout=300)
+    said = {"ckptio.save": str(saved.value), "ckptio run": ran.stdout + ran.stderr}
+    assert ran.returncode != 0, said["ckptio run"]
+    for (who, text), root in zip(said.items(), ("lib", "suite"), strict=True):
+        assert "nothing committed" in text, (who, text)
+        assert f"cannot write {mount}/{root}/step-" in text and "/data/" in text, (who, text)
+        assert "Input/output error" in text, (who, text)
+    for url in (lib, suite):
+        with open_store(url) as store:
+            assert [k for k in store.list("step-") if k.endswith("manifest.json")] == [], url
+    ckptio.save(expected_state(1), lib, step=1)  # faults off: both work
+    assert subprocess.run(run, capture_output=True, text=True, timeout=300).returncode == 0

@@ -21,6 +21,7 @@ import pytest
 import ckptio
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
 from ckptio.testing.moto import MOTO_AND_RGW
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -235,7 +236,7 @@ def test_object_smaller_than_declared_is_refused_before_allocating(ckpt):
         "chunks": [dict(first_chunk(doc), offsets=[0], shape=[n], offset=0, length=n)],
     }
     write_manifest(root, doc)
-    fmt.parse_manifest(json.dumps(doc).encode(), expect_step=7)  # it does validate
+    mf.parse_manifest(json.dumps(doc).encode(), expect_step=7)  # it does validate
     tracemalloc.start()
     try:
         with pytest.raises(errors.CorruptCheckpointError, match="the manifest says 35184372088832"):

@@ -214,7 +214,7 @@ def test_tiered_checkpointer_saves_pytrees_on_the_fast_tier_and_drains_them(
     with cj.Checkpointer(
         f"file://{durable}", local=f"file://{fast}", persist_every=2, retire_grace=0
     ) as ck:
-        assert isinstance(ck, cj.TieredCheckpointer)
+        assert isinstance(ck, cj.Checkpointer) and ck.tiered
         for step in range(1, 5):
             ck.save(_at_step(step), step=step)
         back = ck.load(target=_abstract(_tree()))

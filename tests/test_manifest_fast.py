@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
 
 
 def _doc(ntensors: int = 3, per: int = 20, rows: int = 8) -> dict[str, Any]:
@@ -28,7 +29,7 @@ def _doc(ntensors: int = 3, per: int = 20, rows: int = 8) -> dict[str, Any]:
     tensors = {}
     for t in range(ntensors):
         chunks = [
-            fmt.Chunk(
+            mf.Chunk(
                 (c * rows, 0),
                 (rows, 16),
                 f"data/rank-{c:05d}-000-ab.bin",
@@ -59,11 +60,11 @@ def _outcome(data: Any, path: str = "fast", monkeypatch: pytest.MonkeyPatch | No
         data = json.dumps(data, separators=(",", ":")).encode()
     with pytest.MonkeyPatch.context() as m:
         if path in ("bulk", "field"):
-            m.setattr(fmt, "_decode_fast", lambda *a: None)
+            m.setattr(mf, "_decode_fast", lambda *a: None)
         if path == "field":
-            m.setattr(fmt, "_tensors_checked", lambda *a: None)
+            m.setattr(mf, "_tensors_checked", lambda *a: None)
         try:
-            man = fmt.parse_manifest(data)
+            man = mf.parse_manifest(data)
         except errors.ManifestError as err:
             return ("error", err.field if hasattr(err, "field") else None, type(err), str(err))
     return (
@@ -128,13 +129,13 @@ def test_every_path_accepts_what_the_field_checks_accept(per):
 
 def test_the_fast_path_is_the_one_taken_for_what_ckptio_writes(monkeypatch):
     taken = []
-    real = fmt._decode_fast
-    monkeypatch.setattr(fmt, "_decode_fast", lambda data: taken.append(real(data)) or taken[-1])
-    monkeypatch.setattr(fmt, "_validate_tensor", lambda *a: pytest.fail("the per-field checks ran"))
+    real = mf._decode_fast
+    monkeypatch.setattr(mf, "_decode_fast", lambda data: taken.append(real(data)) or taken[-1])
+    monkeypatch.setattr(mf, "_validate_tensor", lambda *a: pytest.fail("the per-field checks ran"))
     data = json.dumps(_doc(), separators=(",", ":")).encode()
-    fmt.parse_manifest(data)
+    mf.parse_manifest(data)
     assert taken[-1] is not None
-    fmt.parse_manifest(json.dumps(_doc()).encode())  # json.dumps's default separators too
+    mf.parse_manifest(json.dumps(_doc()).encode())  # json.dumps's default separators too
     assert taken[-1] is not None
 
 
@@ -149,7 +150,7 @@ def test_the_fast_path_is_the_one_taken_for_what_ckptio_writes(monkeypatch):
 )
 def test_what_the_fast_path_cannot_count_is_decoded_by_json(text):
     data = text(_doc()).encode()
-    assert fmt._decode_fast(data) is None
+    assert mf._decode_fast(data) is None
     assert _same_on_every_path(data)[0] == "ok"
 
 
@@ -210,9 +211,9 @@ def test_chunks_sharing_object_bytes_are_refused():
 
 
 def test_built_chunks_equal_and_hash_like_constructed_ones():
-    m = fmt.parse_manifest(json.dumps(_doc()).encode())
+    m = mf.parse_manifest(json.dumps(_doc()).encode())
     c = m.tensors["w2"].chunks[1]
-    twin = fmt.Chunk(c.offsets, c.shape, c.key, c.offset, c.length, c.crc32c)
+    twin = mf.Chunk(c.offsets, c.shape, c.key, c.offset, c.length, c.crc32c)
     assert c == twin and hash(c) == hash(twin) and repr(c) == repr(twin)
     assert type(c.offsets) is tuple and type(m.tensors["w2"].chunks) is tuple
     with pytest.raises(AttributeError):
@@ -223,7 +224,7 @@ def test_a_scalar_node_with_a_non_string_dtype_is_a_manifest_error():
     doc = _doc()
     doc["tree"]["d"]["x"] = {"s": [[], "05"]}
     with pytest.raises(errors.ManifestError, match="bad scalar"):
-        fmt.parse_manifest(json.dumps(doc).encode())
+        mf.parse_manifest(json.dumps(doc).encode())
 
 
 def test_few_chunk_overlap_is_refused_by_every_path():
@@ -358,13 +359,13 @@ def test_dtype_names_of_native_and_foreign_dtypes():
 
 
 def test_to_json_round_trips_through_the_fast_path():
-    chunk = fmt.Chunk((0,), (4,), "data/rank-00000-000-ab.bin", 0, 16, 5)
-    scalar = fmt.Chunk((), (), "data/rank-00000-000-ab.bin", 4096, 8, 6)
+    chunk = mf.Chunk((0,), (4,), "data/rank-00000-000-ab.bin", 0, 16, 5)
+    scalar = mf.Chunk((), (), "data/rank-00000-000-ab.bin", 4096, 8, 6)
     tensors = {
-        "modèle/w": fmt.TensorEntry("float32", (4,), (chunk,)),
-        "step": fmt.TensorEntry("int64", (), (scalar,)),
+        "modèle/w": mf.TensorEntry("float32", (4,), (chunk,)),
+        "step": mf.TensorEntry("int64", (), (scalar,)),
     }
-    m = fmt.Manifest(
+    m = mf.Manifest(
         step=3,
         world_size=1,
         tensors=tensors,
@@ -376,13 +377,13 @@ def test_to_json_round_trips_through_the_fast_path():
         extra={"x": [1]},
     )
     data = m.to_json()
-    assert fmt._decode_fast(data) is not None  # no escapes: UTF-8 is written as it is
-    assert fmt.parse_manifest(data, expect_step=3) == m
+    assert mf._decode_fast(data) is not None  # no escapes: UTF-8 is written as it is
+    assert mf.parse_manifest(data, expect_step=3) == m
     assert json.loads(data) == json.loads(json.dumps(json.loads(data)))  # plain JSON to any reader
 
 
 def test_to_json_refuses_non_finite_metadata():
-    m = fmt.Manifest(
+    m = mf.Manifest(
         step=1,
         world_size=1,
         tensors={},
@@ -395,20 +396,20 @@ def test_to_json_refuses_non_finite_metadata():
 
 
 def test_to_json_escapes_a_lone_surrogate_rather_than_fail():
-    tensors = {"w\ud800": fmt.TensorEntry("float32", (0,), ())}
-    m = fmt.Manifest(
+    tensors = {"w\ud800": mf.TensorEntry("float32", (0,), ())}
+    m = mf.Manifest(
         step=1, world_size=1, tensors=tensors, objects={}, tree={"d": {"w\ud800": {"t": "w\ud800"}}}
     )
     data = m.to_json()
     assert data.isascii() and b"\\ud800" in data
-    assert fmt.parse_manifest(data) == m
+    assert mf.parse_manifest(data) == m
 
 
 @pytest.mark.parametrize("block", [1, 2, 7, 64, 1 << 20])
 def test_the_key_count_does_not_depend_on_its_block_size(block, monkeypatch):
     text = json.dumps(_doc(), separators=(",", ":")).encode()
-    monkeypatch.setattr(fmt, "_COUNT_BLOCK", block)
-    assert fmt._key_count(text) == text.count(b'":')  # no string here starts with ':'
-    assert fmt._key_count(b'"a string"') == 0 and fmt._key_count(b'{"k":"v" }') is None
+    monkeypatch.setattr(mf, "_COUNT_BLOCK", block)
+    assert mf._key_count(text) == text.count(b'":')  # no string here starts with ':'
+    assert mf._key_count(b'"a string"') == 0 and mf._key_count(b'{"k":"v" }') is None
     twin = text.replace(b'"step":1', b'"step":1,"step":1', 1)
     assert _same_on_every_path(twin)[0] == "error"

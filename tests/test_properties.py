@@ -28,6 +28,7 @@ from hypothesis.extra import numpy as hnp
 import ckptio
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
 from ckptio.checkpoint import CheckpointReader
 from ckptio.registry import open_store
 
@@ -114,7 +115,7 @@ def _check_load(raw: bytes) -> None:
     """parse_manifest accepts or raises ManifestError; if it accepts, reading the data
     behind it raises only CorruptCheckpointError / NotFoundError (never anything else)."""
     try:
-        manifest = fmt.parse_manifest(raw, expect_step=3)
+        manifest = mf.parse_manifest(raw, expect_step=3)
     except errors.ManifestError:
         event("refused")
         return
@@ -157,7 +158,7 @@ def test_mutated_manifest_bytes_validate_or_raise_manifest_error(raw):
 
 
 def test_the_mutation_base_is_valid():
-    assert fmt.parse_manifest(BASE_RAW, expect_step=3).step == 3
+    assert mf.parse_manifest(BASE_RAW, expect_step=3).step == 3
     assert ckptio.load(_BASE_URL, step=3)["name"] == "run"
 
 

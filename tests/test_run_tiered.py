@@ -153,7 +153,7 @@ def test_a_restore_that_reads_wrong_is_caught(tmp_path: Path, monkeypatch, resto
     the data generated again: a load that fills nothing, or fills other bytes (that the
     library's CRCs would not see: say, a step other than the newest), fails the run."""
     from ckptio import errors, tierbench
-    from ckptio.tiered import TieredCheckpointer
+    from ckptio.checkpoint.tiered import TieredCheckpointer
     from ckptio.workload import make_plan
 
     def wrong_load(self, step=None, *, select=None, into=None):

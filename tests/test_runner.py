@@ -17,7 +17,7 @@ from ckptio import errors
 from ckptio.checkpoint import list_steps
 from ckptio.dist import SingleProcess
 from ckptio.results import read_results
-from ckptio.runner import run_workload, sweep
+from ckptio.runner import RunSettings, run_workload, sweep
 from ckptio.workload import make_plan
 
 
@@ -82,7 +82,7 @@ def test_run_on_files_leaves_a_checkpoint_that_verifies(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/target"
     plan = make_plan("llama3-8b", total_size="24MiB", object_size="1MiB")
     summary = run_workload(
-        url, plan, iterations=2, comm=SingleProcess(), out_dir=tmp_path / "out", pause=0.01
+        url, plan, RunSettings(iterations=2, out_dir=tmp_path / "out", pause=0.01), SingleProcess()
     )
     assert len(summary.runs) == 2
     assert summary.cache in ("o_direct", "fadvise")
@@ -99,7 +99,7 @@ def test_run_on_files_leaves_a_checkpoint_that_verifies(tmp_path: Path) -> None:
     phases = read_results([tmp_path / "out"]).phases.to_pylist()
     assert {p["cache"] for p in phases if p["phase"] == "read"} == {summary.cache}
     # a second run on the same target goes on at the next free step
-    again = run_workload(url, plan, comm=SingleProcess(), read=False)
+    again = run_workload(url, plan, RunSettings(read=False), SingleProcess())
     assert again.steps == [summary.steps[-1] + 1]
 
 
@@ -108,7 +108,7 @@ def test_data_is_incompressible_and_unique_per_object(tmp_path: Path) -> None:
 
     url = f"file://{tmp_path}/t"
     plan = make_plan("llama3-8b", total_size="8MiB", object_size="256KiB")
-    run_workload(url, plan, comm=SingleProcess(), read=False)
+    run_workload(url, plan, RunSettings(read=False), SingleProcess())
     files = sorted((tmp_path / "t").rglob("*.bin"))
     assert len(files) == plan.objects
     heads = [f.read_bytes()[:4096] for f in files]
@@ -154,11 +154,10 @@ def test_sweep_records_one_point_per_streams_and_part_size(tmp_path: Path) -> No
     summary = sweep(
         f"file://{tmp_path}/t",
         plan,
+        RunSettings(out_dir=tmp_path / "out", read=False),
+        SingleProcess(),
         streams=[1, 4],
         part_sizes=["256KiB", "1MiB"],
-        comm=SingleProcess(),
-        out_dir=tmp_path / "out",
-        read=False,
     )
     merged = read_results([tmp_path / "out"])
     rows = merged.runs.to_pylist()
@@ -221,13 +220,13 @@ def test_run_refuses_bad_options() -> None:
     plan = make_plan("llama3-8b", scale=1e-5)
     for kwargs in ({"cache": "sometimes"}, {"keep": "first"}, {"inflight": 0}, {"pause": -1.0}):
         with pytest.raises(errors.InvalidArgumentError):
-            run_workload("memory://bad", plan, comm=SingleProcess(), **kwargs)
+            run_workload("memory://bad", plan, RunSettings(**kwargs), SingleProcess())
 
 
 def test_emulated_run_is_marked_emulated(tmp_path: Path) -> None:
     plan = make_plan("llama3-8b", total_size="2MiB", object_size="1MiB")
     summary = run_workload(
-        "memory://emu", plan, comm=SingleProcess(), emulate="cloud-s3", out_dir=tmp_path
+        "memory://emu", plan, RunSettings(emulate="cloud-s3", out_dir=tmp_path), SingleProcess()
     )
     run = read_results([tmp_path]).runs.to_pylist()[0]
     assert run["emulated"] is True and run["profile"] == "cloud-s3"
@@ -240,7 +239,7 @@ def test_a_failing_target_commits_nothing_and_says_why(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     plan = make_plan("llama3-8b", total_size="2MiB", object_size="1MiB")
     with pytest.raises(errors.CkptioError) as info:
-        run_workload(f"file://{blocker}/ckpt", plan, comm=SingleProcess())
+        run_workload(f"file://{blocker}/ckpt", plan, None, SingleProcess())
     assert str(blocker) in str(info.value)
     r = ckptio_cli(
         "run",
@@ -267,10 +266,8 @@ def test_run_on_mock_s3_records_requests_and_leaks_no_credentials(
     summary = run_workload(
         url,
         plan,
-        comm=SingleProcess(),
-        out_dir=tmp_path,
-        mock=True,
-        store_options={"part_size": "5MiB"},
+        RunSettings(out_dir=tmp_path, mock=True, options={"part_size": "5MiB"}),
+        SingleProcess(),
     )
     res = read_results([tmp_path])
     run = res.runs.to_pylist()[0]
@@ -291,7 +288,7 @@ def test_credentials_in_the_url_never_reach_result_files(
 ) -> None:
     plan = make_plan("llama3-8b", total_size="1MiB", object_size="1MiB")
     url = f"s3://AKIAHUNTER:hunter2@{s3_bucket}/run?endpoint_url={moto_server}"
-    summary = run_workload(url, plan, comm=SingleProcess(), out_dir=tmp_path, read=False)
+    summary = run_workload(url, plan, RunSettings(out_dir=tmp_path, read=False), SingleProcess())
     assert "hunter" not in summary.run_id
     for f in tmp_path.iterdir():
         assert b"hunter" not in f.read_bytes(), f
@@ -300,7 +297,7 @@ def test_credentials_in_the_url_never_reach_result_files(
 def test_hashed_key_layout_spreads_objects_over_prefixes(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/t"
     plan = make_plan("llama3-8b", total_size="16MiB", object_size="256KiB")
-    run_workload(url, plan, comm=SingleProcess(), read=False, key_layout="hashed")
+    run_workload(url, plan, RunSettings(read=False, key_layout="hashed"), SingleProcess())
     reader = ckptio.open_checkpoint(url)
     prefixes = {k.split("/")[1] for k in reader.manifest.objects}
     assert len(reader.manifest.objects) == plan.objects
@@ -382,7 +379,7 @@ def test_restore_says_when_the_filesystem_refused_o_direct(
     monkeypatch.setattr(local.os, "preadv", refuse)
     plan = make_plan("llama3-8b", total_size="16MiB", object_size="2MiB")
     summary = run_workload(
-        f"file://{tmp_path}/t", plan, comm=SingleProcess(), cache="o_direct", iterations=2
+        f"file://{tmp_path}/t", plan, RunSettings(cache="o_direct", iterations=2), SingleProcess()
     )
     assert summary.cache == "none"
     assert {p["cache"] for p in summary.phases if p["phase"] == "read"} == {"none"}
@@ -392,7 +389,7 @@ def test_results_record_the_clients_of_the_store_they_ran_on(tmp_path: Path) -> 
     """The sidecar's versions: ckptio's own packages and the store's client libraries
     (``Store.client_versions``), not every client installed."""
     plan = make_plan("llama3-8b", total_size="2MiB", object_size="1MiB")
-    run_workload("memory://clients", plan, comm=SingleProcess(), out_dir=tmp_path / "out")
+    run_workload("memory://clients", plan, RunSettings(out_dir=tmp_path / "out"), SingleProcess())
     versions = read_results([tmp_path / "out"]).sidecars[0]["versions"]
     assert {"ckptio", "numpy", "python"} <= set(versions)
     assert not {"botocore", "boto3", "s3fs", "obstore"} & set(versions)
@@ -415,7 +412,7 @@ def spy(self, *a, **k):
     return write(self, *a, **k)
 R._Run.write = spy
 R.run_workload({str(tmp_path / "ckpt")!r}, make_plan("llama3-8b", total_size=2**20),
-               comm=SingleProcess(), read=False)
+               R.RunSettings(read=False), SingleProcess())
 print(seen)
 """
     out = subprocess.run(

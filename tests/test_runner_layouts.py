@@ -25,7 +25,7 @@ from ckptio.checkpoint import list_steps, read_manifest
 from ckptio.dist import SingleProcess, run_local
 from ckptio.registry import open_store
 from ckptio.results import read_results
-from ckptio.runner import rank_main, run_workload, sweep
+from ckptio.runner import RunSettings, rank_main, run_workload, sweep
 from ckptio.workload import make_plan
 
 RUN = [
@@ -174,7 +174,7 @@ def test_layout_per_node_two_ranks_keeps_only_the_last_checkpoint(tmp_path: Path
         rank_main,
         f"file://{root}",
         plan,
-        {"iterations": 2, "out_dir": str(out), "layout": "shared-file-per-node", "keep": "last"},
+        RunSettings(iterations=2, out_dir=str(out), layout="shared-file-per-node", keep="last"),
     )
     assert [r["layout"] for r in summary.runs] == ["shared-file-per-node"] * 2
     assert len(summary.steps) == 2
@@ -227,18 +227,19 @@ def test_layout_shared_file_refused_on_memory_store(
     assert not out.exists() or not list(out.iterdir())
     plan = make_plan("llama3-8b", total_size="2MiB", object_size="1MiB")
     with pytest.raises(errors.InvalidArgumentError, match=r"memory.*file-per-shard"):
-        run_workload("memory://nopos2", plan, comm=SingleProcess(), layout="shared-file-per-node")
+        run_workload(
+            "memory://nopos2", plan, RunSettings(layout="shared-file-per-node"), SingleProcess()
+        )
     # the emulate wrapper writes whole objects only: refused too, not silently N-N
     with pytest.raises(errors.InvalidArgumentError, match="positional writes"):
         run_workload(
             f"file://{tmp_path}/emu",
             plan,
-            comm=SingleProcess(),
-            emulate="cloud-s3",
-            layout="shared-file",
+            RunSettings(emulate="cloud-s3", layout="shared-file"),
+            SingleProcess(),
         )
     with pytest.raises(errors.InvalidArgumentError, match=r"valid: file-per-shard, shared-file"):
-        run_workload(f"file://{tmp_path}/x", plan, comm=SingleProcess(), layout="n-1")
+        run_workload(f"file://{tmp_path}/x", plan, RunSettings(layout="n-1"), SingleProcess())
 
 
 def test_layout_sweep_records_the_layout_of_every_point(tmp_path: Path) -> None:
@@ -246,11 +247,10 @@ def test_layout_sweep_records_the_layout_of_every_point(tmp_path: Path) -> None:
     sweep(
         f"file://{tmp_path}/t",
         plan,
+        RunSettings(out_dir=tmp_path / "out", layout="shared-file"),
+        SingleProcess(),
         streams=[1, 2],
         part_sizes=["1MiB"],
-        comm=SingleProcess(),
-        out_dir=tmp_path / "out",
-        layout="shared-file",
     )
     res = read_results([tmp_path / "out"])
     rows = res.runs.to_pylist()
@@ -281,7 +281,7 @@ def test_layout_failed_write_commits_nothing_and_removes_the_shared_file(tmp_pat
     root = tmp_path / "ckpt"
     url = f"file://{root}"
     plan = make_plan("llama3-8b", total_size="8MiB", object_size="1MiB")
-    run_workload(url, plan, comm=SingleProcess(), read=False)  # an earlier, good checkpoint
+    run_workload(url, plan, RunSettings(read=False), SingleProcess())  # an earlier, good checkpoint
     before = _data_files(root)
     store = FailingThird(url)
     try:
@@ -309,13 +309,12 @@ def test_layout_old_result_files_without_the_column_read_as_file_per_shard(tmp_p
     import pyarrow.parquet as pq
 
     plan = make_plan("llama3-8b", total_size="2MiB", object_size="1MiB")
-    run_workload("memory://old", plan, comm=SingleProcess(), out_dir=tmp_path / "old")
+    run_workload("memory://old", plan, RunSettings(out_dir=tmp_path / "old"), SingleProcess())
     run_workload(
         f"file://{tmp_path}/t",
         plan,
-        comm=SingleProcess(),
-        out_dir=tmp_path / "new",
-        layout="shared-file",
+        RunSettings(out_dir=tmp_path / "new", layout="shared-file"),
+        SingleProcess(),
     )
     # rewrite the first run's table as a result file from before the layout column
     (old,) = (tmp_path / "old").glob("*.run.parquet")

@@ -17,9 +17,10 @@ import ckptio
 from ckptio import checkpoint as ck
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
+from ckptio.checkpoint.drain import object_rank
 from ckptio.registry import open_store
 from ckptio.testing.crash import expected_state, state_mismatch
-from ckptio.tiered import TieredCheckpointer, object_rank
 
 SMALL = {"chunk_size": 256 * 1024, "max_object_size": 768 * 1024}  # 3 objects per step
 
@@ -47,12 +48,12 @@ class Gate:
         self.gate.set()
 
 
-def tiered(tmp_path, durable=None, **kw) -> TieredCheckpointer:
+def tiered(tmp_path, durable=None, **kw) -> ckptio.Checkpointer:
     opts = {**SMALL, "keep_last_local": 2, **kw}
     c = ckptio.Checkpointer(
         durable or f"file://{tmp_path}/durable", local=f"file://{tmp_path}/fast", **opts
     )
-    assert isinstance(c, TieredCheckpointer)
+    assert c.tiered
     return c
 
 
@@ -64,7 +65,7 @@ def test_every_nth_step_drained_retention_per_tier(tmp_path):
         assert all(r.status == "durable" for r in results)
         assert c.tiers() == {"local": [7, 8], "durable": [4, 7]}
         # the durable manifest is the fast one, byte for byte; every object copied whole
-        fast, durable = c.fast.store, c.store
+        fast, durable = c.engine.fast.store, c.store
         assert fast.get(fmt.manifest_key(7)) == durable.get(fmt.manifest_key(7))
         m = ck.read_manifest(durable, 7)
         for key in m.objects:
@@ -149,14 +150,14 @@ def test_backpressure_wait_stalls_the_save_until_the_drain_ends(tmp_path):
     with tiered(tmp_path, durable, drain_backpressure="wait") as c:
         h1 = c.save(expected_state(1), 1)
         assert gate.entered.wait(60)
-        agree = c._agree_running
+        agree = c.engine._agree_running
 
         def agree_then_open():  # the save has seen the drain running; now let it end
             verdict = agree()
             gate.open()
             return verdict
 
-        c._agree_running = agree_then_open
+        c.engine._agree_running = agree_then_open
         h2 = c.save(expected_state(2), 2)
         assert h2.backpressure == "waited"
         assert h1.drain.done() and h1.wait_drain().status == "durable"
@@ -206,7 +207,7 @@ def test_a_drain_refuses_a_damaged_fast_copy(tmp_path):
     with tiered(tmp_path, durable) as c:
         h1 = c.save(expected_state(1), 1)
         assert gate.entered.wait(60)
-        fast = c.fast.store
+        fast = c.engine.fast.store
         for key in fast.list(fmt.step_dir(1) + "/data/"):
             data = bytearray(fast.get(key))
             data[5000] ^= 1
@@ -433,7 +434,7 @@ def test_torch_checkpointer_tiered(tmp_path):
         "step": 2,
     }
     with ct.Checkpointer(f"file://{tmp_path}/durable", local=f"file://{tmp_path}/fast") as c:
-        assert isinstance(c, ct.TieredCheckpointer)
+        assert isinstance(c, ct.Checkpointer) and isinstance(c, ckptio.Checkpointer) and c.tiered
         assert c.save(sd, 2).wait_drain().status == "durable"
     shutil.rmtree(tmp_path / "fast")
     with ct.Checkpointer(f"file://{tmp_path}/durable", local=f"file://{tmp_path}/fast") as c:
@@ -448,14 +449,14 @@ def test_a_copy_reads_ahead_of_its_writer_by_a_bounded_amount(tmp_path, monkeypa
     """Writers queue buffers without copying them: a copy reads at most its budget ahead of
     what its writer has let go of, and a writer that holds everything until close still
     finishes (past BUFFER_WAIT_SECONDS the copy reads on)."""
-    from ckptio import tiered as t
+    from ckptio.checkpoint import drain as t
 
     monkeypatch.setattr(t, "COPY_PIECE_BYTES", 64 * 1024)
     monkeypatch.setattr(t, "DRAIN_BUFFER_BYTES", 256 * 1024)  # a budget of 4 pieces
     src, dst = open_store(f"file://{tmp_path}/a"), open_store("memory://bounded-copy")
     data = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()  # 16 pieces
     src.put("obj", data)
-    chunk = fmt.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
+    chunk = mf.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
     inner = dst.open_writer
     wrote = [threading.Event() for _ in range(17)]
 
@@ -486,7 +487,7 @@ def test_a_copy_reads_ahead_of_its_writer_by_a_bounded_amount(tmp_path, monkeypa
     result: list = []
     copier = threading.Thread(
         target=lambda: result.append(
-            t._copy_object(src, dst, "obj", len(data), [chunk], lambda: False)
+            t.copy_object(src, dst, "obj", len(data), [chunk], lambda: False)
         )
     )
     copier.start()
@@ -503,7 +504,7 @@ def test_a_copy_reads_ahead_of_its_writer_by_a_bounded_amount(tmp_path, monkeypa
 
     monkeypatch.setattr(t, "BUFFER_WAIT_SECONDS", 0.05)  # a writer that lets go at close only
     writers.clear()
-    assert t._copy_object(src, dst, "obj", len(data), [chunk], lambda: False) == len(data)
+    assert t.copy_object(src, dst, "obj", len(data), [chunk], lambda: False) == len(data)
     assert writers[0].n == 16 and dst.get("obj") == data
 
 
@@ -512,7 +513,7 @@ def test_a_copy_reads_into_the_buffers_its_writer_let_go_of(tmp_path, monkeypatc
     fresh one per piece (fresh memory costs a page fault per page: on a busy machine the drain
     fell to 0.84x a direct save's throughput): an object of 16 pieces needs at most its read-
     ahead budget of buffers, and arrives intact."""
-    from ckptio import tiered as t
+    from ckptio.checkpoint import drain as t
 
     monkeypatch.setattr(t, "COPY_PIECE_BYTES", 64 * 1024)
     monkeypatch.setattr(t, "DRAIN_BUFFER_BYTES", 256 * 1024)  # a budget of 4 pieces
@@ -522,7 +523,7 @@ def test_a_copy_reads_into_the_buffers_its_writer_let_go_of(tmp_path, monkeypatc
     src, dst = open_store(f"file://{tmp_path}/a"), open_store("memory://reused-buffers")
     data = np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
     src.put("obj", data)
-    chunk = fmt.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
+    chunk = mf.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
     inner = dst.open_writer
 
     class LettingGo:  # sends each buffer's bytes at once and lets go of the buffer
@@ -539,7 +540,7 @@ def test_a_copy_reads_into_the_buffers_its_writer_let_go_of(tmp_path, monkeypatc
             self.w.abort()
 
     dst.open_writer = LettingGo
-    assert t._copy_object(src, dst, "obj", len(data), [chunk], lambda: False) == len(data)
+    assert t.copy_object(src, dst, "obj", len(data), [chunk], lambda: False) == len(data)
     assert dst.get("obj") == data
     assert 1 <= len(allocated) <= 4, f"{len(allocated)} buffers allocated for 16 pieces"
 
@@ -551,7 +552,7 @@ def test_a_copy_never_reuses_a_buffer_whose_bytes_its_writer_still_holds(tmp_pat
     reuse of a buffer to the slice it handed over, the buffer was read into again while its
     bytes were still queued, and a drain to file:// committed an object with other bytes in it
     (found by ``ckptio run --local``'s restore from the durable tier)."""
-    from ckptio import tiered as t
+    from ckptio.checkpoint import drain as t
     from ckptio.store import as_byte_view
 
     monkeypatch.setattr(t, "COPY_PIECE_BYTES", 64 * 1024)
@@ -559,7 +560,7 @@ def test_a_copy_never_reuses_a_buffer_whose_bytes_its_writer_still_holds(tmp_pat
     src, dst = open_store(f"file://{tmp_path}/a"), open_store("memory://queued-views")
     data = np.random.default_rng(2).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
     src.put("obj", data)
-    chunk = fmt.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
+    chunk = mf.Chunk((0,), (len(data),), "obj", 0, len(data), ck.crc32c(data))
     inner = dst.open_writer
 
     class Queueing:  # keeps a byte view of each buffer, as the local writer does, until close
@@ -579,14 +580,14 @@ def test_a_copy_never_reuses_a_buffer_whose_bytes_its_writer_still_holds(tmp_pat
             self.w.abort()
 
     dst.open_writer = Queueing
-    assert t._copy_object(src, dst, "obj", len(data), [chunk], lambda: False) == len(data)
+    assert t.copy_object(src, dst, "obj", len(data), [chunk], lambda: False) == len(data)
     assert dst.get("obj") == data, "a buffer was read into again while its bytes were queued"
 
 
 def _save_with_every_channel_taken(comm, durable: str, local: str) -> str:
     while comm._spare:  # every spare channel taken: the drain cannot have one of its own
         comm.dup()
-    c = TieredCheckpointer(durable, local=local, comm=comm, **SMALL)
+    c = ckptio.Checkpointer(durable, local=local, comm=comm, **SMALL)
     try:
         c.save(expected_state(1), 1)
     except errors.InvalidArgumentError as err:
@@ -617,15 +618,15 @@ def test_a_drain_lease_that_lost_its_temp_file_is_published_again(tmp_path):
     published (temp files under a step with no live lease are debris to it); the drain
     publishes its lease again while the step is committed, and commits."""
     with tiered(tmp_path, persist_every=2) as c:
-        publish, lost = c.fast.store.publish_transient, []  # how leases are published
+        publish, lost = c.engine.fast.store.publish_transient, []  # how leases are published
 
         def publish_once_lost(key, data):
-            if "/saving-" in key and not lost and c.fast.store.exists(fmt.manifest_key(1)):
+            if "/saving-" in key and not lost and c.engine.fast.store.exists(fmt.manifest_key(1)):
                 lost.append(key)
                 raise errors.NotFoundError(f"cannot publish {key}: its temp file is gone")
             publish(key, data)
 
-        c.fast.store.publish_transient = publish_once_lost
+        c.engine.fast.store.publish_transient = publish_once_lost
         assert c.save(expected_state(1), 1).wait_drain().status == "durable"
         assert lost
 
@@ -813,3 +814,20 @@ def test_a_fast_root_without_an_owner_record(tmp_path, caplog):
     (tmp_path / "fast" / "fast-tier-owner.json").write_text('{"kind": "something else"}')
     with pytest.raises(errors.InvalidArgumentError, match="is not a fast tier's owner record"):
         tiered(tmp_path)
+
+
+def test_the_framework_twin_classes_are_deprecated_aliases(tmp_path):
+    """Before codecs, ``ckptio.torch``/``ckptio.jax`` each had a ``TieredCheckpointer`` twin;
+    the name still works, warns, and is the framework's ``Checkpointer`` (which takes local=)."""
+    torch = pytest.importorskip("torch")
+    from ckptio import torch as ct
+
+    with pytest.warns(DeprecationWarning, match=r"ckptio.torch.Checkpointer\(url, local=...\)"):
+        twin = ct.TieredCheckpointer
+    assert twin is ct.Checkpointer
+    with twin(f"file://{tmp_path}/durable", local=f"file://{tmp_path}/fast") as c:
+        assert c.tiered and isinstance(c, ckptio.Checkpointer)
+        c.save({"w": torch.ones(3)}, 1).wait_drain()
+        assert torch.equal(c.load()["w"], torch.ones(3))
+    with pytest.raises(AttributeError, match="no attribute 'Tiered'"):
+        ct.Tiered  # noqa: B018

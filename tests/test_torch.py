@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 import ckptio  # noqa: E402
 import ckptio.torch as ct  # noqa: E402
 from ckptio import errors  # noqa: E402
+from ckptio.dcp_metadata import TORCH_DTYPES  # noqa: E402
 from ckptio.format import DTYPES  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -37,8 +38,8 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def test_every_ckptio_dtype_round_trips_bitwise(tmp_path: Path) -> None:
-    assert set(ct._TORCH_DTYPES) == set(DTYPES)  # torch covers every dtype the format stores
-    state = {name: _sample(dt) for name, dt in ct._TORCH_DTYPES.items()}
+    assert set(TORCH_DTYPES) == set(DTYPES)  # torch covers every dtype the format stores
+    state = {name: _sample(dt) for name, dt in TORCH_DTYPES.items()}
     state["scalar_bf16"] = torch.tensor(1.5, dtype=torch.bfloat16)
     state["empty"] = torch.zeros(0, 4)
     state["strided"] = torch.arange(24.0).reshape(4, 6)[:, ::2]  # non-contiguous view

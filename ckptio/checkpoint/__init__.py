@@ -29,18 +29,15 @@ The package, by responsibility; each module imports only those before it:
 - :mod:`~ckptio.checkpoint.commit`: the collective plan, write, gather and manifest commit;
 - :mod:`~ckptio.checkpoint.read`: :class:`CheckpointReader`, manifests, ``load``, ``verify``;
 - :mod:`~ckptio.checkpoint.retention`: listing steps, retention, deletion, gc;
-- :mod:`~ckptio.checkpoint.checkpointer`: :class:`Checkpointer`, background saves, ``save``.
+- :mod:`~ckptio.checkpoint.checkpointer`: the one-store engine, background saves, ``save``;
+- :mod:`~ckptio.checkpoint.drain`, :mod:`~ckptio.checkpoint.fastroot`,
+  :mod:`~ckptio.checkpoint.tiered`: the two-tier engine (a fast tier and a durable one);
+- :mod:`~ckptio.checkpoint.facade`: :class:`Checkpointer`, an engine and a codec.
 
 The names below are the package's API; private helpers are imported from their module.
 """
 
-from ckptio.checkpoint.checkpointer import (
-    FORK_OBJECT_BYTES,
-    Checkpointer,
-    SaveHandle,
-    close_on_exit,
-    save,
-)
+from ckptio.checkpoint.checkpointer import FORK_OBJECT_BYTES, SaveHandle, save
 from ckptio.checkpoint.commit import (
     SaveResult,
     build_manifest,
@@ -48,6 +45,7 @@ from ckptio.checkpoint.commit import (
     discard_objects,
     publish_manifest,
 )
+from ckptio.checkpoint.facade import Checkpointer, Codec, PlainCodec
 from ckptio.checkpoint.read import (
     COALESCE_CHUNK_BYTES,
     COALESCE_REQUEST_BYTES,
@@ -81,6 +79,7 @@ from ckptio.checkpoint.snapshot import (
     crc32c,
     refuse_empty,
 )
+from ckptio.checkpoint.tiered import TieredSaveHandle
 from ckptio.checkpoint.write import (
     CRC_BATCH_BYTES,
     DEFAULT_CHUNK_SIZE,
@@ -113,9 +112,11 @@ __all__ = [
     "VERIFY_BLOCK_BYTES",
     "CheckpointReader",
     "Checkpointer",
+    "Codec",
     "Index",
     "LocalTensor",
     "Piece",
+    "PlainCodec",
     "PreparedState",
     "SaveHandle",
     "SaveResult",
@@ -123,10 +124,10 @@ __all__ = [
     "SharedRegion",
     "SnapshotBuffers",
     "StepInfo",
+    "TieredSaveHandle",
     "WriteProgress",
     "aligned_empty",
     "build_manifest",
-    "close_on_exit",
     "collect_garbage",
     "commit_step",
     "committed_steps",
@@ -149,7 +150,3 @@ __all__ = [
     "verify",
     "write_rank_shards",
 ]
-
-# last: the tiered module registers what Checkpointer(url, local=...) returns (it is built of
-# Checkpointers, so it imports this package's modules and this package imports it after them)
-from ckptio import tiered as _tiered  # noqa: F401

@@ -1,4 +1,6 @@
-""":class:`Checkpointer`, the object a training loop holds, and :func:`save`.
+""":class:`StoreCheckpointer`, the one-store engine of the :class:`~ckptio.Checkpointer` a training
+loop holds (:mod:`ckptio.checkpoint.facade`), the lifetime every checkpointer shares, and
+:func:`save`.
 
 - Options are validated once, when it is made; unknown ones go to the store, whose error then
   lists the Checkpointer's options too.
@@ -31,14 +33,14 @@ import numpy as np
 
 from ckptio import errors
 from ckptio import format as fmt
-from ckptio.checkpoint.commit import SaveResult, _save_collective
-from ckptio.checkpoint.read import CheckpointReader, _read_newest, committed_steps, open_checkpoint
+from ckptio.checkpoint.commit import SaveResult, save_collective
+from ckptio.checkpoint.read import CheckpointReader, committed_steps, open_checkpoint, read_newest
 from ckptio.checkpoint.retention import doomed_steps, retain
 from ckptio.checkpoint.snapshot import (
     SNAPSHOTS,
     PreparedState,
     SnapshotBuffers,
-    _prepare,
+    prepare,
     refuse_empty,
 )
 from ckptio.checkpoint.write import (
@@ -59,9 +61,9 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "FORK_OBJECT_BYTES",
-    "Checkpointer",
+    "Lifetime",
     "SaveHandle",
-    "close_on_exit",
+    "StoreCheckpointer",
     "save",
 ]
 
@@ -69,7 +71,7 @@ _CHECKPOINT_OPTIONS = ("layout", "key_layout", "chunk_size", "max_object_size", 
 
 
 FORK_OBJECT_BYTES = 256 << 20
-"""Bytes: the largest shard object a fork snapshot's child writes (see :meth:`Checkpointer._fork_writer`)."""
+"""Bytes: the largest shard object a fork snapshot's child writes (see :meth:`StoreCheckpointer._fork_writer`)."""
 
 
 @dataclass
@@ -232,22 +234,32 @@ if _register_thread_atexit is not None:
     _register_thread_atexit(_wait_at_exit)
 
 
-_TIERED: Any = None
-"""What ``Checkpointer(url, local=...)`` builds: :class:`ckptio.tiered.TieredCheckpointer`,
-registered by that module, which the package ``ckptio.checkpoint`` imports last. The tiers
-are made of Checkpointers, so the tiered module sits above this one; registering keeps the
-import graph one-way (``tests/test_layers.py``) while ``Checkpointer(url, local=...)``
-stays the one entry point."""
+class Lifetime:
+    """What every checkpointer (the one-store engine, the tiered one, the public facade)
+    shares about its lifetime: a ``with`` block closes it (:meth:`close`: wait for the save
+    in flight, raising its failure, and release resources), raising a failure of that save
+    unless the body raised (then the body's exception propagates and the failure is
+    logged)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as err:
+            log.error("checkpoint save in flight failed while leaving the Checkpointer: %s", err)
 
 
-def register_tiered(factory: Any) -> None:
-    """Make ``Checkpointer(url, local=...)`` return ``factory(url, local=..., ...)``."""
-    global _TIERED
-    _TIERED = factory
-
-
-class Checkpointer:
-    """Saves and loads the checkpoints of one run under ``url``: a storage URL
+class StoreCheckpointer(Lifetime):
+    """The one-store engine of :class:`ckptio.Checkpointer`: saves and loads the checkpoints
+    of one run under ``url``: a storage URL
     (``s3://bucket/prefix``, ``file:///abs/path``, ...), a plain path or ``os.PathLike`` (a
     local directory), or a Store. URLs are parsed strictly (:func:`ckptio.registry.parse_url`):
     a malformed one is refused with the accepted forms.
@@ -287,23 +299,7 @@ class Checkpointer:
       :data:`LAYOUTS`), ``key_layout`` (``flat``/``hashed``; default: the store's
       ``preferred_key_layout``), ``chunk_size``, ``max_object_size`` (file-per-shard only);
       any other option goes to the store (``streams``, ``part_size``, ...).
-    - ``local`` (a URL, a URL with ``{rank}``, or one URL per rank): returns a
-      :class:`ckptio.tiered.TieredCheckpointer` instead, which saves every step on that fast
-      tier and drains some to ``url`` in the background (``keep_last_local``,
-      ``persist_every``, ``drain_backpressure``: see there).
     """
-
-    def __new__(cls, *args: Any, local: Any = None, **kwargs: Any) -> Any:
-        if local is not None:  # a tiered Checkpointer (see the class docstring)
-            return cls._tiered()(*args, local=local, **kwargs)
-        return super().__new__(cls)
-
-    @classmethod
-    def _tiered(cls) -> Any:
-        """The class ``cls(url, local=...)`` returns instead (integrations override it)."""
-        if cls is not Checkpointer or _TIERED is None:
-            raise errors.InvalidArgumentError(f"{cls.__name__} takes no local= tier")
-        return _TIERED
 
     def __init__(
         self,
@@ -344,7 +340,7 @@ class Checkpointer:
         try:
             self.store = open_store(url, **store_options)
         except errors.UnknownOptionError as err:  # suggest the Checkpointer's options too
-            raise err.widened(type(self).__name__, _own_options(type(self))) from None
+            raise err.widened("Checkpointer", _own_options(type(self))) from None
         if layout != "file-per-shard" and not self.store.capabilities.positional_writes:
             raise errors.InvalidArgumentError(
                 f"layout {layout!r} needs positional writes, which {self.store.url} "
@@ -402,7 +398,7 @@ class Checkpointer:
         try:
             if self.comm.rank == 0:  # rank 0's state is the checkpoint's structure
                 refuse_empty(state)
-            prepared = _prepare(
+            prepared = prepare(
                 state,
                 metadata,
                 copy=self._fork_copies() if fork else background,
@@ -477,26 +473,37 @@ class Checkpointer:
         comm: Communicator,
         forked: ForkedWriter | None = None,
     ) -> SaveResult:
-        if comm.rank == 0 and self.keep_last is not None and not self._retained:
+        retains = self.keep_last is not None and self._retains(comm)
+        if retains and not self._retained:
             self._retain(step - 1)  # what a killed predecessor left before its retention ran
         try:
-            result = _save_collective(
-                self.store,
-                prepared,
-                step,
-                comm,
-                layout=self.layout,
-                key_layout=self.key_layout,
-                chunk_size=self.chunk_size,
-                max_object_size=self.max_object_size,
-                forked=forked,
-            )
+            result = self._commit(prepared, step, comm, forked)
         finally:
             if forked is not None:
                 forked.cancel()  # a no-op once it ran; ends the child if the save stopped before
-        if comm.rank == 0 and self.keep_last is not None:
+        if retains:
             self._retain(step)
         return result
+
+    def _retains(self, comm: Communicator) -> bool:
+        """Whether this rank applies retention to the store (rank 0: the store is shared)."""
+        return comm.rank == 0
+
+    def _commit(
+        self, prepared: PreparedState, step: int, comm: Communicator, forked: ForkedWriter | None
+    ) -> SaveResult:
+        """Write ``prepared`` and commit it as ``step`` (collective): the save pipeline."""
+        return save_collective(
+            self.store,
+            prepared,
+            step,
+            comm,
+            layout=self.layout,
+            key_layout=self.key_layout,
+            chunk_size=self.chunk_size,
+            max_object_size=self.max_object_size,
+            forked=forked,
+        )
 
     def _retain(self, newest: int) -> None:
         """Retire all but the newest ``keep_last`` steps up to ``newest`` (their data stays for
@@ -522,7 +529,7 @@ class Checkpointer:
 
     def _doomed(self, steps: Sequence[int], newest: int) -> list[int]:
         """The committed ``steps`` retention retires: all but the newest ``keep_last`` up to
-        ``newest`` (a tier of :class:`ckptio.tiered.TieredCheckpointer` keeps more)."""
+        ``newest`` (a tier of :class:`~ckptio.checkpoint.fastroot.FastTier` keeps more)."""
         return doomed_steps(steps, newest, self.keep_last)
 
     def wait(self) -> SaveResult | None:
@@ -571,7 +578,7 @@ class Checkpointer:
         self.wait()
         if step is not None:
             return open_checkpoint(self.store, step).state(select, into=into)
-        return _read_newest(self.store, select, into)
+        return read_newest(self.store, select, into)
 
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -589,24 +596,6 @@ class Checkpointer:
             if self._owns_store:
                 self._owns_store = False
                 self.store.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        close_on_exit(self.close, exc_type)
-
-
-def close_on_exit(close: Callable[[], None], exc_type: Any) -> None:
-    """Leaving a Checkpointer's ``with`` block: ``close()``, raising its failure unless the
-    body raised (then the body's exception propagates and the failure is logged)."""
-    if exc_type is None:
-        close()
-        return
-    try:
-        close()
-    except Exception as err:
-        log.error("checkpoint save in flight failed while leaving the Checkpointer: %s", err)
 
 
 def _own_options(cls: type) -> list[str]:
@@ -627,7 +616,7 @@ def _own_options(cls: type) -> list[str]:
     return sorted(names)
 
 
-def _split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     ck = {k: options.pop(k) for k in list(options) if k in _CHECKPOINT_OPTIONS}
     return ck, options
 
@@ -648,7 +637,7 @@ def save(
     failure no ``wait`` raised (the handle dropped) is printed on stderr at interpreter exit,
     which also waits for the save if it still runs.
     """
-    ck = Checkpointer(url, async_save=not blocking, comm=comm, **options)
+    ck = StoreCheckpointer(url, async_save=not blocking, comm=comm, **options)
     handle = ck.save(state, step, metadata=metadata)
     if blocking:
         ck.close()

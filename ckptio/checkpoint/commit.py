@@ -1,4 +1,4 @@
-"""The collective save: plan, write, gather, commit; every rank calls :func:`_save_collective`.
+"""The collective save: plan, write, gather, commit; every rank calls :func:`save_collective`.
 
 1. Plan (rank 0): who writes each tensor (a replicated one once, by the lowest rank holding
    it; every holder its box of a sharded one); refuses ranks that disagree about a tensor and
@@ -23,17 +23,17 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
 from ckptio.checkpoint.snapshot import LocalTensor, PreparedState
 from ckptio.checkpoint.write import (
     PARALLEL_OBJECTS,
-    _error_text,
-    _write_rank_shared,
+    error_text,
     write_rank_shards,
+    write_rank_shared,
 )
 from ckptio.dist import Communicator
 from ckptio.forked import ForkedWriter
@@ -87,7 +87,7 @@ class SaveResult:
     """Bytes of the whole checkpoint (every rank), known on rank 0."""
 
 
-def _save_collective(
+def save_collective(
     store: Store,
     prepared: PreparedState,
     step: int,
@@ -104,9 +104,7 @@ def _save_collective(
     its copy-on-write snapshot (see :mod:`ckptio.forked`); the caller ends it afterwards."""
     t0 = time.perf_counter()
     # 1. plan: rank 0 decides who writes what (replicated tensors once), refuses conflicts
-    offer = (
-        {"error": _error_text(prepared.error)} if prepared.error else {"metas": prepared.metas()}
-    )
+    offer = {"error": error_text(prepared.error)} if prepared.error else {"metas": prepared.metas()}
     gathered = comm.gather(offer, root=0)
     plan: dict[str, Any]
     lease: SaveLease | None = None
@@ -120,13 +118,13 @@ def _save_collective(
                 ]
                 if refused:
                     raise errors.SaveFailedError("; ".join(refused))
-                writers = _plan_writers([o["metas"] for o in gathered])
+                writers = plan_writers([o["metas"] for o in gathered])
                 # the lease is published before any rank writes: gc and retention leave the
                 # step alone while it is live (see ckptio.lease)
                 lease = lease_new_step(store, step)
                 plan = {"ok": True, "token": lease.token, "writers": writers}
             except errors.CkptioError as err:
-                plan = {"ok": False, "error": _error_text(err)}
+                plan = {"ok": False, "error": error_text(err)}
                 refusal = refusal or err
         else:
             plan = {}
@@ -237,7 +235,7 @@ def write_mine(
                 parallel=PARALLEL_OBJECTS,
             )
         else:
-            written = _write_rank_shared(
+            written = write_rank_shared(
                 store,
                 step,
                 comm,
@@ -248,11 +246,11 @@ def write_mine(
             )
     except Exception as err:  # reported to every rank by the caller, then raised
         log.debug("rank %d failed writing step %d", comm.rank, step, exc_info=True)
-        return mine, {"ok": False, "error": _error_text(err)}, err
+        return mine, {"ok": False, "error": error_text(err)}, err
     return mine, {"ok": True, **written}, None
 
 
-def _plan_writers(gathered: Sequence[Mapping[str, list[Any]]]) -> dict[str, int]:
+def plan_writers(gathered: Sequence[Mapping[str, list[Any]]]) -> dict[str, int]:
     """path -> writing rank (replicated: lowest rank that has it) or -1 (sharded: every
     holder writes its box). Raises if ranks disagree about a tensor."""
     writers: dict[str, int] = {}
@@ -290,7 +288,7 @@ def build_manifest(
         for path, cs in r["chunks"].items():
             chunk_lists.setdefault(path, []).extend(cs)
     metas = prepared.metas()
-    doc_tensors = {}
+    tensors: dict[str, mf.TensorEntry] = {}
     for path in plan["writers"]:
         meta = metas.get(path)
         if meta is None:
@@ -298,30 +296,19 @@ def build_manifest(
                 f"tensor {path!r} is held by another rank but not by rank 0; rank 0's state "
                 "must name every tensor (its structure is the checkpoint's)"
             )
-        doc_tensors[path] = {
-            "dtype": meta[0],
-            "shape": meta[1],
-            "chunks": sorted(chunk_lists.get(path, []), key=lambda c: c["offsets"]),
-        }
-    manifest = fmt.Manifest(
+        tensors[path] = mf.TensorEntry(
+            meta[0], tuple(meta[1]), mf.chunks_of(chunk_lists.get(path, []))
+        )
+    manifest = mf.Manifest(
         step=step,
         world_size=world_size,
-        tensors={},
+        tensors=tensors,
         objects=objects,
         tree=prepared.tree,
         metadata=prepared.metadata,
         layout={"kind": layout, "key_layout": key_layout},
-        created=datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
     )
-    data = manifest.to_json()
-    # splice the tensors in (as JSON) and validate what we are about to commit, exactly
-    # as a reader will: a save never publishes a manifest that load would refuse
-    import json
-
-    doc = json.loads(data)
-    doc["tensors"] = doc_tensors
-    data = json.dumps(doc, allow_nan=False, separators=(",", ":")).encode()
-    fmt.parse_manifest(data, expect_step=step)
+    data = mf.encode_manifest(manifest)
     return data, objects
 
 
@@ -362,10 +349,10 @@ def commit_step(
             # checkpoint stands, ours (objects named by our own token) is left for gc
             return {
                 "ok": False,
-                "error": f"another writer already committed step {step} ({_error_text(err)})",
+                "error": f"another writer already committed step {step} ({error_text(err)})",
             }
         discard_objects(store, written)
-        return {"ok": False, "error": _error_text(err)}
+        return {"ok": False, "error": error_text(err)}
     return {"ok": True, "nbytes": sum(objects.values())}
 
 
@@ -389,7 +376,7 @@ def publish_manifest(
     try:
         problem = _commit_problem(store, step, objects)
     except Exception as err:  # unknown: withdrawn as if lost (a save that fails is safe)
-        problem = f"its step could not be listed after publishing ({_error_text(err)})"
+        problem = f"its step could not be listed after publishing ({error_text(err)})"
     if problem is None:
         return
     try:

@@ -11,7 +11,7 @@
   skipped with a logged warning, one whose manifest stays but an object of which is missing or
   unreadable with a :class:`~ckptio.errors.DamagedCheckpointWarning` (``load``; an explicit
   ``step`` raises instead), and a step retired by retention while it is opened or read makes
-  the reader list the steps again (:data:`_RELISTS` times). A damaged step is never loaded."""
+  the reader list the steps again (:data:`RELISTS` times). A damaged step is never loaded."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import numpy as np
 
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
 from ckptio.arrays import Target, as_target, ensure_memory
 from ckptio.checkpoint.snapshot import Shard, aligned_empty, crc32c
 from ckptio.registry import open_store
@@ -104,7 +105,7 @@ def _normalize(
     return starts, stops, keep
 
 
-_Job = tuple[fmt.Chunk, Any]
+_Job = tuple[mf.Chunk, Any]
 """A chunk to read and where it lands: a byte view of contiguous output (a whole chunk), or
 ``(out, starts, lo, hi)``: the box ``lo..hi`` of the tensor, whose output ``out`` begins at
 ``starts``."""
@@ -137,7 +138,7 @@ class _Reads:
         return results
 
 
-def _row_jobs(entry: fmt.TensorEntry, out: np.ndarray) -> list[_Job] | None:
+def _row_jobs(entry: mf.TensorEntry, out: np.ndarray) -> list[_Job] | None:
     """A whole tensor whose chunks are split along dim 0 (how ckptio writes them): each chunk
     lands on contiguous rows of ``out``, with no box arithmetic. None for other chunkings."""
     rows = [c for c in entry.chunks if c.shape[1:] == entry.shape[1:]]
@@ -153,7 +154,7 @@ def _row_jobs(entry: fmt.TensorEntry, out: np.ndarray) -> list[_Job] | None:
 
 
 def _box_jobs(
-    entry: fmt.TensorEntry,
+    entry: mf.TensorEntry,
     out: np.ndarray,
     starts: list[int],
     stops: list[int],
@@ -226,9 +227,7 @@ class CheckpointReader:
     and checking each chunk's CRC32C. ``state(select)`` rebuilds the saved structure.
     """
 
-    def __init__(
-        self, store: Store, step: int, manifest: fmt.Manifest, *, readers: int = 8
-    ) -> None:
+    def __init__(self, store: Store, step: int, manifest: mf.Manifest, *, readers: int = 8) -> None:
         self.store = store
         self.step = step
         self.manifest = manifest
@@ -240,14 +239,14 @@ class CheckpointReader:
     def metadata(self) -> Any:
         return self.manifest.metadata
 
-    def _read_chunk_into(self, chunk: fmt.Chunk, out: memoryview) -> None:
+    def _read_chunk_into(self, chunk: mf.Chunk, out: memoryview) -> None:
         n = self._read_object(chunk.key, chunk.offset, out)
         self._check_chunk(chunk, n, out)
 
     def _read_object(self, key: str, offset: int, out: memoryview) -> int:
         """``store.read_into`` of one of the step's objects; one that is gone (or is no
         regular file) is damage to the checkpoint, raised as such, never taken for a missing
-        argument (a load falls back past damage: :func:`_read_newest`)."""
+        argument (a load falls back past damage: :func:`read_newest`)."""
         try:
             return self.store.read_into(self._prefix + key, offset, out)
         except FileNotFoundError as err:
@@ -255,7 +254,7 @@ class CheckpointReader:
                 f"{self.store.url}/{self._prefix}{key}: missing ({err})"
             ) from err
 
-    def _check_chunk(self, chunk: fmt.Chunk, n: int, data: Any, *, crc: int | None = None) -> None:
+    def _check_chunk(self, chunk: mf.Chunk, n: int, data: Any, *, crc: int | None = None) -> None:
         """Raise unless ``n`` (bytes read) is the chunk's length and ``data`` (or ``crc``, the
         CRC32C of what was read) its CRC32C."""
         key = self._prefix + chunk.key
@@ -566,12 +565,12 @@ class CheckpointReader:
             sizes[key] = actual
             if actual != size:
                 problems.append(f"{self._prefix}{key}: {actual} bytes, manifest says {size}")
-        by_object: dict[str, list[fmt.Chunk]] = {}
+        by_object: dict[str, list[mf.Chunk]] = {}
         for t in self.manifest.tensors.values():
             for c in t.chunks:
                 by_object.setdefault(c.key, []).append(c)
-        dense: list[fmt.Chunk] = []
-        sparse: list[tuple[str, list[fmt.Chunk]]] = []
+        dense: list[mf.Chunk] = []
+        sparse: list[tuple[str, list[mf.Chunk]]] = []
         for key, chunks in by_object.items():
             stat = sizes.get(key)
             if stat is not None and self._sparse(key, stat):
@@ -579,7 +578,7 @@ class CheckpointReader:
             else:
                 dense.extend(chunks)
 
-        def check(chunk: fmt.Chunk) -> str | None:
+        def check(chunk: mf.Chunk) -> str | None:
             buf = as_byte_view(aligned_empty((min(chunk.length, VERIFY_BLOCK_BYTES),), np.uint8))
             try:
                 if chunk.length <= VERIFY_BLOCK_BYTES:
@@ -597,7 +596,7 @@ class CheckpointReader:
                 return str(err)
             return None
 
-        def check_sparse(job: tuple[str, list[fmt.Chunk]]) -> list[str]:
+        def check_sparse(job: tuple[str, list[mf.Chunk]]) -> list[str]:
             key, chunks = job
             return self._verify_sparse(key, chunks, sizes[key])
 
@@ -620,7 +619,7 @@ class CheckpointReader:
         except _VERIFY_FAILURES:
             return False  # the reads will say what is wrong
 
-    def _verify_sparse(self, key: str, chunks: list[fmt.Chunk], size: int) -> list[str]:
+    def _verify_sparse(self, key: str, chunks: list[mf.Chunk], size: int) -> list[str]:
         """The problems of ``chunks`` of the sparse object ``key`` (of ``size`` bytes): only
         its stored ranges are read, in blocks; each hole adds the CRC of its zeros."""
         path = self._prefix + key
@@ -668,7 +667,7 @@ _VERIFY_FAILURES = (errors.CorruptCheckpointError, FileNotFoundError, errors.Sto
 """What ``verify`` reports as a problem of the checkpoint rather than raises."""
 
 
-def read_manifest(store: Store, step: int) -> fmt.Manifest:
+def read_manifest(store: Store, step: int) -> mf.Manifest:
     """Fetch and validate the manifest of ``step``; NotFoundError if it is not committed."""
     key = fmt.manifest_key(step)
     size = store.size(key)
@@ -683,7 +682,7 @@ def read_manifest(store: Store, step: int) -> fmt.Manifest:
         )
     data = store.get(key)
     try:
-        return fmt.parse_manifest(data, expect_step=step)
+        return mf.parse_manifest(data, expect_step=step)
     except errors.ManifestError as err:
         raise errors.ManifestError(f"{store.url}/{key}: {err}") from None
 
@@ -782,7 +781,7 @@ def open_checkpoint(
     return _open_newest(store, skip=())
 
 
-_RELISTS = 8
+RELISTS = 8
 """How many times a reader re-lists the steps when the checkpoint it chose was retired under it
 (each time the newest then complete one is taken; retention's grace makes a second rare)."""
 
@@ -795,7 +794,7 @@ def _open_newest(store: Store, skip: Iterable[int]) -> CheckpointReader:
     local directory tree is not one snapshot, and a save that commits a step and retires the
     previous one between the scans of their two directories hides both manifests from it."""
     skipped = set(skip)
-    for _ in range(_RELISTS):
+    for _ in range(RELISTS):
         keys = store.list("step-")
         steps = _manifest_steps(keys)
         vanished = not steps and bool(keys)
@@ -831,7 +830,7 @@ checkpoint fall back to an older one. Not an argument the step cannot serve (``s
 (the storage, not the step, is the problem then)."""
 
 
-def _read_newest(store: Store, select: Mapping[str, Any] | None, into: Any) -> Any:
+def read_newest(store: Store, select: Mapping[str, Any] | None, into: Any) -> Any:
     """The state of the newest loadable checkpoint. A step retired while it is read (its
     manifest gone, an object with it) is skipped quietly, the steps listed again; a step whose
     manifest stays but an object of which is missing or unreadable is damaged: it is skipped
@@ -856,10 +855,10 @@ def _read_newest(store: Store, select: Mapping[str, Any] | None, into: Any) -> A
             skip.add(reader.step)
             if not store.exists(fmt.manifest_key(reader.step)):
                 retired += 1
-                if retired >= _RELISTS:
+                if retired >= RELISTS:
                     raise errors.NotFoundError(
                         f"{store.url}: every checkpoint read was retired before it could be "
-                        f"read whole ({_RELISTS} tries); is retention removing checkpoints "
+                        f"read whole ({RELISTS} tries); is retention removing checkpoints "
                         "faster than they are read?"
                     ) from err
                 log.info("step %d was retired while read (%s); reading again", reader.step, err)
@@ -905,7 +904,7 @@ def load(
     """
     if step is not None:
         return open_checkpoint(url, step, **options).state(select, into=into)
-    return _read_newest(open_store(url, **options), select, into)
+    return read_newest(open_store(url, **options), select, into)
 
 
 def verify(

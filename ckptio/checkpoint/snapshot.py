@@ -1,6 +1,6 @@
 """What a rank offers to save, and the snapshot of it (the bottom of the package).
 
-:func:`_prepare` walks a state into a :class:`PreparedState`: its structure (encoded by
+:func:`prepare` walks a state into a :class:`PreparedState`: its structure (encoded by
 :mod:`ckptio.format`), one :class:`LocalTensor` per array, and JSON metadata. Decisions:
 
 - A background save copies the arrays once into :class:`SnapshotBuffers`, one page-aligned
@@ -33,6 +33,7 @@ import numpy as np
 
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
 from ckptio.arrays import as_host_array, contiguous_le, copy_into, not_inherited, private_pages
 
 __all__ = [
@@ -232,7 +233,7 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return np.frombuffer(buf, dtype=np.uint8, count=nbytes).view(dt).reshape(shape)
 
 
-def _prepare(
+def prepare(
     state: Any,
     metadata: Any,
     *,
@@ -292,7 +293,7 @@ def _prepare(
             text = json.dumps(metadata, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
         except (TypeError, ValueError) as err:
             raise errors.InvalidArgumentError(f"metadata must be JSON values: {err}") from None
-        problem = fmt.metadata_problem(text.encode("utf-8", "surrogatepass"))
+        problem = mf.metadata_problem(text.encode("utf-8", "surrogatepass"))
         if problem is not None:  # a load would refuse it: refused before anything is written
             raise errors.InvalidArgumentError(
                 f"metadata {problem}; store large data as arrays in the state"

@@ -27,6 +27,7 @@ import numpy as np
 
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio import manifest as mf
 from ckptio.checkpoint.snapshot import PAGE, LocalTensor, cpu_pool, crc32c
 from ckptio.dist import Communicator
 from ckptio.store import Store, wait_all
@@ -208,7 +209,7 @@ def write_rank_shards(
         object_sizes[rel] = total
         for (piece, offset), crc in zip(members, crcs, strict=True):
             chunks.setdefault(piece.path, []).append(
-                fmt.Chunk(
+                mf.Chunk(
                     piece.offsets, piece.view.shape, rel, offset, piece.view.nbytes, crc
                 ).as_json()
             )
@@ -276,7 +277,7 @@ def place_shared_region(
                 store.open_positional(prefix + name, size, create=True).close()
             placement = {"ok": True, "ranks": ranks, "files": files}
         except Exception as err:  # every rank learns it from the bcast
-            placement = {"ok": False, "error": _error_text(err)}
+            placement = {"ok": False, "error": error_text(err)}
     placement = comm.bcast(placement, root=0)
     if not placement["ok"]:
         raise errors.SaveFailedError(f"cannot create the shared file: {placement['error']}")
@@ -311,7 +312,7 @@ def pwrite_pieces(
     chunks: dict[str, list[dict[str, Any]]] = {}
     for (piece, offset), crc in zip(placed, crcs, strict=True):
         chunks.setdefault(piece.path, []).append(
-            fmt.Chunk(
+            mf.Chunk(
                 piece.offsets,
                 piece.view.shape,
                 region.key,
@@ -323,7 +324,7 @@ def pwrite_pieces(
     return chunks
 
 
-def _write_rank_shared(
+def write_rank_shared(
     store: Store,
     step: int,
     comm: Communicator,
@@ -343,5 +344,5 @@ def _write_rank_shared(
     return {"chunks": chunks, "objects": {region.key: region.size}}
 
 
-def _error_text(err: BaseException) -> str:
+def error_text(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"

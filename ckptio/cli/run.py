@@ -44,7 +44,7 @@ from ckptio.workload import (
 
 if TYPE_CHECKING:
     from ckptio.dist import Communicator
-    from ckptio.runner import RunSummary, SweepPoint
+    from ckptio.runner import RunSettings, RunSummary, SweepPoint
 
 __all__ = [
     "COMMANDS",
@@ -309,12 +309,17 @@ class RunJob:
     mode: str
     """``run``, ``sweep`` or ``tiered`` (``run --local``)."""
     kwargs: dict[str, Any]
+    """The tiered workload's options (``run --local``: :func:`ckptio.tierbench.rank_main`)."""
     comm: Communicator | None
     """The launcher's communicator (mpiexec/srun/torchrun), else None: local processes."""
     ranks: int
     progress_bytes: int
     """Bytes rank 0 writes and reads over the whole job (the progress bar's total)."""
     points: list[SweepPoint] = field(default_factory=list)
+    settings: RunSettings | None = None
+    """The run's (and each sweep point's) settings: ``run`` and ``sweep``."""
+    sweep: dict[str, Any] | None = None
+    """:func:`ckptio.runner.sweep`'s points (``streams``, ``part_sizes``, ``warn``)."""
 
     @property
     def is_root(self) -> bool:
@@ -334,7 +339,7 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
     and the target, once, before any work: a wrong target, option or layout raises here."""
     from ckptio import dist
     from ckptio.registry import backend_for, emulation_url, open_store
-    from ckptio.runner import _assign, check_layout, sweep_points
+    from ckptio.runner import RunSettings, check_layout, sweep_points, writer_ranks
 
     plan = plan_from_args(args)
     opts = _options(args, sweep_mode=sweep_mode)
@@ -393,11 +398,14 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
         "config": {"command": "sweep" if sweep_mode else "run"},
         "layout": args.layout,
     }
+    sweep: dict[str, Any] | None = None
     if sweep_mode:
         kwargs.pop("pause")
-        kwargs["streams"] = parse_list(args.streams, field="--streams")
-        kwargs["part_sizes"] = parse_list(args.part_size, field="--part-size", sizes=True)
-        kwargs["warn"] = False  # the caller shows RunJob.warnings before starting
+        sweep = {
+            "streams": parse_list(args.streams, field="--streams"),
+            "part_sizes": parse_list(args.part_size, field="--part-size", sizes=True),
+            "warn": False,  # the caller shows RunJob.warnings before starting
+        }
     launched = dist.under_mpi() or dist.under_torchrun()
     comm = dist.detect() if launched else None
     ranks = comm.size if comm is not None else (args.ranks or 1)
@@ -411,7 +419,7 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
             f"--ranks {ranks} exceeds the {plan.ranks} GPUs of {plan.preset.name}'s layout; use "
             f"at most {plan.ranks} or more --gpus"
         )
-    per_rank0 = int(plan.rank_bytes[_assign(plan, ranks)[0]].sum())
+    per_rank0 = int(plan.rank_bytes[writer_ranks(plan, ranks)[0]].sum())
     passes = args.iterations * (1 if args.no_read else 2)
     mode = "sweep" if sweep_mode else "run"
     if local:
@@ -424,11 +432,14 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
             kwargs.pop(unused)
         kwargs.update(local=local, emulate_local=args.emulate_local)
     points: list[SweepPoint] = []
-    if sweep_mode:
+    if sweep is not None:
         points = sweep_points(
-            plan, ranks, kwargs["streams"], kwargs["part_sizes"], inflight=args.inflight
+            plan, ranks, sweep["streams"], sweep["part_sizes"], inflight=args.inflight
         )
         passes *= len(points)
+    settings = None
+    if mode != "tiered":
+        settings = RunSettings(options=kwargs.pop("store_options"), **kwargs)
     return RunJob(
         args.target,
         plan,
@@ -438,6 +449,8 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
         ranks,
         per_rank0 * passes,
         points,
+        settings,
+        sweep,
     )
 
 
@@ -454,9 +467,9 @@ def execute_run(
 
     runner.PROGRESS_HOOK, runner.SAY_HOOK = (progress, say) if job.is_root else (None, None)
     main: Callable[..., RunSummary] = runner.rank_main
-    args: tuple[Any, ...] = (job.target, job.plan, job.kwargs, job.mode)
+    args: tuple[Any, ...] = (job.target, job.plan, job.settings, job.sweep)
     if job.mode == "tiered":
-        main, args = tierbench.rank_main, args[:3]
+        main, args = tierbench.rank_main, (job.target, job.plan, job.kwargs)
     try:
         if job.comm is not None:
             summary = main(job.comm, *args)

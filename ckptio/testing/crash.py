@@ -21,7 +21,7 @@ line; a SIGKILL loses no data already written to the kernel):
   at most the last step whose save *started* (nothing invented);
 - the loaded state equals ``expected_state(step)`` exactly (every tensor, dtype and value).
 
-Tiered (``store_options`` with ``local=``: a :class:`~ckptio.tiered.TieredCheckpointer`): the
+Tiered (``store_options`` with ``local=``: a tiered :class:`~ckptio.Checkpointer`): the
 worker also loads the durable tier alone (as a node that lost its fast tier would) and reports
 it; the parent checks it is complete, exact, at least the last step whose drain the killed
 worker saw committed, and not newer than the tiered restore. Its aimed trials see the durable
@@ -158,11 +158,12 @@ def _worker(
             problem = state_mismatch(ck.load(latest), expected_state(latest, big))
         # a manifest is published atomically: none may ever be torn (latest() would skip it)
         from ckptio.checkpoint import committed_steps, open_checkpoint, read_manifest
-        from ckptio.tiered import TieredCheckpointer
+        from ckptio.checkpoint.tiered import TieredCheckpointer
 
-        tiered = isinstance(ck, TieredCheckpointer)
+        engine = ck.engine
+        tiered = isinstance(engine, TieredCheckpointer)
         for store in (
-            (ck.store, ck.fast.store) if isinstance(ck, TieredCheckpointer) else (ck.store,)
+            (ck.store, engine.fast.store) if isinstance(engine, TieredCheckpointer) else (ck.store,)
         ):
             for s in committed_steps(store):
                 try:
@@ -444,7 +445,6 @@ def _context() -> Any:
         preload = [
             "ckptio.testing.crash",
             "ckptio.checkpoint",
-            "ckptio.tiered",
             "ckptio.backends.local",
         ]
         try:
