@@ -106,12 +106,12 @@ def test_bad_layouts_are_refused_with_the_reason(ceph_root: str, tmp_path: Path)
 
 
 def test_a_run_records_the_layout_its_files_got(ceph_root: str, tmp_path: Path) -> None:
-    from ckptio.runner import run_workload
+    from ckptio.runner import RunSettings, run_workload
     from ckptio.workload import make_plan
 
     plan = make_plan("llama3-8b", total_size="16MiB", object_size="4MiB")
     url = f"pfs://{ceph_root}/bench?stripe_count=2&stripe_size=1MiB"
-    summary = run_workload(url, plan, out_dir=str(tmp_path), label="cephfs")
+    summary = run_workload(url, plan, RunSettings(out_dir=str(tmp_path), label="cephfs"))
     side = json.loads(next(p for p in summary.paths if p.suffix == ".json").read_text())
     assert side["storage_layout"] == {
         "fs": "cephfs",

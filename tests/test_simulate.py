@@ -356,10 +356,12 @@ def test_storage_fitted_from_a_measured_run(tmp_path: Path) -> None:
     files (latencies resampled from its requests) and a simulation of that run's processes
     on 1, 2 and 3 nodes."""
     from ckptio.dist import SingleProcess
-    from ckptio.runner import run_workload
+    from ckptio.runner import RunSettings, run_workload
 
     plan = make_plan("llama3-8b", total_size="24MiB", object_size="1MiB")
-    run_workload(f"file://{tmp_path}/target", plan, comm=SingleProcess(), out_dir=tmp_path / "out")
+    run_workload(
+        f"file://{tmp_path}/target", plan, RunSettings(out_dir=tmp_path / "out"), SingleProcess()
+    )
     (storage,) = sim.fit_storage([str(tmp_path / "out")])
     assert storage.latency.kind == "empirical" and len(storage.latency.samples) >= 24
     assert storage.profile.name.startswith("measured:")
