@@ -60,7 +60,7 @@ def main() -> None:
             out.update(
                 step=int(got["step"]),
                 sha=digest(got["w"]),
-                fast_bytes=data_bytes(ck.fast.store),
+                fast_bytes=data_bytes(ck.engine.fast.store),
                 durable_bytes=data_bytes(ck.store),
             )
     os.write(1, (json.dumps(out) + "\n").encode())  # one write: ranks share srun's stdout

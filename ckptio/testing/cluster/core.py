@@ -779,7 +779,14 @@ def _node_services(c: Cluster, node: str, *, slurmd: bool = True) -> None:
         except GlusterUnavailable as err:
             raise ClusterUnavailable(f"GlusterFS client on {node}: {err}") from err
     if slurmd and c.state.options.get("slurm"):
+        # a replacement: the controller may still hold the dead node's last job as
+        # completing (no slurmd answered for it), and the new slurmd knows nothing of that
+        # job, so the node would stay "comp" until Slurm's own timeouts. As an admin does
+        # when replacing a node: DOWN (its jobs abandoned), the new slurmd, then RESUME
+        update = ["scontrol", "update", f"NodeName={node}"]
+        c.run(None, [*update, "State=DOWN", "Reason=replaced"], check=False)
         _start_slurmd(c, node)
+        c.run(None, [*update, "State=RESUME"], check=False)
         _wait_idle(c, [node])
 
 
