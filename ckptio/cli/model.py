@@ -23,6 +23,7 @@ from ckptio.cli.common import (
     size_arg,
 )
 from ckptio.cli.console import note
+from ckptio.costmodel import DEFAULT_P_LOSE_NODE
 from ckptio.units import (
     MAX_COUNT,
     MAX_GPUS,
@@ -154,9 +155,9 @@ def declare_model(p: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--p-lose-node",
         type=number_arg(maximum=1.0),
-        default=0.78,
+        default=DEFAULT_P_LOSE_NODE,
         help="with --local: probability that a failure loses a node's fast tier "
-        "(assumption 0.78: Llama 3's share of hardware interruptions)",
+        f"(assumption {DEFAULT_P_LOSE_NODE}: Llama 3's share of hardware interruptions)",
     )
     s.add_argument(
         "--read-bandwidth",

@@ -20,6 +20,7 @@ from ckptio.cli.common import (
     size_arg,
 )
 from ckptio.cli.console import Printer, Sheet, Styled, note
+from ckptio.costmodel import DEFAULT_P_LOSE_NODE
 from ckptio.units import (
     MAX_COUNT,
     MAX_GPUS,
@@ -161,9 +162,9 @@ def declare_simulate(p: argparse.ArgumentParser) -> None:
     x.add_argument(
         "--p-lose-node",
         type=number_arg(maximum=1.0),
-        default=0.78,
+        default=DEFAULT_P_LOSE_NODE,
         help="tiered targets: probability that a failure lost a node's fast tier "
-        "(assumption 0.78: Llama 3's share of hardware interruptions)",
+        f"(assumption {DEFAULT_P_LOSE_NODE}: Llama 3's share of hardware interruptions)",
     )
     x.add_argument(
         "--replications",
