@@ -23,7 +23,7 @@ from ckptio.cli.common import (
     size_arg,
 )
 from ckptio.cli.console import note
-from ckptio.costmodel import DEFAULT_P_LOSE_NODE
+from ckptio.costmodel import DEFAULT_P_LOSE_ANOTHER, DEFAULT_P_LOSE_NODE
 from ckptio.units import (
     MAX_COUNT,
     MAX_GPUS,
@@ -160,6 +160,32 @@ def declare_model(p: argparse.ArgumentParser) -> None:
         f"(assumption {DEFAULT_P_LOSE_NODE}: Llama 3's share of hardware interruptions)",
     )
     s.add_argument(
+        "--peers",
+        type=count_arg(0, 16),
+        default=0,
+        help="with --local: also a tiered target with K peer copies of each node's fast tier "
+        "on the next K nodes of a ring (DURABLE+LOCAL+peer); default 0",
+    )
+    s.add_argument(
+        "--peer-bandwidth",
+        type=bandwidth_arg(),
+        help="with --peers: a node's network link to the others (default: the durable "
+        "profile's node_bandwidth, the same link)",
+    )
+    s.add_argument(
+        "--peer-fan-in",
+        type=count_arg(1, MAX_COUNT),
+        default=1,
+        help="with --peers: replacement nodes that read from one surviving peer (default 1)",
+    )
+    s.add_argument(
+        "--p-lose-another",
+        type=number_arg(maximum=1.0),
+        default=DEFAULT_P_LOSE_ANOTHER,
+        help="with --peers: probability that a failure which loses a node loses another at "
+        f"once (assumption {DEFAULT_P_LOSE_ANOTHER})",
+    )
+    s.add_argument(
         "--read-bandwidth",
         type=bandwidth_arg(),
         help="read bandwidth for the restore with --size and figures given directly, e.g. 50GB/s",
@@ -223,6 +249,12 @@ def _conditions(args: argparse.Namespace) -> Any:
         snapshot_bandwidth=parse_bandwidth(args.snapshot_bandwidth, field="--snapshot-bandwidth"),
         persist_every=args.persist_every,
         p_lose_node=args.p_lose_node,
+        peers=args.peers,
+        peer_fan_in=args.peer_fan_in,
+        p_lose_another=args.p_lose_another,
+        peer_bandwidth=parse_bandwidth(args.peer_bandwidth, field="--peer-bandwidth")
+        if args.peer_bandwidth
+        else None,
         streams=args.streams,
         part_size=parse_size(args.part_size, field="--part-size") if args.part_size else None,
     )
