@@ -802,17 +802,19 @@ def _project_tiered(
             f"peer's copy, {shares['durable']:.1%} from {durable.name}"
         )
         peers.update(
-            restore_shares=shares,
+            restore_fast_probability=shares["fast"],
+            restore_peer_probability=shares["peer"],
+            restore_durable_probability=shares["durable"],
             peer_slower_than_durable=peers["restore_peer_seconds"] > durable_r.seconds,
-            p_all_copies_lost=gone,
         )
     restart = restart_time(c, restore, basis)
     wait = backpressure(drain, c.interval, c.persist_every)
     saving = _saving(c, fast_w.seconds, workload.bytes_per_rank / c.snapshot_bandwidth)
     saving["stall_seconds"] += wait + peers.get("replication_wait_seconds", 0.0)
-    suffix = "" if c.peers == 0 else "+peer" if c.peers == 1 else f"+peer{c.peers}"
+    from ckptio.tierbench import peer_suffix  # the targets' names, as compare spells them
+
     return {
-        "target": f"{durable.name}+{local.name}{suffix}",
+        "target": f"{durable.name}+{local.name}{peer_suffix(c.peers)}",
         "kind": "projected",
         "tiers": {"durable": durable.name, "local": local.name},
         "profile": durable.as_dict(),

@@ -513,7 +513,7 @@ def peer_line(t: dict[str, Any]) -> str:
     and the restore from a peer, with how each is made (projected by the model)."""
     from ckptio.units import human_seconds
 
-    shares = t["restore_shares"]
+    shares = {w: t[f"restore_{w}_probability"] for w in ("fast", "peer", "durable")}
     blocks = (
         "finishes within the interval"
         if t["replication_fits_interval"]
@@ -686,7 +686,8 @@ def projection_sheet(proj: list[dict[str, Any]]) -> Sheet:
         right={"stall", "drain", "restore", "restart", *parts},
         caption="stall: what the GPUs wait per checkpoint; lost = stall + rework (work redone "
         "after a failure) + restart (overhead + restore); ±: 95% interval over the measured "
-        "rounds; exact: an emulated target, projected from its profile (deterministic)",
+        "rounds; exact: an emulated target, projected from its profile (deterministic); peers "
+        "projected: peer copies of the fast tier, the model's (not run)",
     )
     for p in proj:
         done = bool(p.get("write_seconds")) and not p.get("refusal")
@@ -696,7 +697,7 @@ def projection_sheet(proj: list[dict[str, Any]]) -> Sheet:
             else "exact (emulated)"
             if done
             else "not projected"
-        )
+        ) + (", peers projected" if done and p.get("peers") else "")
         cells = {
             "workload": f"{p['preset']} / {p['gpus']:,} GPUs",
             "target": f"{p['name']} ({p['kind']})" if p.get("name") else p["target"],
@@ -716,6 +717,15 @@ def projection_sheet(proj: list[dict[str, Any]]) -> Sheet:
             cells[col] = figure_text(p, key, u, short=True) if done else "-"
         sheet.add(*[cells[c] for c in cols])
     return sheet
+
+
+def peer_lines(proj: list[dict[str, Any]]) -> list[str]:
+    """One line per projected target with peer copies (:func:`peer_line`)."""
+    return [
+        f"{p['preset']} on {p['gpus']:,} GPUs, {peer_line(p)}"
+        for p in proj
+        if p.get("peers") and p.get("write_seconds") and not p.get("refusal")
+    ]
 
 
 def refusal_lines(proj: list[dict[str, Any]]) -> list[str]:

@@ -450,7 +450,13 @@ def _scenario(args: argparse.Namespace) -> Any:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from ckptio.cli.console import comparison_sheet, projection_sheet, refusal_lines, warn
+    from ckptio.cli.console import (
+        comparison_sheet,
+        peer_lines,
+        projection_sheet,
+        refusal_lines,
+        warn,
+    )
     from ckptio.report import build_report
 
     out = printer(args)
@@ -460,7 +466,7 @@ def run_report(args: argparse.Namespace) -> int:
         return 0
     out.sheet(comparison_sheet(result["summary"], "merged results"))
     out.sheet(projection_sheet(result["projections"]))
-    for line in refusal_lines(result["projections"]):
+    for line in peer_lines(result["projections"]) + refusal_lines(result["projections"]):
         out.line(line)
     out.line(f"report: {args.out}/index.html ({len(result['files'])} files)")
     if result["plots_missing"]:
@@ -485,8 +491,9 @@ def declare_compare(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tiered",
         help="tiered targets DURABLE+LOCAL, comma-separated: a durable profile drained from a "
-        "fast tier, 'disk' (this machine's, measured) or a profile (emulated) "
-        "(default: cloud-s3+local-nvme; '' for none)",
+        "fast tier, 'disk' (this machine's, measured) or a profile (emulated); '+peer' or "
+        "'+peerK' after it: projected with K peer copies of the fast tier "
+        "(default: cloud-s3+local-nvme,cloud-s3+local-nvme+peer; '' for none)",
     )
     p.add_argument("--preset", default="llama3-8b", help="model preset (default llama3-8b)")
     size = p.add_mutually_exclusive_group()
@@ -528,7 +535,7 @@ def declare_compare(p: argparse.ArgumentParser) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from ckptio.cli.console import comparison_sheet, projection_sheet, refusal_lines
+    from ckptio.cli.console import comparison_sheet, peer_lines, projection_sheet, refusal_lines
     from ckptio.compare import DEFAULT_TOTAL_SIZE, CompareWorkload, compare
 
     def names(text: str | None) -> list[str] | None:
@@ -556,7 +563,7 @@ def run_compare(args: argparse.Namespace) -> int:
         return 0
     out.sheet(comparison_sheet(result["summary"], "ckptio compare (this machine, small scale)"))
     out.sheet(projection_sheet(result["projections"]))
-    for line in refusal_lines(result["projections"]):
+    for line in peer_lines(result["projections"]) + refusal_lines(result["projections"]):
         out.line(line)
     out.line(f"report: {result['out']}/index.html, results: {result['results_dir']}")
     return 0
