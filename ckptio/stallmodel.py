@@ -789,7 +789,10 @@ def _project_tiered(
             "peer": shares["peer"] * peer_path,
             "durable": shares["durable"] * durable_r.seconds,
         }
-        restore = parts["fast"] + parts["peer"] + parts["durable"]
+        # the durable read, less what the peer copies save where one survives: written so
+        # that a copy more never adds time, not even a rounding error
+        saved = (1 - gone) * (durable_r.seconds - peer_path)
+        restore = shares["fast"] * fast_restore.seconds + p * (durable_r.seconds - saved)
         most = max(parts, key=lambda t: parts[t])
         if most == "peer" and peers["restore_peer_seconds"] <= durable_r.seconds:
             binding = peers["restore_peer_binding"]
