@@ -81,20 +81,18 @@ from ckptio.runner import (
     writer_ranks,
 )
 from ckptio.store import Store
+from ckptio.units import MAX_PEERS
 
 #: The fast tier that is this machine's own disk (measured).
 DISK = "disk"
 #: Phases of a tiered run, in the order they run.
 PHASES = ("save", "drain", "restore", "restore-durable")
 _WRITE_OPS = ("write", "put", "create", "commit", "fsync", "rename")
-#: Peer copies a tiered target may name (``+peerK``).
-MAX_PEERS = 16
 #: Share of the memory available that a tiered run's processes on one node may hold.
 MEMORY_SHARE = 0.8
 
 
 __all__ = [
-    "MAX_PEERS",
     "PEER_NOTE",
     "TieredSpec",
     "check_tiered",

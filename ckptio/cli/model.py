@@ -29,6 +29,7 @@ from ckptio.units import (
     MAX_GPUS,
     MAX_ITERATIONS,
     MAX_LOCAL_PROCESSES,
+    MAX_PEERS,
     MAX_PRICE,
     MAX_SCALE,
     parse_bandwidth,
@@ -159,9 +160,36 @@ def declare_model(p: argparse.ArgumentParser) -> None:
         help="with --local: probability that a failure loses a node's fast tier "
         f"(assumption {DEFAULT_P_LOSE_NODE}: Llama 3's share of hardware interruptions)",
     )
+    _declare_peers(s)
+    s.add_argument(
+        "--read-bandwidth",
+        type=bandwidth_arg(),
+        help="read bandwidth for the restore with --size and figures given directly, e.g. 50GB/s",
+    )
+    c.add_argument(
+        "--price", type=number_arg(maximum=MAX_PRICE), default=0.0, help="price per GPU-hour"
+    )
+    c.add_argument(
+        "--async-save",
+        action="store_true",
+        help="asynchronous save: the stall is the snapshot (device->host copy of "
+        "each GPU's share: --size over --writing-ranks, default all --gpus); works "
+        "with figures given directly and with profiles",
+    )
+    c.add_argument(
+        "--snapshot-bandwidth",
+        type=bandwidth_arg(),
+        default="25GB/s",
+        help="device->host copy per GPU for --async-save (assumption: 25GB/s)",
+    )
+    add_format(p)
+
+
+def _declare_peers(s: Any) -> None:
+    """``ckptio model``'s options for peer copies of the fast tier (with ``--local``)."""
     s.add_argument(
         "--peers",
-        type=count_arg(0, 16),
+        type=count_arg(0, MAX_PEERS),
         default=0,
         help="with --local: also a tiered target with K peer copies of each node's fast tier "
         "on the next K nodes of a ring (DURABLE+LOCAL+peer); default 0",
@@ -185,28 +213,6 @@ def declare_model(p: argparse.ArgumentParser) -> None:
         help="with --peers: probability that a failure which loses a node loses another at "
         f"once (assumption {DEFAULT_P_LOSE_ANOTHER})",
     )
-    s.add_argument(
-        "--read-bandwidth",
-        type=bandwidth_arg(),
-        help="read bandwidth for the restore with --size and figures given directly, e.g. 50GB/s",
-    )
-    c.add_argument(
-        "--price", type=number_arg(maximum=MAX_PRICE), default=0.0, help="price per GPU-hour"
-    )
-    c.add_argument(
-        "--async-save",
-        action="store_true",
-        help="asynchronous save: the stall is the snapshot (device->host copy of "
-        "each GPU's share: --size over --writing-ranks, default all --gpus); works "
-        "with figures given directly and with profiles",
-    )
-    c.add_argument(
-        "--snapshot-bandwidth",
-        type=bandwidth_arg(),
-        default="25GB/s",
-        help="device->host copy per GPU for --async-save (assumption: 25GB/s)",
-    )
-    add_format(p)
 
 
 def run_model(args: argparse.Namespace) -> int:
