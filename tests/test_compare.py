@@ -159,6 +159,7 @@ def test_compare_peer_target_is_projected_with_peer_copies_beside_the_others(
     assert "from a peer's copy (projected)" in md
     assert "With 1 peer copy of each node's fast tier (projected)" in md
     assert (tmp_path / "again" / "restores.png").stat().st_size > 0
+    assert "| chance a failure loses another node at once (0.1 as assumed" in md
     sens = {r["assumption"] for r in rep["sensitivity"]["cloud-s3+local-nvme+peer"]}
     assert "p_lose_another" in sens
     assert "p_lose_another" not in {r["assumption"] for r in rep["sensitivity"]["cloud-s3"]}
@@ -311,3 +312,32 @@ def test_cephfs_without_root_is_skipped_with_the_reason_and_rgw_still_runs(
         }
     ]
     assert [s["target"] for s in result["summary"]] == ["rgw"]
+
+
+def test_sensitivity_table_shows_the_peer_assumptions_whichever_target_comes_first() -> None:
+    """A target with peer copies varies two assumptions the others do not: the table has a
+    row for each, '-' where a target does not vary it, whichever target is first."""
+    from types import SimpleNamespace
+
+    from ckptio.report import _sensitivity_table
+
+    def row(name: str, low: float) -> dict:
+        return {
+            "assumption": name,
+            "words": name,
+            "value": "1",
+            "low": low,
+            "high": 2 * low,
+            "swing": low,
+            "base": 1.5 * low,
+        }
+
+    peer = [row("price", 10), row("p_lose_another", 1)]
+    plain = [row("price", 20)]
+    for order in (("peer", "plain"), ("plain", "peer")):
+        sens = {"peer": peer, "plain": plain}
+        (table,) = _sensitivity_table(SimpleNamespace(sensitivity={k: sens[k] for k in order}))
+        cells = {r[0].split(" (")[0]: r[1:] for r in table.rows[1:]}
+        assert set(cells) == {"price", "p_lose_another"}
+        assert cells["p_lose_another"][order.index("plain")] == "-"
+        assert cells["p_lose_another"][order.index("peer")].startswith("1 / 2")

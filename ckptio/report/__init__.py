@@ -156,13 +156,21 @@ def _sensitivity_table(r: Report) -> list[Table]:
         return []
     names = list(r.sensitivity)
     by = {n: {row["assumption"]: row for row in rows} for n, rows in r.sensitivity.items()}
-    first = r.sensitivity[names[0]]
+    # every assumption any target varies, in the first target's order (the peer copies'
+    # assumptions only move targets with peers: the others show "-")
+    every = {row["assumption"]: row for rows in r.sensitivity.values() for row in rows}
+    order = [*(row["assumption"] for row in r.sensitivity[names[0]]), *every]
     rows = []
-    for a in first:
+    for key in dict.fromkeys(order):
+        a = every[key]
         cells = [f"{a['words']} ({a['value']} as assumed; halved / doubled)"]
         for n in names:
-            x = by[n][a["assumption"]]
-            cells.append(f"{x['low']:,.0f} / {x['high']:,.0f} (swing {x['swing']:,.0f})")
+            x = by[n].get(key)
+            cells.append(
+                "-"
+                if x is None
+                else f"{x['low']:,.0f} / {x['high']:,.0f} (swing {x['swing']:,.0f})"
+            )
         rows.append(cells)
     base = ["as assumed"] + [f"{r.sensitivity[n][0]['base']:,.0f}" for n in names]
     return [Table(["assumption", *names], [base, *rows])]
