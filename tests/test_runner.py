@@ -402,15 +402,15 @@ def test_the_first_write_is_timed_warm(tmp_path: Path) -> None:
     test process has imported it already."""
     code = f"""
 import sys
-import ckptio.runner as R
+import ckptio.runner.phases as R
 from ckptio.dist import SingleProcess
 from ckptio.workload import make_plan
 seen = []
-write = R._Run.write
+write = R.Run.write
 def spy(self, *a, **k):
     seen.append("ml_dtypes" in sys.modules)
     return write(self, *a, **k)
-R._Run.write = spy
+R.Run.write = spy
 R.run_workload({str(tmp_path / "ckpt")!r}, make_plan("llama3-8b", total_size=2**20),
                R.RunSettings(read=False), SingleProcess())
 print(seen)
