@@ -93,8 +93,10 @@ def test_compare_tiered_targets_show_stall_drain_and_restore(tmp_path) -> None:
     assert not plain["tiered"] and plain["drain_seconds"] is None
     for r in (disk, nvme):
         assert r["tiered"] and r["drain_seconds"] > 0 and r["restore_durable_seconds"] > 0
-        # the save blocks for the fast tier only: less than the drain to emulated cloud-s3
-        assert r["write_seconds"] < r["drain_seconds"]
+    # the save blocks for the fast tier only: less than the drain to emulated cloud-s3 (both
+    # emulated here, so deterministic; the disk's save is measured and a busy machine may
+    # stretch it past the emulated drain)
+    assert nvme["write_seconds"] < nvme["drain_seconds"]
     md = (out / "report.md").read_text()
     assert "fast tier this machine's disk, measured; durable tier emulated cloud-s3" in md
     assert "(measured)" in md and "(emulated)" in md and "| drain |" in md
