@@ -90,6 +90,19 @@ from ckptio.checkpoint.fastroot import (
     claim_fast_root,
     fast_roots,
 )
+from ckptio.checkpoint.peers import (
+    NodeRing,
+    PeerResult,
+    RestoreRecord,
+    assign,
+    copy_record,
+    held_copies,
+    needed_keys,
+    node_name,
+    replicate_step,
+    run_restore,
+    wire,
+)
 from ckptio.checkpoint.read import RELISTS, CheckpointReader, committed_steps, read_manifest
 from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.lease import SaveLease
@@ -133,6 +146,8 @@ class TieredSaveHandle:
     had been behind its fast commit (0 if none was running)."""
     backpressure_seconds: float = 0.0
     """Seconds this save waited for the previous drain (``wait``)."""
+    peer: Future[PeerResult] | None = None
+    """The step's peer copies (``replicas``), running in the background; None without."""
 
     def done(self) -> bool:
         return self.fast.done()
@@ -146,6 +161,10 @@ class TieredSaveHandle:
     def wait_drain(self, timeout: float | None = None) -> DrainResult | None:
         """The drain's result, None if the step is not drained."""
         return None if self.drain is None else self.drain.wait(timeout)
+
+    def wait_peers(self, timeout: float | None = None) -> PeerResult | None:
+        """The peer copies' result (never raises but ``TimeoutError``), None without."""
+        return None if self.peer is None else self.peer.result(timeout)
 
 
 class _Overlay(Store):
@@ -206,6 +225,7 @@ def tiered_checkpointer(
     persist_every: int = 1,
     drain_backpressure: str = "wait",
     local_options: Mapping[str, Any] | None = None,
+    replicas: int = 0,
     **options: Any,
 ) -> TieredCheckpointer:
     """A :class:`TieredCheckpointer` built of its two tiers: ``url`` the durable one, ``local``
@@ -214,7 +234,9 @@ def tiered_checkpointer(
     ``keep_last_local`` (default 2; None keeps all), ``keep_last`` (the durable tier's; None
     keeps all), ``persist_every`` (default 1: the first save and every N-th after it are
     drained), ``drain_backpressure`` (``wait``, ``skip``, ``cancel``; default ``wait``),
-    ``local_options`` (store options of the fast tier); ``async_save``, ``snapshot``,
+    ``local_options`` (store options of the fast tier), ``replicas`` (default 0: copies of
+    each rank's fast-tier steps on that many other nodes' fast roots,
+    :mod:`ckptio.checkpoint.peers`); ``async_save``, ``snapshot``,
     ``layout`` (``file-per-shard`` only: a drain copies each rank's own objects),
     ``key_layout`` (default: the durable store's preference: the keys are the same on both
     tiers), ``chunk_size``, ``max_object_size`` (the fast tier's saves), ``comm``,
@@ -233,6 +255,7 @@ def tiered_checkpointer(
             f"layout {layout!r} cannot be tiered: a drain copies each rank's own objects; use file-per-shard"
         )
     persist_every = option_int(persist_every, field="persist_every", minimum=1)
+    replicas = option_int(replicas, field="replicas", minimum=0)
     comm: Communicator = options.pop("comm", None) or detect()
     roots = fast_roots(local, comm.size)
     if len(set(roots)) not in (1, comm.size):
@@ -256,7 +279,12 @@ def tiered_checkpointer(
         durable.close()
         raise
     return TieredCheckpointer(
-        durable, fast, roots, persist_every=persist_every, drain_backpressure=drain_backpressure
+        durable,
+        fast,
+        roots,
+        persist_every=persist_every,
+        drain_backpressure=drain_backpressure,
+        replicas=replicas,
     )
 
 
@@ -275,8 +303,10 @@ class TieredCheckpointer(Lifetime):
         *,
         persist_every: int = 1,
         drain_backpressure: str = "wait",
+        replicas: int = 0,
     ) -> None:
         self.durable, self.fast = durable, fast
+        self.replicas = replicas
         self.persist_every = persist_every
         self.drain_backpressure = drain_backpressure
         self.comm: Communicator = durable.comm
@@ -301,6 +331,35 @@ class TieredCheckpointer(Lifetime):
         self._durable_steps: set[int] = set()  # steps this Checkpointer's drains committed
         self._drain_comm: Communicator | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._peer_jobs: list[tuple[int, Future[PeerResult]]] = []  # queued or running
+        self._peer_executor: ThreadPoolExecutor | None = None
+        self._peer_wire: Any = None
+        self.last_restore: RestoreRecord | None = None
+        """Where this rank's last :meth:`load` read from (``local``/``peer``/``durable``)."""
+        self.job = location(self.store.url)
+        self.ring: NodeRing | None = None
+        if replicas:
+            try:
+                self._setup_peers()
+            except BaseException:
+                self.fast.close()
+                self.durable.close()
+                raise
+
+    def _setup_peers(self) -> None:
+        """Collective: the job's nodes (see :mod:`ckptio.checkpoint.peers`), and the process
+        group the copies travel on (a dup of the job's)."""
+        if self.comm.size > 1 and not self.per_rank:
+            raise errors.InvalidArgumentError(
+                f"replicas={self.replicas}: peer copies go from one node's fast root to "
+                "another's; give each rank its own fast root on its node (local= with {rank})"
+            )
+        names = self.comm.gather(node_name(), root=0)
+        self.ring = self.comm.bcast(None if names is None else list(names), root=0)
+        self.ring = NodeRing.of(self.ring)  # type: ignore[arg-type]
+        comm = self.comm.dup() if self.comm.size > 1 else self.comm
+        self._peer_comm = comm
+        self._peer_wire = wire(comm)
 
     def _claim_fast_root(self) -> None:
         """Collective: every rank's fast root is this job's (its owner record names this
@@ -381,7 +440,51 @@ class TieredCheckpointer(Lifetime):
             except BaseException as err:  # never left pending: close() waits for it
                 self._finish(job, DrainResult(step, "failed", error=f"not started: {err}"))
                 raise
-        return TieredSaveHandle(step, time.perf_counter() - t0, fast, job, action, lag, waited)
+        peer = self._replicate(step, fast) if self.replicas else None
+        return TieredSaveHandle(
+            step, time.perf_counter() - t0, fast, job, action, lag, waited, peer=peer
+        )
+
+    def _replicate(self, step: int, fast: SaveHandle) -> Future[PeerResult]:
+        """Queue the peer copies of ``step`` (after its fast commit), in the background: every
+        rank queues the same steps in the same order, so the rounds match."""
+        assert self.ring is not None
+        self.ring.check(self.replicas)
+        if self._peer_executor is None:
+            self._peer_executor = ThreadPoolExecutor(1, thread_name_prefix="ckptio-peers")
+        ring, k, store = self.ring, self.replicas, self.fast.store
+        keep = self.fast.keep_last
+
+        def run() -> PeerResult:
+            try:
+                if fast._future is not None and fast._future.exception() is not None:
+                    return PeerResult(step, "failed", error="the fast tier's save failed")
+                return replicate_step(
+                    self._peer_comm, self._peer_wire, ring, k, store, step, self.job, keep
+                )
+            except BaseException as err:  # recorded in the result; training goes on
+                log.debug("peer copies of step %d failed", step, exc_info=True)
+                return PeerResult(step, "failed", error=f"{type(err).__name__}: {err}")
+
+        with self._lock:
+            future = self._peer_executor.submit(run)
+            self._peer_jobs.append((step, future))
+
+        def finished(f: Future[PeerResult]) -> None:
+            with self._lock:
+                self._peer_jobs = [(s, j) for s, j in self._peer_jobs if j is not f]
+            result = f.result()
+            if result.status == "failed":
+                log.warning("the peer copies of step %d failed: %s", step, result.error)
+
+        future.add_done_callback(finished)
+        return future
+
+    def wait_peers(self) -> list[PeerResult]:
+        """Wait for the peer copies queued or running; their results."""
+        with self._lock:
+            pending = [f for _, f in self._peer_jobs]
+        return [f.result() for f in pending]
 
     def _agree_running(self) -> tuple[bool, float]:
         """Whether the previous drain still runs on any rank (every rank gets the same answer,
@@ -421,7 +524,7 @@ class TieredCheckpointer(Lifetime):
     def _protected(self) -> set[int]:
         """Steps the fast tier's retention keeps beyond its newest ``keep_last_local``."""
         with self._lock:
-            keep = {j.step for j in self._drains}
+            keep = {j.step for j in self._drains} | {s for s, _ in self._peer_jobs}
             if self._chosen is not None and self._chosen not in self._durable_steps:
                 keep.add(self._chosen)
             return keep
@@ -653,6 +756,8 @@ class TieredCheckpointer(Lifetime):
         if step is not None:
             step = fmt.as_step(step)
         self.fast.wait()
+        if self.replicas:
+            return self._load_peers(step, select, into)
         skip: set[int] = set()
         for _ in range(RELISTS):
             choice = self._choose(
@@ -676,8 +781,164 @@ class TieredCheckpointer(Lifetime):
             skip.add(s)
         raise errors.NotFoundError(f"restoring failed {RELISTS} times; the last tried: step {s}")
 
+    def _holdings(self, step: int | None) -> dict[str, Any]:
+        """What this rank holds for a restore with peer copies: the steps complete on its own
+        fast root (with their world sizes) and the copies on it."""
+        own: dict[str, int] = {}
+        for s in self._local_complete(step):
+            try:
+                own[str(s)] = read_manifest(self.fast.store, s).world_size
+            except Exception as err:  # retired or damaged meanwhile: not offered
+                log.warning("step %d on the fast tier cannot be read: %s", s, err)
+        copies: dict[str, dict[str, int]] = {}
+        try:
+            for q, steps in held_copies(self.fast.store, self.job).items():
+                copies[str(q)] = {str(s): w for s, w in steps.items() if step in (None, s)}
+        except Exception as err:  # a failing local disk: the others may hold it all
+            log.warning("the peer copies on %s cannot be listed: %s", self.fast.store.url, err)
+        return {"own": own, "copies": copies}
+
+    def _load_peers(self, step: int | None, select: Any, into: Any) -> Any:
+        """:meth:`load` with peer copies (``replicas``): see :mod:`ckptio.checkpoint.peers`."""
+        comm, fast = self.comm, self.fast.store
+        skip: set[int] = set()
+        bad: set[tuple[int, int]] = set()
+        for _ in range(2 * RELISTS):
+            with ThreadPoolExecutor(1, thread_name_prefix="ckptio-restore") as ex:
+                listing = ex.submit(committed_steps, self.store)
+                mine = self._holdings(step)
+                durable, down = _durable_listing(listing, self.store.url)
+            reports = comm.gather(mine, root=0)
+            pick: dict[str, Any] = {"step": None, "down": down}
+            if reports is not None:
+                pick = _pick_step(reports, set(durable), step, skip, down)
+            pick = comm.bcast(pick, root=0)
+            s = pick["step"]
+            if s is None:
+                what = f"step {step}" if step is not None else "checkpoint"
+                if pick["down"]:
+                    raise errors.StorageError(
+                        f"no {what} survives on the fast tier or its peer copies, and the "
+                        f"durable tier cannot be listed: {pick['down']}"
+                    )
+                raise errors.NotFoundError(
+                    f"no {what} survives on the fast tier ({self.roots[comm.rank]}), its peer "
+                    f"copies, nor {self.store.url}"
+                )
+            text = b""
+            holder = pick["holder"]
+            if holder is None:
+                text = self.store.get(fmt.manifest_key(s))
+            else:
+                if comm.rank == holder:
+                    if str(s) in mine["own"]:
+                        text = fast.get(fmt.manifest_key(s))
+                    else:
+                        q = next(q for q, c in mine["copies"].items() if str(s) in c)
+                        text = copy_record(fast, int(q), s)["manifest"].encode()
+                texts = comm.gather(text.decode() if comm.rank == holder else None, root=0)
+                text = comm.bcast(None if texts is None else texts[holder], root=0).encode()
+            manifest = mf.parse_manifest(text, expect_step=s)
+            needed = needed_keys(manifest, select, into, fast)
+            prefix = fmt.step_dir(s) + "/"
+            present = {k[len(prefix) :] for k in fast.list(prefix)}
+            missing = sorted(needed - present)
+            wants = comm.gather(missing, root=0)
+            plan: dict[str, Any] | None = None
+            if wants is not None and reports is not None:
+                plan = assign(
+                    s,
+                    wants,
+                    [{int(x) for x in r["own"]} for r in reports],
+                    [
+                        {int(q): {int(x) for x in c} for q, c in r["copies"].items()}
+                        for r in reports
+                    ],
+                    bool(pick["durable"]),
+                    manifest.objects,
+                    bad,
+                )
+            plan = comm.bcast(plan, root=0)
+            if plan is None:  # some object survives nowhere after all: an older step
+                skip.add(s)
+                continue
+            failed, received, senders, error = run_restore(
+                comm, self._peer_wire, fast, s, manifest, text, plan
+            )
+            fails = comm.gather(failed, root=0)
+            fails = comm.bcast(None if fails is None else [f for g in fails for f in g], root=0)
+            if fails:
+                log.warning(
+                    "restoring step %d: peer copies failed their checks (%s); planning again "
+                    "without them",
+                    s,
+                    error or "on other ranks",
+                )
+                bad.update((int(h), int(q)) for h, q in fails)
+                continue
+            used: list[str] = []
+            state, error = self._read(s, True, bool(pick["durable"]), select, into, used)
+            errs = comm.gather(error, root=0)
+            failed_reads = comm.bcast(None if errs is None else [e for e in errs if e], root=0)
+            if failed_reads:
+                log.warning(
+                    "restoring step %d failed (%s); trying the next older one",
+                    s,
+                    "; ".join(failed_reads),
+                )
+                skip.add(s)
+                continue
+            self.last_restore = self._record(s, manifest, plan, needed, present, received, used)
+            self.last_restore.sources = [
+                f"rank {r} ({self.ring.nodes[self.ring.where(r)[0]]})" if self.ring else str(r)
+                for r in sorted(set(senders))
+            ]
+            log.info("restored step %d: %s", s, self.last_restore.as_dict())
+            if self.last_restore.path == "durable":
+                log.warning(
+                    "step %d: rank %d restored from the durable tier (no peer copy of its "
+                    "data survived)",
+                    s,
+                    comm.rank,
+                )
+            return state
+        raise errors.NotFoundError(f"restoring with peer copies failed {2 * RELISTS} times")
+
+    def _record(
+        self,
+        step: int,
+        manifest: mf.Manifest,
+        plan: Mapping[str, Any],
+        needed: set[str],
+        present: set[str],
+        received: int,
+        used: list[str],
+    ) -> RestoreRecord:
+        rank = self.comm.rank
+        from_durable = set(plan["durable"].get(str(rank), []))
+        incoming = [t for t in plan["transfers"] if t["dst"] == rank]
+        sizes = manifest.objects
+        nbytes = {
+            "local": sum(sizes[k] for k in needed & present),
+            "peer": received,
+            "durable": sum(sizes[k] for k in from_durable),
+        }
+        if from_durable or used[-1:] == ["the durable tier"]:
+            path = "durable"
+        elif manifest.world_size == self.comm.size:
+            path = "peer" if any(t["source"] == rank for t in incoming) else "local"
+        else:
+            path = "peer" if incoming else "local"
+        return RestoreRecord(step, path, nbytes)
+
     def _read(
-        self, step: int, local: bool, durable: bool, select: Any, into: Any
+        self,
+        step: int,
+        local: bool,
+        durable: bool,
+        select: Any,
+        into: Any,
+        used: list[str] | None = None,
     ) -> tuple[Any, str]:
         """This rank's read of ``step``: (state, "") or (None, the error)."""
         tiers: list[tuple[str, Store]] = []
@@ -693,7 +954,7 @@ class TieredCheckpointer(Lifetime):
         if durable:
             tiers.append(("the durable tier", self.store))
         try:
-            return read_first_intact(tiers, step, select, into)
+            return read_first_intact(tiers, step, select, into, used)
         finally:
             for store in others:
                 store.close()
@@ -703,6 +964,7 @@ class TieredCheckpointer(Lifetime):
         """Wait for the fast tier's save in flight (raising its failure) and for every drain."""
         result = self.fast.wait()
         self.wait_drains()
+        self.wait_peers()
         return result
 
     def wait_drains(self) -> list[DrainResult]:
@@ -718,7 +980,11 @@ class TieredCheckpointer(Lifetime):
         finally:
             try:
                 self.wait_drains()
+                self.wait_peers()
             finally:
+                if self._peer_executor is not None:
+                    self._peer_executor.shutdown(wait=True)
+                    self._peer_executor = None
                 if self._executor is not None:
                     self._executor.shutdown(wait=True)
                     self._executor = None
@@ -731,7 +997,11 @@ more than this machine can hold): raised at once, not tried elsewhere."""
 
 
 def read_first_intact(
-    tiers: Sequence[tuple[str, Store]], step: int, select: Any, into: Any
+    tiers: Sequence[tuple[str, Store]],
+    step: int,
+    select: Any,
+    into: Any,
+    used: list[str] | None = None,
 ) -> tuple[Any, str]:
     """The restore's fallback: the state of ``step`` from the first of ``tiers`` (``(name,
     store)``, nearest first) that reads it whole, as ``(state, "")``; ``(None, the last
@@ -739,12 +1009,15 @@ def read_first_intact(
     an I/O error such as a failing disk's EIO, an object refused as a symlink out of the
     root, the storage unreachable) moves on to the next tier, with a warning naming the tier,
     the step and the cause. Damaged data is never returned: every chunk's CRC32C is checked
-    on every tier."""
+    on every tier. ``used`` (a list) gets the name of the tier read."""
     error = "not on either tier"
     for i, (name, store) in enumerate(tiers):
         try:
             manifest = read_manifest(store, step)
-            return CheckpointReader(store, step, manifest).state(select, into=into), ""
+            state = CheckpointReader(store, step, manifest).state(select, into=into)
+            if used is not None:
+                used.append(name)
+            return state, ""
         except _CALLERS_FAULT:
             raise
         except Exception as err:
@@ -757,6 +1030,46 @@ def read_first_intact(
                     tiers[i + 1][0],
                 )
     return None, error
+
+
+def _pick_step(
+    reports: Sequence[Mapping[str, Any]],
+    durable: set[int],
+    step: int | None,
+    skip: set[int],
+    down: str,
+) -> dict[str, Any]:
+    """Rank 0 of a restore with peer copies: the newest step (or ``step``) whose every source
+    rank's objects survive on a fast root, in a copy or on the durable tier; the rank whose
+    manifest of it is sent to all (None: read it from the durable tier)."""
+    size = len(reports)
+    worlds: dict[int, int] = {}
+    for r in reports:
+        worlds.update({int(s): w for s, w in r["own"].items()})
+        for c in r["copies"].values():
+            worlds.update({int(s): w for s, w in c.items()})
+    candidates = sorted(set(worlds) | durable, reverse=True)
+    for s in candidates:
+        if s in skip or (step is not None and s != step):
+            continue
+        holder = next(
+            (
+                h
+                for h, r in enumerate(reports)
+                if str(s) in r["own"] or any(str(s) in c for c in r["copies"].values())
+            ),
+            None,
+        )
+        if s in durable:
+            return {"step": s, "holder": holder, "durable": True, "down": down}
+        survives = all(
+            (q < size and str(s) in reports[q]["own"])
+            or any(str(s) in r["copies"].get(str(q), {}) for r in reports)
+            for q in range(worlds[s])
+        )
+        if survives:
+            return {"step": s, "holder": holder, "durable": False, "down": down}
+    return {"step": None, "down": down}
 
 
 def _durable_listing(listing: Future[list[int]], url: str) -> tuple[list[int], str]:
