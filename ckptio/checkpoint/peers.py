@@ -234,10 +234,7 @@ def send_objects(
     ``dest``, every chunk's CRC32C checked as it is read (and each object's against
     ``expect``, a copy's record). A failure is sent on as ``{"error"}`` (the receiver keeps
     nothing); returns (bytes sent, the error or "")."""
-    chunks: dict[str, list[mf.Chunk]] = {}
-    for entry in manifest.tensors.values():
-        for c in entry.chunks:
-            chunks.setdefault(c.key, []).append(c)
+    chunks = _chunks(manifest)
     _send_doc(w, dest, {**head, "objects": [[k, manifest.objects[k]] for k in keys]})
     sent = 0
     for key in keys:
@@ -248,7 +245,7 @@ def send_objects(
                 store,
                 prefix + key,
                 manifest.objects[key],
-                sorted(chunks.get(key, []), key=lambda c: c.offset),
+                chunks.get(key, []),
                 lambda: False,
                 writer=_Deferred(out),
             )
@@ -341,6 +338,36 @@ def receive_objects(
         _discard(store, [prefix + k for k in kept])
         return head, {}, error
     return head, kept, ""
+
+
+def _chunks(manifest: mf.Manifest) -> dict[str, list[mf.Chunk]]:
+    """Each object's chunks, by offset."""
+    out: dict[str, list[mf.Chunk]] = {}
+    for entry in manifest.tensors.values():
+        for c in entry.chunks:
+            out.setdefault(c.key, []).append(c)
+    return {k: sorted(v, key=lambda c: c.offset) for k, v in out.items()}
+
+
+class _CrcWriter:
+    """A store writer that also takes the CRC32C of what passes; committed by ``commit``
+    once the caller's checks pass (``close`` from the copy is deferred)."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer, self.crc = writer, 0
+
+    def write(self, data: Any) -> None:
+        self.crc = crc32c(data, self.crc)
+        self.writer.write(data)
+
+    def close(self) -> None:
+        return None
+
+    def commit(self) -> None:
+        self.writer.close()
+
+    def abort(self) -> None:
+        self.writer.abort()
 
 
 def _open(store: Store, key: str, size: int) -> Any:
@@ -603,11 +630,13 @@ def assign(
     copies: Sequence[Mapping[int, Iterable[int]]],
     durable: bool,
     sizes: Mapping[str, int],
-    bad: set[tuple[int, int]],
+    bad: set[tuple[int, int, int]],
 ) -> dict[str, Any] | None:
     """Rank 0: for each rank, where each object it lacks comes from: a transfer from its
     owner's fast root (``kind": "own"``), else from a copy (least-loaded holder first), else
-    the durable tier; None when some object survives nowhere."""
+    the durable tier; None when some object survives nowhere. A copy the rank holds itself
+    is a transfer to itself (copied on its root, no message). ``bad``: ``(step, holder,
+    source rank)`` holdings that failed a check."""
     size = len(missing)
     load = [0] * size
     transfers: dict[tuple[int, int, str, int], list[str]] = {}
@@ -616,19 +645,20 @@ def assign(
         for key in sorted(keys):
             q = object_rank(key)
             holders: list[tuple[int, str]] = []
-            if q < size and step in own[q] and q != r and (q, q) not in bad:
+            if q < size and step in own[q] and q != r and (step, q, q) not in bad:
                 holders.append((q, "own"))
             holders += [
                 (h, "copy")
                 for h in range(size)
-                if h != r and step in copies[h].get(q, ()) and (h, q) not in bad
+                if step in copies[h].get(q, ()) and (step, h, q) not in bad
             ]
             if not holders:
                 if not durable:
                     return None
                 from_durable.setdefault(r, []).append(key)
                 continue
-            h, kind = min(holders, key=lambda x: (x[1] != "own", load[x[0]], x[0]))
+            # a copy on the rank's own root first (no transfer), then an owner's root
+            h, kind = min(holders, key=lambda x: (x[0] != r, x[1] != "own", load[x[0]], x[0]))
             load[h] += sizes.get(key, 0)
             transfers.setdefault((h, r, kind, q), []).append(key)
     return {
@@ -681,9 +711,42 @@ def run_restore(
             senders.append(t["src"])
             return ""
 
-        _, errs = run_round(rank, transfers, send, receive)
+        def copy_here(t: Mapping[str, Any]) -> str:
+            rec = copy_record(store, t["source"], step)
+            src, dst = copy_prefix(t["source"], step), fmt.step_dir(step) + "/"
+            chunks = _chunks(manifest)
+            for key in t["keys"]:
+                out = _CrcWriter(store.open_writer(dst + key, size_hint=manifest.objects[key]))
+                try:
+                    copy_object(
+                        store,
+                        store,
+                        src + key,
+                        manifest.objects[key],
+                        chunks.get(key, []),
+                        lambda: False,
+                        writer=out,
+                    )
+                    if out.crc != rec["objects"][key]["crc32c"]:
+                        raise errors.ChecksumError(
+                            f"{store.url}/{src}{key}: CRC32C {out.crc:#010x}, the copy records "
+                            f"{rec['objects'][key]['crc32c']:#010x}"
+                        )
+                except (errors.CkptioError, OSError) as err:
+                    out.abort()
+                    failed.append((rank, t["source"]))
+                    return f"rank {rank}: {type(err).__name__}: {err}"
+                out.commit()
+                nonlocal got
+                got += manifest.objects[key]
+            return ""
+
+        here = [t for t in transfers if t["src"] == t["dst"] == rank]
+        errs = [copy_here(t) for t in here]
+        _, got_errs = run_round(rank, [t for t in transfers if t["src"] != t["dst"]], send, receive)
+        errs += got_errs
         error = "; ".join(e for e in errs if e)
-        if not error and senders and not store.exists(fmt.manifest_key(step)):
+        if not error and (senders or here) and not store.exists(fmt.manifest_key(step)):
             store.publish(fmt.manifest_key(step), text, overwrite=False)
     finally:
         lease.release()

@@ -802,7 +802,7 @@ class TieredCheckpointer(Lifetime):
         """:meth:`load` with peer copies (``replicas``): see :mod:`ckptio.checkpoint.peers`."""
         comm, fast = self.comm, self.fast.store
         skip: set[int] = set()
-        bad: set[tuple[int, int]] = set()
+        bad: set[tuple[int, int, int]] = set()
         for _ in range(2 * RELISTS):
             with ThreadPoolExecutor(1, thread_name_prefix="ckptio-restore") as ex:
                 listing = ex.submit(committed_steps, self.store)
@@ -874,7 +874,7 @@ class TieredCheckpointer(Lifetime):
                     s,
                     error or "on other ranks",
                 )
-                bad.update((int(h), int(q)) for h, q in fails)
+                bad.update((s, int(h), int(q)) for h, q in fails)
                 continue
             used: list[str] = []
             state, error = self._read(s, True, bool(pick["durable"]), select, into, used)
