@@ -877,7 +877,8 @@ class TieredCheckpointer(Lifetime):
                 bad.update((s, int(h), int(q)) for h, q in fails)
                 continue
             used: list[str] = []
-            state, error = self._read(s, True, bool(pick["durable"]), select, into, used)
+            unread = set(manifest.objects) - needed
+            state, error = self._read(s, True, bool(pick["durable"]), select, into, used, unread)
             errs = comm.gather(error, root=0)
             failed_reads = comm.bcast(None if errs is None else [e for e in errs if e], root=0)
             if failed_reads:
@@ -939,6 +940,7 @@ class TieredCheckpointer(Lifetime):
         select: Any,
         into: Any,
         used: list[str] | None = None,
+        unread: set[str] | None = None,
     ) -> tuple[Any, str]:
         """This rank's read of ``step``: (state, "") or (None, the error)."""
         tiers: list[tuple[str, Store]] = []
@@ -954,7 +956,7 @@ class TieredCheckpointer(Lifetime):
         if durable:
             tiers.append(("the durable tier", self.store))
         try:
-            return read_first_intact(tiers, step, select, into, used)
+            return read_first_intact(tiers, step, select, into, used, unread)
         finally:
             for store in others:
                 store.close()
@@ -1002,6 +1004,7 @@ def read_first_intact(
     select: Any,
     into: Any,
     used: list[str] | None = None,
+    unread: set[str] | None = None,
 ) -> tuple[Any, str]:
     """The restore's fallback: the state of ``step`` from the first of ``tiers`` (``(name,
     store)``, nearest first) that reads it whole, as ``(state, "")``; ``(None, the last
@@ -1009,12 +1012,16 @@ def read_first_intact(
     an I/O error such as a failing disk's EIO, an object refused as a symlink out of the
     root, the storage unreachable) moves on to the next tier, with a warning naming the tier,
     the step and the cause. Damaged data is never returned: every chunk's CRC32C is checked
-    on every tier. ``used`` (a list) gets the name of the tier read."""
+    on every tier. ``used`` (a list) gets the name of the tier read. ``unread``: objects the
+    read does not touch (a peer restore's rank holds only what it reads), whose size is not
+    checked."""
     error = "not on either tier"
     for i, (name, store) in enumerate(tiers):
         try:
             manifest = read_manifest(store, step)
-            state = CheckpointReader(store, step, manifest).state(select, into=into)
+            reader = CheckpointReader(store, step, manifest)
+            reader._sizes_checked.update(unread or ())
+            state = reader.state(select, into=into)
             if used is not None:
                 used.append(name)
             return state, ""
