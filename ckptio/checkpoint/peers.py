@@ -75,6 +75,7 @@ __all__ = [
     "PeerResult",
     "RestoreRecord",
     "copy_prefix",
+    "drop_copies_after",
     "held_copies",
     "needed_keys",
     "node_name",
@@ -527,6 +528,20 @@ def _retain_copies(store: Store, source: int, keep: int) -> None:
         p = f"{base}{fmt.step_dir(s)}/"
         _discard(store, [p + COPY_DOC])
         _discard(store, [k for k in keys if k.startswith(p) and not k.endswith(COPY_DOC)])
+
+
+def drop_copies_after(store: Store, step: int) -> None:
+    """Remove the copies of steps newer than ``step`` on this fast root (record first)."""
+    keys = store.list(PEERS_PREFIX)
+    doomed: dict[str, list[str]] = {}
+    for key in keys:
+        parts = key[len(PEERS_PREFIX) :].split("/")
+        s = fmt.parse_step_dir(parts[1]) if len(parts) > 2 else None
+        if s is not None and s > step:
+            doomed.setdefault(f"{PEERS_PREFIX}{parts[0]}/{parts[1]}/", []).append(key)
+    for prefix, ks in sorted(doomed.items()):
+        _discard(store, [prefix + COPY_DOC])
+        _discard(store, [k for k in ks if not k.endswith(COPY_DOC)])
 
 
 # -- restore ---------------------------------------------------------------------------------

@@ -96,6 +96,7 @@ from ckptio.checkpoint.peers import (
     RestoreRecord,
     assign,
     copy_record,
+    drop_copies_after,
     held_copies,
     needed_keys,
     node_name,
@@ -105,7 +106,7 @@ from ckptio.checkpoint.peers import (
 )
 from ckptio.checkpoint.read import RELISTS, CheckpointReader, committed_steps, read_manifest
 from ckptio.dist import Communicator, SingleProcess, detect
-from ckptio.lease import SaveLease
+from ckptio.lease import SaveLease, retire
 from ckptio.registry import location, open_store
 from ckptio.store import Store, option_int
 
@@ -889,6 +890,8 @@ class TieredCheckpointer(Lifetime):
                 )
                 skip.add(s)
                 continue
+            if step is None and not pick["down"]:
+                self._retire_newer(s)
             self.last_restore = self._record(s, manifest, plan, needed, present, received, used)
             self.last_restore.sources = [
                 f"rank {r} ({self.ring.nodes[self.ring.where(r)[0]]})" if self.ring else str(r)
@@ -904,6 +907,24 @@ class TieredCheckpointer(Lifetime):
                 )
             return state
         raise errors.NotFoundError(f"restoring with peer copies failed {2 * RELISTS} times")
+
+    def _retire_newer(self, step: int) -> None:
+        """After restoring the newest step that survives (``step``), the steps newer than it
+        on this rank's fast root, and the copies of them it holds, can never be restored
+        (some rank's data of them is gone everywhere): retired, so that the resumed run saves
+        those step numbers afresh."""
+        fast = self.fast.store
+        for s in committed_steps(fast):
+            if s > step:
+                log.warning(
+                    "step %d on %s is not complete anywhere for every rank (a node was lost "
+                    "before its copies were made): retired; the run resumes from step %d",
+                    s,
+                    fast.url,
+                    step,
+                )
+                retire(fast, s)
+        drop_copies_after(fast, step)
 
     def _record(
         self,
