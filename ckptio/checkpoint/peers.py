@@ -58,7 +58,6 @@ from ckptio import errors
 from ckptio import format as fmt
 from ckptio import manifest as mf
 from ckptio.checkpoint.drain import copy_object, object_rank
-from ckptio.checkpoint.read import CheckpointReader, _normalize
 from ckptio.checkpoint.snapshot import crc32c
 from ckptio.dist import Communicator, MPICommunicator
 from ckptio.lease import SaveLease
@@ -77,7 +76,6 @@ __all__ = [
     "copy_prefix",
     "drop_copies_after",
     "held_copies",
-    "needed_keys",
     "node_name",
     "replicate_step",
     "wire",
@@ -590,29 +588,6 @@ def _refusal(doc: Any, job: str, source: int, step: int | None) -> str:
 
 def copy_record(store: Store, source: int, step: int) -> dict[str, Any]:
     return json.loads(store.get(copy_prefix(source, step) + COPY_DOC))  # type: ignore[no-any-return]
-
-
-def needed_keys(manifest: mf.Manifest, select: Any, into: Any, store: Store) -> set[str]:
-    """The objects a read of ``manifest``'s step with ``select``/``into`` touches (as
-    :meth:`CheckpointReader.state` plans it: a chunk is needed when its box meets the box
-    read)."""
-    select = dict(select or {})
-    reader = CheckpointReader(store, manifest.step, manifest)
-    boxes: dict[str, Any] = {}
-    if into is not None:
-        reader._targets(into, select, boxes)
-    keys: set[str] = set()
-    for path in fmt.tree_tensor_paths(manifest.tree):
-        entry = manifest.tensors[path]
-        index = boxes.get(path, select.get(path))
-        starts, stops, _ = _normalize(() if index is None else index, entry.shape, path)
-        for c in entry.chunks:
-            if all(
-                o < b and o + n > a
-                for o, n, a, b in zip(c.offsets, c.shape, starts, stops, strict=True)
-            ):
-                keys.add(c.key)
-    return keys
 
 
 @dataclass
