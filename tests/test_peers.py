@@ -6,7 +6,9 @@ others). Every restore is checked bit-identical and the path it took asserted.""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -171,6 +173,42 @@ def test_a_resharded_restore_gathers_the_peer_copies_it_needs(
     assert {d["step"] for d in out.values()} == {4}
     assert all(d["restore"]["nbytes"]["durable"] == 0 for d in out.values())
     assert "peer" in paths(out).values()
+
+
+def torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:
+    pytest.importorskip("torch")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(n),
+            str(SCRIPT),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_copies_travel_over_torch_distributed_gloo(tmp_path: Path) -> None:
+    """The same protocol over torch.distributed (gloo send/recv) under torchrun: 2 nodes x 2
+    ranks, replicas=1, node1 lost, its ranks restore step 4 from node0's copies."""
+    job = Job(tmp_path, k=1, nodes=2, n=4)
+    saved = ranks(torchrun(4, *job.args("save", 4)).stdout)
+    assert all(d["peers"] == ["replicated"] * 4 for d in saved.values()), saved
+    job.lose(1)
+    out = ranks(torchrun(4, *job.args("load", 4)).stdout)
+    assert all(d["identical"] for d in out.values()), out
+    assert {d["step"] for d in out.values()} == {4}
+    assert paths(out) == {0: "local", 1: "local", 2: "peer", 3: "peer"}
 
 
 def test_replicas_need_another_node(tmp_path: Path) -> None:
