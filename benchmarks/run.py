@@ -799,6 +799,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if producer.output:
                     cm.remove(ctx.path(producer.output))
                 continue
+            s.extra["loadavg"] = os.getloadavg()  # the machine may be shared: its load beside
             samples[name].append(s)
             if producer.output and (following is None or BY_NAME[following].after != producer.name):
                 cm.remove(ctx.path(producer.output))  # its last reader is done
@@ -876,6 +877,7 @@ def summarize(
                 row[f"median_{extra}_seconds"] = cm.median([s.extra[extra] for s in ss])
         if name == "manifest-100k":
             row["chunks"] = ss[0].extra["chunks"]
+        row["loadavg"] = [s.extra.get("loadavg") for s in ss]  # (1, 5, 15 min) after each
         if ss[0].machine:  # what the whole machine did meanwhile: steal, faults, compaction
             row["median_machine"] = {
                 k: cm.median([s.machine.get(k, 0) for s in ss]) for k in ss[0].machine
