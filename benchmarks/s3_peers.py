@@ -561,6 +561,14 @@ def main(argv: list[str] | None = None) -> int:
         default="moto",
         help="the S3 server started for the run: moto (default) or Ceph RGW on loopback",
     )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=3.0,
+        help="seconds of idle before each worker (default 3): on a VM that reports freed memory "
+        "to its host (virtio-balloon), memory the previous worker freed is handed back ~2 s "
+        "later, and that work would slow whichever worker runs next (as benchmarks/run.py)",
+    )
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument(
         "--pool",
@@ -646,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
                 for client in order:
                     if client in failures:
                         continue
+                    time.sleep(a.settle)  # memory the last worker freed goes back to the host
                     cmd = [
                         sys.executable,
                         os.path.abspath(__file__),
@@ -721,6 +730,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": a.rounds,
         "op": a.op,
         "repeat": a.repeat,
+        "settle_s": a.settle,
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
         "versions": _versions(a.peers_dir),
         "server": (
