@@ -911,12 +911,13 @@ def load(
 
     ``hugetlb=True`` puts the new arrays on pages of the kernel's hugetlb pool where it has
     enough free ones (reserved by an administrator: ``/proc/sys/vm/nr_hugepages``), and on
-    ordinary memory where it does not. The fastest cold load from a local disk: fresh 4 KiB
-    pages cost the kernel a fault and a zeroing each as the reads land, and an ``O_DIRECT``
-    read into scattered pages reaches the device as smaller requests; pool pages are
-    contiguous and only zeroed (``benchmarks/run.py`` compares the three loads with fio). The
+    ordinary memory where it does not: the fastest of the cold loads from a local disk that
+    ``benchmarks/run.py`` compares with fio. Fresh 4 KiB pages cost the kernel a fault and a
+    zeroing each as the reads land, and an ``O_DIRECT`` read into scattered pages reaches the
+    device as smaller requests; pool pages are contiguous and only zeroed. The
     arrays keep their pool pages until freed; they are inherited by ``fork`` as other memory
-    is, but a child that writes to them needs free pool pages of its own.
+    is, but a child that writes to them needs free pool pages of its own (the kernel ends it
+    with SIGBUS where the pool has none).
     """
     if step is not None:
         reader = open_checkpoint(url, step, **options)
