@@ -14,6 +14,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -29,6 +30,7 @@ from ckptio.store import (
     StoreInfo,
     Writer,
     as_byte_view,
+    wait_all,
 )
 from ckptio.trace import Trace
 
@@ -93,6 +95,10 @@ def copy_into(out: memoryview, data: Any) -> int:
     n = view.nbytes
     out[:n] = view
     return n
+
+
+POOL_THREADS = "ckptio-s3"
+"""The name prefix of the S3 stores' request threads (:meth:`S3Base._parts_pool`)."""
 
 
 class S3Base(Store):
@@ -214,18 +220,45 @@ class S3Base(Store):
 
     def read_into(self, key: str, offset: int, buffer: Buffer) -> int:
         """Read up to ``len(buffer)`` bytes of ``key`` from byte ``offset`` straight into
-        ``buffer``, in one ranged request (retried and traced); returns the bytes read, 0 at or
-        past the end of the object."""
+        ``buffer``; returns the bytes read, 0 at or past the end of the object.
+
+        A read longer than ``part_size`` goes out as ranged GETs of ``part_size``, ``streams``
+        at a time, each received straight into its slice of ``buffer`` (where the backend has
+        a pool for them: :meth:`_parts_pool`), as downloaders of large objects do: one GET
+        stream per chunk left a load of a few large chunks with a few streams, and the last
+        chunk of a load alone. Each GET is retried and traced on its own."""
         full = self._full(key)
         out = memoryview(buffer).cast("B")
         if offset < 0:
             raise errors.InvalidArgumentError(f"negative offset {offset} for {key!r}")
         if out.nbytes == 0:
             return 0
+        part = self.part_size
+        pool = self._parts_pool() if out.nbytes > part else None
+        if pool is None or threading.current_thread().name.startswith(POOL_THREADS):
+            return self._read_part(key, full, offset, out)  # a pool thread never waits on one
+        spans = [(s, min(part, out.nbytes - s)) for s in range(0, out.nbytes, part)]
+        counts = wait_all(
+            [pool.submit(self._read_part, key, full, offset + s, out[s : s + n]) for s, n in spans]
+        )
+        total = 0
+        for (_s, n), got in zip(spans, counts, strict=True):
+            total += got
+            if got < n:  # the object ends in this part: later parts read nothing
+                break
+        return total
+
+    def _read_part(self, key: str, full: str, offset: int, out: memoryview) -> int:
+        """One ranged GET into ``out`` (retried and traced)."""
         prefault(out)  # the body is copied in: map its pages in one call, not one fault each
         return self._call(
             "get", key, out.nbytes, "read", lambda: self._read_range(key, full, offset, out)
         )
+
+    def _parts_pool(self) -> ThreadPoolExecutor | None:
+        """The threads that send the ranged GETs of a long read (``streams`` of them), or None:
+        the backend reads each ``read_into`` as one request."""
+        return None
 
     def _read_range(self, key: str, full: str, offset: int, out: memoryview) -> int:
         """One attempt of :meth:`read_into` (``out`` is not empty, ``offset`` >= 0)."""

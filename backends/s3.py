@@ -141,7 +141,7 @@ class Boto3Store(c.S3Base):
         ):
             presigner = make_boto3_client(self.aws, pool_connections=1, sigv4=True)
             self._presigned = PresignedGets(self.client, presigner, self.bucket)
-        self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="ckptio-s3")
+        self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix=c.POOL_THREADS)
 
     # -- writes ---------------------------------------------------------------------------------
     def open_writer(self, key: str, *, size_hint: int | None = None) -> Writer:
@@ -164,6 +164,9 @@ class Boto3Store(c.S3Base):
         return lambda: self.client.put_object(Bucket=self.bucket, Key=full, Body=data, **extra)
 
     # -- reads ----------------------------------------------------------------------------------
+    def _parts_pool(self) -> ThreadPoolExecutor:
+        return self._pool
+
     def _read_range(self, key: str, full: str, offset: int, out: memoryview) -> int:
         rng = f"bytes={offset}-{offset + out.nbytes - 1}"
         if self._presigned is not None:

@@ -29,6 +29,8 @@ Cases (every write is durable: fsynced before its clock stops):
   writes); also times writing every page of the state while the child writes, after it
   ended, and with no snapshot: the cost the fork moves out of ``save`` into the training step.
 - ``ckptio-load``: cold ``ckptio.load`` (page cache dropped first), every CRC32C checked.
+- ``ckptio-load-hugetlb``: the same load with ``hugetlb=True``: its new arrays on pages of the
+  hugetlb pool (run only where the pool has the pages free).
 - ``ckptio-load-into``: the same load into arrays the process already holds
   (``ckptio.load(url, into=state)``, as torch DCP loads and a resumed job restores): numpy's
   own arrays, made and written untimed before the case and freed after it.
@@ -167,11 +169,13 @@ class Case:
     """What a write case leaves for its read case (removed when that case does not run)."""
 
 
-def _have(need: str) -> bool:
+def _have(need: str, nbytes: int = 0) -> bool:
     if need.startswith("exe:"):
         return shutil.which(need[4:]) is not None
     if need == "hugepages":
         return cm.free_huge_pages() >= FIO_HUGE_PAGES
+    if need == "hugepages-load":
+        return cm.free_huge_pages() >= _load_huge_pages(nbytes)
     import importlib.util
 
     return importlib.util.find_spec(need) is not None
@@ -344,6 +348,38 @@ def case_ckptio_load(ctx: Ctx) -> cm.Sample:
         ]
         if bad:
             raise RuntimeError(f"ckptio.load returned different bytes for {bad[:3]}")
+    del loaded
+    return cm.Sample.of(t)
+
+
+def _load_huge_pages(nbytes: int, tensors: int = 64) -> int:
+    """2 MiB hugetlb pages a ``hugetlb=True`` load of ``nbytes`` in up to ``tensors`` arrays
+    takes (each array rounded up to whole pages)."""
+    return -(-nbytes // (2 << 20)) + tensors
+
+
+def case_ckptio_load_hugetlb(ctx: Ctx) -> cm.Sample:
+    """Cold ``ckptio.load(..., hugetlb=True)``: the new arrays on the hugetlb pool's pages
+    (reserved before the run, as fio's ``-hugepages`` cases need theirs). The pool's free
+    count is read during the load, so a load that fell back to ordinary pages is an error,
+    not a figure."""
+    ctx.caches.drop()
+    free_before = cm.free_huge_pages()
+    with cm.timed() as t:
+        loaded = ckptio.load(_ckptio_url(ctx, "ckptio"), hugetlb=True)
+    taken = free_before - cm.free_huge_pages()
+    if taken * (2 << 20) < ctx.nbytes:
+        raise RuntimeError(
+            f"hugetlb=True load took {taken} hugetlb pages for {ctx.nbytes} bytes: the pool ran short"
+        )
+    if ctx.round == 0:
+        bad = [
+            k
+            for k, v in ctx.state.items()
+            if not np.array_equal(loaded[k].view(np.uint32), v.view(np.uint32))
+        ]
+        if bad:
+            raise RuntimeError(f"ckptio.load(hugetlb=True) returned different bytes for {bad[:3]}")
     del loaded
     return cm.Sample.of(t)
 
@@ -552,6 +588,13 @@ CASES: list[Case] = [
     Case("ckptio-sync-aligned", "write", case_ckptio_sync_aligned),
     Case("ckptio-load", "read", case_ckptio_load, after="ckptio-sync"),
     Case("ckptio-load-into", "read", case_ckptio_load_into, after="ckptio-sync"),
+    Case(
+        "ckptio-load-hugetlb",
+        "read",
+        case_ckptio_load_hugetlb,
+        ("hugepages-load",),
+        after="ckptio-sync",
+    ),
     Case("ckptio-load-warm-memory", "read", case_ckptio_load_warm_memory, after="ckptio-sync"),
     Case("ckptio-async", "write", case_ckptio_async),
     Case("ckptio-async-numpy-copy", "write", case_ckptio_async_numpy_copy),
@@ -610,6 +653,13 @@ TARGETS: list[tuple[str, str, str, str, float]] = [
     (
         "cold load in place (into=) vs fio read into hugetlb buffers (diagnostic)",
         "ckptio-load-into",
+        "fio-read-hugepages",
+        "speed",
+        0.90,
+    ),
+    (
+        "cold load onto hugetlb pages (hugetlb=True) vs fio read into hugetlb buffers",
+        "ckptio-load-hugetlb",
         "fio-read-hugepages",
         "speed",
         0.90,
@@ -695,11 +745,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.skip and name in args.skip.split(","):
             skipped[name] = "--skip"
             continue
-        missing = [n for n in case.needs if not _have(n)]
+        missing = [n for n in case.needs if not _have(n, nbytes_target)]
         if missing:
+            load_pages = _load_huge_pages(nbytes_target)
             skipped[name] = "; ".join(
                 f"needs {FIO_HUGE_PAGES} free 2 MiB hugetlb pages (as root: echo {FIO_HUGE_PAGES} > /proc/sys/vm/nr_hugepages)"
                 if m == "hugepages"
+                else f"needs {load_pages} free 2 MiB hugetlb pages (as root: echo {load_pages} > /proc/sys/vm/nr_hugepages)"
+                if m == "hugepages-load"
                 else "not installed: " + m.removeprefix("exe:")
                 for m in missing
             )
@@ -746,6 +799,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if producer.output:
                     cm.remove(ctx.path(producer.output))
                 continue
+            s.extra["loadavg"] = os.getloadavg()  # the machine may be shared: its load beside
             samples[name].append(s)
             if producer.output and (following is None or BY_NAME[following].after != producer.name):
                 cm.remove(ctx.path(producer.output))  # its last reader is done
@@ -823,6 +877,7 @@ def summarize(
                 row[f"median_{extra}_seconds"] = cm.median([s.extra[extra] for s in ss])
         if name == "manifest-100k":
             row["chunks"] = ss[0].extra["chunks"]
+        row["loadavg"] = [s.extra.get("loadavg") for s in ss]  # (1, 5, 15 min) after each
         if ss[0].machine:  # what the whole machine did meanwhile: steal, faults, compaction
             row["median_machine"] = {
                 k: cm.median([s.machine.get(k, 0) for s in ss]) for k in ss[0].machine

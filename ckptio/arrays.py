@@ -37,6 +37,7 @@ __all__ = [
     "contiguous_le",
     "copy_into",
     "ensure_memory",
+    "hugetlb_pages",
     "memory_capacity",
     "not_inherited",
     "prefault",
@@ -177,6 +178,47 @@ def private_pages(nbytes: int, *, inherit: bool = True, huge: bool = False) -> m
 
 
 PAGE = mmap.PAGESIZE
+
+MAP_HUGETLB: int = getattr(mmap, "MAP_HUGETLB", 0x40000 if sys.platform.startswith("linux") else 0)
+"""The mmap flag that maps pages of the kernel's hugetlb pool (Linux's value where Python's
+``mmap`` module has no name for it); 0 where the platform has no such pool."""
+
+
+def _huge_page_size() -> int:
+    """Bytes of the hugetlb pool's default page (``Hugepagesize`` in /proc/meminfo), 2 MiB
+    where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("Hugepagesize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 2 << 20
+
+
+def hugetlb_pages(nbytes: int) -> mmap.mmap | None:
+    """``nbytes`` (rounded up to whole huge pages) of private anonymous memory from the
+    kernel's hugetlb pool (``MAP_HUGETLB``: pages an administrator reserved, as in
+    ``echo N > /proc/sys/vm/nr_hugepages``), or None where the pool lacks free pages (or the
+    platform has none). The mapping reserves its pages at once, so a short pool is refused
+    here, never met later as a fault.
+
+    Pool pages are physically contiguous and set aside in advance, so the kernel only zeroes
+    them on first touch, and an ``O_DIRECT`` read into them reaches the device in requests of the
+    device's largest size. Transparent huge pages (``MADV_HUGEPAGE``) are not the same thing:
+    the kernel finds (and may compact) each one at its first touch, dearer than 4 KiB pages
+    on a VM whose host reclaims freed memory (``benchmarks/run.py``'s ``memcpy-fresh-numpy``
+    case measures it)."""
+    if not MAP_HUGETLB or not hasattr(mmap, "MAP_ANONYMOUS"):
+        return None
+    huge = _huge_page_size()
+    size = max(huge, -(-nbytes // huge) * huge)
+    try:
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_HUGETLB)
+    except OSError:  # ENOMEM: too few free pages in the pool; EINVAL: no such pool
+        return None
+
 
 try:  # resolved at import, in the parent: the dynamic loader's lock may be held at a fork
     madvise: Callable[[int, int, int], int] | None = ctypes.CDLL(None, use_errno=True).madvise

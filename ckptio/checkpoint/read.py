@@ -234,6 +234,9 @@ class CheckpointReader:
         self.readers = readers
         self._prefix = fmt.step_dir(step) + "/"
         self._sizes_checked: set[str] = set()
+        self.hugetlb = False
+        """The arrays a read returns go on the kernel's hugetlb pool where it has the pages
+        (``load(..., hugetlb=True)``; see :func:`load`)."""
 
     @property
     def metadata(self) -> Any:
@@ -309,7 +312,7 @@ class CheckpointReader:
 
     def _allocate(self, shape: tuple[int, ...], dtype: np.dtype[Any], what: str) -> np.ndarray:
         try:
-            return aligned_empty(shape, dtype)
+            return aligned_empty(shape, dtype, hugetlb=self.hugetlb)
         except MemoryError:  # the address-space limit (ulimit -v), or overcommit refused it
             raise errors.InsufficientMemoryError(
                 f"step {self.step}: cannot allocate {math.prod(shape) * dtype.itemsize} bytes for {what!r}"
@@ -852,7 +855,9 @@ checkpoint fall back to an older one. Not an argument the step cannot serve (``s
 (the storage, not the step, is the problem then)."""
 
 
-def read_newest(store: Store, select: Mapping[str, Any] | None, into: Any) -> Any:
+def read_newest(
+    store: Store, select: Mapping[str, Any] | None, into: Any, *, hugetlb: bool = False
+) -> Any:
     """The state of the newest loadable checkpoint. A step retired while it is read (its
     manifest gone, an object with it) is skipped quietly, the steps listed again; a step whose
     manifest stays but an object of which is missing or unreadable is damaged: it is skipped
@@ -869,6 +874,7 @@ def read_newest(store: Store, select: Mapping[str, Any] | None, into: Any) -> An
             if damaged:
                 raise damaged[0] from None
             raise
+        reader.hugetlb = hugetlb
         try:
             return reader.state(select, into=into)
         except _DAMAGE as err:
@@ -901,6 +907,7 @@ def load(
     *,
     select: Mapping[str, Any] | None = None,
     into: Any = None,
+    hugetlb: bool = False,
     **options: Any,
 ) -> Any:
     """Load the checkpoint of ``step`` (default: the newest complete one) under ``url``.
@@ -923,10 +930,22 @@ def load(
     at most one read buffer per reader, and the manifest; a load needing more than this
     machine's memory and swap (or its cgroup's limit) raises
     :class:`~ckptio.errors.InsufficientMemoryError` before allocating.
+
+    ``hugetlb=True`` puts the new arrays on pages of the kernel's hugetlb pool where it has
+    enough free ones (reserved by an administrator: ``/proc/sys/vm/nr_hugepages``), and on
+    ordinary memory where it does not: the fastest of the cold loads from a local disk that
+    ``benchmarks/run.py`` compares with fio. Fresh 4 KiB pages cost the kernel a fault and a
+    zeroing each as the reads land, and an ``O_DIRECT`` read into scattered pages reaches the
+    device as smaller requests; pool pages are contiguous and only zeroed. The
+    arrays keep their pool pages until freed; they are inherited by ``fork`` as other memory
+    is, but a child that writes to them needs free pool pages of its own (the kernel ends it
+    with SIGBUS where the pool has none).
     """
     if step is not None:
-        return open_checkpoint(url, step, **options).state(select, into=into)
-    return read_newest(open_store(url, **options), select, into)
+        reader = open_checkpoint(url, step, **options)
+        reader.hugetlb = hugetlb
+        return reader.state(select, into=into)
+    return read_newest(open_store(url, **options), select, into, hugetlb=hugetlb)
 
 
 def verify(

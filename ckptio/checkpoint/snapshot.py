@@ -34,7 +34,14 @@ import numpy as np
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio import manifest as mf
-from ckptio.arrays import as_host_array, contiguous_le, copy_into, not_inherited, private_pages
+from ckptio.arrays import (
+    as_host_array,
+    contiguous_le,
+    copy_into,
+    hugetlb_pages,
+    not_inherited,
+    private_pages,
+)
 
 __all__ = [
     "PAGE",
@@ -206,7 +213,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_drop_uninherited_arenas)
 
 
-def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+def aligned_empty(shape: tuple[int, ...], dtype: Any, *, hugetlb: bool = False) -> np.ndarray:
     """``np.empty(shape, dtype)`` whose data starts on a page when it is large (at least
     :data:`PAGE_ALIGNED_MIN` bytes), so ``O_DIRECT`` reads land in it and writes leave from it
     without a copy. ``ckptio.load`` returns such arrays. State kept in host memory saves
@@ -219,11 +226,17 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     such faults (``defrag=madvise``, the usual default) or a VM's host has reclaimed freed
     memory, fresh huge pages cost several times more to fill than 4 KiB pages. The
     ``memcpy-fresh`` and ``memcpy-fresh-numpy`` cases of ``benchmarks/run.py`` measure both
-    choices; ``ckptio-sync-aligned`` against ``ckptio-sync`` the saves from such memory."""
+    choices; ``ckptio-sync-aligned`` against ``ckptio-sync`` the saves from such memory.
+
+    ``hugetlb=True``: large arrays on pages of the kernel's hugetlb pool where it has enough
+    free (:func:`ckptio.arrays.hugetlb_pages`), else as above."""
     dt = np.dtype(dtype)
     nbytes = math.prod(shape) * dt.itemsize
     if nbytes < PAGE_ALIGNED_MIN:
         return np.empty(shape, dtype=dt)
+    huge = hugetlb_pages(nbytes) if hugetlb else None
+    if huge is not None:
+        return np.frombuffer(huge, dtype=np.uint8, count=nbytes).view(dt).reshape(shape)
     try:
         buf = private_pages(fmt.align_up(nbytes, PAGE))
     except OSError:  # e.g. the per-process limit on mappings (vm.max_map_count)

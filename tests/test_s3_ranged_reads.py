@@ -1,0 +1,106 @@
+"""s3+boto3 reads longer than ``part_size``: ranged GETs of ``part_size``, ``streams`` at a
+time, each into its slice of the caller's buffer; the bytes, the ends of the object, a part
+that fails, and a checkpoint whose chunks span several parts (CRC32C checked, damage found)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ckptio
+from ckptio import errors
+from ckptio.registry import open_store
+from ckptio.trace import Trace
+
+MiB = 1 << 20
+PART = 5 * MiB  # S3's smallest part size
+DATA = np.random.default_rng(3).integers(0, 256, 17 * MiB + 12_345, dtype=np.uint8).tobytes()
+
+
+def _store(bucket: str, trace: Trace | None = None) -> Any:
+    store = open_store(f"s3+boto3://{bucket}/rr", part_size=PART, streams=3, trace=trace)
+    with store.open_writer("obj.bin") as w:
+        w.write(DATA)
+    return store
+
+
+def test_a_long_read_goes_out_as_parallel_ranged_gets_of_part_size(s3_bucket: str) -> None:
+    trace = Trace()
+    store = _store(s3_bucket, trace)
+    before = len([e for e in trace.events() if e.op == "get"])
+    buf = bytearray(16 * MiB)
+    assert store.read_into("obj.bin", 1_234, buf) == len(buf)
+    assert bytes(buf) == DATA[1_234 : 1_234 + len(buf)]
+    gets = [e for e in trace.events() if e.op == "get"][before:]
+    assert sorted(e.nbytes for e in gets) == [MiB, PART, PART, PART]
+    # more than one in flight at once: some GET started before another ended
+    spans = sorted((e.start, e.end) for e in gets)
+    assert any(b[0] < a[1] for a, b in itertools.pairwise(spans))
+    store.close()
+
+
+def test_a_long_read_past_the_end_returns_what_the_object_holds(s3_bucket: str) -> None:
+    store = _store(s3_bucket)
+    start = len(DATA) - 7 * MiB
+    buf = bytearray(16 * MiB)  # parts 2 and 3 lie past the end
+    assert store.read_into("obj.bin", start, buf) == 7 * MiB
+    assert bytes(buf[: 7 * MiB]) == DATA[start:]
+    assert store.read_into("obj.bin", len(DATA), bytearray(11 * MiB)) == 0
+    store.close()
+
+
+def test_a_failed_part_raises_after_every_part_ended(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _store(s3_bucket)
+    real = store._read_range
+    started: list[int] = []
+    ends: list[float] = []
+    lock = threading.Lock()
+
+    def read_range(key: str, full: str, offset: int, out: memoryview) -> int:
+        with lock:
+            started.append(offset)
+        try:
+            if offset == PART:
+                raise errors.StoragePermissionError(f"{key}: refused (test)")
+            time.sleep(0.05)  # the other parts are still receiving when the failure is raised
+            return real(key, full, offset, out)
+        finally:
+            with lock:
+                ends.append(time.monotonic())
+
+    monkeypatch.setattr(store, "_read_range", read_range)
+    with pytest.raises(errors.StoragePermissionError, match="refused"):
+        store.read_into("obj.bin", 0, bytearray(15 * MiB))
+    raised = time.monotonic()
+    assert sorted(started) == [0, PART, 2 * PART]
+    assert len(ends) == 3 and max(ends) <= raised  # none still wrote into the buffer after
+    store.close()
+
+
+def test_a_checkpoint_of_chunks_longer_than_a_part_loads_and_damage_is_found(
+    s3_bucket: str, s3_client: Any
+) -> None:
+    url = f"s3+boto3://{s3_bucket}/ck?part_size={PART}&streams=3"
+    state = {
+        "w": np.frombuffer(DATA, dtype=np.uint8)[: 16 * MiB].view(np.float32).reshape(-1, 1024)
+    }
+    ckptio.save(state, url, step=1)
+    got = ckptio.load(url, step=1)
+    np.testing.assert_array_equal(got["w"], state["w"])
+    keys = [
+        o["Key"]
+        for o in s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="ck/")["Contents"]
+        if o["Key"].endswith(".bin")
+    ]
+    body = bytearray(s3_client.get_object(Bucket=s3_bucket, Key=keys[0])["Body"].read())
+    body[len(body) - 3] ^= 0x40  # in the last part of the object
+    s3_client.put_object(Bucket=s3_bucket, Key=keys[0], Body=bytes(body))
+    with pytest.raises(errors.ChecksumError):
+        ckptio.load(url, step=1)
