@@ -631,6 +631,22 @@ def test_fork_child_never_unmaps_memory_it_did_not_inherit():
     assert out == {"at_hint": True, "still_mapped": True}
 
 
+def test_fork_child_crash_fails_the_save_with_the_childs_stack():
+    """A writer child that crashes (SIGSEGV) fails its save with where it crashed."""
+    import ctypes
+
+    from ckptio.forked import ForkedWriter
+
+    def crash_here(orders):
+        return ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+    w = ForkedWriter(crash_here, after_fork=lambda: None)
+    with pytest.raises(errors.SaveFailedError, match="killed by SIGSEGV") as caught:
+        w.run({})
+    assert "Segmentation fault" in str(caught.value)
+    assert "crash_here" in str(caught.value)  # the child's Python stack
+
+
 def test_fork_snapshot_copies_shared_memory_first(tmp_path):
     """Memory the child would share with the trainer (MAP_SHARED: /dev/shm, torch's
     share_memory_) is no snapshot after a fork: such arrays are copied before it."""
