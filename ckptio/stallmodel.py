@@ -20,8 +20,10 @@ write up to ``bytes_per_rank`` bytes as ``objects_per_rank`` objects, cut into d
 - aggregate bandwidth: ``total_bytes / aggregate_bandwidth``
 - request-rate limit: ``requests / (request_rate * partitions)``
 - client CPU (checksums, copies): ``node_bytes / (client_cpu_bandwidth * writers_per_node)``
-- metadata: ``objects_per_stream * 2 * metadata_latency + metadata_latency`` (create and commit
-  of each object, then the manifest), before and after the data, so it adds.
+- metadata: ``objects_per_stream * 2 * metadata_latency + save_protocol_requests(objects) *
+  metadata_latency`` (create and commit of each object; the save's lease before the data, then
+  the manifest, the step's listing and the lease's release: :func:`save_protocol_requests`),
+  before and after the data, so it adds.
 
 The data phase takes as long as the slowest of (stream path, node link, aggregate, rate,
 CPU); metadata adds. The *binding* limit is the slowest one; the attribution splits the total
@@ -98,6 +100,7 @@ __all__ = [
     "DEFAULT_RESTART_OVERHEAD",
     "DEFAULT_SNAPSHOT_BANDWIDTH",
     "LIMITS",
+    "LIST_PAGE",
     "LOSSES",
     "PHASES",
     "REFERENCE_MTTF_GPUS",
@@ -120,6 +123,7 @@ __all__ = [
     "reference_mtbf",
     "restart_time",
     "young_interval",
+    "save_protocol_requests",
 ]
 
 # -- workload -------------------------------------------------------------------------------
@@ -152,6 +156,9 @@ class Workload:
     rates that apply per prefix multiply with it."""
     object_concurrency: int = 1
     """Objects a rank writes at once (each object's parts still go out in parallel)."""
+    objects: int = 0
+    """Objects of one checkpoint, all ranks (what a commit lists); 0: ``writing_ranks x
+    objects_per_rank``."""
 
     def __post_init__(self) -> None:
         for f in (
@@ -208,6 +215,7 @@ class Workload:
                 name=str(d.get("preset") or d.get("name") or ""),
                 prefixes=prefixes,
                 object_concurrency=object_concurrency,
+                objects=int(d.get("objects") or 0),
             )
         except KeyError as err:
             raise errors.InvalidArgumentError(f"plan lacks field {err.args[0]!r}") from None
@@ -232,6 +240,7 @@ class Workload:
             ranks_per_node=1,
             name=f"{plan.preset.name} x{plan.scale:g} on {processes} process(es)",
             object_concurrency=inflight,
+            objects=int(objects.sum()),
         )
 
 
@@ -254,6 +263,22 @@ RESTORE_READERS = 8
 #: Metadata operations in series before a restore reads data: list the steps, then the
 #: manifest's size twice (the newest complete step, then the read), before its GET.
 RESTORE_PREAMBLE_OPS = 3
+
+LIST_PAGE = 1000
+"""Keys a listing returns per request: S3's ListObjectsV2 returns at most 1,000 (Amazon S3 API
+Reference, ListObjectsV2, MaxKeys)."""
+
+
+def save_protocol_requests(objects: int) -> int:
+    """The requests in series of a save's protocol besides its objects' own
+    (:mod:`ckptio.checkpoint.commit`, docs/guarantees.md): before the first byte the save's
+    lease is published while the step's manifest is checked absent (two requests at once: one
+    round trip); after the last byte the manifest is published, the step listed (``objects``,
+    the manifest and the lease: one request per :data:`LIST_PAGE` keys) to find a gc's fence
+    or a missing object, and the lease released (a delete). A gc's fence costs the gc, not the
+    save."""
+    return 1 + 2 + -(-(objects + 2) // LIST_PAGE)
+
 
 X = "\u00d7"  # the multiplication sign, as in "8 writing nodes x 16 streams x 50 MB/s"
 
@@ -365,7 +390,14 @@ def estimate(
     # a read needs no per-object metadata (the manifest has every offset), only the manifest;
     # a restore lists the steps and reads the manifest first, and checks each object's size
     meta_ops = {"write": 2, "read": 0, "restore": 1}[phase]
-    t_meta = groups * meta_ops * meta + (RESTORE_PREAMBLE_OPS * meta + lat if restore else meta)
+    # once per phase: a save's protocol, a restore's preamble (its GET of the manifest at the
+    # data latency), a read's manifest
+    once = {
+        "write": save_protocol_requests(w.objects or w.writing_ranks * w.objects_per_rank),
+        "read": 1,
+        "restore": RESTORE_PREAMBLE_OPS,
+    }[phase]
+    t_meta = groups * meta_ops * meta + once * meta + (lat if restore else 0.0)
 
     path = t_stream + t_latency
     others = {
@@ -393,7 +425,7 @@ def estimate(
         + (f" ({p.throttle.split(';')[0]} past it)" if p.throttle else ""),
         "client CPU": f"{w.writers_per_node} ranks per node {X} {human_rate(client_cpu_bandwidth)} "
         "(checksums, copies)",
-        "metadata": f"{groups * meta_ops + (RESTORE_PREAMBLE_OPS if restore else 1)} "
+        "metadata": f"{groups * meta_ops + once} "
         f"operations in series {X} {human_seconds(meta)}",
     }
     path_binds = path >= others[slowest_other]

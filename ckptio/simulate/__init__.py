@@ -16,12 +16,13 @@ per node); a node sends its data requests over ``streams`` connections (a SimPy 
 each) that take the node's parts first come, first served; a rank writes
 ``object_concurrency`` objects at once (the runner's ``--inflight``) and reads
 ``restore_readers`` at once (:class:`~ckptio.checkpoint.CheckpointReader`'s ``readers``).
-An object is created (one metadata request), its parts sent, then completed (another); the
-save ends when every rank is done and rank 0 has committed as ckptio commits: the manifest
-published, the step listed (a request per 1,000 keys) to check that nothing is missing and
-no gc fenced it, the save's lease released (:func:`~ckptio.simulate.engine.commit_requests`;
-the model counts one request for the commit, and so does ``lockstep``, the model's client). A
-restore lists
+A save starts as ckptio's does: rank 0 publishes the save's lease while it checks that the
+step has no manifest (two requests at once), then the ranks write. An object is created (one
+metadata request), its parts sent, then completed (another); the save ends when every rank
+is done and rank 0 has committed as ckptio commits: the manifest published, the step listed
+(a request per 1,000 keys) to check that nothing is missing and no gc fenced it, the save's
+lease released (:func:`ckptio.stallmodel.save_protocol_requests`, which the model counts
+too). A restore lists
 the steps, checks the manifest's size twice and reads it (every reading rank: that is the
 storm), then checks each object's size before reading its parts. Which ranks read: each
 writing rank its own bytes (``readers="writers"``, what the model counts), or every rank
