@@ -122,8 +122,8 @@ __all__ = [
     "project",
     "reference_mtbf",
     "restart_time",
-    "young_interval",
     "save_protocol_requests",
+    "young_interval",
 ]
 
 # -- workload -------------------------------------------------------------------------------
@@ -425,8 +425,7 @@ def estimate(
         + (f" ({p.throttle.split(';')[0]} past it)" if p.throttle else ""),
         "client CPU": f"{w.writers_per_node} ranks per node {X} {human_rate(client_cpu_bandwidth)} "
         "(checksums, copies)",
-        "metadata": f"{groups * meta_ops + once} "
-        f"operations in series {X} {human_seconds(meta)}",
+        "metadata": f"{groups * meta_ops + once} operations in series {X} {human_seconds(meta)}",
     }
     path_binds = path >= others[slowest_other]
     if path_binds:

@@ -12,8 +12,6 @@ run's processes, streams and in-flight objects.
 
 from __future__ import annotations
 
-import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from ckptio import pernode
 from ckptio import simulate as sim
 from ckptio.results import read_results
 from ckptio.testing.cluster import Cluster
+from ckptio.testing.cluster.suite import run_suite
 from ckptio.workload import make_plan
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -30,6 +29,8 @@ pytest.importorskip("simpy")
 
 TARGETS = ("rgw", "cephfs", "glusterfs")
 NODES = (1, 2, 3)
+PROBES = (2, 3)
+"""Node counts whose processes also run on ONE node: the probe of the aggregate."""
 PER_NODE = 2
 WORKLOAD = {"preset": "llama3-8b", "gpus": 12, "total_size": "48MiB"}
 ITERATIONS = 4
@@ -39,41 +40,22 @@ WITHIN = 0.20
 
 @pytest.fixture(scope="module")
 def measured(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``ckptio run`` of the workload on 1, 2 and 3 nodes to each target, each run's results
-    in ``<target>-<nodes>/``."""
-    import boto3
-
+    """``ckptio run`` of the workload on 1, 2 and 3 nodes to each target, and the probes of
+    each target's aggregate from one node with the processes of 2 and 3
+    (:func:`~ckptio.testing.cluster.suite.run_suite`): each run's results in its own
+    directory."""
     out = tmp_path_factory.mktemp("simcheck")
-    env = cluster.env()
-    bucket = f"ckptio-sim-{uuid.uuid4().hex[:8]}"
-    client = boto3.client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
+    run_suite(
+        cluster,
+        out,
+        targets=TARGETS,
+        nodes=NODES,
+        probes=PROBES,
+        size=WORKLOAD["total_size"],
+        gpus=WORKLOAD["gpus"],
+        preset=WORKLOAD["preset"],
+        iterations=ITERATIONS,
     )
-    client.create_bucket(Bucket=bucket)
-    client.close()
-    for target in TARGETS:
-        for n in NODES:
-            run = f"{target}-{n}n-{uuid.uuid4().hex[:6]}"
-            url = {
-                "cephfs": f"pfs://{cluster.cephfs}/{run}",
-                "glusterfs": f"pfs://{cluster.gluster}/{run}",
-                "rgw": f"s3://{bucket}/{run}",
-            }[target]
-            cluster.srun(
-                [
-                    f"-N{n}", f"--ntasks-per-node={PER_NODE}", "--mpi=pmix",
-                    sys.executable, "-m", "ckptio.cli", "run", url,
-                    "--preset", WORKLOAD["preset"], "--gpus", str(WORKLOAD["gpus"]),
-                    "--total-size", WORKLOAD["total_size"], "--iterations", str(ITERATIONS),
-                    "--label", target, "--out", str(out / f"{target}-{n}"),
-                ],
-                cwd=str(out),
-                timeout=900,
-            )  # fmt: skip
     return out
 
 
@@ -99,11 +81,14 @@ def comparison(out: Path) -> list[dict[str, Any]]:
     gb = plan.total_bytes / 1e9
     rows = []
     for target in TARGETS:
-        dirs = [str(out / f"{target}-{n}") for n in NODES]
+        dirs = [str(out / f"{target}-{n}n") for n in NODES]
         res = read_results(dirs)
         scaling = {r["nodes"]: r for r in pernode.scaling_rows(res) if r["target"] == target}
-        (storage,) = sim.fit_storage([dirs[0]], target=target)  # one node only
         for n in NODES:
+            # one node only: its own run, and for n nodes the probe of the aggregate with the
+            # processes (and so the streams) of n nodes, run on one node
+            probe = [str(out / f"{target}-1n-probe{n * PER_NODE}")] if n in PROBES else []
+            (storage,) = sim.fit_storage([dirs[0]], target=target, aggregate=probe)
             (run, *_) = [
                 r for r in res.runs.to_pylist() if int(r["nodes"]) == n and r["target"] == target
             ]

@@ -399,9 +399,9 @@ class Replication:
                     t = env.now
                     pipe = pipes[0][0]
                     start = t if t > pipe.free else pipe.free
-                    fin = pipe.free = start + (
-                        nbytes if pipe is node.pipe else nbytes * weight
-                    ) / pipe.rate
+                    fin = pipe.free = (
+                        start + (nbytes if pipe is node.pipe else nbytes * weight) / pipe.rate
+                    )
                     if fin > t + own:
                         late = fin - t - own
                         node.wait += late
