@@ -69,6 +69,7 @@ from typing import Any
 import numpy as np
 
 from ckptio import errors
+from ckptio.simulate import storage as _storage
 from ckptio.simulate.engine import ObjectList, Replication, plan_work
 from ckptio.simulate.job import Job, fit_layout
 from ckptio.simulate.results import (
@@ -80,20 +81,8 @@ from ckptio.simulate.results import (
     read_summaries,
     write_results,
 )
-from ckptio.simulate.storage import (
-    DEFAULT_BURST,
-    DEFAULT_LATENCY,
-    DEFAULT_TAIL,
-    LATENCY_KINDS,
-    PHASES,
-    PLACEMENTS,
-    READERS,
-    ROOT_PREFIX,
-    Latency,
-    Storage,
-    fit_storage,
-    parse_latency,
-)
+from ckptio.simulate.storage import *  # noqa: F403  (the storage side is part of this API)
+from ckptio.simulate.storage import PHASES, Storage
 from ckptio.stallmodel import (
     DEFAULT_P_LOSE_NODE,
     Conditions,
@@ -102,25 +91,14 @@ from ckptio.stallmodel import (
 from ckptio.units import human_seconds
 
 __all__ = [
-    "DEFAULT_BURST",
-    "DEFAULT_LATENCY",
-    "DEFAULT_TAIL",
-    "LATENCY_KINDS",
-    "PHASES",
-    "PLACEMENTS",
-    "READERS",
-    "ROOT_PREFIX",
+    *_storage.__all__,
     "SUMMARY_KEYS",
     "Bound",
     "Job",
-    "Latency",
     "PhaseResult",
     "Simulation",
-    "Storage",
     "fit_layout",
-    "fit_storage",
     "median_interval",
-    "parse_latency",
     "read_summaries",
     "simulate",
     "write_results",
