@@ -528,3 +528,15 @@ def test_the_command_refuses_what_it_cannot_simulate(tmp_path: Path) -> None:
         r = ckptio_cli("simulate", "--preset", "gpt3-175b", "--scale", "1e-3", *args)
         assert r.returncode == 2, (args, r.stderr)
         assert says in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_replications_in_worker_processes_give_the_same_result(small: Job) -> None:
+    """Each replication is seeded on its own: run in 2 forked processes or in this one, the
+    simulation is the same, figure for figure."""
+    storage = Storage.from_profile("abci-lustre")
+    one = simulate(small, storage, replications=3, seed=7, workers=1)
+    two = simulate(small, storage, replications=3, seed=7, workers=2)
+    for ph in ("save", "restore"):
+        a, b = one.phases[ph], two.phases[ph]
+        assert (a.stalls, a.bounds, a.requests) == (b.stalls, b.bounds, b.requests)
+        assert len(set(a.stalls)) == 3  # random latencies: three different checkpoints

@@ -143,6 +143,12 @@ def declare_simulate(p: argparse.ArgumentParser) -> None:
         help="checkpoints simulated for the distribution (default 10; 1 when nothing is random)",
     )
     x.add_argument("--seed", type=count_arg(0, 2**63 - 1), default=0, help="random seed")
+    x.add_argument(
+        "--workers",
+        type=count_arg(1, MAX_LOCAL_PROCESSES),
+        help="processes the replications run in (the result is the same for any count; "
+        "default: one per CPU core for a large job)",
+    )
     p.add_argument("--out", help="write the simulated results (Parquet + JSON) to this directory")
     p.add_argument(
         "--report",
@@ -260,6 +266,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                 phases=phases,
                 replications=args.replications,
                 seed=args.seed,
+                workers=args.workers,
                 stragglers=args.stragglers,
                 straggler_slowdown=args.straggler_slowdown,
                 p_lose_node=args.p_lose_node,
