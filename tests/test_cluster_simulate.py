@@ -6,7 +6,7 @@ n nodes, a probe of the storage's aggregate from that one node with the job's pr
 against what ``ckptio run`` measures there on RGW, CephFS and GlusterFS.
 
 The same workload as ``benchmarks/cluster.py`` (llama3-8b, 12 logical ranks, 2 processes per
-node under srun, :func:`~ckptio.testing.cluster.suite.run_suite`), smaller: 15 runs, about 4
+node under srun, :func:`~ckptio.testing.cluster.suite.run_suite`), smaller: 15 runs, 4 to 6
 minutes on the project's 2-core machine under load. The measured side is the report's (:func:`ckptio.pernode.scaling_rows`:
 the steady iterations' write throughput, warm-ups left out as the fit leaves them out); the
 simulated side is the p50 save of the job :meth:`ckptio.simulate.Job.for_run` builds from the
