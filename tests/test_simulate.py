@@ -21,6 +21,7 @@ import pytest
 from ckptio import simulate as sim
 from ckptio.errors import InvalidArgumentError
 from ckptio.simulate import Job, Storage, fit_layout, simulate
+from ckptio.simulate.storage import ROOT_PREFIX
 from ckptio.store import DEFAULT_RETRY_POLICY, RetryPolicy
 from ckptio.units import human_seconds
 from ckptio.workload import make_plan
@@ -191,7 +192,7 @@ def test_the_restore_preamble_of_every_rank_is_throttled() -> None:
     s = phases(simulate(Job(plan, key_layout="hashed"), tight, phases=["restore"], replications=1))
     r = s["restore"]
     assert r["throttled"] > 0
-    assert r["bound_prefix"] == sim.ROOT_PREFIX
+    assert r["bound_prefix"] == ROOT_PREFIX
 
 
 def test_storage_targets_shared_by_files_bind(small: Job) -> None:

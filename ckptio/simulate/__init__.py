@@ -72,7 +72,6 @@ from typing import Any
 import numpy as np
 
 from ckptio import errors
-from ckptio.simulate import storage as _storage
 from ckptio.simulate.engine import ObjectList, Replication, plan_work
 from ckptio.simulate.job import Job, fit_layout
 from ckptio.simulate.results import (
@@ -84,8 +83,7 @@ from ckptio.simulate.results import (
     read_summaries,
     write_results,
 )
-from ckptio.simulate.storage import *  # noqa: F403  (the storage side is part of this API)
-from ckptio.simulate.storage import PHASES, Storage
+from ckptio.simulate.storage import PHASES, Latency, Storage, fit_storage, parse_latency
 from ckptio.stallmodel import (
     DEFAULT_P_LOSE_NODE,
     Conditions,
@@ -94,14 +92,17 @@ from ckptio.stallmodel import (
 from ckptio.units import human_seconds
 
 __all__ = [
-    *_storage.__all__,
     "SUMMARY_KEYS",
     "Bound",
     "Job",
+    "Latency",
     "PhaseResult",
     "Simulation",
+    "Storage",
     "fit_layout",
+    "fit_storage",
     "median_interval",
+    "parse_latency",
     "read_summaries",
     "simulate",
     "write_results",
