@@ -341,6 +341,16 @@ class Replication:
             yield env.timeout(self._through(node, pipes, nbytes, t, own) - t)
             return True
 
+    def _unrefused(self, node: _Node, draw: _Draw) -> float:
+        """The latency of a request nothing can refuse (no bucket), counted as
+        :meth:`_request` counts one: :meth:`_request` without its generator."""
+        lat = draw() * node.factor
+        node.lat += lat
+        node.nlat += 1
+        self.requests += node.weight
+        self.attempts += node.weight
+        return lat
+
     def _through(
         self, node: _Node, pipes: list[tuple[_Pipe, float]], nbytes: int, t: float, own: float
     ) -> float:
@@ -472,12 +482,7 @@ class Replication:
         bucket = self._bucket(self._prefix(src, number), reading)
         meta = self.meta if reading else self.object_meta
         if bucket is None:  # nothing can refuse it: _request, inline
-            lat = meta() * node.factor
-            node.lat += lat
-            node.nlat += 1
-            self.requests += node.weight
-            self.attempts += node.weight
-            yield env.timeout(lat)
+            yield env.timeout(self._unrefused(node, meta))
         elif not (yield from self._request(node, bucket, meta, 0, [])):
             return False
         obj = _Object(rank, -(-nbytes // part), bucket, env.event())
@@ -497,12 +502,7 @@ class Replication:
         if reading:
             return True
         if bucket is None:
-            lat = meta() * node.factor
-            node.lat += lat
-            node.nlat += 1
-            self.requests += node.weight
-            self.attempts += node.weight
-            yield env.timeout(lat)
+            yield env.timeout(self._unrefused(node, meta))
             return True
         return (yield from self._request(node, bucket, meta, 0, []))
 
