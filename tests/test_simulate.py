@@ -541,3 +541,12 @@ def test_replications_in_worker_processes_give_the_same_result(small: Job) -> No
         a, b = one.phases[ph], two.phases[ph]
         assert (a.stalls, a.bounds, a.requests) == (b.stalls, b.bounds, b.requests)
         assert len(set(a.stalls)) == 3  # random latencies: three different checkpoints
+
+
+def test_a_tiered_target_simulates_its_save_alone(small: Job) -> None:
+    """``--phase save`` on a tiered target: the save and its drain, no restore (it raised
+    KeyError: 'restore')."""
+    durable, local = Storage.from_profile("cloud-s3"), Storage.from_profile("local-nvme")
+    s = simulate(small, durable, local=local, phases=["save"], replications=1)
+    assert set(s.phases) == {"save", "drain"}
+    assert s.phases["drain"].modelled > s.phases["save"].modelled > 0

@@ -398,6 +398,7 @@ def _attach_model(results: dict[str, PhaseResult], model: dict[str, Any], tiered
     if tiered and "drain" in results:
         results["drain"].modelled = float(model["drain_seconds"])
         results["drain"].model_binding = str(model.get("drain_binding", ""))
+    if tiered and "restore" in results:
         results["restore"].note = (
             "the model gives the expected restore, (1 - p) x fast + p x durable, the "
             "durable read being the busiest node's; the simulation draws whether each "
