@@ -119,7 +119,7 @@ def _model(job: Job, storage: Storage, local: Storage | None, p_lose_node: float
     )
 
 
-PARALLEL_OBJECTS = 1_000_000
+PARALLEL_OBJECTS = 200_000
 """Objects (over all replications and phases) above which :func:`simulate` runs its
 replications in a process per CPU core by default: below it, starting the processes costs
 more than it saves."""
