@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ckptio.testing.cluster.core import TASKS_PER_NODE, Cluster
 
-__all__ = ["SHARED_TARGETS", "SuiteRun", "run_suite"]
+__all__ = ["SHARED_TARGETS", "SuiteRun", "new_bucket", "run_suite"]
 
 SHARED_TARGETS = ("cephfs", "rgw", "glusterfs")
 
@@ -31,6 +31,27 @@ class SuiteRun:
     def probe(self) -> bool:
         """Whether it ran the processes of several nodes on one (an aggregate probe)."""
         return self.processes > self.nodes * TASKS_PER_NODE
+
+
+def new_bucket(cluster: Cluster, prefix: str) -> str:
+    """A new bucket ``<prefix>-<8 hex digits>`` on the cluster's RGW, created from this
+    machine with the cluster's credentials; its name."""
+    import boto3
+
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    env = cluster.env()
+    client = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
+    )
+    try:
+        client.create_bucket(Bucket=name)
+    finally:
+        client.close()
+    return name
 
 
 def run_suite(
@@ -51,20 +72,7 @@ def run_suite(
     for each count in ``probes`` the processes of that many nodes on one node (``srun
     --overcommit``: what a site measures of a storage's aggregate with one node); each run's
     results in ``out/<target>-<nodes>n[-probe<count>]``. RGW runs write to a new bucket."""
-    import boto3
-
-    env = cluster.env()
-    bucket = f"ckptio-suite-{uuid.uuid4().hex[:8]}"
-    if "rgw" in targets:
-        client = boto3.client(
-            "s3",
-            endpoint_url=env["AWS_ENDPOINT_URL"],
-            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-            region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
-        )
-        client.create_bucket(Bucket=bucket)
-        client.close()
+    bucket = new_bucket(cluster, "ckptio-suite") if "rgw" in targets else ""
     runs = []
     for target in targets:
         shapes = [(n, n * TASKS_PER_NODE) for n in nodes]
