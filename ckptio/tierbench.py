@@ -6,12 +6,18 @@ Two ways in:
 - ``ckptio run DURABLE --local FAST`` (:func:`run_tiered_workload`): real targets, e.g.
   ``s3://bucket/run`` drained from ``file:///nvme/run`` (``{rank}`` in ``FAST`` gives each
   rank its own fast root, as node-local disks are), on the ranks of the launcher or of
-  ``--ranks``; ``--emulate`` / ``--emulate-local`` wrap either tier in the shaped backend.
+  ``--ranks``; ``--emulate`` / ``--emulate-local`` wrap either tier in the emulate backend.
 - ``ckptio compare``'s tiered targets ``DURABLE+LOCAL`` (:func:`parse_tiered`,
   :func:`run_tiered`): ``DURABLE`` is a profile (``cloud-s3``, ``abci-lustre``, ...),
   emulated over ``memory://``; ``LOCAL`` is ``disk`` (a directory on this machine:
-  **measured**) or a profile (``local-nvme``: the shaped backend over such a directory,
+  **measured**) or a profile (``local-nvme``: the emulate backend over such a directory,
   **emulated**). One process writes every logical rank.
+
+A tiered run has the runner's shape (:class:`TieredRun`, as :class:`ckptio.runner.phases.Run`:
+``prepare``, per iteration ``save``, ``restore`` and ``cleanup``, then ``finish``), takes the
+runner's :class:`~ckptio.runner.RunSettings` (plus :class:`Tiers`, the fast tier), bypasses
+caches as it does (:mod:`ckptio.runner.coldreads`) and records through the same functions
+(:mod:`ckptio.runner.records`), so both write one schema.
 
 Each process holds its share of the plan (the logical ranks dealt to it, as the runner deals
 them): a bf16 ``model`` and an fp32 ``optim`` tensor, each one box of a global flat tensor
@@ -32,8 +38,8 @@ the runs table takes the slowest rank):
 - ``restore-durable``: the same load with an empty fast root (a replaced node): from the
   durable tier.
 
-The runs table gets one row per iteration in the ordinary schema (the runner's own rows): ``write_seconds`` is the stall, ``read_seconds`` the fast-tier
-restore, ``kind`` is ``tiered``. Requests carry the phase they belong to (``save``,
+The runs table gets one row per iteration in the ordinary schema (the runner's own rows):
+``write_seconds`` is the stall, ``read_seconds`` the fast-tier restore, ``kind`` is ``tiered``. Requests carry the phase they belong to (``save``,
 ``drain`` (the durable tier's side), ``drain-read`` (the fast tier's side of the drain),
 ``restore``, ``restore-durable``). The sidecar's ``tiers`` entry says what each tier was and
 whether it was measured or emulated (:func:`tier_kinds` reads it).
@@ -44,13 +50,14 @@ first), never the steps of another run in the same roots.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -61,26 +68,25 @@ from ckptio.checkpoint import Shard, delete_step
 from ckptio.dist import Communicator
 from ckptio.redact import redact, redact_url
 from ckptio.registry import client_versions, emulation_url, open_store
-from ckptio.runner import (
-    CACHE_MODES,
+from ckptio.runner import RunSettings, RunSummary, first_run_step
+from ckptio.runner.coldreads import check_cache, start_cold_reads
+from ckptio.runner.records import (
     HOST,
-    DataGenerator,
-    RunSettings,
-    RunSummary,
-    _events_columns,
-    _merge_columns,
-    _peak_rss,
-    _run_rows,
-    _start_cold_reads,
-    _target_label,
-    _valid_cache,
-    default_keep,
-    first_run_step,
+    events_columns,
+    gb_per_s,
     hosts_of,
-    log,
-    writer_ranks,
+    merge_columns,
+    peak_rss,
+    phase_row,
+    request_table,
+    run_rows,
+    target_label,
 )
+from ckptio.runner.settings import writer_ranks
+from ckptio.runner.synthetic import DataGenerator
 from ckptio.store import Store
+
+log = logging.getLogger(__name__)
 
 #: The fast tier that is this machine's own disk (measured).
 DISK = "disk"
@@ -92,7 +98,9 @@ MEMORY_SHARE = 0.8
 
 
 __all__ = [
+    "TieredRun",
     "TieredSpec",
+    "Tiers",
     "check_tiered",
     "parse_tiered",
     "run_tiered",
@@ -184,8 +192,8 @@ def _boxes(plan: Any, size: int, rank: int) -> list[_Box]:
     """This process's box of each global tensor (components no rank holds are left out)."""
     assigned = writer_ranks(plan, size)
     out = []
-    for name, field, dtype in _COMPONENTS:
-        counts = [int(getattr(plan, field)[a].sum()) for a in assigned]
+    for name, counts_of, dtype in _COMPONENTS:
+        counts = [int(getattr(plan, counts_of)[a].sum()) for a in assigned]
         if sum(counts) > 0:
             out.append(_Box(name, dtype, sum(counts), sum(counts[:rank]), counts[rank]))
     return out
@@ -249,8 +257,19 @@ def _ranks_here(comm: Communicator) -> int:
 # -- one run ----------------------------------------------------------------------------------
 
 
-def _gbps(nbytes: float, seconds: float) -> float:
-    return nbytes / seconds / 1e9 if seconds > 0 else 0.0
+@dataclass(frozen=True)
+class Tiers:
+    """The fast tier of a tiered run (its durable tier is the run's URL, as the runner's)."""
+
+    local: str
+    """Its URL; ``{rank}`` in it gives each rank its own root."""
+    emulate_local: str | None = None
+    """A profile that wraps the fast tier in the emulate backend (marked emulated)."""
+    local_label: str | None = None
+    """How the fast tier is named in results (default: its URL)."""
+    local_options: dict[str, Any] = field(default_factory=dict)
+    tmp: str | None = None
+    """Where the empty fast roots of ``restore-durable`` are made."""
 
 
 def _delete_step(store: Store, step: int) -> None:
@@ -262,280 +281,345 @@ def _delete_step(store: Store, step: int) -> None:
         log.warning("could not delete step %d from %s: %s", step, redact_url(store.url), err)
 
 
-def run_tiered_workload(
-    url: str,
-    local: str,
-    plan: Any,
-    *,
-    comm: Communicator | None = None,
-    iterations: int = 1,
-    out_dir: str | os.PathLike[str] | None = None,
-    pause: float = 0.0,
-    read: bool = True,
-    cache: str = "auto",
-    keep: str | None = None,
-    share_root: bool = False,
-    key_layout: str | None = None,
-    label: str | None = None,
-    site: str | None = None,
-    emulate: str | None = None,
-    emulate_local: str | None = None,
-    local_label: str | None = None,
-    store_options: dict[str, Any] | None = None,
-    local_options: dict[str, Any] | None = None,
-    config: dict[str, Any] | None = None,
-    tmp: str | None = None,
-    progress: Callable[[int], None] | None = None,
-    say: Callable[[str], None] | None = None,
-) -> RunSummary:
-    """Run ``plan`` through a :class:`~ckptio.checkpoint.tiered.TieredCheckpointer` with durable tier
-    ``url`` and fast tier ``local`` (a URL; ``{rank}`` in it gives each rank its own root) for
-    ``iterations`` iterations on every rank of ``comm`` (see the module docstring). Every rank
-    calls it with the same arguments. ``emulate`` / ``emulate_local``: profiles that wrap the
-    durable / fast tier in the shaped backend (marked emulated). ``local_label``: how the
-    fast tier is named in results (default: its URL). ``tmp``: where the empty fast roots of
-    ``restore-durable`` are made. The other arguments are :func:`ckptio.runner.run_workload`'s.
-    Returns this rank's :class:`~ckptio.runner.RunSummary` (complete on rank 0)."""
-    from ckptio import results as res
-    from ckptio.checkpoint.tiered import tiered_checkpointer
-    from ckptio.dist import detect
+class TieredRun:
+    """One tiered run on one rank, phase by phase, as the runner's :class:`~ckptio.runner.
+    phases.Run`: :meth:`prepare` (the verdict on memory and ranks, the first step, the
+    state), per iteration :meth:`save` (the stall and the drain), :meth:`restore` (from each
+    tier) and :meth:`cleanup`, then :meth:`finish` (the runner's tables, the tiers in the
+    sidecar)."""
 
-    if iterations < 1:
-        raise errors.InvalidArgumentError(f"iterations must be >= 1, got {iterations}")
-    keep = default_keep(keep, share_root)
-    if cache not in CACHE_MODES:
-        raise errors.InvalidArgumentError(
-            f"unknown cache mode {cache!r}; valid: {', '.join(CACHE_MODES)}"
+    def __init__(
+        self, url: str, tiers: Tiers, plan: Any, comm: Communicator, settings: RunSettings
+    ) -> None:
+        s = settings
+        self.url, self.tiers, self.plan, self.comm, self.s = url, tiers, plan, comm, s
+        self.rank = comm.rank
+        self.durable_url = emulation_url(url) if s.emulate else url
+        self.durable_opts = dict(s.options)
+        if s.emulate:
+            self.durable_opts.update(profile=s.emulate, ranks=comm.size)
+        self.fast_url = emulation_url(tiers.local) if tiers.emulate_local else tiers.local
+        self.fast_opts = dict(tiers.local_options)
+        if tiers.emulate_local:
+            self.fast_opts["profile"] = tiers.emulate_local
+        self.label = redact(s.label) if s.label else target_label(url, s.emulate) + "-tiered"
+        self.opts: dict[str, Any] = dict(
+            comm=comm,
+            max_object_size=plan.object_size,
+            keep_last=None,  # this run's retention is ``keep``'s (other runs' steps stay)
+            keep_last_local=None,
+            key_layout=s.key_layout,
+            local_options=self.fast_opts,
+            **self.durable_opts,
         )
-    if pause < 0:
-        raise errors.InvalidArgumentError(f"pause must be >= 0 seconds, got {pause}")
-    comm = comm if comm is not None else detect()
-    durable_url = emulation_url(url) if emulate else url
-    durable_opts = dict(store_options or {})
-    if emulate:
-        durable_opts.update(profile=emulate, ranks=comm.size)
-    fast_url = emulation_url(local) if emulate_local else local
-    fast_opts = dict(local_options or {})
-    if emulate_local:
-        fast_opts["profile"] = emulate_local
-    label = redact(label) if label else _target_label(url, emulate) + "-tiered"
-    opts: dict[str, Any] = dict(
-        comm=comm,
-        max_object_size=plan.object_size,
-        keep_last=None,  # this run's retention is ``keep``'s (other runs' steps stay)
-        keep_last_local=None,
-        key_layout=key_layout,
-        local_options=fast_opts,
-        **durable_opts,
-    )
-    boxes = _boxes(plan, comm.size, comm.rank)
-    mine = sum(b.count * np.dtype(b.dtype).itemsize for b in boxes)
-    rank = comm.rank
-    first: dict[str, Any] = {}
-    base = tempfile.mkdtemp(prefix="ckptio-tiered-", dir=tmp)
-    try:
-        if rank == 0:
-            try:
-                check_tiered(plan, comm.size, comm)
-            except errors.CkptioError as err:
-                first = {"error": str(err)}
-        first = comm.bcast(first, root=0)  # the same verdict on every rank
-        if "error" in first:
-            raise errors.InvalidArgumentError(first["error"])
-        with tiered_checkpointer(durable_url, local=fast_url, **opts) as ck:
-            _valid_cache(ck.fast.store, cache)
-            steps = comm.gather(ck.steps(), root=0)
-            if rank == 0:
-                assert steps is not None
-                newest = max((s for part in steps for s in part), default=-1)
-                try:  # the durable root is refused as a run's is (first_run_step)
-                    first = {
-                        "run_id": res.new_run_id(label),
-                        "step": max(newest + 1, first_run_step(ck.store, share_root=share_root)),
-                        "seed": secrets.token_hex(8),
-                    }
-                except errors.InvalidArgumentError as err:
-                    first = {"refused": str(err)}
-            first = comm.bcast(first, root=0)
-            if "refused" in first:
-                raise errors.InvalidArgumentError(first["refused"])
-            run_id, step0 = first["run_id"], int(first["step"])
-            gen = DataGenerator(first["seed"])
+        self.boxes = _boxes(plan, comm.size, comm.rank)
+        self.mine = sum(b.count * np.dtype(b.dtype).itemsize for b in self.boxes)
+        self.rows: list[dict[str, Any]] = []  # phases
+        self.parts: list[dict[str, list[Any]]] = []  # requests
+        self.iters: list[dict[str, Any]] = []
+        self.cache_used = "n/a"
+        self.written: list[int] = []
 
-            def ident(it: int, b: _Box) -> str:
-                return f"{it}/{b.name}/{rank}"
+    def execute(self) -> RunSummary:
+        from ckptio.checkpoint.tiered import tiered_checkpointer
 
-            state, raws = {}, {}
-            for b in boxes:
-                nbytes = b.count * np.dtype(b.dtype).itemsize
-                raws[b.name] = np.empty(nbytes + DataGenerator.SLACK, dtype=np.uint8)
-                arr = raws[b.name][:nbytes].view(b.dtype)
-                state[b.name] = Shard(arr, (b.total,), (b.offset,))
-            rows: list[dict[str, Any]] = []  # phases
-            parts: list[dict[str, list[Any]]] = []  # requests
-            iters: list[dict[str, Any]] = []
-            cache_used = "n/a"
-            written: list[int] = []
+        s, comm = self.s, self.comm
+        self.base = tempfile.mkdtemp(prefix="ckptio-tiered-", dir=self.tiers.tmp)
+        try:
+            verdict: dict[str, Any] = {}
+            if self.rank == 0:
+                try:
+                    check_tiered(self.plan, comm.size, comm)
+                except errors.CkptioError as err:
+                    verdict = {"error": str(err)}
+            verdict = comm.bcast(verdict, root=0)  # the same verdict on every rank
+            if "error" in verdict:
+                raise errors.InvalidArgumentError(verdict["error"])
+            with tiered_checkpointer(self.durable_url, local=self.fast_url, **self.opts) as ck:
+                self.prepare(ck)
+                for it in range(s.iterations):
+                    step = self.step0 + it
+                    fig = self.save(ck, it, step)
+                    if s.read:
+                        for phase in ("restore", "restore-durable"):
+                            self.restore(it, step, phase, fig)
+                        if s.say and self.rank == 0:
+                            s.say(
+                                f"iteration {it + 1}/{s.iterations}: restore "
+                                f"{fig['restore']:.2f} s from the fast tier, "
+                                f"{fig['restore-durable']:.2f} s from the durable tier (rank 0)"
+                            )
+                    self.iters.append(fig)
+                    self.cleanup(ck, it, step)
+                self.durable, self.fast_name = ck.store, ck.fast.store.name
+                self.versions = client_versions(self.durable_url)
+        finally:
+            shutil.rmtree(self.base, ignore_errors=True)
+        return self.finish()
 
-            def phase_row(it: int, phase: str, start: float, seconds: float, how: str = "n/a"):
-                rows.append(
-                    {
-                        "run_id": run_id,
-                        "target": label,
-                        "rank": rank,
-                        "iteration": it,
-                        "phase": phase,
-                        "bytes": mine,
-                        "seconds": seconds,
-                        "start": start,
-                        "end": start + seconds,
-                        "cache": how,
-                        "host": HOST,
-                    }
-                )
+    # -- phases --------------------------------------------------------------------------
+    def prepare(self, ck: Any) -> None:
+        """Check the cache mode on the fast tier, name the run and pick its first step (past
+        every step of either tier; the durable root is refused as a run's is), make the
+        state: this process's box of each tensor, refilled every iteration."""
+        comm = self.comm
+        check_cache(ck.fast.store, self.s.cache)
+        steps = comm.gather(ck.steps(), root=0)
+        first: dict[str, Any] = {}
+        if self.rank == 0:
+            assert steps is not None
+            newest = max((s for part in steps for s in part), default=-1)
+            try:  # the durable root is refused as a run's is (first_run_step)
+                from ckptio import results as res
 
-            for it in range(iterations):
-                step = step0 + it
-                for b in boxes:  # fresh bytes every iteration (nothing to deduplicate)
-                    gen.fill(raws[b.name], state[b.name].array.nbytes, ident(it, b))
-                ck.store.trace.clear()
-                ck.fast.store.trace.clear()
-                comm.barrier()
-                t0 = time.time()
-                handle = ck.save(state, step, metadata={"synthetic": True, "run_id": run_id})
-                stall = handle.blocking_seconds
-                drain = handle.wait_drain()
-                drained_at = time.time()
-                if drain is None or drain.status != "durable":
-                    raise errors.SaveFailedError(
-                        f"the drain of step {step} to {redact_url(url)} did not commit: "
-                        f"{drain.error if drain else 'not drained'}"
-                    )
-                written.append(step)
-                save_end = t0 + stall
-                fast_events = ck.fast.store.trace.events()
-                in_save = [e.op in _WRITE_OPS and e.end <= save_end + 1e-3 for e in fast_events]
-                saved = [e for e, s in zip(fast_events, in_save, strict=True) if s]
-                parts.append(_events_columns(saved, "save", it, rank))
-                parts.append(
-                    _events_columns(
-                        [e for e, s in zip(fast_events, in_save, strict=True) if not s],
-                        "drain-read",
-                        it,
-                        rank,
-                    )
-                )
-                parts.append(_events_columns(ck.store.trace.events(), "drain", it, rank))
-                phase_row(it, "save", t0, stall)
-                phase_row(it, "drain", drained_at - drain.seconds, drain.seconds)
-                fig = {
-                    "bytes": mine,
-                    "stall": stall,
-                    "drain": drain.seconds,
-                    "restore": 0.0,
-                    "restore-durable": 0.0,
-                    "objects": len({e.key for e in saved if e.op in ("write", "put") and e.nbytes}),
+                first = {
+                    "run_id": res.new_run_id(self.label),
+                    "step": max(newest + 1, first_run_step(ck.store, share_root=self.s.share_root)),
+                    "seed": secrets.token_hex(8),
                 }
-                if progress:
-                    progress(2 * mine)
-                if say and rank == 0:
-                    say(
-                        f"iteration {it + 1}/{iterations}: save (stall) {stall:.2f} s, drain "
-                        f"{drain.seconds:.2f} s (rank 0)"
-                    )
-                if read:
-                    lost = os.path.join(base, f"lost-{it}-{rank}")  # an empty fast root
-                    lost = emulation_url(lost) if emulate_local else lost
-                    for phase, roots in (("restore", fast_url), ("restore-durable", lost)):
-                        with tiered_checkpointer(durable_url, local=roots, **opts) as reader:
-                            cold = reader.fast.store if phase == "restore" else reader.store
-                            prefix = fmt.step_dir(step) + "/"
-                            keys = [k[len(prefix) :] for k in cold.list(prefix)]
-                            how = _start_cold_reads(cold, step, keys, cache)
-                            reader.store.trace.clear()
-                            reader.fast.store.trace.clear()
-                            for b in boxes:  # a restore that reads nothing cannot pass
-                                state[b.name].array.view(np.uint8).fill(0)
-                            comm.barrier()
-                            t = time.time()
-                            try:
-                                reader.load(into=state)  # the newest: what a restart reads
-                            finally:
-                                if not cold.describe().cold_reads.end():
-                                    how = "none"  # O_DIRECT refused: reads went buffered
-                            fig[phase] = time.time() - t
-                            events = [
-                                *reader.fast.store.trace.events(),
-                                *reader.store.trace.events(),
-                            ]
-                            parts.append(_events_columns(events, phase, it, rank))
-                        if phase == "restore":
-                            cache_used = how
-                        for b in boxes:
-                            got = state[b.name].array
-                            if not gen.matches(got, got.nbytes, ident(it, b)):
-                                raise errors.CorruptCheckpointError(
-                                    f"the {phase} of step {step} read other bytes than were "
-                                    f"saved ({b.name}, rank {rank})"
-                                )
-                        phase_row(it, phase, t, fig[phase], how)
-                        if progress:
-                            progress(mine)
-                    if say and rank == 0:
-                        say(
-                            f"iteration {it + 1}/{iterations}: restore {fig['restore']:.2f} s "
-                            f"from the fast tier, {fig['restore-durable']:.2f} s from the "
-                            "durable tier (rank 0)"
-                        )
-                iters.append(fig)
-                comm.barrier()
-                if keep == "none" or (keep == "last" and it < iterations - 1):
-                    if rank == 0:
-                        _delete_step(ck.store, step)
-                    if rank == 0 or ck.per_rank:
-                        _delete_step(ck.fast.store, step)
-                if pause and it < iterations - 1:
-                    time.sleep(pause)
-            durable, fast_name = ck.store, ck.fast.store.name
-            versions = client_versions(durable_url)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-    everything = comm.gather(
-        {
-            "phases": rows,
-            "requests": _merge_columns(parts),
-            "iters": iters,
-            "rss": _peak_rss(),
-            "host": HOST,
-        },
-        root=0,
-    )
-    summary = RunSummary(
-        run_id,
-        rank,
-        phases=rows,
-        steps=written,
-        url=redact_url(url),
-        cache=cache_used,
-        generator=gen.name,
-        client_versions=versions,
-    )
-    if everything is None:
-        summary.peak_rss_bytes = [_peak_rss()]
+            except errors.InvalidArgumentError as err:
+                first = {"refused": str(err)}
+        first = comm.bcast(first, root=0)
+        if "refused" in first:
+            raise errors.InvalidArgumentError(first["refused"])
+        self.run_id, self.step0 = first["run_id"], int(first["step"])
+        self.gen = DataGenerator(first["seed"])
+        self.state, self.raws = {}, {}
+        for b in self.boxes:
+            nbytes = b.count * np.dtype(b.dtype).itemsize
+            self.raws[b.name] = np.empty(nbytes + DataGenerator.SLACK, dtype=np.uint8)
+            arr = self.raws[b.name][:nbytes].view(b.dtype)
+            self.state[b.name] = Shard(arr, (b.total,), (b.offset,))
+
+    def ident(self, it: int, b: _Box) -> str:
+        return f"{it}/{b.name}/{self.rank}"
+
+    def row(self, it: int, phase: str, start: float, seconds: float, how: str = "n/a") -> None:
+        timed = (self.mine, seconds, start, start + seconds)
+        self.rows.append(phase_row(self.run_id, self.label, self.rank, it, phase, timed, how))
+
+    def save(self, ck: Any, it: int, step: int) -> dict[str, Any]:
+        """Fresh bytes into the state, then the save (its stall: what ``save`` blocked the
+        caller for) and its drain; the requests of each, by the tier they went to."""
+        for b in self.boxes:  # fresh bytes every iteration (nothing to deduplicate)
+            self.gen.fill(self.raws[b.name], self.state[b.name].array.nbytes, self.ident(it, b))
+        ck.store.trace.clear()
+        ck.fast.store.trace.clear()
+        self.comm.barrier()
+        t0 = time.time()
+        handle = ck.save(self.state, step, metadata={"synthetic": True, "run_id": self.run_id})
+        stall = handle.blocking_seconds
+        drain = handle.wait_drain()
+        drained_at = time.time()
+        if drain is None or drain.status != "durable":
+            raise errors.SaveFailedError(
+                f"the drain of step {step} to {redact_url(self.url)} did not commit: "
+                f"{drain.error if drain else 'not drained'}"
+            )
+        self.written.append(step)
+        save_end = t0 + stall
+        fast_events = ck.fast.store.trace.events()
+        in_save = [e.op in _WRITE_OPS and e.end <= save_end + 1e-3 for e in fast_events]
+        saved = [e for e, s in zip(fast_events, in_save, strict=True) if s]
+        unsaved = [e for e, s in zip(fast_events, in_save, strict=True) if not s]
+        self.parts.append(events_columns(saved, "save", it, self.rank))
+        self.parts.append(events_columns(unsaved, "drain-read", it, self.rank))
+        self.parts.append(events_columns(ck.store.trace.events(), "drain", it, self.rank))
+        self.row(it, "save", t0, stall)
+        self.row(it, "drain", drained_at - drain.seconds, drain.seconds)
+        if self.s.progress:
+            self.s.progress(2 * self.mine)
+        if self.s.say and self.rank == 0:
+            self.s.say(
+                f"iteration {it + 1}/{self.s.iterations}: save (stall) {stall:.2f} s, drain "
+                f"{drain.seconds:.2f} s (rank 0)"
+            )
+        return {
+            "bytes": self.mine,
+            "stall": stall,
+            "drain": drain.seconds,
+            "restore": 0.0,
+            "restore-durable": 0.0,
+            "objects": len({e.key for e in saved if e.op in ("write", "put") and e.nbytes}),
+        }
+
+    def restore(self, it: int, step: int, phase: str, fig: dict[str, Any]) -> None:
+        """A fresh Checkpointer's ``load`` of the newest step into the state's arrays
+        (cleared first), from the fast tier (``restore``) or, with an empty fast root (a
+        replaced node), from the durable one (``restore-durable``); the page cache of the
+        objects read bypassed first as ``cache`` says; the bytes checked against the stream
+        generated again."""
+        from ckptio.checkpoint.tiered import tiered_checkpointer
+
+        roots = self.fast_url
+        if phase == "restore-durable":
+            roots = os.path.join(self.base, f"lost-{it}-{self.rank}")  # an empty fast root
+            roots = emulation_url(roots) if self.tiers.emulate_local else roots
+        with tiered_checkpointer(self.durable_url, local=roots, **self.opts) as reader:
+            cold = reader.fast.store if phase == "restore" else reader.store
+            prefix = fmt.step_dir(step) + "/"
+            keys = [k[len(prefix) :] for k in cold.list(prefix)]
+            how = start_cold_reads(cold, step, keys, self.s.cache)
+            reader.store.trace.clear()
+            reader.fast.store.trace.clear()
+            for b in self.boxes:  # a restore that reads nothing cannot pass
+                self.state[b.name].array.view(np.uint8).fill(0)
+            self.comm.barrier()
+            t = time.time()
+            try:
+                reader.load(into=self.state)  # the newest: what a restart reads
+            finally:
+                if not cold.describe().cold_reads.end():
+                    how = "none"  # O_DIRECT refused: reads went buffered
+            fig[phase] = time.time() - t
+            events = [*reader.fast.store.trace.events(), *reader.store.trace.events()]
+            self.parts.append(events_columns(events, phase, it, self.rank))
+        if phase == "restore":
+            self.cache_used = how
+        for b in self.boxes:
+            got = self.state[b.name].array
+            if not self.gen.matches(got, got.nbytes, self.ident(it, b)):
+                raise errors.CorruptCheckpointError(
+                    f"the {phase} of step {step} read other bytes than were "
+                    f"saved ({b.name}, rank {self.rank})"
+                )
+        self.row(it, phase, t, fig[phase], how)
+        if self.s.progress:
+            self.s.progress(self.mine)
+
+    def cleanup(self, ck: Any, it: int, step: int) -> None:
+        """Retention (``keep``: this run's older steps, from both tiers, manifest first) and
+        the pause before the next iteration."""
+        s = self.s
+        self.comm.barrier()
+        if s.keep == "none" or (s.keep == "last" and it < s.iterations - 1):
+            if self.rank == 0:
+                _delete_step(ck.store, step)
+            if self.rank == 0 or ck.per_rank:
+                _delete_step(ck.fast.store, step)
+        if s.pause and it < s.iterations - 1:
+            time.sleep(s.pause)
+
+    # -- finish --------------------------------------------------------------------------
+    def finish(self) -> RunSummary:
+        """Gather every rank's figures to rank 0, which builds the runner's three tables (the
+        stall as the write, the fast tier's restore as the read) and the per-iteration tiered
+        figures, and writes them with the sidecar under ``out_dir``."""
+        comm, s = self.comm, self.s
+        everything = comm.gather(
+            {
+                "phases": self.rows,
+                "requests": merge_columns(self.parts),
+                "iters": self.iters,
+                "rss": peak_rss(),
+                "host": HOST,
+            },
+            root=0,
+        )
+        summary = RunSummary(
+            self.run_id,
+            self.rank,
+            phases=self.rows,
+            steps=self.written,
+            url=redact_url(self.url),
+            cache=self.cache_used,
+            generator=self.gen.name,
+            client_versions=self.versions,
+        )
+        if everything is None:
+            summary.peak_rss_bytes = [peak_rss()]
+            return summary
+        reqs, n = request_table(everything, self.run_id, self.label)
+        runs = run_rows(
+            self.plan,
+            _as_run_rows(everything),
+            reqs,
+            RunSettings(
+                label=self.label,
+                site=s.site,
+                emulated=bool(s.emulate or self.tiers.emulate_local),
+                profile=s.emulate or "",
+                kind="tiered",
+            ),
+            run_id=self.run_id,
+            url=self.url,
+            store=self.durable,
+            comm_size=comm.size,
+        )
+        all_phases = [r for e in everything for r in e["phases"]]
+        summary.runs, summary.phases, summary.requests = runs, all_phases, n
+        summary.peak_rss_bytes = [int(e["rss"]) for e in everything]
+        summary.tiered = _tiered_rows(everything, s.iterations)
+        summary.tables = {"requests": reqs, "phases": all_phases, "runs": runs}
+        if s.out_dir is not None:
+            from ckptio import results as res
+
+            summary.paths = res.write_run(
+                s.out_dir,
+                requests=res.table("requests", reqs),
+                phases=res.table("phases", all_phases),
+                runs=res.table("run", runs),
+                sidecar=self._sidecar(summary, everything),
+            )
         return summary
-    reqs = _merge_columns([e["requests"] for e in everything])
-    n = len(reqs.get("op", []))
-    reqs.update(
-        run_id=[run_id] * n,
-        target=[label] * n,
-        seconds=[e - b for b, e in zip(reqs.get("start", []), reqs.get("end", []), strict=True)],
-    )
-    if n == 0:
-        reqs = {c: [] for c, _ in res.REQUEST_COLUMNS}
-    emulated = bool(emulate or emulate_local)
-    # the runs table in the runner's own rows: the stall as the write, the fast tier's
-    # restore as the read (each the slowest rank's)
-    as_run = [
+
+    def _sidecar(self, summary: RunSummary, everything: list[dict[str, Any]]) -> dict[str, Any]:
+        """The run's JSON sidecar: the runner's, with what each tier was."""
+        from ckptio import results as res
+
+        s, t = self.s, self.tiers
+        durable_shown = s.emulate or redact_url(self.url)
+        fast_shown = t.local_label or t.emulate_local or redact_url(t.local)
+        return res.sidecar(
+            self.run_id,
+            config={
+                "url": redact_url(self.url),
+                "local": redact_url(t.local),
+                "preset": self.plan.preset.name,
+                "scale": self.plan.scale,
+                "layout": self.plan.layout.describe(),
+                "gpus": self.plan.ranks,
+                "ranks": self.comm.size,
+                "iterations": s.iterations,
+                "object_size": self.plan.object_size,
+                "cache": s.cache,
+                "keep": s.keep,
+                "pause": s.pause,
+                "store_options": self.durable_opts,
+                "local_options": self.fast_opts,
+                **s.config,
+            },
+            emulated=bool(s.emulate or t.emulate_local),
+            profile=s.emulate or "",
+            labels={"target": self.label, "site": s.site or ""},
+            extra={
+                "tiers": {
+                    "durable": durable_shown,
+                    "durable_url": redact_url(self.durable_url),
+                    "durable_measured": not s.emulate,
+                    "local": fast_shown,
+                    "local_url": redact_url(self.fast_url),
+                    "local_measured": not t.emulate_local,
+                    "local_backend": self.fast_name,
+                    "note": tiers_note(
+                        durable_shown, not s.emulate, fast_shown, not t.emulate_local
+                    ),
+                },
+                "generator": self.gen.name,
+                "peak_rss_bytes": summary.peak_rss_bytes,
+                "steps": self.written,
+                "cache_bypass": self.cache_used,
+                "communicator": type(self.comm).__name__,
+                "hosts": hosts_of(everything),
+            },
+            client_versions=self.versions,
+        )
+
+
+def _as_run_rows(everything: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every rank's figures as the runner's (:func:`ckptio.runner.records.run_rows` reads
+    them): the stall as the write, the fast tier's restore as the read."""
+    return [
         {
             "iters": [
                 {
@@ -555,113 +639,65 @@ def run_tiered_workload(
         }
         for e in everything
     ]
-    runs = _run_rows(
-        plan,
-        as_run,
-        reqs,
-        RunSettings(
-            label=label,
-            site=site,
-            emulated=emulated,
-            profile=emulate or "",
-            kind="tiered",
-        ),
-        run_id=run_id,
-        url=url,
-        store=durable,
-        comm_size=comm.size,
-    )
-    tiered = []
+
+
+def _tiered_rows(everything: list[dict[str, Any]], iterations: int) -> list[dict[str, Any]]:
+    """Per iteration the slowest rank's stall, drain and restores (:attr:`RunSummary.tiered`)."""
+    out = []
     for it in range(iterations):
         per = [e["iters"][it] for e in everything]
         total = sum(p["bytes"] for p in per)
         worst = {ph: max(p[ph] for p in per) for ph in ("stall", "drain", *PHASES[2:])}
-        tiered.append(
+        out.append(
             {
                 "iteration": it,
                 "checkpoint_bytes": total,
                 "stall_seconds": worst["stall"],
                 "drain_seconds": worst["drain"],
-                "drain_GBps": _gbps(total, worst["drain"]),
+                "drain_GBps": gb_per_s(total, worst["drain"]),
                 "restore_seconds": worst["restore"],
-                "restore_GBps": _gbps(total, worst["restore"]),
+                "restore_GBps": gb_per_s(total, worst["restore"]),
                 "restore_durable_seconds": worst["restore-durable"],
-                "restore_durable_GBps": _gbps(total, worst["restore-durable"]),
+                "restore_durable_GBps": gb_per_s(total, worst["restore-durable"]),
             }
         )
-    all_phases = [r for e in everything for r in e["phases"]]
-    summary.runs, summary.phases, summary.requests = runs, all_phases, n
-    summary.peak_rss_bytes = [int(e["rss"]) for e in everything]
-    summary.tiered = tiered
-    summary.tables = {"requests": reqs, "phases": all_phases, "runs": runs}
-    if out_dir is not None:
-        durable_name_shown = emulate or redact_url(url)
-        fast_shown = local_label or emulate_local or redact_url(local)
-        side = res.sidecar(
-            run_id,
-            config={
-                "url": redact_url(url),
-                "local": redact_url(local),
-                "preset": plan.preset.name,
-                "scale": plan.scale,
-                "layout": plan.layout.describe(),
-                "gpus": plan.ranks,
-                "ranks": comm.size,
-                "iterations": iterations,
-                "object_size": plan.object_size,
-                "cache": cache,
-                "keep": keep,
-                "pause": pause,
-                "store_options": durable_opts,
-                "local_options": fast_opts,
-                **(config or {}),
-            },
-            emulated=emulated,
-            profile=emulate or "",
-            labels={"target": label, "site": site or ""},
-            extra={
-                "tiers": {
-                    "durable": durable_name_shown,
-                    "durable_url": redact_url(durable_url),
-                    "durable_measured": not emulate,
-                    "local": fast_shown,
-                    "local_url": redact_url(fast_url),
-                    "local_measured": not emulate_local,
-                    "local_backend": fast_name,
-                    "note": tiers_note(
-                        durable_name_shown, not emulate, fast_shown, not emulate_local
-                    ),
-                },
-                "generator": gen.name,
-                "peak_rss_bytes": summary.peak_rss_bytes,
-                "steps": written,
-                "cache_bypass": cache_used,
-                "communicator": type(comm).__name__,
-                "hosts": hosts_of(everything),
-            },
-            client_versions=versions,
-        )
-        summary.paths = res.write_run(
-            out_dir,
-            requests=res.table("requests", reqs),
-            phases=res.table("phases", all_phases),
-            runs=res.table("run", runs),
-            sidecar=side,
-        )
-    return summary
+    return out
 
 
-def rank_main(comm: Communicator, url: str, plan: Any, kwargs: dict[str, Any]) -> RunSummary:
+def run_tiered_workload(
+    url: str,
+    local: str | Tiers,
+    plan: Any,
+    settings: RunSettings | None = None,
+    comm: Communicator | None = None,
+) -> RunSummary:
+    """Run ``plan`` through a :class:`~ckptio.checkpoint.tiered.TieredCheckpointer` with
+    durable tier ``url`` and fast tier ``local`` (a URL, ``{rank}`` in it giving each rank
+    its own root, or a :class:`Tiers`) as ``settings`` say (:class:`~ckptio.runner.RunSettings`,
+    the runner's: ``emulate`` wraps the durable tier, ``options`` are its store's; ``inflight``
+    and ``layout`` do not apply) on every rank of ``comm`` (see the module docstring). Every
+    rank calls it with the same arguments. Returns this rank's
+    :class:`~ckptio.runner.RunSummary` (complete on rank 0)."""
+    from ckptio.dist import detect
+
+    tiers = local if isinstance(local, Tiers) else Tiers(local)
+    s = settings if settings is not None else RunSettings()
+    comm = comm if comm is not None else detect()
+    return TieredRun(url, tiers, plan, comm, s).execute()
+
+
+def rank_main(
+    comm: Communicator, url: str, plan: Any, settings: RunSettings, tiers: Tiers
+) -> RunSummary:
     """What every local-process rank of ``ckptio run --local`` runs (as
-    :func:`ckptio.runner.rank_main`; ``kwargs`` holds ``local``)."""
+    :func:`ckptio.runner.rank_main`)."""
     from ckptio import runner
 
-    kwargs = dict(kwargs)
     if comm.rank == 0 and runner.PROGRESS_HOOK is not None:
-        kwargs["progress"] = runner.PROGRESS_HOOK
+        settings = replace(settings, progress=runner.PROGRESS_HOOK)
     if comm.rank == 0 and runner.SAY_HOOK is not None:
-        kwargs["say"] = runner.SAY_HOOK
-    return run_tiered_workload(url, kwargs.pop("local"), plan, comm=comm, **kwargs)
+        settings = replace(settings, say=runner.SAY_HOOK)
+    return run_tiered_workload(url, tiers, plan, settings, comm)
 
 
 def run_tiered(
@@ -685,11 +721,13 @@ def run_tiered(
     base = tempfile.mkdtemp(prefix="ckptio-tiered-", dir=tmp)
     memory_url = f"memory://ckptio-tiered-{secrets.token_hex(6)}"
     try:
-        summary = run_tiered_workload(
-            memory_url,
+        tiers = Tiers(
             os.path.join(base, "fast"),
-            plan,
-            comm=SingleProcess(),
+            emulate_local=None if spec.local_measured else spec.local,
+            local_label=DISK if spec.local_measured else None,
+            tmp=base,
+        )
+        settings = RunSettings(
             iterations=iterations,
             out_dir=out_dir,
             cache="auto",
@@ -697,12 +735,10 @@ def run_tiered(
             label=label or spec.name,
             site=site,
             emulate=spec.durable,
-            emulate_local=None if spec.local_measured else spec.local,
-            local_label=DISK if spec.local_measured else None,
-            config=config,
-            tmp=base,
+            config=config or {},
             say=say,
         )
+        summary = run_tiered_workload(memory_url, tiers, plan, settings, SingleProcess())
     finally:
         shutil.rmtree(base, ignore_errors=True)
         with open_store(memory_url) as space:  # the emulated durable tier's bytes

@@ -70,6 +70,8 @@ from ckptio import format as fmt
 from ckptio import manifest as mf
 from ckptio.arrays import Target, contiguous_le
 from ckptio.checkpoint.facade import refuse_load_options
+from ckptio.checkpoint.write import RankWriter, WriteOptions
+from ckptio.checkpoint.write import SavePlan as CkptioPlan
 from ckptio.dcp_metadata import (
     dtype_name,
     metadata_from_json,
@@ -505,13 +507,17 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
         max_object_size: int | str = _ck.DEFAULT_MAX_OBJECT_SIZE,
         thread_count: int = 1,
         sync_files: bool = True,
-        single_file_per_rank: bool = True,
-        per_thread_copy_ahead: int = 10_000_000,
         cache_staged_state_dict: bool = False,
-        _extensions: Sequence[Any] | None = None,
-        serialization_format: Any = None,
-        **store_options: Any,
+        **options: Any,
     ) -> None:
+        # FileSystemWriter's other keywords: accepted as DCP spells them (a caller switching
+        # from it changes only the class), not parameters of their own (none changes what
+        # ckptio writes); every other name goes to the store, which refuses unknown ones
+        single_file_per_rank = options.pop("single_file_per_rank", True)
+        per_thread_copy_ahead = options.pop("per_thread_copy_ahead", 10_000_000)
+        _extensions: Sequence[Any] | None = options.pop("_extensions", None)
+        serialization_format = options.pop("serialization_format", None)
+        store_options = options
         _dcp_storage.StorageWriter.__init__(self)
         BlockingAsyncStager.__init__(self, cache_staged_state_dict=cache_staged_state_dict)
         if _extensions:
@@ -658,18 +664,13 @@ class StorageWriter(_dcp_storage.StorageWriter, BlockingAsyncStager):
                     replicated=False,
                 )
             )
-        token = secrets.token_hex(4)
+        # DCP's planner said what this rank writes; ckptio's writer writes it (one plan type
+        # for every save: ckptio.checkpoint.write.SavePlan), the coordinator commits it
+        options = WriteOptions("file-per-shard", "flat", self.chunk_size, self.max_object_size)
+        writes = CkptioPlan(self.step, secrets.token_hex(4), {}, options)
         try:
-            written = _ck.write_rank_shards(
-                self.store,
-                self.step,
-                rank,
-                token,
-                locals_,
-                key_layout="flat",
-                chunk_size=self.chunk_size,
-                max_object_size=self.max_object_size,
-                parallel=self.thread_count,
+            written = RankWriter(self.store, writes, rank).objects(
+                locals_, parallel=self.thread_count
             )
         except BaseException:
             self._release()  # the coordinator's own failure: DCP will not call finish

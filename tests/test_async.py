@@ -657,7 +657,7 @@ def test_scratch_memory_is_not_inherited_by_forks(tmp_path):
     A fork snapshot's copies (of shared memory) must reach its child: those are inherited."""
     from ckptio.backends._directio import aligned_buffer
 
-    from ckptio.checkpoint import SnapshotBuffers
+    from ckptio.checkpoint.snapshot import SnapshotBuffers
     from ckptio.forked import in_ranges, unforkable_ranges
 
     src = [np.ones(1 << 20, dtype=np.float32)]

@@ -478,3 +478,22 @@ def test_a_step_that_is_not_an_integer_is_refused_in_one_line(tmp_path: Path, st
         with pytest.raises(errors.InvalidArgumentError, match=says):
             ckptio.load(url, step=step)
     assert not (tmp_path / "run").exists() or not list((tmp_path / "run").rglob("manifest.json"))
+
+
+def test_names_moved_out_of_ckptio_checkpoint_still_import_with_a_warning() -> None:
+    """``ckptio.checkpoint`` exports what users and the layers above call (issue 31); what
+    it exported before and no longer does still imports, with a warning naming the module
+    that holds it now."""
+    import importlib
+
+    import ckptio.checkpoint as ck
+    from ckptio.checkpoint import write
+
+    with pytest.warns(DeprecationWarning, match="import it from ckptio.checkpoint.write"):
+        assert ck.write_rank_shards is write.write_rank_shards
+    for name, module in ck.MOVED.items():
+        assert name not in ck.__all__ and hasattr(importlib.import_module(module), name), name
+    with pytest.raises(AttributeError, match="no_such_name"):
+        ck.no_such_name  # noqa: B018
+    for name in ck.__all__:
+        assert hasattr(ck, name), name

@@ -396,21 +396,7 @@ MAX_FILE_LINES = 1000
 MAX_FUNCTION_LINES = 150
 MAX_PARAMETERS = 12
 
-KNOWN_VIOLATIONS: dict[str, str] = {
-    # owner "pipeline" (issue 31, the checkpoint side: one save pipeline, composition)
-    "lines ckptio/runner.py": "pipeline: the runner drives the users' save pipeline",
-    "length ckptio/tierbench.py:run_tiered_workload": "pipeline: tiered runs as a runner phase",
-    "parameters ckptio/tierbench.py:run_tiered_workload": "pipeline: tiered runs as a runner phase",
-    "parameters ckptio/checkpoint/commit.py:_write_and_commit": "pipeline: one pipeline's plan",
-    "parameters ckptio/torch.py:StorageWriter.__init__": "pipeline: frameworks as codecs",
-    "private ckptio.tierbench imports ckptio.runner._events_columns": "pipeline: tiered runs as a runner phase",
-    "private ckptio.tierbench imports ckptio.runner._merge_columns": "pipeline: tiered runs as a runner phase",
-    "private ckptio.tierbench imports ckptio.runner._peak_rss": "pipeline: tiered runs as a runner phase",
-    "private ckptio.tierbench imports ckptio.runner._run_rows": "pipeline: tiered runs as a runner phase",
-    "private ckptio.tierbench imports ckptio.runner._start_cold_reads": "pipeline: tiered runs as a runner phase",
-    "private ckptio.tierbench imports ckptio.runner._target_label": "pipeline: tiered runs as a runner phase",
-    "private ckptio.tierbench imports ckptio.runner._valid_cache": "pipeline: tiered runs as a runner phase",
-}
+KNOWN_VIOLATIONS: dict[str, str] = {}
 """Violations still there, each with its owner and why; the list only shrinks: a new
 violation fails, and so does an entry whose violation is gone (delete it)."""
 

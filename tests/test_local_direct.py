@@ -13,7 +13,8 @@ import pytest
 from ckptio.backends.local import ALIGN, LocalStore
 
 import ckptio
-from ckptio.checkpoint import LocalTensor, SnapshotBuffers, aligned_empty
+from ckptio.checkpoint import LocalTensor, aligned_empty
+from ckptio.checkpoint.snapshot import SnapshotBuffers
 from ckptio.checkpoint.write import _pieces
 
 MiB = 1 << 20

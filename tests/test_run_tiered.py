@@ -170,11 +170,12 @@ def test_a_restore_that_reads_wrong_is_caught(tmp_path: Path, monkeypatch, resto
 
 def test_the_restores_read_what_was_saved_into_the_state_itself(tmp_path: Path) -> None:
     from ckptio import tierbench
+    from ckptio.runner import RunSettings
     from ckptio.workload import make_plan
 
     plan = make_plan("llama3-8b", total_size="4MiB", object_size="1MiB")
     summary = tierbench.run_tiered_workload(
-        f"file://{tmp_path}/d", f"file://{tmp_path}/f", plan, iterations=2
+        f"file://{tmp_path}/d", f"file://{tmp_path}/f", plan, RunSettings(iterations=2)
     )
     assert [t["restore_seconds"] > 0 for t in summary.tiered] == [True, True]
     assert [t["restore_durable_seconds"] > 0 for t in summary.tiered] == [True, True]

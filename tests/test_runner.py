@@ -402,15 +402,15 @@ def test_the_first_write_is_timed_warm(tmp_path: Path) -> None:
     test process has imported it already."""
     code = f"""
 import sys
-import ckptio.runner as R
+import ckptio.runner.phases as R
 from ckptio.dist import SingleProcess
 from ckptio.workload import make_plan
 seen = []
-write = R._Run.write
+write = R.Run.write
 def spy(self, *a, **k):
     seen.append("ml_dtypes" in sys.modules)
     return write(self, *a, **k)
-R._Run.write = spy
+R.Run.write = spy
 R.run_workload({str(tmp_path / "ckpt")!r}, make_plan("llama3-8b", total_size=2**20),
                R.RunSettings(read=False), SingleProcess())
 print(seen)
@@ -419,3 +419,52 @@ print(seen)
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[True]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("layout", ["file-per-shard", "shared-file"])
+def test_the_run_and_save_write_through_one_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
+) -> None:
+    """The runner saves through the library's pipeline (issue 31), in either layout: a
+    change to the library's writer (here one that refuses every object) is seen by
+    ``ckptio.save`` and by ``run_workload`` alike, each committing nothing; unchanged, both
+    write through it."""
+    import numpy as np
+
+    from ckptio.checkpoint import write
+
+    real_objects, real_pwrite = write.write_rank_shards, write.pwrite_pieces
+    calls: list[str] = []
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(5, "Input/output error (injected into the library's writer)")
+
+    def spy_objects(*args: Any, **kwargs: Any) -> Any:
+        calls.append("objects")
+        return real_objects(*args, **kwargs)
+
+    def spy_pwrite(*args: Any, **kwargs: Any) -> Any:
+        calls.append("pwrite")
+        return real_pwrite(*args, **kwargs)
+
+    plan = make_plan("llama3-8b", total_size="4MiB", object_size="1MiB")
+    state = {"w": np.arange(1024, dtype=np.float32)}
+    lib, suite = f"file://{tmp_path}/lib", f"file://{tmp_path}/suite"
+    settings = RunSettings(read=False, layout=layout, write_files=False)
+    monkeypatch.setattr(write, "write_rank_shards", refuse)
+    monkeypatch.setattr(write, "pwrite_pieces", refuse)
+    with pytest.raises(errors.SaveFailedError, match=r"nothing committed.*injected"):
+        ckptio.Checkpointer(lib, layout=layout).save(state, 1)
+    with pytest.raises(errors.SaveFailedError, match=r"nothing committed.*injected"):
+        run_workload(suite, plan, settings, SingleProcess())
+    for url in (lib, suite):
+        with ckptio.open_store(url) as store:
+            assert list_steps(store) == [], url
+    monkeypatch.setattr(write, "write_rank_shards", spy_objects)
+    monkeypatch.setattr(write, "pwrite_pieces", spy_pwrite)
+    ckptio.Checkpointer(lib, layout=layout).save(state, 1)
+    saved = len(calls)
+    run_workload(suite, plan, settings, SingleProcess())
+    want = "objects" if layout == "file-per-shard" else "pwrite"
+    assert saved >= 1 and len(calls) > saved and set(calls) == {want}
+    assert ckptio.verify(lib) == [] and ckptio.verify(suite) == []

@@ -34,22 +34,21 @@ The package, by responsibility; each module imports only those before it:
   :mod:`~ckptio.checkpoint.tiered`: the two-tier engine (a fast tier and a durable one);
 - :mod:`~ckptio.checkpoint.facade`: :class:`Checkpointer`, an engine and a codec.
 
-The names below are the package's API; private helpers are imported from their module.
+The names below are the package's API: what users and the layers above call. Tuning constants
+and the writer's building blocks are imported from their module; their old spellings here
+still work, with a :class:`DeprecationWarning` naming the module (:data:`MOVED`).
 """
 
-from ckptio.checkpoint.checkpointer import FORK_OBJECT_BYTES, SaveHandle, save
-from ckptio.checkpoint.commit import (
-    SaveResult,
-    build_manifest,
-    commit_step,
-    discard_objects,
-    publish_manifest,
-)
+from __future__ import annotations
+
+import importlib
+import warnings
+from typing import Any
+
+from ckptio.checkpoint.checkpointer import SaveHandle, save
+from ckptio.checkpoint.commit import SaveResult, commit_step, discard_objects, publish_manifest
 from ckptio.checkpoint.facade import Checkpointer, Codec, PlainCodec
 from ckptio.checkpoint.read import (
-    COALESCE_CHUNK_BYTES,
-    COALESCE_REQUEST_BYTES,
-    VERIFY_BLOCK_BYTES,
     CheckpointReader,
     Index,
     committed_steps,
@@ -66,72 +65,40 @@ from ckptio.checkpoint.retention import (
     list_steps,
     retain,
 )
-from ckptio.checkpoint.snapshot import (
-    PAGE,
-    PAGE_ALIGNED_MIN,
-    SNAPSHOTS,
-    LocalTensor,
-    PreparedState,
-    Shard,
-    SnapshotBuffers,
-    aligned_empty,
-    cpu_pool,
-    crc32c,
-    refuse_empty,
-)
+from ckptio.checkpoint.snapshot import LocalTensor, PreparedState, Shard, aligned_empty, crc32c
 from ckptio.checkpoint.tiered import TieredSaveHandle
 from ckptio.checkpoint.write import (
-    CRC_BATCH_BYTES,
     DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_OBJECT_SIZE,
     LAYOUTS,
-    PARALLEL_OBJECTS,
-    PARALLEL_OBJECTS_MIN,
-    Piece,
-    SharedRegion,
-    WriteProgress,
-    pack_pieces,
-    place_shared_region,
-    pwrite_pieces,
-    write_rank_shards,
+    RankWriter,
+    SavePlan,
+    WriteOptions,
 )
 
 __all__ = [
-    "COALESCE_CHUNK_BYTES",
-    "COALESCE_REQUEST_BYTES",
-    "CRC_BATCH_BYTES",
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_MAX_OBJECT_SIZE",
-    "FORK_OBJECT_BYTES",
     "LAYOUTS",
-    "PAGE",
-    "PAGE_ALIGNED_MIN",
-    "PARALLEL_OBJECTS",
-    "PARALLEL_OBJECTS_MIN",
-    "SNAPSHOTS",
-    "VERIFY_BLOCK_BYTES",
     "CheckpointReader",
     "Checkpointer",
     "Codec",
     "Index",
     "LocalTensor",
-    "Piece",
     "PlainCodec",
     "PreparedState",
+    "RankWriter",
     "SaveHandle",
+    "SavePlan",
     "SaveResult",
     "Shard",
-    "SharedRegion",
-    "SnapshotBuffers",
     "StepInfo",
     "TieredSaveHandle",
-    "WriteProgress",
+    "WriteOptions",
     "aligned_empty",
-    "build_manifest",
     "collect_garbage",
     "commit_step",
     "committed_steps",
-    "cpu_pool",
     "crc32c",
     "delete_step",
     "discard_objects",
@@ -139,14 +106,57 @@ __all__ = [
     "list_steps",
     "load",
     "open_checkpoint",
-    "pack_pieces",
-    "place_shared_region",
     "publish_manifest",
-    "pwrite_pieces",
     "read_manifest",
-    "refuse_empty",
     "retain",
     "save",
     "verify",
-    "write_rank_shards",
 ]
+
+MOVED = {
+    **dict.fromkeys(("FORK_OBJECT_BYTES",), "ckptio.checkpoint.checkpointer"),
+    **dict.fromkeys(("build_manifest",), "ckptio.checkpoint.commit"),
+    **dict.fromkeys(
+        ("COALESCE_CHUNK_BYTES", "COALESCE_REQUEST_BYTES", "VERIFY_BLOCK_BYTES"),
+        "ckptio.checkpoint.read",
+    ),
+    **dict.fromkeys(
+        (
+            "PAGE",
+            "PAGE_ALIGNED_MIN",
+            "SNAPSHOTS",
+            "SnapshotBuffers",
+            "cpu_pool",
+            "refuse_empty",
+        ),
+        "ckptio.checkpoint.snapshot",
+    ),
+    **dict.fromkeys(
+        (
+            "CRC_BATCH_BYTES",
+            "PARALLEL_OBJECTS",
+            "PARALLEL_OBJECTS_MIN",
+            "Piece",
+            "SharedRegion",
+            "WriteProgress",
+            "pack_pieces",
+            "place_shared_region",
+            "pwrite_pieces",
+            "write_rank_shards",
+        ),
+        "ckptio.checkpoint.write",
+    ),
+}
+"""Names this package exported before issue 31 and the module that holds each now."""
+
+
+def __getattr__(name: str) -> Any:
+    module = MOVED.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    warnings.warn(
+        f"ckptio.checkpoint.{name} moved: import it from {module}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(module), name)

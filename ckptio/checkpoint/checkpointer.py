@@ -48,6 +48,7 @@ from ckptio.checkpoint.write import (
     DEFAULT_MAX_OBJECT_SIZE,
     LAYOUTS,
     PARALLEL_OBJECTS,
+    WriteOptions,
     write_rank_shards,
 )
 from ckptio.dist import Communicator, SingleProcess, detect
@@ -493,17 +494,13 @@ class StoreCheckpointer(Lifetime):
         self, prepared: PreparedState, step: int, comm: Communicator, forked: ForkedWriter | None
     ) -> SaveResult:
         """Write ``prepared`` and commit it as ``step`` (collective): the save pipeline."""
-        return save_collective(
-            self.store,
-            prepared,
-            step,
-            comm,
-            layout=self.layout,
-            key_layout=self.key_layout,
-            chunk_size=self.chunk_size,
-            max_object_size=self.max_object_size,
-            forked=forked,
-        )
+        return save_collective(self.store, prepared, step, comm, self.write_options, forked=forked)
+
+    @property
+    def write_options(self) -> WriteOptions:
+        """How this checkpointer's saves lay their data out (every save's
+        :class:`~ckptio.checkpoint.write.SavePlan` carries it)."""
+        return WriteOptions(self.layout, self.key_layout, self.chunk_size, self.max_object_size)
 
     def _retain(self, newest: int) -> None:
         """Retire all but the newest ``keep_last`` steps up to ``newest`` (their data stays for

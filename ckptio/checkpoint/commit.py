@@ -31,9 +31,10 @@ from ckptio import manifest as mf
 from ckptio.checkpoint.snapshot import LocalTensor, PreparedState
 from ckptio.checkpoint.write import (
     PARALLEL_OBJECTS,
+    RankWriter,
+    SavePlan,
+    WriteOptions,
     error_text,
-    write_rank_shards,
-    write_rank_shared,
 )
 from ckptio.dist import Communicator
 from ckptio.forked import ForkedWriter
@@ -49,6 +50,7 @@ __all__ = [
     "discard_objects",
     "lease_new_step",
     "publish_manifest",
+    "write_share",
 ]
 
 
@@ -92,11 +94,8 @@ def save_collective(
     prepared: PreparedState,
     step: int,
     comm: Communicator,
+    options: WriteOptions,
     *,
-    layout: str,
-    key_layout: str,
-    chunk_size: int,
-    max_object_size: int,
     forked: ForkedWriter | None = None,
 ) -> SaveResult:
     """Plan, write, gather, commit: every rank calls this; rank 0 publishes the manifest.
@@ -106,7 +105,7 @@ def save_collective(
     # 1. plan: rank 0 decides who writes what (replicated tensors once), refuses conflicts
     offer = {"error": error_text(prepared.error)} if prepared.error else {"metas": prepared.metas()}
     gathered = comm.gather(offer, root=0)
-    plan: dict[str, Any]
+    doc: dict[str, Any] = {}
     lease: SaveLease | None = None
     refusal: BaseException | None = prepared.error  # chained to the error every rank raises
     try:
@@ -122,26 +121,17 @@ def save_collective(
                 # the lease is published before any rank writes: gc and retention leave the
                 # step alone while it is live (see ckptio.lease)
                 lease = lease_new_step(store, step)
-                plan = {"ok": True, "token": lease.token, "writers": writers}
+                doc = SavePlan(step, lease.token, writers, options).doc()
             except errors.CkptioError as err:
-                plan = {"ok": False, "error": error_text(err)}
+                doc = {"ok": False, "error": error_text(err)}
                 refusal = refusal or err
-        else:
-            plan = {}
+        doc = comm.bcast(doc, root=0)
+        if not doc["ok"]:
+            raise errors.SaveFailedError(
+                f"save of step {step} refused, nothing committed: {doc['error']}"
+            ) from refusal
         return _write_and_commit(
-            store,
-            prepared,
-            step,
-            comm,
-            plan,
-            lease,
-            refusal,
-            t0,
-            layout=layout,
-            key_layout=key_layout,
-            chunk_size=chunk_size,
-            max_object_size=max_object_size,
-            forked=forked,
+            store, SavePlan.of(doc, step, options), prepared, comm, lease, t0, forked
         )
     finally:
         if lease is not None:
@@ -150,55 +140,56 @@ def save_collective(
 
 def _write_and_commit(
     store: Store,
+    plan: SavePlan,
     prepared: PreparedState,
-    step: int,
     comm: Communicator,
-    plan: dict[str, Any],
     lease: SaveLease | None,
-    refusal: BaseException | None,
     t0: float,
-    *,
-    layout: str,
-    key_layout: str,
-    chunk_size: int,
-    max_object_size: int,
     forked: ForkedWriter | None,
 ) -> SaveResult:
-    plan = comm.bcast(plan, root=0)
-    if not plan["ok"]:
-        raise errors.SaveFailedError(
-            f"save of step {step} refused, nothing committed: {plan['error']}"
-        ) from refusal
+    """Steps 2 and 3 of a save every rank has the ``plan`` of."""
     # 2. write this rank's shards
-    mine, outcome, local_error = write_mine(
-        store,
-        prepared,
-        step,
-        comm,
-        plan,
-        layout=layout,
-        key_layout=key_layout,
-        chunk_size=chunk_size,
-        max_object_size=max_object_size,
-        forked=forked,
-    )
+    mine, outcome, local_error = write_share(store, plan, prepared, comm, forked)
     # 3. gather, commit on rank 0
     results = comm.gather(outcome, root=0)
     verdict: dict[str, Any] = {}
     if comm.rank == 0:
         assert results is not None
-        verdict = commit_step(
-            store, step, prepared, plan, results, comm.size, layout, key_layout, lease=lease
-        )
+        verdict = commit_step(store, plan, prepared, results, comm.size, lease=lease)
         if lease is not None:
             lease.release()  # before the other ranks return: the save is over when they do
     verdict = comm.bcast(verdict, root=0)
     if not verdict["ok"]:
         raise errors.SaveFailedError(
-            f"save of step {step} failed, nothing committed: {verdict['error']}"
+            f"save of step {plan.step} failed, nothing committed: {verdict['error']}"
         ) from local_error
     nbytes = sum(t.array.nbytes for t in mine)
-    return SaveResult(step, nbytes, time.perf_counter() - t0, verdict.get("nbytes", 0))
+    return SaveResult(plan.step, nbytes, time.perf_counter() - t0, verdict.get("nbytes", 0))
+
+
+def write_share(
+    store: Store,
+    plan: SavePlan,
+    prepared: PreparedState,
+    comm: Communicator,
+    forked: ForkedWriter | None = None,
+) -> tuple[list[LocalTensor], dict[str, Any], BaseException | None]:
+    """This rank's part of ``plan``: its tensors written (by ``forked``'s child, as shard
+    objects, or by a :class:`~ckptio.checkpoint.write.RankWriter`). Returns the tensors it
+    wrote, the outcome every rank gathers to rank 0 (``ok`` with what was written, or the
+    error's text) and the error itself, raised after the verdict."""
+    mine = plan.mine(prepared.tensors, comm.rank)
+    try:
+        if forked is not None:
+            written = forked.run({"token": plan.token, "paths": [t.path for t in mine]})
+        else:
+            written = RankWriter(store, plan, comm.rank).write(
+                comm, mine, parallel=PARALLEL_OBJECTS
+            )
+    except Exception as err:  # reported to every rank by the caller, then raised
+        log.debug("rank %d failed writing step %d", comm.rank, plan.step, exc_info=True)
+        return mine, {"ok": False, "error": error_text(err)}, err
+    return mine, {"ok": True, **written}, None
 
 
 def write_mine(
@@ -214,40 +205,10 @@ def write_mine(
     max_object_size: int,
     forked: ForkedWriter | None,
 ) -> tuple[list[LocalTensor], dict[str, Any], BaseException | None]:
-    """This rank's part of a save planned by rank 0 (``plan``: its token and who writes what):
-    its tensors written (by ``forked``'s child, as shard objects, or into the shared object).
-    Returns the tensors it wrote, the outcome every rank gathers to rank 0 (``ok`` with what
-    was written, or the error's text) and the error itself, raised after the verdict."""
-    mine = [t for p, t in prepared.tensors.items() if plan["writers"][p] in (comm.rank, -1)]
-    try:
-        if forked is not None:
-            written = forked.run({"token": plan["token"], "paths": [t.path for t in mine]})
-        elif layout == "file-per-shard":
-            written = write_rank_shards(
-                store,
-                step,
-                comm.rank,
-                plan["token"],
-                mine,
-                key_layout=key_layout,
-                chunk_size=chunk_size,
-                max_object_size=max_object_size,
-                parallel=PARALLEL_OBJECTS,
-            )
-        else:
-            written = write_rank_shared(
-                store,
-                step,
-                comm,
-                plan["token"],
-                mine,
-                per_node=layout == "shared-file-per-node",
-                chunk_size=chunk_size,
-            )
-    except Exception as err:  # reported to every rank by the caller, then raised
-        log.debug("rank %d failed writing step %d", comm.rank, step, exc_info=True)
-        return mine, {"ok": False, "error": error_text(err)}, err
-    return mine, {"ok": True, **written}, None
+    """:func:`write_share` of a plan document (``token``, ``writers``) as the collectives
+    carry it (the fast tier's save plans with its own checks)."""
+    options = WriteOptions(layout, key_layout, chunk_size, max_object_size)
+    return write_share(store, SavePlan.of(plan, step, options), prepared, comm, forked)
 
 
 def plan_writers(gathered: Sequence[Mapping[str, list[Any]]]) -> dict[str, int]:
@@ -273,7 +234,7 @@ def plan_writers(gathered: Sequence[Mapping[str, list[Any]]]) -> dict[str, int]:
 def build_manifest(
     step: int,
     prepared: PreparedState,
-    plan: Mapping[str, Any],
+    plan: SavePlan | Mapping[str, Any],
     results: Sequence[Mapping[str, Any]],
     world_size: int,
     layout: str,
@@ -289,7 +250,7 @@ def build_manifest(
             chunk_lists.setdefault(path, []).extend(cs)
     metas = prepared.metas()
     tensors: dict[str, mf.TensorEntry] = {}
-    for path in plan["writers"]:
+    for path in plan.writers if isinstance(plan, SavePlan) else plan["writers"]:
         meta = metas.get(path)
         if meta is None:
             raise errors.SaveFailedError(
@@ -314,32 +275,31 @@ def build_manifest(
 
 def commit_step(
     store: Store,
-    step: int,
+    plan: SavePlan,
     prepared: PreparedState,
-    plan: Mapping[str, Any],
     results: Sequence[Mapping[str, Any]],
     world_size: int,
-    layout: str,
-    key_layout: str,
     *,
     lease: SaveLease | None = None,
 ) -> dict[str, Any]:
-    """Rank 0: publish the manifest of a step whose data every rank reported written
+    """Rank 0: publish the manifest of ``plan`` (``prepared`` describes its state: the
+    tensors' dtypes and shapes, the tree, the metadata) whose data every rank reported written
     (:func:`publish_manifest`: withdrawn again if a gc fenced the step or an object is
     missing), or discard that data. ``lease`` (the save's) is held by the caller until the
     verdict; it is not consulted here: the check after publishing is what decides."""
+    step = plan.step
     prefix = fmt.step_dir(step) + "/"
     written = [prefix + k for r in results if r.get("ok") for k in r["objects"]]
     failed = [(rank, r["error"]) for rank, r in enumerate(results) if not r.get("ok")]
     if failed:
         # a shared (N-1) object was created by rank 0 for every rank: find it by the token
-        token = plan.get("token")
-        strays = _attempt_keys(store, prefix, token) if token else []
+        strays = _attempt_keys(store, prefix, plan.token)
         discard_objects(store, sorted(set(written) | set(strays)))
         return {"ok": False, "error": "; ".join(f"rank {rank}: {e}" for rank, e in failed)}
     try:
+        o = plan.options
         data, objects = build_manifest(
-            step, prepared, plan, results, world_size, layout, key_layout
+            step, prepared, plan, results, world_size, o.layout, o.key_layout
         )
         publish_manifest(store, step, data, objects)
     except Exception as err:  # reported to every rank; the data is discarded

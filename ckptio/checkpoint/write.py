@@ -3,6 +3,8 @@
 - Tensors larger than ``chunk_size`` are split along dim 0 into pieces of whole pages where
   rows allow (:func:`_pieces`): page-aligned memory stays page-aligned, so ``O_DIRECT``
   needs no copy on save or load, and CRCs and resharded loads work per chunk.
+- :class:`SavePlan` is what each rank writes (rank 0 decides it); :class:`RankWriter` writes
+  one rank's share of it, all at once (``save``) or a buffer at a time (the benchmark runner).
 - ``file-per-shard``: :func:`write_rank_shards` packs pieces into objects of at most
   ``max_object_size`` (each piece aligned to :data:`ckptio.format.ALIGNMENT`); a rank with at
   least :data:`PARALLEL_OBJECTS_MIN` bytes spreads them over :data:`PARALLEL_OBJECTS` objects
@@ -18,7 +20,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -40,7 +42,10 @@ __all__ = [
     "PARALLEL_OBJECTS",
     "PARALLEL_OBJECTS_MIN",
     "Piece",
+    "RankWriter",
+    "SavePlan",
     "SharedRegion",
+    "WriteOptions",
     "WriteProgress",
     "pack_pieces",
     "place_shared_region",
@@ -324,24 +329,110 @@ def pwrite_pieces(
     return chunks
 
 
-def write_rank_shared(
-    store: Store,
-    step: int,
-    comm: Communicator,
-    token: str,
-    mine: Sequence[LocalTensor],
-    *,
-    per_node: bool,
-    chunk_size: int,
-) -> dict[str, Any]:
-    """N-1: every rank calls this. Rank 0 places each rank's byte range in a shared object
-    (one per checkpoint, or per host) and creates it; each rank then pwrites its chunks.
-    Returns the chunk index and objects like :func:`write_rank_shards`."""
-    pieces = [p for local in mine for p in _pieces(local, chunk_size)]
-    offsets, need = pack_pieces(p.view.nbytes for p in pieces)
-    region = place_shared_region(store, step, comm, token, need, per_node=per_node)
-    chunks = pwrite_pieces(store, step, region, list(zip(pieces, offsets, strict=True)))
-    return {"chunks": chunks, "objects": {region.key: region.size}}
+@dataclass(frozen=True)
+class WriteOptions:
+    """How a save lays its data out in objects: one per :class:`ckptio.Checkpointer`, DCP
+    writer or benchmark run, checked where it is made."""
+
+    layout: str = "file-per-shard"
+    """One of :data:`LAYOUTS`."""
+    key_layout: str = "flat"
+    """One of :data:`ckptio.format.KEY_LAYOUTS`."""
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    max_object_size: int = DEFAULT_MAX_OBJECT_SIZE
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    """What each rank writes in one save, as rank 0 decided it (DCP's split: a planner says
+    what, the storage writes it): the step, the attempt's token (in every object key and in
+    the save's lease), the writer of each tensor (a rank, or -1: every holder its box) and how
+    the data is laid out. It travels to every rank as a document (:meth:`doc`, :meth:`of`);
+    :class:`RankWriter` writes a rank's share of it, :func:`ckptio.checkpoint.commit.commit_step`
+    commits it. ``save``, the Checkpointer, the fast tier, the DCP writer and the benchmark
+    runner all write through it."""
+
+    step: int
+    token: str
+    writers: Mapping[str, int]
+    options: WriteOptions = WriteOptions()
+
+    def doc(self) -> dict[str, Any]:
+        """The plan as the collectives carry it (JSON)."""
+        return {"ok": True, "token": self.token, "writers": dict(self.writers)}
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any], step: int, options: WriteOptions) -> SavePlan:
+        """The plan of a document :meth:`doc` made (on rank 0) and a broadcast carried."""
+        return cls(step, str(doc["token"]), doc["writers"], options)
+
+    def mine(self, tensors: Mapping[str, LocalTensor], rank: int) -> list[LocalTensor]:
+        """What ``rank`` writes of the ``tensors`` it holds."""
+        return [t for p, t in tensors.items() if self.writers[p] in (rank, -1)]
+
+
+class RankWriter:
+    """One rank's writer of a :class:`SavePlan`: its tensors into shard objects
+    (:meth:`objects`, N-N) or into its byte range of a shared object (:meth:`place`, then
+    :meth:`pwrite`, N-1); :meth:`write` does either for a rank's whole share at once (what
+    ``save`` does). A caller that streams its data (the benchmark runner, which never holds a
+    whole checkpoint) calls :meth:`objects` or :meth:`pwrite` once per buffer it filled."""
+
+    def __init__(self, store: Store, plan: SavePlan, rank: int) -> None:
+        self.store, self.plan, self.rank = store, plan, rank
+
+    def objects(
+        self,
+        tensors: Sequence[LocalTensor],
+        *,
+        first_index: int = 0,
+        parallel: int = 1,
+        progress: WriteProgress | None = None,
+    ) -> dict[str, Any]:
+        """:func:`write_rank_shards` of ``tensors`` under this plan: the chunk index and
+        objects written."""
+        o = self.plan.options
+        return write_rank_shards(
+            self.store,
+            self.plan.step,
+            self.rank,
+            self.plan.token,
+            tensors,
+            key_layout=o.key_layout,
+            chunk_size=o.chunk_size,
+            max_object_size=o.max_object_size,
+            first_index=first_index,
+            parallel=parallel,
+            progress=progress,
+        )
+
+    def place(self, comm: Communicator, sizes: Iterable[int]) -> tuple[SharedRegion, list[int]]:
+        """N-1, collective: this rank's region of the shared object, placed by rank 0 for
+        pieces of ``sizes`` bytes (:func:`place_shared_region`), and each piece's offset in
+        it (:func:`pack_pieces`)."""
+        offsets, need = pack_pieces(sizes)
+        per_node = self.plan.options.layout == "shared-file-per-node"
+        region = place_shared_region(
+            self.store, self.plan.step, comm, self.plan.token, need, per_node=per_node
+        )
+        return region, offsets
+
+    def pwrite(self, region: SharedRegion, placed: Sequence[tuple[Piece, int]]) -> dict[str, Any]:
+        """N-1: :func:`pwrite_pieces` of ``placed`` into ``region``, durable on return; the
+        chunk index and the shared object."""
+        chunks = pwrite_pieces(self.store, self.plan.step, region, placed)
+        return {"chunks": chunks, "objects": {region.key: region.size}}
+
+    def write(
+        self, comm: Communicator, tensors: Sequence[LocalTensor], *, parallel: int = 1
+    ) -> dict[str, Any]:
+        """A rank's whole share in one call (collective for the shared layouts): the chunk
+        index and objects written."""
+        if self.plan.options.layout == "file-per-shard":
+            return self.objects(tensors, parallel=parallel)
+        pieces = [p for local in tensors for p in _pieces(local, self.plan.options.chunk_size)]
+        region, offsets = self.place(comm, (p.view.nbytes for p in pieces))
+        return self.pwrite(region, list(zip(pieces, offsets, strict=True)))
 
 
 def error_text(err: BaseException) -> str:

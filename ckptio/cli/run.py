@@ -45,6 +45,7 @@ from ckptio.workload import (
 if TYPE_CHECKING:
     from ckptio.dist import Communicator
     from ckptio.runner import RunSettings, RunSummary, SweepPoint
+    from ckptio.tierbench import Tiers
 
 __all__ = [
     "COMMANDS",
@@ -308,8 +309,8 @@ class RunJob:
     plan: Plan
     mode: str
     """``run``, ``sweep`` or ``tiered`` (``run --local``)."""
-    kwargs: dict[str, Any]
-    """The tiered workload's options (``run --local``: :func:`ckptio.tierbench.rank_main`)."""
+    tiers: Tiers | None
+    """The fast tier of a tiered run (``run --local``: :func:`ckptio.tierbench.rank_main`)."""
     comm: Communicator | None
     """The launcher's communicator (mpiexec/srun/torchrun), else None: local processes."""
     ranks: int
@@ -317,7 +318,7 @@ class RunJob:
     """Bytes rank 0 writes and reads over the whole job (the progress bar's total)."""
     points: list[SweepPoint] = field(default_factory=list)
     settings: RunSettings | None = None
-    """The run's (and each sweep point's) settings: ``run`` and ``sweep``."""
+    """The run's (each sweep point's, the tiered run's) settings."""
     sweep: dict[str, Any] | None = None
     """:func:`ckptio.runner.sweep`'s points (``streams``, ``part_sizes``, ``warn``)."""
 
@@ -422,29 +423,26 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
     per_rank0 = int(plan.rank_bytes[writer_ranks(plan, ranks)[0]].sum())
     passes = args.iterations * (1 if args.no_read else 2)
     mode = "sweep" if sweep_mode else "run"
+    tiers: Tiers | None = None
     if local:
-        from ckptio.tierbench import check_tiered
+        from ckptio.tierbench import Tiers, check_tiered
 
         check_tiered(plan, ranks, comm)
         mode = "tiered"
         passes = args.iterations * (2 if args.no_read else 4)  # save, drain, two restores
-        for unused in ("inflight", "layout"):
-            kwargs.pop(unused)
-        kwargs.update(local=local, emulate_local=args.emulate_local)
+        tiers = Tiers(local, emulate_local=args.emulate_local)
     points: list[SweepPoint] = []
     if sweep is not None:
         points = sweep_points(
             plan, ranks, sweep["streams"], sweep["part_sizes"], inflight=args.inflight
         )
         passes *= len(points)
-    settings = None
-    if mode != "tiered":
-        settings = RunSettings(options=kwargs.pop("store_options"), **kwargs)
+    settings = RunSettings(options=kwargs.pop("store_options"), **kwargs)
     return RunJob(
         args.target,
         plan,
         mode,
-        kwargs,
+        tiers,
         comm,
         ranks,
         per_rank0 * passes,
@@ -469,7 +467,7 @@ def execute_run(
     main: Callable[..., RunSummary] = runner.rank_main
     args: tuple[Any, ...] = (job.target, job.plan, job.settings, job.sweep)
     if job.mode == "tiered":
-        main, args = tierbench.rank_main, (job.target, job.plan, job.kwargs)
+        main, args = tierbench.rank_main, (job.target, job.plan, job.settings, job.tiers)
     try:
         if job.comm is not None:
             summary = main(job.comm, *args)

@@ -20,7 +20,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,41 +161,35 @@ def stale(state: ClusterState) -> bool:
     return state.owner > 0 and not same_process(state.owner, state.owner_start)
 
 
-def _pids_with_env(cluster_id: str) -> list[int]:
-    """Processes whose environment carries ``CKPTIO_CLUSTER=<id>`` (what the cluster launched),
-    this process excepted."""
-    mark = f"{ENV}={cluster_id}".encode()
+def _pids_where(part: str, holds: Callable[[bytes], bool]) -> list[int]:
+    """Processes whose ``/proc/PID/<part>`` ``holds`` (one scan of ``/proc``), this process
+    excepted; a process that ends during the scan is left out."""
     found = []
     me = os.getpid()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
         try:
-            with open(f"/proc/{entry.name}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
+            with open(f"/proc/{entry.name}/{part}", "rb") as fh:
+                if holds(fh.read()):
+                    found.append(int(entry.name))
         except OSError:
             continue
-        if mark in env:
-            found.append(int(entry.name))
     return found
+
+
+def _pids_with_env(cluster_id: str) -> list[int]:
+    """Processes whose environment carries ``CKPTIO_CLUSTER=<id>`` (what the cluster launched),
+    this process excepted."""
+    mark = f"{ENV}={cluster_id}".encode()
+    return _pids_where("environ", lambda env: mark in env.split(b"\0"))
 
 
 def _pids_mentioning(text: str) -> list[int]:
     """Processes whose command line holds ``text`` (daemons started with a path of the
     cluster's), this process excepted."""
     mark = text.encode()
-    found = []
-    me = os.getpid()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
-                if mark in fh.read():
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+    return _pids_where("cmdline", lambda cmdline: mark in cmdline)
 
 
 def netns_pids(netns: str) -> list[int]:
