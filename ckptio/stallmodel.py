@@ -331,6 +331,15 @@ class PhaseEstimate:
         return asdict(self)
 
 
+def _once_ops(w: Workload, phase: str) -> int:
+    """Metadata operations in series once per phase: a save's protocol
+    (:func:`save_protocol_requests`), a read's manifest, a restore's preamble (whose GET of
+    the manifest, at the data latency, the caller adds)."""
+    if phase == "write":
+        return save_protocol_requests(w.objects or w.writing_ranks * w.objects_per_rank)
+    return RESTORE_PREAMBLE_OPS if phase == "restore" else 1
+
+
 def estimate(
     workload: Workload,
     profile: Profile,
@@ -390,13 +399,7 @@ def estimate(
     # a read needs no per-object metadata (the manifest has every offset), only the manifest;
     # a restore lists the steps and reads the manifest first, and checks each object's size
     meta_ops = {"write": 2, "read": 0, "restore": 1}[phase]
-    # once per phase: a save's protocol, a restore's preamble (its GET of the manifest at the
-    # data latency), a read's manifest
-    once = {
-        "write": save_protocol_requests(w.objects or w.writing_ranks * w.objects_per_rank),
-        "read": 1,
-        "restore": RESTORE_PREAMBLE_OPS,
-    }[phase]
+    once = _once_ops(w, phase)
     t_meta = groups * meta_ops * meta + once * meta + (lat if restore else 0.0)
 
     path = t_stream + t_latency
