@@ -22,7 +22,10 @@ Default targets (a laptop needs nothing else):
   saved through :class:`~ckptio.tiered.TieredCheckpointer` on a node-local fast tier and
   drained to an emulated durable one (:mod:`ckptio.tierbench`): ``LOCAL`` is ``disk`` (a
   directory on this machine: measured) or a profile (emulated over such a directory); save
-  (the stall), drain and restore (from either tier) are timed.
+  (the stall), drain and restore (from either tier) are timed. ``DURABLE+LOCAL+peer`` (or
+  ``+peerK``; default ``cloud-s3+local-nvme+peer``) runs the same and is projected with
+  ``K`` peer copies of each node's fast tier: the replication and the restore from a peer
+  are the model's (**projected**: one process has no peer node to copy to).
 
 Any URL can be given as a target too (``file:///mnt/lustre/x``, ``s3://bucket/prefix``): those
 are measured.
@@ -77,9 +80,11 @@ DEFAULT_TARGETS = ("local", "mock-s3")
 """Always run by default; ``rgw`` joins them where its packages are installed
 (:func:`default_targets`)."""
 DEFAULT_PROFILES = ("cloud-s3", "abci-lustre")
-DEFAULT_TIERED = ("cloud-s3+local-nvme",)
+DEFAULT_TIERED = ("cloud-s3+local-nvme", "cloud-s3+local-nvme+peer")
 """The fix the report recommends for a stalling cloud run, emulated: cloud-s3 drained from a
-node-local NVMe tier (the ``local-nvme`` profile over a directory of this machine)."""
+node-local NVMe tier (the ``local-nvme`` profile over a directory of this machine), and the
+same with one peer copy of each node's fast tier (``+peer``: the run is the tiered one, the
+peer copies are the model's projection, :mod:`ckptio.stallmodel`)."""
 DEFAULT_PRESET = "llama3-8b"
 DEFAULT_TOTAL_SIZE = "256MiB"
 """Small enough that every default target finishes in well under a minute on 2 cores."""
@@ -516,7 +521,7 @@ class _Runner:
                 out_dir=self.results_dir,
                 iterations=self.wl.iterations or (AUTO_ROUNDS if measured else 1),
                 site=self.site,
-                config=self._config(spec.name),
+                config={**self._config(spec.name), "peers": spec.peers},
                 tmp=tmp,
                 say=lambda line: self.say(f"  {line}"),
             )

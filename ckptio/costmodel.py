@@ -41,6 +41,7 @@ __all__ = [
     "ASSUMPTIONS",
     "DEFAULT_INTERVAL",
     "DEFAULT_PRICE_PER_GPU_HOUR",
+    "DEFAULT_P_LOSE_ANOTHER",
     "DEFAULT_P_LOSE_NODE",
     "DEFAULT_RESTART_OVERHEAD",
     "DEFAULT_SNAPSHOT_BANDWIDTH",
@@ -237,6 +238,16 @@ DEFAULT_RESTART_OVERHEAD = 300.0
 #: 3.3.4) attributes to confirmed or suspected hardware issues, taken as node replacements.
 DEFAULT_P_LOSE_NODE = 0.78
 
+#: Probability that a failure which loses a node loses another one at once (before the lost
+#: node's peer copies are made again), and so on for each further node: the number of nodes
+#: one failure loses is geometric, ``P(more than j) = DEFAULT_P_LOSE_NODE *
+#: DEFAULT_P_LOSE_ANOTHER ** (j - 1)``. Assumption: 0.1. No published figure was found for
+#: simultaneous node losses in training jobs; the figure stands for failures of what several
+#: nodes share (a switch, rack power, a maintenance batch). Independent failures alone give
+#: far less: another failure within a restart of ``R`` seconds comes with probability about
+#: ``R / M`` (0.02 for a 6 min restart at the founding example's 5.3 h MTBF).
+DEFAULT_P_LOSE_ANOTHER = 0.1
+
 #: Failure rate of a job: Meta research clusters, job mean time to failure 7.9 h at 1,024 GPUs
 #: (arXiv 2410.21680, secondary quote), scaled inversely with the GPU count
 #: (:func:`reference_mtbf`).
@@ -261,6 +272,9 @@ ASSUMPTIONS: dict[str, str] = {
     "order of magnitude)",
     "p_lose_node": "78% of failures lose the node's fast tier (Llama 3 paper, arXiv "
     "2407.21783: the hardware share of unexpected interruptions)",
+    "p_lose_another": "10% of the failures that lose a node lose another at once, and so on "
+    "(assumption: no published figure for simultaneous node losses; it stands for what "
+    "several nodes share, a switch, rack power, a maintenance batch)",
     "snapshot_bandwidth": "an asynchronous save's snapshot copies 25 GB/s per GPU to host "
     "memory (assumption: PCIe Gen4 x16)",
 }

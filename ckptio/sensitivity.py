@@ -16,10 +16,10 @@ from dataclasses import replace
 from typing import Any
 
 from ckptio.profiles import Profile
-from ckptio.stallmodel import Conditions, Workload, project
+from ckptio.stallmodel import Conditions, Workload, peer_link, project
 from ckptio.units import human_rate, human_seconds
 
-__all__ = ["ASSUMPTIONS", "FACTOR", "sensitivity"]
+__all__ = ["ASSUMPTIONS", "FACTOR", "PEER_ASSUMPTIONS", "sensitivity"]
 
 FACTOR = 2.0
 """Each assumption is divided and multiplied by this."""
@@ -60,8 +60,21 @@ ASSUMPTIONS: dict[str, tuple[str, Variant, Callable[[Conditions, Profile], str]]
         _stream,
         lambda c, p: human_rate(p.value("stream_bandwidth")),
     ),
+    "p_lose_another": (
+        "chance a failure loses another node at once",
+        lambda c, p, f: (replace(c, p_lose_another=min(c.p_lose_another * f, 0.999)), p),
+        lambda c, p: f"{c.p_lose_another:g}",
+    ),
+    "peer_bandwidth": (
+        "node link to the peers",
+        lambda c, p, f: (replace(c, peer_bandwidth=peer_link(c, p)[0] * f), p),
+        lambda c, p: human_rate(peer_link(c, p)[0]),
+    ),
 }
 """name -> (words, how to scale it by a factor, its value in words)."""
+
+PEER_ASSUMPTIONS = ("p_lose_another", "peer_bandwidth")
+"""Assumptions that move only a target with peer copies (left out of the others' rows)."""
 
 
 def sensitivity(
@@ -77,10 +90,14 @@ def sensitivity(
     with the assumption halved and doubled), ``base`` (as assumed) and ``swing`` (``|high -
     low|``). With ``local`` the target is tiered (the per-stream bandwidth varied is the
     durable tier's, ``profile``). A restart given outright (``conditions.restart_seconds``)
-    leaves the restart overhead without effect (swing 0)."""
+    leaves the restart overhead without effect (swing 0). The chance of losing another node
+    at once and the node link to the peers have rows only for a target with peer copies
+    (``conditions.peers``; the link varied from :func:`~ckptio.stallmodel.peer_link`'s)."""
     base = project(workload, profile, conditions, local=local)[answer]
     rows = []
     for name, (words, scale, shown) in ASSUMPTIONS.items():
+        if name in PEER_ASSUMPTIONS and not (local is not None and conditions.peers):
+            continue
         ends = []
         for f in (1 / FACTOR, FACTOR):
             c, p = scale(conditions, profile, f)

@@ -54,6 +54,32 @@ fast tier unless a failure lost a node's fast tier, with probability ``p_lose_no
 ``restore = (1 - p) * fast read + p * durable read``. The newest checkpoint exists on the fast
 tier only for ``(persist_every - 1) * interval + drain`` at most (the *fast-only window*); a
 failure that loses a node in that window loses the work since the newest drained step.
+
+**Peer copies** (``peers = k`` > 0, the target ``<durable>+<local>+peer``): after each save
+to the fast tier, each node's step is copied in the background to the fast tiers of the next
+``k`` nodes of a ring (nodes, not ranks: a copy on the same node dies with it). The
+*replication* takes as long as the slower of the node link, which carries the ``k`` copies
+sent (and ``k`` received, full duplex) with the drain's bytes to the durable tier, and the
+fast tier, which writes the ``k`` copies received and reads the step once to send it; the
+link is ``peer_bandwidth``, by default the durable profile's ``node_bandwidth`` (the same
+node's link to its storage: an assumption that peers and storage share one link). It blocks
+the next save when the save and it outlast the interval (the excess is added to the stall);
+each fast tier holds ``(1 + k)`` steps' worth per node. After a failure that loses nodes, a
+replacement node restores from a surviving peer: the peer reads its own step (its own
+restart) and the copies of the ``peer_fan_in`` replacement nodes it serves from its fast
+tier, and sends those copies over its link; the slower of the two is the peer restore. A
+failure loses a node with probability ``p_lose_node``; the count of nodes lost at once is
+geometric: each further node with probability ``p_lose_another``
+(:data:`DEFAULT_P_LOSE_ANOTHER`, an assumption). With ``k`` copies, losing up to ``k`` nodes
+at once leaves a copy of each (and, on a ring, a different survivor for each replacement
+node, so the fan-in stays 1); losing more is taken to lose every copy of one of them (the
+worst placement, neighbours on the ring), and the durable tier is read. The expected restore
+is ``(1 - p) * fast + p (1 - q^k) * peer + p q^k * durable`` (``q = p_lose_another``), with
+the peer restore capped at the durable one (a restorer would read the durable tier where it
+is faster; ``peer_slower_than_durable`` says when that happens). With ``k = 0`` this is the
+tiered restore above, exactly. Not modelled: the replication slowing a drain that shares the
+fast tier and the link (a drain bound by its durable write, as to S3, leaves both mostly
+idle), and the copies made again after a node is replaced (background, after the restart).
 """
 
 from __future__ import annotations
@@ -67,6 +93,7 @@ from ckptio import errors
 from ckptio.costmodel import (
     ASSUMPTIONS,
     DEFAULT_INTERVAL,
+    DEFAULT_P_LOSE_ANOTHER,
     DEFAULT_P_LOSE_NODE,
     DEFAULT_PRICE_PER_GPU_HOUR,
     DEFAULT_RESTART_OVERHEAD,
@@ -96,6 +123,7 @@ __all__ = [
     "DEFAULT_INTERVAL",
     "DEFAULT_OBJECT_CONCURRENCY",
     "DEFAULT_PRICE_PER_GPU_HOUR",
+    "DEFAULT_P_LOSE_ANOTHER",
     "DEFAULT_P_LOSE_NODE",
     "DEFAULT_RESTART_OVERHEAD",
     "DEFAULT_SNAPSHOT_BANDWIDTH",
@@ -118,6 +146,7 @@ __all__ = [
     "evaluate",
     "lost_shares",
     "overhead_fraction",
+    "peer_link",
     "preset_workload",
     "project",
     "reference_mtbf",
@@ -516,6 +545,18 @@ class Conditions:
     """Tiered: every N-th checkpoint is drained to the durable tier."""
     p_lose_node: float = DEFAULT_P_LOSE_NODE
     """Tiered: the probability that a failure loses a node's fast tier."""
+    peers: int = 0
+    """Tiered: peer copies of each node's fast-tier step, on the next ``peers`` nodes of a
+    ring (0: none)."""
+    peer_fan_in: int = 1
+    """Tiered with peers: replacement nodes that read from one surviving peer at once (1: the
+    reads spread over the surviving copies, which a ring allows whenever a copy survives)."""
+    p_lose_another: float = DEFAULT_P_LOSE_ANOTHER
+    """Tiered with peers: the probability that a failure which loses a node loses another one
+    at once (and so on: the count of nodes lost is geometric)."""
+    peer_bandwidth: float | None = None
+    """Tiered with peers: bytes/s of a node's network link to the other nodes (None: the
+    durable profile's ``node_bandwidth``, the same node's link to the storage)."""
     streams: int | None = None
     """Concurrent streams per node (None: the profile's)."""
     part_size: int | None = None
@@ -533,6 +574,18 @@ class Conditions:
         if self.persist_every < 1:
             raise errors.InvalidArgumentError(
                 f"persist_every must be >= 1, got {self.persist_every}"
+            )
+        if not 0 <= self.p_lose_another < 1:
+            raise errors.InvalidArgumentError(
+                f"p_lose_another: a probability in [0, 1), got {self.p_lose_another}"
+            )
+        if self.peers < 0:
+            raise errors.InvalidArgumentError(f"peers must be >= 0, got {self.peers}")
+        if self.peer_fan_in < 1:
+            raise errors.InvalidArgumentError(f"peer_fan_in must be >= 1, got {self.peer_fan_in}")
+        if self.peer_bandwidth is not None and not self.peer_bandwidth > 0:
+            raise errors.InvalidArgumentError(
+                f"peer_bandwidth must be > 0 bytes/s, got {self.peer_bandwidth}"
             )
 
     @classmethod
@@ -650,10 +703,92 @@ def project(
     }
 
 
+def _times(w: Workload, factor: int) -> Workload:
+    """``w`` with each node holding ``factor`` times its bytes and objects (a node's own step
+    and the peer copies it holds)."""
+    return replace(
+        w,
+        total_bytes=w.total_bytes * factor,
+        bytes_per_rank=w.bytes_per_rank * factor,
+        objects_per_rank=w.objects_per_rank * factor,
+    )
+
+
+def peer_link(c: Conditions, durable: Profile) -> tuple[float, str]:
+    """A node's network link to the other nodes (bytes/s) and where the figure comes from:
+    ``c.peer_bandwidth``, else the durable profile's ``node_bandwidth`` (the same node's link,
+    to the storage: peers and storage share one network link)."""
+    if c.peer_bandwidth is not None:
+        return c.peer_bandwidth, "given (--peer-bandwidth)"
+    fig = durable.figures["node_bandwidth"]
+    return fig.value, (
+        f"{durable.name}'s node_bandwidth ({fig.source}); assumption: peer copies cross the "
+        "same node link"
+    )
+
+
+def _peers(
+    workload: Workload,
+    durable: Profile,
+    local: Profile,
+    c: Conditions,
+    kw: dict[str, Any],
+    fast_r: PhaseEstimate,
+    save: float,
+) -> dict[str, Any]:
+    """The peer copies of a tiered target (``c.peers`` > 0; see the module docstring): the
+    replication after each save and the restore of a replacement node from a peer."""
+    k, f = c.peers, c.peer_fan_in
+    link, link_source = peer_link(c, durable)
+    node = workload.node_bytes
+    # save side: each node sends its step to k partners and receives k partners' steps (the
+    # link is full duplex); the drain's bytes to the durable tier cross the same link
+    repl_terms = {
+        "node link": (k + 1) * node / link,
+        "fast tier": estimate(_times(workload, k), local, phase="write", **kw).seconds
+        + fast_r.seconds,
+    }
+    repl_binding = max(repl_terms, key=lambda t: repl_terms[t])
+    replication = repl_terms[repl_binding]
+    # restore side: a surviving peer reads its own step (its own restart) and the copies of
+    # the f replacement nodes it serves from its fast tier, and sends f copies over its link
+    peer_fast = estimate(_times(workload, 1 + f), local, phase="restore", **kw).seconds
+    peer_send = f * node / link
+    restore_terms = {"peer's fast tier": peer_fast, "peer's node link": peer_send}
+    restore_binding = max(restore_terms, key=lambda t: restore_terms[t])
+    return {
+        "peers": k,
+        "peer_fan_in": f,
+        "peer_bandwidth": link,
+        "peer_bandwidth_source": link_source,
+        "p_lose_another": c.p_lose_another,
+        "p_lose_another_source": "assumption (DEFAULT_P_LOSE_ANOTHER: no published figure for "
+        "simultaneous node losses)"
+        if c.p_lose_another == DEFAULT_P_LOSE_ANOTHER
+        else "given (--p-lose-another)",
+        "replication_seconds": replication,
+        "replication_binding": repl_binding,
+        "replication_detail": f"{k} cop{'y' if k == 1 else 'ies'} of {human_size(node)} per "
+        f"node: sent and received over a {human_rate(link)} node link with the drain's "
+        f"{human_size(node)} ({human_seconds(repl_terms['node link'])}), written to and read "
+        f"from {local.name} ({human_seconds(repl_terms['fast tier'])})",
+        "replication_bytes_per_node": k * node,
+        "replication_wait_seconds": backpressure(save + replication, c.interval),
+        "replication_fits_interval": save + replication <= c.interval,
+        "fast_tier_bytes_per_node": (1 + k) * node,
+        "restore_peer_seconds": restore_terms[restore_binding],
+        "restore_peer_binding": restore_binding,
+        "restore_peer_detail": f"{human_size(node)} per replacement node from a surviving peer "
+        f"serving {f}: its {local.name} reads {1 + f} steps ({human_seconds(peer_fast)}), "
+        f"its {human_rate(link)} link sends {f} ({human_seconds(peer_send)})",
+    }
+
+
 def _project_tiered(
     workload: Workload, durable: Profile, local: Profile, c: Conditions
 ) -> dict[str, Any]:
-    """One tiered target: ``durable`` drained from ``local`` (see the module docstring)."""
+    """One tiered target: ``durable`` drained from ``local``, with ``c.peers`` peer copies of
+    the fast tier (see the module docstring)."""
     kw: dict[str, Any] = dict(streams=c.streams, part_size=c.part_size)
     fast_w = estimate(workload, local, phase="write", **kw)
     fast_r = estimate(workload, local, phase="read", **kw)  # the drain's read
@@ -667,16 +802,56 @@ def _project_tiered(
         else f"{local.name} read: {fast_r.binding}"
     )
     p = c.p_lose_node
-    restore = (1 - p) * fast_restore.seconds + p * durable_r.seconds
-    binds = durable_r if p * durable_r.seconds >= (1 - p) * fast_restore.seconds else fast_restore
-    restart = restart_time(
-        c, restore, f"expected: {1 - p:.0%} from {local.name}, {p:.0%} from {durable.name}"
-    )
+    peers: dict[str, Any] = {}
+    if c.peers == 0:
+        restore = (1 - p) * fast_restore.seconds + p * durable_r.seconds
+        binds = (
+            durable_r if p * durable_r.seconds >= (1 - p) * fast_restore.seconds else fast_restore
+        )
+        basis = f"expected: {1 - p:.0%} from {local.name}, {p:.0%} from {durable.name}"
+        binding, binding_detail = binds.binding, binds.binding_detail
+    else:
+        peers = _peers(workload, durable, local, c, kw, fast_r, fast_w.seconds)
+        # a failure that loses more nodes at once than there are copies is taken to lose
+        # every copy of one of them (the worst placement: neighbours on the ring): the
+        # durable tier; a restorer reads a peer only where that is faster than the durable tier
+        gone = c.p_lose_another**c.peers
+        peer_path = min(peers["restore_peer_seconds"], durable_r.seconds)
+        shares = {"fast": 1 - p, "peer": p * (1 - gone), "durable": p * gone}
+        parts = {
+            "fast": shares["fast"] * fast_restore.seconds,
+            "peer": shares["peer"] * peer_path,
+            "durable": shares["durable"] * durable_r.seconds,
+        }
+        # the durable read, less what the peer copies save where one survives: written so
+        # that a copy more never adds time, not even a rounding error
+        saved = (1 - gone) * (durable_r.seconds - peer_path)
+        restore = shares["fast"] * fast_restore.seconds + p * (durable_r.seconds - saved)
+        most = max(parts, key=lambda t: parts[t])
+        if most == "peer" and peers["restore_peer_seconds"] <= durable_r.seconds:
+            binding = peers["restore_peer_binding"]
+            binding_detail = f"peer copy: {binding} — {peers['restore_peer_detail']}"
+        else:
+            binds = fast_restore if most == "fast" else durable_r
+            binding, binding_detail = binds.binding, binds.binding_detail
+        basis = (
+            f"expected: {shares['fast']:.0%} from {local.name}, {shares['peer']:.0%} from a "
+            f"peer's copy, {shares['durable']:.1%} from {durable.name}"
+        )
+        peers.update(
+            restore_fast_probability=shares["fast"],
+            restore_peer_probability=shares["peer"],
+            restore_durable_probability=shares["durable"],
+            peer_slower_than_durable=peers["restore_peer_seconds"] > durable_r.seconds,
+        )
+    restart = restart_time(c, restore, basis)
     wait = backpressure(drain, c.interval, c.persist_every)
     saving = _saving(c, fast_w.seconds, workload.bytes_per_rank / c.snapshot_bandwidth)
-    saving["stall_seconds"] += wait
+    saving["stall_seconds"] += wait + peers.get("replication_wait_seconds", 0.0)
+    from ckptio.tierbench import peer_suffix  # the targets' names, as compare spells them
+
     return {
-        "target": f"{durable.name}+{local.name}",
+        "target": f"{durable.name}+{local.name}{peer_suffix(c.peers)}",
         "kind": "projected",
         "tiers": {"durable": durable.name, "local": local.name},
         "profile": durable.as_dict(),
@@ -701,9 +876,10 @@ def _project_tiered(
         "interruptions)"
         if p == DEFAULT_P_LOSE_NODE
         else "given (--p-lose-node)",
+        **peers,
         "restore_seconds": restore,
-        "restore_binding": binds.binding,
-        "restore_binding_detail": binds.binding_detail,
+        "restore_binding": binding,
+        "restore_binding_detail": binding_detail,
         **restart,
         **saving,
         **c.costs(saving["stall_seconds"], restart["restart_seconds"], c.with_gpus(workload)),
@@ -804,8 +980,10 @@ def evaluate(
     elif workload is not None and (profiles or targets):
         for prof in profiles:
             targets.append(project(workload, prof, c))
-            if local is not None:
-                targets.append(project(workload, prof, c, local=local))
+            if local is not None:  # tiered, then with its peer copies (c.peers) beside it
+                targets.append(project(workload, prof, replace(c, peers=0), local=local))
+                if c.peers:
+                    targets.append(project(workload, prof, c, local=local))
     else:
         raise errors.InvalidArgumentError(
             "model needs figures (--checkpoint-seconds, or --size with --write-bandwidth) or a "

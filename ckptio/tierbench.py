@@ -85,6 +85,7 @@ from ckptio.runner.records import (
 from ckptio.runner.settings import writer_ranks
 from ckptio.runner.synthetic import DataGenerator
 from ckptio.store import Store
+from ckptio.units import MAX_PEERS
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +99,13 @@ MEMORY_SHARE = 0.8
 
 
 __all__ = [
+    "PEER_NOTE",
     "TieredRun",
     "TieredSpec",
     "Tiers",
     "check_tiered",
     "parse_tiered",
+    "peer_suffix",
     "run_tiered",
     "run_tiered_workload",
     "tier_kinds",
@@ -115,10 +118,13 @@ class TieredSpec:
 
     durable: str
     local: str
+    peers: int = 0
+    """Peer copies the full-scale projection gives each node's fast tier (``+peer``,
+    ``+peerK``); the run itself has no peer node (one process): the same phases are run."""
 
     @property
     def name(self) -> str:
-        return f"{self.durable}+{self.local}"
+        return f"{self.durable}+{self.local}{peer_suffix(self.peers)}"
 
     @property
     def local_measured(self) -> bool:
@@ -127,7 +133,18 @@ class TieredSpec:
     @property
     def note(self) -> str:
         """What each part is, in words (tables and plot labels)."""
-        return tiers_note(self.durable, False, self.local, self.local_measured)
+        return tiers_note(self.durable, False, self.local, self.local_measured) + (
+            f"; {PEER_NOTE}" if self.peers else ""
+        )
+
+
+PEER_NOTE = "peer copies projected by the model (not run here: one process has no peer node)"
+"""What a tiered target's peer copies are, in words, wherever they are shown."""
+
+
+def peer_suffix(peers: int) -> str:
+    """A tiered target name's suffix for ``peers`` copies: ``+peer`` (1), ``+peerK``."""
+    return "" if peers == 0 else "+peer" if peers == 1 else f"+peer{peers}"
 
 
 def tiers_note(durable: str, durable_measured: bool, local: str, local_measured: bool) -> str:
@@ -143,10 +160,21 @@ def tiers_note(durable: str, durable_measured: bool, local: str, local_measured:
 
 
 def parse_tiered(spec: str) -> TieredSpec:
-    """``cloud-s3+disk`` or ``cloud-s3+local-nvme`` -> :class:`TieredSpec`; unknown profiles
-    raise an error listing the valid ones."""
+    """``cloud-s3+disk`` or ``cloud-s3+local-nvme`` (``+peer`` or ``+peerK`` after it: with
+    peer copies) -> :class:`TieredSpec`; unknown profiles raise an error listing the valid
+    ones."""
     from ckptio.profiles import load_profile
 
+    peers = 0
+    head, plus, last = spec.rpartition("+")
+    if plus and last.startswith("peer"):
+        count = last[len("peer") :] or "1"
+        if not count.isdigit() or not 1 <= int(count) <= MAX_PEERS:
+            raise errors.InvalidArgumentError(
+                f"tiered target {spec!r}: '+peer' or '+peerK' with K from 1 to {MAX_PEERS} "
+                "peer copies, e.g. cloud-s3+local-nvme+peer2"
+            )
+        spec, peers = head, int(count)
     durable, plus, local = spec.partition("+")
     if not plus or not durable or not local:
         raise errors.InvalidArgumentError(
@@ -157,7 +185,7 @@ def parse_tiered(spec: str) -> TieredSpec:
     load_profile(durable)
     if local != DISK:
         load_profile(local)
-    return TieredSpec(durable, local)
+    return TieredSpec(durable, local, peers)
 
 
 def tier_kinds(sidecar: dict[str, Any] | None) -> dict[str, str] | None:

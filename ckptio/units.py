@@ -40,6 +40,7 @@ __all__ = [
     "MAX_ITERATIONS",
     "MAX_LOCAL_PROCESSES",
     "MAX_MODEL_DIMENSION",
+    "MAX_PEERS",
     "MAX_PRICE",
     "MAX_SCALE",
     "MAX_SECONDS",
@@ -89,6 +90,9 @@ MAX_PRICE = 1e6
 MAX_COUNT = 2**31 - 1
 """The largest integer option (a store's ``streams``, ``keep_last``) when no tighter bound
 applies."""
+
+MAX_PEERS = 16
+"""The most peer copies of a node's fast tier a projection or a compare target may name."""
 
 MAX_STEP = 2**63 - 1
 """The largest checkpoint step (int64)."""

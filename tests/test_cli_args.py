@@ -58,17 +58,27 @@ ZERO_OK = {
     "--price",
     "--restart-overhead",
     "--p-lose-node",
+    "--p-lose-another",
+    "--peers",
     "--osts",
     "--stragglers",
     "--seed",
 }
 """Options where 0 means something (ZeRO stage 0, step 0, no restart time, ...)."""
-INF_OK = {"--write-bandwidth", "--snapshot-bandwidth", "--read-bandwidth", "--mtbf"}
+INF_OK = {
+    "--write-bandwidth",
+    "--snapshot-bandwidth",
+    "--read-bandwidth",
+    "--peer-bandwidth",
+    "--mtbf",
+}
 """Options where ``inf`` means something (no bandwidth limit, no failures)."""
 COUNT_OPTIONS = {
     "--step",
     "--gpus",
     "--writing-ranks",
+    "--peers",
+    "--peer-fan-in",
     "--ranks-per-node",
     "--objects-per-rank",
     "--streams",

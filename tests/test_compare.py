@@ -35,7 +35,8 @@ def test_compare_runs_every_kind_of_target_and_writes_the_report(tmp_path, capsy
         "mock-s3": "mock",
         "cloud-s3": "emulated",
         "abci-lustre": "emulated",
-        "cloud-s3+local-nvme": "emulated",  # the default tiered target
+        "cloud-s3+local-nvme": "emulated",  # the default tiered targets
+        "cloud-s3+local-nvme+peer": "emulated",
     }
     for name in (
         "index.html",
@@ -92,8 +93,10 @@ def test_compare_tiered_targets_show_stall_drain_and_restore(tmp_path) -> None:
     assert not plain["tiered"] and plain["drain_seconds"] is None
     for r in (disk, nvme):
         assert r["tiered"] and r["drain_seconds"] > 0 and r["restore_durable_seconds"] > 0
-        # the save blocks for the fast tier only: less than the drain to emulated cloud-s3
-        assert r["write_seconds"] < r["drain_seconds"]
+    # the save blocks for the fast tier only: less than the drain to emulated cloud-s3 (both
+    # emulated here, so deterministic; the disk's save is measured and a busy machine may
+    # stretch it past the emulated drain)
+    assert nvme["write_seconds"] < nvme["drain_seconds"]
     md = (out / "report.md").read_text()
     assert "fast tier this machine's disk, measured; durable tier emulated cloud-s3" in md
     assert "(measured)" in md and "(emulated)" in md and "| drain |" in md
@@ -115,11 +118,63 @@ def test_compare_tiered_targets_show_stall_drain_and_restore(tmp_path) -> None:
         assert (out / name).stat().st_size > 0
 
 
+def test_compare_peer_target_is_projected_with_peer_copies_beside_the_others(
+    tmp_path, capsys
+) -> None:
+    """``cloud-s3+local-nvme+peer`` runs as the tiered target does and is projected with one
+    peer copy of each node's fast tier: said projected wherever it is shown, its restart
+    shorter than the tiered one's, in the console, the report's table and its plot."""
+    out = tmp_path / "report"
+    argv = ["compare", *TINY, "--targets", "", "--profiles", "cloud-s3,abci-lustre"]
+    argv += ["--tiered", "cloud-s3+local-nvme,cloud-s3+local-nvme+peer", "--out", str(out)]
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "cloud-s3+local-nvme+peer (emulated + projected peers)" in text
+    assert "peers projected" in text and "1 peer copy (projected)" in text
+    result = read_results([str(out / "results")])
+    assert {r["target"] for r in result.runs.to_pylist()} >= {"cloud-s3+local-nvme+peer"}
+    from ckptio.report import build_report
+
+    rep = build_report([str(out / "results")], str(tmp_path / "again"))
+    proj = {p["name"]: p for p in rep["projections"]}
+    tier, peer = proj["cloud-s3+local-nvme"], proj["cloud-s3+local-nvme+peer"]
+    assert peer["peers"] == 1 and not tier.get("peers")
+    assert peer["kind"] == "emulated + projected peers"
+    assert peer["restart_seconds"] < tier["restart_seconds"]
+    assert peer["restore_peer_seconds"] < peer["restore_durable_seconds"]
+    assert peer["stall_seconds"] == tier["stall_seconds"]  # the replication fits 2 h
+    assert peer["restart_cost_per_day"] < tier["restart_cost_per_day"]
+    # the restores plot draws the restore table's figures, nothing of its own
+    drawn = rep["plots"]["restores"]
+    for name in ("cloud-s3", "abci-lustre", "cloud-s3+local-nvme", "cloud-s3+local-nvme+peer"):
+        for key, value in drawn[name].items():
+            assert value == proj[name][key], (name, key)
+    assert set(drawn["cloud-s3+local-nvme+peer"]) == {
+        "restore_seconds",
+        "restore_fast_seconds",
+        "restore_peer_seconds",
+        "restore_durable_seconds",
+    }
+    md = (tmp_path / "again" / "report.md").read_text()
+    assert "## Restarts by which copy survives" in md
+    assert "peer copies projected by the model (not run here" in md
+    assert "from a peer's copy (projected)" in md
+    assert "With 1 peer copy of each node's fast tier (projected)" in md
+    assert (tmp_path / "again" / "restores.png").stat().st_size > 0
+    assert "| chance a failure loses another node at once (0.1 as assumed" in md
+    sens = {r["assumption"] for r in rep["sensitivity"]["cloud-s3+local-nvme+peer"]}
+    assert "p_lose_another" in sens
+    assert "p_lose_another" not in {r["assumption"] for r in rep["sensitivity"]["cloud-s3"]}
+
+
 def test_unknown_tiered_target_says_what_is_valid(tmp_path) -> None:
     with pytest.raises(errors.InvalidArgumentError, match="DURABLE\\+LOCAL"):
         compare(targets=[], profiles=[], tiered=["cloud-s3"], out=str(tmp_path))
     with pytest.raises(errors.InvalidArgumentError, match="valid: abci-lustre"):
         compare(targets=[], profiles=[], tiered=["cloud-s3+nvme9"], out=str(tmp_path))
+    for bad in ("cloud-s3+local-nvme+peerx", "cloud-s3+local-nvme+peer0", "cloud-s3+peer99"):
+        with pytest.raises(errors.InvalidArgumentError, match="'\\+peer' or '\\+peerK'"):
+            compare(targets=[], profiles=[], tiered=[bad], out=str(tmp_path))
 
 
 def test_unknown_profile_lists_valid_names(tmp_path) -> None:
@@ -259,3 +314,32 @@ def test_cephfs_without_root_is_skipped_with_the_reason_and_rgw_still_runs(
         }
     ]
     assert [s["target"] for s in result["summary"]] == ["rgw"]
+
+
+def test_sensitivity_table_shows_the_peer_assumptions_whichever_target_comes_first() -> None:
+    """A target with peer copies varies two assumptions the others do not: the table has a
+    row for each, '-' where a target does not vary it, whichever target is first."""
+    from types import SimpleNamespace
+
+    from ckptio.report import _sensitivity_table
+
+    def row(name: str, low: float) -> dict:
+        return {
+            "assumption": name,
+            "words": name,
+            "value": "1",
+            "low": low,
+            "high": 2 * low,
+            "swing": low,
+            "base": 1.5 * low,
+        }
+
+    peer = [row("price", 10), row("p_lose_another", 1)]
+    plain = [row("price", 20)]
+    for order in (("peer", "plain"), ("plain", "peer")):
+        sens = {"peer": peer, "plain": plain}
+        (table,) = _sensitivity_table(SimpleNamespace(sensitivity={k: sens[k] for k in order}))
+        cells = {r[0].split(" (")[0]: r[1:] for r in table.rows[1:]}
+        assert set(cells) == {"price", "p_lose_another"}
+        assert cells["p_lose_another"][order.index("plain")] == "-"
+        assert cells["p_lose_another"][order.index("peer")].startswith("1 / 2")

@@ -127,12 +127,16 @@ def copy_object(
     size: int,
     chunks: Sequence[mf.Chunk],
     stop: Callable[[], bool],
+    *,
+    writer: Any = None,
 ) -> int:
     """Copy one object, checking the CRC32C of every chunk as its bytes pass; abort (leaving
     nothing at ``dst``) on a mismatch, a short read or when ``stop()`` says so. Returns the
-    bytes copied."""
+    bytes copied. ``writer`` (``write``/``close``/``abort``, holding no buffer past
+    ``write``; ``dst`` is then unused): where the bytes go instead of a new object of
+    ``dst`` (a peer copy's stream, :mod:`ckptio.checkpoint.peers`)."""
     # a writer may hold buffers until a part (S3) or a staging block (file://) is full
-    held = dst.describe().request_size
+    held = 0 if writer is not None else dst.describe().request_size
     parts = 2 * held + COPY_PIECE_BYTES
     budget = threading.Semaphore(max(2, max(DRAIN_BUFFER_BYTES, parts) // COPY_PIECE_BYTES))
     # buffers the writer let go of are read into again: fresh memory costs a page fault per
@@ -144,7 +148,8 @@ def copy_object(
         if bounded:
             budget.release()
 
-    writer = dst.open_writer(key, size_hint=size)
+    if writer is None:
+        writer = dst.open_writer(key, size_hint=size)
     try:
         ci = 0
         acc = 0

@@ -78,7 +78,7 @@ class Checkpointer(Lifetime):
 
     - ``local`` (a URL, a URL with ``{rank}``, or one URL per rank): saves every step on that
       fast tier and drains some to ``url`` in the background (``keep_last_local``,
-      ``persist_every``, ``drain_backpressure``, ``local_options``: see
+      ``persist_every``, ``drain_backpressure``, ``local_options``, ``replicas``: see
       :class:`~ckptio.checkpoint.tiered.TieredCheckpointer`); ``save`` then returns a
       :class:`~ckptio.checkpoint.tiered.TieredSaveHandle` (with ``wait_drain``).
     - ``codec``: how the state is encoded (default :class:`PlainCodec`; see :class:`Codec`).

@@ -470,6 +470,28 @@ class CheckpointReader:
             self.manifest.tree, lambda p: targets[p].leaf if p in targets else arrays[p]
         )
 
+    def objects_read(
+        self, select: Mapping[str, Any] | None = None, *, into: Any = None
+    ) -> set[str]:
+        """The objects :meth:`state` with ``select``/``into`` reads: those holding a chunk
+        whose box meets a box read (a peer restore fetches only these)."""
+        select = dict(select or {})
+        boxes: dict[str, Any] = {}
+        if into is not None:
+            self._targets(into, select, boxes)
+        keys: set[str] = set()
+        for path in fmt.tree_tensor_paths(self.manifest.tree):
+            entry = self.manifest.tensors[path]
+            index = boxes.get(path, select.get(path))
+            starts, stops, _ = _normalize(() if index is None else index, entry.shape, path)
+            for c in entry.chunks:
+                if all(
+                    o < b and o + n > a
+                    for o, n, a, b in zip(c.offsets, c.shape, starts, stops, strict=True)
+                ):
+                    keys.add(c.key)
+        return keys
+
     def _targets(
         self, into: Any, select: Mapping[str, Any], boxes: dict[str, Any]
     ) -> dict[str, Target]:

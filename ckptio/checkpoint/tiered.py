@@ -90,6 +90,16 @@ from ckptio.checkpoint.fastroot import (
     claim_fast_root,
     fast_roots,
 )
+from ckptio.checkpoint.peer_restore import CALLERS_FAULT as _CALLERS_FAULT
+from ckptio.checkpoint.peer_restore import durable_listing, restore_with_peers
+from ckptio.checkpoint.peers import (
+    NodeRing,
+    PeerResult,
+    RestoreRecord,
+    node_name,
+    replicate_step,
+    wire,
+)
 from ckptio.checkpoint.read import RELISTS, CheckpointReader, committed_steps, read_manifest
 from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.lease import SaveLease
@@ -133,6 +143,8 @@ class TieredSaveHandle:
     had been behind its fast commit (0 if none was running)."""
     backpressure_seconds: float = 0.0
     """Seconds this save waited for the previous drain (``wait``)."""
+    peer: Future[PeerResult] | None = None
+    """The step's peer copies (``replicas``), running in the background; None without."""
 
     def done(self) -> bool:
         return self.fast.done()
@@ -146,6 +158,10 @@ class TieredSaveHandle:
     def wait_drain(self, timeout: float | None = None) -> DrainResult | None:
         """The drain's result, None if the step is not drained."""
         return None if self.drain is None else self.drain.wait(timeout)
+
+    def wait_peers(self, timeout: float | None = None) -> PeerResult | None:
+        """The peer copies' result (never raises but ``TimeoutError``), None without."""
+        return None if self.peer is None else self.peer.result(timeout)
 
 
 class _Overlay(Store):
@@ -206,6 +222,7 @@ def tiered_checkpointer(
     persist_every: int = 1,
     drain_backpressure: str = "wait",
     local_options: Mapping[str, Any] | None = None,
+    replicas: int = 0,
     **options: Any,
 ) -> TieredCheckpointer:
     """A :class:`TieredCheckpointer` built of its two tiers: ``url`` the durable one, ``local``
@@ -214,7 +231,9 @@ def tiered_checkpointer(
     ``keep_last_local`` (default 2; None keeps all), ``keep_last`` (the durable tier's; None
     keeps all), ``persist_every`` (default 1: the first save and every N-th after it are
     drained), ``drain_backpressure`` (``wait``, ``skip``, ``cancel``; default ``wait``),
-    ``local_options`` (store options of the fast tier); ``async_save``, ``snapshot``,
+    ``local_options`` (store options of the fast tier), ``replicas`` (default 0: copies of
+    each rank's fast-tier steps on that many other nodes' fast roots,
+    :mod:`ckptio.checkpoint.peers`); ``async_save``, ``snapshot``,
     ``layout`` (``file-per-shard`` only: a drain copies each rank's own objects),
     ``key_layout`` (default: the durable store's preference: the keys are the same on both
     tiers), ``chunk_size``, ``max_object_size`` (the fast tier's saves), ``comm``,
@@ -233,6 +252,7 @@ def tiered_checkpointer(
             f"layout {layout!r} cannot be tiered: a drain copies each rank's own objects; use file-per-shard"
         )
     persist_every = option_int(persist_every, field="persist_every", minimum=1)
+    replicas = option_int(replicas, field="replicas", minimum=0)
     comm: Communicator = options.pop("comm", None) or detect()
     roots = fast_roots(local, comm.size)
     if len(set(roots)) not in (1, comm.size):
@@ -256,7 +276,12 @@ def tiered_checkpointer(
         durable.close()
         raise
     return TieredCheckpointer(
-        durable, fast, roots, persist_every=persist_every, drain_backpressure=drain_backpressure
+        durable,
+        fast,
+        roots,
+        persist_every=persist_every,
+        drain_backpressure=drain_backpressure,
+        replicas=replicas,
     )
 
 
@@ -275,8 +300,10 @@ class TieredCheckpointer(Lifetime):
         *,
         persist_every: int = 1,
         drain_backpressure: str = "wait",
+        replicas: int = 0,
     ) -> None:
         self.durable, self.fast = durable, fast
+        self.replicas = replicas
         self.persist_every = persist_every
         self.drain_backpressure = drain_backpressure
         self.comm: Communicator = durable.comm
@@ -301,6 +328,35 @@ class TieredCheckpointer(Lifetime):
         self._durable_steps: set[int] = set()  # steps this Checkpointer's drains committed
         self._drain_comm: Communicator | None = None
         self._executor: ThreadPoolExecutor | None = None
+        self._peer_jobs: list[tuple[int, Future[PeerResult]]] = []  # queued or running
+        self._peer_executor: ThreadPoolExecutor | None = None
+        self._peer_wire: Any = None
+        self.last_restore: RestoreRecord | None = None
+        """Where this rank's last :meth:`load` read from (``local``/``peer``/``durable``)."""
+        self.job = location(self.store.url)
+        self.ring: NodeRing | None = None
+        if replicas:
+            try:
+                self._setup_peers()
+            except BaseException:
+                self.fast.close()
+                self.durable.close()
+                raise
+
+    def _setup_peers(self) -> None:
+        """Collective: the job's nodes (see :mod:`ckptio.checkpoint.peers`), and the process
+        group the copies travel on (a dup of the job's)."""
+        if self.comm.size > 1 and not self.per_rank:
+            raise errors.InvalidArgumentError(
+                f"replicas={self.replicas}: peer copies go from one node's fast root to "
+                "another's; give each rank its own fast root on its node (local= with {rank})"
+            )
+        names = self.comm.gather(node_name(), root=0)
+        self.ring = self.comm.bcast(None if names is None else list(names), root=0)
+        self.ring = NodeRing.of(self.ring)  # type: ignore[arg-type]
+        comm = self.comm.dup() if self.comm.size > 1 else self.comm
+        self._peer_comm = comm
+        self._peer_wire = wire(comm)
 
     def _claim_fast_root(self) -> None:
         """Collective: every rank's fast root is this job's (its owner record names this
@@ -381,7 +437,51 @@ class TieredCheckpointer(Lifetime):
             except BaseException as err:  # never left pending: close() waits for it
                 self._finish(job, DrainResult(step, "failed", error=f"not started: {err}"))
                 raise
-        return TieredSaveHandle(step, time.perf_counter() - t0, fast, job, action, lag, waited)
+        peer = self._replicate(step, fast) if self.replicas else None
+        return TieredSaveHandle(
+            step, time.perf_counter() - t0, fast, job, action, lag, waited, peer=peer
+        )
+
+    def _replicate(self, step: int, fast: SaveHandle) -> Future[PeerResult]:
+        """Queue the peer copies of ``step`` (after its fast commit), in the background: every
+        rank queues the same steps in the same order, so the rounds match."""
+        assert self.ring is not None
+        self.ring.check(self.replicas)
+        if self._peer_executor is None:
+            self._peer_executor = ThreadPoolExecutor(1, thread_name_prefix="ckptio-peers")
+        ring, k, store = self.ring, self.replicas, self.fast.store
+        keep = self.fast.keep_last
+
+        def run() -> PeerResult:
+            try:
+                if fast._future is not None and fast._future.exception() is not None:
+                    return PeerResult(step, "failed", error="the fast tier's save failed")
+                return replicate_step(
+                    self._peer_comm, self._peer_wire, ring, k, store, step, self.job, keep
+                )
+            except BaseException as err:  # recorded in the result; training goes on
+                log.debug("peer copies of step %d failed", step, exc_info=True)
+                return PeerResult(step, "failed", error=f"{type(err).__name__}: {err}")
+
+        with self._lock:
+            future = self._peer_executor.submit(run)
+            self._peer_jobs.append((step, future))
+
+        def finished(f: Future[PeerResult]) -> None:
+            with self._lock:
+                self._peer_jobs = [(s, j) for s, j in self._peer_jobs if j is not f]
+            result = f.result()
+            if result.status == "failed":
+                log.warning("the peer copies of step %d failed: %s", step, result.error)
+
+        future.add_done_callback(finished)
+        return future
+
+    def wait_peers(self) -> list[PeerResult]:
+        """Wait for the peer copies queued or running; their results."""
+        with self._lock:
+            pending = [f for _, f in self._peer_jobs]
+        return [f.result() for f in pending]
 
     def _agree_running(self) -> tuple[bool, float]:
         """Whether the previous drain still runs on any rank (every rank gets the same answer,
@@ -421,7 +521,7 @@ class TieredCheckpointer(Lifetime):
     def _protected(self) -> set[int]:
         """Steps the fast tier's retention keeps beyond its newest ``keep_last_local``."""
         with self._lock:
-            keep = {j.step for j in self._drains}
+            keep = {j.step for j in self._drains} | {s for s, _ in self._peer_jobs}
             if self._chosen is not None and self._chosen not in self._durable_steps:
                 keep.add(self._chosen)
             return keep
@@ -611,7 +711,7 @@ class TieredCheckpointer(Lifetime):
                 guess = self.comm.bcast(guess, root=0)
                 if guess is not None:
                     read = speculate(guess)
-            durable, unreachable = _durable_listing(listing, self.store.url)
+            durable, unreachable = durable_listing(listing, self.store.url)
             durable = [s for s in durable if want(s)]
         gathered = self.comm.gather(
             {"local": local, "durable": durable, "unreachable": unreachable}, root=0
@@ -653,6 +753,8 @@ class TieredCheckpointer(Lifetime):
         if step is not None:
             step = fmt.as_step(step)
         self.fast.wait()
+        if self.replicas:
+            return restore_with_peers(self, step, select, into)
         skip: set[int] = set()
         for _ in range(RELISTS):
             choice = self._choose(
@@ -677,7 +779,14 @@ class TieredCheckpointer(Lifetime):
         raise errors.NotFoundError(f"restoring failed {RELISTS} times; the last tried: step {s}")
 
     def _read(
-        self, step: int, local: bool, durable: bool, select: Any, into: Any
+        self,
+        step: int,
+        local: bool,
+        durable: bool,
+        select: Any,
+        into: Any,
+        used: list[str] | None = None,
+        unread: set[str] | None = None,
     ) -> tuple[Any, str]:
         """This rank's read of ``step``: (state, "") or (None, the error)."""
         tiers: list[tuple[str, Store]] = []
@@ -693,7 +802,7 @@ class TieredCheckpointer(Lifetime):
         if durable:
             tiers.append(("the durable tier", self.store))
         try:
-            return read_first_intact(tiers, step, select, into)
+            return read_first_intact(tiers, step, select, into, used, unread)
         finally:
             for store in others:
                 store.close()
@@ -703,6 +812,7 @@ class TieredCheckpointer(Lifetime):
         """Wait for the fast tier's save in flight (raising its failure) and for every drain."""
         result = self.fast.wait()
         self.wait_drains()
+        self.wait_peers()
         return result
 
     def wait_drains(self) -> list[DrainResult]:
@@ -718,20 +828,24 @@ class TieredCheckpointer(Lifetime):
         finally:
             try:
                 self.wait_drains()
+                self.wait_peers()
             finally:
+                if self._peer_executor is not None:
+                    self._peer_executor.shutdown(wait=True)
+                    self._peer_executor = None
                 if self._executor is not None:
                     self._executor.shutdown(wait=True)
                     self._executor = None
                 self.durable.close()
 
 
-_CALLERS_FAULT = (errors.InvalidArgumentError, errors.InsufficientMemoryError)
-"""What a read raises that another tier would raise as well (a bad ``select`` or ``into``,
-more than this machine can hold): raised at once, not tried elsewhere."""
-
-
 def read_first_intact(
-    tiers: Sequence[tuple[str, Store]], step: int, select: Any, into: Any
+    tiers: Sequence[tuple[str, Store]],
+    step: int,
+    select: Any,
+    into: Any,
+    used: list[str] | None = None,
+    unread: set[str] | None = None,
 ) -> tuple[Any, str]:
     """The restore's fallback: the state of ``step`` from the first of ``tiers`` (``(name,
     store)``, nearest first) that reads it whole, as ``(state, "")``; ``(None, the last
@@ -739,12 +853,19 @@ def read_first_intact(
     an I/O error such as a failing disk's EIO, an object refused as a symlink out of the
     root, the storage unreachable) moves on to the next tier, with a warning naming the tier,
     the step and the cause. Damaged data is never returned: every chunk's CRC32C is checked
-    on every tier."""
+    on every tier. ``used`` (a list) gets the name of the tier read. ``unread``: objects the
+    read does not touch (a peer restore's rank holds only what it reads), whose size is not
+    checked."""
     error = "not on either tier"
     for i, (name, store) in enumerate(tiers):
         try:
             manifest = read_manifest(store, step)
-            return CheckpointReader(store, step, manifest).state(select, into=into), ""
+            reader = CheckpointReader(store, step, manifest)
+            reader._sizes_checked.update(unread or ())
+            state = reader.state(select, into=into)
+            if used is not None:
+                used.append(name)
+            return state, ""
         except _CALLERS_FAULT:
             raise
         except Exception as err:
@@ -757,16 +878,3 @@ def read_first_intact(
                     tiers[i + 1][0],
                 )
     return None, error
-
-
-def _durable_listing(listing: Future[list[int]], url: str) -> tuple[list[int], str]:
-    """The durable tier's committed steps, or ``([], why)`` when it cannot be listed (an S3
-    endpoint down, say): a restore then takes what the fast tier holds, with a warning."""
-    try:
-        return listing.result(), ""
-    except _CALLERS_FAULT:
-        raise
-    except Exception as err:
-        why = f"{url}: {type(err).__name__}: {err}"
-        log.warning("the durable tier cannot be listed (%s); restoring from the fast tier", why)
-        return [], why

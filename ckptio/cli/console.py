@@ -508,6 +508,29 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
         out.line(line)
 
 
+def peer_line(t: dict[str, Any]) -> str:
+    """A target with peer copies: the replication after each save (and whether it blocks)
+    and the restore from a peer, with how each is made (projected by the model)."""
+    from ckptio.units import human_seconds
+
+    shares = {w: t[f"restore_{w}_probability"] for w in ("fast", "peer", "durable")}
+    blocks = (
+        "finishes within the interval"
+        if t["replication_fits_interval"]
+        else f"outlasts the interval: the next save waits {human_seconds(t['replication_wait_seconds'])}"
+    )
+    return (
+        f"{t.get('name') or t['target']}: {t['peers']} peer cop{'y' if t['peers'] == 1 else 'ies'} "
+        f"(projected): replication {human_seconds(t['replication_seconds'])} in the background "
+        f"after each save (bound by the {t['replication_binding']}), {blocks}; a replacement "
+        f"node restores from a peer in {human_seconds(t['restore_peer_seconds'])} (bound by the "
+        f"{t['restore_peer_binding']}); restores expected {shares['fast']:.0%} from the node's "
+        f"own fast tier, {shares['peer']:.0%} from a peer, {shares['durable']:.1%} from the "
+        f"durable tier (every copy lost: p = {t['p_lose_node']:.2f} \u00d7 "
+        f"{t['p_lose_another']:g}^{t['peers']}, {t['p_lose_another_source']})"
+    )
+
+
 def _model_lines(targets: list[dict[str, Any]]) -> list[str]:
     """The lines under ``ckptio model``'s tables: what would fix each target, its async save,
     tiers, restart and optimal interval."""
@@ -544,6 +567,8 @@ def _model_lines(targets: list[dict[str, Any]]) -> list[str]:
             f"{human_seconds(t['restore_seconds'])} (a failure loses a node's fast tier with p = "
             f"{t['p_lose_node']:.2f}, {t['p_lose_node_source']})"
         )
+        if t.get("peers"):
+            lines.append(peer_line(t))
     for t in targets:
         if "restart_seconds" not in t:
             continue
@@ -661,7 +686,8 @@ def projection_sheet(proj: list[dict[str, Any]]) -> Sheet:
         right={"stall", "drain", "restore", "restart", *parts},
         caption="stall: what the GPUs wait per checkpoint; lost = stall + rework (work redone "
         "after a failure) + restart (overhead + restore); ±: 95% interval over the measured "
-        "rounds; exact: an emulated target, projected from its profile (deterministic)",
+        "rounds; exact: an emulated target, projected from its profile (deterministic); peers "
+        "projected: peer copies of the fast tier, the model's (not run)",
     )
     for p in proj:
         done = bool(p.get("write_seconds")) and not p.get("refusal")
@@ -671,7 +697,7 @@ def projection_sheet(proj: list[dict[str, Any]]) -> Sheet:
             else "exact (emulated)"
             if done
             else "not projected"
-        )
+        ) + (", peers projected" if done and p.get("peers") else "")
         cells = {
             "workload": f"{p['preset']} / {p['gpus']:,} GPUs",
             "target": f"{p['name']} ({p['kind']})" if p.get("name") else p["target"],
@@ -691,6 +717,15 @@ def projection_sheet(proj: list[dict[str, Any]]) -> Sheet:
             cells[col] = figure_text(p, key, u, short=True) if done else "-"
         sheet.add(*[cells[c] for c in cols])
     return sheet
+
+
+def peer_lines(proj: list[dict[str, Any]]) -> list[str]:
+    """One line per projected target with peer copies (:func:`peer_line`)."""
+    return [
+        f"{p['preset']} on {p['gpus']:,} GPUs, {peer_line(p)}"
+        for p in proj
+        if p.get("peers") and p.get("write_seconds") and not p.get("refusal")
+    ]
 
 
 def refusal_lines(proj: list[dict[str, Any]]) -> list[str]:

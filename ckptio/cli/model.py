@@ -25,11 +25,13 @@ from ckptio.cli.common import (
     size_arg,
 )
 from ckptio.cli.console import note
+from ckptio.costmodel import DEFAULT_P_LOSE_ANOTHER
 from ckptio.units import (
     MAX_COUNT,
     MAX_GPUS,
     MAX_ITERATIONS,
     MAX_LOCAL_PROCESSES,
+    MAX_PEERS,
     MAX_PRICE,
     MAX_SCALE,
     parse_bandwidth,
@@ -127,6 +129,7 @@ def declare_model(p: argparse.ArgumentParser) -> None:
         help="with --local: every N-th checkpoint is drained (default 1)",
     )
     add_p_lose_node(s, what="with --local")
+    _declare_peers(s)
     s.add_argument(
         "--read-bandwidth",
         type=bandwidth_arg(),
@@ -149,6 +152,36 @@ def declare_model(p: argparse.ArgumentParser) -> None:
         help="device->host copy per GPU for --async-save (assumption: 25GB/s)",
     )
     add_format(p)
+
+
+def _declare_peers(s: Any) -> None:
+    """``ckptio model``'s options for peer copies of the fast tier (with ``--local``)."""
+    s.add_argument(
+        "--peers",
+        type=count_arg(0, MAX_PEERS),
+        default=0,
+        help="with --local: also a tiered target with K peer copies of each node's fast tier "
+        "on the next K nodes of a ring (DURABLE+LOCAL+peer); default 0",
+    )
+    s.add_argument(
+        "--peer-bandwidth",
+        type=bandwidth_arg(),
+        help="with --peers: a node's network link to the others (default: the durable "
+        "profile's node_bandwidth, the same link)",
+    )
+    s.add_argument(
+        "--peer-fan-in",
+        type=count_arg(1, MAX_COUNT),
+        default=1,
+        help="with --peers: replacement nodes that read from one surviving peer (default 1)",
+    )
+    s.add_argument(
+        "--p-lose-another",
+        type=number_arg(maximum=1.0),
+        default=DEFAULT_P_LOSE_ANOTHER,
+        help="with --peers: probability that a failure which loses a node loses another at "
+        f"once (assumption {DEFAULT_P_LOSE_ANOTHER})",
+    )
 
 
 def run_model(args: argparse.Namespace) -> int:
@@ -191,6 +224,12 @@ def _conditions(args: argparse.Namespace) -> Any:
         snapshot_bandwidth=parse_bandwidth(args.snapshot_bandwidth, field="--snapshot-bandwidth"),
         persist_every=args.persist_every,
         p_lose_node=args.p_lose_node,
+        peers=args.peers,
+        peer_fan_in=args.peer_fan_in,
+        p_lose_another=args.p_lose_another,
+        peer_bandwidth=parse_bandwidth(args.peer_bandwidth, field="--peer-bandwidth")
+        if args.peer_bandwidth
+        else None,
         streams=args.streams,
         part_size=parse_size(args.part_size, field="--part-size") if args.part_size else None,
     )
@@ -386,7 +425,13 @@ def _scenario(args: argparse.Namespace) -> Any:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from ckptio.cli.console import comparison_sheet, projection_sheet, refusal_lines, warn
+    from ckptio.cli.console import (
+        comparison_sheet,
+        peer_lines,
+        projection_sheet,
+        refusal_lines,
+        warn,
+    )
     from ckptio.report import build_report
 
     out = printer(args)
@@ -396,7 +441,7 @@ def run_report(args: argparse.Namespace) -> int:
         return 0
     out.sheet(comparison_sheet(result["summary"], "merged results"))
     out.sheet(projection_sheet(result["projections"]))
-    for line in refusal_lines(result["projections"]):
+    for line in peer_lines(result["projections"]) + refusal_lines(result["projections"]):
         out.line(line)
     out.line(f"report: {args.out}/index.html ({len(result['files'])} files)")
     if result["plots_missing"]:
@@ -421,8 +466,9 @@ def declare_compare(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tiered",
         help="tiered targets DURABLE+LOCAL, comma-separated: a durable profile drained from a "
-        "fast tier, 'disk' (this machine's, measured) or a profile (emulated) "
-        "(default: cloud-s3+local-nvme; '' for none)",
+        "fast tier, 'disk' (this machine's, measured) or a profile (emulated); '+peer' or "
+        "'+peerK' after it: projected with K peer copies of the fast tier "
+        "(default: cloud-s3+local-nvme,cloud-s3+local-nvme+peer; '' for none)",
     )
     p.add_argument("--preset", default="llama3-8b", help="model preset (default llama3-8b)")
     size = p.add_mutually_exclusive_group()
@@ -464,7 +510,7 @@ def declare_compare(p: argparse.ArgumentParser) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from ckptio.cli.console import comparison_sheet, projection_sheet, refusal_lines
+    from ckptio.cli.console import comparison_sheet, peer_lines, projection_sheet, refusal_lines
     from ckptio.compare import DEFAULT_TOTAL_SIZE, CompareWorkload, compare
 
     def names(text: str | None) -> list[str] | None:
@@ -492,7 +538,7 @@ def run_compare(args: argparse.Namespace) -> int:
         return 0
     out.sheet(comparison_sheet(result["summary"], "ckptio compare (this machine, small scale)"))
     out.sheet(projection_sheet(result["projections"]))
-    for line in refusal_lines(result["projections"]):
+    for line in peer_lines(result["projections"]) + refusal_lines(result["projections"]):
         out.line(line)
     out.line(f"report: {result['out']}/index.html, results: {result['results_dir']}")
     return 0

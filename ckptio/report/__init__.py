@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ckptio.report.data import KIND_NOTE, KIND_STYLE, MEASURED_NOTES, measured_note, run_kind
@@ -86,7 +86,7 @@ def _sensitivity(
     for t in targets:
         s = storage_of(t)
         if s.profile is not None and not s.refusal:
-            out[t["name"]] = sensitivity(w, s.profile, c, local=s.local)
+            out[t["name"]] = sensitivity(w, s.profile, replace(c, peers=s.peers), local=s.local)
     return out
 
 
@@ -103,6 +103,7 @@ def _plots(r: Report, out_dir: str) -> None:
         "breakdown": ("breakdown", lambda path: pl.plot_breakdown(first, path)),
         "cost": ("cost", lambda path: pl.plot_cost(first, path)),
         "timeline": ("timeline", lambda path: pl.plot_timeline(first, path)),
+        "restores": ("restores", lambda path: pl.plot_restores(first, path)),
         "tornado": ("tornado", lambda path: pl.plot_tornado(r.sensitivity, path)),
         "simulated": ("simulated", lambda path: simulated.plot_scale(r.simulated, path)),
     }
@@ -155,16 +156,56 @@ def _sensitivity_table(r: Report) -> list[Table]:
         return []
     names = list(r.sensitivity)
     by = {n: {row["assumption"]: row for row in rows} for n, rows in r.sensitivity.items()}
-    first = r.sensitivity[names[0]]
+    # every assumption any target varies, in the first target's order (the peer copies'
+    # assumptions only move targets with peers: the others show "-")
+    every = {row["assumption"]: row for rows in r.sensitivity.values() for row in rows}
+    order = [*(row["assumption"] for row in r.sensitivity[names[0]]), *every]
     rows = []
-    for a in first:
+    for key in dict.fromkeys(order):
+        a = every[key]
         cells = [f"{a['words']} ({a['value']} as assumed; halved / doubled)"]
         for n in names:
-            x = by[n][a["assumption"]]
-            cells.append(f"{x['low']:,.0f} / {x['high']:,.0f} (swing {x['swing']:,.0f})")
+            x = by[n].get(key)
+            cells.append(
+                "-"
+                if x is None
+                else f"{x['low']:,.0f} / {x['high']:,.0f} (swing {x['swing']:,.0f})"
+            )
         rows.append(cells)
     base = ["as assumed"] + [f"{r.sensitivity[n][0]['base']:,.0f}" for n in names]
     return [Table(["assumption", *names], [base, *rows])]
+
+
+def _restores(r: Report) -> list[Paragraphs | Table | Image]:
+    """Where each target's restores read after a failure (projected): the table and its
+    plot, with what the peer copies are."""
+    from ckptio.report.tables import RESTORE_COLUMNS, restore_cells
+
+    first = r.scenario.presets[0][0]
+    rows = [
+        p
+        for p in r.projections
+        if p["preset"] == first and p.get("write_seconds") and not p.get("refusal")
+    ]
+    if not rows:
+        return []
+    from ckptio.costmodel import ASSUMPTIONS
+
+    text = [
+        "After a failure every node restarts and reads the newest checkpoint back. A tiered "
+        "target reads its own fast tier unless the failure replaced the node "
+        f"({ASSUMPTIONS['p_lose_node']}); a replaced node reads a peer's copy where one "
+        "survives, else the durable tier. Peer copies are the model's projection (the runs "
+        "here are one process, with no peer node): a ring of nodes, each node's step on the "
+        "next k; a failure that loses more nodes at once than there are copies is counted as "
+        f"losing every copy of one ({ASSUMPTIONS['p_lose_another']}). The restart is the fixed "
+        "overhead plus the expected restore."
+    ]
+    return [
+        Paragraphs(text),
+        Table(list(RESTORE_COLUMNS), [restore_cells(p) for p in rows], ["projected"] * len(rows)),
+        *_image(r, "restores", "Restore time by where it reads, and how often (projected)."),
+    ]
 
 
 def _profiles(r: Report) -> list[Paragraphs | Table | Image]:
@@ -323,6 +364,7 @@ def sections(r: Report) -> list[Section]:
                 r, "timeline", "One checkpoint interval and one restart per target (projected)."
             ),
         ),
+        Section("restores", "Restarts by which copy survives", _restores(r)),
         Section("profiles", "Profiles emulated and projected with", _profiles(r)),
     ]
     from ckptio.report.simulated import sections as simulated_sections

@@ -78,13 +78,14 @@ def group_targets(
     sessions: Mapping[str, str],
 ) -> list[dict[str, Any]]:
     """One entry per (session, site, target): its label, kind, run rows, requests and
-    phases. A tiered target (:mod:`ckptio.tierbench`) also has ``tiers`` (its sidecar's) and
+    phases. A tiered target (:mod:`ckptio.tierbench`) also has ``tiers`` (its sidecar's, with
+    ``peers`` where the run's configuration names peer copies for the projection) and
     ``phase_kinds`` (measured or emulated, per phase); a plain one ``fit``
     (:func:`ckptio.calibration.fit_target` of its best point: the one with the highest write
     throughput), whose steady rounds the summary and the projection both use."""
     from ckptio.calibration import fit_target
     from ckptio.results import session_name
-    from ckptio.tierbench import tier_kinds
+    from ckptio.tierbench import PEER_NOTE, tier_kinds
 
     by_id = {s.get("run_id"): s for s in sidecars}
     sites = {r.get("site") or "" for r in runs}
@@ -126,9 +127,11 @@ def group_targets(
             tier_kinds(dict(side) if side else None) if rows[0].get("kind") == "tiered" else None
         )
         if side and kinds:
-            entry.update(
-                label=f"{name} ({side['tiers']['note']})", tiers=side["tiers"], phase_kinds=kinds
-            )
+            tiers = dict(side["tiers"])
+            peers = int((side.get("config") or {}).get("peers") or 0)
+            if peers:  # the run is the tiered one; its peer copies are the model's
+                tiers.update(peers=peers, note=f"{tiers['note']}; {PEER_NOTE}")
+            entry.update(label=f"{name} ({tiers['note']})", tiers=tiers, phase_kinds=kinds)
         else:
             best = _best_point(entry["rows"])
             entry["fit"] = fit_target(

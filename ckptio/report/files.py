@@ -20,6 +20,7 @@ _SUFFIXES = (
     ("_bytes", "bytes"),
     ("_per_gpu_hour", "price units per GPU-hour"),
     ("_interval", "ratio"),
+    ("_probability", "probability (0 to 1)"),
 )
 
 
@@ -42,8 +43,14 @@ def unit_of(column: str) -> str:
         "writing_ranks",
         "streams",
         "ranks",
+        "peers",
+        "peer_fan_in",
     ):
         return "count"
+    if base == "peer_bandwidth":
+        return "bytes/s"
+    if base in ("p_lose_node", "p_lose_another"):
+        return "probability (0 to 1)"
     return "text"
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from ckptio.report.tables import cost_key, figure_text, value_text
 from ckptio.units import human_seconds, human_size
 
-__all__ = ["assumptions", "conclusion", "fixes"]
+__all__ = ["assumptions", "conclusion", "fixes", "peer_sentence"]
 
 
 def _cost(p: Mapping[str, Any], part: str) -> str:
@@ -52,6 +52,28 @@ def fixes(p: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def peer_sentence(p: Mapping[str, Any]) -> str:
+    """What a target's peer copies buy and cost, in words (projected by the model)."""
+    k = p["peers"]
+    blocks = (
+        "ends within the interval"
+        if p["replication_fits_interval"]
+        else f"outlasts the interval and adds {figure_text(p, 'replication_wait_seconds', 's')} "
+        "to each stall"
+    )
+    return (
+        f"With {k} peer cop{'y' if k == 1 else 'ies'} of each node's fast tier (projected), a "
+        f"replacement node restores from a peer in {figure_text(p, 'restore_peer_seconds', 's')} "
+        f"(bound by the {p['restore_peer_binding']}) instead of "
+        f"{figure_text(p, 'restore_durable_seconds', 's')} from the durable tier, which is read "
+        f"only when every copy is lost ({p['restore_durable_probability']:.1%} of failures); "
+        f"the expected restore is {figure_text(p, 'restore_seconds', 's')}. The replication "
+        f"after each save takes {figure_text(p, 'replication_seconds', 's')} in the background "
+        f"(bound by the {p['replication_binding']}) and {blocks}; each fast tier holds "
+        f"{k + 1} steps' worth ({human_size(p['fast_tier_bytes_per_node'])} per node)."
+    )
+
+
 def _target_sentence(p: Mapping[str, Any]) -> str:
     name = p["name"]
     if p.get("refusal") or not p.get("write_seconds"):
@@ -71,6 +93,8 @@ def _target_sentence(p: Mapping[str, Any]) -> str:
     if p.get("drain_seconds") is not None:
         fits = "fits" if p.get("drain_fits_interval") else "does not fit"
         text += f" The drain to the durable tier takes {figure_text(p, 'drain_seconds', 's')} and {fits} the interval."
+    if p.get("peers"):
+        text += " " + peer_sentence(p)
     fix = fixes(p)
     if fix:
         text += " What would fix it: " + "; ".join(fix) + "."

@@ -14,13 +14,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ckptio.report.data import KIND_NOTE, KIND_STYLE
-from ckptio.report.tables import cost_key
+from ckptio.report.tables import cost_key, restore_paths
 from ckptio.units import human_seconds, human_size
 
 __all__ = [
     "plot_breakdown",
     "plot_cost",
     "plot_latency",
+    "plot_restores",
     "plot_sweep",
     "plot_throughput",
     "plot_timeline",
@@ -364,6 +365,82 @@ def plot_timeline(proj: Sequence[Mapping[str, Any]], path: str) -> Drawn | None:
     ]
     fig.legend(handles=handles, loc="lower center", ncol=5, fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.5 / (1.9 + 1.1 * len(rows)), 1, 1))
+    _save(fig, path)
+    return drawn
+
+
+def plot_restores(proj: Sequence[Mapping[str, Any]], path: str) -> Drawn | None:
+    """Per target at full scale (projected), the restore after a failure by where it reads
+    (:func:`ckptio.report.tables.restore_paths`: its own fast tier, a peer's copy, the
+    durable tier or, untiered, the storage), each bar labelled with how often that path is
+    taken, and a tiered target's expected restore (hatched): the restore table's rows."""
+    rows = _projected(proj)
+    if not rows:
+        return None
+    plt = pyplot()
+    from matplotlib.patches import Patch
+
+    colors = {
+        "from its own fast tier": "#43a047",
+        "from a peer's copy (projected)": "#fdd835",
+        "from the durable tier": "#8e24aa",
+        "from the storage": "#8e24aa",
+    }
+    bars = [(p, restore_paths(p)) for p in rows]
+    n = sum(len(paths) + (len(paths) > 1) for _, paths in bars)
+    height = 1.8 + 0.42 * n + 0.3 * len(rows)
+    fig, ax = plt.subplots(figsize=(10, height))
+    drawn: Drawn = {}
+    ticks, labels = [], []
+    y, top = 0.0, 0.0
+    for p, paths in reversed(bars):
+        drawn[p["name"]] = {"restore_seconds": p["restore_seconds"]}
+        lanes = [(words, key, share, colors[words], "") for words, key, share in paths]
+        if len(paths) > 1:  # the expected restore, what the restart waits on average
+            lanes.append(("expected", "restore_seconds", 1.0, "white", "xx"))
+        ys = []
+        for words, key, share, color, hatch in reversed(lanes):
+            drawn[p["name"]][key] = p[key]
+            ax.barh(
+                y,
+                p[key] / 60,
+                height=0.7,
+                color=color,
+                hatch=hatch,
+                edgecolor="black",
+                xerr=_err(p, key, 60),
+                capsize=3,
+            )
+            text = (
+                f"expected: {human_seconds(p[key])}"
+                if words == "expected"
+                else f"{human_seconds(p[key])}, {share:.1%} of failures"
+            )
+            ax.text(p[key] / 60 * 1.02 + 0.05, y, text, va="center", fontsize=8)
+            top = max(top, (p.get(f"{key}_high") or p[key]) / 60)
+            ys.append(y)
+            y += 0.8
+        ticks.append(sum(ys) / len(ys))
+        labels.append("\n".join(textwrap.wrap(p["name"], 28)))
+        y += 0.6
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_xlim(0, top * 1.55 + 0.5)
+    ax.set_xlabel("minutes to read the checkpoint back (bars: 95% interval of a measured target)")
+    first = rows[0]
+    ax.set_title(
+        f"Restore after a failure, by which copy survives — projected, {first['preset']} on "
+        f"{first['gpus']:,} GPUs",
+        fontsize=10,
+    )
+    handles = [
+        Patch(facecolor="#43a047", edgecolor="black", label="from its own fast tier"),
+        Patch(facecolor="#fdd835", edgecolor="black", label="from a peer's copy (projected)"),
+        Patch(facecolor="#8e24aa", edgecolor="black", label="from the durable tier / the storage"),
+        Patch(facecolor="white", hatch="xx", edgecolor="black", label="expected restore"),
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.45 / height, 1, 1))
     _save(fig, path)
     return drawn
 

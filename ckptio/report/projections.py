@@ -11,13 +11,16 @@ with its interval or a statement of why it has none.
 - A **tiered** target is projected with the model's tiered projection
   (:func:`ckptio.stallmodel.project` with ``local``): each tier from its profile (emulated)
   or from its measured rounds (the fast tier's saves and restores, the durable tier's drains
-  and restores), with intervals where a tier is measured.
+  and restores), with intervals where a tier is measured. A tiered target with peer copies
+  (``+peer``, ``+peerK``: its run's configuration says how many) is projected with them:
+  the replication and the restore from a peer are the model's (**projected**, from the fast
+  tier's figures and the durable profile's node link; its kind says ``projected peers``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ckptio.profiles import Profile
@@ -108,6 +111,8 @@ class Storage:
     basis: str = ""
     kind: str = ""
     notes: list[str] = field(default_factory=list)
+    peers: int = 0
+    """Peer copies of a tiered target's fast tier (projected: :mod:`ckptio.stallmodel`)."""
 
 
 def _tier(t: Mapping[str, Any], which: str) -> tuple[Profile | None, list[Profile], str, list[str]]:
@@ -152,8 +157,10 @@ def _tiered_storage(t: Mapping[str, Any]) -> Storage:
             for i in range(n)
         ],
         how=f"durable: {d_how}; fast: {l_how}",
-        kind={2: "measured", 1: "measured + emulated", 0: "emulated"}[measured],
+        kind={2: "measured", 1: "measured + emulated", 0: "emulated"}[measured]
+        + (" + projected peers" if t["tiers"].get("peers") else ""),
         notes=d_notes + l_notes,
+        peers=int(t["tiers"].get("peers") or 0),
     )
 
 
@@ -192,6 +199,7 @@ def _row(t: Mapping[str, Any], w: Workload, c: Conditions, head: dict[str, Any])
     s = storage_of(t)
     if s.profile is None or s.refusal:
         return _refused(head, s.refusal or "not projected", s.basis)
+    c = replace(c, peers=s.peers)
     done = _flat(project_rounds(w, c, (s.profile, s.local), s.rounds, what=t["name"]))
     if done.get("refusal"):
         return _refused(head, done["refusal"])

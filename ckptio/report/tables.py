@@ -17,6 +17,7 @@ from ckptio.units import human_rate, human_seconds
 
 __all__ = [
     "COST_PARTS",
+    "RESTORE_COLUMNS",
     "SUMMARY_COLUMNS",
     "Column",
     "cost_key",
@@ -25,6 +26,8 @@ __all__ = [
     "md_table",
     "projection_cells",
     "projection_columns",
+    "restore_cells",
+    "restore_paths",
     "summary_cells",
     "value_text",
 ]
@@ -118,6 +121,60 @@ def _drain(p: Mapping[str, Any]) -> str:
     return figure_text(p, "drain_seconds", "s") + fits
 
 
+def _peers(p: Mapping[str, Any]) -> str:
+    if not p.get("peers"):
+        return "-"
+    fits = (
+        "fits the interval"
+        if p.get("replication_fits_interval")
+        else f"outlasts the interval: +{figure_text(p, 'replication_wait_seconds', 's')} stall"
+    )
+    return (
+        f"{p['peers']} (projected): restore from a peer {figure_text(p, 'restore_peer_seconds', 's')}; "
+        f"replication {figure_text(p, 'replication_seconds', 's')} ({fits}); every copy lost in "
+        f"{p['restore_durable_probability']:.1%} of failures"
+    )
+
+
+def restore_paths(p: Mapping[str, Any]) -> list[tuple[str, str, float]]:
+    """Where a projected target's restores read from after a failure: (in words, the row's
+    key of that restore's seconds, its probability), the paths of :func:`ckptio.stallmodel.
+    project`; a plain target has one, its storage."""
+    if p.get("drain_seconds") is None:
+        return [("from the storage", "restore_seconds", 1.0)]
+    if not p.get("peers"):
+        lose = p["p_lose_node"]
+        return [
+            ("from its own fast tier", "restore_fast_seconds", 1 - lose),
+            ("from the durable tier", "restore_durable_seconds", lose),
+        ]
+    return [
+        ("from its own fast tier", "restore_fast_seconds", p["restore_fast_probability"]),
+        ("from a peer's copy (projected)", "restore_peer_seconds", p["restore_peer_probability"]),
+        ("from the durable tier", "restore_durable_seconds", p["restore_durable_probability"]),
+    ]
+
+
+RESTORE_COLUMNS = ("target", "restores read", "expected restore", "restart", "restart cost/day")
+"""The restore table's columns (:func:`restore_cells`)."""
+
+
+def restore_cells(p: Mapping[str, Any]) -> list[str]:
+    """A row of the restore table: each path's time and probability, the expected restore,
+    the restart and its cost per day (GPU-hours without a price)."""
+    key, unit = cost_key("restart", p["price_per_gpu_hour"])
+    paths = "; ".join(
+        f"{words} {figure_text(p, k, 's')} ({share:.1%})" for words, k, share in restore_paths(p)
+    )
+    return [
+        p["name"],
+        paths,
+        figure_text(p, "restore_seconds", "s"),
+        figure_text(p, "restart_seconds", "s"),
+        figure_text(p, key, unit),
+    ]
+
+
 def _async(p: Mapping[str, Any]) -> str:
     if p.get("async_stall_seconds") is None:
         return "-"
@@ -156,6 +213,7 @@ def projection_columns(price: float, *, workload: bool = True) -> list[Column]:
         Column("binding limit", "binding_detail"),
         Column("drain", "", text=_drain),
         Column("restore", "restore_seconds", "s"),
+        Column("peer copies", "", text=_peers),
         Column("restart", "restart_seconds", "s"),
         *_cost_columns(price),
         Column("optimal interval (Daly)", "optimum_interval_seconds", "s"),

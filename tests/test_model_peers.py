@@ -1,0 +1,178 @@
+"""The model's peer copies of the fast tier: the restore of a replaced node from a surviving
+peer, the replication after each save, and restarts priced by which copy survives."""
+
+import itertools
+import json
+from dataclasses import replace
+
+import pytest
+
+from ckptio import errors
+from ckptio.cli import main
+from ckptio.costmodel import DEFAULT_P_LOSE_ANOTHER, DEFAULT_P_LOSE_NODE
+from ckptio.profiles import load_profile
+from ckptio.sensitivity import PEER_ASSUMPTIONS, sensitivity
+from ckptio.stallmodel import Conditions, estimate, preset_workload, project
+
+S3, NVME, LUSTRE = (load_profile(n) for n in ("cloud-s3", "local-nvme", "abci-lustre"))
+W = preset_workload("gpt3-175b", gpus=1536)
+C = Conditions.reference(W.gpus)
+
+
+def _tiered(**changes) -> dict:
+    return project(W, S3, replace(C, **changes), local=NVME)
+
+
+def test_no_peers_is_the_tiered_projection_exactly() -> None:
+    """k = 0: every figure is the tiered target's as it was, to the last bit."""
+    plain, zero = project(W, S3, C, local=NVME), _tiered(peers=0)
+    assert zero == plain
+    p = C.p_lose_node
+    assert (
+        zero["restore_seconds"]
+        == (1 - p) * zero["restore_fast_seconds"] + p * zero["restore_durable_seconds"]
+    )
+    assert zero["target"] == "cloud-s3+local-nvme" and "peers" not in zero
+
+
+def test_more_copies_are_never_slower() -> None:
+    """Restore, restart and the restart's cost fall (or stay) with every copy added, whether
+    the peer is faster than the durable tier (S3) or slower (Lustre: capped at its time)."""
+    for durable in (S3, LUSTRE):
+        rows = [project(W, durable, replace(C, peers=k), local=NVME) for k in range(6)]
+        for a, b in itertools.pairwise(rows):
+            assert b["restore_seconds"] <= a["restore_seconds"]
+            assert b["restart_seconds"] <= a["restart_seconds"]
+            assert b["restart_cost_per_day"] <= a["restart_cost_per_day"]
+    one = _tiered(peers=1)
+    assert one["restore_seconds"] < project(W, S3, C, local=NVME)["restore_seconds"] / 3
+    lustre = project(W, LUSTRE, replace(C, peers=1), local=NVME)
+    assert lustre["peer_slower_than_durable"]  # 70 GB/s shared beats two steps off one NVMe
+    assert not one["peer_slower_than_durable"]
+
+
+def test_which_copy_survives_prices_the_restore() -> None:
+    """Losing up to k nodes at once leaves a copy of each; losing more reads the durable
+    tier: with k copies, p_lose_node * p_lose_another**k of the failures."""
+    p, q = DEFAULT_P_LOSE_NODE, DEFAULT_P_LOSE_ANOTHER
+    for k in (1, 2, 3):
+        t = _tiered(peers=k)
+        assert t["restore_fast_probability"] == pytest.approx(1 - p)
+        assert t["restore_durable_probability"] == pytest.approx(p * q**k)
+        assert t["restore_peer_probability"] == pytest.approx(p * (1 - q**k))
+        assert t["restore_seconds"] == pytest.approx(
+            (1 - p) * t["restore_fast_seconds"]
+            + p * (1 - q**k) * t["restore_peer_seconds"]
+            + p * q**k * t["restore_durable_seconds"]
+        )
+        assert t["target"] == (
+            "cloud-s3+local-nvme+peer" if k == 1 else f"cloud-s3+local-nvme+peer{k}"
+        )
+        assert t["p_lose_another_source"].startswith("assumption")
+    assert "from a peer's copy" in _tiered(peers=1)["restart_basis"]
+
+
+def test_every_copy_lost_restores_from_the_durable_tier() -> None:
+    """Every failure loses nodes (p_lose_node 1) and nearly always more than the copies: the
+    restore is the durable tier's; with no other node lost, it is the peer's."""
+    durable = _tiered(p_lose_node=1.0)["restore_durable_seconds"]
+    assert _tiered(p_lose_node=1.0)["restore_seconds"] == durable  # no copies at all
+    gone = _tiered(p_lose_node=1.0, peers=1, p_lose_another=0.999)
+    assert gone["restore_durable_probability"] == pytest.approx(0.999)
+    assert gone["restore_seconds"] == pytest.approx(durable, rel=2e-3)
+    kept = _tiered(p_lose_node=1.0, peers=1, p_lose_another=0.0)
+    assert kept["restore_seconds"] == pytest.approx(kept["restore_peer_seconds"])
+    assert kept["restore_peer_seconds"] < durable
+
+
+def test_fan_in_shares_the_peers_fast_tier_and_link() -> None:
+    """A peer serving f replacement nodes reads its own step and f copies from its fast tier
+    and sends f copies over its link: the slower binds."""
+    node = W.node_bytes
+    one, three = _tiered(peers=2), _tiered(peers=2, peer_fan_in=3)
+    assert one["restore_peer_binding"] == three["restore_peer_binding"] == "peer's fast tier"
+    read = {
+        f: estimate(
+            replace(
+                W,
+                total_bytes=W.total_bytes * (1 + f),
+                bytes_per_rank=W.bytes_per_rank * (1 + f),
+                objects_per_rank=W.objects_per_rank * (1 + f),
+            ),
+            NVME,
+            phase="restore",
+        ).seconds
+        for f in (1, 3)
+    }
+    assert one["restore_peer_seconds"] == pytest.approx(read[1])
+    assert three["restore_peer_seconds"] == pytest.approx(read[3])
+    assert three["restore_peer_seconds"] > 1.9 * one["restore_peer_seconds"]  # 4 steps vs 2
+    slow = _tiered(peers=2, peer_fan_in=3, peer_bandwidth=1e9)  # a 1 GB/s link binds
+    assert slow["restore_peer_binding"] == "peer's node link"
+    assert slow["restore_peer_seconds"] == pytest.approx(3 * node / 1e9)
+    assert slow["peer_bandwidth_source"] == "given (--peer-bandwidth)"
+    assert "cloud-s3's node_bandwidth" in one["peer_bandwidth_source"]
+    assert one["peer_bandwidth"] == S3.value("node_bandwidth")
+
+
+def test_replication_blocks_when_it_outlasts_the_interval() -> None:
+    """The replication starts when the save returns; a save that finds it unfinished waits
+    for the rest, which adds to the stall (and nothing is added while it fits)."""
+    k, node = 2, W.node_bytes
+    fits = _tiered(peers=k)
+    assert fits["replication_fits_interval"] and fits["replication_wait_seconds"] == 0
+    assert fits["stall_seconds"] == _tiered()["stall_seconds"]
+    assert fits["replication_bytes_per_node"] == k * node
+    assert fits["fast_tier_bytes_per_node"] == (k + 1) * node
+    # the fast tier writes the k copies and reads the step to send it: that binds on NVMe
+    sent = (k + 1) * node / S3.value("node_bandwidth")
+    assert fits["replication_seconds"] >= sent
+    assert fits["replication_binding"] == "fast tier"
+    interval = 90.0  # shorter than the save and the replication together
+    short, base = _tiered(peers=k, interval=interval), _tiered(interval=interval)
+    assert not short["replication_fits_interval"]
+    wait = short["write_seconds"] + short["replication_seconds"] - interval
+    assert short["replication_wait_seconds"] == pytest.approx(wait)
+    assert short["stall_seconds"] == pytest.approx(base["stall_seconds"] + wait)
+    slow = _tiered(peers=k, peer_bandwidth=1e9)  # the link binds: k copies and the drain's
+    assert slow["replication_binding"] == "node link"
+    assert slow["replication_seconds"] == pytest.approx((k + 1) * node / 1e9)
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"peers": -1}, "peers must be >= 0"),
+        ({"peer_fan_in": 0}, "peer_fan_in must be >= 1"),
+        ({"p_lose_another": 1.0}, "p_lose_another: a probability in \\[0, 1\\)"),
+        ({"peer_bandwidth": 0.0}, "peer_bandwidth must be > 0"),
+    ],
+)
+def test_bad_peer_conditions_say_which(changes: dict, words: str) -> None:
+    with pytest.raises(errors.InvalidArgumentError, match=words):
+        Conditions(**changes)
+
+
+def test_sensitivity_varies_the_peer_assumptions_only_with_peers() -> None:
+    rows = {r["assumption"]: r for r in sensitivity(W, S3, replace(C, peers=1), local=NVME)}
+    assert set(PEER_ASSUMPTIONS) <= set(rows)
+    assert rows["p_lose_another"]["high"] > rows["p_lose_another"]["low"]  # more losses cost
+    plain = {r["assumption"] for r in sensitivity(W, S3, C, local=NVME)}
+    assert not set(PEER_ASSUMPTIONS) & plain
+
+
+def test_model_cli_shows_the_peer_target_beside_the_tiered_one(capsys) -> None:
+    argv = ["model", "--preset", "gpt3-175b", "--gpus", "1536", "--profile", "cloud-s3"]
+    argv += ["--local", "local-nvme", "--peers", "1", "--mtbf", "5.27h", "--price", "2"]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    names = [t["target"] for t in out["targets"]]
+    assert names == ["cloud-s3", "cloud-s3+local-nvme", "cloud-s3+local-nvme+peer"]
+    _, tiered, peer = out["targets"]
+    assert peer["restart_seconds"] < tiered["restart_seconds"]
+    assert peer["peers"] == 1 and "peers" not in tiered
+    assert main(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "1 peer copy (projected)" in text and "from a peer" in text
+    assert main([*argv, "--p-lose-another", "1"]) != 0
+    assert "p_lose_another: a probability in [0, 1)" in " ".join(capsys.readouterr().err.split())
