@@ -20,10 +20,7 @@ write up to ``bytes_per_rank`` bytes as ``objects_per_rank`` objects, cut into d
 - aggregate bandwidth: ``total_bytes / aggregate_bandwidth``
 - request-rate limit: ``requests / (request_rate * partitions)``
 - client CPU (checksums, copies): ``node_bytes / (client_cpu_bandwidth * writers_per_node)``
-- metadata: ``objects_per_stream * 2 * metadata_latency + save_protocol_requests(objects) *
-  metadata_latency`` (create and commit of each object; the save's lease before the data, then
-  the manifest, the step's listing and the lease's release: :func:`save_protocol_requests`),
-  before and after the data, so it adds.
+- metadata: ``objects_per_stream * 2 * metadata_latency + protocol * metadata_latency`` (adds).
 
 The data phase takes as long as the slowest of (stream path, node link, aggregate, rate,
 CPU); metadata adds. The *binding* limit is the slowest one; the attribution splits the total
@@ -110,6 +107,7 @@ from ckptio.costmodel import (
     reference_mtbf,
     young_interval,
 )
+from ckptio.format import save_protocol_requests
 from ckptio.profiles import Profile
 from ckptio.units import (
     human_rate,
@@ -128,7 +126,6 @@ __all__ = [
     "DEFAULT_RESTART_OVERHEAD",
     "DEFAULT_SNAPSHOT_BANDWIDTH",
     "LIMITS",
-    "LIST_PAGE",
     "LOSSES",
     "PHASES",
     "REFERENCE_MTTF_GPUS",
@@ -151,7 +148,6 @@ __all__ = [
     "project",
     "reference_mtbf",
     "restart_time",
-    "save_protocol_requests",
     "young_interval",
 ]
 
@@ -185,9 +181,9 @@ class Workload:
     rates that apply per prefix multiply with it."""
     object_concurrency: int = 1
     """Objects a rank writes at once (each object's parts still go out in parallel)."""
-    objects: int = 0
-    """Objects of one checkpoint, all ranks (what a commit lists); 0: ``writing_ranks x
-    objects_per_rank``."""
+    objects: int = (
+        0  # all ranks' (a commit lists them; save_protocol_requests); 0: writing x per rank
+    )
 
     def __post_init__(self) -> None:
         for f in (
@@ -293,21 +289,6 @@ RESTORE_READERS = 8
 #: manifest's size twice (the newest complete step, then the read), before its GET.
 RESTORE_PREAMBLE_OPS = 3
 
-LIST_PAGE = 1000
-"""Keys a listing returns per request: S3's ListObjectsV2 returns at most 1,000 (Amazon S3 API
-Reference, ListObjectsV2, MaxKeys)."""
-
-
-def save_protocol_requests(objects: int) -> int:
-    """The requests in series of a save's protocol besides its objects' own
-    (:mod:`ckptio.checkpoint.commit`, docs/guarantees.md): before the first byte the save's
-    lease is published while the step's manifest is checked absent (two requests at once: one
-    round trip); after the last byte the manifest is published, the step listed (``objects``,
-    the manifest and the lease: one request per :data:`LIST_PAGE` keys) to find a gc's fence
-    or a missing object, and the lease released (a delete). A gc's fence costs the gc, not the
-    save."""
-    return 1 + 2 + -(-(objects + 2) // LIST_PAGE)
-
 
 X = "\u00d7"  # the multiplication sign, as in "8 writing nodes x 16 streams x 50 MB/s"
 
@@ -358,15 +339,6 @@ class PhaseEstimate:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _once_ops(w: Workload, phase: str) -> int:
-    """Metadata operations in series once per phase: a save's protocol
-    (:func:`save_protocol_requests`), a read's manifest, a restore's preamble (whose GET of
-    the manifest, at the data latency, the caller adds)."""
-    if phase == "write":
-        return save_protocol_requests(w.objects or w.writing_ranks * w.objects_per_rank)
-    return RESTORE_PREAMBLE_OPS if phase == "restore" else 1
 
 
 def estimate(
@@ -428,7 +400,8 @@ def estimate(
     # a read needs no per-object metadata (the manifest has every offset), only the manifest;
     # a restore lists the steps and reads the manifest first, and checks each object's size
     meta_ops = {"write": 2, "read": 0, "restore": 1}[phase]
-    once = _once_ops(w, phase)
+    proto = save_protocol_requests(w.objects or w.writing_ranks * w.objects_per_rank)
+    once = proto if phase == "write" else (RESTORE_PREAMBLE_OPS if restore else 1)
     t_meta = groups * meta_ops * meta + once * meta + (lat if restore else 0.0)
 
     path = t_stream + t_latency

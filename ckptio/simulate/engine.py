@@ -14,10 +14,11 @@ import numpy as np
 
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio.format import save_protocol_requests
 from ckptio.simulate.job import Job
 from ckptio.simulate.results import Bound
 from ckptio.simulate.storage import ROOT_PREFIX, Latency, Storage
-from ckptio.stallmodel import RESTORE_PREAMBLE_OPS, save_protocol_requests
+from ckptio.stallmodel import RESTORE_PREAMBLE_OPS
 from ckptio.units import human_seconds
 from ckptio.workload import Plan
 
