@@ -20,8 +20,7 @@ write up to ``bytes_per_rank`` bytes as ``objects_per_rank`` objects, cut into d
 - aggregate bandwidth: ``total_bytes / aggregate_bandwidth``
 - request-rate limit: ``requests / (request_rate * partitions)``
 - client CPU (checksums, copies): ``node_bytes / (client_cpu_bandwidth * writers_per_node)``
-- metadata: ``objects_per_stream * 2 * metadata_latency + metadata_latency`` (create and commit
-  of each object, then the manifest), before and after the data, so it adds.
+- metadata: ``objects_per_stream * 2 * metadata_latency + protocol * metadata_latency`` (adds).
 
 The data phase takes as long as the slowest of (stream path, node link, aggregate, rate,
 CPU); metadata adds. The *binding* limit is the slowest one; the attribution splits the total
@@ -108,6 +107,7 @@ from ckptio.costmodel import (
     reference_mtbf,
     young_interval,
 )
+from ckptio.format import save_protocol_requests
 from ckptio.profiles import Profile
 from ckptio.units import (
     human_rate,
@@ -181,6 +181,9 @@ class Workload:
     rates that apply per prefix multiply with it."""
     object_concurrency: int = 1
     """Objects a rank writes at once (each object's parts still go out in parallel)."""
+    objects: int = (
+        0  # all ranks' (a commit lists them; save_protocol_requests); 0: writing x per rank
+    )
 
     def __post_init__(self) -> None:
         for f in (
@@ -237,6 +240,7 @@ class Workload:
                 name=str(d.get("preset") or d.get("name") or ""),
                 prefixes=prefixes,
                 object_concurrency=object_concurrency,
+                objects=int(d.get("objects") or 0),
             )
         except KeyError as err:
             raise errors.InvalidArgumentError(f"plan lacks field {err.args[0]!r}") from None
@@ -261,6 +265,7 @@ class Workload:
             ranks_per_node=1,
             name=f"{plan.preset.name} x{plan.scale:g} on {processes} process(es)",
             object_concurrency=inflight,
+            objects=int(objects.sum()),
         )
 
 
@@ -283,6 +288,7 @@ RESTORE_READERS = 8
 #: Metadata operations in series before a restore reads data: list the steps, then the
 #: manifest's size twice (the newest complete step, then the read), before its GET.
 RESTORE_PREAMBLE_OPS = 3
+
 
 X = "\u00d7"  # the multiplication sign, as in "8 writing nodes x 16 streams x 50 MB/s"
 
@@ -394,7 +400,9 @@ def estimate(
     # a read needs no per-object metadata (the manifest has every offset), only the manifest;
     # a restore lists the steps and reads the manifest first, and checks each object's size
     meta_ops = {"write": 2, "read": 0, "restore": 1}[phase]
-    t_meta = groups * meta_ops * meta + (RESTORE_PREAMBLE_OPS * meta + lat if restore else meta)
+    proto = save_protocol_requests(w.objects or w.writing_ranks * w.objects_per_rank)
+    once = proto if phase == "write" else (RESTORE_PREAMBLE_OPS if restore else 1)
+    t_meta = groups * meta_ops * meta + once * meta + (lat if restore else 0.0)
 
     path = t_stream + t_latency
     others = {
@@ -422,8 +430,7 @@ def estimate(
         + (f" ({p.throttle.split(';')[0]} past it)" if p.throttle else ""),
         "client CPU": f"{w.writers_per_node} ranks per node {X} {human_rate(client_cpu_bandwidth)} "
         "(checksums, copies)",
-        "metadata": f"{groups * meta_ops + (RESTORE_PREAMBLE_OPS if restore else 1)} "
-        f"operations in series {X} {human_seconds(meta)}",
+        "metadata": f"{groups * meta_ops + once} operations in series {X} {human_seconds(meta)}",
     }
     path_binds = path >= others[slowest_other]
     if path_binds:
