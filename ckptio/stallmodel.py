@@ -2,10 +2,8 @@
 
 Units: bytes, seconds, bandwidth in bytes/s (GB/s = 1e9 bytes/s), rates in requests/s.
 
-The one call for "the model's stall and cost of a workload on a storage profile" is
-:func:`project` (a target's figures as JSON-able data, tiered with ``local``); what it depends
-on besides the workload and the profile is one :class:`Conditions`. :func:`evaluate` is the
-``ckptio model`` command's answer (several targets, or figures given directly).
+:func:`project` gives a target's stall and cost (JSON-able; tiered with ``local``), given a
+workload, a profile and one :class:`Conditions`; :func:`evaluate` answers ``ckptio model``.
 
 **Time of one checkpoint.** A checkpoint is a :class:`Workload`: ``writing_ranks`` ranks each
 write up to ``bytes_per_rank`` bytes as ``objects_per_rank`` objects, cut into data requests of
@@ -23,12 +21,11 @@ write up to ``bytes_per_rank`` bytes as ``objects_per_rank`` objects, cut into d
 - metadata: ``objects_per_stream * 2 * metadata_latency + protocol * metadata_latency`` (adds).
 
 The data phase takes as long as the slowest of (stream path, node link, aggregate, rate,
-CPU); metadata adds. The *binding* limit is the slowest one; the attribution splits the total
-into the parts on the critical path (their ``contribution_seconds`` sum to the total) and
-shows, for every other limit, the time it alone would need (its ``seconds``) — the slack.
+CPU), the *binding* limit; metadata adds. The attribution splits the total into the parts on
+the critical path (their ``contribution_seconds`` sum to it) and gives every other limit's
+time alone (its ``seconds``): the slack.
 
-**Lost time and its cost** (stall + rework + restart) and the optimal interval: see
-:mod:`ckptio.costmodel`.
+**Lost time and its cost** (stall + rework + restart), the optimal interval: :mod:`ckptio.costmodel`.
 
 **Restart.** Unless a restart time is given, ``R = fixed overhead + restore time``: the
 overhead (:data:`DEFAULT_RESTART_OVERHEAD`, an assumption) covers rescheduling, process start
