@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
-import uuid
 from pathlib import Path
 
 from ckptio.testing.cluster import start_cluster
-
-TARGETS = ("cephfs", "rgw", "glusterfs")
+from ckptio.testing.cluster.suite import SHARED_TARGETS, run_suite
 
 
 def main() -> int:
@@ -34,7 +31,8 @@ def main() -> int:
     p.add_argument("--gpus", type=int, default=12, help="logical ranks (12: 6, 3, 2 per process)")
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--nodes", default="1,2,3")
-    p.add_argument("--targets", default=",".join(TARGETS))
+    p.add_argument("--targets", default=",".join(SHARED_TARGETS))
+
     p.add_argument(
         "--report-only", action="store_true", help="build the report from OUT/results, run nothing"
     )
@@ -56,51 +54,18 @@ def measure(
     cluster = start_cluster(max(counts), gluster="glusterfs" in targets)
     print(f"cluster {cluster.id} up in {time.time() - t0:.1f} s", flush=True)
     try:
-        bucket = f"bench-{uuid.uuid4().hex[:8]}"
-        cluster.run(
-            cluster.nodes[0],
-            [
-                sys.executable,
-                "-c",
-                f"import boto3; boto3.client('s3').create_bucket(Bucket={bucket!r})",
-            ],
+        t1 = time.time()
+        runs = run_suite(
+            cluster,
+            results,
+            targets=targets,
+            nodes=counts,
+            gpus=args.gpus,
+            size=args.size,
+            iterations=args.iterations,
+            timeout=1800,
         )
-        for target in targets:
-            for n in counts:
-                run = f"{target}-{n}n-{uuid.uuid4().hex[:6]}"
-                url = {
-                    "cephfs": f"pfs://{cluster.cephfs}/{run}",
-                    "glusterfs": f"pfs://{cluster.gluster}/{run}",
-                    "rgw": f"s3://{bucket}/{run}",
-                }[target]
-                start = time.time()
-                cluster.srun(
-                    [
-                        f"-N{n}",
-                        "--ntasks-per-node=2",
-                        "--mpi=pmix",
-                        sys.executable,
-                        "-m",
-                        "ckptio.cli",
-                        "run",
-                        url,
-                        "--preset",
-                        "llama3-8b",
-                        "--gpus",
-                        str(args.gpus),
-                        "--total-size",
-                        args.size,
-                        "--iterations",
-                        str(args.iterations),
-                        "--label",
-                        target,
-                        "--out",
-                        str(results),
-                    ],
-                    cwd=str(out),
-                    timeout=1800,
-                )
-                print(f"{target} on {n} node(s): {time.time() - start:.1f} s", flush=True)
+        print(f"{len(runs)} runs in {time.time() - t1:.1f} s", flush=True)
     finally:
         problems = cluster.down()
         print(f"cluster down{': ' + '; '.join(problems) if problems else ''}", flush=True)

@@ -7,9 +7,10 @@ latency: nothing aggregated), repeated in fresh processes to show the spread.
 
 Each case runs ``python -m ckptio.cli simulate ... --json`` in a new process; its wall time is
 measured here, its peak RSS is the child's own (``ru_maxrss``, read in the child after the
-command), and so is its CPU time (user + system): on a machine shared with other work the
-wall time depends on the load beside it, the CPU time much less. The spread over repeats is
-part of the answer.
+command) and its worker processes' largest (``simulate`` runs a large job's replications in a
+process per core), and its CPU time (user + system) is the child's and its workers': on a
+machine shared with other work the wall time depends on the load beside it, the CPU time
+much less. The spread over repeats is part of the answer.
 """
 
 from __future__ import annotations
@@ -60,7 +61,9 @@ CHILD = (
     "from ckptio.cli import main\n"
     "code = main(sys.argv[1:])\n"
     "u = resource.getrusage(resource.RUSAGE_SELF)\n"
-    "sys.stderr.write('peak_rss_kib=%d cpu_seconds=%.3f\\n' % (u.ru_maxrss, u.ru_utime + u.ru_stime))\n"
+    "c = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+    "sys.stderr.write('peak_rss_kib=%d worker_peak_rss_kib=%d cpu_seconds=%.3f\\n' % (\n"
+    "    u.ru_maxrss, c.ru_maxrss, u.ru_utime + u.ru_stime + c.ru_utime + c.ru_stime))\n"
     "sys.exit(code)\n"
 )
 
@@ -88,6 +91,8 @@ def run_case(args: list[str]) -> dict[str, Any]:
         "cpu_seconds": float(facts["cpu_seconds"]),
         "simulation_seconds": sim["wall_seconds"],
         "peak_rss_bytes": int(facts["peak_rss_kib"]) * 1024,
+        "worker_peak_rss_bytes": int(facts["worker_peak_rss_kib"]) * 1024,
+        "load_average_after": os.getloadavg(),
         "replications": sim["replications"],
         "simulated_nodes": sim["simulated_nodes"],
         "aggregated": sim["aggregated"],

@@ -2,10 +2,8 @@
 
 Units: bytes, seconds, bandwidth in bytes/s (GB/s = 1e9 bytes/s), rates in requests/s.
 
-The one call for "the model's stall and cost of a workload on a storage profile" is
-:func:`project` (a target's figures as JSON-able data, tiered with ``local``); what it depends
-on besides the workload and the profile is one :class:`Conditions`. :func:`evaluate` is the
-``ckptio model`` command's answer (several targets, or figures given directly).
+:func:`project` gives a target's stall and cost (JSON-able; tiered with ``local``), given a
+workload, a profile and one :class:`Conditions`; :func:`evaluate` answers ``ckptio model``.
 
 **Time of one checkpoint.** A checkpoint is a :class:`Workload`: ``writing_ranks`` ranks each
 write up to ``bytes_per_rank`` bytes as ``objects_per_rank`` objects, cut into data requests of
@@ -20,16 +18,14 @@ write up to ``bytes_per_rank`` bytes as ``objects_per_rank`` objects, cut into d
 - aggregate bandwidth: ``total_bytes / aggregate_bandwidth``
 - request-rate limit: ``requests / (request_rate * partitions)``
 - client CPU (checksums, copies): ``node_bytes / (client_cpu_bandwidth * writers_per_node)``
-- metadata: ``objects_per_stream * 2 * metadata_latency + metadata_latency`` (create and commit
-  of each object, then the manifest), before and after the data, so it adds.
+- metadata: ``objects_per_stream * 2 * metadata_latency + protocol * metadata_latency`` (adds).
 
 The data phase takes as long as the slowest of (stream path, node link, aggregate, rate,
-CPU); metadata adds. The *binding* limit is the slowest one; the attribution splits the total
-into the parts on the critical path (their ``contribution_seconds`` sum to the total) and
-shows, for every other limit, the time it alone would need (its ``seconds``) — the slack.
+CPU), the *binding* limit; metadata adds. The attribution splits the total into the parts on
+the critical path (their ``contribution_seconds`` sum to it) and gives every other limit's
+time alone (its ``seconds``): the slack.
 
-**Lost time and its cost** (stall + rework + restart) and the optimal interval: see
-:mod:`ckptio.costmodel`.
+**Lost time and its cost** (stall + rework + restart), the optimal interval: :mod:`ckptio.costmodel`.
 
 **Restart.** Unless a restart time is given, ``R = fixed overhead + restore time``: the
 overhead (:data:`DEFAULT_RESTART_OVERHEAD`, an assumption) covers rescheduling, process start
@@ -108,6 +104,7 @@ from ckptio.costmodel import (
     reference_mtbf,
     young_interval,
 )
+from ckptio.format import save_protocol_requests
 from ckptio.profiles import Profile
 from ckptio.units import (
     human_rate,
@@ -181,6 +178,9 @@ class Workload:
     rates that apply per prefix multiply with it."""
     object_concurrency: int = 1
     """Objects a rank writes at once (each object's parts still go out in parallel)."""
+    objects: int = (
+        0  # all ranks' (a commit lists them; save_protocol_requests); 0: writing x per rank
+    )
 
     def __post_init__(self) -> None:
         for f in (
@@ -237,6 +237,7 @@ class Workload:
                 name=str(d.get("preset") or d.get("name") or ""),
                 prefixes=prefixes,
                 object_concurrency=object_concurrency,
+                objects=int(d.get("objects") or 0),
             )
         except KeyError as err:
             raise errors.InvalidArgumentError(f"plan lacks field {err.args[0]!r}") from None
@@ -261,6 +262,7 @@ class Workload:
             ranks_per_node=1,
             name=f"{plan.preset.name} x{plan.scale:g} on {processes} process(es)",
             object_concurrency=inflight,
+            objects=int(objects.sum()),
         )
 
 
@@ -283,6 +285,7 @@ RESTORE_READERS = 8
 #: Metadata operations in series before a restore reads data: list the steps, then the
 #: manifest's size twice (the newest complete step, then the read), before its GET.
 RESTORE_PREAMBLE_OPS = 3
+
 
 X = "\u00d7"  # the multiplication sign, as in "8 writing nodes x 16 streams x 50 MB/s"
 
@@ -394,7 +397,9 @@ def estimate(
     # a read needs no per-object metadata (the manifest has every offset), only the manifest;
     # a restore lists the steps and reads the manifest first, and checks each object's size
     meta_ops = {"write": 2, "read": 0, "restore": 1}[phase]
-    t_meta = groups * meta_ops * meta + (RESTORE_PREAMBLE_OPS * meta + lat if restore else meta)
+    proto = save_protocol_requests(w.objects or w.writing_ranks * w.objects_per_rank)
+    once = proto if phase == "write" else (RESTORE_PREAMBLE_OPS if restore else 1)
+    t_meta = groups * meta_ops * meta + once * meta + (lat if restore else 0.0)
 
     path = t_stream + t_latency
     others = {
@@ -422,8 +427,7 @@ def estimate(
         + (f" ({p.throttle.split(';')[0]} past it)" if p.throttle else ""),
         "client CPU": f"{w.writers_per_node} ranks per node {X} {human_rate(client_cpu_bandwidth)} "
         "(checksums, copies)",
-        "metadata": f"{groups * meta_ops + (RESTORE_PREAMBLE_OPS if restore else 1)} "
-        f"operations in series {X} {human_seconds(meta)}",
+        "metadata": f"{groups * meta_ops + once} operations in series {X} {human_seconds(meta)}",
     }
     path_binds = path >= others[slowest_other]
     if path_binds:

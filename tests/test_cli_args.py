@@ -97,6 +97,7 @@ COUNT_OPTIONS = {
     "--inflight",
     "--persist-every",
     "--osts",
+    "--workers",
     "--stripe-count",
     "--max-attempts",
     "--readers",

@@ -16,6 +16,7 @@ import pytest
 
 from ckptio.results import Results, read_results
 from ckptio.testing.cluster import Cluster
+from ckptio.testing.cluster.suite import new_bucket
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -33,20 +34,7 @@ def ckptio_run(url: str, out: Path, *extra: str) -> list[str]:
 @pytest.fixture(scope="module")
 def bucket(cluster: Cluster) -> str:
     """A bucket on the cluster's RGW."""
-    import boto3
-
-    name = f"ckptio-runs-{uuid.uuid4().hex[:8]}"
-    env = cluster.env()
-    client = boto3.client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
-    )
-    client.create_bucket(Bucket=name)
-    client.close()
-    return name
+    return new_bucket(cluster, "ckptio-runs")
 
 
 def target_args(cluster: Cluster, bucket: str, target: str, run: str) -> tuple[str, list[str]]:

@@ -1,10 +1,13 @@
 """Check 2 of the simulation (:mod:`ckptio.simulate`) on the namespace cluster: storage
 descriptions fitted from runs on ONE node (``ckptio simulate --from``: per-stream bandwidth,
-the node's link, request latencies resampled from the recorded requests) replay the same job
-on 2 and 3 nodes, against what ``ckptio run`` measures there on RGW, CephFS and GlusterFS.
+the node's link, request latencies resampled from the recorded requests) and, for a job of
+n nodes, a probe of the storage's aggregate from that one node with the job's processes
+(:func:`ckptio.simulate.fit_storage`'s ``aggregate``) replay the same job on 2 and 3 nodes,
+against what ``ckptio run`` measures there on RGW, CephFS and GlusterFS.
 
 The same workload as ``benchmarks/cluster.py`` (llama3-8b, 12 logical ranks, 2 processes per
-node under srun), smaller. The measured side is the report's (:func:`ckptio.pernode.scaling_rows`:
+node under srun, :func:`~ckptio.testing.cluster.suite.run_suite`), smaller: 15 runs, 4 to 6
+minutes on the project's 2-core machine under load. The measured side is the report's (:func:`ckptio.pernode.scaling_rows`:
 the steady iterations' write throughput, warm-ups left out as the fit leaves them out); the
 simulated side is the p50 save of the job :meth:`ckptio.simulate.Job.for_run` builds from the
 run's processes, streams and in-flight objects.
@@ -12,8 +15,6 @@ run's processes, streams and in-flight objects.
 
 from __future__ import annotations
 
-import sys
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from ckptio import pernode
 from ckptio import simulate as sim
 from ckptio.results import read_results
 from ckptio.testing.cluster import Cluster
+from ckptio.testing.cluster.suite import run_suite
 from ckptio.workload import make_plan
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -30,6 +32,8 @@ pytest.importorskip("simpy")
 
 TARGETS = ("rgw", "cephfs", "glusterfs")
 NODES = (1, 2, 3)
+PROBES = (2, 3)
+"""Node counts whose processes also run on ONE node: the probe of the aggregate."""
 PER_NODE = 2
 WORKLOAD = {"preset": "llama3-8b", "gpus": 12, "total_size": "48MiB"}
 ITERATIONS = 4
@@ -39,41 +43,22 @@ WITHIN = 0.20
 
 @pytest.fixture(scope="module")
 def measured(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``ckptio run`` of the workload on 1, 2 and 3 nodes to each target, each run's results
-    in ``<target>-<nodes>/``."""
-    import boto3
-
+    """``ckptio run`` of the workload on 1, 2 and 3 nodes to each target, and the probes of
+    each target's aggregate from one node with the processes of 2 and 3
+    (:func:`~ckptio.testing.cluster.suite.run_suite`): each run's results in its own
+    directory."""
     out = tmp_path_factory.mktemp("simcheck")
-    env = cluster.env()
-    bucket = f"ckptio-sim-{uuid.uuid4().hex[:8]}"
-    client = boto3.client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name=env.get("AWS_DEFAULT_REGION", "us-east-1"),
+    run_suite(
+        cluster,
+        out,
+        targets=TARGETS,
+        nodes=NODES,
+        probes=PROBES,
+        size=WORKLOAD["total_size"],
+        gpus=WORKLOAD["gpus"],
+        preset=WORKLOAD["preset"],
+        iterations=ITERATIONS,
     )
-    client.create_bucket(Bucket=bucket)
-    client.close()
-    for target in TARGETS:
-        for n in NODES:
-            run = f"{target}-{n}n-{uuid.uuid4().hex[:6]}"
-            url = {
-                "cephfs": f"pfs://{cluster.cephfs}/{run}",
-                "glusterfs": f"pfs://{cluster.gluster}/{run}",
-                "rgw": f"s3://{bucket}/{run}",
-            }[target]
-            cluster.srun(
-                [
-                    f"-N{n}", f"--ntasks-per-node={PER_NODE}", "--mpi=pmix",
-                    sys.executable, "-m", "ckptio.cli", "run", url,
-                    "--preset", WORKLOAD["preset"], "--gpus", str(WORKLOAD["gpus"]),
-                    "--total-size", WORKLOAD["total_size"], "--iterations", str(ITERATIONS),
-                    "--label", target, "--out", str(out / f"{target}-{n}"),
-                ],
-                cwd=str(out),
-                timeout=900,
-            )  # fmt: skip
     return out
 
 
@@ -99,11 +84,14 @@ def comparison(out: Path) -> list[dict[str, Any]]:
     gb = plan.total_bytes / 1e9
     rows = []
     for target in TARGETS:
-        dirs = [str(out / f"{target}-{n}") for n in NODES]
+        dirs = [str(out / f"{target}-{n}n") for n in NODES]
         res = read_results(dirs)
         scaling = {r["nodes"]: r for r in pernode.scaling_rows(res) if r["target"] == target}
-        (storage,) = sim.fit_storage([dirs[0]], target=target)  # one node only
         for n in NODES:
+            # one node only: its own run, and for n nodes the probe of the aggregate with the
+            # processes (and so the streams) of n nodes, run on one node
+            probe = [str(out / f"{target}-1n-probe{n * PER_NODE}")] if n in PROBES else []
+            (storage,) = sim.fit_storage([dirs[0]], target=target, aggregate=probe)
             (run, *_) = [
                 r for r in res.runs.to_pylist() if int(r["nodes"]) == n and r["target"] == target
             ]
@@ -121,6 +109,9 @@ def comparison(out: Path) -> list[dict[str, Any]]:
             save = s.phases["save"].summary()
             seconds = steady_seconds(res, target, n)
             measured = sum(seconds) / len(seconds)
+            # the probe as a measurement of the same processes: how far apart two runs of one
+            # shape land on this machine (the floor under any prediction's miss)
+            probed = steady_seconds(read_results(probe), target, 1) if probe else seconds
             rows.append(
                 {
                     "target": target,
@@ -128,6 +119,8 @@ def comparison(out: Path) -> list[dict[str, Any]]:
                     "iterations": len(seconds),
                     "measured_GBps": gb / measured,
                     "measured_range": (gb / max(seconds), gb / min(seconds)),
+                    "probe_GBps": gb / (sum(probed) / len(probed)),
+                    "aggregate_GBps": storage.profile.value("aggregate_bandwidth") / 1e9,
                     "simulated_GBps": gb / save["p50_seconds"],
                     "modelled_GBps": scaling[n]["predicted_GBps"],
                     "difference": save["p50_seconds"] / measured - 1,
@@ -139,14 +132,15 @@ def comparison(out: Path) -> list[dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "target     nodes  measured GB/s (range, steady iterations)  simulated  modelled  "
-        "measured/simulated - 1  bound by (simulated)"
+        "target     nodes  measured GB/s (range, steady iterations)  probe GB/s  aggregate  "
+        "simulated  modelled  measured/simulated - 1  bound by (simulated)"
     ]
     for r in rows:
         lo, hi = r["measured_range"]
         lines.append(
             f"{r['target']:<10} {r['nodes']:>5}  {r['measured_GBps']:.3f} ({lo:.3f}-{hi:.3f}, "
-            f"{r['iterations']}){'':>15} {r['simulated_GBps']:.3f}      {r['modelled_GBps']:.3f}"
+            f"{r['iterations']}){'':>15} {r['probe_GBps']:.3f}       {r['aggregate_GBps']:.3f}"
+            f"      {r['simulated_GBps']:.3f}      {r['modelled_GBps']:.3f}"
             f"     {r['difference']:+.0%}{'':>14}{r['bound_by']}"
         )
     return "\n".join(lines)
@@ -169,12 +163,12 @@ def test_the_simulation_fitted_on_one_node_reproduces_that_node(rows: list[dict[
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "On one machine the cluster's nodes are namespaces sharing its 2 cores, one Ceph OSD "
-        "and the GlusterFS bricks on its disk: 2 and 3 nodes measure about what 1 node does "
-        "(benchmarks/results/cluster-2026-12-05.md), a limit the nodes share. A fit from one "
-        "node cannot see it (its aggregate stays unbounded), so the simulation, as the model, "
-        "predicts throughput growing with the nodes. XPASS (strict) fails: on a cluster whose "
-        "nodes are machines of their own, delete this mark."
+        "On one machine the cluster's nodes are namespaces sharing its 2 cores (and, here, "
+        "other work's load), one Ceph OSD and the GlusterFS bricks on its disk. The probe of "
+        "the aggregate gives the fit the limit they share, but two runs of the same processes "
+        "(the probe on one node, the job on n) land up to 50% apart on this loaded machine, "
+        "more than the 20% bound: docs/simulate.md has the misses. XPASS (strict) fails: "
+        "where it passes (a quiet machine, or nodes of their own), delete this mark."
     ),
 )
 def test_the_simulation_fitted_on_one_node_predicts_two_and_three(

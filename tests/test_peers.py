@@ -220,3 +220,15 @@ def test_replicas_need_another_node(tmp_path: Path) -> None:
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_a_rank_waiting_for_a_peer_s_bytes_leaves_the_cpu_to_others() -> None:
+    """Open MPI's blocking receive spins a core while it waits; on a busy node that CPU is
+    taken from the rank whose bytes are awaited (benchmarks/peer_wire.py). The transport's
+    wait polls with a sleep: a rank waiting for a message while its peer works uses a small
+    part of the wait's CPU time."""
+    proc = run_mpi(2, str(Path(__file__).parent / "mpi" / "wire_idle.py"))
+    (got,) = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert got["doc"] == {"go": True}
+    assert got["wall"] >= 0.4, got  # it did wait for rank 0's half-second of work
+    assert got["cpu"] < 0.25 * got["wall"], got

@@ -9,8 +9,10 @@ different counts). A partner is therefore always on another node, and a node's l
 each of its ranks' copies on ``k`` other nodes. ``k`` must be below the node count.
 
 **Transport.** Over the job's own process group (:mod:`ckptio.dist`): point-to-point messages
-of MPI (mpi4py ``Send``/``Recv`` of bytes, no pickle) or torch.distributed (``send``/``recv``
-of uint8 tensors, gloo). Local-process ranks (``run_local``) share one node and have no
+of MPI (mpi4py ``Isend``/``Irecv`` of bytes, no pickle; one message per piece of an object,
+its kind in the tag; waited for by polling with a short growing sleep, since Open MPI's
+blocking calls spin a core, which on a busy node slows the very transfer waited for) or
+torch.distributed (``send``/``recv`` of uint8 tensors, gloo). Local-process ranks (``run_local``) share one node and have no
 point-to-point channel: replicas are refused there. Every rank runs the transfers of a round
 in one global order, its sends in one thread and its receives in another: the lowest transfer
 not yet done always has its sender and its receiver at it, so a round cannot deadlock.
@@ -139,21 +141,45 @@ class NodeRing:
 # -- transport -------------------------------------------------------------------------------
 
 
+_DOC, _DATA = 0, 1
+"""What a message is: a JSON document, or a piece of an object's bytes (one message each,
+its kind in the MPI tag or the torch size header: no document announces a piece)."""
+_POLL_MIN, _POLL_MAX = 20e-6, 1e-3
+
+
+def _settle(req: Any) -> None:
+    """Wait for an MPI request, polling with a growing sleep (up to 1 ms) between tests
+    rather than in a blocking call: Open MPI's blocking calls spin a core while they wait,
+    and on a node whose cores are busy (training, other ranks) the spinning rank takes CPU
+    from the one whose bytes it waits for. Measured on this project's 2-core VM under load:
+    ``benchmarks/README.md`` (peer transport)."""
+    pause = _POLL_MIN
+    while not req.Test():
+        time.sleep(pause)
+        pause = min(2 * pause, _POLL_MAX)
+
+
 class _MPIWire:
     def __init__(self, comm: Any) -> None:
         from mpi4py import MPI
 
         self.MPI, self.comm = MPI, comm
 
-    def send(self, dest: int, data: Any) -> None:
-        self.comm.Send([data, self.MPI.BYTE], dest=dest, tag=_TAG)
+    def send(self, dest: int, data: Any, kind: int = _DOC) -> None:
+        _settle(self.comm.Isend([data, self.MPI.BYTE], dest=dest, tag=_TAG + kind))
 
-    def recv(self, source: int) -> np.ndarray:
+    def recv(self, source: int) -> tuple[int, np.ndarray]:
         status = self.MPI.Status()
-        self.comm.Probe(source=source, tag=_TAG, status=status)
+        pause = _POLL_MIN
+        # a matched probe: the message found is the one received (the next from ``source``)
+        while (
+            msg := self.comm.Improbe(source=source, tag=self.MPI.ANY_TAG, status=status)
+        ) is None:
+            time.sleep(pause)
+            pause = min(2 * pause, _POLL_MAX)
         buf = np.empty(status.Get_count(self.MPI.BYTE), dtype=np.uint8)
-        self.comm.Recv([buf, self.MPI.BYTE], source=source, tag=_TAG)
-        return buf
+        _settle(msg.Irecv([buf, self.MPI.BYTE]))
+        return status.Get_tag() - _TAG, buf
 
 
 class _TorchWire:
@@ -162,21 +188,21 @@ class _TorchWire:
 
         self.torch, self.dist, self.group = torch, comm._dist, comm.group
 
-    def send(self, dest: int, data: Any) -> None:
+    def send(self, dest: int, data: Any, kind: int = _DOC) -> None:
         t = self.torch
         view = np.frombuffer(data, dtype=np.uint8)
-        self.dist.send(t.tensor([view.size], dtype=t.int64), dest, group=self.group)
+        self.dist.send(t.tensor([view.size, kind], dtype=t.int64), dest, group=self.group)
         if view.size:
             self.dist.send(t.from_numpy(view.copy()), dest, group=self.group)
 
-    def recv(self, source: int) -> np.ndarray:
+    def recv(self, source: int) -> tuple[int, np.ndarray]:
         t = self.torch
-        n = t.zeros(1, dtype=t.int64)
-        self.dist.recv(n, source, group=self.group)
-        buf = t.empty(int(n.item()), dtype=t.uint8)
+        head = t.zeros(2, dtype=t.int64)
+        self.dist.recv(head, source, group=self.group)
+        buf = t.empty(int(head[0].item()), dtype=t.uint8)
         if buf.numel():
             self.dist.recv(buf, source, group=self.group)
-        return buf.numpy()
+        return int(head[1].item()), buf.numpy()
 
 
 def wire(comm: Communicator) -> Any:
@@ -196,7 +222,13 @@ def _send_doc(w: Any, dest: int, doc: Mapping[str, Any]) -> None:
 
 
 def _recv_doc(w: Any, source: int) -> dict[str, Any]:
-    return json.loads(w.recv(source).tobytes())  # type: ignore[no-any-return]
+    return _doc(source, *w.recv(source))
+
+
+def _doc(source: int, kind: int, data: np.ndarray) -> dict[str, Any]:
+    if kind != _DOC:
+        raise errors.CkptioError(f"rank {source} sent object bytes where a document was due")
+    return json.loads(data.tobytes())  # type: ignore[no-any-return]
 
 
 class _WireWriter:
@@ -209,8 +241,7 @@ class _WireWriter:
     def write(self, data: Any) -> None:
         self.crc = crc32c(data, self.crc)
         self.nbytes += len(data)
-        _send_doc(self.w, self.dest, {"n": len(data)})
-        self.w.send(self.dest, data)
+        self.w.send(self.dest, data, _DATA)
 
     def close(self) -> None:
         _send_doc(self.w, self.dest, {"crc32c": self.crc})
@@ -299,14 +330,14 @@ def receive_objects(
         writer = None if error else _open(store, prefix + key, size)
         crc, got = 0, 0
         while True:
-            doc = _recv_doc(w, source)
-            if "n" in doc:
-                data = w.recv(source)
+            kind, data = w.recv(source)
+            if kind == _DATA:
                 crc = crc32c(data, crc)
                 got += len(data)
                 if writer is not None:
                     writer.write(memoryview(data))
                 continue
+            doc = _doc(source, kind, data)
             if "error" in doc:
                 error = error or f"rank {source}: {doc['error']}"
                 if writer is not None:

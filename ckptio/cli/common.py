@@ -18,6 +18,7 @@ from ckptio import errors
 from ckptio.cli.console import FORMATS, Printer
 from ckptio.units import (
     MAX_BYTES,
+    MAX_LOCAL_PROCESSES,
     parse_bandwidth,
     parse_count,
     parse_duration,
@@ -28,7 +29,9 @@ from ckptio.units import (
 )
 
 __all__ = [
+    "add_client_options",
     "add_format",
+    "add_p_lose_node",
     "arg",
     "bandwidth_arg",
     "count_arg",
@@ -138,3 +141,58 @@ def printer(args: argparse.Namespace) -> Printer:
 def print_json(obj: Any) -> None:
     """``obj`` as JSON on stdout, credentials hidden (:func:`ckptio.redact.redact_obj`)."""
     Printer("json").json(obj)
+
+
+# -- options that ``ckptio model`` and ``ckptio simulate`` share ------------------------------
+
+
+def add_client_options(
+    group: Any, *, from_help: str, set_example: str, streams_help: str | None = None
+) -> None:
+    """``--ranks-per-node``, ``--key-layout``, ``--from RESULTS``, ``--set FIELD=VALUE``,
+    ``--streams`` and ``--part-size``: the job's client and what a projection reads its
+    storage from (``from_help``: what ``--from`` does with the results; ``set_example``: a
+    ``FIELD=VALUE`` for the help)."""
+    group.add_argument(
+        "--ranks-per-node",
+        type=count_arg(1, MAX_LOCAL_PROCESSES),
+        default=8,
+        help="GPUs per node (default 8)",
+    )
+    group.add_argument(
+        "--key-layout",
+        choices=("flat", "hashed"),
+        default="flat",
+        help="hashed spreads keys over 256 prefixes (per-prefix request limits)",
+    )
+    group.add_argument("--from", dest="from_results", nargs="+", metavar="RESULTS", help=from_help)
+    group.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help=f"override a profile figure, e.g. {set_example}",
+    )
+    group.add_argument(
+        "--streams",
+        type=count_arg(1, MAX_LOCAL_PROCESSES),
+        help=streams_help
+        or f"concurrent data requests per node, 1 to {MAX_LOCAL_PROCESSES} (default: the "
+        "profile's)",
+    )
+    group.add_argument(
+        "--part-size", type=size_arg(), help="bytes per request (default: the profile's)"
+    )
+
+
+def add_p_lose_node(group: Any, *, what: str) -> None:
+    """``--p-lose-node``, defaulting to :data:`ckptio.costmodel.DEFAULT_P_LOSE_NODE` (``what``:
+    how the command uses it)."""
+    from ckptio.costmodel import DEFAULT_P_LOSE_NODE
+
+    group.add_argument(
+        "--p-lose-node",
+        type=number_arg(maximum=1.0),
+        default=DEFAULT_P_LOSE_NODE,
+        help=f"{what}: probability that a failure loses a node's fast tier "
+        f"(assumption {DEFAULT_P_LOSE_NODE}: Llama 3's share of hardware interruptions)",
+    )

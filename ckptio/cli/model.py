@@ -12,7 +12,9 @@ from typing import Any
 
 from ckptio import errors
 from ckptio.cli.common import (
+    add_client_options,
     add_format,
+    add_p_lose_node,
     arg,
     bandwidth_arg,
     count_arg,
@@ -23,7 +25,7 @@ from ckptio.cli.common import (
     size_arg,
 )
 from ckptio.cli.console import note
-from ckptio.costmodel import DEFAULT_P_LOSE_ANOTHER, DEFAULT_P_LOSE_NODE
+from ckptio.costmodel import DEFAULT_P_LOSE_ANOTHER
 from ckptio.units import (
     MAX_COUNT,
     MAX_GPUS,
@@ -63,29 +65,10 @@ def declare_model(p: argparse.ArgumentParser) -> None:
         "--writing-ranks", type=count_arg(1, MAX_GPUS), help="ranks that write (default: all GPUs)"
     )
     w.add_argument(
-        "--ranks-per-node",
-        type=count_arg(1, MAX_LOCAL_PROCESSES),
-        default=8,
-        help="GPUs per node (default 8)",
-    )
-    w.add_argument(
         "--objects-per-rank",
         type=count_arg(1, MAX_COUNT),
         default=1,
         help="objects each rank writes",
-    )
-    w.add_argument(
-        "--key-layout",
-        choices=("flat", "hashed"),
-        default="flat",
-        help="hashed spreads keys over 256 prefixes (per-prefix request limits)",
-    )
-    w.add_argument(
-        "--from",
-        dest="from_results",
-        nargs="+",
-        metavar="RESULTS",
-        help="fit a profile from measured result files/dirs and project it",
     )
     s = p.add_argument_group("storage")
     s.add_argument(
@@ -93,19 +76,11 @@ def declare_model(p: argparse.ArgumentParser) -> None:
         action="append",
         help="profile name(s), comma-separated or repeated (default with a workload: all)",
     )
-    s.add_argument(
-        "--set",
-        action="append",
-        metavar="FIELD=VALUE",
-        help="override a profile figure, e.g. stream_bandwidth=100MB/s",
-    )
-    s.add_argument(
-        "--streams",
-        type=count_arg(1, MAX_LOCAL_PROCESSES),
-        help=f"streams per node, 1 to {MAX_LOCAL_PROCESSES} (default: the profile's)",
-    )
-    s.add_argument(
-        "--part-size", type=size_arg(), help="bytes per request (default: the profile's)"
+    add_client_options(
+        s,
+        from_help="fit a profile from measured result files/dirs and project it",
+        set_example="stream_bandwidth=100MB/s",
+        streams_help=f"streams per node, 1 to {MAX_LOCAL_PROCESSES} (default: the profile's)",
     )
     s.add_argument(
         "--write-bandwidth",
@@ -153,13 +128,7 @@ def declare_model(p: argparse.ArgumentParser) -> None:
         default=1,
         help="with --local: every N-th checkpoint is drained (default 1)",
     )
-    s.add_argument(
-        "--p-lose-node",
-        type=number_arg(maximum=1.0),
-        default=DEFAULT_P_LOSE_NODE,
-        help="with --local: probability that a failure loses a node's fast tier "
-        f"(assumption {DEFAULT_P_LOSE_NODE}: Llama 3's share of hardware interruptions)",
-    )
+    add_p_lose_node(s, what="with --local")
     _declare_peers(s)
     s.add_argument(
         "--read-bandwidth",

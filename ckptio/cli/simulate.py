@@ -4,23 +4,22 @@
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 from typing import Any
 
 from ckptio import errors
 from ckptio.cli.common import (
+    add_client_options,
     add_format,
+    add_p_lose_node,
     arg,
     count_arg,
     duration_arg,
     list_arg,
-    number_arg,
     printer,
     size_arg,
 )
 from ckptio.cli.console import Printer, Sheet, Styled, note
-from ckptio.costmodel import DEFAULT_P_LOSE_NODE
 from ckptio.units import (
     MAX_COUNT,
     MAX_GPUS,
@@ -59,20 +58,6 @@ def declare_simulate(p: argparse.ArgumentParser) -> None:
         "(cloud-s3+local-nvme) is a tiered target (default cloud-s3)",
     )
     s.add_argument(
-        "--from",
-        dest="from_results",
-        nargs="+",
-        metavar="RESULTS",
-        help="fit storage descriptions from measured result files/dirs (latencies resampled "
-        "from their requests) and simulate each measured target",
-    )
-    s.add_argument(
-        "--set",
-        action="append",
-        metavar="FIELD=VALUE",
-        help="override a profile figure, e.g. write_request_rate=inf",
-    )
-    s.add_argument(
         "--latency",
         default="lognormal",
         help="request latency around the profile's: fixed, lognormal (p99 = 4 x median, an "
@@ -105,19 +90,11 @@ def declare_simulate(p: argparse.ArgumentParser) -> None:
         help="attempts per request before the client gives up (default: ckptio's)",
     )
     c = p.add_argument_group("client")
-    c.add_argument(
-        "--ranks-per-node",
-        type=count_arg(1, MAX_LOCAL_PROCESSES),
-        default=8,
-        help="GPUs per node (default 8)",
-    )
-    c.add_argument(
-        "--streams",
-        type=count_arg(1, MAX_LOCAL_PROCESSES),
-        help="concurrent data requests per node (default: the profile's)",
-    )
-    c.add_argument(
-        "--part-size", type=size_arg(), help="bytes per request (default: the profile's)"
+    add_client_options(
+        c,
+        from_help="fit storage descriptions from measured result files/dirs (latencies "
+        "resampled from their requests) and simulate each measured target",
+        set_example="write_request_rate=inf",
     )
     c.add_argument(
         "--inflight",
@@ -131,7 +108,6 @@ def declare_simulate(p: argparse.ArgumentParser) -> None:
         default=8,
         help="objects each rank reads at once in a restore (default 8, as ckptio's reader)",
     )
-    c.add_argument("--key-layout", choices=("flat", "hashed"), default="flat")
     c.add_argument(
         "--restore",
         choices=("writers", "all"),
@@ -159,13 +135,7 @@ def declare_simulate(p: argparse.ArgumentParser) -> None:
         default=2.0,
         help="how many times slower a straggler is (default 2)",
     )
-    x.add_argument(
-        "--p-lose-node",
-        type=number_arg(maximum=1.0),
-        default=DEFAULT_P_LOSE_NODE,
-        help="tiered targets: probability that a failure lost a node's fast tier "
-        f"(assumption {DEFAULT_P_LOSE_NODE}: Llama 3's share of hardware interruptions)",
-    )
+    add_p_lose_node(x, what="tiered targets")
     x.add_argument(
         "--replications",
         type=count_arg(1, MAX_REPLICATIONS),
@@ -173,6 +143,12 @@ def declare_simulate(p: argparse.ArgumentParser) -> None:
         help="checkpoints simulated for the distribution (default 10; 1 when nothing is random)",
     )
     x.add_argument("--seed", type=count_arg(0, 2**63 - 1), default=0, help="random seed")
+    x.add_argument(
+        "--workers",
+        type=count_arg(1, MAX_LOCAL_PROCESSES),
+        help="processes the replications run in (the result is the same for any count; "
+        "default: one per CPU core for a large job)",
+    )
     p.add_argument("--out", help="write the simulated results (Parquet + JSON) to this directory")
     p.add_argument(
         "--report",
@@ -290,6 +266,7 @@ def run_simulate(args: argparse.Namespace) -> int:
                 phases=phases,
                 replications=args.replications,
                 seed=args.seed,
+                workers=args.workers,
                 stragglers=args.stragglers,
                 straggler_slowdown=args.straggler_slowdown,
                 p_lose_node=args.p_lose_node,
@@ -317,29 +294,10 @@ def _config(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if k not in ("format", "json", "verbose")}
 
 
-def _secs(x: float | None) -> str:
-    from ckptio.units import human_seconds
-
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else human_seconds(x)
-
-
-def simulated_cell(ph: dict[str, Any]) -> str:
-    """``330 s [329 s, 331 s]``: the p50 of the simulated stalls and its interval, or why
-    there is none (``failed 10/10``)."""
-    if ph["p50_seconds"] is None:
-        return f"failed {ph['failed']}/{ph['replications']}"
-    text = _secs(ph["p50_seconds"])
-    if ph["p50_coverage"] is not None:
-        text += f" [{_secs(ph['p50_low_seconds'])}, {_secs(ph['p50_high_seconds'])}]"
-        if ph["p50_coverage"] < 0.95:
-            text += f" ({ph['p50_coverage']:.0%})"
-    if ph["failed"]:
-        text += f" ({ph['failed']} failed)"
-    return text
-
-
 def simulation_sheet(sims: list[dict[str, Any]]) -> Sheet:
     """One row per target, scale and phase: simulated beside modelled."""
+    from ckptio.report.simulated import seconds_text, simulated_text
+
     sheet = Sheet(
         "simulated vs modelled stall",
         [
@@ -370,9 +328,9 @@ def simulation_sheet(sims: list[dict[str, Any]]) -> Sheet:
                 s["target"],
                 f"{s['job']['gpus']:,}",
                 ph["phase"],
-                Styled(simulated_cell(ph), "red") if ph["failed"] else simulated_cell(ph),
-                _secs(ph["p99_seconds"]),
-                _secs(ph["modelled_seconds"]),
+                Styled(simulated_text(ph), "red") if ph["failed"] else simulated_text(ph),
+                seconds_text(ph["p99_seconds"]),
+                seconds_text(ph["modelled_seconds"]),
                 ratio,
                 bound,
                 ph["model_binding"] or "-",

@@ -32,6 +32,7 @@ __all__ = [
     "interruption_costs",
     "plot_scale",
     "read",
+    "seconds_text",
     "sections",
     "simulated_cells",
     "simulated_text",
@@ -50,7 +51,8 @@ LLAMA3_SOURCE = "Dubey et al. 2024 (Llama 3, arXiv 2407.21783, section 3.3.4)"
 AGREE = 0.05
 
 
-def _secs(x: float | None) -> str:
+def seconds_text(x: float | None) -> str:
+    """``5.5 min``, or ``-`` for none."""
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else human_seconds(x)
 
 
@@ -58,9 +60,9 @@ def simulated_text(s: dict[str, Any]) -> str:
     """``5.5 min [5.49 min, 5.52 min]``, or ``failed 10/10``."""
     if s["p50_seconds"] is None:
         return f"failed {s['failed']}/{s['replications']}"
-    text = _secs(s["p50_seconds"])
+    text = seconds_text(s["p50_seconds"])
     if s["p50_coverage"] is not None:
-        text += f" [{_secs(s['p50_low_seconds'])}, {_secs(s['p50_high_seconds'])}]"
+        text += f" [{seconds_text(s['p50_low_seconds'])}, {seconds_text(s['p50_high_seconds'])}]"
         if s["p50_coverage"] < 0.95:
             text += f" ({s['p50_coverage']:.0%})"
     if s["failed"]:
@@ -325,9 +327,9 @@ def simulated_cells(s: dict[str, Any]) -> list[str]:
         s["preset"],
         f"{s['gpus']:,}",
         s["phase"],
-        _secs(s["modelled_seconds"]),
+        seconds_text(s["modelled_seconds"]),
         simulated_text(s),
-        _secs(s["p99_seconds"]),
+        seconds_text(s["p99_seconds"]),
         ratio,
         s["bound_by"],
         s["model_binding"] or "-",
@@ -378,7 +380,7 @@ def sections(rows: list[dict[str, Any]], plot: str | None = None) -> list[Sectio
     items = [
         f"{s['target']}, {s['preset']} on {s['gpus']:,} GPUs, {s['phase']} "
         f"({_scenario(s)}): simulated "
-        f"{simulated_text(s)} vs modelled {_secs(s['modelled_seconds'])}. Why: {why}. Last: "
+        f"{simulated_text(s)} vs modelled {seconds_text(s['modelled_seconds'])}. Why: {why}. Last: "
         f"rank {s['bound_rank']} on node {s['bound_node']}"
         + (f", prefix {s['bound_prefix']!r}" if s["bound_prefix"] else "")
         + f" ({s['mechanism']})."
@@ -415,7 +417,7 @@ def _llama3_intro() -> str:
         f"{LLAMA3_INTERRUPTIONS} interruptions in {LLAMA3_DAYS} days, {LLAMA3_UNPLANNED} "
         f"unplanned ({LLAMA3_SOURCE}); every interruption restarts from the newest checkpoint. "
         "Interval: Daly's optimum for the simulated save (p50) and the unplanned failures' "
-        f"MTBF ({_secs(LLAMA3_DAYS * 86400 / LLAMA3_UNPLANNED)}). Shares of GPU time: saves "
+        f"MTBF ({seconds_text(LLAMA3_DAYS * 86400 / LLAMA3_UNPLANNED)}). Shares of GPU time: saves "
         "(stall / (interval + stall)) and restores (every restart's simulated restore); the "
         "work redone after each unplanned failure (half an interval) is shown beside them, not "
         "included. A tiered target's drain runs in the background: when it fails, no durable "
@@ -445,7 +447,7 @@ def cost_cells(c: dict[str, Any]) -> list[str]:
         cells = ["-", "-", "a save or restore fails (see above)", "-", "-"]
     else:
         cells = [
-            _secs(c["interval_seconds"]),
+            seconds_text(c["interval_seconds"]),
             f"{c['save_share']:.2%}",
             f"{c['restore_share']:.2%}",
             f"{c['checkpoint_share']:.2%}",
@@ -454,8 +456,8 @@ def cost_cells(c: dict[str, Any]) -> list[str]:
     return [
         c["target"],
         c["preset"],
-        _secs(c["save_seconds"]),
-        _secs(c["restore_seconds"]),
+        seconds_text(c["save_seconds"]),
+        seconds_text(c["restore_seconds"]),
         c["drain"] or "-",
         *cells,
         c["scenario"],

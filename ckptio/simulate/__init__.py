@@ -16,12 +16,13 @@ per node); a node sends its data requests over ``streams`` connections (a SimPy 
 each) that take the node's parts first come, first served; a rank writes
 ``object_concurrency`` objects at once (the runner's ``--inflight``) and reads
 ``restore_readers`` at once (:class:`~ckptio.checkpoint.CheckpointReader`'s ``readers``).
-An object is created (one metadata request), its parts sent, then completed (another); the
-save ends when every rank is done and rank 0 has committed as ckptio commits: the manifest
-published, the step listed (a request per 1,000 keys) to check that nothing is missing and
-no gc fenced it, the save's lease released (:func:`~ckptio.simulate.engine.commit_requests`;
-the model counts one request for the commit, and so does ``lockstep``, the model's client). A
-restore lists
+A save starts as ckptio's does: rank 0 publishes the save's lease while it checks that the
+step has no manifest (two requests at once), then the ranks write. An object is created (one
+metadata request), its parts sent, then completed (another); the save ends when every rank
+is done and rank 0 has committed as ckptio commits: the manifest published, the step listed
+(a request per 1,000 keys) to check that nothing is missing and no gc fenced it, the save's
+lease released (:func:`ckptio.stallmodel.save_protocol_requests`, which the model counts
+too). A restore lists
 the steps, checks the manifest's size twice and reads it (every reading rank: that is the
 storm), then checks each object's size before reading its parts. Which ranks read: each
 writing rank its own bytes (``readers="writers"``, what the model counts), or every rank
@@ -59,10 +60,13 @@ no storage targets). Otherwise every node is simulated. The result says which.
 from __future__ import annotations
 
 import math
+import multiprocessing as mp
+import os
 import random
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -79,20 +83,7 @@ from ckptio.simulate.results import (
     read_summaries,
     write_results,
 )
-from ckptio.simulate.storage import (
-    DEFAULT_BURST,
-    DEFAULT_LATENCY,
-    DEFAULT_TAIL,
-    LATENCY_KINDS,
-    PHASES,
-    PLACEMENTS,
-    READERS,
-    ROOT_PREFIX,
-    Latency,
-    Storage,
-    fit_storage,
-    parse_latency,
-)
+from ckptio.simulate.storage import PHASES, Latency, Storage, fit_storage, parse_latency
 from ckptio.stallmodel import (
     DEFAULT_P_LOSE_NODE,
     Conditions,
@@ -101,14 +92,6 @@ from ckptio.stallmodel import (
 from ckptio.units import human_seconds
 
 __all__ = [
-    "DEFAULT_BURST",
-    "DEFAULT_LATENCY",
-    "DEFAULT_TAIL",
-    "LATENCY_KINDS",
-    "PHASES",
-    "PLACEMENTS",
-    "READERS",
-    "ROOT_PREFIX",
     "SUMMARY_KEYS",
     "Bound",
     "Job",
@@ -136,6 +119,147 @@ def _model(job: Job, storage: Storage, local: Storage | None, p_lose_node: float
     )
 
 
+PARALLEL_OBJECTS = 200_000
+"""Objects (over all replications and phases) above which :func:`simulate` runs its
+replications in a process per CPU core by default: below it, starting the processes costs
+more than it saves."""
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What every replication of one :func:`simulate` call shares."""
+
+    job: Job
+    storage: Storage
+    local: Storage | None
+    order: list[str]
+    works: dict[str, list[ObjectList]]
+    stragglers: int
+    straggler_slowdown: float
+    p_lose_node: float
+    aggregate: bool
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One run of a phase of a replication (a tiered restore has two), as
+    :meth:`PhaseResult.add` reads it: what a :class:`Replication` leaves, without its SimPy
+    environment (so that it crosses from a worker process)."""
+
+    end: float
+    bound: Bound
+    failed: bool
+    requests: int
+    attempts: int
+    throttled: int
+    retried: int
+    failed_req: int
+    bytes: int
+    classes: int
+    nodes: int
+    aggregated: bool
+    every_node: bool
+
+
+def _throttling_possible(s: Storage) -> bool:
+    p = s.profile
+    return p.rate_scope != "none" and not (
+        math.isinf(p.value("write_request_rate")) and math.isinf(p.value("read_request_rate"))
+    )
+
+
+def _replicate(ctx: _Context, seed: np.random.SeedSequence) -> dict[str, list[_Run]]:
+    """One replication (one checkpoint): each phase's runs, seeded by ``seed`` alone."""
+    job, storage, local = ctx.job, ctx.storage, ctx.local
+    rpn = job.ranks_per_node
+    rng = np.random.default_rng(seed)
+    jitter = random.Random(int(rng.integers(2**63)))
+    strag = _stragglers(rng, ctx.works.get("save") or ctx.works["restore"], rpn, ctx.stragglers)
+    out: dict[str, list[_Run]] = {}
+    for ph in ctx.order:
+        work = ctx.works["save" if ph == "drain" else ph]
+        with_work = sorted({r // rpn for r, objs in enumerate(work) if objs})
+        # which tier each part of the phase runs on (a tiered restore: the fast tier, and
+        # the durable tier for the ranks of a node the failure lost)
+        runs: list[tuple[Storage, set[int] | None]] = [
+            (local if local is not None and ph != "drain" else storage, None)
+        ]
+        lost = local is not None and ph == "restore" and rng.random() < ctx.p_lose_node
+        if lost and with_work:
+            runs.append((storage, {with_work[int(rng.integers(len(with_work)))]}))
+        agg = ctx.aggregate and not any(
+            s.random or s.targets or _throttling_possible(s) for s, _ in runs
+        )
+        here = out[ph] = []
+        for tier, only in runs:
+            rep = Replication(
+                job,
+                tier,
+                "save" if ph == "drain" else ph,
+                work,
+                rng=rng,
+                jitter=jitter,
+                stragglers=strag,
+                slowdown=ctx.straggler_slowdown,
+                aggregate=agg,
+                only_nodes=only,
+            )
+            end, bound = rep.run()
+            if only is not None:
+                bound = replace(bound, mechanism=f"lost node reads {tier.name}: {bound.mechanism}")
+            here.append(
+                _Run(
+                    end=end,
+                    bound=bound,
+                    failed=rep.failed,
+                    requests=rep.requests,
+                    attempts=rep.attempts,
+                    throttled=rep.throttled,
+                    retried=rep.retried,
+                    failed_req=rep.failed_req,
+                    bytes=rep.bytes,
+                    classes=rep.classes,
+                    nodes=len(rep.nodes),
+                    aggregated=only is None and len(rep.nodes) < len(with_work),
+                    every_node=only is None and ctx.aggregate and not agg and len(with_work) > 1,
+                )
+            )
+            if rep.failed:
+                break
+    return out
+
+
+def _replications(
+    ctx: _Context, seeds: list[np.random.SeedSequence], workers: int | None, objects: int
+) -> Iterator[dict[str, list[_Run]]]:
+    """:func:`_replicate` of each seed, in order: here, or in ``workers`` forked processes
+    (None: one per CPU core this process may use, over :data:`PARALLEL_OBJECTS` objects)."""
+    global _INHERITED
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if objects > PARALLEL_OBJECTS else 1
+    workers = min(workers, len(seeds))
+    if workers <= 1 or "fork" not in mp.get_all_start_methods():
+        for s in seeds:
+            yield _replicate(ctx, s)
+        return
+    # forked workers inherit the context (the plan, every rank's objects) instead of each
+    # task unpickling it; only the seeds and the outcomes cross
+    _INHERITED = ctx
+    try:
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+            yield from pool.map(_replicate_inherited, seeds)
+    finally:
+        _INHERITED = None
+
+
+_INHERITED: _Context | None = None
+
+
+def _replicate_inherited(seed: np.random.SeedSequence) -> dict[str, list[_Run]]:
+    assert _INHERITED is not None
+    return _replicate(_INHERITED, seed)
+
+
 def _stragglers(rng: np.random.Generator, work: list[ObjectList], rpn: int, count: int) -> set[int]:
     nodes = sorted({r // rpn for r, objs in enumerate(work) if objs})
     if not count or not nodes:
@@ -157,6 +281,7 @@ def simulate(
     p_lose_node: float = DEFAULT_P_LOSE_NODE,
     aggregate: bool = True,
     progress: Callable[[str], None] | None = None,
+    workers: int | None = None,
 ) -> Simulation:
     """Simulate ``phases`` of ``job`` on ``storage`` (a tiered target with ``local``: the
     save writes the fast tier, a ``drain`` phase writes the durable tier in the background,
@@ -165,7 +290,11 @@ def simulate(
     checkpoints, seeded by ``seed``. ``stragglers`` nodes (drawn per replication among those
     with work) do everything ``straggler_slowdown`` times slower. ``aggregate``: simulate
     identical nodes once where that is exact. Nothing random in the input (fixed latencies,
-    no stragglers, no throttling possible): one replication, and the result says so."""
+    no stragglers, no throttling possible): one replication, and the result says so.
+
+    ``workers``: processes the replications run in (each is seeded on its own, so the result
+    is the same for any count); None: one per CPU core where the replications simulate more
+    than :data:`PARALLEL_OBJECTS` objects in all, else this process alone."""
     if replications < 1:
         raise errors.InvalidArgumentError(f"replications must be >= 1, got {replications}")
     bad = [p for p in phases if p not in PHASES]
@@ -182,15 +311,7 @@ def simulate(
     tiers = [storage] + ([local] if local else [])
     random_input = any(s.random for s in tiers) or stragglers > 0 or local is not None
     works = {ph: plan_work(job, ph) for ph in phases}
-    rpn = job.ranks_per_node
-
-    def throttling_possible(s: Storage) -> bool:
-        p = s.profile
-        return p.rate_scope != "none" and not (
-            math.isinf(p.value("write_request_rate")) and math.isinf(p.value("read_request_rate"))
-        )
-
-    maybe_throttled = any(throttling_possible(s) for s in tiers)
+    maybe_throttled = any(_throttling_possible(s) for s in tiers)
     deterministic = not random_input and not maybe_throttled
     reps = 1 if deterministic else replications
     model = _model(job, storage, local, p_lose_node)
@@ -199,52 +320,26 @@ def simulate(
     seeds = np.random.SeedSequence(seed).spawn(reps)
     classes = simulated = 0
     aggregated = every_node = False
-    for i in range(reps):
-        rng = np.random.default_rng(seeds[i])
-        jitter = random.Random(int(rng.integers(2**63)))
-        strag = _stragglers(rng, works.get("save") or works["restore"], rpn, stragglers)
-        for ph in order:
-            work = works["save" if ph == "drain" else ph]
-            with_work = sorted({r // rpn for r, objs in enumerate(work) if objs})
-            # which tier each part of the phase runs on (a tiered restore: the fast tier, and
-            # the durable tier for the ranks of a node the failure lost)
-            runs: list[tuple[Storage, set[int] | None]] = [
-                (local if local is not None and ph != "drain" else storage, None)
-            ]
-            lost = local is not None and ph == "restore" and rng.random() < p_lose_node
-            if lost and with_work:
-                runs.append((storage, {with_work[int(rng.integers(len(with_work)))]}))
-            agg = aggregate and not any(
-                s.random or s.targets or throttling_possible(s) for s, _ in runs
-            )
-            reps_here = []
-            for tier, only in runs:
-                rep = Replication(
-                    job,
-                    tier,
-                    "save" if ph == "drain" else ph,
-                    work,
-                    rng=rng,
-                    jitter=jitter,
-                    stragglers=strag,
-                    slowdown=straggler_slowdown,
-                    aggregate=agg,
-                    only_nodes=only,
-                )
-                end, bound = rep.run()
-                if only is not None:
-                    bound = replace(
-                        bound, mechanism=f"lost node reads {tier.name}: {bound.mechanism}"
-                    )
-                reps_here.append((rep, end, bound))
-                classes = max(classes, rep.classes)
-                simulated = max(simulated, len(rep.nodes))
-                if only is None:
-                    aggregated = aggregated or len(rep.nodes) < len(with_work)
-                    every_node = every_node or (aggregate and not agg and len(with_work) > 1)
-                if rep.failed:
-                    break
-            results[ph].add(reps_here)
+    ctx = _Context(
+        job=job,
+        storage=storage,
+        local=local,
+        order=order,
+        works=works,
+        stragglers=stragglers,
+        straggler_slowdown=straggler_slowdown,
+        p_lose_node=p_lose_node,
+        aggregate=aggregate,
+    )
+    objects = reps * sum(len(objs) for w in works.values() for objs in w)
+    for i, outcome in enumerate(_replications(ctx, seeds, workers, objects)):
+        for ph, runs in outcome.items():
+            results[ph].add([(r, r.end, r.bound) for r in runs])
+            for r in runs:
+                classes = max(classes, r.classes)
+                simulated = max(simulated, r.nodes)
+                aggregated = aggregated or r.aggregated
+                every_node = every_node or r.every_node
             if progress:
                 progress(f"{target} {ph} {i + 1}/{reps}: {human_seconds(results[ph].stalls[-1])}")
     _attach_model(results, model, local is not None)
@@ -303,6 +398,7 @@ def _attach_model(results: dict[str, PhaseResult], model: dict[str, Any], tiered
     if tiered and "drain" in results:
         results["drain"].modelled = float(model["drain_seconds"])
         results["drain"].model_binding = str(model.get("drain_binding", ""))
+    if tiered and "restore" in results:
         results["restore"].note = (
             "the model gives the expected restore, (1 - p) x fast + p x durable, the "
             "durable read being the busiest node's; the simulation draws whether each "

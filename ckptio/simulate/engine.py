@@ -3,6 +3,7 @@ the prefixes' token buckets."""
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 from collections import deque
@@ -13,16 +14,15 @@ import numpy as np
 
 from ckptio import errors
 from ckptio import format as fmt
+from ckptio.format import save_protocol_requests
 from ckptio.simulate.job import Job
 from ckptio.simulate.results import Bound
 from ckptio.simulate.storage import ROOT_PREFIX, Latency, Storage
-from ckptio.stallmodel import (
-    RESTORE_PREAMBLE_OPS,
-)
+from ckptio.stallmodel import RESTORE_PREAMBLE_OPS
 from ckptio.units import human_seconds
 from ckptio.workload import Plan
 
-__all__ = ["LIST_PAGE", "STEP", "ObjectList", "Replication", "commit_requests", "plan_work"]
+__all__ = ["STEP", "ObjectList", "Replication", "plan_work"]
 
 STEP = 1  # the step whose keys the simulation names (any: only the prefix matters)
 
@@ -100,6 +100,7 @@ class _Node:
         "lat",
         "nlat",
         "pipe",
+        "pipes",
         "queue",
         "rate",
         "straggler",
@@ -115,6 +116,7 @@ class _Node:
         self.nlat = 0
         self.waits: dict[str, float] = {}
         self.pipe: _Pipe | None = None
+        self.pipes: list[tuple[_Pipe, float]] | None = None
         self.queue: deque[tuple[_Object, int]] = deque()
         self.idle: list[Any] = []
         self.rate = 0.0
@@ -127,20 +129,6 @@ class _Object:
         self.rank, self.left, self.bucket, self.done = rank, left, bucket, done
         self.failed = False
         self.pipes: list[tuple[_Pipe, float]] = []
-
-
-LIST_PAGE = 1000
-"""Keys a listing returns per request: S3's ListObjectsV2 returns at most 1,000 (Amazon S3 API
-Reference, ListObjectsV2, MaxKeys)."""
-
-
-def commit_requests(objects: int) -> int:
-    """The requests of a save's commit after its data, in series on the step's prefix, as
-    :func:`ckptio.checkpoint.commit.publish_manifest` and the save's lease make them: publish
-    the manifest, list the step (every object, the manifest and the lease: one request per
-    :data:`LIST_PAGE` keys) to check that nothing is missing and no gc fenced it, then release
-    the lease (a delete)."""
-    return 2 + -(-(objects + 2) // LIST_PAGE)
 
 
 class _Rank:
@@ -354,6 +342,16 @@ class Replication:
             yield env.timeout(self._through(node, pipes, nbytes, t, own) - t)
             return True
 
+    def _unrefused(self, node: _Node, draw: _Draw) -> float:
+        """The latency of a request nothing can refuse (no bucket), counted as
+        :meth:`_request` counts one: :meth:`_request` without its generator."""
+        lat = draw() * node.factor
+        node.lat += lat
+        node.nlat += 1
+        self.requests += node.weight
+        self.attempts += node.weight
+        return lat
+
     def _through(
         self, node: _Node, pipes: list[tuple[_Pipe, float]], nbytes: int, t: float, own: float
     ) -> float:
@@ -377,6 +375,7 @@ class Replication:
         waits on an event of its own while there are none (a SimPy ``Store`` would do the
         same with two more events per part: a third of the run time)."""
         env, queue, idle, draw = self.env, node.queue, node.idle, self.lat
+        timeout, const, weight = env.timeout, draw.const, node.weight
         while True:
             if not queue:
                 wake = env.event()
@@ -389,19 +388,42 @@ class Replication:
             bucket = obj.bucket
             if bucket is None or bucket.take(env.now):
                 # the first attempt went through: inline, without a generator (most parts)
-                lat = draw() * node.factor
+                if const is not None:
+                    lat = const * node.factor
+                elif draw.i < len(draw.buf):  # _Draw.__call__, inline
+                    lat = draw.buf[draw.i] * node.factor
+                    draw.i += 1
+                else:
+                    lat = draw() * node.factor
                 own = nbytes / node.rate
                 node.lat += lat
                 node.nlat += 1
                 node.xfer += own
-                self.requests += node.weight
-                self.attempts += node.weight
-                if not obj.pipes:
-                    yield env.timeout(lat + own)
-                else:
-                    yield env.timeout(lat)
+                self.requests += weight
+                self.attempts += weight
+                pipes = obj.pipes
+                if not pipes:
+                    yield timeout(lat + own)
+                elif len(pipes) == 1 and pipes[0][1] == 1.0:
+                    # one shared pipe (the node's link or the aggregate): _through, inline
+                    yield timeout(lat)
                     t = env.now
-                    yield env.timeout(self._through(node, obj.pipes, nbytes, t, own) - t)
+                    pipe = pipes[0][0]
+                    start = t if t > pipe.free else pipe.free
+                    fin = pipe.free = (
+                        start + (nbytes if pipe is node.pipe else nbytes * weight) / pipe.rate
+                    )
+                    if fin > t + own:
+                        late = fin - t - own
+                        node.wait += late
+                        node.waits[pipe.kind] = node.waits.get(pipe.kind, 0.0) + late
+                        yield timeout(fin - t)
+                    else:
+                        yield timeout(own)
+                else:
+                    yield timeout(lat)
+                    t = env.now
+                    yield timeout(self._through(node, pipes, nbytes, t, own) - t)
             elif not (
                 yield from self._request(node, bucket, draw, nbytes, obj.pipes, granted=False)
             ):
@@ -422,6 +444,8 @@ class Replication:
     def _pipes_for(self, node: _Node, nbytes: int) -> list[tuple[_Pipe, float]]:
         """The shared pipes an object's requests cross, with each one's share of a request's
         bytes (a file striped over k targets puts 1/k of each request on each)."""
+        if not self.targets and node.pipes is not None:
+            return node.pipes  # the same for every object of the node
         pipes: list[tuple[_Pipe, float]] = []
         if node.pipe is not None:
             pipes.append((node.pipe, 1.0))
@@ -437,6 +461,8 @@ class Replication:
                 self.next_target = (self.next_target + s.stripe_count) % n
             k = min(s.stripe_count, n, max(1, -(-nbytes // s.stripe_size)))
             pipes += [(self.targets[(first + i) % n], 1.0 / k) for i in range(k)]
+        else:
+            node.pipes = pipes
         return pipes
 
     def _prefix(self, src: int, number: int) -> str:
@@ -456,7 +482,9 @@ class Replication:
         reading = self.reading
         bucket = self._bucket(self._prefix(src, number), reading)
         meta = self.meta if reading else self.object_meta
-        if not (yield from self._request(node, bucket, meta, 0, [])):
+        if bucket is None:  # nothing can refuse it: _request, inline
+            yield env.timeout(self._unrefused(node, meta))
+        elif not (yield from self._request(node, bucket, meta, 0, [])):
             return False
         obj = _Object(rank, -(-nbytes // part), bucket, env.event())
         obj.pipes = self._pipes_for(node, nbytes)
@@ -472,7 +500,12 @@ class Replication:
         yield obj.done
         if obj.failed:
             return False
-        return reading or (yield from self._request(node, bucket, meta, 0, []))
+        if reading:
+            return True
+        if bucket is None:
+            yield env.timeout(self._unrefused(node, meta))
+            return True
+        return (yield from self._request(node, bucket, meta, 0, []))
 
     def _lane(self, rank: _Rank) -> Generator[Any, Any, None]:
         """One of a rank's objects in flight: the next object as soon as this one is done."""
@@ -527,6 +560,16 @@ class Replication:
         for node in self.nodes:
             for _ in range(self.streams):
                 env.process(self._worker(node))
+        if not self.reading and self.ranks:
+            # the save's lease, published while the manifest is checked absent (two requests
+            # at once), before any rank writes (ckptio.checkpoint.commit.lease_new_step)
+            first = self.ranks[0].node
+            root = self._bucket(ROOT_PREFIX, False)
+            lease = [env.process(self._request(first, root, self.meta, 0, [])) for _ in "ab"]
+            yield env.all_of(lease)
+            if not all(p.value for p in lease):
+                self._give_up(self.ranks[0])
+                return
         ranks = [env.process(self._rank(r)) for r in self.ranks]
         if self.job.lockstep:  # after each rank's preamble, the node's groups
             yield env.all_of(ranks)
@@ -539,8 +582,8 @@ class Replication:
         if not self.reading and not self.failed and self.ranks:
             first = self.ranks[0].node
             root = self._bucket(ROOT_PREFIX, False)
-            # the model's client (lockstep) commits as the model counts: one request
-            for _ in range(1 if self.job.lockstep else commit_requests(self.objects)):
+            # the commit: the manifest, the step's listing, the lease's release, in series
+            for _ in range(save_protocol_requests(self.objects) - 1):
                 if not (yield from self._request(first, root, self.meta, 0, [])):
                     self._give_up(self.ranks[0])
                     return
@@ -559,7 +602,16 @@ class Replication:
         env = self.env
         self.stop = env.event()
         done = env.process(self._phase())
-        env.run(until=env.any_of([done, self.stop]))
+        # the cyclic garbage collector off while it runs: its passes over the run's million
+        # live events and generators took 25-40% of the time, and every cycle the run makes
+        # (SimPy's processes and their events) lives until it ends; collected after
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            env.run(until=env.any_of([done, self.stop]))
+        finally:
+            if enabled:
+                gc.enable()
         return env.now, self._bound()
 
     def _bound(self) -> Bound:

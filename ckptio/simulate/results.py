@@ -13,7 +13,7 @@ from ckptio.simulate.job import Job
 from ckptio.simulate.storage import Storage
 
 if TYPE_CHECKING:
-    from ckptio.simulate.engine import Replication
+    pass
 
 __all__ = [
     "SUMMARY_KEYS",
@@ -98,7 +98,7 @@ class PhaseResult:
             model_binding=first["model_binding"],
         )
 
-    def add(self, runs: Sequence[tuple[Replication, float, Bound]]) -> None:
+    def add(self, runs: Sequence[tuple[Any, float, Bound]]) -> None:
         """One replication: the runs that make it (one, or a tiered restore's two), the
         slowest of which is its stall; a failed run fails it."""
         end, bound = max(((e, b) for _, e, b in runs), key=lambda eb: eb[0])

@@ -313,7 +313,9 @@ def _empirical(samples: tuple[float, ...], source: str) -> Latency:
     )
 
 
-def fit_storage(paths: Sequence[str], *, target: str | None = None) -> list[Storage]:
+def fit_storage(
+    paths: Sequence[str], *, target: str | None = None, aggregate: Sequence[str] = ()
+) -> list[Storage]:
     """Storage descriptions fitted from measured result files (or directories): the figures
     of :func:`ckptio.calibration.calibrate` (per-stream bandwidth, the node's link from the
     steady throughput; one node cannot see an aggregate or a request-rate limit, so those stay
@@ -326,7 +328,14 @@ def fit_storage(paths: Sequence[str], *, target: str | None = None) -> list[Stor
     listing, the lease's release), or where none were recorded takes the data requests' shape
     at the fitted figure. The model's figures stay those of
     ``ckptio model --from`` (its ``metadata_latency`` the fitted request latency). ``target``
-    keeps one measured target."""
+    keeps one measured target.
+
+    ``aggregate``: result files of a probe of the storage's aggregate, run from one node with
+    as many streams as the job to simulate will open (its processes and streams on one node,
+    as a site measures a storage's aggregate before it buys a second node): its steady data
+    throughput becomes the aggregate bandwidth every node shares. A probe from one node sees
+    at most that node's path: where the storage's aggregate is larger, the probe's figure is a
+    lower bound and the simulation of many nodes is pessimistic."""
     from ckptio.calibration import fit_targets
     from ckptio.results import read_results
 
@@ -339,12 +348,23 @@ def fit_storage(paths: Sequence[str], *, target: str | None = None) -> list[Stor
             f"no measured write requests{f' of {target!r}' if target else ''} in "
             f"{', '.join(map(str, paths))} to fit a storage description from"
         )
+    probes = _aggregate_probes(aggregate) if aggregate else {}
     requests = res.requests.to_pylist()
     out = []
     for fit in fits:
         assert fit.pooled is not None
         cal = fit.pooled
         profile = cal.as_profile()
+        if aggregate:
+            if cal.target not in probes:
+                raise errors.InvalidArgumentError(
+                    f"no measured write requests of {cal.target!r} in "
+                    f"{', '.join(map(str, aggregate))} to fit its aggregate bandwidth from"
+                )
+            profile = replace(
+                profile,
+                figures={**profile.figures, "aggregate_bandwidth": probes[cal.target]},
+            )
         steady = {(rd.run_id, rd.iteration) for rd in fit.used}
         mine = [
             r
@@ -402,5 +422,26 @@ def fit_storage(paths: Sequence[str], *, target: str | None = None) -> list[Stor
                 object_metadata=object_metadata,
                 fitted_from=", ".join(map(str, paths)),
             )
+        )
+    return out
+
+
+def _aggregate_probes(paths: Sequence[str]) -> dict[str, Any]:
+    """Per target, the aggregate bandwidth a probe's runs measured (:func:`fit_storage`'s
+    ``aggregate``): the steady data throughput of their node, as a :class:`Figure`."""
+    from ckptio.calibration import fit_targets
+    from ckptio.profiles import Figure
+    from ckptio.results import read_results
+
+    res = read_results(list(paths))
+    out = {}
+    for fit in fit_targets(res.requests, res.runs, res.phases):
+        cal = fit.pooled
+        if cal is None:
+            continue
+        out[cal.target] = Figure(
+            cal.aggregate_bandwidth,
+            f"the steady data throughput of a probe run from one node ({cal.requests} "
+            f"requests, {cal.rounds} round(s); {', '.join(map(str, paths))})",
         )
     return out
