@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ckptio import errors
-from ckptio.arrays import address, not_inherited, private_pages
+from ckptio.arrays import address, private_pages
 
 from ._posixfiles import open_regular, os_error
 
@@ -59,10 +59,10 @@ _stage_cache_lock = threading.Lock()
 
 
 def _reset_stage_cache() -> None:
-    """In a forked child: the cache starts empty (its blocks were not inherited); its lock may
-    have been held by a thread that did not survive the fork."""
+    """In a forked child: the cache starts empty (its blocks were not inherited, and stay
+    referenced there, never unmapped: :data:`ckptio.arrays.not_inherited`); its lock may have
+    been held by a thread that did not survive the fork."""
     global _stage_cache, _stage_cache_lock
-    not_inherited.append(_stage_cache)
     _stage_cache, _stage_cache_lock = {}, threading.Lock()
 
 

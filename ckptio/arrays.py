@@ -13,8 +13,10 @@ import ctypes
 import errno
 import importlib
 import mmap
+import os
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -77,6 +79,24 @@ not_inherited: list[object] = []
 """In a forked child: ckptio's memory maps that were not inherited (``inherit=False``), which
 the child forgot. Kept referenced so they are never unmapped there: their addresses may hold
 the child's own mappings later."""
+
+_uninherited_maps: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
+"""Every live ``inherit=False`` map of this process (see :func:`_keep_uninherited_maps`)."""
+
+
+def _keep_uninherited_maps() -> None:
+    """In a forked child: every map the child did not inherit is kept referenced for good
+    (:data:`not_inherited`). Closing one unmaps its address range, and in the child that
+    range is a hole its own mappings fill (a thread's stack, Python's object arenas, fresh
+    staging blocks): the child's garbage collector freeing a cycle the parent left behind, or
+    the child dropping the last view of a replaced snapshot arena or of a staging block a
+    writer held, would unmap that memory under the child (SIGSEGV, or objects read from
+    whatever is mapped there next)."""
+    not_inherited.extend(list(_uninherited_maps))
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_keep_uninherited_maps)
 
 
 _capacity: tuple[float, int | None] = (-1e9, None)
@@ -170,6 +190,7 @@ def private_pages(nbytes: int, *, inherit: bool = True, huge: bool = False) -> m
         return mmap.mmap(-1, nbytes)
     m = mmap.mmap(-1, nbytes, flags=flags)
     if not inherit and hasattr(mmap, "MADV_DONTFORK"):
+        _uninherited_maps.add(m)  # before the advice: a fork between them keeps a copy it has
         m.madvise(mmap.MADV_DONTFORK)
     if huge and hasattr(mmap, "MADV_HUGEPAGE"):
         with contextlib.suppress(OSError):  # a kernel without transparent huge pages

@@ -14,17 +14,20 @@ Hand-written because no library offers it: ``multiprocessing`` forks with a pick
 and its own machinery, where this needs the state left untouched in the child and nothing
 run there but ckptio's writer. What the child runs is kept small and fork-safe: it resets the
 thread pools and locks it uses (see :meth:`ckptio.store.Store.after_fork`), imports nothing,
-talks to the parent through two pipes in JSON (never pickle), and leaves with ``os._exit``
+talks to the parent through two pipes in JSON (never pickle), leaves its fault handler's output
+in a file whose end a crash's error quotes, and leaves with ``os._exit``
 (no atexit handlers, no destructors of the parent's objects, no collective).
 """
 
 from __future__ import annotations
 
 import bisect
+import faulthandler
 import json
 import mmap
 import os
 import signal
+import tempfile
 import threading
 import time
 import warnings
@@ -37,6 +40,7 @@ from ckptio import errors
 from ckptio.arrays import madvise
 
 __all__ = [
+    "CRASH_REPORT_BYTES",
     "ORPHAN_POLL_SECONDS",
     "PAGE",
     "SMAPS",
@@ -195,6 +199,9 @@ class PageReleaser:
 
 ORPHAN_POLL_SECONDS = 0.05
 
+CRASH_REPORT_BYTES = 8192
+"""Bytes: the end of a crashed child's fault-handler output that its SaveFailedError quotes."""
+
 
 def _exit_when_orphaned(parent: int) -> None:
     """In the child: stop at once when the parent dies (SIGKILL, OOM): nobody would commit
@@ -220,6 +227,10 @@ class ForkedWriter:
         if not hasattr(os, "fork"):
             raise errors.InvalidArgumentError("snapshot='fork' needs os.fork (Linux, macOS)")
         parent = os.getpid()
+        # where the child's fault handler writes its threads' stacks on a crash (SIGSEGV...);
+        # the parent puts the end of it in the SaveFailedError
+        self._crash_log = tempfile.TemporaryFile()  # noqa: SIM115 (closed once the child is reaped)
+        self._crash_report = ""
         orders_r, orders_w = os.pipe()
         result_r, result_w = os.pipe()
         with warnings.catch_warnings():
@@ -232,6 +243,7 @@ class ForkedWriter:
             _in_child = True
             code = 70
             try:
+                faulthandler.enable(self._crash_log.fileno(), all_threads=True)
                 os.close(orders_w)
                 os.close(result_r)
                 threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
@@ -263,7 +275,8 @@ class ForkedWriter:
             status = self._reap()
         if not data:
             raise errors.SaveFailedError(
-                f"the forked snapshot writer (pid {self.pid}) ended without a result: {_describe(status)}"
+                f"the forked snapshot writer (pid {self.pid}) ended without a result: "
+                f"{_describe(status)}{self._crash_report}"
             )
         out = json.loads(data)
         if not out.get("ok"):
@@ -293,4 +306,15 @@ class ForkedWriter:
             self._result = None
         if self._status is None:
             _, self._status = os.waitpid(self.pid, 0)
+            try:
+                size = os.fstat(self._crash_log.fileno()).st_size
+                tail = os.pread(
+                    self._crash_log.fileno(), CRASH_REPORT_BYTES, max(0, size - CRASH_REPORT_BYTES)
+                )
+            except OSError:
+                tail = b""
+            finally:
+                self._crash_log.close()
+            if tail:
+                self._crash_report = "; its fault handler wrote:\n" + tail.decode(errors="replace")
         return self._status

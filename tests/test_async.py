@@ -585,6 +585,68 @@ def test_fork_writer_stops_when_its_parent_is_killed(tmp_path):
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
+def test_fork_child_never_unmaps_memory_it_did_not_inherit():
+    """ckptio's scratch memory (MADV_DONTFORK) is a hole in a fork child's address space,
+    which the child's own mappings fill (thread stacks, Python's arenas, staging blocks).
+    Garbage the parent left holding such a map, freed in the child by its garbage collector,
+    must not unmap what the child has mapped there since."""
+    import ctypes
+    import gc
+
+    from ckptio.arrays import private_pages
+    from ckptio.forked import ForkedWriter
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int)
+    libc.mmap.argtypes += (ctypes.c_int, ctypes.c_long)
+    n = 16 << 20
+
+    class Cycle:
+        pass
+
+    gc.disable()  # the cycle stays uncollected until the child collects it
+    try:
+        garbage = Cycle()
+        garbage.me, garbage.block = garbage, private_pages(n, inherit=False)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(garbage.block))
+        del garbage
+
+        def mapped(a: int) -> bool:
+            with open("/proc/self/maps") as f:
+                spans = (line.split()[0].split("-") for line in f)
+                return any(int(lo, 16) <= a < int(hi, 16) for lo, hi in spans)
+
+        def work(orders):
+            # a mapping of the child's own where the parent's scratch memory was (the hint
+            # is taken: nothing is mapped there in the child)
+            prot, flags = mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+            mine = libc.mmap(addr, n, prot, flags, -1, 0)
+            gc.collect()
+            return {"at_hint": mine == addr, "still_mapped": mapped(mine)}
+
+        out = ForkedWriter(work, after_fork=lambda: None).run({})
+    finally:
+        gc.enable()
+    assert out == {"at_hint": True, "still_mapped": True}
+
+
+def test_fork_child_crash_fails_the_save_with_the_childs_stack():
+    """A writer child that crashes (SIGSEGV) fails its save with where it crashed."""
+    import ctypes
+
+    from ckptio.forked import ForkedWriter
+
+    def crash_here(orders):
+        return ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+    w = ForkedWriter(crash_here, after_fork=lambda: None)
+    with pytest.raises(errors.SaveFailedError, match="killed by SIGSEGV") as caught:
+        w.run({})
+    assert "Segmentation fault" in str(caught.value)
+    assert "crash_here" in str(caught.value)  # the child's Python stack
+
+
 def test_fork_snapshot_copies_shared_memory_first(tmp_path):
     """Memory the child would share with the trainer (MAP_SHARED: /dev/shm, torch's
     share_memory_) is no snapshot after a fork: such arrays are copied before it."""

@@ -39,7 +39,6 @@ from ckptio.arrays import (
     contiguous_le,
     copy_into,
     hugetlb_pages,
-    not_inherited,
     private_pages,
 )
 
@@ -201,12 +200,10 @@ _not_inherited_buffers: weakref.WeakSet[SnapshotBuffers] = weakref.WeakSet()
 
 
 def _drop_uninherited_arenas() -> None:
-    """In a forked child: arenas that were not inherited are forgotten (see
-    :data:`ckptio.arrays.not_inherited`)."""
+    """In a forked child: arenas that were not inherited are forgotten (the maps themselves
+    stay referenced there, never unmapped: :data:`ckptio.arrays.not_inherited`)."""
     for buffers in list(_not_inherited_buffers):
-        if buffers._arena is not None:
-            not_inherited.append(buffers._arena)
-            buffers._arena = None
+        buffers._arena = None
 
 
 if hasattr(os, "register_at_fork"):
