@@ -104,8 +104,8 @@ from ckptio.costmodel import (
     reference_mtbf,
     young_interval,
 )
-from ckptio.format import save_protocol_requests
 from ckptio.profiles import Profile
+from ckptio.protocol import save_protocol_requests
 from ckptio.units import (
     human_rate,
     human_seconds,

@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "ckptio.errors",
             "ckptio.units",
+            "ckptio.protocol",
             "ckptio.trace",
             "ckptio.redact",
             "ckptio.arrays",

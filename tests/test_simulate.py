@@ -239,7 +239,7 @@ def test_a_save_pays_ckptios_commit_protocol_in_the_simulation_and_the_model(sma
     manifest is checked absent (two requests, one round trip) before the data; the manifest,
     one listing per 1,000 keys and the lease's release after it. The simulation sends those
     requests and the model counts the same round trips (it counted one request)."""
-    from ckptio.format import save_protocol_requests
+    from ckptio.protocol import save_protocol_requests
     from ckptio.simulate.engine import plan_work
     from ckptio.stallmodel import estimate
 

@@ -21,7 +21,7 @@ step has no manifest (two requests at once), then the ranks write. An object is 
 metadata request), its parts sent, then completed (another); the save ends when every rank
 is done and rank 0 has committed as ckptio commits: the manifest published, the step listed
 (a request per 1,000 keys) to check that nothing is missing and no gc fenced it, the save's
-lease released (:func:`ckptio.stallmodel.save_protocol_requests`, which the model counts
+lease released (:func:`ckptio.protocol.save_protocol_requests`, which the model counts
 too). A restore lists
 the steps, checks the manifest's size twice and reads it (every reading rank: that is the
 storm), then checks each object's size before reading its parts. Which ranks read: each

@@ -14,7 +14,7 @@ import numpy as np
 
 from ckptio import errors
 from ckptio import format as fmt
-from ckptio.format import save_protocol_requests
+from ckptio.protocol import save_protocol_requests
 from ckptio.simulate.job import Job
 from ckptio.simulate.results import Bound
 from ckptio.simulate.storage import ROOT_PREFIX, Latency, Storage
