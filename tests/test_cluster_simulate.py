@@ -6,7 +6,7 @@ n nodes, a probe of the storage from that one node with the job's processes
 as the storage answers the job's concurrency) replay the same job on 2 and 3 nodes, against
 what ``ckptio run`` measures there on RGW, CephFS and GlusterFS.
 
-The same workload as ``benchmarks/cluster.py`` (llama3-8b, 12 logical ranks, 2 processes per
+The workload of ``benchmarks/cluster.py`` (llama3-8b, 12 logical ranks, 2 processes per
 node under srun, :func:`~ckptio.testing.cluster.suite.run_suite`): 192 MiB a checkpoint, so
 that a steady iteration takes about a second and the fixed costs of a save (its lease, its
 commit, a process's first request) do not dominate it; the write only (``--no-read``: the
