@@ -11,7 +11,7 @@ node under srun, :func:`~ckptio.testing.cluster.suite.run_suite`): 192 MiB a che
 that a steady iteration takes about a second and the fixed costs of a save (its lease, its
 commit, a process's first request) do not dominate it; the write only (``--no-read``: the
 check is about the save). Every run twice, the second time in the reverse order (30 runs, 5
-to 7 minutes on the project's 2-core machine under load): two runs of one shape minutes
+to 8 minutes on the project's 2-core machine under load): two runs of one shape minutes
 apart land up to 50% apart on this shared machine, and the mirrored order lets a drift of
 its load fall alike on the fit, the probes and the jobs, whose iterations are pooled.
 
