@@ -31,6 +31,8 @@ Cases (every write is durable: fsynced before its clock stops):
 - ``ckptio-load``: cold ``ckptio.load`` (page cache dropped first), every CRC32C checked.
 - ``ckptio-load-hugetlb``: the same load with ``hugetlb=True``: its new arrays on pages of the
   hugetlb pool (run only where the pool has the pages free).
+- ``ckptio-load-hugetlb-depth8`` (diagnostic): the same with ``read_depth=8``, the number of
+  O_DIRECT reads in flight before it became 16: what the deeper queue buys, side by side.
 - ``ckptio-load-into``: the same load into arrays the process already holds
   (``ckptio.load(url, into=state)``, as torch DCP loads and a resumed job restores): numpy's
   own arrays, made and written untimed before the case and freed after it.
@@ -358,15 +360,15 @@ def _load_huge_pages(nbytes: int, tensors: int = 64) -> int:
     return -(-nbytes // (2 << 20)) + tensors
 
 
-def case_ckptio_load_hugetlb(ctx: Ctx) -> cm.Sample:
+def case_ckptio_load_hugetlb(ctx: Ctx, **options: Any) -> cm.Sample:
     """Cold ``ckptio.load(..., hugetlb=True)``: the new arrays on the hugetlb pool's pages
     (reserved before the run, as fio's ``-hugepages`` cases need theirs). The pool's free
     count is read during the load, so a load that fell back to ordinary pages is an error,
-    not a figure."""
+    not a figure. ``options`` go to the store (``read_depth``)."""
     ctx.caches.drop()
     free_before = cm.free_huge_pages()
     with cm.timed() as t:
-        loaded = ckptio.load(_ckptio_url(ctx, "ckptio"), hugetlb=True)
+        loaded = ckptio.load(_ckptio_url(ctx, "ckptio"), hugetlb=True, **options)
     taken = free_before - cm.free_huge_pages()
     if taken * (2 << 20) < ctx.nbytes:
         raise RuntimeError(
@@ -595,6 +597,13 @@ CASES: list[Case] = [
         ("hugepages-load",),
         after="ckptio-sync",
     ),
+    Case(
+        "ckptio-load-hugetlb-depth8",
+        "read",
+        lambda ctx: case_ckptio_load_hugetlb(ctx, read_depth=8),
+        ("hugepages-load",),
+        after="ckptio-sync",
+    ),
     Case("ckptio-load-warm-memory", "read", case_ckptio_load_warm_memory, after="ckptio-sync"),
     Case("ckptio-async", "write", case_ckptio_async),
     Case("ckptio-async-numpy-copy", "write", case_ckptio_async_numpy_copy),
@@ -660,6 +669,13 @@ TARGETS: list[tuple[str, str, str, str, float]] = [
     (
         "cold load onto hugetlb pages (hugetlb=True) vs fio read into hugetlb buffers",
         "ckptio-load-hugetlb",
+        "fio-read-hugepages",
+        "speed",
+        0.90,
+    ),
+    (
+        "the same with 8 reads in flight, the default before 2026-12-05 (diagnostic)",
+        "ckptio-load-hugetlb-depth8",
         "fio-read-hugepages",
         "speed",
         0.90,

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "COALESCE_CHUNK_BYTES",
     "COALESCE_REQUEST_BYTES",
+    "MANIFEST_FIRST_READ",
     "VERIFY_BLOCK_BYTES",
     "CheckpointReader",
     "Index",
@@ -692,20 +693,42 @@ _VERIFY_FAILURES = (errors.CorruptCheckpointError, FileNotFoundError, errors.Sto
 """What ``verify`` reports as a problem of the checkpoint rather than raises."""
 
 
+MANIFEST_FIRST_READ = 512 << 10
+"""Bytes: a manifest is fetched with one read of this many bytes from its start; one that
+fills them (100,000 chunks, say) is then sized and read whole. On an object store that is one
+GET where sizing it first took a HEAD, and :meth:`~ckptio.store.Store.get` a second HEAD
+and the GET. Below :data:`~ckptio.backends.local.DIRECT_MIN`, so a local manifest is read
+through the page cache."""
+
+
 def read_manifest(store: Store, step: int) -> mf.Manifest:
-    """Fetch and validate the manifest of ``step``; NotFoundError if it is not committed."""
+    """Fetch and validate the manifest of ``step``; NotFoundError if it is not committed.
+
+    A manifest shorter than :data:`MANIFEST_FIRST_READ` takes one read. A longer one is sized
+    first and refused unread above :data:`~ckptio.format.MAX_MANIFEST_BYTES` (a shorter one
+    above it is refused too, unparsed); either way a
+    manifest that is a sparse file (a hole: bytes its size claims but nothing stores) is
+    refused, never parsed."""
     key = fmt.manifest_key(step)
-    size = store.size(key)
+    first = bytearray(MANIFEST_FIRST_READ)
+    size = store.read_into(key, 0, first)
+    data: bytes | None = None
+    if size < len(first):  # the whole manifest, in one request
+        data = bytes(memoryview(first)[:size])
+    else:
+        size = store.size(key)
+    del first
     if size > fmt.MAX_MANIFEST_BYTES:
         raise errors.ManifestError(f"{key} is {size} bytes, more than {fmt.MAX_MANIFEST_BYTES}")
     hole = _first_hole(store, key, size)
-    if hole is not None:  # never read: its size is not what is stored
+    if hole is not None:  # not parsed: its size is not what is stored
         raise errors.ManifestError(
             f"{store.url}/{key}: {size} bytes by its size, but a sparse file with a hole at "
             f"byte {hole} (nothing stored there); ckptio writes manifests whole, so it is "
             "damaged or hostile, and not read"
         )
-    data = store.get(key)
+    if data is None:
+        data = store.get(key)
     try:
         return mf.parse_manifest(data, expect_step=step)
     except errors.ManifestError as err:
