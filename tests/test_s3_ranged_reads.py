@@ -123,3 +123,16 @@ def test_a_load_fetches_its_manifest_with_one_get_and_no_head(s3_bucket: str) ->
     with pytest.raises(errors.ManifestError):
         ckptio.load(store, step=1)
     store.close()
+
+
+def test_an_object_longer_than_its_manifest_says_is_refused(s3_bucket: str) -> None:
+    """The objects' sizes are checked while the chunks are read (no HEAD before the first
+    GET); an object replaced by a longer one, its chunks intact, is still refused."""
+    url = f"s3+boto3://{s3_bucket}/long?part_size={PART}&streams=3"
+    ckptio.save({"w": np.arange(1 << 20, dtype=np.float32)}, url, step=1)
+    store = open_store(url)
+    key = next(k for k in store.list("step-") if k.endswith(".bin"))
+    store.publish(key, store.get(key) + b"\0" * 100)
+    with pytest.raises(errors.CorruptCheckpointError, match="the manifest says"):
+        ckptio.load(store, step=1)
+    store.close()
