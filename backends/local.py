@@ -129,10 +129,11 @@ DEFAULT_BLOCK_SIZE = "16MiB"
 
 DEFAULT_READ_DEPTH = 16
 """``O_DIRECT`` reads in flight unless ``read_depth`` says otherwise: twice the default
-``streams``. The cold load of ``benchmarks/run.py`` (3 GiB onto hugetlb pages, this
-project's 2-core VM) went from 0.77-0.83x of fio's read into hugetlb buffers (fio: 2 jobs of
-16 requests of 4 MiB) at 8 to about 0.9-1.1x at 16 (``docs/performance.md``); the device
-splits each 16 MiB block into 4 MiB requests, so 16 blocks are fio's 32 requests twice."""
+``streams``, as a prototype with 16 reached 0.95-1.09x fio's read into hugetlb buffers
+where 8 reached 0.85-0.96x (3 rounds each, a loaded machine). Side by side in
+``benchmarks/run.py`` (``ckptio-load-hugetlb`` against ``ckptio-load-hugetlb-depth8``) the
+difference stayed within that machine's noise; ``docs/performance.md``, "Cold load", has
+the runs."""
 
 
 class LocalStore(Store):

@@ -926,7 +926,8 @@ def summarize(
         pairs = list(
             zip(_per_round(samples, num), _per_round(samples, den), strict=False)
         )  # a case that failed has fewer rounds
-        paired = cm.median([y / x if how == "speed" else x / y for x, y in pairs])
+        per_round = [y / x if how == "speed" else x / y for x, y in pairs]
+        paired = cm.median(per_round)
         targets.append(
             {
                 "target": label,
@@ -934,6 +935,7 @@ def summarize(
                 "against": den,
                 "ratio": ratio,
                 "paired_ratio": paired,
+                "paired_range": [min(per_round), max(per_round)],
                 "goal": (">=" if how == "speed" else "<=") + f" {target}",
                 "met": ok,
             }
@@ -1004,12 +1006,14 @@ def markdown(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        "| target | ratio of medians | median of per-round ratios | goal | met |",
+        "| target | ratio of medians | median of per-round ratios (range) | goal | met |",
         "|---|---:|---:|---|---|",
     ]
     for t in result["targets"]:
         unit = " s" if t["against"] == "1 s" else "x"
         paired = f"{t['paired_ratio']:.2f}x" if "paired_ratio" in t else ""
+        if "paired_range" in t:
+            paired += " ({:.2f}-{:.2f})".format(*t["paired_range"])
         lines.append(
             f"| {t['target']} | {t['ratio']:.2f}{unit} | {paired} | {t['goal']} | {'yes' if t['met'] else '**no**'} |"
         )
