@@ -131,9 +131,9 @@ DEFAULT_READ_DEPTH = 16
 """``O_DIRECT`` reads in flight unless ``read_depth`` says otherwise: twice the default
 ``streams``, as a prototype with 16 reached 0.95-1.09x fio's read into hugetlb buffers
 where 8 reached 0.85-0.96x (3 rounds each, a loaded machine). Side by side in
-``benchmarks/run.py`` (``ckptio-load-hugetlb`` against ``ckptio-load-hugetlb-depth8``) the
-difference stayed within that machine's noise; ``docs/performance.md``, "Cold load", has
-the runs."""
+``benchmarks/run.py`` (``ckptio-load-hugetlb`` against ``ckptio-load-hugetlb-depth8``) 16
+was ahead by 0.04-0.07x in two of three runs and level in the third; ``docs/performance.md``,
+"Cold load", has the runs."""
 
 
 class LocalStore(Store):

@@ -716,8 +716,7 @@ MANIFEST_FIRST_READ = 512 << 10
 """Bytes: a manifest is fetched with one read of this many bytes from its start; one that
 fills them (100,000 chunks, say) is then sized and read whole. On an object store that is one
 GET where sizing it first took a HEAD, and :meth:`~ckptio.store.Store.get` a second HEAD
-and the GET. Below :data:`~ckptio.backends.local.DIRECT_MIN`, so a local manifest is read
-through the page cache."""
+and the GET. Small enough that a local store reads it through the page cache."""
 
 
 def read_manifest(store: Store, step: int) -> mf.Manifest:
@@ -725,9 +724,8 @@ def read_manifest(store: Store, step: int) -> mf.Manifest:
 
     A manifest shorter than :data:`MANIFEST_FIRST_READ` takes one read. A longer one is sized
     first and refused unread above :data:`~ckptio.format.MAX_MANIFEST_BYTES` (a shorter one
-    above it is refused too, unparsed); either way a
-    manifest that is a sparse file (a hole: bytes its size claims but nothing stores) is
-    refused, never parsed."""
+    above it is refused too, unparsed); either way a manifest that is a sparse file (a hole:
+    bytes its size claims but nothing stores) is refused, never parsed."""
     key = fmt.manifest_key(step)
     first = bytearray(MANIFEST_FIRST_READ)
     size = store.read_into(key, 0, first)
