@@ -134,7 +134,9 @@ def read_direct(store: LocalStore, key: str, path: str, offset: int, out: memory
     """Read through O_DIRECT: where ``out`` and the file line up on pages (the usual
     case: chunks start on pages and load buffers are page-aligned) straight into
     ``out``; the unaligned edges (or everything, if they never line up) through staging
-    blocks. Blocks go out in parallel. None: O_DIRECT refused, read buffered."""
+    blocks. Blocks go out in parallel, up to the store's ``read_depth`` in flight (its
+    :attr:`~.local.LocalStore.read_pool`, shared by every read of the store: a load's reader
+    threads each hand their chunk's blocks to it). None: O_DIRECT refused, read buffered."""
     try:
         dfd = open_regular(path, os.O_RDONLY | O_DIRECT)
     except errors.StorageError as err:
@@ -201,7 +203,7 @@ def read_direct(store: LocalStore, key: str, path: str, offset: int, out: memory
             if len(pieces) == 1:
                 counts = [one(*pieces[0])]
             else:
-                futs = [store.pool.submit(one, *p) for p in pieces]
+                futs = [store.read_pool.submit(one, *p) for p in pieces]
                 counts = [f.result() for f in futs]
         except DirectRefused as refused:
             for f in futs:

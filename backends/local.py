@@ -105,6 +105,11 @@ class LocalOptions(TypedDict, total=False):
     """Read large ranges through ``O_DIRECT`` straight into page-aligned destination memory
     (cold reads at device speed, nothing left in the page cache); unaligned edges go through
     a staging block. Default automatic: as ``direct``."""
+    read_depth: int | str
+    """``O_DIRECT`` reads of one ``block_size`` each kept in flight by the store (default 16),
+    from a thread pool of their own: a cold load reads its chunks' blocks through it, so the
+    device's queue stays full while chunks are checked (CRC32C) and placed. A read through
+    the page cache uses the ``streams`` pool."""
     fsync: bool | str
     """fsync files and directories on commit (default True). Turning it off makes saves not
     durable; only for measuring what fsync costs."""
@@ -121,6 +126,14 @@ DEFAULT_STREAMS = 8
 
 DEFAULT_BLOCK_SIZE = "16MiB"
 """Bytes per write request unless ``block_size`` says otherwise."""
+
+DEFAULT_READ_DEPTH = 16
+"""``O_DIRECT`` reads in flight unless ``read_depth`` says otherwise: twice the default
+``streams``, as a prototype with 16 reached 0.95-1.09x fio's read into hugetlb buffers
+where 8 reached 0.85-0.96x (3 rounds each, a loaded machine). Side by side in
+``benchmarks/run.py`` (``ckptio-load-hugetlb`` against ``ckptio-load-hugetlb-depth8``) 16
+was ahead by 0.04-0.07x in two of three runs and level in the third; ``docs/performance.md``,
+"Cold load", has the runs."""
 
 
 class LocalStore(Store):
@@ -158,6 +171,7 @@ class LocalStore(Store):
         block_size: int | str = DEFAULT_BLOCK_SIZE,
         direct: bool | str | None = None,
         direct_read: bool | str | None = None,
+        read_depth: int | str = DEFAULT_READ_DEPTH,
         fsync: bool | str = True,
         preallocate: bool | str = False,
         **unknown: Unpack[NoOptions],
@@ -169,6 +183,9 @@ class LocalStore(Store):
         super().__init__(url, trace=trace)
         self.root = local_root(url)
         self.streams = option_int(streams, field="streams", minimum=1, maximum=MAX_LOCAL_PROCESSES)
+        self.read_depth = option_int(
+            read_depth, field="read_depth", minimum=1, maximum=MAX_LOCAL_PROCESSES
+        )
         self.block_size = parse_size(block_size, field="block_size")
         if self.block_size < ALIGN or self.block_size % ALIGN:
             raise errors.InvalidArgumentError(
@@ -200,6 +217,7 @@ class LocalStore(Store):
     def _fresh_concurrency(self) -> None:
         """The I/O pool (created on first use) and the locks and bounds around it."""
         self._pool: ThreadPoolExecutor | None = None
+        self._read_pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self.staging = Staging(self.block_size, self.streams)
         """O_DIRECT staging blocks, bounded per store."""
@@ -211,6 +229,17 @@ class LocalStore(Store):
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix="ckptio-file")
             return self._pool
+
+    @property
+    def read_pool(self) -> ThreadPoolExecutor:
+        """The threads of ``O_DIRECT`` reads (``read_depth`` of them), apart from
+        :attr:`pool` so that reads keep their depth whatever ``streams`` writes use."""
+        with self._pool_lock:
+            if self._read_pool is None:
+                self._read_pool = ThreadPoolExecutor(
+                    self.read_depth, thread_name_prefix="ckptio-file-read"
+                )
+            return self._read_pool
 
     def direct_refused(self, path: str, err: OSError) -> None:
         """The filesystem refused O_DIRECT at ``path``: this store reads and writes through
@@ -236,9 +265,11 @@ class LocalStore(Store):
 
     def close(self) -> None:
         with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+            pools = (self._pool, self._read_pool)
+            self._pool = self._read_pool = None
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown(wait=True)
 
     def create_file(
         self,

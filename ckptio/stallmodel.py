@@ -32,8 +32,8 @@ overhead (:data:`DEFAULT_RESTART_OVERHEAD`, an assumption) covers rescheduling, 
 and warm-up; the restore is the read of the whole checkpoint back from the storage, projected
 like the write from the profile's read side (read request rate; the bandwidth and latency
 figures are shared by both directions) as ckptio's reader does it (``estimate(phase=
-"restore")``: the steps listed and the manifest read first, a size check of each object
-before its data, :data:`RESTORE_READERS` objects in flight per rank), or ``size / read
+"restore")``: the steps listed and the manifest read first, each object's size checked
+beside its data, :data:`RESTORE_READERS` objects in flight per rank), or ``size / read
 bandwidth`` when figures are given. The restore reads each writing rank's bytes once, as
 written (ranks holding replicas of them are assumed to get them from a peer; their reads are
 not counted).
@@ -282,9 +282,10 @@ PHASES = ("write", "read", "restore")
 #: Objects a rank's restore reads at once: :class:`ckptio.checkpoint.CheckpointReader`'s
 #: default ``readers``.
 RESTORE_READERS = 8
-#: Metadata operations in series before a restore reads data: list the steps, then the
-#: manifest's size twice (the newest complete step, then the read), before its GET.
-RESTORE_PREAMBLE_OPS = 3
+#: Metadata operations in series before a restore reads data: list the steps, before the
+#: manifest's one GET (:func:`ckptio.checkpoint.read.read_manifest`; until 2026-12-05 its
+#: size was taken twice first).
+RESTORE_PREAMBLE_OPS = 1
 
 
 X = "\u00d7"  # the multiplication sign, as in "8 writing nodes x 16 streams x 50 MB/s"
@@ -352,8 +353,7 @@ def estimate(
     (a load of the newest checkpoint by :class:`~ckptio.checkpoint.CheckpointReader`: the
     read, with :data:`RESTORE_READERS` objects in flight per rank, after listing the steps
     and reading the manifest (:data:`RESTORE_PREAMBLE_OPS` metadata operations and one small
-    request in series), and a size check of each object (one metadata operation) before its
-    first read).
+    request in series); each object's size check goes out beside its first reads).
 
     ``streams`` (per node) and ``part_size`` (bytes) default to the profile's.
     """
@@ -395,8 +395,9 @@ def estimate(
     t_cpu = w.node_bytes / (client_cpu_bandwidth * w.writers_per_node)
     # a write creates and commits each object (in series with its data), then the manifest;
     # a read needs no per-object metadata (the manifest has every offset), only the manifest;
-    # a restore lists the steps and reads the manifest first, and checks each object's size
-    meta_ops = {"write": 2, "read": 0, "restore": 1}[phase]
+    # a restore lists the steps and reads the manifest first; it checks each object's size
+    # beside the object's first reads (CheckpointReader.read_many), not before them
+    meta_ops = {"write": 2, "read": 0, "restore": 0}[phase]
     proto = save_protocol_requests(w.objects or w.writing_ranks * w.objects_per_rank)
     once = proto if phase == "write" else (RESTORE_PREAMBLE_OPS if restore else 1)
     t_meta = groups * meta_ops * meta + once * meta + (lat if restore else 0.0)

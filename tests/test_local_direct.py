@@ -313,3 +313,56 @@ def test_one_positional_writer_continuing_off_a_page_keeps_its_bytes(store):
     w.pwrite(5000, data[5000:])
     w.close()
     assert _read_file(store, "seq.bin") == data
+
+
+def test_a_cold_load_keeps_read_depth_direct_reads_in_flight(tmp_path, monkeypatch):
+    """``read_depth`` O_DIRECT reads are in flight at once during a load, never more, whatever
+    ``streams`` is: the first ``depth`` reads wait for each other at a barrier, which breaks
+    (and the test fails) unless that many can be outstanding together."""
+    import fcntl
+    import threading
+
+    from ckptio.backends import _directio
+
+    depth = 12
+    state = {
+        f"w{i}": _random(2 * MiB, 30 + i).view(np.float32).reshape(512, 1024) for i in range(8)
+    }
+    url = f"file://{tmp_path}"
+    ckptio.save(state, url, step=1)
+    barrier = threading.Barrier(depth, timeout=60)  # a guard against a hang, not a clock
+    lock = threading.Lock()
+    seen = {"now": 0, "most": 0, "calls": 0, "broken": 0}
+    real = os.preadv
+
+    def preadv(fd, buffers, offset, *rest):
+        if not fcntl.fcntl(fd, fcntl.F_GETFL) & _directio.O_DIRECT:
+            return real(fd, buffers, offset, *rest)
+        with lock:
+            seen["now"] += 1
+            seen["most"] = max(seen["most"], seen["now"])
+            seen["calls"] += 1
+            first = seen["calls"] <= depth
+        try:
+            if first:
+                try:
+                    barrier.wait()
+                except threading.BrokenBarrierError:
+                    seen["broken"] += 1
+            return real(fd, buffers, offset, *rest)
+        finally:
+            with lock:
+                seen["now"] -= 1
+
+    monkeypatch.setattr(os, "preadv", preadv)
+    got = ckptio.load(url, streams=4, read_depth=depth, block_size="256KiB", direct_read=True)
+    if seen["calls"] == 0:
+        pytest.skip("the filesystem of tmp_path refuses O_DIRECT")
+    assert {k: v.tobytes() for k, v in got.items()} == {k: v.tobytes() for k, v in state.items()}
+    assert seen["broken"] == 0, f"fewer than {depth} direct reads were ever in flight together"
+    assert seen["most"] == depth
+
+
+def test_read_depth_must_be_a_positive_count(tmp_path):
+    with pytest.raises(ckptio.errors.InvalidArgumentError, match="read_depth"):
+        LocalStore(str(tmp_path), read_depth=0)

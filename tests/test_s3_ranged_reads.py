@@ -104,3 +104,35 @@ def test_a_checkpoint_of_chunks_longer_than_a_part_loads_and_damage_is_found(
     s3_client.put_object(Bucket=s3_bucket, Key=keys[0], Body=bytes(body))
     with pytest.raises(errors.ChecksumError):
         ckptio.load(url, step=1)
+
+
+def test_a_load_fetches_its_manifest_with_one_get_and_no_head(s3_bucket: str) -> None:
+    """The manifest of a load is one ranged GET (it was a HEAD to size it, a HEAD in
+    ``Store.get``, then the GET); a damaged manifest is still refused."""
+    url = f"s3+boto3://{s3_bucket}/mf?part_size={PART}&streams=3"
+    state = {"w": np.arange(4096, dtype=np.float32)}
+    ckptio.save(state, url, step=1)
+    trace = Trace()
+    store = open_store(url, trace=trace)
+    got = ckptio.load(store, step=1)
+    np.testing.assert_array_equal(got["w"], state["w"])
+    on_manifest = [e.op for e in trace.events() if e.key.endswith("manifest.json")]
+    assert on_manifest == ["get"]
+    body = store.get("step-0000000001/manifest.json")
+    store.publish("step-0000000001/manifest.json", body[:-10])  # truncated
+    with pytest.raises(errors.ManifestError):
+        ckptio.load(store, step=1)
+    store.close()
+
+
+def test_an_object_longer_than_its_manifest_says_is_refused(s3_bucket: str) -> None:
+    """The objects' sizes are checked while the chunks are read (no HEAD before the first
+    GET); an object replaced by a longer one, its chunks intact, is still refused."""
+    url = f"s3+boto3://{s3_bucket}/long?part_size={PART}&streams=3"
+    ckptio.save({"w": np.arange(1 << 20, dtype=np.float32)}, url, step=1)
+    store = open_store(url)
+    key = next(k for k in store.list("step-") if k.endswith(".bin"))
+    store.publish(key, store.get(key) + b"\0" * 100)
+    with pytest.raises(errors.CorruptCheckpointError, match="the manifest says"):
+        ckptio.load(store, step=1)
+    store.close()

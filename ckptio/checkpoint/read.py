@@ -3,9 +3,11 @@
 - A load reads only the chunks that overlap what is asked for, straight into the output where
   a chunk lands on contiguous bytes; small neighbouring chunks of one object are fetched with
   one request (:data:`COALESCE_CHUNK_BYTES`, :data:`COALESCE_REQUEST_BYTES`).
-- Before allocating anything it checks each object's size against the manifest and that this
-  machine can hold what it will allocate (:func:`ckptio.arrays.ensure_memory`): a hostile or
-  truncated checkpoint fails with a clear error, not an out-of-memory kill.
+- Before allocating anything it checks that this machine can hold what it will allocate
+  (:func:`ckptio.arrays.ensure_memory`), and each object's size against the manifest while
+  the first chunks are read: a hostile or truncated checkpoint fails with a clear error
+  naming the object and both sizes, not an out-of-memory kill (a declaration larger than
+  the machine is checked against the objects before the memory error is raised).
 - Every chunk's CRC32C is checked; a mismatch names the object and byte range.
 - "The newest checkpoint" is the newest that loads: one whose manifest does not validate is
   skipped with a logged warning, one whose manifest stays but an object of which is missing or
@@ -40,6 +42,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "COALESCE_CHUNK_BYTES",
     "COALESCE_REQUEST_BYTES",
+    "MANIFEST_FIRST_READ",
     "VERIFY_BLOCK_BYTES",
     "CheckpointReader",
     "Index",
@@ -327,41 +330,58 @@ class CheckpointReader:
     ) -> dict[str, np.ndarray]:
         """Several tensors (or boxes of them), their chunks read in parallel. ``into`` maps
         some of those paths to writable arrays of the result's shape and dtype (checked by
-        the caller), which are filled in place and returned instead of new arrays."""
+        the caller), which are filled in place and returned instead of new arrays.
+
+        The objects' sizes are checked against the manifest (a HEAD each on an object store)
+        while the first chunks are read, not before: their round trip no longer delays the
+        first read. A size that differs is the error raised, whatever the reads found; and
+        where what would be allocated exceeds this machine, the sizes are checked first, so
+        a hostile declaration is named as such (:meth:`_check_sizes`)."""
         into = into or {}
         self._check_wanted(wanted)
+        keys = {c.key for p in wanted for c in self.manifest.tensors[p].chunks}
         # this machine can hold the arrays to be allocated: else a clear error before allocating
         need = self._allocation(wanted, into)
         what = f"loading step {self.step} ({len(wanted)} tensor(s))"
-        ensure_memory(need, what)
+        self._ensure_memory(need, what, keys)
         reads = self._plan(wanted, into)
         singles, groups = _coalesce(reads.jobs)
         # the read buffers too, before any is taken (the arrays above are not touched yet)
         buffers = self._buffer_bytes(singles, groups)
         if buffers:
-            ensure_memory(need + buffers, what)
+            self._ensure_memory(need + buffers, what, keys)
         tasks: list[tuple[Callable[[Any], None], Any]] = [(self._read_job, j) for j in singles]
         tasks += [(self._read_group, g) for g in groups]
-        if len(tasks) <= 1:
-            for fn, arg in tasks:
-                fn(arg)
-        else:
-            with ThreadPoolExecutor(
-                min(self.readers, len(tasks)), thread_name_prefix="ckptio-read"
-            ) as pool:
-                wait_all([pool.submit(fn, arg) for fn, arg in tasks])
+        with ThreadPoolExecutor(1, thread_name_prefix="ckptio-read") as sizer:
+            checked = sizer.submit(self._check_sizes, keys)
+            if len(tasks) <= 1:
+                try:
+                    for fn, arg in tasks:
+                        fn(arg)
+                finally:
+                    wait_all([checked])  # a size that differs names the damage first
+            else:
+                with ThreadPoolExecutor(
+                    min(self.readers, len(tasks)), thread_name_prefix="ckptio-read"
+                ) as pool:
+                    wait_all([checked, *(pool.submit(fn, arg) for fn, arg in tasks)])
         return reads.finish(into)
 
+    def _ensure_memory(self, nbytes: int, what: str, keys: Iterable[str]) -> None:
+        """:func:`ensure_memory`; where it refuses, the objects' sizes are checked first: a
+        manifest that declares more than an object holds is refused as damage, not as a
+        shortage of memory."""
+        try:
+            ensure_memory(nbytes, what)
+        except errors.InsufficientMemoryError:
+            self._check_sizes(keys)
+            raise
+
     def _check_wanted(self, wanted: Mapping[str, Any]) -> None:
-        """Raise unless every wanted path is a tensor of this step and the objects holding
-        them have the sizes the manifest declares."""
+        """Raise unless every wanted path is a tensor of this step."""
         unknown = [p for p in wanted if p not in self.manifest.tensors]
         if unknown:
             raise errors.NotFoundError(f"step {self.step} has no tensor {unknown[0]!r}")
-        # before allocating anything: the objects' sizes are what the manifest declares (the
-        # manifest is validated so that no two chunks share bytes, so what is allocated is at
-        # most what the storage reports holding; a sparse file reports its apparent size)
-        self._check_sizes({c.key for p in wanted for c in self.manifest.tensors[p].chunks})
 
     def _allocation(self, wanted: Mapping[str, Any], into: Mapping[str, np.ndarray]) -> int:
         """Bytes of the arrays a read of ``wanted`` allocates: the declared bytes of what is
@@ -692,20 +712,40 @@ _VERIFY_FAILURES = (errors.CorruptCheckpointError, FileNotFoundError, errors.Sto
 """What ``verify`` reports as a problem of the checkpoint rather than raises."""
 
 
+MANIFEST_FIRST_READ = 512 << 10
+"""Bytes: a manifest is fetched with one read of this many bytes from its start; one that
+fills them (100,000 chunks, say) is then sized and read whole. On an object store that is one
+GET where sizing it first took a HEAD, and :meth:`~ckptio.store.Store.get` a second HEAD
+and the GET. Small enough that a local store reads it through the page cache."""
+
+
 def read_manifest(store: Store, step: int) -> mf.Manifest:
-    """Fetch and validate the manifest of ``step``; NotFoundError if it is not committed."""
+    """Fetch and validate the manifest of ``step``; NotFoundError if it is not committed.
+
+    A manifest shorter than :data:`MANIFEST_FIRST_READ` takes one read. A longer one is sized
+    first and refused unread above :data:`~ckptio.format.MAX_MANIFEST_BYTES` (a shorter one
+    above it is refused too, unparsed); either way a manifest that is a sparse file (a hole:
+    bytes its size claims but nothing stores) is refused, never parsed."""
     key = fmt.manifest_key(step)
-    size = store.size(key)
+    first = bytearray(MANIFEST_FIRST_READ)
+    size = store.read_into(key, 0, first)
+    data: bytes | None = None
+    if size < len(first):  # the whole manifest, in one request
+        data = bytes(memoryview(first)[:size])
+    else:
+        size = store.size(key)
+    del first
     if size > fmt.MAX_MANIFEST_BYTES:
         raise errors.ManifestError(f"{key} is {size} bytes, more than {fmt.MAX_MANIFEST_BYTES}")
     hole = _first_hole(store, key, size)
-    if hole is not None:  # never read: its size is not what is stored
+    if hole is not None:  # not parsed: its size is not what is stored
         raise errors.ManifestError(
             f"{store.url}/{key}: {size} bytes by its size, but a sparse file with a hole at "
             f"byte {hole} (nothing stored there); ckptio writes manifests whole, so it is "
             "damaged or hostile, and not read"
         )
-    data = store.get(key)
+    if data is None:
+        data = store.get(key)
     try:
         return mf.parse_manifest(data, expect_step=step)
     except errors.ManifestError as err:
