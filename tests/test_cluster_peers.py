@@ -288,26 +288,7 @@ def test_node_killed_at_random_points_resumes_bit_identical_from_peer_copies(
     assert mid >= 1, "no kill landed while copies were in flight"
 
 
-@pytest.mark.parametrize(
-    "k",
-    [
-        1,
-        pytest.param(
-            2,
-            marks=pytest.mark.xfail(
-                strict=False,
-                reason=(
-                    "a known bug, seen once in CI: each partner retires a source rank's old "
-                    "copies by its own count (peers._retain_copies), so the newest step every "
-                    "rank replicated can be retired on the surviving node while a newer step is "
-                    "not yet complete for every rank; the restore then falls back to the "
-                    "durable tier's older step (nothing wrong is loaded). Fix: retire a copy "
-                    "only below the newest step complete for every rank."
-                ),
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("k", [1, 2])
 def test_two_nodes_lost_at_once(cluster: Cluster, tmp_path: Path, k: int) -> None:
     """node1 and node2 killed together. With replicas=1, node1's ranks had their copies on
     node2: their data survives only on the durable tier, so the restore takes the newest

@@ -146,6 +146,9 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
             continue
         if step is None and not pick["down"]:
             _retire_newer(self, s)
+        # every rank holds it now (its fast root, or the durable tier): kept until a newer
+        # step's copies are complete on every partner
+        self._mark_replicated(s)
         self.last_restore = _record(self, s, manifest, plan, needed, present, received, used)
         self.last_restore.sources = [
             f"rank {r} ({self.ring.nodes[self.ring.where(r)[0]]})" if self.ring else str(r)

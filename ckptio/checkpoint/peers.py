@@ -24,7 +24,9 @@ manifest, ``peer-copy.json``, is published there: the job (the durable root's lo
 source rank and node, the step, the step's manifest and the size and CRC32C of every object.
 The sender checks every chunk's CRC32C as it reads its fast root; the receiver checks each
 object's CRC32C as the bytes arrive and publishes the copy's manifest only when all match.
-Each partner keeps its newest ``keep_last_local`` copies of each source rank.
+Each partner keeps its newest ``keep_last_local`` copies of each source rank, and the copy of the
+newest step every rank's round replicated (:func:`retain_copies`); the fast tier keeps that
+step on its own root as well, so a loss of up to ``k`` nodes mid-round leaves it whole.
 
 **Restore** (:func:`plan_restore`, :func:`run_restore`): every rank reports the steps on its
 own fast root and the copies it holds (refusing, with a warning, a copy of another job or one
@@ -80,6 +82,7 @@ __all__ = [
     "held_copies",
     "node_name",
     "replicate_step",
+    "retain_copies",
     "wire",
 ]
 
@@ -327,7 +330,12 @@ def receive_objects(
     kept: dict[str, tuple[int, int]] = {}
     error = ""
     for key, size in head["objects"]:
-        writer = None if error else _open(store, prefix + key, size)
+        writer = None
+        if not error:
+            try:  # a file where the copy's directory goes, a full disk: the stream is still read
+                writer = _open(store, prefix + key, size)
+            except (errors.CkptioError, OSError) as err:
+                error = f"writing {store.url}/{prefix}{key}: {type(err).__name__}: {err}"
         crc, got = 0, 0
         while True:
             kind, data = w.recv(source)
@@ -467,9 +475,13 @@ def replicate_step(
     step: int,
     job: str,
     keep: int | None,
+    safe: int | None = None,
 ) -> PeerResult:
     """Collective (on ``comm``, a dup of the job's): copy every rank's objects of the committed
-    ``step`` on its fast root ``store`` to its ``k`` partners (see the module docstring)."""
+    ``step`` on its fast root ``store`` to its ``k`` partners (see the module docstring).
+    ``keep``: the copies each source rank keeps on a partner (:func:`retain_copies`); ``safe``:
+    the newest step whose round this rank saw replicated by every rank (kept whatever the
+    count); once this round is, the copies are retained again with ``step`` as the safe one."""
     t0 = time.perf_counter()
     rank = comm.rank
     transfers = [
@@ -493,7 +505,7 @@ def replicate_step(
             return send_objects(w, t["dst"], store, fmt.step_dir(step) + "/", manifest, mine, head)
 
         def receive(t: Mapping[str, Any]) -> str:
-            return _receive_copy(w, t["src"], rank, store, step, job, keep)
+            return _receive_copy(w, t["src"], rank, store, step, job, keep, safe)
 
         sent, got = run_round(rank, transfers, send, receive)
     finally:
@@ -501,6 +513,8 @@ def replicate_step(
     mine_errors = [e for _, e in sent if e] + [e for e in got if e]
     outcomes = comm.gather("; ".join(mine_errors), root=0)
     verdict = comm.bcast(None if outcomes is None else [e for e in outcomes if e], root=0)
+    if not verdict and keep is not None:
+        retain_copies(store, keep, step)
     return PeerResult(
         step,
         "failed" if verdict else "replicated",
@@ -511,12 +525,22 @@ def replicate_step(
 
 
 def _receive_copy(
-    w: Any, source: int, rank: int, store: Store, step: int, job: str, keep: int | None
+    w: Any,
+    source: int,
+    rank: int,
+    store: Store,
+    step: int,
+    job: str,
+    keep: int | None,
+    safe: int | None,
 ) -> str:
     prefix = copy_prefix(source, step)
     doc_key = prefix + COPY_DOC
-    if store.exists(doc_key):  # an older copy of this step (a rerun): incomplete from now on
-        store.delete([doc_key])
+    try:
+        if store.exists(doc_key):  # an older copy of this step (a rerun): incomplete from now on
+            store.delete([doc_key])
+    except (errors.CkptioError, OSError) as err:  # the stream is read all the same
+        log.warning("peer copy %s/%s cannot be looked at: %s", store.url, doc_key, err)
     head, kept, error = receive_objects(w, source, store, prefix)
     if error:
         return f"copy of rank {source}'s step {step} on rank {rank}: {error}"
@@ -536,21 +560,40 @@ def _receive_copy(
     }
     store.publish(doc_key, json.dumps(doc, separators=(",", ":")).encode())
     if keep is not None:
-        _retain_copies(store, source, keep)
+        retain_copies(store, keep, safe, source)
     return ""
 
 
-def _retain_copies(store: Store, source: int, keep: int) -> None:
-    """The newest ``keep`` complete copies of ``source`` stay; older ones go (their record
-    first, so a half-removed copy is never taken for complete)."""
+def retain_copies(store: Store, keep: int, safe: int | None, source: int | None = None) -> None:
+    """Retention of the copies on this fast root (of ``source``, else of every source rank):
+    the newest ``keep`` complete copies of each source rank stay, and so does its copy of
+    ``safe``, the newest step whose round this rank saw replicated by every rank; older ones
+    go (their record first, so a half-removed copy is never taken for complete), and so do
+    incomplete copies older than the newest complete one (failed or interrupted rounds).
+
+    Why ``safe`` and not the count alone: a partner sees the copies it holds, not whether
+    the other ranks' copies of a step are complete. Copies of a newer step can be complete
+    here for one source rank and not yet (or never: a failed round) for another; had the
+    count retired the older step, the node's loss would leave no step whose every rank's
+    data survives on the peers. Which step is complete for every rank is the job's
+    agreement (the verdict each round ends with), known to every rank alike."""
+    if source is None:
+        sources = {
+            int(part.removeprefix("rank-"))
+            for key in store.list(PEERS_PREFIX)
+            if (part := key[len(PEERS_PREFIX) :].partition("/")[0]).startswith("rank-")
+            and part.removeprefix("rank-").isdigit()
+        }
+        for q in sorted(sources):
+            retain_copies(store, keep, safe, q)
+        return
     base = f"{PEERS_PREFIX}rank-{source:05d}/"
     keys = store.list(base)
     steps = sorted(
         {s for k in keys if (s := fmt.parse_step_dir(k[len(base) :].partition("/")[0])) is not None}
     )
     complete = [s for s in steps if f"{base}{fmt.step_dir(s)}/{COPY_DOC}" in keys]
-    doomed = complete[:-keep] if keep else complete
-    # incomplete copies older than the newest complete one: failed or interrupted rounds
+    doomed = [s for s in (complete[:-keep] if keep else complete) if s != safe]
     newest = complete[-1] if complete else None
     doomed += [s for s in steps if s not in complete and newest is not None and s < newest]
     for s in sorted(set(doomed)):
