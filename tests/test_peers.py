@@ -254,13 +254,17 @@ if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
 
 
-def test_a_rank_waiting_for_a_peer_s_bytes_leaves_the_cpu_to_others() -> None:
-    """Open MPI's blocking receive spins a core while it waits; on a busy node that CPU is
+def test_a_rank_waiting_for_a_peer_leaves_the_cpu_to_others() -> None:
+    """Open MPI's blocking calls spin a core while they wait; on a busy node that CPU is
     taken from the rank whose bytes are awaited (benchmarks/peer_wire.py). The transport's
-    wait polls with a sleep: a rank waiting for a message while its peer works uses a small
-    part of the wait's CPU time."""
+    receive and the communicator's collectives (a restore's planning: gather, bcast, barrier)
+    poll with a sleep: a rank waiting while its peer works uses a small part of the wait's
+    CPU time, and each wait ends with what was sent."""
     proc = run_mpi(2, str(Path(__file__).parent / "mpi" / "wire_idle.py"))
     (got,) = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    assert got["doc"] == {"go": True}
-    assert got["wall"] >= 0.4, got  # it did wait for rank 0's half-second of work
-    assert got["cpu"] < 0.25 * got["wall"], got
+    assert got["recv"]["got"] == {"go": True}
+    assert got["gather"]["got"] == [{"rank": 0}, {"rank": 1}]
+    assert got["bcast"]["got"] == {"go": True}
+    for name, wait in got.items():
+        assert wait["wall"] >= 0.4, (name, got)  # it did wait for rank 0's half-second of work
+        assert wait["cpu"] < 0.25 * wait["wall"], (name, got)

@@ -10,8 +10,8 @@ each of its ranks' copies on ``k`` other nodes. ``k`` must be below the node cou
 
 **Transport.** Over the job's own process group (:mod:`ckptio.dist`): point-to-point messages
 of MPI (mpi4py ``Isend``/``Irecv`` of bytes, no pickle; one message per piece of an object,
-its kind in the tag; waited for by polling with a short growing sleep, since Open MPI's
-blocking calls spin a core, which on a busy node slows the very transfer waited for) or
+its kind in the tag; waited for by :func:`ckptio.dist.poll`, since Open MPI's blocking calls
+spin a core, which on a busy node slows the very transfer waited for) or
 torch.distributed (``send``/``recv`` of uint8 tensors, gloo). Local-process ranks (``run_local``) share one node and have no
 point-to-point channel: replicas are refused there. Every rank runs the transfers of a round
 in one global order, its sends in one thread and its receives in another: the lowest transfer
@@ -63,7 +63,7 @@ from ckptio import format as fmt
 from ckptio import manifest as mf
 from ckptio.checkpoint.drain import copy_object, object_rank
 from ckptio.checkpoint.snapshot import crc32c
-from ckptio.dist import Communicator, MPICommunicator
+from ckptio.dist import Communicator, MPICommunicator, poll
 from ckptio.lease import SaveLease
 from ckptio.store import Store
 
@@ -147,19 +147,6 @@ class NodeRing:
 _DOC, _DATA = 0, 1
 """What a message is: a JSON document, or a piece of an object's bytes (one message each,
 its kind in the MPI tag or the torch size header: no document announces a piece)."""
-_POLL_MIN, _POLL_MAX = 20e-6, 1e-3
-
-
-def _settle(req: Any) -> None:
-    """Wait for an MPI request, polling with a growing sleep (up to 1 ms) between tests
-    rather than in a blocking call: Open MPI's blocking calls spin a core while they wait,
-    and on a node whose cores are busy (training, other ranks) the spinning rank takes CPU
-    from the one whose bytes it waits for. Measured on this project's 2-core VM under load:
-    ``benchmarks/README.md`` (peer transport)."""
-    pause = _POLL_MIN
-    while not req.Test():
-        time.sleep(pause)
-        pause = min(2 * pause, _POLL_MAX)
 
 
 class _MPIWire:
@@ -169,19 +156,14 @@ class _MPIWire:
         self.MPI, self.comm = MPI, comm
 
     def send(self, dest: int, data: Any, kind: int = _DOC) -> None:
-        _settle(self.comm.Isend([data, self.MPI.BYTE], dest=dest, tag=_TAG + kind))
+        poll(self.comm.Isend([data, self.MPI.BYTE], dest=dest, tag=_TAG + kind).Test)
 
     def recv(self, source: int) -> tuple[int, np.ndarray]:
         status = self.MPI.Status()
-        pause = _POLL_MIN
         # a matched probe: the message found is the one received (the next from ``source``)
-        while (
-            msg := self.comm.Improbe(source=source, tag=self.MPI.ANY_TAG, status=status)
-        ) is None:
-            time.sleep(pause)
-            pause = min(2 * pause, _POLL_MAX)
+        msg = poll(lambda: self.comm.Improbe(source=source, tag=self.MPI.ANY_TAG, status=status))
         buf = np.empty(status.Get_count(self.MPI.BYTE), dtype=np.uint8)
-        _settle(msg.Irecv([buf, self.MPI.BYTE]))
+        poll(msg.Irecv([buf, self.MPI.BYTE]).Test)
         return status.Get_tag() - _TAG, buf
 
 

@@ -775,6 +775,7 @@ class TieredCheckpointer(Lifetime):
             step = fmt.as_step(step)
         self.fast.wait()
         if self.replicas:
+            self.wait_peers()  # a round still running shares the restore's process group
             return restore_with_peers(self, step, select, into)
         skip: set[int] = set()
         for _ in range(RELISTS):
