@@ -311,3 +311,48 @@ def test_two_nodes_lost_at_once(cluster: Cluster, tmp_path: Path, k: int) -> Non
         assert kill["replicated"] <= step <= kill["saved"] + 1, (kill, got)
         assert paths(got) == {0: "local", 1: "local", 2: "peer", 3: "peer", 4: "peer", 5: "peer"}
         assert all(e["nbytes"]["durable"] == 0 for e in got.values())
+
+
+def test_ckptio_run_times_the_restore_from_peer_copies(cluster: Cluster, tmp_path: Path) -> None:
+    """``ckptio run --local ... --replicas 1`` across 3 nodes x 2 ranks under srun (durable
+    tier on CephFS): every rank records the ``replicate`` and ``restore-peer`` phases; in
+    ``restore-peer`` the last node's ranks (node2: their fast roots emptied, the loss
+    emulated and said so in the sidecar) restore from their copies on node0, all their bytes
+    from peers, the others from their own disks; ``restore-durable`` reads the durable tier.
+    About 20 s."""
+    from ckptio.results import read_results
+    from ckptio.tierbench import LOSS_NOTE, PEER_PHASES, PHASES
+
+    run = f"run-peers-{uuid.uuid4().hex[:6]}"
+    out = tmp_path / "out"
+    argv = [
+        "-N3", "--ntasks-per-node=2", "--mpi=pmix", sys.executable, "-m", "ckptio.cli", "run",
+        f"pfs://{cluster.cephfs}/{run}", "--local", f"file://{cluster.local}/{run}/{{rank}}",
+        "--replicas", "1", "--preset", "llama3-8b", "--total-size", "48MiB", "--out", str(out),
+    ]  # fmt: skip
+    cluster.srun(argv, cwd=str(tmp_path))
+    res = read_results([out])
+    (side,) = res.sidecars
+    assert side["peers"] == {
+        "replicas": 1,
+        "lost": {"node": "node2", "ranks": [4, 5]},
+        "loss": LOSS_NOTE,
+    }
+    phases = res.phases.to_pylist()
+    assert {(p["rank"], p["phase"]) for p in phases} == {
+        (r, ph) for r in range(6) for ph in (*PHASES, *PEER_PHASES)
+    }
+    peer = {p["rank"]: p for p in phases if p["phase"] == "restore-peer"}
+    for rank, p in peer.items():
+        assert p["host"] == NODE_OF[rank] and p["seconds"] > 0
+        if NODE_OF[rank] == "node2":
+            assert p["restore_path"] == "peer" and p["peer_bytes"] == p["bytes"] > 0, p
+        else:
+            assert p["restore_path"] == "local" and p["peer_bytes"] == 0, p
+        assert p["durable_bytes"] == 0, p
+    for p in phases:
+        if p["phase"] == "restore-durable":
+            assert p["restore_path"] == "durable" and p["durable_bytes"] == p["bytes"], p
+        if p["phase"] == "restore":
+            assert p["restore_path"] == "local", p
+    assert {q["phase"] for q in res.requests.to_pylist()} >= {"replicate", "restore-peer"}

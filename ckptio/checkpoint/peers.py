@@ -78,6 +78,7 @@ __all__ = [
     "PeerResult",
     "RestoreRecord",
     "copy_prefix",
+    "drop_copies",
     "drop_copies_after",
     "held_copies",
     "node_name",
@@ -586,12 +587,17 @@ def retain_copies(store: Store, keep: int, safe: int | None, source: int | None 
 
 def drop_copies_after(store: Store, step: int) -> None:
     """Remove the copies of steps newer than ``step`` on this fast root (record first)."""
+    drop_copies(store, lambda s: s > step)
+
+
+def drop_copies(store: Store, which: Callable[[int], bool]) -> None:
+    """Remove the copies of the steps ``which`` picks on this fast root (record first)."""
     keys = store.list(PEERS_PREFIX)
     doomed: dict[str, list[str]] = {}
     for key in keys:
         parts = key[len(PEERS_PREFIX) :].split("/")
         s = fmt.parse_step_dir(parts[1]) if len(parts) > 2 else None
-        if s is not None and s > step:
+        if s is not None and which(s):
             doomed.setdefault(f"{PEERS_PREFIX}{parts[0]}/{parts[1]}/", []).append(key)
     for prefix, ks in sorted(doomed.items()):
         _discard(store, [prefix + COPY_DOC])
