@@ -665,6 +665,11 @@ class RestoreRecord:
     """Bytes of the objects this rank read, by where they came from."""
     sources: list[str] = field(default_factory=list)
     """The ranks (and nodes) that sent this rank objects, as ``rank N (node)``."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Where this rank's restore spent its time: ``plan`` (what each rank holds, the step,
+    the plan: listings and collectives), ``transfer`` (the copies sent and received, onto
+    the fast root) and ``read`` (the load from the fast root), each including the waits for
+    the other ranks."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -672,6 +677,7 @@ class RestoreRecord:
             "path": self.path,
             "nbytes": self.nbytes,
             "sources": self.sources,
+            "seconds": self.seconds,
         }
 
 
