@@ -346,13 +346,13 @@ def test_ckptio_run_times_the_restore_from_peer_copies(cluster: Cluster, tmp_pat
     for rank, p in peer.items():
         assert p["host"] == NODE_OF[rank] and p["seconds"] > 0
         if NODE_OF[rank] == "node2":
-            assert p["restore_path"] == "peer" and p["peer_bytes"] == p["bytes"] > 0, p
+            assert p["restore_path"] == "peer" and p["peer_bytes"] >= p["bytes"] > 0, p
         else:
             assert p["restore_path"] == "local" and p["peer_bytes"] == 0, p
         assert p["durable_bytes"] == 0, p
     for p in phases:
         if p["phase"] == "restore-durable":
-            assert p["restore_path"] == "durable" and p["durable_bytes"] == p["bytes"], p
+            assert p["restore_path"] == "durable" and p["durable_bytes"] >= p["bytes"] > 0, p
         if p["phase"] == "restore":
             assert p["restore_path"] == "local", p
     assert {q["phase"] for q in res.requests.to_pylist()} >= {"replicate", "restore-peer"}
