@@ -417,6 +417,23 @@ def test_two_ranks_with_their_own_fast_roots_and_one_node_replaced(tmp_path):
 
 
 @pytest.mark.mpi
+def test_a_run_resumed_after_a_node_loss_saves_the_step_numbers_the_lost_node_left_unfinished(
+    tmp_path,
+):
+    """Rank 1's fast root lost after step 4 (drained: 1 and 3): the resume restores step 3,
+    and step 4 on rank 0's fast root, which can never be whole again, is retired, so the
+    resumed run's save of step 4 commits (it used to be refused: "already committed on the
+    fast root of rank(s) [0]") and its new contents are what loads."""
+    durable, local = f"file://{tmp_path}/durable", f"file://{tmp_path}/fast-{{rank}}"
+    run_ranks(2, "save", durable, local)
+    shutil.rmtree(tmp_path / "fast-1")
+    out = run_ranks(2, "resume", durable, local, "3")
+    assert out.count("resumed and saved step 4 OK") == 2, out
+    with open_store(durable) as store:
+        assert 4 in ck.committed_steps(store)
+
+
+@pytest.mark.mpi
 def test_two_ranks_one_fast_root_async(tmp_path):
     durable, local = f"file://{tmp_path}/durable", f"file://{tmp_path}/fast"
     run_ranks(2, "save", durable, local, "async")

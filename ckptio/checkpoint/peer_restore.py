@@ -24,7 +24,7 @@ from ckptio.checkpoint.peers import (
     run_restore,
 )
 from ckptio.checkpoint.read import RELISTS, CheckpointReader, committed_steps, read_manifest
-from ckptio.lease import retire
+from ckptio.checkpoint.retention import retire_newer
 
 if TYPE_CHECKING:
     from ckptio.checkpoint.tiered import TieredCheckpointer
@@ -176,22 +176,11 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
 
 
 def _retire_newer(self: TieredCheckpointer, step: int) -> None:
-    """After restoring the newest step that survives (``step``), the steps newer than it
-    on this rank's fast root, and the copies of them it holds, can never be restored
-    (some rank's data of them is gone everywhere): retired, so that the resumed run saves
-    those step numbers afresh."""
-    fast = self.fast.store
-    for s in committed_steps(fast):
-        if s > step:
-            log.warning(
-                "step %d on %s is not complete anywhere for every rank (a node was lost "
-                "before its copies were made): retired; the run resumes from step %d",
-                s,
-                fast.url,
-                step,
-            )
-            retire(fast, s)
-    drop_copies_after(fast, step)
+    """After restoring the newest step that survives (``step``): the steps newer than it on
+    this rank's fast root (:func:`~ckptio.checkpoint.retention.retire_newer`) and the copies
+    of them it holds can never be restored; both retired."""
+    retire_newer(self.fast.store, step)
+    drop_copies_after(self.fast.store, step)
 
 
 def _record(

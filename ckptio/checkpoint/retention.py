@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -33,6 +34,8 @@ from ckptio.lease import (
 )
 from ckptio.store import Store, is_key
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "StepInfo",
     "collect_garbage",
@@ -40,6 +43,7 @@ __all__ = [
     "doomed_steps",
     "list_steps",
     "retain",
+    "retire_newer",
 ]
 
 
@@ -137,6 +141,26 @@ def retain(
     for s in doomed(steps, newest) if doomed else doomed_steps(steps, newest, keep_last):
         retire(store, s)
     return _sweep(store, before_step=newest, grace=grace, temp_min_age=TEMP_MIN_AGE_SECONDS)
+
+
+def retire_newer(store: Store, step: int, *, keep: Iterable[int] = ()) -> list[int]:
+    """After a resume restored ``step`` as the newest step complete for every rank, the
+    committed steps newer than it on this fast root (``keep`` aside) belong to a step some
+    rank's data of which is gone everywhere (a node lost before the step was drained or
+    copied): retired, with a warning each, so that the resumed run saves those step numbers
+    afresh instead of finding them taken. Returns the steps retired."""
+    keep = set(keep)
+    gone = [s for s in committed_steps(store) if s > step and s not in keep]
+    for s in gone:
+        log.warning(
+            "step %d on %s is not complete anywhere for every rank (a node was lost before "
+            "it was drained or copied): retired; the run resumes from step %d",
+            s,
+            store.url,
+            step,
+        )
+        retire(store, s)
+    return gone
 
 
 def delete_step(store: Store, step: int) -> None:

@@ -104,6 +104,7 @@ from ckptio.checkpoint.peers import (
     wire,
 )
 from ckptio.checkpoint.read import RELISTS, CheckpointReader, committed_steps, read_manifest
+from ckptio.checkpoint.retention import retire_newer
 from ckptio.dist import Communicator, SingleProcess, detect
 from ckptio.lease import SaveLease
 from ckptio.registry import location, open_store
@@ -793,12 +794,43 @@ class TieredCheckpointer(Lifetime):
             errs = self.comm.gather(error, root=0)
             failed = self.comm.bcast(None if errs is None else [e for e in errs if e], root=0)
             if not failed:
+                if step is None:
+                    self._retire_orphans(s, skip)
                 return state
             log.warning(
                 "restoring step %d failed (%s); trying the next older one", s, "; ".join(failed)
             )
             skip.add(s)
         raise errors.NotFoundError(f"restoring failed {RELISTS} times; the last tried: step {s}")
+
+    def _retire_orphans(self, step: int, failed: set[int]) -> None:
+        """After a restore of the newest step complete for every rank (``step``): the newer
+        steps on this rank's fast root that the durable tier does not have either are some
+        lost node's unfinished business and can never be restored; retired
+        (:func:`~ckptio.checkpoint.retention.retire_newer`), so that the resumed run can save
+        those step numbers. Kept: the steps that were whole but ``failed`` to read (a failing
+        disk may come back), a step whose drain is in flight, and everything while the
+        durable tier cannot be listed (a newer step may be whole there). A failure here is
+        logged, never the restore's."""
+        fast = self.fast.store
+        try:
+            if not [s for s in committed_steps(fast) if s > step]:
+                return
+            keep = set(committed_steps(self.store)) | failed
+            with self._lock:
+                keep.update(j.step for j in self._drains)
+            retire_newer(fast, step, keep=keep)
+        except _CALLERS_FAULT:
+            raise
+        except Exception as err:
+            log.warning(
+                "the steps newer than step %d on %s were not retired (%s: %s); a save of "
+                "those step numbers will find them taken",
+                step,
+                fast.url,
+                type(err).__name__,
+                err,
+            )
 
     def _read(
         self,

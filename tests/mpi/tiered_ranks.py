@@ -1,6 +1,8 @@
 """Run under mpiexec: ``save DURABLE LOCAL [async]`` (steps 1..4 on the fast tier, every 2nd
-drained) or ``load DURABLE LOCAL STEP`` (every rank restores its own rows and the replicated
-tensor, and checks them and the step). LOCAL may hold ``{rank}`` (a fast root per rank)."""
+drained), ``load DURABLE LOCAL STEP`` (every rank restores its own rows and the replicated
+tensor, and checks them and the step) or ``resume DURABLE LOCAL STEP`` (load as ``load``
+does, then save the next step with new contents, as a resumed run does, and load that).
+LOCAL may hold ``{rank}`` (a fast root per rank)."""
 
 import json
 import sys
@@ -46,13 +48,24 @@ def main() -> None:
             print(json.dumps({"rank": comm.rank, **ck.tiers()}), flush=True)
             return
         expect = int(sys.argv[4])
-        lo, hi = comm.rank * ROWS // comm.size, (comm.rank + 1) * ROWS // comm.size
-        got = ck.load(select={"model/w": np.s_[lo:hi]})
-        want = state(expect, comm.rank, comm.size)
-        assert got["step"] == expect, (got["step"], expect)
-        assert np.array_equal(got["model"]["w"], want["model"]["w"].array)
-        assert np.array_equal(got["model"]["bias"], want["model"]["bias"])
+        check(ck, expect, state(expect, comm.rank, comm.size))
         print(f"rank {comm.rank} restored step {expect} OK", flush=True)
+        if mode == "resume":
+            new = state(expect + 100, comm.rank, comm.size)
+            new["step"] = expect + 1
+            ck.save(new, expect + 1)
+            ck.wait()
+            check(ck, expect + 1, new)
+            print(f"rank {comm.rank} resumed and saved step {expect + 1} OK", flush=True)
+
+
+def check(ck: ckptio.Checkpointer, expect: int, want: dict) -> None:
+    rank, size = ck.comm.rank, ck.comm.size
+    lo, hi = rank * ROWS // size, (rank + 1) * ROWS // size
+    got = ck.load(select={"model/w": np.s_[lo:hi]})
+    assert got["step"] == expect, (got["step"], expect)
+    assert np.array_equal(got["model"]["w"], want["model"]["w"].array)
+    assert np.array_equal(got["model"]["bias"], want["model"]["bias"])
 
 
 if __name__ == "__main__":
