@@ -133,7 +133,7 @@ def test_two_mpi_ranks_emulated_fast_tier(tmp_path: Path) -> None:
         (["--local", "{tmp}/fast", "--gpus", "16", "--zero", "0", "--ranks", "2"], "at most 1"),
         (["--local", "{tmp}/fast", "--replicas", "1"], "needs --local with {rank}"),
         (["--replicas", "1"], "needs --local with {rank}"),
-        (["--local", "{tmp}/fast-{rank}", "--replicas", "-1"], "--replicas must be >= 0"),
+        (["--local", "{tmp}/fast-{rank}", "--replicas", "-1"], "--replicas"),
         (["--local", "{tmp}/fast-{rank}", "--replicas", "1", "--ranks", "2"], "other nodes"),
     ],
 )

@@ -27,6 +27,7 @@ from ckptio.units import (
     MAX_ITERATIONS,
     MAX_LOCAL_PROCESSES,
     MAX_MODEL_DIMENSION,
+    MAX_PEERS,
     MAX_SCALE,
     parse_count,
     parse_size,
@@ -262,7 +263,7 @@ def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
         t.add_argument(
             "--replicas",
             metavar="K",
-            type=int,
+            type=count_arg(0, MAX_PEERS),
             default=0,
             help="copy each rank's fast-tier step to K other nodes' fast tiers (needs {rank} in "
             "--local and ranks on more than K nodes, under mpiexec/srun/torchrun); adds the "
@@ -358,8 +359,6 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
     if not sweep_mode and args.emulate_local and not local:
         raise errors.InvalidArgumentError("--emulate-local needs --local URL (the fast tier)")
     replicas = 0 if sweep_mode else args.replicas
-    if replicas < 0:
-        raise errors.InvalidArgumentError(f"--replicas must be >= 0, got {replicas}")
     if replicas and (not local or "{rank}" not in local):
         raise errors.InvalidArgumentError(
             "--replicas copies each rank's fast-tier step to other nodes: it needs --local "
