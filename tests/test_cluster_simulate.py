@@ -1,16 +1,24 @@
 """Check 2 of the simulation (:mod:`ckptio.simulate`) on the namespace cluster: storage
 descriptions fitted from runs on ONE node (``ckptio simulate --from``: per-stream bandwidth,
 the node's link, request latencies resampled from the recorded requests) and, for a job of
-n nodes, a probe of the storage's aggregate from that one node with the job's processes
-(:func:`ckptio.simulate.fit_storage`'s ``aggregate``) replay the same job on 2 and 3 nodes,
-against what ``ckptio run`` measures there on RGW, CephFS and GlusterFS.
+n nodes, a probe of the storage from that one node with the job's processes
+(:func:`ckptio.simulate.fit_storage`'s ``aggregate``: the aggregate, and the write requests
+as the storage answers the job's concurrency) replay the same job on 2 and 3 nodes, against
+what ``ckptio run`` measures there on RGW, CephFS and GlusterFS.
 
-The same workload as ``benchmarks/cluster.py`` (llama3-8b, 12 logical ranks, 2 processes per
-node under srun, :func:`~ckptio.testing.cluster.suite.run_suite`), smaller: 15 runs, 4 to 6
-minutes on the project's 2-core machine under load. The measured side is the report's (:func:`ckptio.pernode.scaling_rows`:
-the steady iterations' write throughput, warm-ups left out as the fit leaves them out); the
-simulated side is the p50 save of the job :meth:`ckptio.simulate.Job.for_run` builds from the
-run's processes, streams and in-flight objects.
+The workload of ``benchmarks/cluster.py`` (llama3-8b, 12 logical ranks, 2 processes per
+node under srun, :func:`~ckptio.testing.cluster.suite.run_suite`): 192 MiB a checkpoint, so
+that a steady iteration takes about a second and the fixed costs of a save (its lease, its
+commit, a process's first request) do not dominate it; the write only (``--no-read``: the
+check is about the save). Every run twice, the second time in the reverse order (30 runs, 5
+to 8 minutes on the project's 2-core machine under load): two runs of one shape minutes
+apart land up to 50% apart on this shared machine, and the mirrored order lets a drift of
+its load fall alike on the fit, the probes and the jobs, whose iterations are pooled.
+
+The measured side is the steady iterations' mean write time (warm-ups left out as the fit
+leaves them out: :func:`ckptio.calibration.warmups`); the simulated side is the p50 save of
+the job :meth:`ckptio.simulate.Job.for_run` builds from the run's processes, streams and
+in-flight objects.
 """
 
 from __future__ import annotations
@@ -35,8 +43,12 @@ NODES = (1, 2, 3)
 PROBES = (2, 3)
 """Node counts whose processes also run on ONE node: the probe of the aggregate."""
 PER_NODE = 2
-WORKLOAD = {"preset": "llama3-8b", "gpus": 12, "total_size": "48MiB"}
+WORKLOAD = {"preset": "llama3-8b", "gpus": 12, "total_size": "192MiB"}
 ITERATIONS = 4
+REPEATS = 2
+"""Each run this many times, in mirrored order (:func:`run_suite`'s ``repeats``)."""
+OPTIONS = ("--no-read", "--keep", "none")
+"""The write only; nothing left on the targets (Ceph's OSD keeps its objects in memory)."""
 WITHIN = 0.20
 """The issue's bound: simulated within 20% of measured."""
 
@@ -45,8 +57,8 @@ WITHIN = 0.20
 def measured(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``ckptio run`` of the workload on 1, 2 and 3 nodes to each target, and the probes of
     each target's aggregate from one node with the processes of 2 and 3
-    (:func:`~ckptio.testing.cluster.suite.run_suite`): each run's results in its own
-    directory."""
+    (:func:`~ckptio.testing.cluster.suite.run_suite`), :data:`REPEATS` times in mirrored
+    order: each shape's results in its own directory."""
     out = tmp_path_factory.mktemp("simcheck")
     run_suite(
         cluster,
@@ -58,14 +70,16 @@ def measured(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Path
         gpus=WORKLOAD["gpus"],
         preset=WORKLOAD["preset"],
         iterations=ITERATIONS,
+        repeats=REPEATS,
+        options=OPTIONS,
     )
     return out
 
 
-def steady_seconds(res: Any, target: str, nodes: int) -> list[float]:
-    """The write seconds of each steady iteration of ``target`` on ``nodes`` nodes: a run's
-    first iteration is left out where it is a warm-up (:func:`ckptio.calibration.warmups`),
-    as the fit leaves it out."""
+def steady_seconds(res: Any, target: str, nodes: int) -> dict[str, list[float]]:
+    """Per run of ``target`` on ``nodes`` nodes, the write seconds of each steady iteration:
+    a run's first iteration is left out where it is a warm-up
+    (:func:`ckptio.calibration.warmups`), as the fit leaves it out."""
     from ckptio.calibration import read_rounds, warmups
 
     runs = [r for r in res.runs.to_pylist() if r["target"] == target and int(r["nodes"]) == nodes]
@@ -73,7 +87,15 @@ def steady_seconds(res: Any, target: str, nodes: int) -> list[float]:
     requests = [q for q in res.requests.to_pylist() if q["run_id"] in ids]
     phases = [p for p in res.phases.to_pylist() if p["run_id"] in ids]
     warm = {(w.run_id, w.iteration) for w in warmups(read_rounds(requests, runs, phases))}
-    return [float(r["write_seconds"]) for r in runs if (r["run_id"], r["iteration"]) not in warm]
+    out: dict[str, list[float]] = {}
+    for r in runs:
+        if (r["run_id"], r["iteration"]) not in warm:
+            out.setdefault(r["run_id"], []).append(float(r["write_seconds"]))
+    return out
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values)
 
 
 def comparison(out: Path) -> list[dict[str, Any]]:
@@ -107,11 +129,13 @@ def comparison(out: Path) -> list[dict[str, Any]]:
             assert job.nodes == n
             s = sim.simulate(job, storage, phases=["save"], replications=5, seed=n)
             save = s.phases["save"].summary()
-            seconds = steady_seconds(res, target, n)
-            measured = sum(seconds) / len(seconds)
+            per_run = steady_seconds(res, target, n)
+            assert len(per_run) == REPEATS, per_run
+            seconds = [x for run_seconds in per_run.values() for x in run_seconds]
+            measured = mean(seconds)
             # the probe as a measurement of the same processes: how far apart two runs of one
             # shape land on this machine (the floor under any prediction's miss)
-            probed = steady_seconds(read_results(probe), target, 1) if probe else seconds
+            probed = steady_seconds(read_results(probe), target, 1) if probe else per_run
             rows.append(
                 {
                     "target": target,
@@ -119,7 +143,9 @@ def comparison(out: Path) -> list[dict[str, Any]]:
                     "iterations": len(seconds),
                     "measured_GBps": gb / measured,
                     "measured_range": (gb / max(seconds), gb / min(seconds)),
-                    "probe_GBps": gb / (sum(probed) / len(probed)),
+                    "measured_runs": [gb / mean(v) for v in per_run.values()],
+                    "probe_GBps": gb / mean([x for v in probed.values() for x in v]),
+                    "probe_runs": [gb / mean(v) for v in probed.values()],
                     "aggregate_GBps": storage.profile.value("aggregate_bandwidth") / 1e9,
                     "simulated_GBps": gb / save["p50_seconds"],
                     "modelled_GBps": scaling[n]["predicted_GBps"],
@@ -131,17 +157,22 @@ def comparison(out: Path) -> list[dict[str, Any]]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    def runs(values: list[float]) -> str:
+        return "/".join(f"{v:.3f}" for v in values)
+
     lines = [
-        "target     nodes  measured GB/s (range, steady iterations)  probe GB/s  aggregate  "
-        "simulated  modelled  measured/simulated - 1  bound by (simulated)"
+        "target     nodes  measured GB/s (steady iterations: range, n; each run)  "
+        "probe GB/s (each run)  aggregate  simulated  modelled  measured/simulated - 1  "
+        "bound by (simulated)"
     ]
     for r in rows:
         lo, hi = r["measured_range"]
+        probe = f"{r['probe_GBps']:.3f} ({runs(r['probe_runs'])})" if r["nodes"] > 1 else "-"
         lines.append(
             f"{r['target']:<10} {r['nodes']:>5}  {r['measured_GBps']:.3f} ({lo:.3f}-{hi:.3f}, "
-            f"{r['iterations']}){'':>15} {r['probe_GBps']:.3f}       {r['aggregate_GBps']:.3f}"
-            f"      {r['simulated_GBps']:.3f}      {r['modelled_GBps']:.3f}"
-            f"     {r['difference']:+.0%}{'':>14}{r['bound_by']}"
+            f"{r['iterations']}; {runs(r['measured_runs'])}){'':>6} {probe:<22} "
+            f"{r['aggregate_GBps']:.3f}      {r['simulated_GBps']:.3f}      "
+            f"{r['modelled_GBps']:.3f}     {r['difference']:+.0%}{'':>14}{r['bound_by']}"
         )
     return "\n".join(lines)
 
@@ -153,14 +184,6 @@ def rows(measured: Path) -> list[dict[str, Any]]:
     return rows
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason=(
-        "a timing on 2 shared cores: one run in three misses by 20-60% here (RGW +29% in CI, "
-        "GlusterFS +61% in a helper's run) while the other two agree within 20%; "
-        "docs/simulate.md has the misses"
-    ),
-)
 def test_the_simulation_fitted_on_one_node_reproduces_that_node(rows: list[dict[str, Any]]) -> None:
     """The fit and the replay agree with the run they came from: request latencies resampled
     from its requests, its streams and its node link give back its throughput."""
@@ -168,20 +191,47 @@ def test_the_simulation_fitted_on_one_node_reproduces_that_node(rows: list[dict[
         assert abs(r["difference"]) <= WITHIN, table(rows)
 
 
-@pytest.mark.xfail(
-    strict=True,
+def spread(per_run: list[float]) -> float:
+    """How far apart the runs of one shape landed: the fastest over the slowest, less 1."""
+    return max(per_run) / min(per_run) - 1
+
+
+ONE_CLIENT_PER_NODE = pytest.mark.xfail(
+    strict=False,
     reason=(
-        "On one machine the cluster's nodes are namespaces sharing its 2 cores (and, here, "
-        "other work's load), one Ceph OSD and the GlusterFS bricks on its disk. The probe of "
-        "the aggregate gives the fit the limit they share, but two runs of the same processes "
-        "(the probe on one node, the job on n) land up to 50% apart on this loaded machine, "
-        "more than the 20% bound: docs/simulate.md has the misses. XPASS (strict) fails: "
-        "where it passes (a quiet machine, or nodes of their own), delete this mark."
+        "a mechanism the one-node fit cannot see: on 2 nodes the job has 2 GlusterFS (FUSE) "
+        "clients where the probe on one node has one, and in 1 session of 6 (2026-12-05) "
+        "both repeated within 15% yet the job wrote 26% faster than its probe (simulated "
+        "+22%); docs/simulate.md"
     ),
 )
+
+
+@pytest.mark.parametrize(
+    ("target", "nodes"),
+    [
+        pytest.param(t, n, marks=ONE_CLIENT_PER_NODE) if (t, n) == ("glusterfs", 2) else (t, n)
+        for n in PROBES
+        for t in TARGETS
+    ],
+)
 def test_the_simulation_fitted_on_one_node_predicts_two_and_three(
-    rows: list[dict[str, Any]],
+    rows: list[dict[str, Any]], target: str, nodes: int
 ) -> None:
-    """The issue's check 2: within 20% of the measured write at 2 and 3 nodes."""
-    for r in (r for r in rows if r["nodes"] > 1):
-        assert abs(r["difference"]) <= WITHIN, table(rows)
+    """The issue's check 2: within 20% of the measured write at 2 and 3 nodes.
+
+    Decided only where the measurement is repeatable within that bound: where the two runs
+    of the job, or of the probe the prediction rests on, landed more than 20% apart (the
+    machine's load moved between them: other work beside it), neither side is known to
+    within the bound, and the check skips, saying so with the figures, instead of passing or
+    failing on that run's noise. It still fails on any repeatable miss."""
+    (r,) = [r for r in rows if r["target"] == target and r["nodes"] == nodes]
+    apart = {"job": spread(r["measured_runs"]), "probe": spread(r["probe_runs"])}
+    if max(apart.values()) > WITHIN:
+        pytest.skip(
+            f"{target} on {nodes} nodes: not decidable in this session: the two runs of the "
+            + " and of the ".join(f"{k} landed {v:.0%} apart" for k, v in apart.items())
+            + f" (more than the {WITHIN:.0%} bound; the prediction missed by "
+            f"{r['difference']:+.0%})\n{table(rows)}"
+        )
+    assert abs(r["difference"]) <= WITHIN, table(rows)

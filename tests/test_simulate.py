@@ -407,6 +407,35 @@ def test_storage_fitted_from_a_measured_run(tmp_path: Path) -> None:
         sim.fit_storage([str(tmp_path / "out")], target="nosuch")
 
 
+def test_a_probe_gives_the_aggregate_and_the_write_requests(tmp_path: Path) -> None:
+    """``fit_storage(paths, aggregate=PROBE)``: the probe (the job's streams from one node)
+    gives the aggregate and the write side's requests, as the storage answered them; the
+    one-node run keeps the node's link and the read side."""
+    from ckptio.dist import SingleProcess
+    from ckptio.runner import RunSettings, run_workload
+
+    for name, total in (("node", "8MiB"), ("probe", "16MiB")):
+        plan = make_plan("llama3-8b", total_size=total, object_size="1MiB")
+        run_workload(
+            f"file://{tmp_path}/{name}-target",
+            plan,
+            RunSettings(out_dir=tmp_path / name, iterations=3, label="pfs"),
+            SingleProcess(),
+        )
+    (node,) = sim.fit_storage([str(tmp_path / "node")])
+    (fitted,) = sim.fit_storage([str(tmp_path / "node")], aggregate=[str(tmp_path / "probe")])
+    (probe,) = sim.fit_storage([str(tmp_path / "probe")])
+    assert fitted.profile.aggregate_bandwidth == probe.profile.node_bandwidth
+    assert "probe" in fitted.profile.figures["aggregate_bandwidth"].source
+    assert fitted.profile.stream_bandwidth == probe.profile.stream_bandwidth
+    assert fitted.latency.samples == probe.latency.samples
+    assert fitted.object_metadata == probe.object_metadata and fitted.metadata == probe.metadata
+    assert fitted.profile.node_bandwidth == node.profile.node_bandwidth
+    assert fitted.read_latency == node.read_latency
+    with pytest.raises(InvalidArgumentError, match="aggregate bandwidth from"):
+        sim.fit_storage([str(tmp_path / "node")], aggregate=[str(tmp_path / "node-target")])
+
+
 def test_results_round_trip_and_the_report_section(tmp_path: Path, small: Job) -> None:
     from ckptio.report.simulated import build
 

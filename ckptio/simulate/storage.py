@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ckptio import errors
-from ckptio.profiles import Profile, load_profile
+from ckptio.profiles import Figure, Profile, load_profile
 from ckptio.store import DEFAULT_RETRY_POLICY, RetryPolicy
 from ckptio.units import human_seconds
 
@@ -330,12 +330,17 @@ def fit_storage(
     ``ckptio model --from`` (its ``metadata_latency`` the fitted request latency). ``target``
     keeps one measured target.
 
-    ``aggregate``: result files of a probe of the storage's aggregate, run from one node with
-    as many streams as the job to simulate will open (its processes and streams on one node,
-    as a site measures a storage's aggregate before it buys a second node): its steady data
-    throughput becomes the aggregate bandwidth every node shares. A probe from one node sees
-    at most that node's path: where the storage's aggregate is larger, the probe's figure is a
-    lower bound and the simulation of many nodes is pessimistic."""
+    ``aggregate``: result files of a probe of the storage, run from one node with the
+    processes, and so the streams, of the job to simulate (as a site measures a storage
+    before it buys a second node). Its steady data throughput becomes the aggregate
+    bandwidth every node shares, and the write side's requests are fitted from its requests
+    instead of ``paths``' (per-stream bandwidth, data latencies, each object's metadata, the
+    commit's): what the storage answers to the job's concurrency, which one node's own
+    processes do not reach (a GlusterFS create took 5 ms with 2 writers and 33 ms with 6 on
+    the namespace cluster, ``docs/simulate.md``). ``paths`` still give the node's link and the
+    read side. A probe from one node sees at most that node's path, and its requests carry
+    that node's client load: where the storage's aggregate is larger, or the node's client
+    the limit, the simulation of many nodes is pessimistic."""
     from ckptio.calibration import fit_targets
     from ckptio.results import read_results
 
@@ -348,56 +353,77 @@ def fit_storage(
             f"no measured write requests{f' of {target!r}' if target else ''} in "
             f"{', '.join(map(str, paths))} to fit a storage description from"
         )
-    probes = _aggregate_probes(aggregate) if aggregate else {}
+    probes: dict[str, Any] = {}
+    probe_requests: list[dict[str, Any]] = []
+    if aggregate:
+        pres = read_results(list(aggregate))
+        probes = {
+            f.target: f
+            for f in fit_targets(pres.requests, pres.runs, pres.phases)
+            if f.pooled is not None
+        }
+        probe_requests = pres.requests.to_pylist()
     requests = res.requests.to_pylist()
     out = []
     for fit in fits:
         assert fit.pooled is not None
         cal = fit.pooled
         profile = cal.as_profile()
+        writes_from, write_requests = fit, requests
         if aggregate:
             if cal.target not in probes:
                 raise errors.InvalidArgumentError(
                     f"no measured write requests of {cal.target!r} in "
                     f"{', '.join(map(str, aggregate))} to fit its aggregate bandwidth from"
                 )
+            writes_from, write_requests = probes[cal.target], probe_requests
+            probe = writes_from.pooled
+            where = (
+                f"a probe run from one node with the job's streams ({probe.requests} requests, "
+                f"{probe.rounds} round(s); {', '.join(map(str, aggregate))})"
+            )
+            fitted = probe.as_profile().figures
             profile = replace(
                 profile,
-                figures={**profile.figures, "aggregate_bandwidth": probes[cal.target]},
+                figures={
+                    **profile.figures,
+                    **{k: fitted[k] for k in ("request_latency", "stream_bandwidth")},
+                    "metadata_latency": fitted["metadata_latency"],
+                    "aggregate_bandwidth": Figure(
+                        probe.aggregate_bandwidth, f"the steady data throughput of {where}"
+                    ),
+                },
             )
-        steady = {(rd.run_id, rd.iteration) for rd in fit.used}
-        mine = [
-            r
-            for r in requests
-            if r["target"] == cal.target
-            and r["outcome"] == "ok"
-            and (r["run_id"], r["iteration"]) in steady
-        ]
+        write_side = _steady_requests(writes_from, write_requests)
+        read_side = _steady_requests(fit, requests)
+        rounds = f"{len(writes_from.used)} steady round(s)"
         writes = [
             r
-            for r in mine
+            for r in write_side
             if r["phase"] == "write" and r["op"] in ("write", "put") and r["nbytes"] > 0
         ]
-        reads = [r for r in mine if r["phase"] == "read" and r["op"] == "get" and r["nbytes"] > 0]
-        rounds = f"{len(steady)} steady round(s)"
+        reads = [
+            r for r in read_side if r["phase"] == "read" and r["op"] == "get" and r["nbytes"] > 0
+        ]
         src = f"resampled from {len(writes)} measured requests of {cal.target}, {rounds}"
         lat = _empirical(_residuals(writes, profile.stream_bandwidth), src)
         read_lat = (
             _empirical(
                 _residuals(reads, profile.side("stream_bandwidth", read=True)),
-                f"resampled from {len(reads)} measured reads of {cal.target}, {rounds}",
+                f"resampled from {len(reads)} measured reads of {cal.target}, "
+                f"{len(fit.used)} steady round(s)",
             )
             if reads
             else lat
         )
         step_meta = _bounded(
             r["seconds"]
-            for r in mine
+            for r in write_side
             if r["phase"] == "write"
             and "data/" not in (r["key"] or "")
             and r["op"] not in DATA_OPS[2:]
         )
-        measured_meta = _metadata([r for r in mine if r["phase"] == "write"])
+        measured_meta = _metadata([r for r in write_side if r["phase"] == "write"])
         object_metadata = (
             _empirical(
                 measured_meta,
@@ -420,28 +446,19 @@ def fit_storage(
                 if step_meta
                 else lat.scaled(profile.value("metadata_latency")),
                 object_metadata=object_metadata,
-                fitted_from=", ".join(map(str, paths)),
+                fitted_from=", ".join(map(str, [*paths, *aggregate])),
             )
         )
     return out
 
 
-def _aggregate_probes(paths: Sequence[str]) -> dict[str, Any]:
-    """Per target, the aggregate bandwidth a probe's runs measured (:func:`fit_storage`'s
-    ``aggregate``): the steady data throughput of their node, as a :class:`Figure`."""
-    from ckptio.calibration import fit_targets
-    from ckptio.profiles import Figure
-    from ckptio.results import read_results
-
-    res = read_results(list(paths))
-    out = {}
-    for fit in fit_targets(res.requests, res.runs, res.phases):
-        cal = fit.pooled
-        if cal is None:
-            continue
-        out[cal.target] = Figure(
-            cal.aggregate_bandwidth,
-            f"the steady data throughput of a probe run from one node ({cal.requests} "
-            f"requests, {cal.rounds} round(s); {', '.join(map(str, paths))})",
-        )
-    return out
+def _steady_requests(fit: Any, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The successful requests of ``fit``'s target in its steady rounds (warm-ups left out)."""
+    steady = {(rd.run_id, rd.iteration) for rd in fit.used}
+    return [
+        r
+        for r in requests
+        if r["target"] == fit.target
+        and r["outcome"] == "ok"
+        and (r["run_id"], r["iteration"]) in steady
+    ]
