@@ -7,6 +7,7 @@ serve."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -61,7 +62,9 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
     comm, fast = self.comm, self.fast.store
     skip: set[int] = set()
     bad: set[tuple[int, int, int]] = set()
+    spent = {"plan": 0.0, "transfer": 0.0, "read": 0.0}
     for _ in range(2 * RELISTS):
+        t0 = time.perf_counter()
         with ThreadPoolExecutor(1, thread_name_prefix="ckptio-restore") as ex:
             listing = ex.submit(committed_steps, self.store)
             mine = _holdings(self, step)
@@ -114,6 +117,8 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
                 bad,
             )
         plan = comm.bcast(plan, root=0)
+        t1 = time.perf_counter()
+        spent["plan"] += t1 - t0
         if plan is None:  # some object survives nowhere after all: an older step
             skip.add(s)
             continue
@@ -122,6 +127,8 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
         )
         fails = comm.gather(failed, root=0)
         fails = comm.bcast(None if fails is None else [f for g in fails for f in g], root=0)
+        t2 = time.perf_counter()
+        spent["transfer"] += t2 - t1
         if fails:
             log.warning(
                 "restoring step %d: peer copies failed their checks (%s); planning again "
@@ -136,6 +143,7 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
         state, error = self._read(s, True, bool(pick["durable"]), select, into, used, unread)
         errs = comm.gather(error, root=0)
         failed_reads = comm.bcast(None if errs is None else [e for e in errs if e], root=0)
+        spent["read"] += time.perf_counter() - t2
         if failed_reads:
             log.warning(
                 "restoring step %d failed (%s); trying the next older one",
@@ -146,7 +154,11 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
             continue
         if step is None and not pick["down"]:
             _retire_newer(self, s)
+        # every rank holds it now (its fast root, or the durable tier): kept until a newer
+        # step's copies are complete on every partner
+        self._mark_replicated(s)
         self.last_restore = _record(self, s, manifest, plan, needed, present, received, used)
+        self.last_restore.seconds = spent
         self.last_restore.sources = [
             f"rank {r} ({self.ring.nodes[self.ring.where(r)[0]]})" if self.ring else str(r)
             for r in sorted(set(senders))
