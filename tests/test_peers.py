@@ -118,6 +118,23 @@ def test_a_damaged_peer_copy_is_detected_and_skipped(tmp_path: Path) -> None:
     assert "CRC32C" in job.stderr and "failed their checks" in job.stderr
 
 
+def test_a_newer_step_that_fails_to_read_is_kept_not_retired(tmp_path: Path) -> None:
+    """Step 4 whole on every fast root but rank 0's read of it failing (a flipped byte in
+    its own object: the CRC32C check refuses it): the restore takes step 3, and step 4 stays
+    committed on rank 0's root and its copy on the partner (not some lost node's unfinished
+    step: a failing disk may come back, and nothing is retired that could still be read)."""
+    job = Job(tmp_path, k=1, nodes=2, n=4)
+    job.save()
+    data = next((job.root(0) / "step-0000000004/data").iterdir())
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    out = job.load()
+    assert {d["step"] for d in out.values()} == {3}
+    assert (job.root(0) / "step-0000000004/manifest.json").exists()
+    assert (job.root(2) / "peers/rank-00000/step-0000000004/peer-copy.json").exists()
+
+
 def test_another_job_s_copy_is_refused(tmp_path: Path) -> None:
     """A copy whose record names another job (its durable root) is never restored: refused
     with a warning naming that job; the restore takes the newest step that survives in this

@@ -19,7 +19,7 @@ from ckptio.checkpoint.peers import (
     RestoreRecord,
     assign,
     copy_record,
-    drop_copies_after,
+    drop_copies,
     held_copies,
     run_restore,
 )
@@ -61,6 +61,7 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
     :mod:`ckptio.checkpoint.peers`."""
     comm, fast = self.comm, self.fast.store
     skip: set[int] = set()
+    unreadable: set[int] = set()  # whole somewhere, but its read failed: never retired here
     bad: set[tuple[int, int, int]] = set()
     spent = {"plan": 0.0, "transfer": 0.0, "read": 0.0}
     for _ in range(2 * RELISTS):
@@ -151,9 +152,10 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
                 "; ".join(failed_reads),
             )
             skip.add(s)
+            unreadable.add(s)
             continue
         if step is None and not pick["down"]:
-            _retire_newer(self, s)
+            _retire_newer(self, s, unreadable)
         # every rank holds it now (its fast root, or the durable tier): kept until a newer
         # step's copies are complete on every partner
         self._mark_replicated(s)
@@ -175,12 +177,13 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
     raise errors.NotFoundError(f"restoring with peer copies failed {2 * RELISTS} times")
 
 
-def _retire_newer(self: TieredCheckpointer, step: int) -> None:
+def _retire_newer(self: TieredCheckpointer, step: int, unreadable: set[int]) -> None:
     """After restoring the newest step that survives (``step``): the steps newer than it on
     this rank's fast root (:func:`~ckptio.checkpoint.retention.retire_newer`) and the copies
-    of them it holds can never be restored; both retired."""
-    retire_newer(self.fast.store, step)
-    drop_copies_after(self.fast.store, step)
+    of them it holds can never be restored; both retired. Kept: the ``unreadable`` steps,
+    whole but failed to read (a failing disk may come back)."""
+    retire_newer(self.fast.store, step, keep=unreadable)
+    drop_copies(self.fast.store, lambda s: s > step and s not in unreadable)
 
 
 def _record(

@@ -79,7 +79,6 @@ __all__ = [
     "RestoreRecord",
     "copy_prefix",
     "drop_copies",
-    "drop_copies_after",
     "held_copies",
     "node_name",
     "replicate_step",
@@ -583,11 +582,6 @@ def retain_copies(store: Store, keep: int, safe: int | None, source: int | None 
         p = f"{base}{fmt.step_dir(s)}/"
         _discard(store, [p + COPY_DOC])
         _discard(store, [k for k in keys if k.startswith(p) and not k.endswith(COPY_DOC)])
-
-
-def drop_copies_after(store: Store, step: int) -> None:
-    """Remove the copies of steps newer than ``step`` on this fast root (record first)."""
-    drop_copies(store, lambda s: s > step)
 
 
 def drop_copies(store: Store, which: Callable[[int], bool]) -> None:
