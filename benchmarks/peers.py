@@ -11,8 +11,9 @@ random float32 per rank; a restore's time is the job's (a barrier before and aft
 killed, its local disk gone) and a replacement started with an empty disk; the durable case
 restores with ``replicas=0`` (the tiered engine reads the lost node's shards from the durable
 tier), the peer case with ``replicas=1`` (from the copies on the next node). Every restore is
-checked bit-identical, and its path per rank recorded. Measured on ONE machine: the nodes are
-namespaces sharing its cores, memory and the one Ceph OSD on its disk, and the machine is
+checked bit-identical, and its path per rank recorded, with where each rank's restore spent
+its time (:attr:`~ckptio.checkpoint.peers.RestoreRecord.seconds`: plan, transfer, read).
+Measured on ONE machine: the nodes are namespaces sharing its cores, memory and the one Ceph OSD on its disk, and the machine is
 shared with other work (its load average is recorded): the figures compare the paths under
 the same conditions, they are not a network's or a disk's speeds.
 
@@ -74,6 +75,7 @@ def worker(args: argparse.Namespace) -> None:
             out["identical"] = bool(np.array_equal(got["w"], box(args.steps, rank, n)))
             rec = ck.engine.last_restore
             out["path"] = rec.path if rec is not None else "local-or-durable"
+            out["stages"] = rec.seconds if rec is not None else {}  # plan, transfer, read
     os.write(1, (json.dumps(out) + "\n").encode())
 
 
@@ -113,6 +115,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         # fast tier on every node (nothing lost), then durable (node2 killed again)
         cases: dict[str, list[float]] = {"peer": [], "own_fast_tier": [], "durable": []}
         paths: dict[str, list[dict[int, str]]] = {c: [] for c in cases}
+        stages: dict[str, list[dict[int, dict[str, float]]]] = {c: [] for c in cases}
         for _ in range(args.repeat):
             for case in cases:
                 if case != "own_fast_tier":
@@ -123,8 +126,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 assert all(r["identical"] for r in rows), rows
                 cases[case].append(max(r["seconds"] for r in rows))
                 paths[case].append({r["rank"]: r["path"] for r in rows})
+                stages[case].append({r["rank"]: r["stages"] for r in rows})
         out["restore_seconds"] = {c: spread(v) for c, v in cases.items()}
         out["restore_paths"] = paths
+        out["restore_stages"] = stages  # per rank: seconds in plan, transfer, read
         out["load_after"] = os.getloadavg()
         return out
     finally:

@@ -13,7 +13,9 @@ with the training code's own collectives.
 from __future__ import annotations
 
 import os
-from typing import Any, Protocol, runtime_checkable
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ckptio import errors
 
@@ -24,6 +26,7 @@ __all__ = [
     "RankFailedError",
     "SingleProcess",
     "detect",
+    "poll",
     "run_local",
     "shutdown",
     "torch_communicator",
@@ -72,8 +75,32 @@ class SingleProcess:
         return "SingleProcess()"
 
 
+T = TypeVar("T")
+
+POLL_MIN, POLL_MAX = 20e-6, 1e-3
+"""The sleeps of :func:`poll`: from 20 us, doubling, up to 1 ms."""
+
+
+def poll(ready: Callable[[], T]) -> T:
+    """Call ``ready`` until it returns something truthy (an MPI request's ``Test``, a matched
+    probe), sleeping between tries, from :data:`POLL_MIN` doubling up to :data:`POLL_MAX`;
+    returns that. Written for MPI waits: Open MPI's blocking calls spin a core while they
+    wait, and on a node whose cores are busy (training, other ranks) the waiting rank takes
+    CPU from the one it waits for. A wait ends at most about a millisecond after its event;
+    measured on this project's 2-core VM under load: ``benchmarks/README.md`` (peer
+    transport)."""
+    pause = POLL_MIN
+    while not (got := ready()):
+        time.sleep(pause)
+        pause = min(2 * pause, POLL_MAX)
+    return got
+
+
 class MPICommunicator:
-    """An mpi4py communicator (``MPI.COMM_WORLD`` by default)."""
+    """An mpi4py communicator (``MPI.COMM_WORLD`` by default). Its collectives are MPI's
+    non-blocking ones (``Igatherv``, ``Ibcast``, ``Ibarrier``) waited for by :func:`poll`, so
+    a rank waiting for the others in a commit or a restore's planning leaves the CPU to them;
+    objects travel pickled by mpi4py's own pickler, as its ``gather``/``bcast`` do."""
 
     def __init__(self, comm: Any = None) -> None:
         try:
@@ -82,18 +109,44 @@ class MPICommunicator:
             raise errors.BackendUnavailableError(
                 "MPI ranks need mpi4py and an MPI library; pip install 'ckptio[mpi]'"
             ) from err
+        self._MPI = MPI
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.rank = int(self.comm.Get_rank())
         self.size = int(self.comm.Get_size())
 
     def barrier(self) -> None:
-        self.comm.Barrier()
+        poll(self.comm.Ibarrier().Test)
 
     def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
-        return self.comm.gather(obj, root=root)  # type: ignore[no-any-return]
+        from array import array
+
+        MPI = self._MPI
+        data = MPI.pickle.dumps(obj)
+        sizes = array("q", bytes(8 * self.size)) if self.rank == root else None
+        mine = array("q", [len(data)])
+        into = None if sizes is None else [sizes, MPI.INT64_T]
+        poll(self.comm.Igather([mine, MPI.INT64_T], into, root).Test)
+        if sizes is None:
+            poll(self.comm.Igatherv([data, MPI.BYTE], None, root).Test)
+            return None
+        counts = list(sizes)
+        displs = [sum(counts[:r]) for r in range(self.size)]
+        buf = bytearray(sum(counts))
+        recv = [buf, (counts, displs), MPI.BYTE]
+        poll(self.comm.Igatherv([data, MPI.BYTE], recv, root).Test)
+        view = memoryview(buf)
+        return [MPI.pickle.loads(view[d : d + c]) for d, c in zip(displs, counts, strict=True)]
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
-        return self.comm.bcast(obj, root=root)
+        from array import array
+
+        MPI = self._MPI
+        data = MPI.pickle.dumps(obj) if self.rank == root else b""
+        size = array("q", [len(data)])
+        poll(self.comm.Ibcast([size, MPI.INT64_T], root).Test)
+        buf = bytearray(data) if self.rank == root else bytearray(size[0])
+        poll(self.comm.Ibcast([buf, MPI.BYTE], root).Test)
+        return obj if self.rank == root else MPI.pickle.loads(buf)
 
     def dup(self) -> MPICommunicator:
         return MPICommunicator(self.comm.Dup())

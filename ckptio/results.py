@@ -100,10 +100,16 @@ PHASE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("end", "float64"),
     ("cache", "string"),
     ("host", "string"),
+    ("restore_path", "string"),
+    ("peer_bytes", "int64"),
+    ("durable_bytes", "int64"),
 )
 """One phase of one rank in one iteration: generate, write, flush, commit, read, verify.
 ``cache`` says how the read phase bypassed the page cache (o_direct, fadvise, drop_caches,
-none) and is ``n/a`` elsewhere; ``host``: the hostname of the rank's node."""
+none) and is ``n/a`` elsewhere; ``host``: the hostname of the rank's node. A restore of a
+tiered run with peer copies (``ckptio run --local --replicas``) records where the rank's
+restore read its own shard from (``restore_path``: ``local``, ``peer`` or ``durable``) and
+the bytes it took from peers and from the durable tier; ``n/a`` and 0 elsewhere."""
 
 RUN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("run_id", "string"),
@@ -180,6 +186,7 @@ UNITS: dict[str, str] = {
             "key_layout",
             "readers",
             "host",
+            "restore_path",
         ),
         "text",
     ),
@@ -196,7 +203,16 @@ UNITS: dict[str, str] = {
     "thread": "thread id",
     # sizes, times, rates
     **dict.fromkeys(
-        ("nbytes", "bytes", "checkpoint_bytes", "part_size", "sweep_part_size"), "bytes"
+        (
+            "nbytes",
+            "bytes",
+            "checkpoint_bytes",
+            "part_size",
+            "sweep_part_size",
+            "peer_bytes",
+            "durable_bytes",
+        ),
+        "bytes",
     ),
     **dict.fromkeys(("seconds", "write_seconds", "read_seconds"), "seconds"),
     **dict.fromkeys(("start", "end"), "Unix seconds (UTC)"),
@@ -243,12 +259,13 @@ rename (``*_gbps`` read as gigabits; the values were always 1e9 bytes/s)."""
 
 ADDED_COLUMNS: dict[str, dict[str, Any]] = {
     "run": {"layout": "file-per-shard", "nodes": 0},
-    "phases": {"host": ""},
+    "phases": {"host": "", "restore_path": "n/a", "peer_bytes": 0, "durable_bytes": 0},
     "requests": {"host": ""},
 }
 """Columns added to a table after result files were first written, with the value that
 files written before them imply (the runner wrote only file-per-shard checkpoints before
-it had a layout; a host and a node count were not recorded: empty, 0); :func:`read_results`
+it had a layout; a host and a node count were not recorded: empty, 0; no restore read from
+peers before peer copies: ``n/a``, 0); :func:`read_results`
 fills them in, so old files stay readable."""
 
 SIMULATED_COLUMNS: tuple[tuple[str, str], ...] = (

@@ -282,9 +282,8 @@ PHASES = ("write", "read", "restore")
 #: Objects a rank's restore reads at once: :class:`ckptio.checkpoint.CheckpointReader`'s
 #: default ``readers``.
 RESTORE_READERS = 8
-#: Metadata operations in series before a restore reads data: list the steps, before the
-#: manifest's one GET (:func:`ckptio.checkpoint.read.read_manifest`; until 2026-12-05 its
-#: size was taken twice first).
+#: Metadata operations in series before a restore reads data: listing the steps, before the
+#: manifest's one read (:func:`ckptio.checkpoint.read.read_manifest`).
 RESTORE_PREAMBLE_OPS = 1
 
 

@@ -38,11 +38,30 @@ the runs table takes the slowest rank):
 - ``restore-durable``: the same load with an empty fast root (a replaced node): from the
   durable tier.
 
+With peer copies (``ckptio run --local ... --replicas K``, on ranks of at least two nodes:
+:mod:`ckptio.checkpoint.peers`), two more:
+
+- ``replicate``: the step's peer copies, each rank's to its ``K`` partners on other nodes,
+  from the round's start to its commit (in the background, beside the drain);
+- ``restore-peer``: one node lost, then the same load on every rank. The loss is
+  **emulated**: the ranks of one node (the last in the job's node order) remove everything
+  their fast roots hold (their steps and the copies they kept for others), as a replaced
+  node's empty disk; the node is not killed and its processes go on (a real node loss, its
+  processes killed, is tested in ``tests/test_cluster_peers.py``). Those ranks restore from
+  the copies on their partners, the others from their own fast roots (cold as ``cache``
+  says; the copies a partner sends are read through its page cache). Every restore row
+  records where the rank's data came from (``restore_path``: ``local``, ``peer`` or
+  ``durable``) and the bytes taken from peers and from the durable tier (with
+  ``--replicas``, for each of the three restores).
+
 The runs table gets one row per iteration in the ordinary schema (the runner's own rows):
 ``write_seconds`` is the stall, ``read_seconds`` the fast-tier restore, ``kind`` is ``tiered``. Requests carry the phase they belong to (``save``,
 ``drain`` (the durable tier's side), ``drain-read`` (the fast tier's side of the drain),
-``restore``, ``restore-durable``). The sidecar's ``tiers`` entry says what each tier was and
-whether it was measured or emulated (:func:`tier_kinds` reads it).
+``restore``, ``restore-durable``; with peer copies ``replicate`` for the copies' own objects
+(the reads of the step sent to partners stay with ``drain-read``) and ``restore-peer``). The
+sidecar's ``tiers`` entry says what each tier was and whether it was measured or emulated
+(:func:`tier_kinds` reads it); its ``peers`` entry, with ``--replicas``, the copies and the
+node whose loss was emulated.
 
 ``keep`` works as the runner's: this run's older steps are removed from both tiers (manifest
 first), never the steps of another run in the same roots.
@@ -65,6 +84,7 @@ import numpy as np
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio.checkpoint import Shard, delete_step
+from ckptio.checkpoint.peers import PEERS_PREFIX, drop_copies
 from ckptio.dist import Communicator
 from ckptio.redact import redact, redact_url
 from ckptio.registry import client_versions, emulation_url, open_store
@@ -93,13 +113,22 @@ log = logging.getLogger(__name__)
 DISK = "disk"
 #: Phases of a tiered run, in the order they run.
 PHASES = ("save", "drain", "restore", "restore-durable")
+#: The phases a tiered run with peer copies adds.
+PEER_PHASES = ("replicate", "restore-peer")
+#: How ``restore-peer`` loses a node, in words (results, console).
+LOSS_NOTE = (
+    "node loss emulated: the ranks of one node removed everything on their fast roots (their "
+    "steps and the copies they held) before the restore; the node was not killed"
+)
 _WRITE_OPS = ("write", "put", "create", "commit", "fsync", "rename")
 #: Share of the memory available that a tiered run's processes on one node may hold.
 MEMORY_SHARE = 0.8
 
 
 __all__ = [
+    "LOSS_NOTE",
     "PEER_NOTE",
+    "PEER_PHASES",
     "TieredRun",
     "TieredSpec",
     "Tiers",
@@ -196,7 +225,10 @@ def tier_kinds(sidecar: dict[str, Any] | None) -> dict[str, str] | None:
         return None
     fast = "measured" if tiers.get("local_measured") else "emulated"
     durable = "measured" if tiers.get("durable_measured") else "emulated"
-    return {"save": fast, "restore": fast, "drain": durable, "restore-durable": durable}
+    kinds = {"save": fast, "restore": fast, "drain": durable, "restore-durable": durable}
+    if (sidecar or {}).get("peers"):  # copies between the fast tiers of the nodes
+        kinds.update(dict.fromkeys(PEER_PHASES, fast))
+    return kinds
 
 
 # -- the state each process holds -------------------------------------------------------------
@@ -298,6 +330,9 @@ class Tiers:
     local_options: dict[str, Any] = field(default_factory=dict)
     tmp: str | None = None
     """Where the empty fast roots of ``restore-durable`` are made."""
+    replicas: int = 0
+    """Peer copies of each rank's fast-tier steps on other nodes (``--replicas``): adds the
+    ``replicate`` and ``restore-peer`` phases."""
 
 
 def _delete_step(store: Store, step: int) -> None:
@@ -338,6 +373,7 @@ class TieredRun:
             keep_last_local=None,
             key_layout=s.key_layout,
             local_options=self.fast_opts,
+            replicas=tiers.replicas,
             **self.durable_opts,
         )
         self.boxes = _boxes(plan, comm.size, comm.rank)
@@ -347,6 +383,7 @@ class TieredRun:
         self.iters: list[dict[str, Any]] = []
         self.cache_used = "n/a"
         self.written: list[int] = []
+        self.lost: dict[str, Any] = {}  # restore-peer: the node whose loss is emulated
 
     def execute(self) -> RunSummary:
         from ckptio.checkpoint.tiered import tiered_checkpointer
@@ -369,12 +406,18 @@ class TieredRun:
                     step = self.step0 + it
                     fig = self.save(ck, it, step)
                     if s.read:
-                        for phase in ("restore", "restore-durable"):
-                            self.restore(it, step, phase, fig)
+                        for phase in self.restores:
+                            self.restore(ck, it, step, phase, fig)
                         if s.say and self.rank == 0:
+                            peer = (
+                                f"{fig['restore-peer']:.2f} s after {self.lost['node']} was "
+                                "lost (emulated), "
+                                if self.lost
+                                else ""
+                            )
                             s.say(
                                 f"iteration {it + 1}/{s.iterations}: restore "
-                                f"{fig['restore']:.2f} s from the fast tier, "
+                                f"{fig['restore']:.2f} s from the fast tier, {peer}"
                                 f"{fig['restore-durable']:.2f} s from the durable tier (rank 0)"
                             )
                     self.iters.append(fig)
@@ -385,6 +428,13 @@ class TieredRun:
             shutil.rmtree(self.base, ignore_errors=True)
         return self.finish()
 
+    @property
+    def restores(self) -> tuple[str, ...]:
+        """The restore phases of each iteration, in order."""
+        if self.tiers.replicas:
+            return ("restore", "restore-peer", "restore-durable")
+        return ("restore", "restore-durable")
+
     # -- phases --------------------------------------------------------------------------
     def prepare(self, ck: Any) -> None:
         """Check the cache mode on the fast tier, name the run and pick its first step (past
@@ -392,6 +442,10 @@ class TieredRun:
         state: this process's box of each tensor, refilled every iteration."""
         comm = self.comm
         check_cache(ck.fast.store, self.s.cache)
+        if self.tiers.replicas:  # a copy goes to another node: refused here if there is none
+            ring = ck.ring
+            ring.check(self.tiers.replicas)
+            self.lost = {"node": ring.nodes[-1], "ranks": list(ring.ranks[-1])}
         steps = comm.gather(ck.steps(), root=0)
         first: dict[str, Any] = {}
         if self.rank == 0:
@@ -422,9 +476,19 @@ class TieredRun:
     def ident(self, it: int, b: _Box) -> str:
         return f"{it}/{b.name}/{self.rank}"
 
-    def row(self, it: int, phase: str, start: float, seconds: float, how: str = "n/a") -> None:
+    def row(
+        self,
+        it: int,
+        phase: str,
+        start: float,
+        seconds: float,
+        how: str = "n/a",
+        restored: Any = None,
+    ) -> None:
         timed = (self.mine, seconds, start, start + seconds)
-        self.rows.append(phase_row(self.run_id, self.label, self.rank, it, phase, timed, how))
+        self.rows.append(
+            phase_row(self.run_id, self.label, self.rank, it, phase, timed, how, restored)
+        )
 
     def save(self, ck: Any, it: int, step: int) -> dict[str, Any]:
         """Fresh bytes into the state, then the save (its stall: what ``save`` blocked the
@@ -444,17 +508,30 @@ class TieredRun:
                 f"the drain of step {step} to {redact_url(self.url)} did not commit: "
                 f"{drain.error if drain else 'not drained'}"
             )
+        copies = None
+        if self.tiers.replicas:
+            copies = handle.wait_peers()
+            replicated_at = time.time()
+            if copies.status != "replicated":
+                raise errors.SaveFailedError(
+                    f"the peer copies of step {step} did not commit: {copies.error}"
+                )
         self.written.append(step)
         save_end = t0 + stall
         fast_events = ck.fast.store.trace.events()
         in_save = [e.op in _WRITE_OPS and e.end <= save_end + 1e-3 for e in fast_events]
         saved = [e for e, s in zip(fast_events, in_save, strict=True) if s]
         unsaved = [e for e, s in zip(fast_events, in_save, strict=True) if not s]
+        copied = [e for e in unsaved if e.key.startswith(PEERS_PREFIX)]
+        unsaved = [e for e in unsaved if not e.key.startswith(PEERS_PREFIX)]
         self.parts.append(events_columns(saved, "save", it, self.rank))
         self.parts.append(events_columns(unsaved, "drain-read", it, self.rank))
         self.parts.append(events_columns(ck.store.trace.events(), "drain", it, self.rank))
         self.row(it, "save", t0, stall)
         self.row(it, "drain", drained_at - drain.seconds, drain.seconds)
+        if copies is not None:
+            self.parts.append(events_columns(copied, "replicate", it, self.rank))
+            self.row(it, "replicate", replicated_at - copies.seconds, copies.seconds)
         if self.s.progress:
             self.s.progress(2 * self.mine)
         if self.s.say and self.rank == 0:
@@ -466,25 +543,34 @@ class TieredRun:
             "bytes": self.mine,
             "stall": stall,
             "drain": drain.seconds,
+            **({"replicate": copies.seconds, "restore-peer": 0.0} if copies else {}),
             "restore": 0.0,
             "restore-durable": 0.0,
             "objects": len({e.key for e in saved if e.op in ("write", "put") and e.nbytes}),
         }
 
-    def restore(self, it: int, step: int, phase: str, fig: dict[str, Any]) -> None:
+    def restore(self, ck: Any, it: int, step: int, phase: str, fig: dict[str, Any]) -> None:
         """A fresh Checkpointer's ``load`` of the newest step into the state's arrays
-        (cleared first), from the fast tier (``restore``) or, with an empty fast root (a
-        replaced node), from the durable one (``restore-durable``); the page cache of the
+        (cleared first), from the fast tier (``restore``), after one node's loss from the
+        peer copies (``restore-peer``, see the module docstring) or, with an empty fast root
+        (a replaced node), from the durable one (``restore-durable``); the page cache of the
         objects read bypassed first as ``cache`` says; the bytes checked against the stream
         generated again."""
         from ckptio.checkpoint.tiered import tiered_checkpointer
 
         roots = self.fast_url
+        if phase == "restore-peer":
+            if self.rank in self.lost["ranks"]:  # the emulated loss: this node's disk emptied
+                fast = ck.fast.store
+                fast.delete(fast.list(""))
+            self.comm.barrier()
         if phase == "restore-durable":
             roots = os.path.join(self.base, f"lost-{it}-{self.rank}")  # an empty fast root
+            if self.tiers.replicas:  # each rank's own (peer copies need a root per rank)
+                roots = os.path.join(self.base, f"lost-{it}-{{rank}}")
             roots = emulation_url(roots) if self.tiers.emulate_local else roots
         with tiered_checkpointer(self.durable_url, local=roots, **self.opts) as reader:
-            cold = reader.fast.store if phase == "restore" else reader.store
+            cold = reader.store if phase == "restore-durable" else reader.fast.store
             prefix = fmt.step_dir(step) + "/"
             keys = [k[len(prefix) :] for k in cold.list(prefix)]
             how = start_cold_reads(cold, step, keys, self.s.cache)
@@ -500,6 +586,7 @@ class TieredRun:
                 if not cold.describe().cold_reads.end():
                     how = "none"  # O_DIRECT refused: reads went buffered
             fig[phase] = time.time() - t
+            restored = reader.last_restore  # where it read from (with peer copies)
             events = [*reader.fast.store.trace.events(), *reader.store.trace.events()]
             self.parts.append(events_columns(events, phase, it, self.rank))
         if phase == "restore":
@@ -511,7 +598,7 @@ class TieredRun:
                     f"the {phase} of step {step} read other bytes than were "
                     f"saved ({b.name}, rank {self.rank})"
                 )
-        self.row(it, phase, t, fig[phase], how)
+        self.row(it, phase, t, fig[phase], how, restored)
         if self.s.progress:
             self.s.progress(self.mine)
 
@@ -525,6 +612,8 @@ class TieredRun:
                 _delete_step(ck.store, step)
             if self.rank == 0 or ck.per_rank:
                 _delete_step(ck.fast.store, step)
+            if self.tiers.replicas:  # and the copies of it this rank holds
+                drop_copies(ck.fast.store, lambda s: s == step)
         if s.pause and it < s.iterations - 1:
             time.sleep(s.pause)
 
@@ -637,6 +726,11 @@ class TieredRun:
                 "peak_rss_bytes": summary.peak_rss_bytes,
                 "steps": self.written,
                 "cache_bypass": self.cache_used,
+                **(
+                    {"peers": {"replicas": t.replicas, "lost": self.lost, "loss": LOSS_NOTE}}
+                    if t.replicas
+                    else {}
+                ),
                 "communicator": type(self.comm).__name__,
                 "hosts": hosts_of(everything),
             },
@@ -676,8 +770,17 @@ def _tiered_rows(everything: list[dict[str, Any]], iterations: int) -> list[dict
         per = [e["iters"][it] for e in everything]
         total = sum(p["bytes"] for p in per)
         worst = {ph: max(p[ph] for p in per) for ph in ("stall", "drain", *PHASES[2:])}
+        peers = {}
+        if "restore-peer" in per[0]:  # with peer copies
+            seconds = {ph: max(p[ph] for p in per) for ph in PEER_PHASES}
+            peers = {
+                "replicate_seconds": seconds["replicate"],
+                "restore_peer_seconds": seconds["restore-peer"],
+                "restore_peer_GBps": gb_per_s(total, seconds["restore-peer"]),
+            }
         out.append(
             {
+                **peers,
                 "iteration": it,
                 "checkpoint_bytes": total,
                 "stall_seconds": worst["stall"],

@@ -288,26 +288,7 @@ def test_node_killed_at_random_points_resumes_bit_identical_from_peer_copies(
     assert mid >= 1, "no kill landed while copies were in flight"
 
 
-@pytest.mark.parametrize(
-    "k",
-    [
-        1,
-        pytest.param(
-            2,
-            marks=pytest.mark.xfail(
-                strict=False,
-                reason=(
-                    "a known bug, seen once in CI: each partner retires a source rank's old "
-                    "copies by its own count (peers._retain_copies), so the newest step every "
-                    "rank replicated can be retired on the surviving node while a newer step is "
-                    "not yet complete for every rank; the restore then falls back to the "
-                    "durable tier's older step (nothing wrong is loaded). Fix: retire a copy "
-                    "only below the newest step complete for every rank."
-                ),
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("k", [1, 2])
 def test_two_nodes_lost_at_once(cluster: Cluster, tmp_path: Path, k: int) -> None:
     """node1 and node2 killed together. With replicas=1, node1's ranks had their copies on
     node2: their data survives only on the durable tier, so the restore takes the newest
@@ -330,3 +311,48 @@ def test_two_nodes_lost_at_once(cluster: Cluster, tmp_path: Path, k: int) -> Non
         assert kill["replicated"] <= step <= kill["saved"] + 1, (kill, got)
         assert paths(got) == {0: "local", 1: "local", 2: "peer", 3: "peer", 4: "peer", 5: "peer"}
         assert all(e["nbytes"]["durable"] == 0 for e in got.values())
+
+
+def test_ckptio_run_times_the_restore_from_peer_copies(cluster: Cluster, tmp_path: Path) -> None:
+    """``ckptio run --local ... --replicas 1`` across 3 nodes x 2 ranks under srun (durable
+    tier on CephFS): every rank records the ``replicate`` and ``restore-peer`` phases; in
+    ``restore-peer`` the last node's ranks (node2: their fast roots emptied, the loss
+    emulated and said so in the sidecar) restore from their copies on node0, all their bytes
+    from peers, the others from their own disks; ``restore-durable`` reads the durable tier.
+    About 20 s."""
+    from ckptio.results import read_results
+    from ckptio.tierbench import LOSS_NOTE, PEER_PHASES, PHASES
+
+    run = f"run-peers-{uuid.uuid4().hex[:6]}"
+    out = tmp_path / "out"
+    argv = [
+        "-N3", "--ntasks-per-node=2", "--mpi=pmix", sys.executable, "-m", "ckptio.cli", "run",
+        f"pfs://{cluster.cephfs}/{run}", "--local", f"file://{cluster.local}/{run}/{{rank}}",
+        "--replicas", "1", "--preset", "llama3-8b", "--total-size", "48MiB", "--out", str(out),
+    ]  # fmt: skip
+    cluster.srun(argv, cwd=str(tmp_path))
+    res = read_results([out])
+    (side,) = res.sidecars
+    assert side["peers"] == {
+        "replicas": 1,
+        "lost": {"node": "node2", "ranks": [4, 5]},
+        "loss": LOSS_NOTE,
+    }
+    phases = res.phases.to_pylist()
+    assert {(p["rank"], p["phase"]) for p in phases} == {
+        (r, ph) for r in range(6) for ph in (*PHASES, *PEER_PHASES)
+    }
+    peer = {p["rank"]: p for p in phases if p["phase"] == "restore-peer"}
+    for rank, p in peer.items():
+        assert p["host"] == NODE_OF[rank] and p["seconds"] > 0
+        if NODE_OF[rank] == "node2":
+            assert p["restore_path"] == "peer" and p["peer_bytes"] >= p["bytes"] > 0, p
+        else:
+            assert p["restore_path"] == "local" and p["peer_bytes"] == 0, p
+        assert p["durable_bytes"] == 0, p
+    for p in phases:
+        if p["phase"] == "restore-durable":
+            assert p["restore_path"] == "durable" and p["durable_bytes"] >= p["bytes"] > 0, p
+        if p["phase"] == "restore":
+            assert p["restore_path"] == "local", p
+    assert {q["phase"] for q in res.requests.to_pylist()} >= {"replicate", "restore-peer"}

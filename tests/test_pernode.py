@@ -47,6 +47,9 @@ def _run(
                         "start": 0.0,
                         "end": secs,
                         "cache": "n/a",
+                        "restore_path": "n/a",
+                        "peer_bytes": 0,
+                        "durable_bytes": 0,
                         "host": host,
                     }
                 )

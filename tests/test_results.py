@@ -45,6 +45,9 @@ def _rows(run_id: str, site: str) -> dict:
             "start": 1.0,
             "end": 2.0,
             "cache": "n/a",
+            "restore_path": "n/a",
+            "peer_bytes": 0,
+            "durable_bytes": 0,
             "host": "node-a",
         }
     ]

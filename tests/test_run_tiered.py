@@ -131,6 +131,10 @@ def test_two_mpi_ranks_emulated_fast_tier(tmp_path: Path) -> None:
         (["--local", "{tmp}/fast", "--total-size", "1PiB"], "holds the state in memory"),
         (["--local", "{tmp}/fast", "--ranks", "9"], "9"),
         (["--local", "{tmp}/fast", "--gpus", "16", "--zero", "0", "--ranks", "2"], "at most 1"),
+        (["--local", "{tmp}/fast", "--replicas", "1"], "needs --local with {rank}"),
+        (["--replicas", "1"], "needs --local with {rank}"),
+        (["--local", "{tmp}/fast-{rank}", "--replicas", "-1"], "--replicas"),
+        (["--local", "{tmp}/fast-{rank}", "--replicas", "1", "--ranks", "2"], "other nodes"),
     ],
 )
 def test_what_a_tiered_run_refuses(tmp_path: Path, args: list[str], expected: str) -> None:

@@ -7,6 +7,7 @@ serve."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ from ckptio.checkpoint.peers import (
     RestoreRecord,
     assign,
     copy_record,
-    drop_copies_after,
+    drop_copies,
     held_copies,
     run_restore,
 )
@@ -60,8 +61,11 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
     :mod:`ckptio.checkpoint.peers`."""
     comm, fast = self.comm, self.fast.store
     skip: set[int] = set()
+    unreadable: set[int] = set()  # whole somewhere, but its read failed: never retired here
     bad: set[tuple[int, int, int]] = set()
+    spent = {"plan": 0.0, "transfer": 0.0, "read": 0.0}
     for _ in range(2 * RELISTS):
+        t0 = time.perf_counter()
         with ThreadPoolExecutor(1, thread_name_prefix="ckptio-restore") as ex:
             listing = ex.submit(committed_steps, self.store)
             mine = _holdings(self, step)
@@ -114,6 +118,8 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
                 bad,
             )
         plan = comm.bcast(plan, root=0)
+        t1 = time.perf_counter()
+        spent["plan"] += t1 - t0
         if plan is None:  # some object survives nowhere after all: an older step
             skip.add(s)
             continue
@@ -122,6 +128,8 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
         )
         fails = comm.gather(failed, root=0)
         fails = comm.bcast(None if fails is None else [f for g in fails for f in g], root=0)
+        t2 = time.perf_counter()
+        spent["transfer"] += t2 - t1
         if fails:
             log.warning(
                 "restoring step %d: peer copies failed their checks (%s); planning again "
@@ -136,6 +144,7 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
         state, error = self._read(s, True, bool(pick["durable"]), select, into, used, unread)
         errs = comm.gather(error, root=0)
         failed_reads = comm.bcast(None if errs is None else [e for e in errs if e], root=0)
+        spent["read"] += time.perf_counter() - t2
         if failed_reads:
             log.warning(
                 "restoring step %d failed (%s); trying the next older one",
@@ -143,10 +152,15 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
                 "; ".join(failed_reads),
             )
             skip.add(s)
+            unreadable.add(s)
             continue
         if step is None and not pick["down"]:
-            _retire_newer(self, s)
+            _retire_newer(self, s, unreadable)
+        # every rank holds it now (its fast root, or the durable tier): kept until a newer
+        # step's copies are complete on every partner
+        self._mark_replicated(s)
         self.last_restore = _record(self, s, manifest, plan, needed, present, received, used)
+        self.last_restore.seconds = spent
         self.last_restore.sources = [
             f"rank {r} ({self.ring.nodes[self.ring.where(r)[0]]})" if self.ring else str(r)
             for r in sorted(set(senders))
@@ -163,12 +177,13 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
     raise errors.NotFoundError(f"restoring with peer copies failed {2 * RELISTS} times")
 
 
-def _retire_newer(self: TieredCheckpointer, step: int) -> None:
+def _retire_newer(self: TieredCheckpointer, step: int, unreadable: set[int]) -> None:
     """After restoring the newest step that survives (``step``): the steps newer than it on
     this rank's fast root (:func:`~ckptio.checkpoint.retention.retire_newer`) and the copies
-    of them it holds can never be restored; both retired."""
-    retire_newer(self.fast.store, step)
-    drop_copies_after(self.fast.store, step)
+    of them it holds can never be restored; both retired. Kept: the ``unreadable`` steps,
+    whole but failed to read (a failing disk may come back)."""
+    retire_newer(self.fast.store, step, keep=unreadable)
+    drop_copies(self.fast.store, lambda s: s > step and s not in unreadable)
 
 
 def _record(

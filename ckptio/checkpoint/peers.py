@@ -10,8 +10,8 @@ each of its ranks' copies on ``k`` other nodes. ``k`` must be below the node cou
 
 **Transport.** Over the job's own process group (:mod:`ckptio.dist`): point-to-point messages
 of MPI (mpi4py ``Isend``/``Irecv`` of bytes, no pickle; one message per piece of an object,
-its kind in the tag; waited for by polling with a short growing sleep, since Open MPI's
-blocking calls spin a core, which on a busy node slows the very transfer waited for) or
+its kind in the tag; waited for by :func:`ckptio.dist.poll`, since Open MPI's blocking calls
+spin a core, which on a busy node slows the very transfer waited for) or
 torch.distributed (``send``/``recv`` of uint8 tensors, gloo). Local-process ranks (``run_local``) share one node and have no
 point-to-point channel: replicas are refused there. Every rank runs the transfers of a round
 in one global order, its sends in one thread and its receives in another: the lowest transfer
@@ -24,7 +24,9 @@ manifest, ``peer-copy.json``, is published there: the job (the durable root's lo
 source rank and node, the step, the step's manifest and the size and CRC32C of every object.
 The sender checks every chunk's CRC32C as it reads its fast root; the receiver checks each
 object's CRC32C as the bytes arrive and publishes the copy's manifest only when all match.
-Each partner keeps its newest ``keep_last_local`` copies of each source rank.
+Each partner keeps its newest ``keep_last_local`` copies of each source rank, and the copy of the
+newest step every rank's round replicated (:func:`retain_copies`); the fast tier keeps that
+step on its own root as well, so a loss of up to ``k`` nodes mid-round leaves it whole.
 
 **Restore** (:func:`plan_restore`, :func:`run_restore`): every rank reports the steps on its
 own fast root and the copies it holds (refusing, with a warning, a copy of another job or one
@@ -61,7 +63,7 @@ from ckptio import format as fmt
 from ckptio import manifest as mf
 from ckptio.checkpoint.drain import copy_object, object_rank
 from ckptio.checkpoint.snapshot import crc32c
-from ckptio.dist import Communicator, MPICommunicator
+from ckptio.dist import Communicator, MPICommunicator, poll
 from ckptio.lease import SaveLease
 from ckptio.store import Store
 
@@ -76,10 +78,11 @@ __all__ = [
     "PeerResult",
     "RestoreRecord",
     "copy_prefix",
-    "drop_copies_after",
+    "drop_copies",
     "held_copies",
     "node_name",
     "replicate_step",
+    "retain_copies",
     "wire",
 ]
 
@@ -144,19 +147,6 @@ class NodeRing:
 _DOC, _DATA = 0, 1
 """What a message is: a JSON document, or a piece of an object's bytes (one message each,
 its kind in the MPI tag or the torch size header: no document announces a piece)."""
-_POLL_MIN, _POLL_MAX = 20e-6, 1e-3
-
-
-def _settle(req: Any) -> None:
-    """Wait for an MPI request, polling with a growing sleep (up to 1 ms) between tests
-    rather than in a blocking call: Open MPI's blocking calls spin a core while they wait,
-    and on a node whose cores are busy (training, other ranks) the spinning rank takes CPU
-    from the one whose bytes it waits for. Measured on this project's 2-core VM under load:
-    ``benchmarks/README.md`` (peer transport)."""
-    pause = _POLL_MIN
-    while not req.Test():
-        time.sleep(pause)
-        pause = min(2 * pause, _POLL_MAX)
 
 
 class _MPIWire:
@@ -166,19 +156,14 @@ class _MPIWire:
         self.MPI, self.comm = MPI, comm
 
     def send(self, dest: int, data: Any, kind: int = _DOC) -> None:
-        _settle(self.comm.Isend([data, self.MPI.BYTE], dest=dest, tag=_TAG + kind))
+        poll(self.comm.Isend([data, self.MPI.BYTE], dest=dest, tag=_TAG + kind).Test)
 
     def recv(self, source: int) -> tuple[int, np.ndarray]:
         status = self.MPI.Status()
-        pause = _POLL_MIN
         # a matched probe: the message found is the one received (the next from ``source``)
-        while (
-            msg := self.comm.Improbe(source=source, tag=self.MPI.ANY_TAG, status=status)
-        ) is None:
-            time.sleep(pause)
-            pause = min(2 * pause, _POLL_MAX)
+        msg = poll(lambda: self.comm.Improbe(source=source, tag=self.MPI.ANY_TAG, status=status))
         buf = np.empty(status.Get_count(self.MPI.BYTE), dtype=np.uint8)
-        _settle(msg.Irecv([buf, self.MPI.BYTE]))
+        poll(msg.Irecv([buf, self.MPI.BYTE]).Test)
         return status.Get_tag() - _TAG, buf
 
 
@@ -327,7 +312,12 @@ def receive_objects(
     kept: dict[str, tuple[int, int]] = {}
     error = ""
     for key, size in head["objects"]:
-        writer = None if error else _open(store, prefix + key, size)
+        writer = None
+        if not error:
+            try:  # a file where the copy's directory goes, a full disk: the stream is still read
+                writer = _open(store, prefix + key, size)
+            except (errors.CkptioError, OSError) as err:
+                error = f"writing {store.url}/{prefix}{key}: {type(err).__name__}: {err}"
         crc, got = 0, 0
         while True:
             kind, data = w.recv(source)
@@ -467,9 +457,13 @@ def replicate_step(
     step: int,
     job: str,
     keep: int | None,
+    safe: int | None = None,
 ) -> PeerResult:
     """Collective (on ``comm``, a dup of the job's): copy every rank's objects of the committed
-    ``step`` on its fast root ``store`` to its ``k`` partners (see the module docstring)."""
+    ``step`` on its fast root ``store`` to its ``k`` partners (see the module docstring).
+    ``keep``: the copies each source rank keeps on a partner (:func:`retain_copies`); ``safe``:
+    the newest step whose round this rank saw replicated by every rank (kept whatever the
+    count); once this round is, the copies are retained again with ``step`` as the safe one."""
     t0 = time.perf_counter()
     rank = comm.rank
     transfers = [
@@ -493,7 +487,7 @@ def replicate_step(
             return send_objects(w, t["dst"], store, fmt.step_dir(step) + "/", manifest, mine, head)
 
         def receive(t: Mapping[str, Any]) -> str:
-            return _receive_copy(w, t["src"], rank, store, step, job, keep)
+            return _receive_copy(w, t["src"], rank, store, step, job, keep, safe)
 
         sent, got = run_round(rank, transfers, send, receive)
     finally:
@@ -501,6 +495,8 @@ def replicate_step(
     mine_errors = [e for _, e in sent if e] + [e for e in got if e]
     outcomes = comm.gather("; ".join(mine_errors), root=0)
     verdict = comm.bcast(None if outcomes is None else [e for e in outcomes if e], root=0)
+    if not verdict and keep is not None:
+        retain_copies(store, keep, step)
     return PeerResult(
         step,
         "failed" if verdict else "replicated",
@@ -511,12 +507,22 @@ def replicate_step(
 
 
 def _receive_copy(
-    w: Any, source: int, rank: int, store: Store, step: int, job: str, keep: int | None
+    w: Any,
+    source: int,
+    rank: int,
+    store: Store,
+    step: int,
+    job: str,
+    keep: int | None,
+    safe: int | None,
 ) -> str:
     prefix = copy_prefix(source, step)
     doc_key = prefix + COPY_DOC
-    if store.exists(doc_key):  # an older copy of this step (a rerun): incomplete from now on
-        store.delete([doc_key])
+    try:
+        if store.exists(doc_key):  # an older copy of this step (a rerun): incomplete from now on
+            store.delete([doc_key])
+    except (errors.CkptioError, OSError) as err:  # the stream is read all the same
+        log.warning("peer copy %s/%s cannot be looked at: %s", store.url, doc_key, err)
     head, kept, error = receive_objects(w, source, store, prefix)
     if error:
         return f"copy of rank {source}'s step {step} on rank {rank}: {error}"
@@ -536,21 +542,40 @@ def _receive_copy(
     }
     store.publish(doc_key, json.dumps(doc, separators=(",", ":")).encode())
     if keep is not None:
-        _retain_copies(store, source, keep)
+        retain_copies(store, keep, safe, source)
     return ""
 
 
-def _retain_copies(store: Store, source: int, keep: int) -> None:
-    """The newest ``keep`` complete copies of ``source`` stay; older ones go (their record
-    first, so a half-removed copy is never taken for complete)."""
+def retain_copies(store: Store, keep: int, safe: int | None, source: int | None = None) -> None:
+    """Retention of the copies on this fast root (of ``source``, else of every source rank):
+    the newest ``keep`` complete copies of each source rank stay, and so does its copy of
+    ``safe``, the newest step whose round this rank saw replicated by every rank; older ones
+    go (their record first, so a half-removed copy is never taken for complete), and so do
+    incomplete copies older than the newest complete one (failed or interrupted rounds).
+
+    Why ``safe`` and not the count alone: a partner sees the copies it holds, not whether
+    the other ranks' copies of a step are complete. Copies of a newer step can be complete
+    here for one source rank and not yet (or never: a failed round) for another; had the
+    count retired the older step, the node's loss would leave no step whose every rank's
+    data survives on the peers. Which step is complete for every rank is the job's
+    agreement (the verdict each round ends with), known to every rank alike."""
+    if source is None:
+        sources = {
+            int(part.removeprefix("rank-"))
+            for key in store.list(PEERS_PREFIX)
+            if (part := key[len(PEERS_PREFIX) :].partition("/")[0]).startswith("rank-")
+            and part.removeprefix("rank-").isdigit()
+        }
+        for q in sorted(sources):
+            retain_copies(store, keep, safe, q)
+        return
     base = f"{PEERS_PREFIX}rank-{source:05d}/"
     keys = store.list(base)
     steps = sorted(
         {s for k in keys if (s := fmt.parse_step_dir(k[len(base) :].partition("/")[0])) is not None}
     )
     complete = [s for s in steps if f"{base}{fmt.step_dir(s)}/{COPY_DOC}" in keys]
-    doomed = complete[:-keep] if keep else complete
-    # incomplete copies older than the newest complete one: failed or interrupted rounds
+    doomed = [s for s in (complete[:-keep] if keep else complete) if s != safe]
     newest = complete[-1] if complete else None
     doomed += [s for s in steps if s not in complete and newest is not None and s < newest]
     for s in sorted(set(doomed)):
@@ -559,14 +584,14 @@ def _retain_copies(store: Store, source: int, keep: int) -> None:
         _discard(store, [k for k in keys if k.startswith(p) and not k.endswith(COPY_DOC)])
 
 
-def drop_copies_after(store: Store, step: int) -> None:
-    """Remove the copies of steps newer than ``step`` on this fast root (record first)."""
+def drop_copies(store: Store, which: Callable[[int], bool]) -> None:
+    """Remove the copies of the steps ``which`` picks on this fast root (record first)."""
     keys = store.list(PEERS_PREFIX)
     doomed: dict[str, list[str]] = {}
     for key in keys:
         parts = key[len(PEERS_PREFIX) :].split("/")
         s = fmt.parse_step_dir(parts[1]) if len(parts) > 2 else None
-        if s is not None and s > step:
+        if s is not None and which(s):
             doomed.setdefault(f"{PEERS_PREFIX}{parts[0]}/{parts[1]}/", []).append(key)
     for prefix, ks in sorted(doomed.items()):
         _discard(store, [prefix + COPY_DOC])
@@ -634,6 +659,11 @@ class RestoreRecord:
     """Bytes of the objects this rank read, by where they came from."""
     sources: list[str] = field(default_factory=list)
     """The ranks (and nodes) that sent this rank objects, as ``rank N (node)``."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Where this rank's restore spent its time: ``plan`` (what each rank holds, the step,
+    the plan: listings and collectives), ``transfer`` (the copies sent and received, onto
+    the fast root) and ``read`` (the load from the fast root), each including the waits for
+    the other ranks."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -641,6 +671,7 @@ class RestoreRecord:
             "path": self.path,
             "nbytes": self.nbytes,
             "sources": self.sources,
+            "seconds": self.seconds,
         }
 
 

@@ -33,7 +33,10 @@ the drain lag (how long the running drain had been behind its fast commit).
 tier keeps its newest ``keep_last`` steps; the fast tier keeps its newest ``keep_last_local``
 steps, plus every step whose drain is queued or running, plus the newest step chosen for
 draining while it is not yet committed on the durable tier (a failed or cancelled drain keeps
-it until a newer chosen step is chosen). A step skipped by backpressure is not chosen.
+it until a newer chosen step is chosen). A step skipped by backpressure is not chosen. With
+``replicas``, it also keeps every step whose peer copies are queued or being made, and the
+newest step whose copies every rank completed (the step a lost node's ranks restore from
+until a newer one is complete everywhere).
 
 **Restore** (``load``): every rank reports the steps whose objects it finds on its fast root
 (the manifest there and every object it names that belongs on that root) and the steps
@@ -332,6 +335,9 @@ class TieredCheckpointer(Lifetime):
         self._peer_jobs: list[tuple[int, Future[PeerResult]]] = []  # queued or running
         self._peer_executor: ThreadPoolExecutor | None = None
         self._peer_wire: Any = None
+        self._replicated: int | None = None
+        """The newest step whose peer round every rank saw replicated (or that was restored
+        with peer copies): kept on the fast root and in the copies until a newer one is."""
         self.last_restore: RestoreRecord | None = None
         """Where this rank's last :meth:`load` read from (``local``/``peer``/``durable``)."""
         self.job = location(self.store.url)
@@ -457,9 +463,14 @@ class TieredCheckpointer(Lifetime):
             try:
                 if fast._future is not None and fast._future.exception() is not None:
                     return PeerResult(step, "failed", error="the fast tier's save failed")
-                return replicate_step(
-                    self._peer_comm, self._peer_wire, ring, k, store, step, self.job, keep
+                with self._lock:
+                    safe = self._replicated
+                result = replicate_step(
+                    self._peer_comm, self._peer_wire, ring, k, store, step, self.job, keep, safe
                 )
+                if result.status == "replicated":
+                    self._mark_replicated(step)
+                return result
             except BaseException as err:  # recorded in the result; training goes on
                 log.debug("peer copies of step %d failed", step, exc_info=True)
                 return PeerResult(step, "failed", error=f"{type(err).__name__}: {err}")
@@ -477,6 +488,14 @@ class TieredCheckpointer(Lifetime):
 
         future.add_done_callback(finished)
         return future
+
+    def _mark_replicated(self, step: int) -> None:
+        """``step`` is whole on the peers (every rank's copies committed on all its partners,
+        or restored): the fast tier's retention and the copies' keep it until a newer one is
+        (see :func:`~ckptio.checkpoint.peers.retain_copies`)."""
+        with self._lock:
+            if self._replicated is None or step > self._replicated:
+                self._replicated = step
 
     def wait_peers(self) -> list[PeerResult]:
         """Wait for the peer copies queued or running; their results."""
@@ -523,6 +542,8 @@ class TieredCheckpointer(Lifetime):
         """Steps the fast tier's retention keeps beyond its newest ``keep_last_local``."""
         with self._lock:
             keep = {j.step for j in self._drains} | {s for s, _ in self._peer_jobs}
+            if self._replicated is not None:
+                keep.add(self._replicated)
             if self._chosen is not None and self._chosen not in self._durable_steps:
                 keep.add(self._chosen)
             return keep
@@ -755,6 +776,7 @@ class TieredCheckpointer(Lifetime):
             step = fmt.as_step(step)
         self.fast.wait()
         if self.replicas:
+            self.wait_peers()  # a round still running shares the restore's process group
             return restore_with_peers(self, step, select, into)
         skip: set[int] = set()
         for _ in range(RELISTS):

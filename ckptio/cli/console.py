@@ -759,6 +759,12 @@ def print_run(summary: Any, out: Printer) -> None:
     if tiered:
         # a tiered row is the iteration's tiered figures with its requests
         rows = [{**r, **t} for t, r in zip(tiered, summary.runs, strict=True)]
+        peers = "restore_peer_seconds" in rows[0]
+        peer_figures = (
+            ("copies s", "replicate_seconds"),
+            ("from peers s", "restore_peer_seconds"),
+            ("from peers GB/s", "restore_peer_GBps"),
+        )
         columns = [
             ("it", lambda r: str(r["iteration"])),
             ("size", lambda r: human_bytes(r["checkpoint_bytes"])),
@@ -768,18 +774,26 @@ def print_run(summary: Any, out: Printer) -> None:
                 ("drain GB/s", "drain_GBps"),
                 ("restore s", "restore_seconds"),
                 ("restore GB/s", "restore_GBps"),
+                *(peer_figures if peers else ()),
                 ("from durable s", "restore_durable_seconds"),
                 ("from durable GB/s", "restore_durable_GBps"),
             ),
             *requests,
         ]
         title += ", tiered"
+        peer_text = (
+            " Copies: the step copied to the partner nodes' fast tiers, in the background. "
+            "From peers: the same load after one node's loss, emulated (its ranks' fast "
+            "roots emptied, the node not killed): its ranks restore from the copies."
+            if peers
+            else ""
+        )
         footer = (
             "Stall: what save blocked training for (the fast tier's commit). Drain: the copy "
             "to the target in the background, to its commit there. Restore: a fresh load of "
             "the newest step from the fast tier; from durable: the same with an empty fast "
-            "tier (a replaced node). Each the slowest rank's; GB/s = 1e9 bytes/s. Restore "
-            f"cache bypass: {summary.cache or 'n/a'}. Peak RSS per rank: {rss}."
+            f"tier (a replaced node).{peer_text} Each the slowest rank's; GB/s = 1e9 "
+            f"bytes/s. Restore cache bypass: {summary.cache or 'n/a'}. Peak RSS per rank: {rss}."
         )
     else:
         rows = summary.runs

@@ -27,6 +27,7 @@ from ckptio.units import (
     MAX_ITERATIONS,
     MAX_LOCAL_PROCESSES,
     MAX_MODEL_DIMENSION,
+    MAX_PEERS,
     MAX_SCALE,
     parse_count,
     parse_size,
@@ -259,6 +260,16 @@ def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
             help="wrap the fast tier in the shaped backend with this storage profile "
             "(e.g. local-nvme; results are marked emulated)",
         )
+        t.add_argument(
+            "--replicas",
+            metavar="K",
+            type=count_arg(0, MAX_PEERS),
+            default=0,
+            help="copy each rank's fast-tier step to K other nodes' fast tiers (needs {rank} in "
+            "--local and ranks on more than K nodes, under mpiexec/srun/torchrun); adds the "
+            "phases replicate and restore-peer: one node's loss emulated (its ranks' fast "
+            "roots emptied, the node not killed), then restored from the peer copies",
+        )
     if sweep_mode:
         r.add_argument(
             "--streams",
@@ -347,6 +358,13 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
     local = None if sweep_mode else args.local
     if not sweep_mode and args.emulate_local and not local:
         raise errors.InvalidArgumentError("--emulate-local needs --local URL (the fast tier)")
+    replicas = 0 if sweep_mode else args.replicas
+    if replicas and (not local or "{rank}" not in local):
+        raise errors.InvalidArgumentError(
+            "--replicas copies each rank's fast-tier step to other nodes: it needs --local "
+            "with {rank} (a fast root per rank, on its node's disk), e.g. "
+            "--local 'file:///nvme/run/{rank}'"
+        )
     if local and args.layout != "file-per-shard":
         raise errors.InvalidArgumentError(
             f"--layout {args.layout} cannot be tiered (--local): a drain copies each rank's own "
@@ -410,6 +428,12 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
     launched = dist.under_mpi() or dist.under_torchrun()
     comm = dist.detect() if launched else None
     ranks = comm.size if comm is not None else (args.ranks or 1)
+    if replicas and comm is None:
+        raise errors.InvalidArgumentError(
+            f"--replicas {replicas}: peer copies go to other nodes over the job's MPI or "
+            "torch.distributed process group; start the run under mpiexec, srun or torchrun "
+            f"on more than {replicas} node(s) (--ranks runs local processes of one node)"
+        )
     if comm is not None and args.ranks not in (None, comm.size):
         raise errors.InvalidArgumentError(
             f"--ranks {args.ranks} disagrees with the launcher's {comm.size} ranks; drop --ranks "
@@ -429,8 +453,9 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
 
         check_tiered(plan, ranks, comm)
         mode = "tiered"
-        passes = args.iterations * (2 if args.no_read else 4)  # save, drain, two restores
-        tiers = Tiers(local, emulate_local=args.emulate_local)
+        # save, drain, two restores (three with peer copies)
+        passes = args.iterations * (2 if args.no_read else 5 if replicas else 4)
+        tiers = Tiers(local, emulate_local=args.emulate_local, replicas=replicas)
     points: list[SweepPoint] = []
     if sweep is not None:
         points = sweep_points(

@@ -283,8 +283,11 @@ def phase_row(
     phase: str,
     timed: tuple[int, float, float, float],
     cache: str = "n/a",
+    restored: Any = None,
 ) -> dict[str, Any]:
-    """A row of the phases table: ``timed`` is (bytes, seconds, start, end)."""
+    """A row of the phases table: ``timed`` is (bytes, seconds, start, end); ``restored``:
+    a restore's :class:`~ckptio.checkpoint.peers.RestoreRecord` (where it read from), if
+    it has one."""
     nbytes, seconds, start, end = timed
     return {
         "run_id": run_id,
@@ -298,6 +301,9 @@ def phase_row(
         "end": float(end),
         "cache": cache,
         "host": HOST,
+        "restore_path": restored.path if restored is not None else "n/a",
+        "peer_bytes": int(restored.nbytes.get("peer", 0)) if restored is not None else 0,
+        "durable_bytes": int(restored.nbytes.get("durable", 0)) if restored is not None else 0,
     }
 
 

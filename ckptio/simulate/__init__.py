@@ -23,8 +23,8 @@ is done and rank 0 has committed as ckptio commits: the manifest published, the 
 (a request per 1,000 keys) to check that nothing is missing and no gc fenced it, the save's
 lease released (:func:`ckptio.protocol.save_protocol_requests`, which the model counts
 too). A restore lists
-the steps, checks the manifest's size twice and reads it (every reading rank: that is the
-storm), then checks each object's size before reading its parts. Which ranks read: each
+the steps and reads the manifest (every reading rank: that is the storm), then checks each
+object's size beside its first reads. Which ranks read: each
 writing rank its own bytes (``readers="writers"``, what the model counts), or every rank
 what it holds (``readers="all"``: data-parallel replicas read the same objects).
 

@@ -474,15 +474,24 @@ class Replication:
     # -- ranks -------------------------------------------------------------------------------
 
     def _object(self, rank: _Rank, src: int, number: int, nbytes: int) -> Generator[Any, Any, bool]:
-        """One object: created (a write) or its size checked (a restore), its parts queued on
-        the node's streams, then completed (a write). False when a request failed."""
+        """One object: created (a write) or its size checked beside its first reads (a
+        restore, as :meth:`ckptio.checkpoint.CheckpointReader.read_many` does), its parts
+        queued on the node's streams, then completed (a write). False when a request
+        failed."""
         env = self.env
         node = rank.node
         part = self.part
         reading = self.reading
         bucket = self._bucket(self._prefix(src, number), reading)
         meta = self.meta if reading else self.object_meta
-        if bucket is None:  # nothing can refuse it: _request, inline
+        head: Any = None
+        if reading:  # nothing can refuse it (no bucket): a timeout
+            head = (
+                env.timeout(self._unrefused(node, meta), True)
+                if bucket is None
+                else env.process(self._request(node, bucket, meta, 0, []))
+            )
+        elif bucket is None:  # nothing can refuse it: _request, inline
             yield env.timeout(self._unrefused(node, meta))
         elif not (yield from self._request(node, bucket, meta, 0, [])):
             return False
@@ -501,7 +510,7 @@ class Replication:
         if obj.failed:
             return False
         if reading:
-            return True
+            return bool((yield head))
         if bucket is None:
             yield env.timeout(self._unrefused(node, meta))
             return True
@@ -541,7 +550,7 @@ class Replication:
     def _rank(self, rank: _Rank) -> Generator[Any, Any, None]:
         env = self.env
         node = rank.node
-        if self.reading:  # list the steps, check the manifest's size twice, read it
+        if self.reading:  # list the steps, read the manifest
             root = self._bucket(ROOT_PREFIX, True)
             preamble = [self.meta] * RESTORE_PREAMBLE_OPS + [self.lat]
             for draw in preamble:

@@ -5,6 +5,9 @@ rank r is on node ``n{r * NODES // size}``), each rank with its own fast root (L
 ``save DURABLE LOCAL K NODES``: steps 1..4 with ``replicas=K``, every 2nd drained (1 and 3
 durable, 2 and 4 on the fast tier and its peer copies only); prints each rank's tiers, its
 peer results and how long each save blocked.
+``save-each DURABLE LOCAL K NODES``: steps 1..4, only step 1 drained, each save's peer
+copies waited for before the next save (the rounds and the fast tier's retention in one
+order); prints as ``save``.
 ``load DURABLE LOCAL K NODES``: a fresh Checkpointer restores each rank's rows and the
 replicated tensor; prints the step, whether every array is bit-identical to what was saved
 and the restore's record (its path)."""
@@ -42,14 +45,18 @@ def main() -> None:
         local=local,
         comm=comm,
         replicas=int(k),
-        persist_every=2,
+        persist_every=4 if mode == "save-each" else 2,
         keep_last_local=2,
         chunk_size=16 * 1024,
         max_object_size=32 * 1024,
     ) as ck:
         out: dict = {"rank": comm.rank, "node": os.environ["CKPTIO_NODE"]}
-        if mode == "save":
-            handles = [ck.save(state(s, comm.rank, comm.size), s) for s in range(1, 5)]
+        if mode in ("save", "save-each"):
+            handles = []
+            for s in range(1, 5):
+                handles.append(ck.save(state(s, comm.rank, comm.size), s))
+                if mode == "save-each":
+                    handles[-1].wait_peers()
             ck.wait()
             out["tiers"] = ck.tiers()
             out["peers"] = [h.wait_peers().status for h in handles]

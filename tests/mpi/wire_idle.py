@@ -1,6 +1,7 @@
-"""Run under mpiexec with 2 ranks: rank 1 waits in the peer transport's ``recv`` for a
-document rank 0 sends only after 0.5 s of its own CPU work; rank 1 prints the wall and CPU
-seconds of its wait as JSON."""
+"""Run under mpiexec with 2 ranks: rank 1 waits for rank 0, which works 0.5 s of CPU first,
+in each of the peer transport's ``recv`` (a document), the communicator's ``gather``, its
+``bcast`` and its ``barrier`` (the collectives a restore's planning runs); rank 1 prints the
+wall and CPU seconds of each wait as JSON."""
 
 import json
 import time
@@ -10,14 +11,29 @@ from ckptio.dist import detect
 
 comm = detect()
 w = peers.wire(comm)
-if comm.rank == 0:
+
+
+def work() -> None:
     c0 = time.process_time()
-    while time.process_time() - c0 < 0.5:  # work, not a sleep: the receiver waits meanwhile
+    while time.process_time() - c0 < 0.5:  # work, not a sleep: the other rank waits meanwhile
         sum(range(1000))
-    peers._send_doc(w, 1, {"go": True})
-else:
-    t0, c0 = time.perf_counter(), time.process_time()
-    doc = peers._recv_doc(w, 0)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    print(json.dumps({"doc": doc, "wall": wall, "cpu": cpu}), flush=True)
+
+
+waits = {
+    "recv": lambda: peers._recv_doc(w, 0) if comm.rank else peers._send_doc(w, 1, {"go": True}),
+    "gather": lambda: comm.gather({"rank": comm.rank}, root=1),  # rank 1 collects
+    "bcast": lambda: comm.bcast({"go": True} if comm.rank == 0 else None, root=0),
+    "barrier": comm.barrier,
+}
+out = {}
+for name, wait in waits.items():
+    if comm.rank == 0:
+        work()
+        wait()
+    else:
+        t0, c0 = time.perf_counter(), time.process_time()
+        got = wait()
+        out[name] = {"got": got, "wall": time.perf_counter() - t0, "cpu": time.process_time() - c0}
+if comm.rank:
+    print(json.dumps(out), flush=True)
 comm.barrier()
