@@ -70,6 +70,37 @@ COALESCE_REQUEST_BYTES = 16 << 20
 Index = tuple[slice | int, ...]
 
 
+class _Pieced:
+    """A chunk read in pieces (:meth:`CheckpointReader._piece_bytes`): what each piece read and
+    its CRC32C, until the last piece is in."""
+
+    def __init__(self, chunk: mf.Chunk, out: memoryview, piece: int) -> None:
+        self.chunk = chunk
+        self.out = out
+        self.spans = [(s, min(piece, chunk.length - s)) for s in range(0, chunk.length, piece)]
+        self._got: list[tuple[int, int] | None] = [None] * len(self.spans)
+        self._left = len(self.spans)
+        self._lock = threading.Lock()
+
+    def piece_done(self, i: int, got: int, crc: int) -> tuple[int, int] | None:
+        """Record piece ``i`` (``got`` bytes, their CRC32C); once every piece is in, the
+        arguments of ``_check_chunk``: the bytes read in order up to the first short piece
+        (the object ends there) and the CRC32C of those bytes."""
+        with self._lock:
+            self._got[i] = (got, crc)
+            self._left -= 1
+            if self._left:
+                return None
+        total = whole_crc = 0
+        for (_, want), piece in zip(self.spans, self._got, strict=True):
+            assert piece is not None
+            n, c = piece
+            whole_crc, total = crc32c_combine(whole_crc, c, n), total + n
+            if n < want:
+                break  # the object ends in this piece: later pieces read nothing
+        return total, whole_crc
+
+
 def _normalize(
     index: Any, shape: tuple[int, ...], path: str
 ) -> tuple[list[int], list[int], list[bool]]:
@@ -350,7 +381,15 @@ class CheckpointReader:
         buffers = self._buffer_bytes(singles, groups)
         if buffers:
             self._ensure_memory(need + buffers, what, keys)
-        tasks: list[tuple[Callable[[Any], None], Any]] = [(self._read_job, j) for j in singles]
+        tasks: list[tuple[Callable[[Any], None], Any]] = []
+        piece = self._piece_bytes()
+        for job in singles:
+            target, _, direct = _place(job)
+            if direct and piece and job[0].length > piece:
+                whole = _Pieced(job[0], as_byte_view(target), piece)
+                tasks += [(self._read_piece, (whole, i)) for i in range(len(whole.spans))]
+            else:
+                tasks.append((self._read_job, job))
         tasks += [(self._read_group, g) for g in groups]
         with ThreadPoolExecutor(1, thread_name_prefix="ckptio-read") as sizer:
             checked = sizer.submit(self._check_sizes, keys)
@@ -438,6 +477,34 @@ class CheckpointReader:
         partial = sorted((job[0].length for job in singles if not _place(job)[2]), reverse=True)
         grouped = min(len(groups), self.readers) * COALESCE_REQUEST_BYTES
         return sum(partial[: self.readers]) + grouped
+
+    def _piece_bytes(self) -> int:
+        """Bytes per read of a large chunk on an object store (its ``request_size``: a ranged
+        GET), or 0 where a chunk is read with one ``read_into`` (a local or parallel
+        filesystem, whose ``read_into`` keeps its own reads in flight, or memory).
+
+        On an object store the load splits each large chunk itself into ranged reads of that
+        size, all chunks' pieces in one queue in chunk order: every reader stays busy across
+        chunk and object boundaries, the chunks complete in order, and each piece's CRC32C
+        is computed by the thread that received it while the network is still busy with
+        later pieces; a chunk's CRC is those combined (:func:`crc32c_combine`), checked as
+        its last piece arrives. The CRC left after the last GET is one piece's, not one
+        chunk's (measured in ``benchmarks/s3_peers.py``, ``ckptio-load-*``)."""
+        info = self.store.describe()
+        return info.request_size if info.local_path is None and not info.emulated else 0
+
+    def _read_piece(self, arg: tuple[_Pieced, int]) -> None:
+        """One piece of a large chunk into its slice of the output, its CRC32C computed here;
+        the thread that completes the chunk combines the pieces' CRCs and checks the chunk."""
+        whole, i = arg
+        start, n = whole.spans[i]
+        got = self._read_object(
+            whole.chunk.key, whole.chunk.offset + start, whole.out[start : start + n]
+        )
+        crc = crc32c(whole.out[start : start + got]) if got else 0
+        done = whole.piece_done(i, got, crc)
+        if done is not None:
+            self._check_chunk(whole.chunk, done[0], None, crc=done[1])
 
     def _read_job(self, job: _Job) -> None:
         """Read one chunk: straight into its target, or through a buffer when only part of it
@@ -810,6 +877,16 @@ def crc32c_zeros(crc: int, n: int) -> int:
         n >>= 1
         k += 1
     return register ^ 0xFFFFFFFF
+
+
+def crc32c_combine(crc_a: int, crc_b: int, len_b: int) -> int:
+    """The CRC32C of bytes A followed by bytes B from the CRC32C of each and B's length: the
+    CRC register's update is affine in its starting value, so continuing from ``crc_a``
+    instead of 0 over B adds what continuing over ``len_b`` zeros adds (:func:`crc32c_zeros`,
+    microseconds)."""
+    if not len_b:
+        return crc_a
+    return crc32c_zeros(crc_a, len_b) ^ crc32c_zeros(0, len_b) ^ crc_b
 
 
 def committed_steps(store: Store) -> list[int]:
