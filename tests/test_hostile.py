@@ -1252,7 +1252,7 @@ def test_crc32c_of_a_hole_is_that_of_its_zeros(n):
     """What verify adds for a hole equals the CRC32C of the zeros read, from any prior CRC."""
     import crc32c
 
-    from ckptio.checkpoint.read import crc32c_zeros
+    from ckptio.checkpoint.crcs import crc32c_zeros
 
     for prior in (0, 0xDEADBEEF, crc32c.crc32c(b"ckptio")):
         assert crc32c_zeros(prior, n) == crc32c.crc32c(bytes(n), prior), (prior, n)

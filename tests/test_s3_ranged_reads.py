@@ -143,7 +143,7 @@ def test_an_object_longer_than_its_manifest_says_is_refused(s3_bucket: str) -> N
 def test_crc32c_combine_is_the_crc32c_of_the_concatenation(len_a: int, len_b: int) -> None:
     import crc32c
 
-    from ckptio.checkpoint.read import crc32c_combine
+    from ckptio.checkpoint.crcs import crc32c_combine
 
     a, b = DATA[:len_a], DATA[len_a : len_a + len_b]
     got = crc32c_combine(crc32c.crc32c(a), crc32c.crc32c(b), len_b)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +32,7 @@ from ckptio import errors
 from ckptio import format as fmt
 from ckptio import manifest as mf
 from ckptio.arrays import Target, as_target, ensure_memory
+from ckptio.checkpoint.crcs import PiecedChunk, crc32c_zeros
 from ckptio.checkpoint.snapshot import Shard, aligned_empty, crc32c
 from ckptio.registry import open_store
 from ckptio.store import Store, as_byte_view, wait_all
@@ -68,37 +68,6 @@ COALESCE_REQUEST_BYTES = 16 << 20
 
 
 Index = tuple[slice | int, ...]
-
-
-class _Pieced:
-    """A chunk read in pieces (:meth:`CheckpointReader._piece_bytes`): what each piece read and
-    its CRC32C, until the last piece is in."""
-
-    def __init__(self, chunk: mf.Chunk, out: memoryview, piece: int) -> None:
-        self.chunk = chunk
-        self.out = out
-        self.spans = [(s, min(piece, chunk.length - s)) for s in range(0, chunk.length, piece)]
-        self._got: list[tuple[int, int] | None] = [None] * len(self.spans)
-        self._left = len(self.spans)
-        self._lock = threading.Lock()
-
-    def piece_done(self, i: int, got: int, crc: int) -> tuple[int, int] | None:
-        """Record piece ``i`` (``got`` bytes, their CRC32C); once every piece is in, the
-        arguments of ``_check_chunk``: the bytes read in order up to the first short piece
-        (the object ends there) and the CRC32C of those bytes."""
-        with self._lock:
-            self._got[i] = (got, crc)
-            self._left -= 1
-            if self._left:
-                return None
-        total = whole_crc = 0
-        for (_, want), piece in zip(self.spans, self._got, strict=True):
-            assert piece is not None
-            n, c = piece
-            whole_crc, total = crc32c_combine(whole_crc, c, n), total + n
-            if n < want:
-                break  # the object ends in this piece: later pieces read nothing
-        return total, whole_crc
 
 
 def _normalize(
@@ -386,7 +355,7 @@ class CheckpointReader:
         for job in singles:
             target, _, direct = _place(job)
             if direct and piece and job[0].length > piece:
-                whole = _Pieced(job[0], as_byte_view(target), piece)
+                whole = PiecedChunk(job[0], as_byte_view(target), piece)
                 tasks += [(self._read_piece, (whole, i)) for i in range(len(whole.spans))]
             else:
                 tasks.append((self._read_job, job))
@@ -487,13 +456,13 @@ class CheckpointReader:
         size, all chunks' pieces in one queue in chunk order: every reader stays busy across
         chunk and object boundaries, the chunks complete in order, and each piece's CRC32C
         is computed by the thread that received it while the network is still busy with
-        later pieces; a chunk's CRC is those combined (:func:`crc32c_combine`), checked as
+        later pieces; a chunk's CRC is those combined (:func:`~ckptio.checkpoint.crcs.crc32c_combine`), checked as
         its last piece arrives. The CRC left after the last GET is one piece's, not one
         chunk's (measured in ``benchmarks/s3_peers.py``, ``ckptio-load-*``)."""
         info = self.store.describe()
         return info.request_size if info.local_path is None and not info.emulated else 0
 
-    def _read_piece(self, arg: tuple[_Pieced, int]) -> None:
+    def _read_piece(self, arg: tuple[PiecedChunk, int]) -> None:
         """One piece of a large chunk into its slice of the output, its CRC32C computed here;
         the thread that completes the chunk combines the pieces' CRCs and checks the chunk."""
         whole, i = arg
@@ -661,7 +630,7 @@ class CheckpointReader:
         ``readers`` buffers of :data:`VERIFY_BLOCK_BYTES`, and of a sparse object (a file
         whose declared size is mostly holes, :meth:`~ckptio.store.Store.stored_ranges`) it
         reads only the bytes stored, the CRC of each hole's zeros computed
-        (:func:`crc32c_zeros`): a manifest declaring terabytes over a sparse file is answered
+        (:func:`~ckptio.checkpoint.crcs.crc32c_zeros`): a manifest declaring terabytes over a sparse file is answered
         in the time its few stored bytes take."""
         problems: list[str] = []
         sizes: dict[str, int] = {}
@@ -828,65 +797,6 @@ def _first_hole(store: Store, key: str, size: int) -> int | None:
             return pos
         pos = end
     return pos if pos < size else None
-
-
-_CRC32C_POLY = 0x82F63B78
-"""CRC-32C (Castagnoli), reflected."""
-_ZERO_BYTES = bytes(1 << 16)
-_ZEROS_OPERATORS: list[list[int]] = []
-"""``[k]``: what ``2**k`` zero bytes do to a CRC-32C register, a 32x32 matrix over GF(2) (one
-int per column), made as they are first needed."""
-_ZEROS_LOCK = threading.Lock()
-
-
-def _gf2_times(matrix: list[int], vector: int) -> int:
-    out, i = 0, 0
-    while vector:
-        if vector & 1:
-            out ^= matrix[i]
-        vector >>= 1
-        i += 1
-    return out
-
-
-def _gf2_square(matrix: list[int]) -> list[int]:
-    return [_gf2_times(matrix, column) for column in matrix]
-
-
-def crc32c_zeros(crc: int, n: int) -> int:
-    """The CRC32C of ``n`` zero bytes following bytes whose CRC32C is ``crc``: what a hole of
-    a sparse file adds, in time logarithmic in ``n`` (a 4 TiB hole in microseconds, where
-    reading it would take an hour). Written here because no maintained CRC32C library for
-    Python offers zero extension or ``crc32c_combine``: zlib's method (the register's
-    update by one zero bit is linear; ``2**k`` zero bytes are its matrix squared), with the
-    matrices kept."""
-    if n <= len(_ZERO_BYTES):
-        return crc32c(_ZERO_BYTES[:n], crc) if n else crc
-    register = crc ^ 0xFFFFFFFF
-    k = 0
-    while n:
-        if n & 1:
-            with _ZEROS_LOCK:
-                if not _ZEROS_OPERATORS:  # one zero bit, then squared three times: a byte
-                    one = [_CRC32C_POLY] + [1 << (i - 1) for i in range(1, 32)]
-                    _ZEROS_OPERATORS.append(_gf2_square(_gf2_square(_gf2_square(one))))
-                while len(_ZEROS_OPERATORS) <= k:
-                    _ZEROS_OPERATORS.append(_gf2_square(_ZEROS_OPERATORS[-1]))
-                operator = _ZEROS_OPERATORS[k]
-            register = _gf2_times(operator, register)
-        n >>= 1
-        k += 1
-    return register ^ 0xFFFFFFFF
-
-
-def crc32c_combine(crc_a: int, crc_b: int, len_b: int) -> int:
-    """The CRC32C of bytes A followed by bytes B from the CRC32C of each and B's length: the
-    CRC register's update is affine in its starting value, so continuing from ``crc_a``
-    instead of 0 over B adds what continuing over ``len_b`` zeros adds (:func:`crc32c_zeros`,
-    microseconds)."""
-    if not len_b:
-        return crc_a
-    return crc32c_zeros(crc_a, len_b) ^ crc32c_zeros(0, len_b) ^ crc_b
 
 
 def committed_steps(store: Store) -> list[int]:
