@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from ckptio import errors
+from ckptio.wire import decode, encode
 
 __all__ = [
     "Communicator",
@@ -100,7 +101,7 @@ class MPICommunicator:
     """An mpi4py communicator (``MPI.COMM_WORLD`` by default). Its collectives are MPI's
     non-blocking ones (``Igatherv``, ``Ibcast``, ``Ibarrier``) waited for by :func:`poll`, so
     a rank waiting for the others in a commit or a restore's planning leaves the CPU to them;
-    objects travel pickled by mpi4py's own pickler, as its ``gather``/``bcast`` do."""
+    objects travel as :func:`~ckptio.wire.encode` makes them (JSON, never pickle)."""
 
     def __init__(self, comm: Any = None) -> None:
         try:
@@ -121,7 +122,7 @@ class MPICommunicator:
         from array import array
 
         MPI = self._MPI
-        data = MPI.pickle.dumps(obj)
+        data = encode(obj)
         sizes = array("q", bytes(8 * self.size)) if self.rank == root else None
         mine = array("q", [len(data)])
         into = None if sizes is None else [sizes, MPI.INT64_T]
@@ -135,18 +136,18 @@ class MPICommunicator:
         recv = [buf, (counts, displs), MPI.BYTE]
         poll(self.comm.Igatherv([data, MPI.BYTE], recv, root).Test)
         view = memoryview(buf)
-        return [MPI.pickle.loads(view[d : d + c]) for d, c in zip(displs, counts, strict=True)]
+        return [decode(view[d : d + c]) for d, c in zip(displs, counts, strict=True)]
 
     def bcast(self, obj: Any, root: int = 0) -> Any:
         from array import array
 
         MPI = self._MPI
-        data = MPI.pickle.dumps(obj) if self.rank == root else b""
+        data = encode(obj) if self.rank == root else b""
         size = array("q", [len(data)])
         poll(self.comm.Ibcast([size, MPI.INT64_T], root).Test)
         buf = bytearray(data) if self.rank == root else bytearray(size[0])
         poll(self.comm.Ibcast([buf, MPI.BYTE], root).Test)
-        return obj if self.rank == root else MPI.pickle.loads(buf)
+        return obj if self.rank == root else decode(buf)
 
     def dup(self) -> MPICommunicator:
         return MPICommunicator(self.comm.Dup())
@@ -229,8 +230,8 @@ class LocalProcesses:
     """Ranks as processes on this node, started by :func:`run_local` (``ckptio run --ranks N``
     without a launcher). Rank 0 is the calling process; the others are its children, each
     linked to rank 0 by :data:`CHANNELS` pipes: one for this communicator, the others taken in
-    order by :meth:`dup` (every rank dups in the same order, as with MPI). Messages are JSON
-    (never pickle); collectives go through rank 0 (gather to and broadcast from rank 0 only),
+    order by :meth:`dup` (every rank dups in the same order, as with MPI). Messages are
+    :func:`~ckptio.wire.encode`'s JSON (never pickle); collectives go through rank 0 (gather to and broadcast from rank 0 only),
     which is all the runner needs. A rank that dies makes the next collective raise
     :class:`RankFailedError` on rank 0 (and its closed pipes do the same on the others)."""
 
@@ -244,20 +245,16 @@ class LocalProcesses:
         self._spare: list[list[Any]] = spare if spare is not None else []
 
     def _send(self, conn: Any, obj: Any, peer: int) -> None:
-        import json
-
         try:
-            conn.send_bytes(json.dumps(obj, separators=(",", ":")).encode())
+            conn.send_bytes(encode(obj))
         except (OSError, EOFError) as err:
             raise RankFailedError(
                 f"rank {peer} is gone (sending from rank {self.rank}): {err}"
             ) from err
 
     def _recv(self, conn: Any, peer: int) -> Any:
-        import json
-
         try:
-            return json.loads(conn.recv_bytes())
+            return decode(conn.recv_bytes())
         except (OSError, EOFError) as err:
             raise RankFailedError(
                 f"rank {peer} died or failed (rank {self.rank} was waiting for it)"

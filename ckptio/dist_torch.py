@@ -5,15 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from ckptio import errors
+from ckptio.wire import decode, encode
 
 __all__ = ["TorchCommunicator"]
 
 
 class TorchCommunicator:
-    """Collectives through ``torch.distributed`` object collectives (gloo works on CPU)."""
+    """Collectives through ``torch.distributed`` (gloo works on CPU). Objects travel as
+    :func:`ckptio.wire.encode` makes them, in uint8 tensors: torch's object collectives
+    (``gather_object``, ``broadcast_object_list``) pickle, and a rank would unpickle what
+    another process sent."""
 
     def __init__(self, group: Any = None) -> None:
         try:
+            import torch
             import torch.distributed as tdist
         except ImportError as err:
             raise errors.BackendUnavailableError(
@@ -26,21 +31,50 @@ class TorchCommunicator:
             self.owns_group = True
         self._dist = tdist
         self.group = group
+        backend = tdist.get_backend(group)
+        self._device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if backend == "nccl"
+            else torch.device("cpu")
+        )
         self.rank = int(tdist.get_rank(group))
         self.size = int(tdist.get_world_size(group))
 
     def barrier(self) -> None:
         self._dist.barrier(group=self.group)
 
-    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
-        out: list[Any] | None = [None] * self.size if self.rank == root else None
-        self._dist.gather_object(obj, out, dst=root, group=self.group)
+    def _bytes(self, data: bytes, length: int) -> Any:
+        import torch
+
+        out = torch.zeros(length, dtype=torch.uint8, device=self._device)
+        if data:
+            out[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         return out
 
+    def gather(self, obj: Any, root: int = 0) -> list[Any] | None:
+        import torch
+
+        data = encode(obj)
+        sizes = [torch.zeros(1, dtype=torch.int64, device=self._device) for _ in range(self.size)]
+        mine = torch.tensor([len(data)], dtype=torch.int64, device=self._device)
+        self._dist.all_gather(sizes, mine, group=self.group)
+        counts = [int(t.item()) for t in sizes]
+        longest = max(counts)
+        every = [self._bytes(b"", longest) for _ in range(self.size)]
+        self._dist.all_gather(every, self._bytes(data, longest), group=self.group)
+        if self.rank != root:
+            return None
+        return [decode(t[:n].cpu().numpy().tobytes()) for t, n in zip(every, counts, strict=True)]
+
     def bcast(self, obj: Any, root: int = 0) -> Any:
-        box = [obj]
-        self._dist.broadcast_object_list(box, src=root, group=self.group)
-        return box[0]
+        import torch
+
+        data = encode(obj) if self.rank == root else b""
+        size = torch.tensor([len(data)], dtype=torch.int64, device=self._device)
+        self._dist.broadcast(size, src=root, group=self.group)
+        buf = self._bytes(data, int(size.item()))
+        self._dist.broadcast(buf, src=root, group=self.group)
+        return obj if self.rank == root else decode(buf.cpu().numpy().tobytes())
 
     def dup(self) -> TorchCommunicator:
         return TorchCommunicator(self._dist.new_group(backend="gloo"))

@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "ckptio.redact",
             "ckptio.arrays",
             "ckptio._memcopy",
+            "ckptio.wire",
             "ckptio.dist",
             "ckptio.dist_torch",
             "ckptio.forked",
