@@ -66,6 +66,13 @@ class Job:
         return [mode, self.durable, self.local, str(self.k), str(nodes or self.nodes)]
 
 
+def flip_a_byte(path: Path) -> None:
+    """Damage a stored object as a bad disk would: one bit pattern changed, size kept."""
+    raw = bytearray(path.read_bytes())
+    raw[100] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
 def paths(out: dict[int, dict[str, Any]]) -> dict[int, str]:
     return {r: d["restore"]["path"] for r, d in sorted(out.items())}
 
@@ -107,10 +114,7 @@ def test_a_damaged_peer_copy_is_detected_and_skipped(tmp_path: Path) -> None:
     the peer copies: never the damaged bytes."""
     job = Job(tmp_path, k=1, nodes=2, n=4)
     job.save()
-    data = next((job.root(0) / "peers/rank-00002/step-0000000004/data").iterdir())
-    raw = bytearray(data.read_bytes())
-    raw[100] ^= 0xFF
-    data.write_bytes(bytes(raw))
+    flip_a_byte(next((job.root(0) / "peers/rank-00002/step-0000000004/data").iterdir()))
     job.lose(1)
     out = job.load()
     assert {d["step"] for d in out.values()} == {3}
@@ -125,10 +129,7 @@ def test_a_newer_step_that_fails_to_read_is_kept_not_retired(tmp_path: Path) -> 
     step: a failing disk may come back, and nothing is retired that could still be read)."""
     job = Job(tmp_path, k=1, nodes=2, n=4)
     job.save()
-    data = next((job.root(0) / "step-0000000004/data").iterdir())
-    raw = bytearray(data.read_bytes())
-    raw[100] ^= 0xFF
-    data.write_bytes(bytes(raw))
+    flip_a_byte(next((job.root(0) / "step-0000000004/data").iterdir()))
     out = job.load()
     assert {d["step"] for d in out.values()} == {3}
     assert (job.root(0) / "step-0000000004/manifest.json").exists()

@@ -24,7 +24,6 @@ from ckptio.checkpoint.peers import (
     run_restore,
 )
 from ckptio.checkpoint.read import RELISTS, CheckpointReader, committed_steps, read_manifest
-from ckptio.checkpoint.retention import retire_newer
 
 if TYPE_CHECKING:
     from ckptio.checkpoint.tiered import TieredCheckpointer
@@ -178,11 +177,11 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
 
 
 def _retire_newer(self: TieredCheckpointer, step: int, unreadable: set[int]) -> None:
-    """After restoring the newest step that survives (``step``): the steps newer than it on
-    this rank's fast root (:func:`~ckptio.checkpoint.retention.retire_newer`) and the copies
-    of them it holds can never be restored; both retired. Kept: the ``unreadable`` steps,
-    whole but failed to read (a failing disk may come back)."""
-    retire_newer(self.fast.store, step, keep=unreadable)
+    """After restoring the newest step that survives (``step``): the newer steps on this
+    rank's fast root that no rank can complete are retired as without peer copies
+    (:meth:`~ckptio.checkpoint.tiered.TieredCheckpointer._retire_orphans`: ``unreadable``
+    ones, whole but failed to read, kept), and the copies of them it holds go too."""
+    self._retire_orphans(step, unreadable)
     drop_copies(self.fast.store, lambda s: s > step and s not in unreadable)
 
 
