@@ -333,7 +333,7 @@ class S3Base(Store):
         n = 0
         client = self._mpu_client()
         for u in self._uploads(prefix):
-            if now - u["Initiated"].timestamp() < older_than:
+            if older_than > 0 and now - u["Initiated"].timestamp() < older_than:
                 continue
 
             def abort(u: dict[str, Any] = u) -> None:

@@ -536,7 +536,8 @@ class LocalStore(Store):
             if TMP_MARK not in key:
                 continue
             try:
-                if now - entry.stat(follow_symlinks=False).st_mtime < older_than:
+                age = now - entry.stat(follow_symlinks=False).st_mtime
+                if older_than > 0 and age < older_than:
                     continue
                 os.unlink(entry.path)
                 removed += 1

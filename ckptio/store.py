@@ -525,7 +525,12 @@ class Store(ABC):
 
     def cleanup_incomplete(self, prefix: str = "", *, older_than: float = 0.0) -> int:
         """Remove debris of interrupted writes under ``prefix`` that is older than
-        ``older_than`` seconds. Returns how many were removed. Default: nothing to do."""
+        ``older_than`` seconds. Returns how many were removed. Default: nothing to do.
+
+        Note for implementers: ``older_than=0`` removes all of it, whatever its timestamp
+        says: a write still landing after this call's clock reading, or a writer whose clock
+        runs ahead of this host's, stamps a time in the future, and "any age" must not read
+        that as "too young"."""
         return 0
 
     # -- what the suite records about a store (a description, not storage semantics) -------

@@ -9,6 +9,7 @@ exactly while the save's data is written and its manifest is not yet published.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -491,6 +492,31 @@ def test_leases_are_judged_by_the_storage_clock_from_another_host(tmp_path):
     store.publish("step-0000000005/saving-bbbbbbbb.json", b"\x00not json")
     assert len(ckptio.collect_garbage(store, unfinished=True)) == 2
     assert not [k for k in store.list("") if "fence-" in k], "a gc left its fence behind"
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
+def test_debris_stamped_in_the_future_is_removed_at_any_age(tmp_path, direct):
+    """A temp file whose time is ahead of this host's clock (its writer's clock runs ahead,
+    or its last write landed after cleanup read the clock) is young by any ``older_than``
+    above zero and removed by ``older_than=0``, which means "whatever its age"."""
+    from ckptio.backends.local import LocalStore
+
+    store = LocalStore(str(tmp_path), direct=direct)
+    w = store.open_writer("crash/obj.bin", size_hint=1 << 20)
+    w.write(np.ones(1 << 20, dtype=np.uint8))
+    try:
+        (debris,) = store.list_incomplete("crash/")
+        (path,) = (tmp_path / "crash").iterdir()
+        ahead = time.time() + 60
+        os.utime(path, (ahead, ahead))
+        assert store.cleanup_incomplete("crash/", older_than=1) == 0
+        assert store.list_incomplete("crash/") == [debris]
+        assert store.cleanup_incomplete("crash/") == 1
+        assert store.list_incomplete("crash/") == []
+    finally:
+        with contextlib.suppress(errors.CkptioError):
+            w.abort()
+        store.close()
 
 
 # -- readers beside a trainer that saves with keep_last=1 ---------------------------------------
