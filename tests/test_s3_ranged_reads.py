@@ -174,3 +174,109 @@ def test_a_load_reads_large_chunks_as_part_sized_gets_and_finds_damage_in_a_midd
     with pytest.raises(errors.ChecksumError, match=f"bytes {chunk}..{2 * chunk} "):
         ckptio.load(store, step=1)
     store.close()
+
+
+def _mapped_at(addr: int, nbytes: int) -> bool:
+    """Whether the first and the last page of ``nbytes`` at ``addr`` (page-aligned) are mapped."""
+    from ckptio.arrays import PAGE, page_mapped
+
+    return page_mapped(addr) and page_mapped(addr + nbytes - PAGE)
+
+
+def test_a_ranged_get_goes_out_before_its_destination_is_mapped(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mapping fresh memory takes milliseconds of CPU: the GET goes out first, and the pages
+    of its destination are mapped in one call once the answer has come, before the body is
+    copied in (they overlap the server's sending instead of delaying the request)."""
+    from ckptio import arrays
+    from ckptio.arrays import address, private_pages
+
+    if not arrays._prefault_works:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux < 5.14)")
+    store = _store(s3_bucket)
+    assert store._presigned is not None  # botocore's session: the reads' own path
+    view = memoryview(private_pages(PART))  # fresh memory: no page mapped
+    addr = address(view)
+    session = store._presigned._session
+    real_send = session.send
+    seen: dict[str, bool] = {}
+
+    class Body:
+        """The response's socket file; notes whether the destination is mapped when the
+        body is first copied in."""
+
+        def __init__(self, fp: Any) -> None:
+            self._fp = fp
+
+        def readinto(self, b: Any) -> int:
+            seen.setdefault("at the first copy", _mapped_at(addr, PART))
+            return int(self._fp.readinto(b))
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._fp, name)
+
+    def send(request: Any) -> Any:
+        seen["at the request"] = _mapped_at(addr, PART)
+        resp = real_send(request)
+        resp.raw._fp = Body(resp.raw._fp)
+        return resp
+
+    monkeypatch.setattr(session, "send", send)
+    assert store.read_into("obj.bin", 0, view) == PART
+    assert seen == {"at the request": False, "at the first copy": True}
+    assert bytes(view) == DATA[:PART]
+    store.close()
+
+
+def test_a_load_maps_its_arrays_ahead_of_the_gets_that_fill_them(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an object store a load maps the pages of its arrays in the order it reads them, in
+    a thread of its own, while earlier GETs are in flight: here every GET waits until its
+    destination is mapped, which only that thread does before the request. The bytes load
+    intact, a flipped byte is still found, and no thread of the load outlives it."""
+    from ckptio.arrays import address
+    from ckptio.checkpoint import read as read_mod
+
+    url = f"s3+boto3://{s3_bucket}/ahead?part_size={PART}&streams=3"
+    chunk = 2 * PART
+    w = np.random.default_rng(5).random((2 * chunk // 4096, 1024), dtype=np.float32)
+    ckptio.save({"w": w}, url, step=1, chunk_size=chunk)
+    store = open_store(url)
+    mapped: list[tuple[int, int]] = []
+    changed = threading.Condition()
+    real_prefault = read_mod.prefault
+
+    def prefault(view: memoryview) -> None:
+        real_prefault(view)
+        with changed:
+            mapped.append((address(view), view.nbytes))
+            changed.notify_all()
+
+    monkeypatch.setattr(read_mod, "prefault", prefault)
+    real = store._read_range
+    ahead: list[bool] = []
+
+    def read_range(key: str, full: str, offset: int, out: memoryview) -> int:
+        if key.endswith(".bin") and len(ahead) < 4:  # the first load's GETs
+            a, n = address(out), out.nbytes
+
+            def covered() -> bool:
+                return any(s <= a and a + n <= s + m for s, m in mapped)
+
+            with changed:
+                ahead.append(changed.wait_for(covered, timeout=10))
+        return real(key, full, offset, out)
+
+    monkeypatch.setattr(store, "_read_range", read_range)
+    np.testing.assert_array_equal(ckptio.load(store, step=1)["w"], w)
+    assert ahead == [True] * 4  # two chunks of two part-sized GETs, each mapped before it
+    key = next(k for k in store.list("step-") if k.endswith(".bin"))
+    body = bytearray(store.get(key))
+    body[-5] ^= 0x10  # the last piece of the last chunk
+    store.publish(key, bytes(body))
+    with pytest.raises(errors.ChecksumError, match=f"bytes {chunk}..{2 * chunk} "):
+        ckptio.load(store, step=1)
+    assert not [t for t in threading.enumerate() if t.name.startswith("ckptio-read")]
+    store.close()
