@@ -15,6 +15,7 @@ import importlib
 import mmap
 import os
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -342,6 +343,16 @@ def prefault(view: memoryview) -> None:
     failed = call(lo, hi - lo, advice) != 0
     if failed and ctypes.get_errno() == errno.EINVAL:  # a kernel before 5.14: stop asking
         _prefault_works = False
+
+
+def prefault_each(views: list[memoryview], stop: threading.Event) -> None:
+    """:func:`prefault` each of ``views``, in order, until ``stop`` is set: memory that reads
+    will fill in that order, mapped ahead of them by a thread of its own (a load from an
+    object store: :meth:`~ckptio.checkpoint.read.CheckpointReader.read_many`)."""
+    for view in views:
+        if stop.is_set():
+            return
+        prefault(view)
 
 
 def as_host_array(obj: Any) -> np.ndarray | None:

@@ -236,8 +236,8 @@ def test_a_load_maps_its_arrays_ahead_of_the_gets_that_fill_them(
     a thread of its own, while earlier GETs are in flight: here every GET waits until its
     destination is mapped, which only that thread does before the request. The bytes load
     intact, a flipped byte is still found, and no thread of the load outlives it."""
+    from ckptio import arrays
     from ckptio.arrays import address
-    from ckptio.checkpoint import read as read_mod
 
     url = f"s3+boto3://{s3_bucket}/ahead?part_size={PART}&streams=3"
     chunk = 2 * PART
@@ -246,7 +246,7 @@ def test_a_load_maps_its_arrays_ahead_of_the_gets_that_fill_them(
     store = open_store(url)
     mapped: list[tuple[int, int]] = []
     changed = threading.Condition()
-    real_prefault = read_mod.prefault
+    real_prefault = arrays.prefault
 
     def prefault(view: memoryview) -> None:
         real_prefault(view)
@@ -254,7 +254,7 @@ def test_a_load_maps_its_arrays_ahead_of_the_gets_that_fill_them(
             mapped.append((address(view), view.nbytes))
             changed.notify_all()
 
-    monkeypatch.setattr(read_mod, "prefault", prefault)
+    monkeypatch.setattr(arrays, "prefault", prefault)  # what the load's mapping calls
     real = store._read_range
     ahead: list[bool] = []
 

@@ -32,7 +32,7 @@ import numpy as np
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio import manifest as mf
-from ckptio.arrays import Target, as_target, ensure_memory, prefault
+from ckptio.arrays import Target, as_target, ensure_memory, prefault_each
 from ckptio.checkpoint.crcs import PiecedChunk, crc32c_zeros
 from ckptio.checkpoint.snapshot import Shard, aligned_empty, crc32c
 from ckptio.registry import open_store
@@ -339,12 +339,10 @@ class CheckpointReader:
         where what would be allocated exceeds this machine, the sizes are checked first, so
         a hostile declaration is named as such (:meth:`_check_sizes`).
 
-        On an object store a thread of the load maps the pages of what the reads fill, in the
-        order they fill it, ahead of them (:func:`~ckptio.arrays.prefault`): the kernel's
-        first touch of fresh memory (a fault and a zeroed page per 4 KiB: 0.13 s of CPU per
-        512 MiB on the 2-core VM of ``benchmarks/README.md``) then overlaps the GETs in
-        flight instead of sitting between one GET of a reader and its next, and a GET
-        receives into mapped memory."""
+        On an object store a thread of the load maps the pages of what the reads fill, in
+        their order, ahead of them (:func:`~ckptio.arrays.prefault_each`): the kernel's first
+        touch of fresh memory (a zeroed page per 4 KiB) then overlaps the GETs in flight
+        instead of sitting between a reader's GETs, which receive into mapped memory."""
         into = into or {}
         self._check_wanted(wanted)
         keys = {c.key for p in wanted for c in self.manifest.tensors[p].chunks}
@@ -376,7 +374,7 @@ class CheckpointReader:
         with ThreadPoolExecutor(2, thread_name_prefix="ckptio-read") as helpers:
             checked = helpers.submit(self._check_sizes, keys)
             if ahead and len(tasks) > 1:
-                helpers.submit(_map_ahead, ahead, stop)
+                helpers.submit(prefault_each, ahead, stop)
             if len(tasks) <= 1:
                 try:
                     for fn, arg in tasks:
@@ -771,16 +769,6 @@ MANIFEST_FIRST_READ = 512 << 10
 fills them (100,000 chunks, say) is then sized and read whole. On an object store that is one
 GET where sizing it first took a HEAD, and :meth:`~ckptio.store.Store.get` a second HEAD
 and the GET. Small enough that a local store reads it through the page cache."""
-
-
-def _map_ahead(views: list[memoryview], stop: threading.Event) -> None:
-    """Map the pages of ``views`` (:func:`~ckptio.arrays.prefault`), one after the other,
-    until ``stop`` is set: a load's arrays, in the order its reads fill them, ahead of them
-    (:meth:`CheckpointReader.read_many`)."""
-    for view in views:
-        if stop.is_set():
-            return
-        prefault(view)
 
 
 def read_manifest(store: Store, step: int) -> mf.Manifest:
