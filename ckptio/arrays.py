@@ -15,7 +15,6 @@ import importlib
 import mmap
 import os
 import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -326,11 +325,10 @@ def prefault(view: memoryview) -> None:
 
     A view whose last whole page is mapped already is taken as mapped (one ``mincore`` call,
     microseconds), and nothing is done: populating mapped pages is no fault, but a walk of
-    the page table that marks every page accessed, a quarter of a first populate's kernel
-    CPU (35 ms for 512 MiB on the 2-core VM of ``benchmarks/README.md``), and ckptio maps
-    memory front to back (a load maps its arrays ahead of its reads:
-    :meth:`~ckptio.checkpoint.read.CheckpointReader.read_many`). A view mapped only in part
-    further on is then filled with a fault per page, as without this call."""
+    the page table that marks every page accessed, about a quarter of a first populate's
+    kernel CPU (``docs/performance.md``, "Against Ceph RGW"): a load ``into=`` arrays in
+    use, or a buffer read into again. A view mapped only in part, its last page among the
+    mapped, is then filled with a fault per unmapped page, as without this call."""
     global _prefault_works
     call, advice = madvise, MADV_POPULATE_WRITE
     if not _prefault_works or view.nbytes < PREFAULT_MIN or call is None or advice is None:
@@ -343,16 +341,6 @@ def prefault(view: memoryview) -> None:
     failed = call(lo, hi - lo, advice) != 0
     if failed and ctypes.get_errno() == errno.EINVAL:  # a kernel before 5.14: stop asking
         _prefault_works = False
-
-
-def prefault_each(views: list[memoryview], stop: threading.Event) -> None:
-    """:func:`prefault` each of ``views``, in order, until ``stop`` is set: memory that reads
-    will fill in that order, mapped ahead of them by a thread of its own (a load from an
-    object store: :meth:`~ckptio.checkpoint.read.CheckpointReader.read_many`)."""
-    for view in views:
-        if stop.is_set():
-            return
-        prefault(view)
 
 
 def as_host_array(obj: Any) -> np.ndarray | None:

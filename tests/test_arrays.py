@@ -43,9 +43,9 @@ def test_prefault_maps_the_whole_pages_of_a_view_and_changes_no_byte() -> None:
 
 @linux_only
 def test_prefault_leaves_a_view_whose_last_page_is_mapped_alone() -> None:
-    """A view whose last whole page is mapped is taken as mapped already (ckptio maps front
-    to back: a load maps its arrays ahead of its reads), so a second call is no second walk
-    of its page table; a view whose last page is not mapped is mapped whole."""
+    """A view whose last whole page is mapped is taken as mapped already (memory read into
+    again, arrays a load fills in place), so a second call is no second walk of its page
+    table; a view whose last page is not mapped is mapped whole."""
     if not arrays._prefault_works:
         pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux < 5.14)")
     n = 8 << 20

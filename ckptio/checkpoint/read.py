@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -32,7 +31,7 @@ import numpy as np
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio import manifest as mf
-from ckptio.arrays import Target, as_target, ensure_memory, prefault_each
+from ckptio.arrays import Target, as_target, ensure_memory
 from ckptio.checkpoint.crcs import PiecedChunk, crc32c_zeros
 from ckptio.checkpoint.snapshot import Shard, aligned_empty, crc32c
 from ckptio.registry import open_store
@@ -337,12 +336,7 @@ class CheckpointReader:
         while the first chunks are read, not before: their round trip no longer delays the
         first read. A size that differs is the error raised, whatever the reads found; and
         where what would be allocated exceeds this machine, the sizes are checked first, so
-        a hostile declaration is named as such (:meth:`_check_sizes`).
-
-        On an object store a thread of the load maps the pages of what the reads fill, in
-        their order, ahead of them (:func:`~ckptio.arrays.prefault_each`): the kernel's first
-        touch of fresh memory (a zeroed page per 4 KiB) then overlaps the GETs in flight
-        instead of sitting between a reader's GETs, which receive into mapped memory."""
+        a hostile declaration is named as such (:meth:`_check_sizes`)."""
         into = into or {}
         self._check_wanted(wanted)
         keys = {c.key for p in wanted for c in self.manifest.tensors[p].chunks}
@@ -358,23 +352,16 @@ class CheckpointReader:
             self._ensure_memory(need + buffers, what, keys)
         tasks: list[tuple[Callable[[Any], None], Any]] = []
         piece = self._piece_bytes()
-        ahead: list[memoryview] = []  # on an object store: what the reads fill, in their order
         for job in singles:
             target, _, direct = _place(job)
             if direct and piece and job[0].length > piece:
                 whole = PiecedChunk(job[0], as_byte_view(target), piece)
                 tasks += [(self._read_piece, (whole, i)) for i in range(len(whole.spans))]
-                ahead += [whole.out[s : s + n] for s, n in whole.spans]
             else:
                 tasks.append((self._read_job, job))
-                if direct and piece:
-                    ahead.append(as_byte_view(target))
         tasks += [(self._read_group, g) for g in groups]
-        stop = threading.Event()
-        with ThreadPoolExecutor(2, thread_name_prefix="ckptio-read") as helpers:
-            checked = helpers.submit(self._check_sizes, keys)
-            if ahead and len(tasks) > 1:
-                helpers.submit(prefault_each, ahead, stop)
+        with ThreadPoolExecutor(1, thread_name_prefix="ckptio-read") as sizer:
+            checked = sizer.submit(self._check_sizes, keys)
             if len(tasks) <= 1:
                 try:
                     for fn, arg in tasks:
@@ -385,10 +372,7 @@ class CheckpointReader:
                 with ThreadPoolExecutor(
                     min(self.readers, len(tasks)), thread_name_prefix="ckptio-read"
                 ) as pool:
-                    try:
-                        wait_all([checked, *(pool.submit(fn, arg) for fn, arg in tasks)])
-                    finally:
-                        stop.set()
+                    wait_all([checked, *(pool.submit(fn, arg) for fn, arg in tasks)])
         return reads.finish(into)
 
     def _ensure_memory(self, nbytes: int, what: str, keys: Iterable[str]) -> None:
