@@ -420,9 +420,10 @@ def test_storage_fitted_from_a_measured_run(tmp_path: Path) -> None:
 
 
 def test_a_probe_gives_the_aggregate_and_the_write_requests(tmp_path: Path) -> None:
-    """``fit_storage(paths, aggregate=PROBE)``: the probe (the job's streams from one node)
-    gives the aggregate and the write side's requests, as the storage answered them; the
-    one-node run keeps the node's link and the read side."""
+    """``fit_storage(paths, aggregate=PROBE)``: the probe (the job's streams and clients from
+    one node) gives the aggregate and the write side's requests, as the storage answered
+    them; the one-node run (one client) keeps the node's link, a per-client limit, and the
+    read side."""
     from ckptio.dist import SingleProcess
     from ckptio.runner import RunSettings, run_workload
 
@@ -443,9 +444,34 @@ def test_a_probe_gives_the_aggregate_and_the_write_requests(tmp_path: Path) -> N
     assert fitted.latency.samples == probe.latency.samples
     assert fitted.object_metadata == probe.object_metadata and fitted.metadata == probe.metadata
     assert fitted.profile.node_bandwidth == node.profile.node_bandwidth
+    assert "the limit of one client" in fitted.profile.figures["node_bandwidth"].source
     assert fitted.read_latency == node.read_latency
     with pytest.raises(InvalidArgumentError, match="aggregate bandwidth from"):
         sim.fit_storage([str(tmp_path / "node")], aggregate=[str(tmp_path / "node-target")])
+
+
+def test_each_node_has_its_own_client_limit_under_the_shared_aggregate() -> None:
+    """The node's link (fitted from one client: each node of a job has its own) bounds each
+    node alone; the aggregate (fitted from a probe with the job's clients) bounds them all:
+    a save of n nodes takes its bytes over min(n x the link, the aggregate)."""
+    plan = make_plan("llama3-8b", gpus=12, total_size="192MiB")
+    storage = Storage.from_profile(
+        "local-nvme",
+        latency="fixed",
+        overrides={
+            **NO_LIMITS,
+            "node_bandwidth": "100MB/s",
+            "aggregate_bandwidth": "250MB/s",
+            "request_latency": "1ms",
+            "metadata_latency": "1ms",
+        },
+    )
+    for nodes, binding in ((1, "node link"), (2, "node link"), (3, "aggregate bandwidth")):
+        job = Job.for_run(plan, processes=2 * nodes, processes_per_node=2, streams=8)
+        save = phases(simulate(job, storage, phases=["save"]))["save"]
+        expected = plan.total_bytes / min(nodes * 100e6, 250e6)
+        assert save["p50_seconds"] == pytest.approx(expected, rel=0.02), (nodes, save)
+        assert save["bound_by"] == binding
 
 
 def test_results_round_trip_and_the_report_section(tmp_path: Path, small: Job) -> None:

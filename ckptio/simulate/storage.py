@@ -331,16 +331,22 @@ def fit_storage(
     keeps one measured target.
 
     ``aggregate``: result files of a probe of the storage, run from one node with the
-    processes, and so the streams, of the job to simulate (as a site measures a storage
-    before it buys a second node). Its steady data throughput becomes the aggregate
+    processes, and so the streams, of the job to simulate, and as many storage clients as
+    the job has nodes, each shared by one node's processes (a file system mounted that many
+    times on the node; on S3 each process is its own client already), as a site measures a
+    storage before it buys a second node. Its steady data throughput becomes the aggregate
     bandwidth every node shares, and the write side's requests are fitted from its requests
     instead of ``paths``' (per-stream bandwidth, data latencies, each object's metadata, the
     commit's): what the storage answers to the job's concurrency, which one node's own
     processes do not reach (a GlusterFS create took 5 ms with 2 writers and 33 ms with 6 on
-    the namespace cluster, ``docs/simulate.md``). ``paths`` still give the node's link and the
-    read side. A probe from one node sees at most that node's path, and its requests carry
-    that node's client load: where the storage's aggregate is larger, or the node's client
-    the limit, the simulation of many nodes is pessimistic."""
+    the namespace cluster, ``docs/simulate.md``). ``paths``, run through one client, give the
+    per-client limit, the node's link of the simulation (each node of the job has a client
+    of its own), distinct from that aggregate, and the read side. A probe through ONE
+    client measures that client's limit instead of the storage's, and the simulation of n
+    nodes is as pessimistic as that limit is below the storage's (``docs/simulate.md``).
+    A probe from one node still sees at
+    most that node's path: where the storage's aggregate is larger than it, the simulation
+    of many nodes is pessimistic."""
     from ckptio.calibration import fit_targets
     from ckptio.results import read_results
 
@@ -379,7 +385,8 @@ def fit_storage(
             writes_from, write_requests = probes[cal.target], probe_requests
             probe = writes_from.pooled
             where = (
-                f"a probe run from one node with the job's streams ({probe.requests} requests, "
+                f"a probe run from one node with the job's streams and clients ({probe.requests} "
+                f"requests, "
                 f"{probe.rounds} round(s); {', '.join(map(str, aggregate))})"
             )
             fitted = probe.as_profile().figures
@@ -389,6 +396,11 @@ def fit_storage(
                     **profile.figures,
                     **{k: fitted[k] for k in ("request_latency", "stream_bandwidth")},
                     "metadata_latency": fitted["metadata_latency"],
+                    "node_bandwidth": Figure(
+                        cal.aggregate_bandwidth,
+                        f"{profile.figures['node_bandwidth'].source}: the limit of one client, "
+                        "each node's own",
+                    ),
                     "aggregate_bandwidth": Figure(
                         probe.aggregate_bandwidth, f"the steady data throughput of {where}"
                     ),
