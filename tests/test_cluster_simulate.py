@@ -130,7 +130,7 @@ def comparison(out: Path) -> list[dict[str, Any]]:
                 inflight=int((side.get("config") or {}).get("inflight") or 2),
             )
             assert job.nodes == n
-            s = sim.simulate(job, storage, phases=["save"], replications=5, seed=n)
+            s = sim.simulate(job, storage, phases=["save"], replications=20, seed=n)
             save = s.phases["save"].summary()
             per_run = steady_seconds(res, target, n)
             assert len(per_run) == REPEATS, per_run
