@@ -459,7 +459,7 @@ def test_a_probe_gives_the_aggregate_and_the_write_requests(tmp_path: Path) -> N
     at_throughput = phases(
         simulate(
             job,
-            sim.storage._with_aggregate(fitted, throughput, ""),
+            sim.with_aggregate(fitted, throughput, ""),
             phases=["save"],
             replications=20,
         )

@@ -4,7 +4,7 @@ rates, and a storage description fitted from measured runs."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Any
@@ -313,8 +313,17 @@ def _empirical(samples: tuple[float, ...], source: str) -> Latency:
     )
 
 
+ProbeReplay = Callable[[Storage, Any, Sequence[Mapping[str, Any]], int], Storage]
+"""Fits a storage's aggregate to the replay of the probe it came from: ``(storage, the
+probe's TargetFit, its result sidecars, processes per client) -> storage``."""
+
+
 def fit_storage(
-    paths: Sequence[str], *, target: str | None = None, aggregate: Sequence[str] = ()
+    paths: Sequence[str],
+    *,
+    target: str | None = None,
+    aggregate: Sequence[str] = (),
+    replay: ProbeReplay | None = None,
 ) -> list[Storage]:
     """Storage descriptions fitted from measured result files (or directories): the figures
     of :func:`ckptio.calibration.calibrate` (per-stream bandwidth, the node's link from the
@@ -346,7 +355,9 @@ def fit_storage(
     nodes is as pessimistic as that limit is below the storage's (``docs/simulate.md``).
     A probe from one node still sees at
     most that node's path: where the storage's aggregate is larger than it, the simulation
-    of many nodes is pessimistic."""
+    of many nodes is pessimistic. ``replay``: how the aggregate is then fitted to the
+    simulation of the probe (:func:`ckptio.simulate.fit_storage` passes its own: this module
+    sits below the simulation); None: the probe's steady throughput."""
     from ckptio.calibration import fit_targets
     from ckptio.results import read_results
 
@@ -383,29 +394,7 @@ def fit_storage(
                     f"{', '.join(map(str, aggregate))} to fit its aggregate bandwidth from"
                 )
             writes_from, write_requests = probes[cal.target], probe_requests
-            probe = writes_from.pooled
-            where = (
-                f"a probe run from one node with the job's streams and clients ({probe.requests} "
-                f"requests, "
-                f"{probe.rounds} round(s); {', '.join(map(str, aggregate))})"
-            )
-            fitted = probe.as_profile().figures
-            profile = replace(
-                profile,
-                figures={
-                    **profile.figures,
-                    **{k: fitted[k] for k in ("request_latency", "stream_bandwidth")},
-                    "metadata_latency": fitted["metadata_latency"],
-                    "node_bandwidth": Figure(
-                        cal.aggregate_bandwidth,
-                        f"{profile.figures['node_bandwidth'].source}: the limit of one client, "
-                        "each node's own",
-                    ),
-                    "aggregate_bandwidth": Figure(
-                        probe.aggregate_bandwidth, f"the steady data throughput of {where}"
-                    ),
-                },
-            )
+            profile = _with_probe(profile, cal, writes_from.pooled, aggregate)
         write_side = _steady_requests(writes_from, write_requests)
         read_side = _steady_requests(fit, requests)
         rounds = f"{len(writes_from.used)} steady round(s)"
@@ -459,107 +448,35 @@ def fit_storage(
             object_metadata=object_metadata,
             fitted_from=", ".join(map(str, [*paths, *aggregate])),
         )
-        if aggregate:
+        if aggregate and replay is not None:  # a probe's client has the 1-node run's processes
             per_client = max(int(rd.run.get("ranks") or 1) for rd in fit.used)
-            storage = _replaying(storage, writes_from, pres.sidecars, per_client)
+            storage = replay(storage, writes_from, pres.sidecars, per_client)
         out.append(storage)
     return out
 
 
-REPLAY_REPLICATIONS = 20
-"""Checkpoints each simulation of a probe replays (:func:`_replaying`)."""
-
-
-def _with_aggregate(storage: Storage, bandwidth: float, source: str) -> Storage:
-    p = storage.profile
-    figure = Figure(bandwidth, source or p.figures["aggregate_bandwidth"].source)
+def _with_probe(profile: Profile, node: Any, probe: Any, paths: Sequence[str]) -> Profile:
+    """``profile``, fitted from one node's run (``node``, a :class:`Calibration`), with the
+    write side and the aggregate of ``probe``'s (its result files ``paths``), and the node's
+    steady throughput as its link: the limit of its one client, each node's own."""
+    where = (
+        f"a probe run from one node with the job's streams and clients ({probe.requests} "
+        f"requests, {probe.rounds} round(s); {', '.join(map(str, paths))})"
+    )
+    fitted = probe.as_profile().figures
+    link = profile.figures["node_bandwidth"].source
     return replace(
-        storage, profile=replace(p, figures={**p.figures, "aggregate_bandwidth": figure})
-    )
-
-
-def _replaying(
-    storage: Storage, probe: Any, sidecars: Sequence[Mapping[str, Any]], per_client: int
-) -> Storage:
-    """``storage`` with the aggregate at which the simulation of the probe it was fitted
-    from gives the probe's measured write time (the mean of its steady rounds), where the
-    probe's steady data throughput makes that simulation slower: the write latencies
-    resampled from the probe already hold each request's wait for the storage the probe's
-    processes shared, and the shared pipe at that throughput made them wait for it a second
-    time (the simulation of RGW's 3-node probe, 6 processes, was 14% slower than the probe
-    it came from, and 32-37% in earlier sessions, ``docs/simulate.md``). The probe is
-    simulated as it ran: its plan (rebuilt from its runs' configuration), its processes,
-    ``per_client`` to a client (the one-node run's processes: a probe's clients are the job's
-    nodes), their streams and objects in flight. Unchanged where the plan cannot be rebuilt,
-    where the simulation at the probe's throughput is not slower than the probe, or where no
-    aggregate up to 64 times that throughput makes it as fast (then not the shared pipe but
-    the latencies make it slower)."""
-    import statistics
-
-    from ckptio.simulate import simulate
-    from ckptio.simulate.job import Job
-    from ckptio.workload import make_plan
-
-    runs = [rd.run for rd in probe.used]
-    first = runs[0]
-    config = next(
-        (s.get("config") or {} for s in sidecars if s.get("run_id") == first["run_id"]), {}
-    )
-    try:
-        plan = make_plan(
-            config["preset"],
-            gpus=int(config["gpus"]),
-            scale=float(config["scale"]),
-            object_size=int(config["object_size"]),
-        )
-    except (KeyError, TypeError, ValueError, errors.InvalidArgumentError):
-        return storage
-    if plan.total_bytes != int(first["checkpoint_bytes"]):
-        return storage
-    processes = int(first["ranks"])
-    job = Job.for_run(
-        plan,
-        processes=processes,
-        processes_per_node=max(1, min(per_client, processes)),
-        streams=int(first["streams"]),
-        inflight=int(config.get("inflight") or 2),
-        key_layout=str(config.get("key_layout") or "flat"),
-    )
-    measured = statistics.fmean(float(r["write_seconds"]) for r in runs)
-
-    def replayed(bandwidth: float) -> float:
-        s = simulate(
-            job,
-            _with_aggregate(storage, bandwidth, ""),
-            phases=["save"],
-            replications=REPLAY_REPLICATIONS,
-            workers=1,
-        )
-        return float(s.phases["save"].summary()["p50_seconds"])
-
-    throughput = storage.profile.aggregate_bandwidth
-    if replayed(throughput) <= measured:
-        return storage
-    lo, hi = throughput, throughput
-    for _ in range(6):  # up to 64x the throughput
-        lo, hi = hi, hi * 2
-        if replayed(hi) <= measured:
-            break
-    else:  # the shared pipe is not what makes it slower: left as measured
-        return storage
-    for _ in range(12):  # to within 2**(1/4096) of each other
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if replayed(mid) > measured else (lo, mid)
-    where = storage.profile.figures["aggregate_bandwidth"].source.removeprefix(
-        "the steady data throughput of "
-    )
-    return _with_aggregate(
-        storage,
-        hi,
-        f"the aggregate at which the simulation of {where} gives its measured write time "
-        f"(its steady data throughput, {throughput / 1e9:.3g} GB/s, made the simulation "
-        "slower: the write latencies resampled from it already hold their wait for the "
-        "storage)",
+        profile,
+        figures={
+            **profile.figures,
+            **{k: fitted[k] for k in ("request_latency", "stream_bandwidth", "metadata_latency")},
+            "node_bandwidth": Figure(
+                node.aggregate_bandwidth, f"{link}: the limit of one client, each node's own"
+            ),
+            "aggregate_bandwidth": Figure(
+                probe.aggregate_bandwidth, f"the steady data throughput of {where}"
+            ),
+        },
     )
 
 

@@ -158,7 +158,6 @@ def run_suite(
     iterations: int = 4,
     repeats: int = 1,
     options: Sequence[str] = (),
-    probe_clients: bool = True,
     timeout: float = 900,
 ) -> list[SuiteRun]:
     """``ckptio run`` of the workload to each of ``targets`` on each count of ``nodes``
@@ -168,12 +167,12 @@ def run_suite(
     each run's results in ``out/<target>-<nodes>n[-probe<count>]``. RGW runs write to a new
     bucket. ``options``: more ``ckptio run`` options for every run (``--no-read``).
 
-    ``probe_clients``: a probe reaches a mounted target (:data:`MOUNTED_TARGETS`) through as
-    many clients as the nodes it stands for have, each shared by one node's processes
+    A probe reaches a mounted target (:data:`MOUNTED_TARGETS`) through as many clients as
+    the nodes it stands for have, each shared by one node's processes
     (:func:`storage_clients`; process ``i`` uses client ``i // TASKS_PER_NODE``), as those
-    nodes would; an S3 probe's processes are each their own client already. False: through
-    the node's one client (``-probe<count>-1client``): the job's n clients then share one,
-    whose own limit the probe measures instead of the storage's.
+    nodes would; an S3 probe's processes are each their own client already. (Through the
+    node's one client, the job's n clients share one, whose own limit the probe would
+    measure instead of the storage's.)
 
     ``repeats``: the whole sequence of runs that many times, forwards, then backwards, then
     forwards again, each repeat's results beside the others' in the same directory (which
@@ -201,7 +200,6 @@ def run_suite(
                         "--iterations", str(iterations), *options,
                     ],
                     timeout=timeout,
-                    probe_clients=probe_clients,
                 )
             )  # fmt: skip
     return runs
@@ -219,7 +217,8 @@ def _run_one(
     timeout: float,
     probe_clients: bool = True,
 ) -> SuiteRun:
-    """One ``ckptio run URL ARGS`` of ``processes`` processes on ``n`` nodes."""
+    """One ``ckptio run URL ARGS`` of ``processes`` processes on ``n`` nodes (a probe through
+    one client of each node it stands for; ``probe_clients`` False: through node0's one)."""
     probe = processes > n * TASKS_PER_NODE
     clients = processes // TASKS_PER_NODE if probe and target in MOUNTED_TARGETS else 0
     if not probe_clients and clients:
