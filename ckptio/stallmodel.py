@@ -61,7 +61,11 @@ the next save when the save and it outlast the interval (the excess is added to 
 each fast tier holds ``(1 + k)`` steps' worth per node. After a failure that loses nodes, a
 replacement node restores from a surviving peer: the peer reads its own step (its own
 restart) and the copies of the ``peer_fan_in`` replacement nodes it serves from its fast
-tier, and sends those copies over its link; the slower of the two is the peer restore. A
+tier, and sends those copies over its link; the replacement places the bytes in its arrays
+as they arrive and writes them onto its own fast tier (not read back); the slowest of the
+three is the peer restore. The link is ``peer_bandwidth`` where given or fitted from
+measured restores from a peer (:func:`ckptio.calibration.fit_peer_link`, an effective
+figure: the measured restore's planning and checks included), else the node link above. A
 failure loses a node with probability ``p_lose_node``; the count of nodes lost at once is
 geometric: each further node with probability ``p_lose_another``
 (:data:`DEFAULT_P_LOSE_ANOTHER`, an assumption). With ``k`` copies, losing up to ``k`` nodes
@@ -527,6 +531,9 @@ class Conditions:
     peer_bandwidth: float | None = None
     """Tiered with peers: bytes/s of a node's network link to the other nodes (None: the
     durable profile's ``node_bandwidth``, the same node's link to the storage)."""
+    peer_bandwidth_source: str = ""
+    """Where ``peer_bandwidth`` comes from, in words ("": given by the user); a figure
+    fitted from measured restores from peers says so (:func:`ckptio.calibration.fit_peer_link`)."""
     streams: int | None = None
     """Concurrent streams per node (None: the profile's)."""
     part_size: int | None = None
@@ -689,7 +696,7 @@ def peer_link(c: Conditions, durable: Profile) -> tuple[float, str]:
     ``c.peer_bandwidth``, else the durable profile's ``node_bandwidth`` (the same node's link,
     to the storage: peers and storage share one network link)."""
     if c.peer_bandwidth is not None:
-        return c.peer_bandwidth, "given (--peer-bandwidth)"
+        return c.peer_bandwidth, c.peer_bandwidth_source or "given (--peer-bandwidth)"
     fig = durable.figures["node_bandwidth"]
     return fig.value, (
         f"{durable.name}'s node_bandwidth ({fig.source}); assumption: peer copies cross the "
@@ -724,13 +731,23 @@ def _peers(
     # the f replacement nodes it serves from its fast tier, and sends f copies over its link
     peer_fast = estimate(_times(workload, 1 + f), local, phase="restore", **kw).seconds
     peer_send = f * node / link
-    restore_terms = {"peer's fast tier": peer_fast, "peer's node link": peer_send}
+    # the replacement node writes what it receives onto its fast tier as it arrives (kept
+    # for a second loss; not read back: the bytes go straight into the arrays)
+    restore_terms = {
+        "peer's fast tier": peer_fast,
+        "peer's node link": peer_send,
+        "replacement's fast tier": save,
+    }
     restore_binding = max(restore_terms, key=lambda t: restore_terms[t])
     return {
         "peers": k,
         "peer_fan_in": f,
         "peer_bandwidth": link,
         "peer_bandwidth_source": link_source,
+        "peer_fan_in_source": "assumption: each replacement node reads from its own surviving "
+        "peer (a ring spreads them whenever a copy survives); not measured"
+        if f == 1
+        else "given (--peer-fan-in)",
         "p_lose_another": c.p_lose_another,
         "p_lose_another_source": "assumption (DEFAULT_P_LOSE_ANOTHER: no published figure for "
         "simultaneous node losses)"
@@ -750,7 +767,8 @@ def _peers(
         "restore_peer_binding": restore_binding,
         "restore_peer_detail": f"{human_size(node)} per replacement node from a surviving peer "
         f"serving {f}: its {local.name} reads {1 + f} steps ({human_seconds(peer_fast)}), "
-        f"its {human_rate(link)} link sends {f} ({human_seconds(peer_send)})",
+        f"its {human_rate(link)} link sends {f} ({human_seconds(peer_send)}); the "
+        f"replacement writes its {local.name} ({human_seconds(save)})",
     }
 
 

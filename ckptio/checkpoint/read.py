@@ -46,6 +46,8 @@ __all__ = [
     "VERIFY_BLOCK_BYTES",
     "CheckpointReader",
     "Index",
+    "ObjectSink",
+    "PlannedState",
     "committed_steps",
     "load",
     "open_checkpoint",
@@ -189,6 +191,15 @@ def _place(job: _Job) -> tuple[np.ndarray, tuple[slice, ...], bool]:
     return target, src_box, whole and target.flags.c_contiguous
 
 
+def _land(job: _Job, data: np.ndarray) -> None:
+    """A chunk's bytes (``data``, uint8, checked) into where ``job`` puts them."""
+    target, src_box, direct = _place(job)
+    if direct:
+        np.copyto(target.reshape(-1).view(np.uint8), data)
+    else:
+        target[...] = data.view(target.dtype).reshape(job[0].shape)[src_box]
+
+
 def _coalesce(jobs: list[_Job]) -> tuple[list[_Job], list[list[_Job]]]:
     """The jobs read one request each (chunks of :data:`COALESCE_CHUNK_BYTES` and more), and
     groups of small chunks that lie next to each other in one object, each group read with one
@@ -221,6 +232,101 @@ def _coalesce(jobs: list[_Job]) -> tuple[list[_Job], list[list[_Job]]]:
         if group:
             groups.append(group)
     return singles, groups
+
+
+class PlannedState:
+    """A :meth:`CheckpointReader.state` planned (:meth:`CheckpointReader.plan_state`): the
+    objects it reads (:attr:`keys`), a :meth:`sink` for each object whose bytes the caller
+    delivers itself, :meth:`read` for the others, then :meth:`finish`."""
+
+    def __init__(
+        self,
+        reader: CheckpointReader,
+        reads: _Reads,
+        targets: Mapping[str, Target],
+        views: Mapping[str, np.ndarray],
+    ) -> None:
+        self.reader, self.reads, self.targets, self.views = reader, reads, targets, views
+        self.keys: set[str] = {j[0].key for j in reads.jobs}
+        """The objects the state's chunks are read from."""
+
+    def sink(self, key: str, source: str) -> ObjectSink:
+        """Where the bytes of object ``key`` go as they arrive in order (from ``source``, for
+        messages), instead of :meth:`read` reading them from the store."""
+        return ObjectSink(self.reader, key, [j for j in self.reads.jobs if j[0].key == key], source)
+
+    def read(self, skip: Iterable[str] = ()) -> None:
+        """Read every chunk from the reader's store but those of the objects in ``skip``
+        (delivered through :meth:`sink`), whose sizes are not checked here either."""
+        self.reader._sizes_checked.update(skip)
+        self.reader._run(self.reads, skip)
+
+    def finish(self) -> Any:
+        """The state, once every chunk is in."""
+        arrays = self.reads.finish(self.views)
+        for t in self.targets.values():
+            if t.finish is not None:
+                t.finish()
+        return fmt.decode_tree(
+            self.reader.manifest.tree,
+            lambda p: self.targets[p].leaf if p in self.targets else arrays[p],
+        )
+
+
+class ObjectSink:
+    """One object's bytes, arriving in order (a stream from a peer, :mod:`ckptio.checkpoint.peers`),
+    placed straight into the arrays of a planned read: each wanted chunk's part copied into
+    its target as it passes (through a buffer only where the chunk does not land on contiguous
+    bytes of it), the chunk's CRC32C continued over those bytes and checked against the
+    manifest as its last byte arrives: the same check as a read from a store, end to end.
+    Bytes of chunks not wanted only pass."""
+
+    def __init__(self, reader: CheckpointReader, key: str, jobs: list[_Job], source: str) -> None:
+        self.reader, self.key, self.source = reader, key, source
+        self.jobs = sorted(jobs, key=lambda j: j[0].offset)
+        self._i = 0
+        self._crc = 0
+        self._buf: np.ndarray | None = None  # the current chunk's bytes, where not in place
+
+    def write(self, pos: int, data: np.ndarray) -> None:
+        """The object's bytes ``pos .. pos + len(data)`` (uint8), the next in order."""
+        end = pos + len(data)
+        while self._i < len(self.jobs):
+            job = self.jobs[self._i]
+            c = job[0]
+            if c.offset >= end:
+                return
+            lo, hi = max(c.offset, pos), min(c.offset + c.length, end)
+            part = data[lo - pos : hi - pos]
+            self._crc = crc32c(part, self._crc)
+            target, _, direct = _place(job)
+            if direct:
+                dst = target.reshape(-1).view(np.uint8)
+            else:
+                if self._buf is None:
+                    self._buf = self.reader._allocate((c.length,), np.dtype(np.uint8), c.key)
+                dst = self._buf
+            np.copyto(dst[lo - c.offset : hi - c.offset], part)
+            if hi < c.offset + c.length:
+                return  # the chunk goes on in the next piece
+            if self._crc != c.crc32c:
+                raise errors.ChecksumError(
+                    f"{self.key} from {self.source}: CRC32C mismatch in bytes {c.offset}.."
+                    f"{c.offset + c.length} (expected {c.crc32c:#010x}, received "
+                    f"{self._crc:#010x}): the copy is damaged"
+                )
+            if not direct:
+                _land(job, dst)
+            self._i, self._crc, self._buf = self._i + 1, 0, None
+
+    def close(self) -> None:
+        """The stream's end: raise unless every wanted chunk arrived whole."""
+        if self._i < len(self.jobs):
+            c = self.jobs[self._i][0]
+            raise errors.CorruptCheckpointError(
+                f"{self.key} from {self.source}: ended before bytes {c.offset}..{c.offset + c.length} "
+                "(truncated object)"
+            )
 
 
 class CheckpointReader:
@@ -338,6 +444,14 @@ class CheckpointReader:
         where what would be allocated exceeds this machine, the sizes are checked first, so
         a hostile declaration is named as such (:meth:`_check_sizes`)."""
         into = into or {}
+        reads = self._prepare(wanted, into)
+        self._run(reads)
+        return reads.finish(into)
+
+    def _prepare(self, wanted: Mapping[str, Any], into: Mapping[str, np.ndarray]) -> _Reads:
+        """The first half of :meth:`read_many`: the arrays allocated (not touched yet, after
+        checking that this machine holds them and the read buffers) and the chunk reads that
+        fill them."""
         self._check_wanted(wanted)
         keys = {c.key for p in wanted for c in self.manifest.tensors[p].chunks}
         # this machine can hold the arrays to be allocated: else a clear error before allocating
@@ -350,6 +464,15 @@ class CheckpointReader:
         buffers = self._buffer_bytes(singles, groups)
         if buffers:
             self._ensure_memory(need + buffers, what, keys)
+        return reads
+
+    def _run(self, reads: _Reads, skip: Iterable[str] = ()) -> None:
+        """The second half of :meth:`read_many`: every job of ``reads`` run, but those of the
+        objects in ``skip`` (delivered otherwise: :class:`ObjectSink`)."""
+        skip = set(skip)
+        jobs = [j for j in reads.jobs if j[0].key not in skip]
+        keys = {j[0].key for j in jobs}
+        singles, groups = _coalesce(jobs)
         tasks: list[tuple[Callable[[Any], None], Any]] = []
         piece = self._piece_bytes()
         for job in singles:
@@ -373,7 +496,6 @@ class CheckpointReader:
                     min(self.readers, len(tasks)), thread_name_prefix="ckptio-read"
                 ) as pool:
                     wait_all([checked, *(pool.submit(fn, arg) for fn, arg in tasks)])
-        return reads.finish(into)
 
     def _ensure_memory(self, nbytes: int, what: str, keys: Iterable[str]) -> None:
         """:func:`ensure_memory`; where it refuses, the objects' sizes are checked first: a
@@ -479,13 +601,13 @@ class CheckpointReader:
         """Read one chunk: straight into its target, or through a buffer when only part of it
         is wanted or the target is not contiguous."""
         chunk = job[0]
-        target, src_box, direct = _place(job)
+        target, _, direct = _place(job)
         if direct:
             self._read_chunk_into(chunk, as_byte_view(target))
             return
         tmp = self._allocate((chunk.length,), np.dtype(np.uint8), chunk.key)
         self._read_chunk_into(chunk, as_byte_view(tmp))
-        target[...] = tmp.view(target.dtype).reshape(chunk.shape)[src_box]
+        _land(job, tmp)
 
     def _read_group(self, group: list[_Job]) -> None:
         """Neighbouring small chunks of one object: one request, then each copied out."""
@@ -498,17 +620,23 @@ class CheckpointReader:
             a = chunk.offset - start
             data = buf[a : a + chunk.length]
             self._check_chunk(chunk, max(0, min(n - a, chunk.length)), data)
-            target, src_box, direct = _place(job)
-            if direct:
-                np.copyto(target.reshape(-1).view(np.uint8), data)
-            else:
-                target[...] = data.view(target.dtype).reshape(chunk.shape)[src_box]
+            _land(job, data)
 
     def state(self, select: Mapping[str, Any] | None = None, *, into: Any = None) -> Any:
         """The saved structure with every tensor read (``select``: path -> index, to read
         only a box of some tensors; other tensors are read whole).
 
         ``into``: a state whose arrays are filled in place (see :func:`ckptio.load`)."""
+        planned = self.plan_state(select, into=into)
+        planned.read()
+        return planned.finish()
+
+    def plan_state(
+        self, select: Mapping[str, Any] | None = None, *, into: Any = None
+    ) -> PlannedState:
+        """:meth:`state` before anything is read: its arrays allocated and the chunk reads
+        that fill them planned, so that some objects' bytes can be delivered by the caller
+        as they arrive (:meth:`PlannedState.sink`) while the others are read."""
         select = dict(select or {})
         unknown = set(select) - set(self.manifest.tensors)
         if unknown:
@@ -518,38 +646,9 @@ class CheckpointReader:
         paths = list(fmt.tree_tensor_paths(self.manifest.tree))
         boxes: dict[str, Any] = {}  # the boxes that Shard leaves of into= name
         targets = self._targets(into, select, boxes) if into is not None else {}
-        arrays = self.read_many(
-            {p: boxes.get(p, select.get(p)) for p in paths},
-            into={p: t.view for p, t in targets.items()},
-        )
-        for t in targets.values():
-            if t.finish is not None:
-                t.finish()
-        return fmt.decode_tree(
-            self.manifest.tree, lambda p: targets[p].leaf if p in targets else arrays[p]
-        )
-
-    def objects_read(
-        self, select: Mapping[str, Any] | None = None, *, into: Any = None
-    ) -> set[str]:
-        """The objects :meth:`state` with ``select``/``into`` reads: those holding a chunk
-        whose box meets a box read (a peer restore fetches only these)."""
-        select = dict(select or {})
-        boxes: dict[str, Any] = {}
-        if into is not None:
-            self._targets(into, select, boxes)
-        keys: set[str] = set()
-        for path in fmt.tree_tensor_paths(self.manifest.tree):
-            entry = self.manifest.tensors[path]
-            index = boxes.get(path, select.get(path))
-            starts, stops, _ = _normalize(() if index is None else index, entry.shape, path)
-            for c in entry.chunks:
-                if all(
-                    o < b and o + n > a
-                    for o, n, a, b in zip(c.offsets, c.shape, starts, stops, strict=True)
-                ):
-                    keys.add(c.key)
-        return keys
+        views = {p: t.view for p, t in targets.items()}
+        reads = self._prepare({p: boxes.get(p, select.get(p)) for p in paths}, views)
+        return PlannedState(self, reads, targets, views)
 
     def _targets(
         self, into: Any, select: Mapping[str, Any], boxes: dict[str, Any]
