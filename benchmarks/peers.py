@@ -13,9 +13,9 @@ restores with ``replicas=0`` (the tiered engine reads the lost node's shards fro
 tier), the peer case with ``replicas=1`` (from the copies on the next node). Every restore is
 checked bit-identical, and its path per rank recorded, with where each rank's restore spent
 its time (:attr:`~ckptio.checkpoint.peers.RestoreRecord.seconds`: plan, transfer, read).
-``--baseline DIR`` also restores from the peer copy with the ckptio of another source tree
-(``PYTHONPATH=DIR``), each repeat beside this tree's, to compare two versions under the same
-load.
+``--baseline DIR`` also runs each restore with the ckptio of another source tree
+(``PYTHONPATH=DIR``; ``<case>_baseline``), right after this tree's, to compare two versions
+under the same load.
 Measured on ONE machine: the nodes are namespaces sharing its cores, memory and the one Ceph OSD on its disk, and the machine is
 shared with other work (its load average is recorded): the figures compare the paths under
 the same conditions, they are not a network's or a disk's speeds.
@@ -119,19 +119,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         job("save", 1, "restore")
         # peer first (node2 killed; its restore puts the step back on its disk), then its own
         # fast tier on every node (nothing lost), then durable (node2 killed again)
-        # (--baseline: the peer restore of another ckptio source tree too, in turn with this one)
-        cases: dict[str, list[float]] = {"peer": [], "own_fast_tier": [], "durable": []}
-        if args.baseline:
-            cases = {"peer": [], "peer_baseline": [], "own_fast_tier": [], "durable": []}
+        # (--baseline: each restore with another ckptio source tree too, in turn with this one)
+        names = ("peer", "own_fast_tier", "durable")
+        suffixes = ("", "_baseline") if args.baseline else ("",)
+        cases: dict[str, list[float]] = {f"{c}{x}": [] for c in names for x in suffixes}
         paths: dict[str, list[dict[int, str]]] = {c: [] for c in cases}
         stages: dict[str, list[dict[int, dict[str, float]]]] = {c: [] for c in cases}
         for _ in range(args.repeat):
             for case in cases:
-                if case != "own_fast_tier":
+                if not case.startswith("own_fast_tier"):
                     cluster.kill_node("node2")
                     cluster.start_node("node2")
-                k = 0 if case == "durable" else 1
-                code = args.baseline if case == "peer_baseline" else ""
+                k = 0 if case.startswith("durable") else 1
+                code = args.baseline if case.endswith("_baseline") else ""
                 rows = job("load", k, "restore", code)
                 assert all(r["identical"] for r in rows), rows
                 cases[case].append(max(r["seconds"] for r in rows))
@@ -163,8 +163,8 @@ def main() -> int:
         "--baseline",
         default="",
         help="a ckptio source tree (its top directory, e.g. `git archive` of an older "
-        "commit): its peer restore measured as well, in turn with this one's "
-        "(restore_seconds.peer_baseline)",
+        "commit): each restore measured with it as well, in turn with this one's "
+        "(restore_seconds.<case>_baseline)",
     )
     args = p.parse_args()
     if args.cmd == "worker":
