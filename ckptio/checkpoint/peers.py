@@ -35,8 +35,10 @@ rank's objects survive somewhere (a fast root, a copy, or the durable tier) and,
 rank, sends the objects its read needs that its fast root lacks from a rank that holds them
 (its owner's fast root, else a copy, least-loaded first), else from the durable tier. The
 bytes are checked against the copy's CRC32C on both ends. As they arrive they go straight
-into the restore's arrays (:class:`~ckptio.checkpoint.read.ObjectSink`: each chunk's CRC32C
-checked against the step's manifest as its last byte passes, as every read checks it) and
+into the restore's arrays (:class:`~ckptio.checkpoint.read.ObjectSink`: a piece that falls
+inside one chunk landing on contiguous bytes of an array is received there, others are
+copied there; each chunk's CRC32C checked against the step's manifest as its last byte
+passes, as every read checks it) and
 onto the rank's own fast root, which is not read back; what the rank does not receive is
 read beside the transfers. A copy that fails a check is excluded and the step is planned
 again (the arrays are filled anew). What each rank's restore took is :class:`RestoreRecord`.
@@ -67,6 +69,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -161,6 +164,11 @@ _DOC, _DATA = 0, 1
 """What a message is: a JSON document, or a piece of an object's bytes (one message each,
 its kind in the MPI tag or the torch size header: no document announces a piece)."""
 
+_Place = Callable[[int, int], "np.ndarray | None"]
+"""Where a wire's ``recv`` puts the next message, given its kind and size: a writable
+contiguous uint8 array of that size (a restore's array, received into in place), or None
+for a new buffer."""
+
 
 class _MPIWire:
     def __init__(self, comm: Any) -> None:
@@ -171,13 +179,16 @@ class _MPIWire:
     def send(self, dest: int, data: Any, kind: int = _DOC) -> None:
         poll(self.comm.Isend([data, self.MPI.BYTE], dest=dest, tag=_TAG + kind).Test)
 
-    def recv(self, source: int) -> tuple[int, np.ndarray]:
+    def recv(self, source: int, place: _Place | None = None) -> tuple[int, np.ndarray]:
         status = self.MPI.Status()
         # a matched probe: the message found is the one received (the next from ``source``)
         msg = poll(lambda: self.comm.Improbe(source=source, tag=self.MPI.ANY_TAG, status=status))
-        buf = np.empty(status.Get_count(self.MPI.BYTE), dtype=np.uint8)
+        kind, count = status.Get_tag() - _TAG, status.Get_count(self.MPI.BYTE)
+        buf = place(kind, count) if place is not None else None
+        if buf is None:
+            buf = np.empty(count, dtype=np.uint8)
         poll(msg.Irecv([buf, self.MPI.BYTE]).Test)
-        return status.Get_tag() - _TAG, buf
+        return kind, buf
 
 
 class _TorchWire:
@@ -193,14 +204,16 @@ class _TorchWire:
         if view.size:
             self.dist.send(t.from_numpy(view.copy()), dest, group=self.group)
 
-    def recv(self, source: int) -> tuple[int, np.ndarray]:
+    def recv(self, source: int, place: _Place | None = None) -> tuple[int, np.ndarray]:
         t = self.torch
         head = t.zeros(2, dtype=t.int64)
         self.dist.recv(head, source, group=self.group)
-        buf = t.empty(int(head[0].item()), dtype=t.uint8)
+        kind, count = int(head[1].item()), int(head[0].item())
+        into = place(kind, count) if place is not None else None
+        buf = t.from_numpy(into) if into is not None else t.empty(count, dtype=t.uint8)
         if buf.numel():
             self.dist.recv(buf, source, group=self.group)
-        return int(head[1].item()), buf.numpy()
+        return kind, buf.numpy()
 
 
 def wire(comm: Communicator) -> Any:
@@ -337,7 +350,9 @@ def receive_objects(
                 error = f"writing {store.url}/{prefix}{key}: {type(err).__name__}: {err}"
         crc, got = 0, 0
         while True:
-            kind, data = w.recv(source)
+            # a piece that lands whole on contiguous bytes of the arrays is received there
+            place = None if sink is None or writer is None else partial(_in_place, sink, got)
+            kind, data = w.recv(source, place)
             if kind == _DATA:
                 crc = crc32c(data, crc)
                 if writer is not None:
@@ -385,6 +400,10 @@ def receive_objects(
         _discard(store, [prefix + k for k in kept])
         return head, {}, error
     return head, kept, ""
+
+
+def _in_place(sink: Any, pos: int, kind: int, count: int) -> np.ndarray | None:
+    return sink.view(pos, count) if kind == _DATA else None
 
 
 def _chunks(manifest: mf.Manifest) -> dict[str, list[mf.Chunk]]:

@@ -288,8 +288,24 @@ class ObjectSink:
         self._crc = 0
         self._buf: np.ndarray | None = None  # the current chunk's bytes, where not in place
 
+    def view(self, pos: int, n: int) -> np.ndarray | None:
+        """Where the object's next bytes ``pos .. pos + n`` may be received in place: the
+        target's bytes when they all fall in one wanted chunk that lands on contiguous bytes
+        of it (then :meth:`write` finds them there and copies nothing), else None."""
+        if self._i >= len(self.jobs):
+            return None
+        job = self.jobs[self._i]
+        c = job[0]
+        if not (c.offset <= pos and pos + n <= c.offset + c.length):
+            return None
+        target, _, direct = _place(job)
+        if not direct:
+            return None
+        return target.reshape(-1).view(np.uint8)[pos - c.offset : pos - c.offset + n]
+
     def write(self, pos: int, data: np.ndarray) -> None:
-        """The object's bytes ``pos .. pos + len(data)`` (uint8), the next in order."""
+        """The object's bytes ``pos .. pos + len(data)`` (uint8), the next in order (received
+        where :meth:`view` said, or elsewhere)."""
         end = pos + len(data)
         while self._i < len(self.jobs):
             job = self.jobs[self._i]
@@ -306,7 +322,9 @@ class ObjectSink:
                 if self._buf is None:
                     self._buf = self.reader._allocate((c.length,), np.dtype(np.uint8), c.key)
                 dst = self._buf
-            np.copyto(dst[lo - c.offset : hi - c.offset], part)
+            into = dst[lo - c.offset : hi - c.offset]
+            if into.ctypes.data != part.ctypes.data:  # else received in place
+                np.copyto(into, part)
             if hi < c.offset + c.length:
                 return  # the chunk goes on in the next piece
             if self._crc != c.crc32c:
