@@ -247,11 +247,15 @@ def test_a_fitted_peer_link_prices_the_peer_restore_with_its_interval() -> None:
 
 def test_the_replacement_writes_its_fast_tier_as_the_bytes_arrive() -> None:
     """The replacement node keeps what it receives on its own fast tier (not read back): a
-    restore from a peer takes at least that write."""
+    restore from a peer takes at least that write, which binds where the fast tier's writes
+    are slow (each object's create + fsync + rename at 5 s) and its reads are not."""
     got = _tiered(peers=1, peer_bandwidth=1e15)
-    fast_write = estimate(W, NVME, phase="write").seconds
-    assert got["restore_peer_seconds"] >= fast_write
+    assert got["restore_peer_seconds"] >= estimate(W, NVME, phase="write").seconds
     assert "replacement writes its local-nvme" in got["restore_peer_detail"]
+    slow = NVME.with_overrides({"metadata_latency": 5.0})
+    got = project(W, S3, replace(C, peers=1, peer_bandwidth=1e15), local=slow)
+    assert got["restore_peer_binding"] == "replacement's fast tier"
+    assert got["restore_peer_seconds"] == pytest.approx(estimate(W, slow, phase="write").seconds)
 
 
 NODE_PER_RANK = (
