@@ -251,7 +251,7 @@ def test_a_resharded_restore_gathers_the_peer_copies_it_needs(
     assert "peer" in paths(out).values()
 
 
-def torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:
+def torchrun(n: int, *args: str, script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("torch")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
@@ -262,7 +262,7 @@ def torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:
             "--standalone",
             "--nproc-per-node",
             str(n),
-            str(SCRIPT),
+            str(script),
             *args,
         ],
         capture_output=True,
@@ -312,3 +312,15 @@ def test_a_rank_waiting_for_a_peer_leaves_the_cpu_to_others() -> None:
     for name, wait in got.items():
         assert wait["wall"] >= 0.4, (name, got)  # it did wait for rank 0's half-second of work
         assert wait["cpu"] < 0.25 * wait["wall"], (name, got)
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+def test_a_piece_is_received_where_the_restore_places_it(launcher: str) -> None:
+    """The wire's ``recv`` with a ``place``: MPI's Irecv and gloo's recv write the piece into
+    the array given (the restore's own, no copy after), bit-identical; a piece ``place``
+    declines goes to a new buffer."""
+    script = Path(__file__).parent / "mpi" / "wire_place.py"
+    proc = run_mpi(2, str(script)) if launcher == "mpiexec" else torchrun(2, script=script)
+    got = ranks(proc.stdout)[1]
+    assert [g["in_place"] for g in got["got"]] == [True, True, False], got
+    assert all(g["equal"] and g["kind"] == 1 for g in got["got"]) and got["dest_equal"], got
