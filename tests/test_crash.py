@@ -153,7 +153,10 @@ def run_and_check(
         retired = {
             fmt.parse_step_dir(k.partition("/")[0]) for k in keys if k.endswith("/retired.json")
         }
-        assert not retired & set(steps), (steps, sorted(retired))
+        # a kill inside retention, between a step's retired mark and its manifest's removal,
+        # leaves that step marked and still committed (whole: the next retention retires it
+        # again); retention never marks one of the keep_last=2 newest
+        assert not retired & set(steps[-2:]), (steps, sorted(retired))
         assert len(steps) <= 3 and len(dirs - retired) <= 4, (steps, sorted(dirs - retired))
     return harness
 

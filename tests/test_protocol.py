@@ -26,6 +26,7 @@ import pytest
 import ckptio
 from ckptio import checkpoint as ck
 from ckptio import errors, lease
+from ckptio import format as fmt
 from ckptio.registry import open_store
 from ckptio.testing.crash import expected_state, state_mismatch
 
@@ -492,6 +493,25 @@ def test_leases_are_judged_by_the_storage_clock_from_another_host(tmp_path):
     store.publish("step-0000000005/saving-bbbbbbbb.json", b"\x00not json")
     assert len(ckptio.collect_garbage(store, unfinished=True)) == 2
     assert not [k for k in store.list("") if "fence-" in k], "a gc left its fence behind"
+
+
+def test_a_step_left_half_retired_stays_whole_until_retention_retires_it_again(tmp_path):
+    """A retention killed between a step's retired mark and its manifest's removal leaves the
+    step marked and committed: it still loads whole, gc past the grace keeps every object its
+    manifest names, and the next retention finishes retiring it."""
+    url = f"file://{tmp_path}/run"
+    with ckptio.Checkpointer(url, keep_last=None) as ck_:
+        for step in (1, 2, 3):
+            ck_.save({"w": np.full(1000, step, dtype=np.float32)}, step)
+    with open_store(url) as store:
+        mark = {"retired": time.time() - 3600, "host": "elsewhere", "boot_id": ""}
+        store.publish(lease.retired_key(1), json.dumps(mark).encode())  # the kill: no delete
+        assert ckptio.collect_garbage(store, grace=0) == []
+        assert np.all(ckptio.load(url, 1)["w"] == 1)
+        assert ck.committed_steps(store) == [1, 2, 3]
+        ck.retention.retain(store, 3, keep_last=2, grace=0)
+        assert ck.committed_steps(store) == [2, 3]
+        assert not store.list(fmt.step_dir(1) + "/")
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["buffered", "direct"])
