@@ -1,5 +1,5 @@
 """A peer restore's received bytes delivered straight into a planned read's arrays
-(:class:`ckptio.checkpoint.read.ObjectSink` fed by :func:`ckptio.checkpoint.peers.receive_objects`),
+(:class:`ckptio.checkpoint.sink.ObjectSink` fed by :func:`ckptio.checkpoint.peers.receive_objects`),
 on a real checkpoint: bit-identical whole and resharded (boxes that cut chunks), and a byte
 changed in transit refused by the chunk's CRC32C even where the sender's own checksum of the
 stream agrees with it."""

@@ -25,13 +25,8 @@ from ckptio.checkpoint.peers import (
     held_copies,
     run_restore,
 )
-from ckptio.checkpoint.read import (
-    RELISTS,
-    CheckpointReader,
-    PlannedState,
-    committed_steps,
-    read_manifest,
-)
+from ckptio.checkpoint.read import RELISTS, CheckpointReader, committed_steps, read_manifest
+from ckptio.checkpoint.sink import PlannedState
 
 if TYPE_CHECKING:
     from ckptio.checkpoint.tiered import TieredCheckpointer
@@ -135,25 +130,9 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
             if plan is None:  # some object survives nowhere after all: an older step
                 skip.add(s)
                 continue
-            # what this rank receives goes straight into the arrays (and onto its fast root,
-            # not read back); the rest is read beside the transfers
-            sinks = {
-                k: planned.sink(k, f"rank {t['src']}")
-                for t in plan["transfers"]
-                if t["dst"] == comm.rank and t["src"] != comm.rank
-                for k in t["keys"]
-            }
             outcome: dict[str, Any] = {"error": "", "seconds": 0.0}
-            failed, received, senders, error = run_restore(
-                comm,
-                self._peer_wire,
-                fast,
-                s,
-                manifest,
-                text,
-                plan,
-                sinks,
-                partial(_read_beside, planned, sinks, fast.url, outcome),
+            failed, received, senders, error = _transfer(
+                self, s, manifest, text, plan, planned, outcome
             )
         fails = comm.gather(failed, root=0)
         fails = comm.bcast(None if fails is None else [f for g in fails for f in g], root=0)
@@ -214,6 +193,31 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
             )
         return state
     raise errors.NotFoundError(f"restoring with peer copies failed {2 * RELISTS} times")
+
+
+def _transfer(
+    self: TieredCheckpointer,
+    step: int,
+    manifest: mf.Manifest,
+    text: bytes,
+    plan: Mapping[str, Any],
+    planned: PlannedState,
+    outcome: dict[str, Any],
+) -> tuple[list[tuple[int, int]], int, list[int], str]:
+    """:func:`~ckptio.checkpoint.peers.run_restore` of ``plan``: what this rank receives
+    goes straight into the arrays of ``planned`` (and onto its fast root, not read back);
+    the rest is read beside the transfers (its failure and time in ``outcome``)."""
+    rank = self.comm.rank
+    sinks = {
+        k: planned.sink(k, f"rank {t['src']}")
+        for t in plan["transfers"]
+        if t["dst"] == rank and t["src"] != rank
+        for k in t["keys"]
+    }
+    beside = partial(_read_beside, planned, sinks, self.fast.store.url, outcome)
+    return run_restore(
+        self.comm, self._peer_wire, self.fast.store, step, manifest, text, plan, sinks, beside
+    )
 
 
 def _read_beside(

@@ -35,7 +35,7 @@ rank's objects survive somewhere (a fast root, a copy, or the durable tier) and,
 rank, sends the objects its read needs that its fast root lacks from a rank that holds them
 (its owner's fast root, else a copy, least-loaded first), else from the durable tier. The
 bytes are checked against the copy's CRC32C on both ends. As they arrive they go straight
-into the restore's arrays (:class:`~ckptio.checkpoint.read.ObjectSink`: a piece that falls
+into the restore's arrays (:class:`~ckptio.checkpoint.sink.ObjectSink`: a piece that falls
 inside one chunk landing on contiguous bytes of an array is received there, others are
 copied there; each chunk's CRC32C checked against the step's manifest as its last byte
 passes, as every read checks it) and
@@ -335,7 +335,7 @@ def receive_objects(
     head, ``{key: (size, crc32c)}`` of the objects kept, the error or ""); on an error nothing
     of the stream is kept, but the stream is read to its end (the sender is not left
     blocked). ``sinks``: objects whose bytes also go, as they arrive, to a
-    :class:`~ckptio.checkpoint.read.ObjectSink` (a restore's arrays, each chunk's CRC32C
+    :class:`~ckptio.checkpoint.sink.ObjectSink` (a restore's arrays, each chunk's CRC32C
     checked against the manifest there); a sink's failure is the object's."""
     head = _recv_doc(w, source)
     kept: dict[str, tuple[int, int]] = {}
@@ -783,7 +783,7 @@ def run_restore(
     """This rank's part of a restore's transfers (:func:`assign`'s plan): send what it holds,
     receive what it lacks onto its own fast root under ``step-*/`` (under a lease), each
     received object's bytes also into its ``sinks`` entry as they arrive (the restore's
-    arrays: :class:`~ckptio.checkpoint.read.ObjectSink`). ``beside`` (the read of what this
+    arrays: :class:`~ckptio.checkpoint.sink.ObjectSink`). ``beside`` (the read of what this
     rank does not receive, which records its own failure) runs in a thread once the copies on
     this rank's own root are made, beside the transfers. Returns (failed
     holdings as ``(holder, source rank)``, bytes received, the ranks that sent, the error or

@@ -33,6 +33,7 @@ from ckptio import format as fmt
 from ckptio import manifest as mf
 from ckptio.arrays import Target, as_target, ensure_memory
 from ckptio.checkpoint.crcs import PiecedChunk, crc32c_zeros
+from ckptio.checkpoint.sink import Job, PlannedState, land, place
 from ckptio.checkpoint.snapshot import Shard, aligned_empty, crc32c
 from ckptio.registry import open_store
 from ckptio.store import Store, as_byte_view, wait_all
@@ -46,8 +47,6 @@ __all__ = [
     "VERIFY_BLOCK_BYTES",
     "CheckpointReader",
     "Index",
-    "ObjectSink",
-    "PlannedState",
     "committed_steps",
     "load",
     "open_checkpoint",
@@ -110,17 +109,11 @@ def _normalize(
     return starts, stops, keep
 
 
-_Job = tuple[mf.Chunk, Any]
-"""A chunk to read and where it lands: a byte view of contiguous output (a whole chunk), or
-``(out, starts, lo, hi)``: the box ``lo..hi`` of the tensor, whose output ``out`` begins at
-``starts``."""
-
-
 @dataclass
 class _Reads:
     """What :meth:`CheckpointReader.read_many` reads, and into what."""
 
-    jobs: list[_Job] = field(default_factory=list)
+    jobs: list[Job] = field(default_factory=list)
     results: dict[str, np.ndarray] = field(default_factory=dict)
     finals: dict[str, list[bool]] = field(default_factory=dict)
     """Path -> the dimensions its result keeps (an int index drops one)."""
@@ -143,14 +136,14 @@ class _Reads:
         return results
 
 
-def _row_jobs(entry: mf.TensorEntry, out: np.ndarray) -> list[_Job] | None:
+def _row_jobs(entry: mf.TensorEntry, out: np.ndarray) -> list[Job] | None:
     """A whole tensor whose chunks are split along dim 0 (how ckptio writes them): each chunk
     lands on contiguous rows of ``out``, with no box arithmetic. None for other chunkings."""
     rows = [c for c in entry.chunks if c.shape[1:] == entry.shape[1:]]
     if not (len(rows) == len(entry.chunks) and all(not any(c.offsets[1:]) for c in rows)):
         return None
     flat = out.reshape(entry.shape[0], -1) if out.ndim else out.reshape(1, -1)
-    jobs: list[_Job] = []
+    jobs: list[Job] = []
     for c in rows:
         o = c.offsets[0] if c.offsets else 0
         n = c.shape[0] if c.shape else 1
@@ -164,10 +157,10 @@ def _box_jobs(
     starts: list[int],
     stops: list[int],
     shape: tuple[int, ...],
-) -> list[_Job]:
+) -> list[Job]:
     """The chunks of ``entry`` that overlap the box ``starts..stops`` (read into ``out``,
     of that box's ``shape``), each with the part of it that is wanted."""
-    jobs: list[_Job] = []
+    jobs: list[Job] = []
     for chunk in entry.chunks:
         lo = [max(a, o) for a, o in zip(starts, chunk.offsets, strict=True)]
         hi = [min(b, o + n) for b, o, n in zip(stops, chunk.offsets, chunk.shape, strict=True)]
@@ -177,44 +170,21 @@ def _box_jobs(
     return jobs
 
 
-def _place(job: _Job) -> tuple[np.ndarray, tuple[slice, ...], bool]:
-    """Where a job's chunk goes: the target view, the box of the chunk it takes, and whether
-    the whole chunk lands on contiguous bytes of the target (read straight into it)."""
-    chunk, where = job
-    if isinstance(where, np.ndarray):  # a whole chunk onto contiguous output bytes
-        return where, (), True
-    out, starts, lo, hi = where
-    dst_box = tuple(slice(a - s, h - s) for a, h, s in zip(lo, hi, starts, strict=True))
-    src_box = tuple(slice(a - o, h - o) for a, h, o in zip(lo, hi, chunk.offsets, strict=True))
-    target = out[dst_box] if dst_box else out  # out[()] would be a scalar, not a view
-    whole = all(b.start == 0 and b.stop == n for b, n in zip(src_box, chunk.shape, strict=True))
-    return target, src_box, whole and target.flags.c_contiguous
-
-
-def _land(job: _Job, data: np.ndarray) -> None:
-    """A chunk's bytes (``data``, uint8, checked) into where ``job`` puts them."""
-    target, src_box, direct = _place(job)
-    if direct:
-        np.copyto(target.reshape(-1).view(np.uint8), data)
-    else:
-        target[...] = data.view(target.dtype).reshape(job[0].shape)[src_box]
-
-
-def _coalesce(jobs: list[_Job]) -> tuple[list[_Job], list[list[_Job]]]:
+def _coalesce(jobs: list[Job]) -> tuple[list[Job], list[list[Job]]]:
     """The jobs read one request each (chunks of :data:`COALESCE_CHUNK_BYTES` and more), and
     groups of small chunks that lie next to each other in one object, each group read with one
     request of at most :data:`COALESCE_REQUEST_BYTES`."""
-    singles: list[_Job] = []
-    small: dict[str, list[_Job]] = {}
+    singles: list[Job] = []
+    small: dict[str, list[Job]] = {}
     for job in jobs:
         if job[0].length < COALESCE_CHUNK_BYTES:
             small.setdefault(job[0].key, []).append(job)
         else:
             singles.append(job)
-    groups: list[list[_Job]] = []
+    groups: list[list[Job]] = []
     for group_jobs in small.values():
         group_jobs.sort(key=lambda j: j[0].offset)
-        group: list[_Job] = []
+        group: list[Job] = []
         g_start = g_end = 0
         for job in group_jobs:
             c = job[0]
@@ -232,119 +202,6 @@ def _coalesce(jobs: list[_Job]) -> tuple[list[_Job], list[list[_Job]]]:
         if group:
             groups.append(group)
     return singles, groups
-
-
-class PlannedState:
-    """A :meth:`CheckpointReader.state` planned (:meth:`CheckpointReader.plan_state`): the
-    objects it reads (:attr:`keys`), a :meth:`sink` for each object whose bytes the caller
-    delivers itself, :meth:`read` for the others, then :meth:`finish`."""
-
-    def __init__(
-        self,
-        reader: CheckpointReader,
-        reads: _Reads,
-        targets: Mapping[str, Target],
-        views: Mapping[str, np.ndarray],
-    ) -> None:
-        self.reader, self.reads, self.targets, self.views = reader, reads, targets, views
-        self.keys: set[str] = {j[0].key for j in reads.jobs}
-        """The objects the state's chunks are read from."""
-
-    def sink(self, key: str, source: str) -> ObjectSink:
-        """Where the bytes of object ``key`` go as they arrive in order (from ``source``, for
-        messages), instead of :meth:`read` reading them from the store."""
-        return ObjectSink(self.reader, key, [j for j in self.reads.jobs if j[0].key == key], source)
-
-    def read(self, skip: Iterable[str] = ()) -> None:
-        """Read every chunk from the reader's store but those of the objects in ``skip``
-        (delivered through :meth:`sink`), whose sizes are not checked here either."""
-        self.reader._sizes_checked.update(skip)
-        self.reader._run(self.reads, skip)
-
-    def finish(self) -> Any:
-        """The state, once every chunk is in."""
-        arrays = self.reads.finish(self.views)
-        for t in self.targets.values():
-            if t.finish is not None:
-                t.finish()
-        return fmt.decode_tree(
-            self.reader.manifest.tree,
-            lambda p: self.targets[p].leaf if p in self.targets else arrays[p],
-        )
-
-
-class ObjectSink:
-    """One object's bytes, arriving in order (a stream from a peer, :mod:`ckptio.checkpoint.peers`),
-    placed straight into the arrays of a planned read: each wanted chunk's part copied into
-    its target as it passes (through a buffer only where the chunk does not land on contiguous
-    bytes of it), the chunk's CRC32C continued over those bytes and checked against the
-    manifest as its last byte arrives: the same check as a read from a store, end to end.
-    Bytes of chunks not wanted only pass."""
-
-    def __init__(self, reader: CheckpointReader, key: str, jobs: list[_Job], source: str) -> None:
-        self.reader, self.key, self.source = reader, key, source
-        self.jobs = sorted(jobs, key=lambda j: j[0].offset)
-        self._i = 0
-        self._crc = 0
-        self._buf: np.ndarray | None = None  # the current chunk's bytes, where not in place
-
-    def view(self, pos: int, n: int) -> np.ndarray | None:
-        """Where the object's next bytes ``pos .. pos + n`` may be received in place: the
-        target's bytes when they all fall in one wanted chunk that lands on contiguous bytes
-        of it (then :meth:`write` finds them there and copies nothing), else None."""
-        if self._i >= len(self.jobs):
-            return None
-        job = self.jobs[self._i]
-        c = job[0]
-        if not (c.offset <= pos and pos + n <= c.offset + c.length):
-            return None
-        target, _, direct = _place(job)
-        if not direct:
-            return None
-        return target.reshape(-1).view(np.uint8)[pos - c.offset : pos - c.offset + n]
-
-    def write(self, pos: int, data: np.ndarray) -> None:
-        """The object's bytes ``pos .. pos + len(data)`` (uint8), the next in order (received
-        where :meth:`view` said, or elsewhere)."""
-        end = pos + len(data)
-        while self._i < len(self.jobs):
-            job = self.jobs[self._i]
-            c = job[0]
-            if c.offset >= end:
-                return
-            lo, hi = max(c.offset, pos), min(c.offset + c.length, end)
-            part = data[lo - pos : hi - pos]
-            self._crc = crc32c(part, self._crc)
-            target, _, direct = _place(job)
-            if direct:
-                dst = target.reshape(-1).view(np.uint8)
-            else:
-                if self._buf is None:
-                    self._buf = self.reader._allocate((c.length,), np.dtype(np.uint8), c.key)
-                dst = self._buf
-            into = dst[lo - c.offset : hi - c.offset]
-            if into.ctypes.data != part.ctypes.data:  # else received in place
-                np.copyto(into, part)
-            if hi < c.offset + c.length:
-                return  # the chunk goes on in the next piece
-            if self._crc != c.crc32c:
-                raise errors.ChecksumError(
-                    f"{self.key} from {self.source}: CRC32C mismatch in bytes {c.offset}.."
-                    f"{c.offset + c.length} (expected {c.crc32c:#010x}, received "
-                    f"{self._crc:#010x}): the copy is damaged"
-                )
-            if not direct:
-                _land(job, dst)
-            self._i, self._crc, self._buf = self._i + 1, 0, None
-
-    def close(self) -> None:
-        """The stream's end: raise unless every wanted chunk arrived whole."""
-        if self._i < len(self.jobs):
-            c = self.jobs[self._i][0]
-            raise errors.CorruptCheckpointError(
-                f"{self.key} from {self.source}: ended before bytes {c.offset}..{c.offset + c.length} "
-                "(truncated object)"
-            )
 
 
 class CheckpointReader:
@@ -486,7 +343,7 @@ class CheckpointReader:
 
     def _run(self, reads: _Reads, skip: Iterable[str] = ()) -> None:
         """The second half of :meth:`read_many`: every job of ``reads`` run, but those of the
-        objects in ``skip`` (delivered otherwise: :class:`ObjectSink`)."""
+        objects in ``skip`` (delivered otherwise: :class:`~ckptio.checkpoint.sink.ObjectSink`)."""
         skip = set(skip)
         jobs = [j for j in reads.jobs if j[0].key not in skip]
         keys = {j[0].key for j in jobs}
@@ -494,7 +351,7 @@ class CheckpointReader:
         tasks: list[tuple[Callable[[Any], None], Any]] = []
         piece = self._piece_bytes()
         for job in singles:
-            target, _, direct = _place(job)
+            target, _, direct = place(job)
             if direct and piece and job[0].length > piece:
                 whole = PiecedChunk(job[0], as_byte_view(target), piece)
                 tasks += [(self._read_piece, (whole, i)) for i in range(len(whole.spans))]
@@ -580,10 +437,10 @@ class CheckpointReader:
             reads.jobs.extend(_box_jobs(entry, out, starts, stops, shape))
         return reads
 
-    def _buffer_bytes(self, singles: list[_Job], groups: list[list[_Job]]) -> int:
+    def _buffer_bytes(self, singles: list[Job], groups: list[list[Job]]) -> int:
         """Bytes of the read buffers in use at once: one per reader, of a whole chunk that
         does not land in place, or of a group."""
-        partial = sorted((job[0].length for job in singles if not _place(job)[2]), reverse=True)
+        partial = sorted((job[0].length for job in singles if not place(job)[2]), reverse=True)
         grouped = min(len(groups), self.readers) * COALESCE_REQUEST_BYTES
         return sum(partial[: self.readers]) + grouped
 
@@ -615,19 +472,19 @@ class CheckpointReader:
         if done is not None:
             self._check_chunk(whole.chunk, done[0], None, crc=done[1])
 
-    def _read_job(self, job: _Job) -> None:
+    def _read_job(self, job: Job) -> None:
         """Read one chunk: straight into its target, or through a buffer when only part of it
         is wanted or the target is not contiguous."""
         chunk = job[0]
-        target, _, direct = _place(job)
+        target, _, direct = place(job)
         if direct:
             self._read_chunk_into(chunk, as_byte_view(target))
             return
         tmp = self._allocate((chunk.length,), np.dtype(np.uint8), chunk.key)
         self._read_chunk_into(chunk, as_byte_view(tmp))
-        _land(job, tmp)
+        land(job, tmp)
 
-    def _read_group(self, group: list[_Job]) -> None:
+    def _read_group(self, group: list[Job]) -> None:
         """Neighbouring small chunks of one object: one request, then each copied out."""
         start = group[0][0].offset
         end = max(c.offset + c.length for c, _ in group)
@@ -638,7 +495,7 @@ class CheckpointReader:
             a = chunk.offset - start
             data = buf[a : a + chunk.length]
             self._check_chunk(chunk, max(0, min(n - a, chunk.length)), data)
-            _land(job, data)
+            land(job, data)
 
     def state(self, select: Mapping[str, Any] | None = None, *, into: Any = None) -> Any:
         """The saved structure with every tensor read (``select``: path -> index, to read
@@ -654,7 +511,7 @@ class CheckpointReader:
     ) -> PlannedState:
         """:meth:`state` before anything is read: its arrays allocated and the chunk reads
         that fill them planned, so that some objects' bytes can be delivered by the caller
-        as they arrive (:meth:`PlannedState.sink`) while the others are read."""
+        as they arrive (:meth:`~ckptio.checkpoint.sink.PlannedState.sink`) while the others are read."""
         select = dict(select or {})
         unknown = set(select) - set(self.manifest.tensors)
         if unknown:
