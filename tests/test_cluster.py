@@ -76,6 +76,58 @@ def test_every_node_mounts_the_shared_filesystem_with_its_own_client(
         cluster.run("node0", ["rm", "-f", f"{point}/{name}"])
 
 
+def test_storage_clients_of_one_node_are_clients_of_their_own(cluster: Cluster) -> None:
+    """:func:`~ckptio.testing.cluster.suite.storage_clients`: on one node, more CephFS and
+    GlusterFS clients, each a process of that node with its own mounts in a mount namespace
+    of its own, at the usual paths; what one client writes, another and the node's own read;
+    on exit they are gone and the node's own mounts are left as they were."""
+    from ckptio.testing.cluster.suite import storage_clients
+
+    def clients() -> list[str]:
+        comms = cluster.run("node0", ["ps", "-eo", "comm"]).stdout.split()
+        return sorted(c for c in comms if c in ("ceph-fuse", "glusterfs"))
+
+    def mounts(pid: int | None) -> str:
+        enter = [] if pid is None else ["nsenter", f"--mount=/proc/{pid}/ns/mnt"]
+        return cluster.run("node0", [*enter, "cat", "/proc/self/mounts"]).stdout
+
+    before, node_mounts = clients(), mounts(None)
+    name = f"clients-{os.getpid()}"
+    with storage_clients(cluster, "node0", 2) as pids:
+        assert len(set(pids)) == 2
+        assert clients() == sorted(before * 3)  # two more of each, in node0
+        for pid in pids:
+            mine = mounts(pid)
+            for point, kind in (
+                (cluster.cephfs, "fuse.ceph-fuse"),
+                (cluster.gluster, "fuse.glusterfs"),
+            ):
+                assert mine.count(f" {point} ") == 1, mine  # its own, not the node's beneath
+                assert f" {point} {kind} " in mine
+        assert mounts(None) == node_mounts  # the node's own untouched
+        data = os.urandom(1 << 16).hex()
+        try:
+            for point in (cluster.cephfs, cluster.gluster):
+                cluster.run(
+                    "node0",
+                    [
+                        "nsenter",
+                        f"--mount=/proc/{pids[0]}/ns/mnt",
+                        "sh",
+                        "-c",
+                        f"cat > {point}/{name}",
+                    ],
+                    input=data,
+                )
+                for enter in (["nsenter", f"--mount=/proc/{pids[1]}/ns/mnt"], []):
+                    assert cluster.run("node0", [*enter, "cat", f"{point}/{name}"]).stdout == data
+        finally:
+            for point in (cluster.cephfs, cluster.gluster):
+                cluster.run("node0", ["rm", "-f", f"{point}/{name}"])
+    assert clients() == before
+    assert mounts(None) == node_mounts
+
+
 def test_rgw_answers_every_node(cluster: Cluster) -> None:
     script = textwrap.dedent(
         """

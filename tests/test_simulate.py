@@ -420,9 +420,10 @@ def test_storage_fitted_from_a_measured_run(tmp_path: Path) -> None:
 
 
 def test_a_probe_gives_the_aggregate_and_the_write_requests(tmp_path: Path) -> None:
-    """``fit_storage(paths, aggregate=PROBE)``: the probe (the job's streams from one node)
-    gives the aggregate and the write side's requests, as the storage answered them; the
-    one-node run keeps the node's link and the read side."""
+    """``fit_storage(paths, aggregate=PROBE)``: the probe (the job's streams and clients from
+    one node) gives the aggregate and the write side's requests, as the storage answered
+    them; the one-node run (one client) keeps the node's link, a per-client limit, and the
+    read side."""
     from ckptio.dist import SingleProcess
     from ckptio.runner import RunSettings, run_workload
 
@@ -437,15 +438,72 @@ def test_a_probe_gives_the_aggregate_and_the_write_requests(tmp_path: Path) -> N
     (node,) = sim.fit_storage([str(tmp_path / "node")])
     (fitted,) = sim.fit_storage([str(tmp_path / "node")], aggregate=[str(tmp_path / "probe")])
     (probe,) = sim.fit_storage([str(tmp_path / "probe")])
-    assert fitted.profile.aggregate_bandwidth == probe.profile.node_bandwidth
+    # the aggregate: the probe's steady throughput, or where the simulation of the probe as
+    # it ran is slower than the probe at that (its resampled latencies hold their wait for
+    # the storage already), the aggregate at which it replays the probe's write time
+    throughput = probe.profile.node_bandwidth
+    assert fitted.profile.aggregate_bandwidth >= throughput
     assert "probe" in fitted.profile.figures["aggregate_bandwidth"].source
+    from ckptio.calibration import fit_targets
+    from ckptio.results import read_results
+
+    res = read_results([str(tmp_path / "probe")])
+    (fit,) = fit_targets(res.requests, res.runs, res.phases)
+    measured = sum(rd.run["write_seconds"] for rd in fit.used) / len(fit.used)
+    job = Job.for_run(
+        make_plan("llama3-8b", total_size="16MiB", object_size="1MiB"),
+        processes=1,
+        streams=int(fit.used[0].run["streams"]),
+    )
+    replayed = phases(simulate(job, fitted, phases=["save"], replications=20))["save"]
+    at_throughput = phases(
+        simulate(
+            job,
+            sim.with_aggregate(fitted, throughput, ""),
+            phases=["save"],
+            replications=20,
+        )
+    )["save"]
+    if fitted.profile.aggregate_bandwidth > throughput:
+        assert "gives its measured write time" in (
+            fitted.profile.figures["aggregate_bandwidth"].source
+        )
+        assert replayed["p50_seconds"] == pytest.approx(measured, rel=0.05)
+        assert at_throughput["p50_seconds"] > measured
+    else:  # nothing to mend: not slower at its throughput, or not the shared pipe's doing
+        assert fitted.profile.aggregate_bandwidth == throughput
     assert fitted.profile.stream_bandwidth == probe.profile.stream_bandwidth
     assert fitted.latency.samples == probe.latency.samples
     assert fitted.object_metadata == probe.object_metadata and fitted.metadata == probe.metadata
     assert fitted.profile.node_bandwidth == node.profile.node_bandwidth
+    assert "the limit of one client" in fitted.profile.figures["node_bandwidth"].source
     assert fitted.read_latency == node.read_latency
     with pytest.raises(InvalidArgumentError, match="aggregate bandwidth from"):
         sim.fit_storage([str(tmp_path / "node")], aggregate=[str(tmp_path / "node-target")])
+
+
+def test_each_node_has_its_own_client_limit_under_the_shared_aggregate() -> None:
+    """The node's link (fitted from one client: each node of a job has its own) bounds each
+    node alone; the aggregate (fitted from a probe with the job's clients) bounds them all:
+    a save of n nodes takes its bytes over min(n x the link, the aggregate)."""
+    plan = make_plan("llama3-8b", gpus=12, total_size="192MiB")
+    storage = Storage.from_profile(
+        "local-nvme",
+        latency="fixed",
+        overrides={
+            **NO_LIMITS,
+            "node_bandwidth": "100MB/s",
+            "aggregate_bandwidth": "250MB/s",
+            "request_latency": "1ms",
+            "metadata_latency": "1ms",
+        },
+    )
+    for nodes, binding in ((1, "node link"), (2, "node link"), (3, "aggregate bandwidth")):
+        job = Job.for_run(plan, processes=2 * nodes, processes_per_node=2, streams=8)
+        save = phases(simulate(job, storage, phases=["save"]))["save"]
+        expected = plan.total_bytes / min(nodes * 100e6, 250e6)
+        assert save["p50_seconds"] == pytest.approx(expected, rel=0.02), (nodes, save)
+        assert save["bound_by"] == binding
 
 
 def test_results_round_trip_and_the_report_section(tmp_path: Path, small: Job) -> None:

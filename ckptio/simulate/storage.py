@@ -4,7 +4,7 @@ rates, and a storage description fitted from measured runs."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Any
@@ -313,8 +313,17 @@ def _empirical(samples: tuple[float, ...], source: str) -> Latency:
     )
 
 
+ProbeReplay = Callable[[Storage, Any, Sequence[Mapping[str, Any]], int], Storage]
+"""Fits a storage's aggregate to the replay of the probe it came from: ``(storage, the
+probe's TargetFit, its result sidecars, processes per client) -> storage``."""
+
+
 def fit_storage(
-    paths: Sequence[str], *, target: str | None = None, aggregate: Sequence[str] = ()
+    paths: Sequence[str],
+    *,
+    target: str | None = None,
+    aggregate: Sequence[str] = (),
+    replay: ProbeReplay | None = None,
 ) -> list[Storage]:
     """Storage descriptions fitted from measured result files (or directories): the figures
     of :func:`ckptio.calibration.calibrate` (per-stream bandwidth, the node's link from the
@@ -331,16 +340,24 @@ def fit_storage(
     keeps one measured target.
 
     ``aggregate``: result files of a probe of the storage, run from one node with the
-    processes, and so the streams, of the job to simulate (as a site measures a storage
-    before it buys a second node). Its steady data throughput becomes the aggregate
+    processes, and so the streams, of the job to simulate, and as many storage clients as
+    the job has nodes, each shared by one node's processes (a file system mounted that many
+    times on the node; on S3 each process is its own client already), as a site measures a
+    storage before it buys a second node. Its steady data throughput becomes the aggregate
     bandwidth every node shares, and the write side's requests are fitted from its requests
     instead of ``paths``' (per-stream bandwidth, data latencies, each object's metadata, the
     commit's): what the storage answers to the job's concurrency, which one node's own
     processes do not reach (a GlusterFS create took 5 ms with 2 writers and 33 ms with 6 on
-    the namespace cluster, ``docs/simulate.md``). ``paths`` still give the node's link and the
-    read side. A probe from one node sees at most that node's path, and its requests carry
-    that node's client load: where the storage's aggregate is larger, or the node's client
-    the limit, the simulation of many nodes is pessimistic."""
+    the namespace cluster, ``docs/simulate.md``). ``paths``, run through one client, give the
+    per-client limit, the node's link of the simulation (each node of the job has a client
+    of its own), distinct from that aggregate, and the read side. A probe through ONE
+    client measures that client's limit instead of the storage's, and the simulation of n
+    nodes is as pessimistic as that limit is below the storage's (``docs/simulate.md``).
+    A probe from one node still sees at
+    most that node's path: where the storage's aggregate is larger than it, the simulation
+    of many nodes is pessimistic. ``replay``: how the aggregate is then fitted to the
+    simulation of the probe (:func:`ckptio.simulate.fit_storage` passes its own: this module
+    sits below the simulation); None: the probe's steady throughput."""
     from ckptio.calibration import fit_targets
     from ckptio.results import read_results
 
@@ -377,23 +394,7 @@ def fit_storage(
                     f"{', '.join(map(str, aggregate))} to fit its aggregate bandwidth from"
                 )
             writes_from, write_requests = probes[cal.target], probe_requests
-            probe = writes_from.pooled
-            where = (
-                f"a probe run from one node with the job's streams ({probe.requests} requests, "
-                f"{probe.rounds} round(s); {', '.join(map(str, aggregate))})"
-            )
-            fitted = probe.as_profile().figures
-            profile = replace(
-                profile,
-                figures={
-                    **profile.figures,
-                    **{k: fitted[k] for k in ("request_latency", "stream_bandwidth")},
-                    "metadata_latency": fitted["metadata_latency"],
-                    "aggregate_bandwidth": Figure(
-                        probe.aggregate_bandwidth, f"the steady data throughput of {where}"
-                    ),
-                },
-            )
+            profile = _with_probe(profile, cal, writes_from.pooled, aggregate)
         write_side = _steady_requests(writes_from, write_requests)
         read_side = _steady_requests(fit, requests)
         rounds = f"{len(writes_from.used)} steady round(s)"
@@ -433,23 +434,50 @@ def fit_storage(
             if measured_meta
             else None
         )
-        out.append(
-            Storage(
-                profile=profile,
-                latency=lat,
-                read_latency=read_lat,
-                metadata=_empirical(
-                    step_meta,
-                    f"resampled from {len(step_meta)} measured requests of {cal.target}'s "
-                    f"commits, {rounds} (the manifest's publish, the step's listing, the lease)",
-                )
-                if step_meta
-                else lat.scaled(profile.value("metadata_latency")),
-                object_metadata=object_metadata,
-                fitted_from=", ".join(map(str, [*paths, *aggregate])),
+        storage = Storage(
+            profile=profile,
+            latency=lat,
+            read_latency=read_lat,
+            metadata=_empirical(
+                step_meta,
+                f"resampled from {len(step_meta)} measured requests of {cal.target}'s "
+                f"commits, {rounds} (the manifest's publish, the step's listing, the lease)",
             )
+            if step_meta
+            else lat.scaled(profile.value("metadata_latency")),
+            object_metadata=object_metadata,
+            fitted_from=", ".join(map(str, [*paths, *aggregate])),
         )
+        if aggregate and replay is not None:  # a probe's client has the 1-node run's processes
+            per_client = max(int(rd.run.get("ranks") or 1) for rd in fit.used)
+            storage = replay(storage, writes_from, pres.sidecars, per_client)
+        out.append(storage)
     return out
+
+
+def _with_probe(profile: Profile, node: Any, probe: Any, paths: Sequence[str]) -> Profile:
+    """``profile``, fitted from one node's run (``node``, a :class:`Calibration`), with the
+    write side and the aggregate of ``probe``'s (its result files ``paths``), and the node's
+    steady throughput as its link: the limit of its one client, each node's own."""
+    where = (
+        f"a probe run from one node with the job's streams and clients ({probe.requests} "
+        f"requests, {probe.rounds} round(s); {', '.join(map(str, paths))})"
+    )
+    fitted = probe.as_profile().figures
+    link = profile.figures["node_bandwidth"].source
+    return replace(
+        profile,
+        figures={
+            **profile.figures,
+            **{k: fitted[k] for k in ("request_latency", "stream_bandwidth", "metadata_latency")},
+            "node_bandwidth": Figure(
+                node.aggregate_bandwidth, f"{link}: the limit of one client, each node's own"
+            ),
+            "aggregate_bandwidth": Figure(
+                probe.aggregate_bandwidth, f"the steady data throughput of {where}"
+            ),
+        },
+    )
 
 
 def _steady_requests(fit: Any, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
