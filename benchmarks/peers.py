@@ -13,6 +13,9 @@ restores with ``replicas=0`` (the tiered engine reads the lost node's shards fro
 tier), the peer case with ``replicas=1`` (from the copies on the next node). Every restore is
 checked bit-identical, and its path per rank recorded, with where each rank's restore spent
 its time (:attr:`~ckptio.checkpoint.peers.RestoreRecord.seconds`: plan, transfer, read).
+``--baseline DIR`` also runs each restore with the ckptio of another source tree
+(``PYTHONPATH=DIR``; ``<case>_baseline``), right after this tree's, to compare two versions
+under the same load.
 Measured on ONE machine: the nodes are namespaces sharing its cores, memory and the one Ceph OSD on its disk, and the machine is
 shared with other work (its load average is recorded): the figures compare the paths under
 the same conditions, they are not a network's or a disk's speeds.
@@ -79,10 +82,13 @@ def worker(args: argparse.Namespace) -> None:
     os.write(1, (json.dumps(out) + "\n").encode())
 
 
-def srun(cluster: Any, per_node: int, argv: list[str]) -> list[dict[str, Any]]:
+def srun(
+    cluster: Any, per_node: int, argv: list[str], env: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     proc = cluster.srun(
         ["-N3", f"--ntasks-per-node={per_node}", "--mpi=pmix", sys.executable, __file__, *argv],
         timeout=600,
+        env=env,
     )
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
@@ -99,11 +105,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         run = f"peers-bench-{uuid.uuid4().hex[:6]}"
         out: dict[str, Any] = {"config": vars(args).copy(), "load_before": os.getloadavg()}
 
-        def job(mode: str, k: int, name: str) -> list[dict[str, Any]]:
+        def job(mode: str, k: int, name: str, code: str = "") -> list[dict[str, Any]]:
             durable = f"pfs://{cluster.cephfs}/{run}-{name}"
             local = f"file://{cluster.local}/{run}-{name}/{{rank}}"
             a = ["worker", mode, durable, local, str(k), str(args.mib), str(args.steps)]
-            return srun(cluster, args.per_node, a)
+            return srun(cluster, args.per_node, a, {"PYTHONPATH": code} if code else None)
 
         # the save's blocking time, each save alone (its copies and drain done before the next)
         for k in (0, 1):
@@ -113,16 +119,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         job("save", 1, "restore")
         # peer first (node2 killed; its restore puts the step back on its disk), then its own
         # fast tier on every node (nothing lost), then durable (node2 killed again)
-        cases: dict[str, list[float]] = {"peer": [], "own_fast_tier": [], "durable": []}
+        # (--baseline: each restore with another ckptio source tree too, in turn with this one)
+        names = ("peer", "own_fast_tier", "durable")
+        suffixes = ("", "_baseline") if args.baseline else ("",)
+        cases: dict[str, list[float]] = {f"{c}{x}": [] for c in names for x in suffixes}
         paths: dict[str, list[dict[int, str]]] = {c: [] for c in cases}
         stages: dict[str, list[dict[int, dict[str, float]]]] = {c: [] for c in cases}
         for _ in range(args.repeat):
             for case in cases:
-                if case != "own_fast_tier":
+                if not case.startswith("own_fast_tier"):
                     cluster.kill_node("node2")
                     cluster.start_node("node2")
-                k = 0 if case == "durable" else 1
-                rows = job("load", k, "restore")
+                k = 0 if case.startswith("durable") else 1
+                code = args.baseline if case.endswith("_baseline") else ""
+                rows = job("load", k, "restore", code)
                 assert all(r["identical"] for r in rows), rows
                 cases[case].append(max(r["seconds"] for r in rows))
                 paths[case].append({r["rank"]: r["path"] for r in rows})
@@ -149,6 +159,13 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--out", default="")
+    p.add_argument(
+        "--baseline",
+        default="",
+        help="a ckptio source tree (its top directory, e.g. `git archive` of an older "
+        "commit): each restore measured with it as well, in turn with this one's "
+        "(restore_seconds.<case>_baseline)",
+    )
     args = p.parse_args()
     if args.cmd == "worker":
         worker(args)

@@ -38,13 +38,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ckptio import errors
-from ckptio.intervals import Interval, rounds_needed, spread_interval, t_quantile
+from ckptio.intervals import (
+    Interval,
+    rounds_needed,
+    spread_interval,
+    t_quantile,
+)
 from ckptio.profiles import Profile
-from ckptio.units import human_seconds, human_size
+from ckptio.units import human_rate, human_seconds, human_size
 
 __all__ = [
     "HALVES_TOLERANCE",
@@ -55,11 +60,13 @@ __all__ = [
     "MIN_ROUND_SECONDS",
     "WARMUP_FACTOR",
     "Calibration",
+    "PeerLinkFit",
     "Round",
     "TargetFit",
     "calibrate",
     "calibrate_results",
     "fit_latency_bandwidth",
+    "fit_peer_link",
     "fit_profiles",
     "fit_target",
     "fit_targets",
@@ -509,17 +516,34 @@ def project_rounds(
     rounds: Sequence[tuple[Profile, Profile | None]],
     *,
     what: str = "",
+    peer_link: PeerLinkFit | None = None,
 ) -> dict[str, Any]:
     """:func:`ckptio.stallmodel.project` of ``workload`` with the ``pooled`` (profile, fast
     tier or None) and with each round's, the first's figures with the others' intervals
     (:func:`with_intervals`): a measured target at full scale. Without ``rounds``: the
-    pooled projection alone (deterministic)."""
+    pooled projection alone (deterministic). ``peer_link``: the node link to peers fitted
+    from measured restores (:func:`fit_peer_link`), pooled for the figures and each of its
+    rounds beside each round of the profiles (in order, its rounds repeated where fewer),
+    so that its spread reaches the intervals too."""
     from ckptio.stallmodel import project
 
-    central = project(workload, pooled[0], conditions, local=pooled[1])
+    def cond(i: int | None) -> Any:
+        if peer_link is None or not conditions.peers or conditions.peer_bandwidth is not None:
+            return conditions  # no peers, no measured restore, or a figure given: as it is
+        link = peer_link.per_round[i % len(peer_link.per_round)] if i is not None else None
+        return replace(
+            conditions,
+            peer_bandwidth=peer_link.bandwidth if link is None else link,
+            peer_bandwidth_source=peer_link.source(),
+        )
+
+    central = project(workload, pooled[0], cond(None), local=pooled[1])
     if not rounds:
-        return central
-    per = [project(workload, p, conditions, local=loc) for p, loc in rounds]
+        if peer_link is not None and len(peer_link.per_round) > 1 and cond(0) is not conditions:
+            rounds = [pooled] * len(peer_link.per_round)  # the profile's exact, the link's not
+        else:
+            return central
+    per = [project(workload, p, cond(i), local=loc) for i, (p, loc) in enumerate(rounds)]
     return with_intervals(central, per, what=what)
 
 
@@ -587,3 +611,81 @@ def calibrate_results(paths: list[str]) -> list[TargetFit]:
             f"no measured write requests in {', '.join(map(str, paths))} to fit a profile from"
         )
     return fits
+
+
+@dataclass(frozen=True)
+class PeerLinkFit:
+    """A node's link to its peers as measured restores from a peer copy showed it
+    (:func:`fit_peer_link`): per round, the bytes the ranks of a replaced node received from
+    peers over the slowest of those ranks' restore time. That time holds the restore's
+    planning, the sender's read of the copy and both ends' CRC32C checks as well as the
+    transfer: an effective figure, a lower bound on the link itself."""
+
+    bandwidth: float
+    """Bytes/s: the rounds' bytes over their seconds, pooled."""
+    per_round: tuple[float, ...]
+    """Bytes/s of each round (replaced node) alone."""
+    interval: Interval | None
+    """``bandwidth`` with the 95% interval the spread of ``per_round`` gives it (None with
+    one round)."""
+    fan_in: int
+    """Replaced nodes per round in the runs (their restores ran at once): what the figure
+    was measured at."""
+    runs: tuple[str, ...]
+    warmup: int = 0
+    """Rounds left out as warm-ups (a run's first, much slower than its others)."""
+
+    def source(self) -> str:
+        """Where the figure comes from, with its uncertainty, in words."""
+        n = len(self.per_round)
+        spread = (
+            f"95% interval {human_rate(self.interval.low)}-{human_rate(self.interval.high)}"
+            if self.interval is not None
+            else "no interval: one round"
+        )
+        return (
+            f"fitted from {n} measured restore-peer round{'s' if n != 1 else ''} "
+            f"({', '.join(self.runs)}; {spread}"
+            + (f"; {self.warmup} warm-up round(s) left out" if self.warmup else "")
+            + f"; {self.fan_in} replaced node(s) at once; effective: the restore's planning "
+            "and CRC32C checks included)"
+        )
+
+
+def fit_peer_link(phases: Any) -> PeerLinkFit | None:
+    """The node link to peers from the ``restore-peer`` rows of result tables (a ``ckptio
+    run --replicas K``: ``restore_path`` and ``peer_bytes`` of each rank): one figure per
+    round and replaced node (the ranks whose restore came from a peer, by ``host`` where the
+    loss was a real node's, else together), the node's peer bytes over its slowest rank's
+    seconds. None where no round restored bytes from a peer."""
+    rows = phases.to_pylist() if hasattr(phases, "to_pylist") else list(phases)
+    nodes: dict[tuple[str, int], dict[str, list[float]]] = {}
+    for r in rows:
+        if r.get("phase") != "restore-peer" or r.get("restore_path") != "peer":
+            continue
+        if not int(r.get("peer_bytes") or 0) > 0 or not float(r.get("seconds") or 0) > 0:
+            continue
+        per = nodes.setdefault((r["run_id"], int(r["iteration"])), {})
+        got = per.setdefault(str(r.get("host") or ""), [0.0, 0.0])
+        got[0] += float(r["peer_bytes"])
+        got[1] = max(got[1], float(r["seconds"]))
+    if not nodes:
+        return None
+    # a run's first round slower than every other by more than WARMUP_FACTOR carries
+    # one-time costs (connections, first-touch of buffers): not fitted, as in fit_target
+    warm: set[tuple[str, int]] = set()
+    for run in {run for run, _ in nodes}:
+        its = sorted(i for r, i in nodes if r == run)
+        rate = {i: min(b / t for b, t in nodes[(run, i)].values()) for i in its}
+        if len(its) > 1 and rate[its[0]] < WARMUP_FACTOR * min(rate[i] for i in its[1:]):
+            warm.add((run, its[0]))
+    figures = [(b, t) for key, per in nodes.items() if key not in warm for b, t in per.values()]
+    pooled = sum(b for b, _ in figures) / sum(t for _, t in figures)
+    return PeerLinkFit(
+        bandwidth=pooled,
+        per_round=tuple(b / t for b, t in figures),
+        interval=spread_interval(pooled, [b / t for b, t in figures]),
+        fan_in=max(len(per) for per in nodes.values()),
+        runs=tuple(sorted({run for run, _ in nodes})),
+        warmup=len(warm),
+    )

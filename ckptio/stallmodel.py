@@ -61,7 +61,11 @@ the next save when the save and it outlast the interval (the excess is added to 
 each fast tier holds ``(1 + k)`` steps' worth per node. After a failure that loses nodes, a
 replacement node restores from a surviving peer: the peer reads its own step (its own
 restart) and the copies of the ``peer_fan_in`` replacement nodes it serves from its fast
-tier, and sends those copies over its link; the slower of the two is the peer restore. A
+tier, and sends those copies over its link; the replacement places the bytes in its arrays
+as they arrive and writes them onto its own fast tier (not read back); the slowest of the
+three is the peer restore. The link is ``peer_bandwidth`` where given or fitted from
+measured restores from a peer (:func:`ckptio.calibration.fit_peer_link`, an effective
+figure: the measured restore's planning and checks included), else the node link above. A
 failure loses a node with probability ``p_lose_node``; the count of nodes lost at once is
 geometric: each further node with probability ``p_lose_another``
 (:data:`DEFAULT_P_LOSE_ANOTHER`, an assumption). With ``k`` copies, losing up to ``k`` nodes
@@ -104,6 +108,7 @@ from ckptio.costmodel import (
     reference_mtbf,
     young_interval,
 )
+from ckptio.peermodel import peer_figures, peer_link
 from ckptio.profiles import Profile
 from ckptio.protocol import save_protocol_requests
 from ckptio.units import (
@@ -527,6 +532,9 @@ class Conditions:
     peer_bandwidth: float | None = None
     """Tiered with peers: bytes/s of a node's network link to the other nodes (None: the
     durable profile's ``node_bandwidth``, the same node's link to the storage)."""
+    peer_bandwidth_source: str = ""
+    """Where ``peer_bandwidth`` comes from, in words ("": given by the user); a figure
+    fitted from measured restores from peers says so (:func:`ckptio.calibration.fit_peer_link`)."""
     streams: int | None = None
     """Concurrent streams per node (None: the profile's)."""
     part_size: int | None = None
@@ -684,19 +692,6 @@ def _times(w: Workload, factor: int) -> Workload:
     )
 
 
-def peer_link(c: Conditions, durable: Profile) -> tuple[float, str]:
-    """A node's network link to the other nodes (bytes/s) and where the figure comes from:
-    ``c.peer_bandwidth``, else the durable profile's ``node_bandwidth`` (the same node's link,
-    to the storage: peers and storage share one network link)."""
-    if c.peer_bandwidth is not None:
-        return c.peer_bandwidth, "given (--peer-bandwidth)"
-    fig = durable.figures["node_bandwidth"]
-    return fig.value, (
-        f"{durable.name}'s node_bandwidth ({fig.source}); assumption: peer copies cross the "
-        "same node link"
-    )
-
-
 def _peers(
     workload: Workload,
     durable: Profile,
@@ -706,52 +701,16 @@ def _peers(
     fast_r: PhaseEstimate,
     save: float,
 ) -> dict[str, Any]:
-    """The peer copies of a tiered target (``c.peers`` > 0; see the module docstring): the
-    replication after each save and the restore of a replacement node from a peer."""
+    """The peer copies of a tiered target (``c.peers`` > 0; see the module docstring):
+    :func:`ckptio.peermodel.peer_figures` of the fast tier's times it needs: the ``k``
+    copies written and the step read (the replication), and the ``1 + f`` steps a surviving
+    peer reads (its own and the copies it sends)."""
     k, f = c.peers, c.peer_fan_in
-    link, link_source = peer_link(c, durable)
-    node = workload.node_bytes
-    # save side: each node sends its step to k partners and receives k partners' steps (the
-    # link is full duplex); the drain's bytes to the durable tier cross the same link
-    repl_terms = {
-        "node link": (k + 1) * node / link,
-        "fast tier": estimate(_times(workload, k), local, phase="write", **kw).seconds
-        + fast_r.seconds,
-    }
-    repl_binding = max(repl_terms, key=lambda t: repl_terms[t])
-    replication = repl_terms[repl_binding]
-    # restore side: a surviving peer reads its own step (its own restart) and the copies of
-    # the f replacement nodes it serves from its fast tier, and sends f copies over its link
-    peer_fast = estimate(_times(workload, 1 + f), local, phase="restore", **kw).seconds
-    peer_send = f * node / link
-    restore_terms = {"peer's fast tier": peer_fast, "peer's node link": peer_send}
-    restore_binding = max(restore_terms, key=lambda t: restore_terms[t])
-    return {
-        "peers": k,
-        "peer_fan_in": f,
-        "peer_bandwidth": link,
-        "peer_bandwidth_source": link_source,
-        "p_lose_another": c.p_lose_another,
-        "p_lose_another_source": "assumption (DEFAULT_P_LOSE_ANOTHER: no published figure for "
-        "simultaneous node losses)"
-        if c.p_lose_another == DEFAULT_P_LOSE_ANOTHER
-        else "given (--p-lose-another)",
-        "replication_seconds": replication,
-        "replication_binding": repl_binding,
-        "replication_detail": f"{k} cop{'y' if k == 1 else 'ies'} of {human_size(node)} per "
-        f"node: sent and received over a {human_rate(link)} node link with the drain's "
-        f"{human_size(node)} ({human_seconds(repl_terms['node link'])}), written to and read "
-        f"from {local.name} ({human_seconds(repl_terms['fast tier'])})",
-        "replication_bytes_per_node": k * node,
-        "replication_wait_seconds": backpressure(save + replication, c.interval),
-        "replication_fits_interval": save + replication <= c.interval,
-        "fast_tier_bytes_per_node": (1 + k) * node,
-        "restore_peer_seconds": restore_terms[restore_binding],
-        "restore_peer_binding": restore_binding,
-        "restore_peer_detail": f"{human_size(node)} per replacement node from a surviving peer "
-        f"serving {f}: its {local.name} reads {1 + f} steps ({human_seconds(peer_fast)}), "
-        f"its {human_rate(link)} link sends {f} ({human_seconds(peer_send)})",
-    }
+    written = estimate(_times(workload, k), local, phase="write", **kw).seconds
+    peer_read = estimate(_times(workload, 1 + f), local, phase="restore", **kw).seconds
+    return peer_figures(
+        c, durable, local.name, workload.node_bytes, written + fast_r.seconds, peer_read, save
+    )
 
 
 def _project_tiered(

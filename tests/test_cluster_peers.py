@@ -320,6 +320,7 @@ def test_ckptio_run_times_the_restore_from_peer_copies(cluster: Cluster, tmp_pat
     emulated and said so in the sidecar) restore from their copies on node0, all their bytes
     from peers, the others from their own disks; ``restore-durable`` reads the durable tier.
     About 20 s."""
+    from ckptio.calibration import fit_peer_link
     from ckptio.results import read_results
     from ckptio.tierbench import LOSS_NOTE, PEER_PHASES, PHASES
 
@@ -356,3 +357,10 @@ def test_ckptio_run_times_the_restore_from_peer_copies(cluster: Cluster, tmp_pat
         if p["phase"] == "restore":
             assert p["restore_path"] == "local", p
     assert {q["phase"] for q in res.requests.to_pylist()} >= {"replicate", "restore-peer"}
+    # the model's node link to peers, fitted from node2's restore: its two ranks' peer bytes
+    # over the slower's seconds
+    link = fit_peer_link(res.phases)
+    assert link is not None and link.fan_in == 1 and len(link.per_round) == 1
+    node2 = [p for p in peer.values() if NODE_OF[p["rank"]] == "node2"]
+    want = sum(p["peer_bytes"] for p in node2) / max(p["seconds"] for p in node2)
+    assert link.bandwidth == pytest.approx(want)

@@ -86,6 +86,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         (
             "ckptio.intervals",
             "ckptio.costmodel",
+            "ckptio.peermodel",
             "ckptio.stallmodel",
             "ckptio.calibration",
             "ckptio.sensitivity",

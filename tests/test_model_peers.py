@@ -176,3 +176,121 @@ def test_model_cli_shows_the_peer_target_beside_the_tiered_one(capsys) -> None:
     assert "1 peer copy (projected)" in text and "from a peer" in text
     assert main([*argv, "--p-lose-another", "1"]) != 0
     assert "p_lose_another: a probability in [0, 1)" in " ".join(capsys.readouterr().err.split())
+
+
+def _restore_rows(rates: list[float], run: str = "r1") -> list[dict]:
+    """``restore-peer`` rows of a run as ``ckptio run --replicas 1`` writes them, one round
+    per rate: node1's two ranks restored from a peer (their bytes, the slower's seconds give
+    the rate), node0's from its own disk."""
+    rows = []
+    for i, rate in enumerate(rates):
+        for rank, host, path, nbytes, secs in (
+            (0, "n0", "local", 0, 0.01),
+            (1, "n1", "peer", 2 << 20, (4 << 20) / rate / 2),
+            (2, "n1", "peer", 2 << 20, (4 << 20) / rate),
+        ):
+            rows.append(
+                {"run_id": run, "iteration": i, "rank": rank, "phase": "restore-peer",
+                 "host": host, "restore_path": path, "peer_bytes": nbytes, "seconds": secs}
+            )  # fmt: skip
+    # another phase's rows are not the peer restore's
+    rows += [{**r, "phase": "restore", "restore_path": "local"} for r in rows[:1]]
+    return rows
+
+
+def test_the_peer_link_is_fitted_from_measured_restores_from_a_peer() -> None:
+    """Per round, the replaced node's peer bytes over its slowest rank's seconds; a first
+    round much slower than the others is a warm-up, left out; the pooled figure has the
+    interval its rounds' spread gives, and says what it is."""
+    from ckptio.calibration import fit_peer_link
+
+    assert fit_peer_link(_restore_rows([])) is None
+    assert fit_peer_link([{**r, "restore_path": "local"} for r in _restore_rows([1e8])]) is None
+    fit = fit_peer_link(_restore_rows([2e7, 1e8, 1.2e8, 0.9e8]))
+    assert fit is not None and fit.warmup == 1 and fit.fan_in == 1
+    assert fit.per_round == pytest.approx((1e8, 1.2e8, 0.9e8))
+    assert fit.bandwidth == pytest.approx(3 * (4 << 20) / sum((4 << 20) / r for r in fit.per_round))
+    assert fit.interval is not None and fit.interval.low < fit.bandwidth < fit.interval.high
+    words = fit.source()
+    assert "fitted from 3 measured restore-peer rounds" in words and "warm-up" in words
+    assert "95% interval" in words and "effective" in words
+    one = fit_peer_link(_restore_rows([1e8]))
+    assert one is not None and one.interval is None and "no interval: one round" in one.source()
+
+
+def test_a_fitted_peer_link_prices_the_peer_restore_with_its_interval() -> None:
+    """The fitted link replaces the durable profile's (an assumption) wherever no figure is
+    given: the pooled figure for the projection, each round's for its interval; a link given
+    (--peer-bandwidth) wins. The fan-in stays an assumption and says so."""
+    from ckptio.calibration import fit_peer_link, project_rounds
+
+    fit = fit_peer_link(_restore_rows([1e8, 1.2e8, 0.9e8]))
+    assert fit is not None
+    c = replace(C, peers=1)
+    got = project_rounds(W, c, (S3, NVME), [], peer_link=fit)
+    assert got["peer_bandwidth"] == pytest.approx(fit.bandwidth)
+    assert got["peer_bandwidth_source"] == fit.source()
+    assert got["restore_peer_binding"] == "peer's node link"
+    assert got["restore_peer_seconds"] == pytest.approx(W.node_bytes / fit.bandwidth)
+    low, high = got["restore_peer_seconds_low"], got["restore_peer_seconds_high"]
+    assert low < got["restore_peer_seconds"] < high
+    assert got["peer_bandwidth_low"] < fit.bandwidth < got["peer_bandwidth_high"]
+    assert got["peer_fan_in_source"].startswith("assumption")
+    assumed = project(W, S3, c, local=NVME)
+    assert "cloud-s3's node_bandwidth" in assumed["peer_bandwidth_source"]
+    given = project_rounds(W, replace(c, peer_bandwidth=5e9), (S3, NVME), [], peer_link=fit)
+    assert given["peer_bandwidth"] == 5e9 and given["peer_bandwidth_source"].startswith("given")
+    assert "restore_peer_seconds_low" not in given
+    # no peer copies: the fit changes nothing
+    assert project_rounds(W, C, (S3, NVME), [], peer_link=fit) == project(W, S3, C, local=NVME)
+
+
+def test_the_replacement_writes_its_fast_tier_as_the_bytes_arrive() -> None:
+    """The replacement node keeps what it receives on its own fast tier (not read back): a
+    restore from a peer takes at least that write, which binds where the fast tier's writes
+    are slow (each object's create + fsync + rename at 5 s) and its reads are not."""
+    got = _tiered(peers=1, peer_bandwidth=1e15)
+    assert got["restore_peer_seconds"] >= estimate(W, NVME, phase="write").seconds
+    assert "replacement writes its local-nvme" in got["restore_peer_detail"]
+    slow = NVME.with_overrides({"metadata_latency": 5.0})
+    got = project(W, S3, replace(C, peers=1, peer_bandwidth=1e15), local=slow)
+    assert got["restore_peer_binding"] == "replacement's fast tier"
+    assert got["restore_peer_seconds"] == pytest.approx(estimate(W, slow, phase="write").seconds)
+
+
+NODE_PER_RANK = (
+    "import os, sys; os.environ['CKPTIO_NODE'] = 'n' + os.environ['OMPI_COMM_WORLD_RANK']; "
+    "from ckptio.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+"""``ckptio`` under mpiexec with each rank standing for a node of its own."""
+
+
+@pytest.mark.mpi
+def test_model_from_a_run_with_peer_copies_takes_its_node_link(tmp_path, capsys) -> None:
+    """``ckptio run --replicas 1`` (2 ranks, each its own node) measures a restore from a
+    peer copy; ``ckptio model --from`` its results prices the peer path with the node link
+    fitted from it (said so, with the rounds it came from), not the profile's."""
+    from ckptio.calibration import fit_peer_link
+    from ckptio.results import read_results
+    from tests.test_mpi_checkpoint import run_mpi
+
+    out = tmp_path / "out"
+    run_mpi(
+        2, "-c", NODE_PER_RANK, "run", f"file://{tmp_path}/durable", "--local",
+        f"file://{tmp_path}/fast/{{rank}}", "--replicas", "1", "--preset", "llama3-8b",
+        "--total-size", "8MiB", "--iterations", "3", "--out", str(out),
+    )  # fmt: skip
+    fit = fit_peer_link(read_results([out]).phases)
+    assert fit is not None and fit.fan_in == 1 and fit.bandwidth > 0
+    argv = ["model", "--from", str(out), "--preset", "gpt3-175b", "--gpus", "1536"]
+    argv += ["--profile", "cloud-s3", "--local", "local-nvme", "--peers", "1", "--json"]
+    assert main(argv) == 0
+    peer = json.loads(capsys.readouterr().out)["targets"][-1]
+    assert peer["target"] == "cloud-s3+local-nvme+peer"
+    assert peer["peer_bandwidth"] == pytest.approx(fit.bandwidth)
+    assert peer["peer_bandwidth_source"] == fit.source()
+    assert "measured restore-peer round" in peer["peer_bandwidth_source"]
+    assert peer["peer_fan_in_source"].startswith("assumption")
+    assert main(argv[:-1]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "fitted from" in text and "fan-in 1: assumption" in text

@@ -52,9 +52,11 @@ class Job:
             if r * self.nodes // self.n in nodes:
                 shutil.rmtree(self.root(r))
 
-    def load(self, n: int | None = None, nodes: int | None = None) -> dict[int, dict[str, Any]]:
+    def load(
+        self, n: int | None = None, nodes: int | None = None, mode: str = "load"
+    ) -> dict[int, dict[str, Any]]:
         n = n or self.n
-        proc = run_mpi(n, str(SCRIPT), *self.args("load", n, nodes))
+        proc = run_mpi(n, str(SCRIPT), *self.args(mode, n, nodes))
         out = ranks(proc.stdout)
         assert len(out) == n, proc.stdout + proc.stderr
         for d in out.values():
@@ -106,6 +108,30 @@ def test_a_lost_node_s_ranks_restore_the_newest_step_from_their_peer_copies(tmp_
     # the replacement roots hold their step again: a second restore reads them locally
     again = job.load()
     assert paths(again) == {0: "local", 1: "local", 2: "local", 3: "local"}
+
+
+@pytest.mark.parametrize("mode", ["load", "load-into"])
+def test_a_peer_restore_delivers_the_received_bytes_into_the_arrays(
+    tmp_path: Path, mode: str
+) -> None:
+    """node1 lost (2 nodes x 2 ranks, replicas=1): its ranks' rows arrive from node0's copies
+    straight into the arrays (the caller's own with ``into=``, filled in place), each chunk's
+    CRC32C checked as it arrives; nothing of the step is read back from the fast root they
+    were also written to. That copy is whole: a second restore reads it locally."""
+    job = Job(tmp_path, k=1, nodes=2, n=4)
+    job.save()
+    job.lose(1)
+    out = job.load(mode=mode)
+    assert paths(out) == {0: "local", 1: "local", 2: "peer", 3: "peer"}
+    for r in (2, 3):
+        assert out[r]["restore"]["nbytes"]["peer"] > 0
+        assert out[r]["fast_reads"] == [], out[r]  # received: never read back
+    assert out[0]["fast_reads"]  # node0's ranks read their own roots, as before
+    if mode == "load-into":
+        assert all(d["in_place"] for d in out.values()), out
+    again = job.load(mode=mode)
+    assert paths(again) == {0: "local", 1: "local", 2: "local", 3: "local"}
+    assert again[2]["fast_reads"]
 
 
 def test_a_damaged_peer_copy_is_detected_and_skipped(tmp_path: Path) -> None:
@@ -225,7 +251,7 @@ def test_a_resharded_restore_gathers_the_peer_copies_it_needs(
     assert "peer" in paths(out).values()
 
 
-def torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:
+def torchrun(n: int, *args: str, script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("torch")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
@@ -236,7 +262,7 @@ def torchrun(n: int, *args: str) -> subprocess.CompletedProcess[str]:
             "--standalone",
             "--nproc-per-node",
             str(n),
-            str(SCRIPT),
+            str(script),
             *args,
         ],
         capture_output=True,
@@ -286,3 +312,15 @@ def test_a_rank_waiting_for_a_peer_leaves_the_cpu_to_others() -> None:
     for name, wait in got.items():
         assert wait["wall"] >= 0.4, (name, got)  # it did wait for rank 0's half-second of work
         assert wait["cpu"] < 0.25 * wait["wall"], (name, got)
+
+
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
+def test_a_piece_is_received_where_the_restore_places_it(launcher: str) -> None:
+    """The wire's ``recv`` with a ``place``: MPI's Irecv and gloo's recv write the piece into
+    the array given (the restore's own, no copy after), bit-identical; a piece ``place``
+    declines goes to a new buffer."""
+    script = Path(__file__).parent / "mpi" / "wire_place.py"
+    proc = run_mpi(2, str(script)) if launcher == "mpiexec" else torchrun(2, script=script)
+    got = ranks(proc.stdout)[1]
+    assert [g["in_place"] for g in got["got"]] == [True, True, False], got
+    assert all(g["equal"] and g["kind"] == 1 for g in got["got"]) and got["dest_equal"], got

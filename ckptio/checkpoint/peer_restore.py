@@ -1,15 +1,17 @@
 """A restore with peer copies (``replicas``): every rank reports what it holds, rank 0 picks
 the newest step that survives and plans where each rank's missing objects come from, the
-transfers run, and each rank reads its own fast root (see :mod:`ckptio.checkpoint.peers` for
-the protocol). Functions of the :class:`~ckptio.checkpoint.tiered.TieredCheckpointer` they
+transfers run, delivering what each rank receives straight into its arrays, and each rank
+reads the rest from its fast root beside them (see :mod:`ckptio.checkpoint.peers` for the
+protocol). Functions of the :class:`~ckptio.checkpoint.tiered.TieredCheckpointer` they
 serve."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ckptio import errors
@@ -24,6 +26,7 @@ from ckptio.checkpoint.peers import (
     run_restore,
 )
 from ckptio.checkpoint.read import RELISTS, CheckpointReader, committed_steps, read_manifest
+from ckptio.checkpoint.sink import PlannedState
 
 if TYPE_CHECKING:
     from ckptio.checkpoint.tiered import TieredCheckpointer
@@ -100,35 +103,43 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
             texts = comm.gather(text.decode() if comm.rank == holder else None, root=0)
             text = comm.bcast(None if texts is None else texts[holder], root=0).encode()
         manifest = mf.parse_manifest(text, expect_step=s)
-        needed = CheckpointReader(fast, s, manifest).objects_read(select, into=into)
-        prefix = fmt.step_dir(s) + "/"
-        present = {k[len(prefix) :] for k in fast.list(prefix)}
-        missing = sorted(needed - present)
-        wants = comm.gather(missing, root=0)
-        plan: dict[str, Any] | None = None
-        if wants is not None and reports is not None:
-            plan = assign(
-                s,
-                wants,
-                [{int(x) for x in r["own"]} for r in reports],
-                [{int(q): {int(x) for x in c} for q, c in r["copies"].items()} for r in reports],
-                bool(pick["durable"]),
-                manifest.objects,
-                bad,
+        with self._fast_view(bool(pick["durable"])) as view:
+            planned = CheckpointReader(view, s, manifest).plan_state(select, into=into)
+            needed = planned.keys
+            prefix = fmt.step_dir(s) + "/"
+            present = {k[len(prefix) :] for k in fast.list(prefix)}
+            missing = sorted(needed - present)
+            wants = comm.gather(missing, root=0)
+            plan: dict[str, Any] | None = None
+            if wants is not None and reports is not None:
+                plan = assign(
+                    s,
+                    wants,
+                    [{int(x) for x in r["own"]} for r in reports],
+                    [
+                        {int(q): {int(x) for x in c} for q, c in r["copies"].items()}
+                        for r in reports
+                    ],
+                    bool(pick["durable"]),
+                    manifest.objects,
+                    bad,
+                )
+            plan = comm.bcast(plan, root=0)
+            t1 = time.perf_counter()
+            spent["plan"] += t1 - t0
+            if plan is None:  # some object survives nowhere after all: an older step
+                skip.add(s)
+                continue
+            outcome: dict[str, Any] = {"error": "", "seconds": 0.0}
+            failed, received, senders, error = _transfer(
+                self, s, manifest, text, plan, planned, outcome
             )
-        plan = comm.bcast(plan, root=0)
-        t1 = time.perf_counter()
-        spent["plan"] += t1 - t0
-        if plan is None:  # some object survives nowhere after all: an older step
-            skip.add(s)
-            continue
-        failed, received, senders, error = run_restore(
-            comm, self._peer_wire, fast, s, manifest, text, plan
-        )
         fails = comm.gather(failed, root=0)
         fails = comm.bcast(None if fails is None else [f for g in fails for f in g], root=0)
         t2 = time.perf_counter()
         spent["transfer"] += t2 - t1
+        spent["read"] += outcome["seconds"]
+        read_error = [outcome["error"]] if outcome["error"] else []
         if fails:
             log.warning(
                 "restoring step %d: peer copies failed their checks (%s); planning again "
@@ -139,11 +150,19 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
             bad.update((s, int(h), int(q)) for h, q in fails)
             continue
         used: list[str] = []
-        unread = set(manifest.objects) - needed
-        state, error = self._read(s, True, bool(pick["durable"]), select, into, used, unread)
-        errs = comm.gather(error, root=0)
+        state: Any = None
+        if not read_error:
+            state = planned.finish()
+            used.append("the fast tier")
+        else:
+            log.warning("step %d cannot be read from %s", s, read_error[0])
+            if pick["durable"]:  # the whole step from the durable tier, as a plain restore
+                t3 = time.perf_counter()
+                state, err = self._read(s, False, True, select, into, used)
+                spent["read"] += time.perf_counter() - t3
+                read_error = [err] if err else []
+        errs = comm.gather(read_error[0] if read_error else "", root=0)
         failed_reads = comm.bcast(None if errs is None else [e for e in errs if e], root=0)
-        spent["read"] += time.perf_counter() - t2
         if failed_reads:
             log.warning(
                 "restoring step %d failed (%s); trying the next older one",
@@ -174,6 +193,47 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
             )
         return state
     raise errors.NotFoundError(f"restoring with peer copies failed {2 * RELISTS} times")
+
+
+def _transfer(
+    self: TieredCheckpointer,
+    step: int,
+    manifest: mf.Manifest,
+    text: bytes,
+    plan: Mapping[str, Any],
+    planned: PlannedState,
+    outcome: dict[str, Any],
+) -> tuple[list[tuple[int, int]], int, list[int], str]:
+    """:func:`~ckptio.checkpoint.peers.run_restore` of ``plan``: what this rank receives
+    goes straight into the arrays of ``planned`` (and onto its fast root, not read back);
+    the rest is read beside the transfers (its failure and time in ``outcome``)."""
+    rank = self.comm.rank
+    sinks = {
+        k: planned.sink(k, f"rank {t['src']}")
+        for t in plan["transfers"]
+        if t["dst"] == rank and t["src"] != rank
+        for k in t["keys"]
+    }
+    beside = partial(_read_beside, planned, sinks, self.fast.store.url, outcome)
+    return run_restore(
+        self.comm, self._peer_wire, self.fast.store, step, manifest, text, plan, sinks, beside
+    )
+
+
+def _read_beside(
+    planned: PlannedState, skip: Iterable[str], where: str, outcome: dict[str, Any]
+) -> None:
+    """A peer restore's read of what this rank does not receive (beside the transfers): its
+    failure (``outcome["error"]``) falls back to the durable tier or an older step, a
+    caller's fault is raised."""
+    t0 = time.perf_counter()
+    try:
+        planned.read(skip=skip)
+    except CALLERS_FAULT:
+        raise
+    except Exception as err:
+        outcome["error"] = f"the fast tier ({where}): {type(err).__name__}: {err}"
+    outcome["seconds"] = time.perf_counter() - t0
 
 
 def _retire_newer(self: TieredCheckpointer, step: int, unreadable: set[int]) -> None:

@@ -34,10 +34,24 @@ whose objects are not its source rank's); rank 0 picks the newest step whose eve
 rank's objects survive somewhere (a fast root, a copy, or the durable tier) and, for each
 rank, sends the objects its read needs that its fast root lacks from a rank that holds them
 (its owner's fast root, else a copy, least-loaded first), else from the durable tier. The
-bytes are checked against the copy's CRC32C on both ends and land on the rank's own fast
-root (the replacement node has its checkpoint again), which is then read as usual (every
-chunk's CRC32C checked once more). A copy that fails a check is excluded and the step is
-planned again. What each rank's restore took is :class:`RestoreRecord`.
+bytes are checked against the copy's CRC32C on both ends. As they arrive they go straight
+into the restore's arrays (:class:`~ckptio.checkpoint.sink.ObjectSink`: a piece that falls
+inside one chunk landing on contiguous bytes of an array is received there, others are
+copied there; each chunk's CRC32C checked against the step's manifest as its last byte
+passes, as every read checks it) and
+onto the rank's own fast root, which is not read back; what the rank does not receive is
+read beside the transfers. A copy that fails a check is excluded and the step is planned
+again (the arrays are filled anew). What each rank's restore took is :class:`RestoreRecord`.
+
+Why the received bytes are still written to the fast root, and before ``load`` returns:
+the restored step must outlive a second node loss before the next round copies a newer one.
+With ``k = 1`` the replaced node's shards are otherwise on one partner only, whose loss
+would leave them on the durable tier at best (a step not yet drained: nowhere). A write in
+the background after ``load`` returns would need the received bytes held past it (the
+caller's arrays change once training resumes) and a second commit to track; written as the
+bytes arrive, from the same buffers, it costs what the fast root's write takes beyond the
+transfer, and the read-back (the other half of what the restore spent on the fast root) is
+gone.
 
 Written here rather than taken from a library: the copies are the fast tier's own objects
 under its commit protocol and leases; the transfer is the job's communicator's point-to-point
@@ -53,7 +67,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -65,7 +81,7 @@ from ckptio.checkpoint.drain import copy_object, object_rank
 from ckptio.checkpoint.snapshot import crc32c
 from ckptio.dist import Communicator, MPICommunicator, poll
 from ckptio.lease import SaveLease
-from ckptio.store import Store
+from ckptio.store import Store, wait_all
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +164,11 @@ _DOC, _DATA = 0, 1
 """What a message is: a JSON document, or a piece of an object's bytes (one message each,
 its kind in the MPI tag or the torch size header: no document announces a piece)."""
 
+_Place = Callable[[int, int], "np.ndarray | None"]
+"""Where a wire's ``recv`` puts the next message, given its kind and size: a writable
+contiguous uint8 array of that size (a restore's array, received into in place), or None
+for a new buffer."""
+
 
 class _MPIWire:
     def __init__(self, comm: Any) -> None:
@@ -158,13 +179,16 @@ class _MPIWire:
     def send(self, dest: int, data: Any, kind: int = _DOC) -> None:
         poll(self.comm.Isend([data, self.MPI.BYTE], dest=dest, tag=_TAG + kind).Test)
 
-    def recv(self, source: int) -> tuple[int, np.ndarray]:
+    def recv(self, source: int, place: _Place | None = None) -> tuple[int, np.ndarray]:
         status = self.MPI.Status()
         # a matched probe: the message found is the one received (the next from ``source``)
         msg = poll(lambda: self.comm.Improbe(source=source, tag=self.MPI.ANY_TAG, status=status))
-        buf = np.empty(status.Get_count(self.MPI.BYTE), dtype=np.uint8)
+        kind, count = status.Get_tag() - _TAG, status.Get_count(self.MPI.BYTE)
+        buf = place(kind, count) if place is not None else None
+        if buf is None:
+            buf = np.empty(count, dtype=np.uint8)
         poll(msg.Irecv([buf, self.MPI.BYTE]).Test)
-        return status.Get_tag() - _TAG, buf
+        return kind, buf
 
 
 class _TorchWire:
@@ -180,14 +204,16 @@ class _TorchWire:
         if view.size:
             self.dist.send(t.from_numpy(view.copy()), dest, group=self.group)
 
-    def recv(self, source: int) -> tuple[int, np.ndarray]:
+    def recv(self, source: int, place: _Place | None = None) -> tuple[int, np.ndarray]:
         t = self.torch
         head = t.zeros(2, dtype=t.int64)
         self.dist.recv(head, source, group=self.group)
-        buf = t.empty(int(head[0].item()), dtype=t.uint8)
+        kind, count = int(head[1].item()), int(head[0].item())
+        into = place(kind, count) if place is not None else None
+        buf = t.from_numpy(into) if into is not None else t.empty(count, dtype=t.uint8)
         if buf.numel():
             self.dist.recv(buf, source, group=self.group)
-        return int(head[1].item()), buf.numpy()
+        return kind, buf.numpy()
 
 
 def wire(comm: Communicator) -> Any:
@@ -302,17 +328,21 @@ def receive_objects(
     store: Store,
     prefix: str,
     expect: Mapping[str, int] | None = None,
+    sinks: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], dict[str, tuple[int, int]], str]:
     """Receive a stream of :func:`send_objects` into ``store`` under ``prefix``, each object's
     CRC32C checked against the sender's (and ``expect``'s, when given). Returns (the stream's
     head, ``{key: (size, crc32c)}`` of the objects kept, the error or ""); on an error nothing
     of the stream is kept, but the stream is read to its end (the sender is not left
-    blocked)."""
+    blocked). ``sinks``: objects whose bytes also go, as they arrive, to a
+    :class:`~ckptio.checkpoint.sink.ObjectSink` (a restore's arrays, each chunk's CRC32C
+    checked against the manifest there); a sink's failure is the object's."""
     head = _recv_doc(w, source)
     kept: dict[str, tuple[int, int]] = {}
     error = ""
     for key, size in head["objects"]:
         writer = None
+        sink = (sinks or {}).get(key)
         if not error:
             try:  # a file where the copy's directory goes, a full disk: the stream is still read
                 writer = _open(store, prefix + key, size)
@@ -320,12 +350,21 @@ def receive_objects(
                 error = f"writing {store.url}/{prefix}{key}: {type(err).__name__}: {err}"
         crc, got = 0, 0
         while True:
-            kind, data = w.recv(source)
+            # a piece that lands whole on contiguous bytes of the arrays is received there
+            place = None if sink is None or writer is None else partial(_in_place, sink, got)
+            kind, data = w.recv(source, place)
             if kind == _DATA:
                 crc = crc32c(data, crc)
-                got += len(data)
                 if writer is not None:
                     writer.write(memoryview(data))
+                if sink is not None and writer is not None:
+                    try:
+                        sink.write(got, data)
+                    except (errors.CkptioError, OSError, MemoryError) as err:
+                        writer.abort()
+                        writer = None
+                        error = error or f"{type(err).__name__}: {err}"
+                got += len(data)
                 continue
             doc = _doc(source, kind, data)
             if "error" in doc:
@@ -346,9 +385,12 @@ def receive_objects(
             )
             continue
         try:
+            if sink is not None:
+                sink.close()
             writer.close()
         except (errors.CkptioError, OSError) as err:
-            error = f"writing {store.url}/{prefix}{key}: {err}"
+            writer.abort()
+            error = f"{store.url}/{prefix}{key}: {type(err).__name__}: {err}"
             continue
         kept[key] = (size, crc)
     end = _recv_doc(w, source)
@@ -358,6 +400,10 @@ def receive_objects(
         _discard(store, [prefix + k for k in kept])
         return head, {}, error
     return head, kept, ""
+
+
+def _in_place(sink: Any, pos: int, kind: int, count: int) -> np.ndarray | None:
+    return sink.view(pos, count) if kind == _DATA else None
 
 
 def _chunks(manifest: mf.Manifest) -> dict[str, list[mf.Chunk]]:
@@ -661,9 +707,10 @@ class RestoreRecord:
     """The ranks (and nodes) that sent this rank objects, as ``rank N (node)``."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Where this rank's restore spent its time: ``plan`` (what each rank holds, the step,
-    the plan: listings and collectives), ``transfer`` (the copies sent and received, onto
-    the fast root) and ``read`` (the load from the fast root), each including the waits for
-    the other ranks."""
+    the plan: listings and collectives) and ``transfer`` (the copies sent and received, into
+    the arrays and onto the fast root, and the read of the rest beside them), each including
+    the waits for the other ranks; ``read`` (within ``transfer``: the read of what this rank
+    did not receive, from its fast root or the durable tier)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -730,12 +777,18 @@ def run_restore(
     manifest: mf.Manifest,
     text: bytes,
     plan: Mapping[str, Any],
+    sinks: Mapping[str, Any] | None = None,
+    beside: Callable[[], None] | None = None,
 ) -> tuple[list[tuple[int, int]], int, list[int], str]:
     """This rank's part of a restore's transfers (:func:`assign`'s plan): send what it holds,
-    receive what it lacks onto its own fast root under ``step-*/`` (under a lease). Returns
-    (failed holdings as ``(holder, source rank)``, bytes received, the ranks that sent, the
-    error or ""). The step's manifest (``text``) is published on the fast root once what this
-    rank received is there."""
+    receive what it lacks onto its own fast root under ``step-*/`` (under a lease), each
+    received object's bytes also into its ``sinks`` entry as they arrive (the restore's
+    arrays: :class:`~ckptio.checkpoint.sink.ObjectSink`). ``beside`` (the read of what this
+    rank does not receive, which records its own failure) runs in a thread once the copies on
+    this rank's own root are made, beside the transfers. Returns (failed
+    holdings as ``(holder, source rank)``, bytes received, the ranks that sent, the error or
+    ""). The step's manifest (``text``) is published on the fast root once what this rank
+    received is there."""
     rank = comm.rank
     transfers = plan["transfers"]
     lease = SaveLease(store, step).acquire()
@@ -754,7 +807,9 @@ def run_restore(
             return send_objects(w, t["dst"], store, prefix, manifest, t["keys"], {}, expect)
 
         def receive(t: Mapping[str, Any]) -> str:
-            _, kept, error = receive_objects(w, t["src"], store, fmt.step_dir(step) + "/")
+            _, kept, error = receive_objects(
+                w, t["src"], store, fmt.step_dir(step) + "/", sinks=sinks
+            )
             if error:
                 failed.append((t["src"], t["source"]))
                 return error
@@ -795,7 +850,15 @@ def run_restore(
 
         here = [t for t in transfers if t["src"] == t["dst"] == rank]
         errs = [copy_here(t) for t in here]
-        _, got_errs = run_round(rank, [t for t in transfers if t["src"] != t["dst"]], send, receive)
+        with ThreadPoolExecutor(1, thread_name_prefix="ckptio-restore-read") as ex:
+            read = ex.submit(beside) if beside is not None else None
+            try:
+                _, got_errs = run_round(
+                    rank, [t for t in transfers if t["src"] != t["dst"]], send, receive
+                )
+            finally:
+                if read is not None:
+                    wait_all([read])
         errs += got_errs
         error = "; ".join(e for e in errs if e)
         if not error and (senders or here) and not store.exists(fmt.manifest_key(step)):

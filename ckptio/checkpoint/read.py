@@ -33,6 +33,7 @@ from ckptio import format as fmt
 from ckptio import manifest as mf
 from ckptio.arrays import Target, as_target, ensure_memory
 from ckptio.checkpoint.crcs import PiecedChunk, crc32c_zeros
+from ckptio.checkpoint.sink import Job, PlannedState, land, place
 from ckptio.checkpoint.snapshot import Shard, aligned_empty, crc32c
 from ckptio.registry import open_store
 from ckptio.store import Store, as_byte_view, wait_all
@@ -108,17 +109,11 @@ def _normalize(
     return starts, stops, keep
 
 
-_Job = tuple[mf.Chunk, Any]
-"""A chunk to read and where it lands: a byte view of contiguous output (a whole chunk), or
-``(out, starts, lo, hi)``: the box ``lo..hi`` of the tensor, whose output ``out`` begins at
-``starts``."""
-
-
 @dataclass
 class _Reads:
     """What :meth:`CheckpointReader.read_many` reads, and into what."""
 
-    jobs: list[_Job] = field(default_factory=list)
+    jobs: list[Job] = field(default_factory=list)
     results: dict[str, np.ndarray] = field(default_factory=dict)
     finals: dict[str, list[bool]] = field(default_factory=dict)
     """Path -> the dimensions its result keeps (an int index drops one)."""
@@ -141,14 +136,14 @@ class _Reads:
         return results
 
 
-def _row_jobs(entry: mf.TensorEntry, out: np.ndarray) -> list[_Job] | None:
+def _row_jobs(entry: mf.TensorEntry, out: np.ndarray) -> list[Job] | None:
     """A whole tensor whose chunks are split along dim 0 (how ckptio writes them): each chunk
     lands on contiguous rows of ``out``, with no box arithmetic. None for other chunkings."""
     rows = [c for c in entry.chunks if c.shape[1:] == entry.shape[1:]]
     if not (len(rows) == len(entry.chunks) and all(not any(c.offsets[1:]) for c in rows)):
         return None
     flat = out.reshape(entry.shape[0], -1) if out.ndim else out.reshape(1, -1)
-    jobs: list[_Job] = []
+    jobs: list[Job] = []
     for c in rows:
         o = c.offsets[0] if c.offsets else 0
         n = c.shape[0] if c.shape else 1
@@ -162,10 +157,10 @@ def _box_jobs(
     starts: list[int],
     stops: list[int],
     shape: tuple[int, ...],
-) -> list[_Job]:
+) -> list[Job]:
     """The chunks of ``entry`` that overlap the box ``starts..stops`` (read into ``out``,
     of that box's ``shape``), each with the part of it that is wanted."""
-    jobs: list[_Job] = []
+    jobs: list[Job] = []
     for chunk in entry.chunks:
         lo = [max(a, o) for a, o in zip(starts, chunk.offsets, strict=True)]
         hi = [min(b, o + n) for b, o, n in zip(stops, chunk.offsets, chunk.shape, strict=True)]
@@ -175,35 +170,21 @@ def _box_jobs(
     return jobs
 
 
-def _place(job: _Job) -> tuple[np.ndarray, tuple[slice, ...], bool]:
-    """Where a job's chunk goes: the target view, the box of the chunk it takes, and whether
-    the whole chunk lands on contiguous bytes of the target (read straight into it)."""
-    chunk, where = job
-    if isinstance(where, np.ndarray):  # a whole chunk onto contiguous output bytes
-        return where, (), True
-    out, starts, lo, hi = where
-    dst_box = tuple(slice(a - s, h - s) for a, h, s in zip(lo, hi, starts, strict=True))
-    src_box = tuple(slice(a - o, h - o) for a, h, o in zip(lo, hi, chunk.offsets, strict=True))
-    target = out[dst_box] if dst_box else out  # out[()] would be a scalar, not a view
-    whole = all(b.start == 0 and b.stop == n for b, n in zip(src_box, chunk.shape, strict=True))
-    return target, src_box, whole and target.flags.c_contiguous
-
-
-def _coalesce(jobs: list[_Job]) -> tuple[list[_Job], list[list[_Job]]]:
+def _coalesce(jobs: list[Job]) -> tuple[list[Job], list[list[Job]]]:
     """The jobs read one request each (chunks of :data:`COALESCE_CHUNK_BYTES` and more), and
     groups of small chunks that lie next to each other in one object, each group read with one
     request of at most :data:`COALESCE_REQUEST_BYTES`."""
-    singles: list[_Job] = []
-    small: dict[str, list[_Job]] = {}
+    singles: list[Job] = []
+    small: dict[str, list[Job]] = {}
     for job in jobs:
         if job[0].length < COALESCE_CHUNK_BYTES:
             small.setdefault(job[0].key, []).append(job)
         else:
             singles.append(job)
-    groups: list[list[_Job]] = []
+    groups: list[list[Job]] = []
     for group_jobs in small.values():
         group_jobs.sort(key=lambda j: j[0].offset)
-        group: list[_Job] = []
+        group: list[Job] = []
         g_start = g_end = 0
         for job in group_jobs:
             c = job[0]
@@ -338,6 +319,14 @@ class CheckpointReader:
         where what would be allocated exceeds this machine, the sizes are checked first, so
         a hostile declaration is named as such (:meth:`_check_sizes`)."""
         into = into or {}
+        reads = self._prepare(wanted, into)
+        self._run(reads)
+        return reads.finish(into)
+
+    def _prepare(self, wanted: Mapping[str, Any], into: Mapping[str, np.ndarray]) -> _Reads:
+        """The first half of :meth:`read_many`: the arrays allocated (not touched yet, after
+        checking that this machine holds them and the read buffers) and the chunk reads that
+        fill them."""
         self._check_wanted(wanted)
         keys = {c.key for p in wanted for c in self.manifest.tensors[p].chunks}
         # this machine can hold the arrays to be allocated: else a clear error before allocating
@@ -350,10 +339,19 @@ class CheckpointReader:
         buffers = self._buffer_bytes(singles, groups)
         if buffers:
             self._ensure_memory(need + buffers, what, keys)
+        return reads
+
+    def _run(self, reads: _Reads, skip: Iterable[str] = ()) -> None:
+        """The second half of :meth:`read_many`: every job of ``reads`` run, but those of the
+        objects in ``skip`` (delivered otherwise: :class:`~ckptio.checkpoint.sink.ObjectSink`)."""
+        skip = set(skip)
+        jobs = [j for j in reads.jobs if j[0].key not in skip]
+        keys = {j[0].key for j in jobs}
+        singles, groups = _coalesce(jobs)
         tasks: list[tuple[Callable[[Any], None], Any]] = []
         piece = self._piece_bytes()
         for job in singles:
-            target, _, direct = _place(job)
+            target, _, direct = place(job)
             if direct and piece and job[0].length > piece:
                 whole = PiecedChunk(job[0], as_byte_view(target), piece)
                 tasks += [(self._read_piece, (whole, i)) for i in range(len(whole.spans))]
@@ -373,7 +371,6 @@ class CheckpointReader:
                     min(self.readers, len(tasks)), thread_name_prefix="ckptio-read"
                 ) as pool:
                     wait_all([checked, *(pool.submit(fn, arg) for fn, arg in tasks)])
-        return reads.finish(into)
 
     def _ensure_memory(self, nbytes: int, what: str, keys: Iterable[str]) -> None:
         """:func:`ensure_memory`; where it refuses, the objects' sizes are checked first: a
@@ -440,10 +437,10 @@ class CheckpointReader:
             reads.jobs.extend(_box_jobs(entry, out, starts, stops, shape))
         return reads
 
-    def _buffer_bytes(self, singles: list[_Job], groups: list[list[_Job]]) -> int:
+    def _buffer_bytes(self, singles: list[Job], groups: list[list[Job]]) -> int:
         """Bytes of the read buffers in use at once: one per reader, of a whole chunk that
         does not land in place, or of a group."""
-        partial = sorted((job[0].length for job in singles if not _place(job)[2]), reverse=True)
+        partial = sorted((job[0].length for job in singles if not place(job)[2]), reverse=True)
         grouped = min(len(groups), self.readers) * COALESCE_REQUEST_BYTES
         return sum(partial[: self.readers]) + grouped
 
@@ -475,19 +472,19 @@ class CheckpointReader:
         if done is not None:
             self._check_chunk(whole.chunk, done[0], None, crc=done[1])
 
-    def _read_job(self, job: _Job) -> None:
+    def _read_job(self, job: Job) -> None:
         """Read one chunk: straight into its target, or through a buffer when only part of it
         is wanted or the target is not contiguous."""
         chunk = job[0]
-        target, src_box, direct = _place(job)
+        target, _, direct = place(job)
         if direct:
             self._read_chunk_into(chunk, as_byte_view(target))
             return
         tmp = self._allocate((chunk.length,), np.dtype(np.uint8), chunk.key)
         self._read_chunk_into(chunk, as_byte_view(tmp))
-        target[...] = tmp.view(target.dtype).reshape(chunk.shape)[src_box]
+        land(job, tmp)
 
-    def _read_group(self, group: list[_Job]) -> None:
+    def _read_group(self, group: list[Job]) -> None:
         """Neighbouring small chunks of one object: one request, then each copied out."""
         start = group[0][0].offset
         end = max(c.offset + c.length for c, _ in group)
@@ -498,17 +495,23 @@ class CheckpointReader:
             a = chunk.offset - start
             data = buf[a : a + chunk.length]
             self._check_chunk(chunk, max(0, min(n - a, chunk.length)), data)
-            target, src_box, direct = _place(job)
-            if direct:
-                np.copyto(target.reshape(-1).view(np.uint8), data)
-            else:
-                target[...] = data.view(target.dtype).reshape(chunk.shape)[src_box]
+            land(job, data)
 
     def state(self, select: Mapping[str, Any] | None = None, *, into: Any = None) -> Any:
         """The saved structure with every tensor read (``select``: path -> index, to read
         only a box of some tensors; other tensors are read whole).
 
         ``into``: a state whose arrays are filled in place (see :func:`ckptio.load`)."""
+        planned = self.plan_state(select, into=into)
+        planned.read()
+        return planned.finish()
+
+    def plan_state(
+        self, select: Mapping[str, Any] | None = None, *, into: Any = None
+    ) -> PlannedState:
+        """:meth:`state` before anything is read: its arrays allocated and the chunk reads
+        that fill them planned, so that some objects' bytes can be delivered by the caller
+        as they arrive (:meth:`~ckptio.checkpoint.sink.PlannedState.sink`) while the others are read."""
         select = dict(select or {})
         unknown = set(select) - set(self.manifest.tensors)
         if unknown:
@@ -518,38 +521,9 @@ class CheckpointReader:
         paths = list(fmt.tree_tensor_paths(self.manifest.tree))
         boxes: dict[str, Any] = {}  # the boxes that Shard leaves of into= name
         targets = self._targets(into, select, boxes) if into is not None else {}
-        arrays = self.read_many(
-            {p: boxes.get(p, select.get(p)) for p in paths},
-            into={p: t.view for p, t in targets.items()},
-        )
-        for t in targets.values():
-            if t.finish is not None:
-                t.finish()
-        return fmt.decode_tree(
-            self.manifest.tree, lambda p: targets[p].leaf if p in targets else arrays[p]
-        )
-
-    def objects_read(
-        self, select: Mapping[str, Any] | None = None, *, into: Any = None
-    ) -> set[str]:
-        """The objects :meth:`state` with ``select``/``into`` reads: those holding a chunk
-        whose box meets a box read (a peer restore fetches only these)."""
-        select = dict(select or {})
-        boxes: dict[str, Any] = {}
-        if into is not None:
-            self._targets(into, select, boxes)
-        keys: set[str] = set()
-        for path in fmt.tree_tensor_paths(self.manifest.tree):
-            entry = self.manifest.tensors[path]
-            index = boxes.get(path, select.get(path))
-            starts, stops, _ = _normalize(() if index is None else index, entry.shape, path)
-            for c in entry.chunks:
-                if all(
-                    o < b and o + n > a
-                    for o, n, a, b in zip(c.offsets, c.shape, starts, stops, strict=True)
-                ):
-                    keys.add(c.key)
-        return keys
+        views = {p: t.view for p, t in targets.items()}
+        reads = self._prepare({p: boxes.get(p, select.get(p)) for p in paths}, views)
+        return PlannedState(self, reads, targets, views)
 
     def _targets(
         self, into: Any, select: Mapping[str, Any], boxes: dict[str, Any]

@@ -63,8 +63,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -843,20 +844,24 @@ class TieredCheckpointer(Lifetime):
         unread: set[str] | None = None,
     ) -> tuple[Any, str]:
         """This rank's read of ``step``: (state, "") or (None, the error)."""
-        tiers: list[tuple[str, Store]] = []
-        others: list[Store] = []
-        if local:
-            # objects of other ranks (replicated tensors, a resharded read): from the durable
-            # tier if the step is there, else from their fast roots if this process reaches them
-            others = [
-                open_store(u) for u in dict.fromkeys(self.roots) if u != self.roots[self.comm.rank]
-            ]
-            overlay = _Overlay([self.fast.store, *([self.store] if durable else []), *others])
-            tiers.append(("the fast tier", overlay))
-        if durable:
-            tiers.append(("the durable tier", self.store))
-        try:
+        with ExitStack() as stack:
+            tiers: list[tuple[str, Store]] = []
+            if local:
+                tiers.append(("the fast tier", stack.enter_context(self._fast_view(durable))))
+            if durable:
+                tiers.append(("the durable tier", self.store))
             return read_first_intact(tiers, step, select, into, used, unread)
+
+    @contextmanager
+    def _fast_view(self, durable: bool) -> Iterator[Store]:
+        """The fast tier as a read sees it: this rank's fast root, and the objects of other
+        ranks (replicated tensors, a resharded read) from the durable tier if the step is
+        there (``durable``), else from their fast roots if this process reaches them."""
+        others = [
+            open_store(u) for u in dict.fromkeys(self.roots) if u != self.roots[self.comm.rank]
+        ]
+        try:
+            yield _Overlay([self.fast.store, *([self.store] if durable else []), *others])
         finally:
             for store in others:
                 store.close()

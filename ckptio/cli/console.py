@@ -511,6 +511,7 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
 def peer_line(t: dict[str, Any]) -> str:
     """A target with peer copies: the replication after each save (and whether it blocks)
     and the restore from a peer, with how each is made (projected by the model)."""
+    from ckptio.report.tables import figure_text
     from ckptio.units import human_seconds
 
     shares = {w: t[f"restore_{w}_probability"] for w in ("fast", "peer", "durable")}
@@ -527,7 +528,9 @@ def peer_line(t: dict[str, Any]) -> str:
         f"{t['restore_peer_binding']}); restores expected {shares['fast']:.0%} from the node's "
         f"own fast tier, {shares['peer']:.0%} from a peer, {shares['durable']:.1%} from the "
         f"durable tier (every copy lost: p = {t['p_lose_node']:.2f} \u00d7 "
-        f"{t['p_lose_another']:g}^{t['peers']}, {t['p_lose_another_source']})"
+        f"{t['p_lose_another']:g}^{t['peers']}, {t['p_lose_another_source']}); node link "
+        f"{figure_text(t, 'peer_bandwidth', 'B/s')}: {t['peer_bandwidth_source']}; fan-in "
+        f"{t['peer_fan_in']}: {t['peer_fan_in_source']}"
     )
 
 

@@ -7,7 +7,7 @@ import argparse
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from ckptio import errors
@@ -298,7 +298,16 @@ def model_result(args: argparse.Namespace) -> dict[str, Any]:
         return evaluate(figures=figures, conditions=c)
     workload, gpus_from = _workload(args, size)
     measured: list[dict[str, Any]] = []
-    fits = calibrate_results(args.from_results) if args.from_results else []
+    # the node link to peers, where the results measured restores from a peer copy (a
+    # tiered run with --replicas, which has no plain target to fit beside it)
+    link = _peer_link(args.from_results) if args.from_results and c.peers else None
+    fits = []
+    if args.from_results:
+        try:
+            fits = calibrate_results(args.from_results)
+        except errors.InvalidArgumentError:
+            if link is None:
+                raise
     for fit in fits:
         assert fit.pooled is not None  # calibrate_results keeps only fits with data
         kind = "mock" if fit.pooled.mock else "emulated" if fit.pooled.emulated else "measured"
@@ -309,10 +318,17 @@ def model_result(args: argparse.Namespace) -> dict[str, Any]:
             continue
         pooled, rounds = fit_profiles(fit, overrides)
         entry = project_rounds(
-            workload, c, (pooled, local), [(p, local) for p in rounds], what=fit.target
+            workload,
+            c,
+            (pooled, local),
+            [(p, local) for p in rounds],
+            what=fit.target,
+            peer_link=link,
         )
         measured.append({**entry, "kind": kind, "notes": fit.notes})
     profiles = _profiles_from_args(args.profile, overrides) if args.profile or not fits else []
+    if link is not None and c.peer_bandwidth is None:
+        c = replace(c, peer_bandwidth=link.bandwidth, peer_bandwidth_source=link.source())
     result = evaluate(
         workload=workload,
         profiles=profiles,
@@ -324,6 +340,15 @@ def model_result(args: argparse.Namespace) -> dict[str, Any]:
     if fits:
         result["calibration"] = [asdict(f.pooled) for f in fits if f.pooled is not None]
     return result
+
+
+def _peer_link(paths: list[str]) -> Any:
+    """:func:`ckptio.calibration.fit_peer_link` of the results' phases (None: none restored
+    from a peer)."""
+    from ckptio.calibration import fit_peer_link
+    from ckptio.results import read_results
+
+    return fit_peer_link(read_results(paths).phases)
 
 
 def declare_report(p: argparse.ArgumentParser) -> None:

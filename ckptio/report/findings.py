@@ -70,7 +70,10 @@ def peer_sentence(p: Mapping[str, Any]) -> str:
         f"the expected restore is {figure_text(p, 'restore_seconds', 's')}. The replication "
         f"after each save takes {figure_text(p, 'replication_seconds', 's')} in the background "
         f"(bound by the {p['replication_binding']}) and {blocks}; each fast tier holds "
-        f"{k + 1} steps' worth ({human_size(p['fast_tier_bytes_per_node'])} per node)."
+        f"{k + 1} steps' worth ({human_size(p['fast_tier_bytes_per_node'])} per node). The "
+        f"node link to peers, {figure_text(p, 'peer_bandwidth', 'B/s')}: "
+        f"{p['peer_bandwidth_source']}; the fan-in, {p['peer_fan_in']}: "
+        f"{p['peer_fan_in_source']}."
     )
 
 

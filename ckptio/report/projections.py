@@ -14,7 +14,11 @@ with its interval or a statement of why it has none.
   and restores), with intervals where a tier is measured. A tiered target with peer copies
   (``+peer``, ``+peerK``: its run's configuration says how many) is projected with them:
   the replication and the restore from a peer are the model's (**projected**, from the fast
-  tier's figures and the durable profile's node link; its kind says ``projected peers``).
+  tier's figures and a node link; its kind says ``projected peers``). The node link is
+  fitted from the run's measured restores from a peer (its ``restore-peer`` phase:
+  :func:`ckptio.calibration.fit_peer_link`, with the spread of its rounds in the intervals)
+  where the run has them, else the durable profile's node link (an assumption); the row's
+  ``peer_bandwidth_source`` says which, and ``peer_fan_in_source`` that the fan-in is assumed.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ckptio.calibration import PeerLinkFit, fit_peer_link
 from ckptio.profiles import Profile
 from ckptio.stallmodel import (
     DEFAULT_INTERVAL,
@@ -113,6 +118,8 @@ class Storage:
     notes: list[str] = field(default_factory=list)
     peers: int = 0
     """Peer copies of a tiered target's fast tier (projected: :mod:`ckptio.stallmodel`)."""
+    peer_link: PeerLinkFit | None = None
+    """The node link to peers, fitted from the run's measured restores from a peer."""
 
 
 def _tier(t: Mapping[str, Any], which: str) -> tuple[Profile | None, list[Profile], str, list[str]]:
@@ -149,6 +156,8 @@ def _tiered_storage(t: Mapping[str, Any]) -> Storage:
         return Storage(refusal=l_how if local is None else d_how)
     measured = bool(t["tiers"].get("local_measured")) + bool(t["tiers"].get("durable_measured"))
     n = min([len(r) for r in (d_rounds, l_rounds) if r] or [0])
+    peers = int(t["tiers"].get("peers") or 0)
+    link = fit_peer_link(t["phases"]) if peers else None
     return Storage(
         durable,
         local,
@@ -158,9 +167,11 @@ def _tiered_storage(t: Mapping[str, Any]) -> Storage:
         ],
         how=f"durable: {d_how}; fast: {l_how}",
         kind={2: "measured", 1: "measured + emulated", 0: "emulated"}[measured]
-        + (" + projected peers" if t["tiers"].get("peers") else ""),
+        + (" + projected peers" if peers else "")
+        + (" (peer link measured)" if link is not None else ""),
         notes=d_notes + l_notes,
-        peers=int(t["tiers"].get("peers") or 0),
+        peers=peers,
+        peer_link=link,
     )
 
 
@@ -200,10 +211,17 @@ def _row(t: Mapping[str, Any], w: Workload, c: Conditions, head: dict[str, Any])
     if s.profile is None or s.refusal:
         return _refused(head, s.refusal or "not projected", s.basis)
     c = replace(c, peers=s.peers)
-    done = _flat(project_rounds(w, c, (s.profile, s.local), s.rounds, what=t["name"]))
+    done = _flat(
+        project_rounds(w, c, (s.profile, s.local), s.rounds, what=t["name"], peer_link=s.peer_link)
+    )
     if done.get("refusal"):
         return _refused(head, done["refusal"])
     basis = f"measured, {done['rounds']} rounds: 95% interval" if s.rounds else DETERMINISTIC
+    if not s.rounds and done.get("rounds"):
+        basis = (
+            f"tiers from their profiles (exact); the peer link measured, "
+            f"{done['rounds']} rounds: 95% interval"
+        )
     return {**done, **head, "kind": s.kind, "profile": s.how, "basis": basis, "notes": s.notes}
 
 

@@ -56,12 +56,15 @@ def md_table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def value_text(x: float, unit: str) -> str:
-    """A number in the unit's words: ``s`` (human time), ``GB/s``, ``%`` (a share),
+    """A number in the unit's words: ``s`` (human time), ``GB/s``, ``B/s`` (bytes/s, human),
+    ``%`` (a share),
     ``money`` / ``GPU-h`` (per day, whole units)."""
     if unit == "s":
         return human_seconds(x)
     if unit == "GB/s":
         return f"{x:.3g}"
+    if unit == "B/s":
+        return human_rate(x)
     if unit == "%":
         return f"{x:.2%}" if x == 0 or x >= 1e-3 else f"{x * 100:.2g}%"
     return f"{x:,.0f}" if abs(x) >= 100 or x == 0 else f"{x:.3g}"  # money, GPU-hours

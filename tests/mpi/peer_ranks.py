@@ -9,8 +9,10 @@ peer results and how long each save blocked.
 copies waited for before the next save (the rounds and the fast tier's retention in one
 order); prints as ``save``.
 ``load DURABLE LOCAL K NODES``: a fresh Checkpointer restores each rank's rows and the
-replicated tensor; prints the step, whether every array is bit-identical to what was saved
-and the restore's record (its path)."""
+replicated tensor; prints the step, whether every array is bit-identical to what was saved,
+the restore's record (its path) and the objects of the step it read from its own fast root.
+``load-into ...``: as ``load``, into the caller's arrays (a ``Shard`` of the rows, the
+replicated tensor), and whether they were filled in place."""
 
 import json
 import os
@@ -63,15 +65,33 @@ def main() -> None:
             out["blocking"] = [h.blocking_seconds for h in handles]
         else:
             lo, hi = comm.rank * ROWS // comm.size, (comm.rank + 1) * ROWS // comm.size
-            got = ck.load(select={"model/w": np.s_[lo:hi]})
+            if mode == "load-into":  # the caller's arrays, filled in place
+                w = np.full((hi - lo, COLS), np.nan, dtype=np.float32)
+                bias = np.full(37, np.nan)
+                into = {"model": {"w": ckptio.Shard(w, (ROWS, COLS), (lo, 0)), "bias": bias}}
+                got = ck.load(into=into)
+                got_w = got["model"]["w"]
+                got_w = got_w.array if isinstance(got_w, ckptio.Shard) else got_w
+                out["in_place"] = got_w is w and got["model"]["bias"] is bias
+            else:
+                got = ck.load(select={"model/w": np.s_[lo:hi]})
+                got_w = got["model"]["w"]
             s = int(got["step"])
             want = np.random.default_rng(s).standard_normal((ROWS, COLS), dtype=np.float32)
             out["step"] = s
             out["identical"] = bool(
-                np.array_equal(got["model"]["w"], want[lo:hi])
+                np.array_equal(got_w, want[lo:hi])
                 and np.array_equal(got["model"]["bias"], np.linspace(0, 1, 37) + s)
             )
             out["restore"] = ck.engine.last_restore.as_dict()
+            # the objects of the step this rank read back from its own fast root
+            out["fast_reads"] = sorted(
+                {
+                    e.key
+                    for e in ck.engine.fast.store.trace.events()
+                    if e.op == "get" and e.key.startswith(f"step-{s:010d}/data/")
+                }
+            )
         os.write(1, (json.dumps(out) + "\n").encode())
 
 
