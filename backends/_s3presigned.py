@@ -9,6 +9,8 @@ import re
 import time
 from typing import Any
 
+from ckptio.arrays import prefault
+
 
 def receive(raw: Any, expected: int, out: memoryview) -> tuple[int, int]:
     """Read the ``expected`` body bytes of the urllib3 response ``raw`` into ``out``; returns
@@ -19,6 +21,7 @@ def receive(raw: Any, expected: int, out: memoryview) -> tuple[int, int]:
     fp = getattr(raw, "_fp", None)
     direct = fp is not None and hasattr(fp, "readinto") and not raw.headers.get("Content-Encoding")
     reader: Any = fp if direct else raw
+    prefault(out[:expected])  # map the pages in one call, not one fault each
     n = 0
     try:
         while n < expected:

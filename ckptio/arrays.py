@@ -250,6 +250,14 @@ except (OSError, AttributeError):  # no C library to call
 """libc's ``madvise(addr, length, advice)`` on any memory (``mmap.madvise`` takes only the
 maps Python made), or None where there is none."""
 
+try:
+    mincore: Callable[[int, int, Any], int] | None = ctypes.CDLL(None, use_errno=True).mincore
+    mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)  # type: ignore[union-attr]
+    mincore.restype = ctypes.c_int  # type: ignore[union-attr]
+except (OSError, AttributeError):
+    mincore = None
+"""libc's ``mincore(addr, length, vec)``: whether pages are mapped (:func:`page_mapped`)."""
+
 MADV_POPULATE_WRITE: int | None = getattr(
     mmap, "MADV_POPULATE_WRITE", 23 if sys.platform.startswith("linux") else None
 )
@@ -292,6 +300,18 @@ def address(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
 
 
+_MINCORE_VEC = ctypes.c_ubyte * 1
+
+
+def page_mapped(addr: int) -> bool:
+    """Whether the page at ``addr`` (page-aligned) is mapped in this process (``mincore``);
+    False where that cannot be asked."""
+    if mincore is None:
+        return False
+    vec = _MINCORE_VEC()
+    return mincore(addr, PAGE, vec) == 0 and bool(vec[0] & 1)
+
+
 def prefault(view: memoryview) -> None:
     """Map the whole pages of ``view``, which a copy is about to fill, in one system call
     (``MADV_POPULATE_WRITE``); elsewhere, or when the kernel refuses, nothing happens.
@@ -301,8 +321,14 @@ def prefault(view: memoryview) -> None:
     CPU (``benchmarks/s3_peers.py`` measures the CPU per byte of S3 downloads, which read into
     such memory). Where a VM's host is slow to back fresh pages,
     that cost is the host's and no advice changes it. Reads by DMA (``O_DIRECT``)
-    gain nothing: the kernel maps their pages in bulk already. Pages already mapped cost
-    only a walk of the page table."""
+    gain nothing: the kernel maps their pages in bulk already.
+
+    A view whose last whole page is mapped already is taken as mapped (one ``mincore`` call,
+    microseconds), and nothing is done: populating mapped pages is no fault, but a walk of
+    the page table that marks every page accessed, about a quarter of a first populate's
+    kernel CPU (``docs/performance.md``, "Against Ceph RGW"): a load ``into=`` arrays in
+    use, or a buffer read into again. A view mapped only in part, its last page among the
+    mapped, is then filled with a fault per unmapped page, as without this call."""
     global _prefault_works
     call, advice = madvise, MADV_POPULATE_WRITE
     if not _prefault_works or view.nbytes < PREFAULT_MIN or call is None or advice is None:
@@ -310,7 +336,9 @@ def prefault(view: memoryview) -> None:
     lo = address(view)
     hi = (lo + view.nbytes) // PAGE * PAGE
     lo = -(-lo // PAGE) * PAGE
-    failed = hi > lo and call(lo, hi - lo, advice) != 0
+    if hi <= lo or page_mapped(hi - PAGE):
+        return
+    failed = call(lo, hi - lo, advice) != 0
     if failed and ctypes.get_errno() == errno.EINVAL:  # a kernel before 5.14: stop asking
         _prefault_works = False
 

@@ -42,6 +42,28 @@ def test_prefault_maps_the_whole_pages_of_a_view_and_changes_no_byte() -> None:
 
 
 @linux_only
+def test_prefault_leaves_a_view_whose_last_page_is_mapped_alone() -> None:
+    """A view whose last whole page is mapped is taken as mapped already (memory read into
+    again, arrays a load fills in place), so a second call is no second walk of its page
+    table; a view whose last page is not mapped is mapped whole."""
+    if not arrays._prefault_works:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux < 5.14)")
+    n = 8 << 20
+    mem = private_pages(n)
+    mem.madvise(mmap.MADV_DONTDUMP)  # its own smaps entry
+    mem.madvise(mmap.MADV_NOHUGEPAGE)
+    a = np.frombuffer(mem, dtype=np.uint8)
+    addr = int(a.ctypes.data)
+    a[-PAGE:] = 5  # the last page mapped and written
+    assert arrays.page_mapped(addr + n - PAGE) and not arrays.page_mapped(addr)
+    prefault(memoryview(a))
+    assert _rss_bytes(addr, n) == PAGE  # left alone
+    prefault(memoryview(a)[: n - PAGE])  # its last page is not mapped: mapped whole
+    assert _rss_bytes(addr, n) == n
+    assert (a[-PAGE:] == 5).all() and not a[:-PAGE].any()
+
+
+@linux_only
 def test_prefault_is_harmless_where_the_kernel_refuses() -> None:
     read_only = mmap.mmap(-1, 2 * PREFAULT_MIN, prot=mmap.PROT_READ)
     prefault(memoryview(read_only))  # the kernel refuses (EFAULT): nothing is raised

@@ -174,3 +174,56 @@ def test_a_load_reads_large_chunks_as_part_sized_gets_and_finds_damage_in_a_midd
     with pytest.raises(errors.ChecksumError, match=f"bytes {chunk}..{2 * chunk} "):
         ckptio.load(store, step=1)
     store.close()
+
+
+def _mapped_at(addr: int, nbytes: int) -> bool:
+    """Whether the first and the last page of ``nbytes`` at ``addr`` (page-aligned) are mapped."""
+    from ckptio.arrays import PAGE, page_mapped
+
+    return page_mapped(addr) and page_mapped(addr + nbytes - PAGE)
+
+
+def test_a_ranged_get_goes_out_before_its_destination_is_mapped(
+    s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mapping fresh memory takes milliseconds of CPU: the GET goes out first, and the pages
+    of its destination are mapped in one call once the answer has come, before the body is
+    copied in (they overlap the server's sending instead of delaying the request)."""
+    from ckptio import arrays
+    from ckptio.arrays import address, private_pages
+
+    if not arrays._prefault_works:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux < 5.14)")
+    store = _store(s3_bucket)
+    assert store._presigned is not None  # botocore's session: the reads' own path
+    view = memoryview(private_pages(PART))  # fresh memory: no page mapped
+    addr = address(view)
+    session = store._presigned._session
+    real_send = session.send
+    seen: dict[str, bool] = {}
+
+    class Body:
+        """The response's socket file; notes whether the destination is mapped when the
+        body is first copied in."""
+
+        def __init__(self, fp: Any) -> None:
+            self._fp = fp
+
+        def readinto(self, b: Any) -> int:
+            seen.setdefault("at the first copy", _mapped_at(addr, PART))
+            return int(self._fp.readinto(b))
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._fp, name)
+
+    def send(request: Any) -> Any:
+        seen["at the request"] = _mapped_at(addr, PART)
+        resp = real_send(request)
+        resp.raw._fp = Body(resp.raw._fp)
+        return resp
+
+    monkeypatch.setattr(session, "send", send)
+    assert store.read_into("obj.bin", 0, view) == PART
+    assert seen == {"at the request": False, "at the first copy": True}
+    assert bytes(view) == DATA[:PART]
+    store.close()
