@@ -63,13 +63,16 @@ class PlannedState:
         views: Mapping[str, np.ndarray],
     ) -> None:
         self.reader, self.reads, self.targets, self.views = reader, reads, targets, views
-        self.keys: set[str] = {j[0].key for j in reads.jobs}
+        self._jobs: dict[str, list[Job]] = {}  # each object's chunk jobs, grouped once
+        for job in reads.jobs:
+            self._jobs.setdefault(job[0].key, []).append(job)
+        self.keys: set[str] = set(self._jobs)
         """The objects the state's chunks are read from."""
 
     def sink(self, key: str, source: str) -> ObjectSink:
         """Where the bytes of object ``key`` go as they arrive in order (from ``source``, for
         messages), instead of :meth:`read` reading them from the store."""
-        return ObjectSink(self.reader, key, [j for j in self.reads.jobs if j[0].key == key], source)
+        return ObjectSink(self.reader, key, self._jobs.get(key, []), source)
 
     def read(self, skip: Iterable[str] = ()) -> None:
         """Read every chunk from the reader's store but those of the objects in ``skip``
