@@ -306,10 +306,16 @@ def warmups(rounds: Sequence[Round]) -> list[Round]:
     out = []
     for r in rounds:
         others = [o.throughput for o in rounds if o is not r and o.throughput > 0]
-        first = r.iteration == 0
-        if first and others and 0 < r.throughput < WARMUP_FACTOR * min(others):
+        if r.iteration == 0 and is_warmup(r.throughput, others):
             out.append(r)
     return out
+
+
+def is_warmup(first: float, others: Sequence[float]) -> bool:
+    """Whether a run's first round, at rate ``first``, is a warm-up: slower than
+    :data:`WARMUP_FACTOR` of every one of the ``others`` (the rule of :func:`warmups` and
+    :func:`fit_peer_link`)."""
+    return bool(others) and 0 < first < WARMUP_FACTOR * min(others)
 
 
 # -- one target --------------------------------------------------------------------------------
@@ -671,13 +677,13 @@ def fit_peer_link(phases: Any) -> PeerLinkFit | None:
         got[1] = max(got[1], float(r["seconds"]))
     if not nodes:
         return None
-    # a run's first round slower than every other by more than WARMUP_FACTOR carries
-    # one-time costs (connections, first-touch of buffers): not fitted, as in fit_target
+    # a run's first round much slower than its others carries one-time costs (connections,
+    # first-touch of buffers): not fitted, as in fit_target
     warm: set[tuple[str, int]] = set()
     for run in {run for run, _ in nodes}:
         its = sorted(i for r, i in nodes if r == run)
         rate = {i: min(b / t for b, t in nodes[(run, i)].values()) for i in its}
-        if len(its) > 1 and rate[its[0]] < WARMUP_FACTOR * min(rate[i] for i in its[1:]):
+        if is_warmup(rate[its[0]], [rate[i] for i in its[1:]]):
             warm.add((run, its[0]))
     figures = [(b, t) for key, per in nodes.items() if key not in warm for b, t in per.values()]
     pooled = sum(b for b, _ in figures) / sum(t for _, t in figures)
