@@ -11,13 +11,24 @@ directory's fsync finds little to do.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
+import time
 
 from ckptio import errors
 
 from ._posixfiles import open_regular_raw
 
 __all__ = ["DurableDirs", "fsync_dir"]
+
+MKDIR_RACE_SECONDS = 10.0
+"""How long :meth:`DurableDirs.make` waits for a directory whose ``mkdir`` failed with one
+of :data:`RACED` to be seen as one (:func:`_await_directory`)."""
+
+RACED = (errno.EEXIST, errno.ESTALE, errno.ENODATA)
+"""What ``mkdir`` answers where another client makes the same directory at the same moment:
+EEXIST everywhere, and on GlusterFS also ESTALE and ENODATA."""
 
 
 def fsync_dir(path: str) -> None:
@@ -62,9 +73,10 @@ class DurableDirs:
         for d in reversed(missing):
             try:
                 os.mkdir(d)
-            except FileExistsError:
-                if not os.path.isdir(d):
+            except OSError as err:
+                if err.errno not in RACED:
                     raise
+                _await_directory(d, err)
             self.new_entry(os.path.dirname(d))
         self._known.add(directory)
 
@@ -102,3 +114,39 @@ class DurableDirs:
             self._known.clear()
             self.make(directory)
             return open_regular_raw(path, flags)
+
+
+def _await_directory(path: str, err: OSError) -> None:
+    """Return once ``path``, whose ``mkdir`` here failed with ``err`` (one of
+    :data:`RACED`), is seen as a directory; raise ``err`` if something else is there, or if
+    none is seen within :data:`MKDIR_RACE_SECONDS`.
+
+    On a local filesystem EEXIST means the directory is there. On a distributed one it can
+    mean that another client's ``mkdir`` of it is still under way: GlusterFS's DHT creates a
+    directory on each brick in turn, and a lookup between two of them misses it (ENOENT or
+    ESTALE); the ``mkdir`` itself can fail with ESTALE or ENODATA then. Ranks on several
+    nodes making one step's directory at once met all of these, and a save failed with
+    "File exists". So the lookup is repeated, and the ``mkdir`` too (the other client's may
+    have been undone); a file in the way fails at once."""
+    deadline = time.monotonic() + MKDIR_RACE_SECONDS
+    pause = 0.002
+    while True:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as missed:
+            if missed.errno not in (errno.ENOENT, *RACED):
+                raise
+        else:
+            if stat.S_ISDIR(mode):
+                return
+            raise err
+        if time.monotonic() > deadline:
+            raise err
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
+        try:
+            os.mkdir(path)
+            return
+        except OSError as again:
+            if again.errno not in RACED:
+                raise

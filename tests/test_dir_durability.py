@@ -6,6 +6,8 @@ is fsynced after the directory was created."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import threading
@@ -14,8 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ckptio.backends import _durabledirs
 
 import ckptio
+from ckptio import errors
 from ckptio.registry import open_store
 
 
@@ -166,3 +170,46 @@ def test_a_directory_removed_behind_the_stores_back_is_created_again(tmp_path: P
     finally:
         ck.close()
     np.testing.assert_array_equal(ckptio.load(url, step=1)["b"], STATE["b"])
+
+
+def test_a_directory_another_client_is_still_making_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``mkdir`` that answers ESTALE, then EEXIST, while the directory cannot be looked up
+    yet (what a GlusterFS client meets while another node's ``mkdir`` of it is under way:
+    the real race runs in tests/test_cluster_nodes.py): the publish waits until the
+    directory is there and lands in it."""
+    store = open_store(str(tmp_path / "run"))
+    target = str(tmp_path / "run" / "step-1")
+    answers = [errno.ESTALE, errno.EEXIST]
+    real_mkdir = os.mkdir
+
+    def other_client_mkdir(path: str) -> None:
+        with contextlib.suppress(FileExistsError):  # this client's retry made it first
+            real_mkdir(path)
+
+    def racing_mkdir(path: str, *args: object) -> None:
+        if path == target and answers:
+            code = answers.pop(0)
+            if not answers:  # the other client's mkdir completes a moment later
+                threading.Timer(0.05, other_client_mkdir, (path,)).start()
+            raise OSError(code, os.strerror(code), path)
+        real_mkdir(path, *args)
+
+    monkeypatch.setattr(_durabledirs.os, "mkdir", racing_mkdir)
+    store.publish("step-1/x.json", b"{}", overwrite=False)
+    assert answers == []
+    assert (tmp_path / "run" / "step-1" / "x.json").read_bytes() == b"{}"
+
+
+def test_a_file_where_a_directory_goes_fails_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A regular file in the place of a step's directory is not a directory still being
+    made elsewhere: the publish fails with the EEXIST naming the path, without waiting."""
+    monkeypatch.setattr(_durabledirs, "MKDIR_RACE_SECONDS", 3600.0)  # a wait would hang
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "step-1").write_bytes(b"not a directory")
+    store = open_store(str(tmp_path / "run"))
+    with pytest.raises(errors.AlreadyExistsError, match="step-1"):
+        store.publish("step-1/x.json", b"{}", overwrite=False)
