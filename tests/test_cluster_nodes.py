@@ -108,11 +108,17 @@ def test_every_node_making_one_new_directory_at_once_on_glusterfs(
     assert len(landed) == rounds * procs * len(cluster.nodes)
 
 
-def test_gc_and_retention_from_another_node_beside_a_save(cluster: Cluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fs", ["cephfs", "gluster"])
+def test_gc_and_retention_from_another_node_beside_a_save(
+    cluster: Cluster, tmp_path: Path, fs: str
+) -> None:
     """Saves on node0 and node1 (4 ranks) while node2 applies retention (keep 1) and gc with
     no grace, round after round: every save commits with every object its manifest names,
-    and what remains is the newest checkpoint, whole (every CRC32C checked)."""
-    url = f"pfs://{cluster.cephfs}/beside-{uuid.uuid4().hex[:6]}"
+    and what remains is the newest checkpoint, whole (every CRC32C checked). On CephFS (one
+    metadata server) and on GlusterFS (no metadata server: each client hashes names to
+    bricks, and a directory is made and removed brick by brick)."""
+    point = cluster.cephfs if fs == "cephfs" else cluster.gluster
+    url = f"pfs://{point}/beside-{uuid.uuid4().hex[:6]}"
     done = tmp_path / "done"
     other = cluster.popen(
         "node2",
