@@ -232,8 +232,9 @@ class LocalProcesses:
     linked to rank 0 by :data:`CHANNELS` pipes: one for this communicator, the others taken in
     order by :meth:`dup` (every rank dups in the same order, as with MPI). Messages are
     :func:`~ckptio.wire.encode`'s JSON (never pickle); collectives go through rank 0 (gather
-    to and broadcast from rank 0 only), which is all the runner needs. A rank that dies makes the next collective raise
-    :class:`RankFailedError` on rank 0 (and its closed pipes do the same on the others)."""
+    to and broadcast from rank 0 only), which is all the runner needs. A rank that dies makes
+    the next collective raise :class:`RankFailedError` on rank 0 (and its closed pipes do the
+    same on the others)."""
 
     def __init__(
         self, rank: int, size: int, conns: list[Any], spare: list[list[Any]] | None = None

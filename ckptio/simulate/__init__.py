@@ -425,6 +425,9 @@ REPLAY_REPLICATIONS = 20
 
 
 def with_aggregate(storage: Storage, bandwidth: float, source: str) -> Storage:
+    """``storage`` with its profile's aggregate bandwidth set to ``bandwidth``, said to come
+    from ``source`` (empty: the figure's source is kept, as for a trial value of
+    :func:`replay_probe`'s search)."""
     p = storage.profile
     figure = Figure(bandwidth, source or p.figures["aggregate_bandwidth"].source)
     return replace(
