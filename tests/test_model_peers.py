@@ -115,6 +115,32 @@ def test_fan_in_shares_the_peers_fast_tier_and_link() -> None:
     assert one["peer_bandwidth"] == S3.value("node_bandwidth")
 
 
+def test_the_fan_in_is_the_restore_planner_s_on_the_job_s_ring() -> None:
+    """Where no fan-in is given, the model takes the restore planner's on the job's ring with
+    ``peers`` neighbouring nodes lost: on 3 nodes with 2 copies, two lost leave one survivor,
+    which serves both replacement nodes (its fast tier reads 3 steps); on the founding
+    example's 192 nodes the planner spreads them (fan-in 1). A fan-in given wins."""
+    from ckptio.stallmodel import peer_fan_in
+
+    small = _tiered(peers=2, gpus=24)  # 3 nodes of 8
+    assert small["peer_fan_in"] == 2
+    assert small["peer_fan_in_source"] == (
+        "the restore planner's assignment on a ring of 3 nodes (8 ranks each, 2 copies), 2 "
+        "neighbouring nodes lost (the worst placement)"
+    )
+    assert small["restore_peer_seconds"] == pytest.approx(
+        _tiered(peers=2, gpus=24, peer_fan_in=2)["restore_peer_seconds"]
+    )
+    assert (
+        small["restore_peer_seconds"]
+        > _tiered(peers=2, gpus=24, peer_fan_in=1)["restore_peer_seconds"]
+    )
+    assert peer_fan_in(W, replace(C, peers=2, gpus=1536))[0] == 1
+    assert peer_fan_in(W, replace(C, peers=2, peer_fan_in=3)) == (3, "given (--peer-fan-in)")
+    with pytest.raises(errors.InvalidArgumentError, match="the job has 3 node"):
+        peer_fan_in(W, replace(C, peers=3, gpus=24))
+
+
 def test_replication_blocks_when_it_outlasts_the_interval() -> None:
     """The replication starts when the save returns; a save that finds it unfinished waits
     for the rest, which adds to the stall (and nothing is added while it fits)."""
@@ -221,7 +247,8 @@ def test_the_peer_link_is_fitted_from_measured_restores_from_a_peer() -> None:
 def test_a_fitted_peer_link_prices_the_peer_restore_with_its_interval() -> None:
     """The fitted link replaces the durable profile's (an assumption) wherever no figure is
     given: the pooled figure for the projection, each round's for its interval; a link given
-    (--peer-bandwidth) wins. The fan-in stays an assumption and says so."""
+    (--peer-bandwidth) wins. The fan-in is the restore planner's on the job's ring and says
+    so."""
     from ckptio.calibration import fit_peer_link, project_rounds
 
     fit = fit_peer_link(_restore_rows([1e8, 1.2e8, 0.9e8]))
@@ -235,7 +262,7 @@ def test_a_fitted_peer_link_prices_the_peer_restore_with_its_interval() -> None:
     low, high = got["restore_peer_seconds_low"], got["restore_peer_seconds_high"]
     assert low < got["restore_peer_seconds"] < high
     assert got["peer_bandwidth_low"] < fit.bandwidth < got["peer_bandwidth_high"]
-    assert got["peer_fan_in_source"].startswith("assumption")
+    assert got["peer_fan_in_source"].startswith("the restore planner's assignment on a ring")
     assumed = project(W, S3, c, local=NVME)
     assert "cloud-s3's node_bandwidth" in assumed["peer_bandwidth_source"]
     given = project_rounds(W, replace(c, peer_bandwidth=5e9), (S3, NVME), [], peer_link=fit)
@@ -290,7 +317,10 @@ def test_model_from_a_run_with_peer_copies_takes_its_node_link(tmp_path, capsys)
     assert peer["peer_bandwidth"] == pytest.approx(fit.bandwidth)
     assert peer["peer_bandwidth_source"] == fit.source()
     assert "measured restore-peer round" in peer["peer_bandwidth_source"]
-    assert peer["peer_fan_in_source"].startswith("assumption")
+    assert peer["peer_fan_in_source"] == (
+        "the restore planner's assignment on a ring of 192 nodes (8 ranks each, 1 copy), 1 "
+        "neighbouring node lost (the worst placement)"
+    )
     assert main(argv[:-1]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "fitted from" in text and "fan-in 1: assumption" in text
+    assert "fitted from" in text and "fan-in 1: the restore planner's" in text

@@ -69,7 +69,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -93,12 +93,15 @@ __all__ = [
     "NodeRing",
     "PeerResult",
     "RestoreRecord",
+    "RingLoss",
+    "assign",
     "copy_prefix",
     "drop_copies",
     "held_copies",
     "node_name",
     "replicate_step",
     "retain_copies",
+    "ring_fan_in",
     "wire",
 ]
 
@@ -705,6 +708,8 @@ class RestoreRecord:
     """Bytes of the objects this rank read, by where they came from."""
     sources: list[str] = field(default_factory=list)
     """The ranks (and nodes) that sent this rank objects, as ``rank N (node)``."""
+    from_nodes: dict[str, int] = field(default_factory=dict)
+    """Bytes this rank received from each other node (by name), as the plan sent them."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Where this rank's restore spent its time: ``plan`` (what each rank holds, the step,
     the plan: listings and collectives) and ``transfer`` (the copies sent and received, into
@@ -718,6 +723,7 @@ class RestoreRecord:
             "path": self.path,
             "nbytes": self.nbytes,
             "sources": self.sources,
+            "from_nodes": self.from_nodes,
             "seconds": self.seconds,
         }
 
@@ -730,43 +736,143 @@ def assign(
     durable: bool,
     sizes: Mapping[str, int],
     bad: set[tuple[int, int, int]],
+    nodes: Sequence[int] | None = None,
 ) -> dict[str, Any] | None:
     """Rank 0: for each rank, where each object it lacks comes from: a transfer from its
-    owner's fast root (``kind": "own"``), else from a copy (least-loaded holder first), else
-    the durable tier; None when some object survives nowhere. A copy the rank holds itself
-    is a transfer to itself (copied on its root, no message). ``bad``: ``(step, holder,
-    source rank)`` holdings that failed a check."""
+    owner's fast root (``kind": "own"``), else from a copy, else the durable tier; None when
+    some object survives nowhere. A copy the rank holds itself is a transfer to itself (copied
+    on its root, no message). ``bad``: ``(step, holder, source rank)`` holdings that failed a
+    check. ``nodes``: each rank's node (its index in the ring; default: a node per rank).
+
+    Among the copies, the plan spreads the replacement nodes over the surviving nodes: the
+    objects with the fewest holders are placed first, and each goes to the holder whose node
+    would then send to the fewest other nodes (its *fan-in*), then the node, then the rank,
+    with the fewest bytes to send. A balance of ranks alone piles two replacement nodes onto
+    one survivor where the ring leaves another free: two neighbours lost, the first one's
+    ranks take the lower-numbered of their two holders, which is the second one's only one."""
     size = len(missing)
+    node = list(nodes) if nodes is not None else list(range(size))
     load = [0] * size
-    transfers: dict[tuple[int, int, str, int], list[str]] = {}
-    from_durable: dict[int, list[str]] = {}
+    node_load: dict[int, int] = {}
+    serves: dict[int, set[int]] = {}  # a node -> the other nodes it sends to
+    held: dict[int, list[int]] = {}  # a source rank -> the ranks holding a copy of it
+    for h in range(size):
+        for q, steps in copies[h].items():
+            if step in steps and (step, h, q) not in bad:
+                held.setdefault(q, []).append(h)
+    wanted: list[tuple[int, str, list[tuple[int, str]]]] = []
     for r, keys in enumerate(missing):
         for key in sorted(keys):
             q = object_rank(key)
             holders: list[tuple[int, str]] = []
             if q < size and step in own[q] and q != r and (step, q, q) not in bad:
                 holders.append((q, "own"))
-            holders += [
-                (h, "copy")
-                for h in range(size)
-                if step in copies[h].get(q, ()) and (step, h, q) not in bad
-            ]
-            if not holders:
-                if not durable:
-                    return None
-                from_durable.setdefault(r, []).append(key)
-                continue
+            holders += [(h, "copy") for h in held.get(q, [])]
+            wanted.append((r, key, holders))
+    wanted.sort(key=lambda w: (len(w[2]), w[0], w[1]))  # the most constrained first
+    transfers: dict[tuple[int, int, str, int], list[str]] = {}
+    from_durable: dict[int, list[str]] = {}
+    for r, key, holders in wanted:
+        if not holders:
+            if not durable:
+                return None
+            from_durable.setdefault(r, []).append(key)
+            continue
+
+        def cost(x: tuple[int, str], r: int = r) -> tuple[Any, ...]:
+            n, to = node[x[0]], node[r]
+            fan_in = len(serves.get(n, ())) + (n != to and to not in serves.get(n, ()))
             # a copy on the rank's own root first (no transfer), then an owner's root
-            h, kind = min(holders, key=lambda x: (x[0] != r, x[1] != "own", load[x[0]], x[0]))
-            load[h] += sizes.get(key, 0)
-            transfers.setdefault((h, r, kind, q), []).append(key)
+            return (x[0] != r, x[1] != "own", fan_in, node_load.get(n, 0), load[x[0]], x[0])
+
+        h, kind = min(holders, key=cost)
+        load[h] += sizes.get(key, 0)
+        if node[h] != node[r]:
+            node_load[node[h]] = node_load.get(node[h], 0) + sizes.get(key, 0)
+            serves.setdefault(node[h], set()).add(node[r])
+        transfers.setdefault((h, r, kind, object_rank(key)), []).append(key)
     return {
         "transfers": [
-            {"src": h, "dst": r, "kind": kind, "source": q, "keys": keys}
+            {"src": h, "dst": r, "kind": kind, "source": q, "keys": sorted(keys)}
             for (h, r, kind, q), keys in sorted(transfers.items())
         ],
-        "durable": {str(r): keys for r, keys in from_durable.items()},
+        "durable": {str(r): keys for r, keys in sorted(from_durable.items())},
     }
+
+
+@dataclass(frozen=True)
+class RingLoss:
+    """What the restore planner (:func:`assign`) does when a ring loses nodes
+    (:func:`ring_fan_in`)."""
+
+    nodes: int
+    ranks_per_node: int
+    replicas: int
+    lost: int
+    fan_in: int
+    """The most replacement nodes one surviving node sends to, over every placement of the
+    lost nodes (0: none is served from a peer)."""
+    durable: bool
+    """Whether some lost rank's data survives in no copy (the durable tier is read)."""
+
+    def source(self) -> str:
+        return (
+            f"the restore planner's assignment on a ring of {self.nodes} nodes "
+            f"({self.ranks_per_node} ranks each, {self.replicas} cop"
+            f"{'y' if self.replicas == 1 else 'ies'}), {self.lost} neighbouring node"
+            f"{'s' if self.lost != 1 else ''} lost (the worst placement)"
+        )
+
+
+@cache
+def ring_fan_in(nodes: int, ranks_per_node: int, replicas: int, lost: int) -> RingLoss:
+    """The fan-in of a restore after ``lost`` neighbouring nodes of a ring of ``nodes`` x
+    ``ranks_per_node`` ranks are lost at once, each rank's step copied to ``replicas``
+    partners (:class:`NodeRing`'s own placement): the holdings such a ring has, the real
+    :func:`assign` on them, and the most replacement nodes any surviving node sends to. No
+    cluster: what the planner would decide, each rank's shard one object of one size.
+
+    Every placement of the lost block is planned: :func:`assign` breaks ties by rank, and a
+    block that wraps round the ring's end sees its holders in another order."""
+    if nodes < 2 or ranks_per_node < 1 or not 1 <= replicas < nodes or not 1 <= lost < nodes:
+        raise errors.InvalidArgumentError(
+            f"a ring of {nodes} node(s) x {ranks_per_node} rank(s) with {replicas} copies "
+            f"and {lost} lost: needs 2 <= nodes, 1 <= replicas < nodes, 1 <= lost < nodes"
+        )
+    ring = NodeRing.of([f"node-{n}" for n in range(nodes) for _ in range(ranks_per_node)])
+    size = nodes * ranks_per_node
+    node = [n for n in range(nodes) for _ in range(ranks_per_node)]
+    step = 1
+    keys = [fmt.shard_key(step, r, 0).partition("/")[2] for r in range(size)]
+    partners = [[ring.partner(q, j) for j in range(1, replicas + 1)] for q in range(size)]
+    worst, durable = 0, False
+    for first in range(nodes):
+        gone = {(first + i) % nodes for i in range(lost)}
+        dead = [node[r] in gone for r in range(size)]
+        copies: list[dict[int, set[int]]] = [{} for _ in range(size)]
+        for q in range(size):
+            for h in partners[q]:
+                if not dead[h]:
+                    copies[h][q] = {step}
+        plan = assign(
+            step,
+            [[keys[r]] if dead[r] else [] for r in range(size)],
+            [set() if dead[r] else {step} for r in range(size)],
+            copies,
+            True,
+            dict.fromkeys(keys, 1),
+            set(),
+            node,
+        )
+        assert plan is not None  # the durable tier holds every object
+        served: dict[int, set[int]] = {}
+        for t in plan["transfers"]:
+            src, dst = node[t["src"]], node[t["dst"]]
+            if src != dst:
+                served.setdefault(src, set()).add(dst)
+        worst = max(worst, max((len(d) for d in served.values()), default=0))
+        durable = durable or bool(plan["durable"])
+    return RingLoss(nodes, ranks_per_node, replicas, lost, worst, durable)
 
 
 def run_restore(
