@@ -244,6 +244,55 @@ def test_the_peer_link_is_fitted_from_measured_restores_from_a_peer() -> None:
     assert one is not None and one.interval is None and "no interval: one round" in one.source()
 
 
+def _lost_rows(run: str, fan_in: int, rates: list[float], slower: float = 1.0) -> list[dict]:
+    """``restore-peer`` rows as ``ckptio run --replicas 2 --lose N`` writes them, a rank per
+    node: at fan-in 1 node n2 lost, n1 sends it 4 MiB; at fan-in 2 nodes n1 and n2 lost, n0
+    sends each 4 MiB. The round takes the sender's bytes over ``rate``, times ``slower``."""
+    lost = ["n2"] if fan_in == 1 else ["n1", "n2"]
+    sender = "n1" if fan_in == 1 else "n0"
+    rows = []
+    for i, rate in enumerate(rates):
+        secs = fan_in * (4 << 20) / rate * slower
+        for rank, node in enumerate(("n0", "n1", "n2")):
+            gone = node in lost
+            rows.append(
+                {"run_id": run, "iteration": i, "rank": rank, "phase": "restore-peer",
+                 "host": "h", "node": node, "lost_nodes": ",".join(lost),
+                 "restore_path": "peer" if gone else "local",
+                 "peer_bytes": 4 << 20 if gone else 0,
+                 "peer_sources": json.dumps({sender: 4 << 20}) if gone else "",
+                 "seconds": secs if gone else 0.01}
+            )  # fmt: skip
+    return rows
+
+
+def test_the_fan_in_and_a_sender_s_link_are_taken_from_what_the_restore_did() -> None:
+    """The rows name the nodes lost and who sent each rank its bytes: the fan-in is the most
+    lost nodes one sender served (1, then 2), and the link the busiest sender's bytes over the
+    round's time, the same figure at either fan-in for the same link. Where both fan-ins
+    were run, the model's ``f * node / link`` (the link fitted at fan-in 1) is checked
+    against the restores at fan-in 2: their ratio, with its interval, in the link's source."""
+    from ckptio.calibration import check_fan_in, fit_peer_link, peer_rounds
+
+    one = _lost_rows("one", 1, [1e8, 1.1e8, 0.9e8])
+    two = _lost_rows("two", 2, [1e8, 1.05e8, 0.95e8], slower=1.5)
+    assert [r.fan_in for r in peer_rounds(one + two)] == [1, 1, 1, 2, 2, 2]
+    fit1, fit2 = fit_peer_link(one), fit_peer_link(two)
+    assert fit1 is not None and fit2 is not None
+    assert (fit1.fan_in, fit2.fan_in) == (1, 2)
+    assert fit1.bandwidth == pytest.approx(1e8, rel=0.02)
+    assert fit2.bandwidth == pytest.approx(1e8 / 1.5, rel=0.02)  # 2 nodes' bytes, 1.5x slower
+    assert "measured fan-in 2" in fit2.source() and fit2.check == ""
+    check = check_fan_in(one + two)
+    assert check is not None and check.fan_in == 2
+    assert check.ratio == pytest.approx(1.5, rel=0.03)
+    assert check.interval is not None and check.interval.low < 1.5 < check.interval.high
+    both = fit_peer_link(one + two)
+    assert both is not None and both.check == check.text()
+    assert "took 1.49x the model" in both.source() and "95% interval" in check.text()
+    assert check_fan_in(one) is None and check_fan_in(two) is None
+
+
 def test_a_fitted_peer_link_prices_the_peer_restore_with_its_interval() -> None:
     """The fitted link replaces the durable profile's (an assumption) wherever no figure is
     given: the pooled figure for the projection, each round's for its interval; a link given
