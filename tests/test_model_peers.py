@@ -3,6 +3,9 @@ peer, the replication after each save, and restarts priced by which copy survive
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -345,10 +348,13 @@ NODE_PER_RANK = (
 def test_model_from_a_run_with_peer_copies_takes_its_node_link(tmp_path, capsys) -> None:
     """``ckptio run --replicas 1`` (2 ranks, each its own node) measures a restore from a
     peer copy; ``ckptio model --from`` its results prices the peer path with the node link
-    fitted from it (said so, with the rounds it came from), not the profile's."""
+    fitted from it (said so, with the rounds it came from), not the profile's. A run of 3
+    ranks with ``--replicas 2 --lose 2`` records the two nodes lost and the one survivor
+    that sent them their bytes (fan-in 2), and the model checks its ``f * node / link``
+    against it; ``--lose`` as many nodes as the job has is refused."""
     from ckptio.calibration import fit_peer_link
     from ckptio.results import read_results
-    from tests.test_mpi_checkpoint import run_mpi
+    from tests.test_mpi_checkpoint import mpiexec, run_mpi
 
     out = tmp_path / "out"
     run_mpi(
@@ -373,3 +379,34 @@ def test_model_from_a_run_with_peer_copies_takes_its_node_link(tmp_path, capsys)
     assert main(argv[:-1]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "fitted from" in text and "fan-in 1: the restore planner's" in text
+    # 3 ranks (nodes n0-n2), 2 copies, the last two nodes lost at once: n0 serves both
+    two = tmp_path / "two"
+    run_mpi(
+        3, "-c", NODE_PER_RANK, "run", f"file://{tmp_path}/durable2", "--local",
+        f"file://{tmp_path}/fast2/{{rank}}", "--replicas", "2", "--lose", "2", "--preset",
+        "llama3-8b", "--total-size", "12MiB", "--iterations", "2", "--out", str(two),
+    )  # fmt: skip
+    rows = [r for r in read_results([two]).phases.to_pylist() if r["phase"] == "restore-peer"]
+    assert {r["lost_nodes"] for r in rows} == {"n1,n2"}
+    for r in rows:
+        lost = r["node"] in ("n1", "n2")
+        assert r["restore_path"] == ("peer" if lost else "local"), r
+        assert (json.loads(r["peer_sources"]) if lost else {}) == (
+            {"n0": r["peer_bytes"]} if lost else {}
+        )
+    fit2 = fit_peer_link(read_results([two]).phases)
+    assert fit2 is not None and fit2.fan_in == 2
+    argv[2:3] = [str(out), str(two)]
+    assert main(argv[:-1]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "measured restores at fan-in 2 took" in text
+    # as many nodes lost as the job has: refused, naming the problem
+    bad = subprocess.run(
+        [*mpiexec(), "-n", "2", sys.executable, "-c", NODE_PER_RANK, "run",
+         f"file://{tmp_path}/durable3", "--local", f"file://{tmp_path}/fast3/{{rank}}",
+         "--replicas", "1", "--lose", "2", "--preset", "llama3-8b", "--total-size", "8MiB",
+         "--iterations", "1"],
+        capture_output=True, text=True, timeout=180,
+        env={**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1"},
+    )  # fmt: skip
+    assert bad.returncode != 0 and "--lose 2: the job runs on 2 node(s)" in bad.stderr
