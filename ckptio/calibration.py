@@ -714,7 +714,7 @@ class PeerLinkFit:
     """``bandwidth`` with the 95% interval the spread of ``per_round`` gives it (None with
     one round)."""
     fan_in: int
-    """The most replaced nodes one sending node served in the rounds fitted, as the rows
+    """The replaced nodes one sending node served at most in the rounds fitted, as the rows
     record it: what the figure was measured at."""
     runs: tuple[str, ...]
     warmup: int = 0
@@ -734,7 +734,7 @@ class PeerLinkFit:
             f"fitted from {n} measured restore-peer round{'s' if n != 1 else ''} "
             f"({', '.join(self.runs)}; {spread}"
             + (f"; {self.warmup} warm-up round(s) left out" if self.warmup else "")
-            + f"; measured fan-in {self.fan_in}: the busiest sender's bytes over the round's "
+            + f"; at measured fan-in {self.fan_in}: the busiest sender's bytes over the round's "
             "time; effective: the restore's planning and CRC32C checks included)"
             + (f"; {self.check}" if self.check else "")
         )
@@ -756,15 +756,23 @@ def _steady(rounds: Sequence[PeerRound]) -> tuple[list[PeerRound], int]:
 def fit_peer_link(phases: Any, fan_in: int | None = None) -> PeerLinkFit | None:
     """The node link to peers from the ``restore-peer`` rows of result tables
     (:func:`peer_rounds`): one figure per round, the busiest sending node's bytes over the
-    round's time, pooled over the steady rounds; only rounds at ``fan_in`` where given. None
-    where no round restored bytes from a peer."""
-    rounds = [r for r in peer_rounds(phases) if fan_in in (None, r.fan_in)]
+    round's time, pooled over the steady rounds; only rounds at ``fan_in`` where given, else
+    at the lowest fan-in the rows hold (one sender, one replaced node: what the model's
+    ``link`` is; rounds at a higher one check the model's ``f * node / link`` against it,
+    :func:`check_fan_in`, said in the fit's source). None where no round restored bytes from
+    a peer."""
+    every = peer_rounds(phases)
+    if fan_in is None and every:
+        fan_in = min(r.fan_in for r in every)
+        checked = check_fan_in(phases)
+    else:
+        checked = None
+    rounds = [r for r in every if r.fan_in == fan_in]
     if not rounds:
         return None
     kept, warm = _steady(rounds)
     sent = [(r.link * r.seconds, r.seconds) for r in kept]
     pooled = sum(b for b, _ in sent) / sum(t for _, t in sent)
-    checked = check_fan_in(phases) if fan_in is None else None
     return PeerLinkFit(
         check=checked.text() if checked is not None else "",
         bandwidth=pooled,

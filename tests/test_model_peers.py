@@ -273,7 +273,7 @@ def test_the_fan_in_and_a_sender_s_link_are_taken_from_what_the_restore_did() ->
     """The rows name the nodes lost and who sent each rank its bytes: the fan-in is the most
     lost nodes one sender served (1, then 2), and the link the busiest sender's bytes over the
     round's time, the same figure at either fan-in for the same link. Where both fan-ins
-    were run, the model's ``f * node / link`` (the link fitted at fan-in 1) is checked
+    were run, the link is fitted at fan-in 1 and the model's ``f * node / link`` is checked
     against the restores at fan-in 2: their ratio, with its interval, in the link's source."""
     from ckptio.calibration import check_fan_in, fit_peer_link, peer_rounds
 
@@ -285,13 +285,14 @@ def test_the_fan_in_and_a_sender_s_link_are_taken_from_what_the_restore_did() ->
     assert (fit1.fan_in, fit2.fan_in) == (1, 2)
     assert fit1.bandwidth == pytest.approx(1e8, rel=0.02)
     assert fit2.bandwidth == pytest.approx(1e8 / 1.5, rel=0.02)  # 2 nodes' bytes, 1.5x slower
-    assert "measured fan-in 2" in fit2.source() and fit2.check == ""
+    assert "at measured fan-in 2" in fit2.source() and fit2.check == ""
     check = check_fan_in(one + two)
     assert check is not None and check.fan_in == 2
     assert check.ratio == pytest.approx(1.5, rel=0.03)
     assert check.interval is not None and check.interval.low < 1.5 < check.interval.high
-    both = fit_peer_link(one + two)
+    both = fit_peer_link(one + two)  # the link from the rounds at fan-in 1, checked at 2
     assert both is not None and both.check == check.text()
+    assert both.bandwidth == fit1.bandwidth and both.per_round == fit1.per_round
     assert "took 1.49x the model" in both.source() and "95% interval" in check.text()
     assert check_fan_in(one) is None and check_fan_in(two) is None
 
