@@ -60,17 +60,22 @@ node's link to its storage: an assumption that peers and storage share one link)
 the next save when the save and it outlast the interval (the excess is added to the stall);
 each fast tier holds ``(1 + k)`` steps' worth per node. After a failure that loses nodes, a
 replacement node restores from a surviving peer: the peer reads its own step (its own
-restart) and the copies of the ``peer_fan_in`` replacement nodes it serves from its fast
-tier, and sends those copies over its link; the replacement places the bytes in its arrays
-as they arrive and writes them onto its own fast tier (not read back); the slowest of the
-three is the peer restore. The link is ``peer_bandwidth`` where given or fitted from
-measured restores from a peer (:func:`ckptio.calibration.fit_peer_link`, an effective
-figure: the measured restore's planning and checks included), else the node link above. A
+restart) and the copies of the ``f`` replacement nodes it serves (the *fan-in*) from its
+fast tier, and sends those copies over its link (``f * node / link``); the replacement places
+the bytes in its arrays as they arrive and writes them onto its own fast tier (not read
+back); the slowest of the three is the peer restore. The fan-in is ``peer_fan_in`` where
+given, else the restore planner's on the job's ring when ``k`` neighbouring nodes are lost
+(:func:`peer_fan_in`: the real :func:`ckptio.checkpoint.peers.assign` on the holdings such a
+ring has, every placement; fewer nodes lost are served no worse): 2 on a ring of 3 nodes with
+``k = 2``, 1 on rings of a few nodes more. The link is ``peer_bandwidth`` where given or
+fitted from measured restores from a peer (:func:`ckptio.calibration.fit_peer_link`: a
+sending node's bytes over the round's time, an effective figure, the measured restore's
+planning and checks included; :func:`ckptio.calibration.check_fan_in` checks
+``f * node / link`` against measured restores at fan-in 2), else the node link above. A
 failure loses a node with probability ``p_lose_node``; the count of nodes lost at once is
 geometric: each further node with probability ``p_lose_another``
 (:data:`DEFAULT_P_LOSE_ANOTHER`, an assumption). With ``k`` copies, losing up to ``k`` nodes
-at once leaves a copy of each (and, on a ring, a different survivor for each replacement
-node, so the fan-in stays 1); losing more is taken to lose every copy of one of them (the
+at once leaves a copy of each; losing more is taken to lose every copy of one of them (the
 worst placement, neighbours on the ring), and the durable tier is read. The expected restore
 is ``(1 - p) * fast + p (1 - q^k) * peer + p q^k * durable`` (``q = p_lose_another``), with
 the peer restore capped at the durable one (a restorer would read the durable tier where it

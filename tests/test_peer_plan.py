@@ -82,6 +82,8 @@ def test_the_plan_keeps_its_rules_own_copy_then_owner_then_a_good_copy() -> None
         (3, 4, 2, 2, 2, False),
         (3, 2, 2, 1, 1, False),
         (4, 2, 2, 2, 1, False),
+        (4, 2, 3, 2, 1, False),  # a balance of bytes alone split node 0 over both survivors: 2
+        (6, 2, 4, 4, 2, False),  # 4 lost, 2 survivors: 2 each at best
         (64, 8, 2, 2, 1, False),  # was 2 with a balance of ranks alone (the block 63, 0)
         (64, 8, 3, 3, 1, False),
         (64, 8, 1, 2, 1, True),  # one copy, two neighbours lost: the first one's is gone

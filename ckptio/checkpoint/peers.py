@@ -744,17 +744,20 @@ def assign(
     on its root, no message). ``bad``: ``(step, holder, source rank)`` holdings that failed a
     check. ``nodes``: each rank's node (its index in the ring; default: a node per rank).
 
-    Among the copies, the plan spreads the replacement nodes over the surviving nodes: the
-    objects with the fewest holders are placed first, and each goes to the holder whose node
-    would then send to the fewest other nodes (its *fan-in*), then the node, then the rank,
-    with the fewest bytes to send. A balance of ranks alone piles two replacement nodes onto
-    one survivor where the ring leaves another free: two neighbours lost, the first one's
-    ranks take the lower-numbered of their two holders, which is the second one's only one."""
+    Among the copies, the plan spreads the replacement nodes over the surviving nodes, in two
+    passes over the objects, those with the fewest holders first. The first keeps each
+    replacement node whole: an object comes from the holder whose node would then send to
+    the fewest other nodes (its *fan-in*), one already sending to the rank's node first. The
+    second spreads the bytes: an object may come from a node that sent to the rank's node in
+    the first pass or from one that sent nothing, without raising a node's fan-in above the
+    first pass's highest, and goes to the node, then the rank, with the fewest bytes to
+    send. A balance of ranks alone piles two replacement nodes onto one survivor where the
+    ring leaves another free: two neighbours lost, the first one's ranks take the
+    lower-numbered of their two holders, which is the second one's only one; a balance of
+    bytes alone splits the first replacement node over both survivors and leaves the second
+    none of its own."""
     size = len(missing)
     node = list(nodes) if nodes is not None else list(range(size))
-    load = [0] * size
-    node_load: dict[int, int] = {}
-    serves: dict[int, set[int]] = {}  # a node -> the other nodes it sends to
     held: dict[int, list[int]] = {}  # a source rank -> the ranks holding a copy of it
     for h in range(size):
         for q, steps in copies[h].items():
@@ -768,36 +771,75 @@ def assign(
             if q < size and step in own[q] and q != r and (step, q, q) not in bad:
                 holders.append((q, "own"))
             holders += [(h, "copy") for h in held.get(q, [])]
+            if not holders and not durable:
+                return None
             wanted.append((r, key, holders))
     wanted.sort(key=lambda w: (len(w[2]), w[0], w[1]))  # the most constrained first
+    whole = _place(wanted, node, sizes, None)
+    pairs = {(node[h], node[r]) for h, r, _, _ in whole}
+    plan = _place(wanted, node, sizes, pairs)
     transfers: dict[tuple[int, int, str, int], list[str]] = {}
     from_durable: dict[int, list[str]] = {}
-    for r, key, holders in wanted:
-        if not holders:
-            if not durable:
-                return None
+    for h, r, kind, key in plan:
+        if h < 0:
             from_durable.setdefault(r, []).append(key)
-            continue
-
-        def cost(x: tuple[int, str], r: int = r) -> tuple[Any, ...]:
-            n, to = node[x[0]], node[r]
-            fan_in = len(serves.get(n, ())) + (n != to and to not in serves.get(n, ()))
-            # a copy on the rank's own root first (no transfer), then an owner's root
-            return (x[0] != r, x[1] != "own", fan_in, node_load.get(n, 0), load[x[0]], x[0])
-
-        h, kind = min(holders, key=cost)
-        load[h] += sizes.get(key, 0)
-        if node[h] != node[r]:
-            node_load[node[h]] = node_load.get(node[h], 0) + sizes.get(key, 0)
-            serves.setdefault(node[h], set()).add(node[r])
-        transfers.setdefault((h, r, kind, object_rank(key)), []).append(key)
+        else:
+            transfers.setdefault((h, r, kind, object_rank(key)), []).append(key)
     return {
         "transfers": [
             {"src": h, "dst": r, "kind": kind, "source": q, "keys": sorted(keys)}
             for (h, r, kind, q), keys in sorted(transfers.items())
         ],
-        "durable": {str(r): keys for r, keys in sorted(from_durable.items())},
+        "durable": {str(r): sorted(keys) for r, keys in sorted(from_durable.items())},
     }
+
+
+def _place(
+    wanted: Sequence[tuple[int, str, Sequence[tuple[int, str]]]],
+    node: Sequence[int],
+    sizes: Mapping[str, int],
+    pairs: set[tuple[int, int]] | None,
+) -> list[tuple[int, int, str, str]]:
+    """One pass of :func:`assign`: ``(holder, rank, kind, key)`` for each wanted object in
+    order (holder -1: the durable tier). ``pairs`` None: whole replacement nodes, each from
+    as few sending nodes as can (a node already sending to the rank's node before another
+    one), the fewest nodes served first. Else a sending node may send only where the first
+    pass sent from it (``pairs``: (sending node, receiving node)), or anywhere if it sent
+    nothing there, up to the first pass's fan-in: the bytes spread, the fan-in no higher."""
+    load: dict[int, int] = {}
+    node_load: dict[int, int] = {}
+    serves: dict[int, set[int]] = {}  # a node -> the other nodes it sends to
+    senders = {n for n, _ in pairs or ()}
+    cap = max((sum(1 for p in pairs if p[0] == n) for n in senders), default=0) if pairs else 0
+    out: list[tuple[int, int, str, str]] = []
+    for r, key, holders in wanted:
+        to = node[r]
+        choice = list(holders)
+        if pairs is not None:
+            choice = [
+                x
+                for x in holders
+                if node[x[0]] == to or (node[x[0]], to) in pairs or node[x[0]] not in senders
+            ] or choice
+
+        def cost(x: tuple[int, str], r: int = r, to: int = to) -> tuple[Any, ...]:
+            n = node[x[0]]
+            mine = serves.get(n, set())
+            fan_in = len(mine) + (n != to and to not in mine)
+            spread = (fan_in > cap,) if pairs is not None else (fan_in, n != to and to not in mine)
+            # a copy on the rank's own root first (no transfer), then an owner's root
+            return (x[0] != r, x[1] != "own", *spread, node_load.get(n, 0), load.get(x[0], 0), x[0])
+
+        if not choice:
+            out.append((-1, r, "durable", key))
+            continue
+        h, kind = min(choice, key=cost)
+        load[h] = load.get(h, 0) + sizes.get(key, 0)
+        if node[h] != to:
+            node_load[node[h]] = node_load.get(node[h], 0) + sizes.get(key, 0)
+            serves.setdefault(node[h], set()).add(to)
+        out.append((h, r, kind, key))
+    return out
 
 
 @dataclass(frozen=True)
