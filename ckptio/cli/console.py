@@ -511,6 +511,7 @@ def print_model(result: dict[str, Any], out: Printer) -> None:
 def peer_line(t: dict[str, Any]) -> str:
     """A target with peer copies: the replication after each save (and whether it blocks)
     and the restore from a peer, with how each is made (projected by the model)."""
+    from ckptio.peermodel import peer_slower_clause
     from ckptio.report.tables import figure_text
     from ckptio.units import human_seconds
 
@@ -525,7 +526,7 @@ def peer_line(t: dict[str, Any]) -> str:
         f"(projected): replication {human_seconds(t['replication_seconds'])} in the background "
         f"after each save (bound by the {t['replication_binding']}), {blocks}; a replacement "
         f"node restores from a peer in {human_seconds(t['restore_peer_seconds'])} (bound by the "
-        f"{t['restore_peer_binding']}); restores expected {shares['fast']:.0%} from the node's "
+        f"{t['restore_peer_binding']}{peer_slower_clause(t)}); restores expected {shares['fast']:.0%} from the node's "
         f"own fast tier, {shares['peer']:.0%} from a peer, {shares['durable']:.1%} from the "
         f"durable tier (every copy lost: p = {t['p_lose_node']:.2f} \u00d7 "
         f"{t['p_lose_another']:g}^{t['peers']}, {t['p_lose_another_source']}); node link "
