@@ -5,7 +5,6 @@ the stall model gives them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ckptio.costmodel import DEFAULT_P_LOSE_ANOTHER, backpressure
@@ -98,11 +97,3 @@ def peer_figures(
         f"its {human_rate(link)} link sends {f} ({human_seconds(peer_send)}); the "
         f"replacement writes its {local} ({human_seconds(save)})",
     }
-
-
-def peer_slower_clause(p: Mapping[str, Any]) -> str:
-    """The words a projection's peer restore needs where it is slower than the durable
-    tier's (``peer_slower_than_durable``): the expected restore then reads the durable tier."""
-    if not p.get("peer_slower_than_durable"):
-        return ""
-    return "; slower than the durable tier, which a replacement node reads instead"
