@@ -81,9 +81,7 @@ def _upload(client: str, a: argparse.Namespace, data: Any) -> None:
     key = f"bench/{client}/{a.round}"
     n = len(data)
     if client.startswith("ckptio-"):
-        from ckptio.registry import open_store
-
-        store = open_store(_ckptio_url(client), part_size=a.part_size, streams=a.streams)
+        store = _open_timed(_ckptio_url(client), a)
         view = memoryview(data)
         with store.open_writer(key, size_hint=n) as w:
             for start in range(0, n, WRITE_BLOCK):
@@ -201,6 +199,21 @@ and objects of 192 MiB)."""
 _loaded: list[Any] = []
 """The last array a ``ckptio-load-*`` client loaded, compared with the payload after the clock."""
 
+_opened: list[float] = []
+"""Seconds a ckptio client took to open its store (inside the clock, as every peer's start
+is: s5cmd's process, the CRT's client): the first S3 store of a process reads botocore's
+data files."""
+
+
+def _open_timed(url: str, a: argparse.Namespace) -> Any:
+    """``open_store(url)`` with ``part_size`` and ``streams``, its seconds in :data:`_opened`."""
+    from ckptio.registry import open_store
+
+    t0 = time.perf_counter()
+    store = open_store(url, part_size=a.part_size, streams=a.streams)
+    _opened.append(time.perf_counter() - t0)
+    return store
+
 
 def _download(client: str, a: argparse.Namespace, size: int) -> int:
     """Read :data:`SOURCE_KEY` into memory ``a.repeat`` times with one client, ``part_size``
@@ -210,13 +223,12 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
     requests from the same ``part_size`` and ``streams``."""
     if client.startswith("ckptio-load-"):
         import ckptio
-        from ckptio.registry import open_store
 
         scheme, _, query = client[len("ckptio-load-") :].partition("?")
         url = f"{scheme}://{BUCKET}/{CHECKPOINT_PREFIX}" + (f"?{query}" if query else "")
         # one store for all repeats, as a Checkpointer keeps one (and as the other clients
         # keep theirs)
-        store = open_store(url, part_size=a.part_size, streams=a.streams)
+        store = _open_timed(url, a)
         got = 0
         for _ in range(a.repeat):
             _loaded[:] = [None]  # the previous load's memory is freed before the next
@@ -228,9 +240,7 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
     if client.startswith("ckptio-"):
         from concurrent.futures import ThreadPoolExecutor
 
-        from ckptio.registry import open_store
-
-        store = open_store(_ckptio_url(client), part_size=a.part_size, streams=a.streams)
+        store = _open_timed(_ckptio_url(client), a)
         got = 0
         ranges = [(o, min(a.part_size, size - o)) for o in range(0, size, a.part_size)]
         for _ in range(a.repeat):
@@ -365,6 +375,7 @@ def worker(a: argparse.Namespace) -> None:
                 "wall_s": wall,
                 "cpu_s": cpu - cpu0[0],
                 "sys_s": sys_s - cpu0[1],
+                **({"open_s": _opened[0]} if _opened else {}),
             }
         )
     )
@@ -763,6 +774,15 @@ def main(argv: list[str] | None = None) -> int:
             f"(rounds {r['wall_ratio_min']:.2f}-{r['wall_ratio_max']:.2f}, ckptio ahead in {r['rounds_ahead']} of "
             f"{r['rounds']}); CPU s/GB against the least-CPU peer ({r['cpu_peer']}): {r['cpu_ratio_median']:.3f}x"
         )
+    for client, recs in results.items():
+        opens = [r["open_s"] for r in recs if "open_s" in r]
+        if opens:
+            share = [r["open_s"] / r["wall_s"] for r in recs if "open_s" in r]
+            print(
+                f"{client}: its store opened in {statistics.median(opens) * 1e3:.0f} ms "
+                f"({min(opens) * 1e3:.0f}-{max(opens) * 1e3:.0f}), "
+                f"{statistics.median(share):.1%} of its wall time (median of {len(opens)} rounds)"
+            )
     if a.json:
         with open(a.json, "w") as out:
             json.dump(

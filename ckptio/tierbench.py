@@ -80,7 +80,7 @@ import secrets
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -141,6 +141,7 @@ __all__ = [
     "check_tiered",
     "parse_tiered",
     "peer_suffix",
+    "ran_peers_note",
     "run_tiered",
     "run_tiered_workload",
     "tier_kinds",
@@ -175,6 +176,25 @@ class TieredSpec:
 
 PEER_NOTE = "peer copies projected by the model (not run here: one process has no peer node)"
 """What a tiered target's peer copies are, in words, wherever they are shown."""
+
+
+def ran_peers_note(peers: Mapping[str, Any]) -> str:
+    """What the peer copies of a ``ckptio run --replicas K`` were, in words, from its
+    sidecar's ``peers``: made and restored from, the loss emulated."""
+    lost = peers.get("lost") or {}
+    nodes = lost.get("nodes") or ([lost["node"]] if lost.get("node") else [])  # older: "node"
+    where = (
+        f" (node {nodes[0]}'s loss emulated)"
+        if len(nodes) == 1
+        else f" (nodes {', '.join(nodes)} lost at once, emulated)"
+        if nodes
+        else ""
+    )
+    return (
+        f"{peers.get('replicas')} peer cop{'y' if peers.get('replicas') == 1 else 'ies'} run "
+        f"and restored from{where}; at full scale projected by the model, with the node link "
+        "fitted from these restores"
+    )
 
 
 def peer_suffix(peers: int) -> str:

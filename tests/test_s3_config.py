@@ -228,6 +228,33 @@ def test_stores_share_botocore_data_files_per_data_path(
         store.close()
 
 
+def test_the_shared_loader_reads_botocores_data_as_botocore_does(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process's loader parses botocore's files into plain dicts, with the same content
+    and order as botocore's own loader; a model under ``AWS_DATA_PATH`` still comes first."""
+    from botocore.loaders import create_loader
+    from ckptio.backends._s3config import _data_loader
+
+    # a fresh one: botocore's endpoint resolver fills defaults into the data it was given
+    ours, theirs = _data_loader.__wrapped__(None), create_loader(None)
+    for name in ("endpoints", "partitions", "sdk-default-configuration"):
+        mine, botos = ours.load_data(name), theirs.load_data(name)
+        assert type(mine) is dict and mine == botos and list(mine) == list(botos)
+    model = ours.load_service_model("s3", "service-2")
+    assert model == theirs.load_service_model("s3", "service-2")
+    assert list(model["operations"]) == list(
+        theirs.load_service_model("s3", "service-2")["operations"]
+    )
+    custom = tmp_path / "s3" / "2006-03-01"
+    custom.mkdir(parents=True)
+    (custom / "service-2.json").write_text('{"metadata": {"custom": true}, "operations": {}}')
+    monkeypatch.setenv("AWS_DATA_PATH", str(tmp_path))
+    assert _data_loader.__wrapped__(str(tmp_path)).load_service_model("s3", "service-2")[
+        "metadata"
+    ] == {"custom": True}
+
+
 def test_s3_modules_import_one_way() -> None:
     """The S3 code is split by concern with no cycle: each module imports only the ones before
     it in config -> errors -> multipart -> common -> the backends (presigned reads stand

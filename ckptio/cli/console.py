@@ -515,6 +515,22 @@ def peer_line(t: dict[str, Any]) -> str:
     from ckptio.units import human_seconds
 
     shares = {w: t[f"restore_{w}_probability"] for w in ("fast", "peer", "durable")}
+    peer = f"{human_seconds(t['restore_peer_seconds'])} (bound by the {t['restore_peer_binding']})"
+    if t.get("peer_slower_than_durable"):  # the model's expected restore reads durable
+        restore = (
+            f"a restore from a peer would take {peer}, slower than the durable tier, which a "
+            "replacement node reads instead"
+        )
+        paths = (
+            f"{shares['fast']:.0%} from the node's own fast tier, "
+            f"{shares['peer'] + shares['durable']:.1%} from the durable tier"
+        )
+    else:
+        restore = f"a replacement node restores from a peer in {peer}"
+        paths = (
+            f"{shares['fast']:.0%} from the node's own fast tier, {shares['peer']:.0%} from a "
+            f"peer, {shares['durable']:.1%} from the durable tier"
+        )
     blocks = (
         "finishes within the interval"
         if t["replication_fits_interval"]
@@ -523,11 +539,8 @@ def peer_line(t: dict[str, Any]) -> str:
     return (
         f"{t.get('name') or t['target']}: {t['peers']} peer cop{'y' if t['peers'] == 1 else 'ies'} "
         f"(projected): replication {human_seconds(t['replication_seconds'])} in the background "
-        f"after each save (bound by the {t['replication_binding']}), {blocks}; a replacement "
-        f"node restores from a peer in {human_seconds(t['restore_peer_seconds'])} (bound by the "
-        f"{t['restore_peer_binding']}); restores expected {shares['fast']:.0%} from the node's "
-        f"own fast tier, {shares['peer']:.0%} from a peer, {shares['durable']:.1%} from the "
-        f"durable tier (every copy lost: p = {t['p_lose_node']:.2f} \u00d7 "
+        f"after each save (bound by the {t['replication_binding']}), {blocks}; {restore}; "
+        f"restores expected {paths} (every copy lost: p = {t['p_lose_node']:.2f} \u00d7 "
         f"{t['p_lose_another']:g}^{t['peers']}, {t['p_lose_another_source']}); node link "
         f"{figure_text(t, 'peer_bandwidth', 'B/s')}: {t['peer_bandwidth_source']}; fan-in "
         f"{t['peer_fan_in']}: {t['peer_fan_in_source']}"

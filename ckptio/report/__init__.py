@@ -191,15 +191,22 @@ def _restores(r: Report) -> list[Paragraphs | Table | Image]:
         return []
     from ckptio.costmodel import ASSUMPTIONS
 
+    ran = [p["name"] for p in rows if p.get("peer_link_measured")]
+    where = (
+        f"the model's projection, with the node link fitted from the restores from a peer "
+        f"measured in the runs of {', '.join(sorted(set(ran)))} (`ckptio run --replicas K`)"
+        if ran
+        else "the model's projection (the runs here made no copies between nodes)"
+    )
     text = [
         "After a failure every node restarts and reads the newest checkpoint back. A tiered "
         "target reads its own fast tier unless the failure replaced the node "
         f"({ASSUMPTIONS['p_lose_node']}); a replaced node reads a peer's copy where one "
-        "survives, else the durable tier. Peer copies are the model's projection (the runs "
-        "here are one process, with no peer node): a ring of nodes, each node's step on the "
-        "next k; a failure that loses more nodes at once than there are copies is counted as "
-        f"losing every copy of one ({ASSUMPTIONS['p_lose_another']}). The restart is the fixed "
-        "overhead plus the expected restore."
+        f"survives, else the durable tier. Peer copies at full scale are {where}: a ring of "
+        "nodes, each node's step on the next k; a failure that loses more nodes at once than "
+        "there are copies is counted as losing every copy of one "
+        f"({ASSUMPTIONS['p_lose_another']}). The restart is the fixed overhead plus the "
+        "expected restore."
     ]
     return [
         Paragraphs(text),

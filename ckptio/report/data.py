@@ -79,13 +79,14 @@ def group_targets(
 ) -> list[dict[str, Any]]:
     """One entry per (session, site, target): its label, kind, run rows, requests and
     phases. A tiered target (:mod:`ckptio.tierbench`) also has ``tiers`` (its sidecar's, with
-    ``peers`` where the run's configuration names peer copies for the projection) and
+    ``peers`` where the run made peer copies, ``ckptio run --replicas K``, or its
+    configuration names them for the projection, and ``peers_run`` saying which) and
     ``phase_kinds`` (measured or emulated, per phase); a plain one ``fit``
     (:func:`ckptio.calibration.fit_target` of its best point: the one with the highest write
     throughput), whose steady rounds the summary and the projection both use."""
     from ckptio.calibration import fit_target
     from ckptio.results import session_name
-    from ckptio.tierbench import PEER_NOTE, tier_kinds
+    from ckptio.tierbench import PEER_NOTE, ran_peers_note, tier_kinds
 
     by_id = {s.get("run_id"): s for s in sidecars}
     sites = {r.get("site") or "" for r in runs}
@@ -128,9 +129,11 @@ def group_targets(
         )
         if side and kinds:
             tiers = dict(side["tiers"])
-            peers = int((side.get("config") or {}).get("peers") or 0)
-            if peers:  # the run is the tiered one; its peer copies are the model's
-                tiers.update(peers=peers, note=f"{tiers['note']}; {PEER_NOTE}")
+            ran = side.get("peers") or {}  # `ckptio run --replicas K`: copies made and restored
+            peers = int(ran.get("replicas") or (side.get("config") or {}).get("peers") or 0)
+            if peers:  # else `compare`'s tiered target: its peer copies are the model's
+                note = ran_peers_note(ran) if ran else PEER_NOTE
+                tiers.update(peers=peers, peers_run=bool(ran), note=f"{tiers['note']}; {note}")
             entry.update(label=f"{name} ({tiers['note']})", tiers=tiers, phase_kinds=kinds)
         else:
             best = _best_point(entry["rows"])

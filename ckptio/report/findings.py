@@ -61,13 +61,22 @@ def peer_sentence(p: Mapping[str, Any]) -> str:
         else f"outlasts the interval and adds {figure_text(p, 'replication_wait_seconds', 's')} "
         "to each stall"
     )
+    peer = figure_text(p, "restore_peer_seconds", "s")
+    durable = figure_text(p, "restore_durable_seconds", "s")
+    restore = (
+        f"a restore from a peer would take {peer} (bound by the {p['restore_peer_binding']}), "
+        f"slower than the {durable} of the durable tier: a replacement node reads the durable "
+        "tier instead, and the copies buy no restore time here"
+        if p.get("peer_slower_than_durable")
+        else f"a replacement node restores from a peer in {peer} (bound by the "
+        f"{p['restore_peer_binding']}) instead of {durable} from the durable tier, which is "
+        f"read only when every copy is lost ({p['restore_durable_probability']:.1%} of "
+        "failures)"
+    )
     return (
-        f"With {k} peer cop{'y' if k == 1 else 'ies'} of each node's fast tier (projected), a "
-        f"replacement node restores from a peer in {figure_text(p, 'restore_peer_seconds', 's')} "
-        f"(bound by the {p['restore_peer_binding']}) instead of "
-        f"{figure_text(p, 'restore_durable_seconds', 's')} from the durable tier, which is read "
-        f"only when every copy is lost ({p['restore_durable_probability']:.1%} of failures); "
-        f"the expected restore is {figure_text(p, 'restore_seconds', 's')}. The replication "
+        f"With {k} peer cop{'y' if k == 1 else 'ies'} of each node's fast tier (projected), "
+        f"{restore}; the expected restore is {figure_text(p, 'restore_seconds', 's')}. The "
+        "replication "
         f"after each save takes {figure_text(p, 'replication_seconds', 's')} in the background "
         f"(bound by the {p['replication_binding']}) and {blocks}; each fast tier holds "
         f"{k + 1} steps' worth ({human_size(p['fast_tier_bytes_per_node'])} per node). The "

@@ -382,7 +382,7 @@ def plot_restores(proj: Sequence[Mapping[str, Any]], path: str) -> Drawn | None:
 
     colors = {
         "from its own fast tier": "#43a047",
-        "from a peer's copy (projected)": "#fdd835",
+        "from a peer's copy": "#fdd835",
         "from the durable tier": "#8e24aa",
         "from the storage": "#8e24aa",
     }
@@ -395,7 +395,9 @@ def plot_restores(proj: Sequence[Mapping[str, Any]], path: str) -> Drawn | None:
     y, top = 0.0, 0.0
     for p, paths in reversed(bars):
         drawn[p["name"]] = {"restore_seconds": p["restore_seconds"]}
-        lanes = [(words, key, share, colors[words], "") for words, key, share in paths]
+        lanes = [
+            (words, key, share, colors[words.partition(" (")[0]], "") for words, key, share in paths
+        ]
         if len(paths) > 1:  # the expected restore, what the restart waits on average
             lanes.append(("expected", "restore_seconds", 1.0, "white", "xx"))
         ys = []

@@ -224,7 +224,15 @@ def _row(t: Mapping[str, Any], w: Workload, c: Conditions, head: dict[str, Any])
             f"tiers from their profiles (exact); the peer link measured, "
             f"{done['rounds']} rounds: 95% interval"
         )
-    return {**done, **head, "kind": s.kind, "profile": s.how, "basis": basis, "notes": s.notes}
+    return {
+        **done,
+        **head,
+        "kind": s.kind,
+        "profile": s.how,
+        "basis": basis,
+        "notes": s.notes,
+        "peer_link_measured": s.peer_link is not None,
+    }
 
 
 def projection_rows(

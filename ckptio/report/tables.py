@@ -151,6 +151,15 @@ def restore_paths(p: Mapping[str, Any]) -> list[tuple[str, str, float]]:
             ("from its own fast tier", "restore_fast_seconds", 1 - lose),
             ("from the durable tier", "restore_durable_seconds", lose),
         ]
+    if p.get("peer_slower_than_durable"):  # a replacement node reads the faster durable tier
+        return [
+            ("from its own fast tier", "restore_fast_seconds", p["restore_fast_probability"]),
+            (
+                "from the durable tier (a peer's copy, projected, would be slower)",
+                "restore_durable_seconds",
+                p["restore_peer_probability"] + p["restore_durable_probability"],
+            ),
+        ]
     return [
         ("from its own fast tier", "restore_fast_seconds", p["restore_fast_probability"]),
         ("from a peer's copy (projected)", "restore_peer_seconds", p["restore_peer_probability"]),
