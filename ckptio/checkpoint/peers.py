@@ -33,7 +33,8 @@ own fast root and the copies it holds (refusing, with a warning, a copy of anoth
 whose objects are not its source rank's); rank 0 picks the newest step whose every source
 rank's objects survive somewhere (a fast root, a copy, or the durable tier) and, for each
 rank, sends the objects its read needs that its fast root lacks from a rank that holds them
-(its owner's fast root, else a copy, least-loaded first), else from the durable tier. The
+(its owner's fast root, else a copy, the replacement nodes spread over the surviving nodes:
+:func:`assign`), else from the durable tier. The
 bytes are checked against the copy's CRC32C on both ends. As they arrive they go straight
 into the restore's arrays (:class:`~ckptio.checkpoint.sink.ObjectSink`: a piece that falls
 inside one chunk landing on contiguous bytes of an array is received there, others are
