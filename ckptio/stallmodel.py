@@ -65,7 +65,7 @@ fast tier, and sends those copies over its link (``f * node / link``); the repla
 the bytes in its arrays as they arrive and writes them onto its own fast tier (not read
 back); the slowest of the three is the peer restore. The fan-in is ``peer_fan_in`` where
 given, else the restore planner's on the job's ring when ``k`` neighbouring nodes are lost
-(:func:`peer_fan_in`: the real :func:`ckptio.checkpoint.peers.assign` on the holdings such a
+(:func:`peer_fan_in`: the real :func:`ckptio.checkpoint.peer_plan.assign` on the holdings such a
 ring has, every placement; fewer nodes lost are served no worse): 2 on a ring of 3 nodes with
 ``k = 2``, 1 on rings of a few nodes more. The link is ``peer_bandwidth`` where given or
 fitted from measured restores from a peer (:func:`ckptio.calibration.fit_peer_link`: a
@@ -732,9 +732,9 @@ def peer_fan_in(workload: Workload, c: Conditions) -> tuple[int, str]:
     """The fan-in of the peer restore (``c.peers`` > 0) and where it comes from:
     ``c.peer_fan_in`` where given, else the restore planner's on the job's ring (its nodes:
     the GPUs over ``ranks_per_node``) when ``c.peers`` neighbouring nodes are lost at once,
-    the most a copy of each survives (:func:`ckptio.checkpoint.peers.ring_fan_in`, the worst
+    the most a copy of each survives (:func:`ckptio.checkpoint.peer_plan.ring_fan_in`, the worst
     placement; fewer nodes lost are served no worse)."""
-    from ckptio.checkpoint.peers import ring_fan_in
+    from ckptio.checkpoint.peer_plan import ring_fan_in
 
     if c.peer_fan_in is not None:
         return c.peer_fan_in, "given (--peer-fan-in)"

@@ -1,5 +1,5 @@
-"""The restore planner of peer copies (:func:`ckptio.checkpoint.peers.assign`) and what it
-does on a ring that loses nodes (:func:`ckptio.checkpoint.peers.ring_fan_in`): pure, no
+"""The restore planner of peer copies (:func:`ckptio.checkpoint.peer_plan.assign`) and what it
+does on a ring that loses nodes (:func:`ckptio.checkpoint.peer_plan.ring_fan_in`): pure, no
 cluster. The restores it plans are run under MPI in ``tests/test_peers.py`` and on the
 namespace cluster in ``tests/test_cluster_peers.py``."""
 
@@ -9,7 +9,7 @@ import pytest
 
 from ckptio import errors
 from ckptio import format as fmt
-from ckptio.checkpoint import peers
+from ckptio.checkpoint import peer_plan as peers
 
 STEP = 7
 

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio import manifest as mf
+from ckptio.checkpoint.peer_plan import assign
 from ckptio.checkpoint.peers import (
     RestoreRecord,
-    assign,
     copy_record,
     drop_copies,
     held_copies,
