@@ -20,6 +20,18 @@ Measured on ONE machine: the nodes are namespaces sharing its cores, memory and 
 shared with other work (its load average is recorded): the figures compare the paths under
 the same conditions, they are not a network's or a disk's speeds.
 
+``--fan-in`` measures instead the restore of the replaced nodes when one survivor serves
+one (``ckptio run --replicas 1 --lose 1``: node2 lost, node0 sends) and when it serves two
+(``--replicas 2 --lose 2``: node1 and node2 lost, node0 sends to both), alternating,
+``--repeat`` runs of ``--steps`` iterations each; the loss is ``ckptio run``'s (emulated:
+the lost nodes' fast roots emptied, see ``ckptio.tierbench``). Per case: the round's restore
+time (the slowest replaced rank), the busiest sender's link (its bytes over that time), the
+fan-in the rows show; and the model's ``f * node / link`` against the rounds at fan-in 2
+(``ckptio.calibration.check_fan_in``).
+
+    sudo .venv/bin/python benchmarks/peers.py --fan-in --per-node 2 \
+        --out benchmarks/results/peers-fanin-$(date +%F).json
+
 ``worker`` is the srun side (not for direct use)."""
 
 from __future__ import annotations
@@ -146,6 +158,75 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         cluster.down()
 
 
+def measure_fan_in(args: argparse.Namespace) -> dict[str, Any]:
+    """Restores at fan-in 1 and 2 with ``ckptio run --replicas K --lose N`` (see the module
+    docstring)."""
+    from ckptio.calibration import check_fan_in, fit_peer_link, peer_rounds
+    from ckptio.results import read_results
+    from ckptio.testing.cluster import start_cluster
+
+    cluster = start_cluster(3)
+    tmp = Path(cluster.local).parent / f"fanin-{uuid.uuid4().hex[:6]}"  # the login node's
+    try:
+        run = f"fanin-bench-{uuid.uuid4().hex[:6]}"
+        out: dict[str, Any] = {"config": vars(args).copy(), "load_before": os.getloadavg()}
+        cases = {"fan_in_1": (1, 1), "fan_in_2": (2, 2)}
+        dirs: dict[str, list[str]] = {c: [] for c in cases}
+        commands: dict[str, list[str]] = {}
+        for i in range(args.repeat):
+            for case, (k, lose) in cases.items():
+                name = f"{run}-{case}-{i}"
+                argv = [
+                    "-N3", f"--ntasks-per-node={args.per_node}", "--mpi=pmix", sys.executable,
+                    "-m", "ckptio.cli", "run", f"pfs://{cluster.cephfs}/{name}", "--local",
+                    f"file://{cluster.local}/{name}/{{rank}}", "--replicas", str(k), "--lose",
+                    str(lose), "--preset", "llama3-8b", "--total-size",
+                    f"{args.mib * 3 * args.per_node}MiB", "--iterations", str(args.steps),
+                    "--out", str(tmp / name),
+                ]  # fmt: skip
+                commands[case] = ["srun", *argv]
+                cluster.srun(argv, timeout=600)
+                dirs[case].append(str(tmp / name))
+        out["commands"] = {c: " ".join(a) for c, a in commands.items()}
+        every = read_results([d for ds in dirs.values() for d in ds]).phases
+        for case, ds in dirs.items():
+            phases = read_results(ds).phases
+            rounds = peer_rounds(phases)
+            link = fit_peer_link(phases)
+            assert link is not None
+            out[case] = {
+                "fan_in": sorted({r.fan_in for r in rounds}),
+                "restore_seconds": spread([r.seconds for r in rounds]),
+                "sender_link_Bps": spread([r.link for r in rounds]),
+                "replaced_node_bytes": spread([r.node_bytes for r in rounds]),
+                "fit": {
+                    "bandwidth_Bps": link.bandwidth,
+                    "interval": [link.interval.low, link.interval.high] if link.interval else None,
+                    "warmup_rounds_left_out": link.warmup,
+                    "source": link.source(),
+                },
+            }
+        check = check_fan_in(every)
+        out["model_check"] = (
+            {
+                "ratio": check.ratio,
+                "interval": [check.interval.low, check.interval.high] if check.interval else None,
+                "predicted_seconds": check.predicted,
+                "measured_seconds": check.measured,
+                "text": check.text(),
+            }
+            if check is not None
+            else None
+        )
+        out["load_after"] = os.getloadavg()
+        return out
+    finally:
+        cluster.down()
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd")
@@ -160,6 +241,12 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--out", default="")
     p.add_argument(
+        "--fan-in",
+        action="store_true",
+        help="measure restores at fan-in 1 (--replicas 1 --lose 1) against fan-in 2 "
+        "(--replicas 2 --lose 2) with ckptio run instead",
+    )
+    p.add_argument(
         "--baseline",
         default="",
         help="a ckptio source tree (its top directory, e.g. `git archive` of an older "
@@ -170,7 +257,7 @@ def main() -> int:
     if args.cmd == "worker":
         worker(args)
         return 0
-    result = measure(args)
+    result = measure_fan_in(args) if args.fan_in else measure(args)
     result["machine"] = {"host": socket.gethostname(), "cpus": os.cpu_count()}
     result["utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     text = json.dumps(result, indent=1)

@@ -36,6 +36,7 @@ Every refusal says why and what would do (a size, a number of rounds).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -60,16 +61,20 @@ __all__ = [
     "MIN_ROUND_SECONDS",
     "WARMUP_FACTOR",
     "Calibration",
+    "FanInCheck",
     "PeerLinkFit",
+    "PeerRound",
     "Round",
     "TargetFit",
     "calibrate",
     "calibrate_results",
+    "check_fan_in",
     "fit_latency_bandwidth",
     "fit_peer_link",
     "fit_profiles",
     "fit_target",
     "fit_targets",
+    "peer_rounds",
     "project_rounds",
     "read_rounds",
     "with_intervals",
@@ -620,26 +625,102 @@ def calibrate_results(paths: list[str]) -> list[TargetFit]:
 
 
 @dataclass(frozen=True)
+class PeerRound:
+    """One measured restore from peer copies (a ``restore-peer`` round of one run): who was
+    replaced, who sent them what, and the round's time (:func:`peer_rounds`)."""
+
+    run: str
+    iteration: int
+    seconds: float
+    """The slowest rank's restore among those that received bytes from peers."""
+    received: dict[str, float]
+    """Bytes each replaced node received from peers (by node; by host, or all together,
+    in result files older than the ``node`` column)."""
+    sent: dict[str, float]
+    """Bytes each sending node sent (empty in files older than ``peer_sources``)."""
+    serves: dict[str, frozenset[str]]
+    """The replaced nodes each sending node sent to."""
+
+    @property
+    def fan_in(self) -> int:
+        """The most replaced nodes one sending node served (without senders recorded: the
+        replaced nodes of the round, all served by one sender as the older runs lost one)."""
+        return max((len(v) for v in self.serves.values()), default=len(self.received))
+
+    @property
+    def link(self) -> float:
+        """Bytes/s of the busiest sending node's link: its bytes over the round's time
+        (without senders recorded: the replaced node's bytes, one sender each)."""
+        busiest = max(self.sent.values(), default=max(self.received.values()))
+        return busiest / self.seconds
+
+    @property
+    def node_bytes(self) -> float:
+        """Bytes of one replaced node's restore from peers (their mean)."""
+        return sum(self.received.values()) / len(self.received)
+
+
+def peer_rounds(phases: Any) -> list[PeerRound]:
+    """The measured restores from peer copies in result tables (the ``restore-peer`` rows of a
+    ``ckptio run --replicas K [--lose N]``): per run and iteration, the ranks whose restore
+    took bytes from peers, by their node, and the nodes that sent them (``peer_sources``)."""
+    rows = phases.to_pylist() if hasattr(phases, "to_pylist") else list(phases)
+    acc: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in rows:
+        if r.get("phase") != "restore-peer" or not int(r.get("peer_bytes") or 0) > 0:
+            continue
+        if r.get("restore_path") != "peer" and not r.get("peer_sources"):
+            continue  # a rank that only took another rank's objects (resharded)
+        if not float(r.get("seconds") or 0) > 0:
+            continue
+        got = acc.setdefault(
+            (r["run_id"], int(r["iteration"])),
+            {"seconds": 0.0, "received": {}, "sent": {}, "serves": {}},
+        )
+        node = str(r.get("node") or r.get("host") or "")
+        got["seconds"] = max(got["seconds"], float(r["seconds"]))
+        got["received"][node] = got["received"].get(node, 0.0) + float(r["peer_bytes"])
+        for sender, nbytes in (json.loads(r.get("peer_sources") or "{}") or {}).items():
+            got["sent"][sender] = got["sent"].get(sender, 0.0) + float(nbytes)
+            got["serves"].setdefault(sender, set()).add(node)
+    return [
+        PeerRound(
+            run,
+            it,
+            g["seconds"],
+            g["received"],
+            g["sent"],
+            {k: frozenset(v) for k, v in g["serves"].items()},
+        )
+        for (run, it), g in sorted(acc.items())
+    ]
+
+
+@dataclass(frozen=True)
 class PeerLinkFit:
     """A node's link to its peers as measured restores from a peer copy showed it
-    (:func:`fit_peer_link`): per round, the bytes the ranks of a replaced node received from
-    peers over the slowest of those ranks' restore time. That time holds the restore's
-    planning, the sender's read of the copy and both ends' CRC32C checks as well as the
-    transfer: an effective figure, a lower bound on the link itself."""
+    (:func:`fit_peer_link`): per round, the bytes the busiest sending node sent over the
+    round's time (the slowest restoring rank's), so that rounds where a sender served one
+    replaced node and rounds where it served two give the same figure for the same link.
+    That time holds the restore's planning, the sender's read of the copy and both ends'
+    CRC32C checks as well as the transfer: an effective figure, a lower bound on the link
+    itself."""
 
     bandwidth: float
-    """Bytes/s: the rounds' bytes over their seconds, pooled."""
+    """Bytes/s: the rounds' busiest senders' bytes over their seconds, pooled."""
     per_round: tuple[float, ...]
-    """Bytes/s of each round (replaced node) alone."""
+    """Bytes/s of each round alone."""
     interval: Interval | None
     """``bandwidth`` with the 95% interval the spread of ``per_round`` gives it (None with
     one round)."""
     fan_in: int
-    """Replaced nodes per round in the runs (their restores ran at once): what the figure
-    was measured at."""
+    """The replaced nodes one sending node served at most in the rounds fitted, as the rows
+    record it: what the figure was measured at."""
     runs: tuple[str, ...]
     warmup: int = 0
     """Rounds left out as warm-ups (a run's first, much slower than its others)."""
+    check: str = ""
+    """:meth:`FanInCheck.text` where the rounds hold fan-in 1 and a higher one ("" else)."""
 
     def source(self) -> str:
         """Where the figure comes from, with its uncertainty, in words."""
@@ -653,45 +734,109 @@ class PeerLinkFit:
             f"fitted from {n} measured restore-peer round{'s' if n != 1 else ''} "
             f"({', '.join(self.runs)}; {spread}"
             + (f"; {self.warmup} warm-up round(s) left out" if self.warmup else "")
-            + f"; {self.fan_in} replaced node(s) at once; effective: the restore's planning "
-            "and CRC32C checks included)"
+            + f"; at measured fan-in {self.fan_in}: the busiest sender's bytes over the round's "
+            "time; effective: the restore's planning and CRC32C checks included)"
+            + (f"; {self.check}" if self.check else "")
         )
 
 
-def fit_peer_link(phases: Any) -> PeerLinkFit | None:
-    """The node link to peers from the ``restore-peer`` rows of result tables (a ``ckptio
-    run --replicas K``: ``restore_path`` and ``peer_bytes`` of each rank): one figure per
-    round and replaced node (the ranks whose restore came from a peer, by ``host`` where the
-    loss was a real node's, else together), the node's peer bytes over its slowest rank's
-    seconds. None where no round restored bytes from a peer."""
-    rows = phases.to_pylist() if hasattr(phases, "to_pylist") else list(phases)
-    nodes: dict[tuple[str, int], dict[str, list[float]]] = {}
-    for r in rows:
-        if r.get("phase") != "restore-peer" or r.get("restore_path") != "peer":
-            continue
-        if not int(r.get("peer_bytes") or 0) > 0 or not float(r.get("seconds") or 0) > 0:
-            continue
-        per = nodes.setdefault((r["run_id"], int(r["iteration"])), {})
-        got = per.setdefault(str(r.get("host") or ""), [0.0, 0.0])
-        got[0] += float(r["peer_bytes"])
-        got[1] = max(got[1], float(r["seconds"]))
-    if not nodes:
+def _steady(rounds: Sequence[PeerRound]) -> tuple[list[PeerRound], int]:
+    """``rounds`` less each run's first where it is much slower than the run's others (one-time
+    costs: connections, first-touch of buffers; as in fit_target), and how many were left."""
+    kept: list[PeerRound] = []
+    warm = 0
+    for run in sorted({r.run for r in rounds}):
+        its = sorted((r for r in rounds if r.run == run), key=lambda r: r.iteration)
+        if is_warmup(its[0].link, [r.link for r in its[1:]]):
+            its, warm = its[1:], warm + 1
+        kept += its
+    return kept, warm
+
+
+def fit_peer_link(phases: Any, fan_in: int | None = None) -> PeerLinkFit | None:
+    """The node link to peers from the ``restore-peer`` rows of result tables
+    (:func:`peer_rounds`): one figure per round, the busiest sending node's bytes over the
+    round's time, pooled over the steady rounds; only rounds at ``fan_in`` where given, else
+    at the lowest fan-in the rows hold (one sender, one replaced node: what the model's
+    ``link`` is; rounds at a higher one check the model's ``f * node / link`` against it,
+    :func:`check_fan_in`, said in the fit's source). None where no round restored bytes from
+    a peer."""
+    every = peer_rounds(phases)
+    if fan_in is None and every:
+        fan_in = min(r.fan_in for r in every)
+        checked = check_fan_in(phases)
+    else:
+        checked = None
+    rounds = [r for r in every if r.fan_in == fan_in]
+    if not rounds:
         return None
-    # a run's first round much slower than its others carries one-time costs (connections,
-    # first-touch of buffers): not fitted, as in fit_target
-    warm: set[tuple[str, int]] = set()
-    for run in {run for run, _ in nodes}:
-        its = sorted(i for r, i in nodes if r == run)
-        rate = {i: min(b / t for b, t in nodes[(run, i)].values()) for i in its}
-        if is_warmup(rate[its[0]], [rate[i] for i in its[1:]]):
-            warm.add((run, its[0]))
-    figures = [(b, t) for key, per in nodes.items() if key not in warm for b, t in per.values()]
-    pooled = sum(b for b, _ in figures) / sum(t for _, t in figures)
+    kept, warm = _steady(rounds)
+    sent = [(r.link * r.seconds, r.seconds) for r in kept]
+    pooled = sum(b for b, _ in sent) / sum(t for _, t in sent)
     return PeerLinkFit(
+        check=checked.text() if checked is not None else "",
         bandwidth=pooled,
-        per_round=tuple(b / t for b, t in figures),
-        interval=spread_interval(pooled, [b / t for b, t in figures]),
-        fan_in=max(len(per) for per in nodes.values()),
-        runs=tuple(sorted({run for run, _ in nodes})),
-        warmup=len(warm),
+        per_round=tuple(r.link for r in kept),
+        interval=spread_interval(pooled, [r.link for r in kept]),
+        fan_in=max(r.fan_in for r in kept),
+        runs=tuple(sorted({r.run for r in kept})),
+        warmup=warm,
+    )
+
+
+@dataclass(frozen=True)
+class FanInCheck:
+    """The model's peer restore term, ``f * node / link``, against measured restores at a
+    fan-in ``f`` above 1 (:func:`check_fan_in`): the link fitted from the rounds at fan-in 1,
+    the prediction for each round at ``f``, and the measured time over the predicted."""
+
+    fan_in: int
+    link: PeerLinkFit
+    """The link at fan-in 1 the predictions use."""
+    predicted: tuple[float, ...]
+    measured: tuple[float, ...]
+    ratio: float
+    """The rounds' measured seconds over their predicted seconds, pooled (1: the term holds;
+    above 1: the restore at ``f`` is slower than ``f`` times a node over the link)."""
+    interval: Interval | None
+    """``ratio``'s 95% interval from the spread of the rounds' ratios (None with one round);
+    the fan-in-1 link's own interval is not folded in (:attr:`link` holds it)."""
+    runs: tuple[str, ...]
+
+    def text(self) -> str:
+        spread = (
+            f"95% interval {self.interval.low:.2f}-{self.interval.high:.2f}"
+            if self.interval is not None
+            else "no interval: one round"
+        )
+        n = len(self.measured)
+        return (
+            f"measured restores at fan-in {self.fan_in} took {self.ratio:.2f}x the model's "
+            f"{self.fan_in} x node / link ({spread}; {n} round{'s' if n != 1 else ''} of "
+            f"{', '.join(self.runs)}; the link fitted at fan-in 1: "
+            f"{human_rate(self.link.bandwidth)})"
+        )
+
+
+def check_fan_in(phases: Any) -> FanInCheck | None:
+    """The model's ``f * node / link`` against the measured restores from peers at the
+    highest fan-in above 1 in result tables, the link fitted from their rounds at fan-in 1
+    (:func:`fit_peer_link`); None without rounds at both."""
+    rounds = peer_rounds(phases)
+    link = fit_peer_link(phases, fan_in=1)
+    high = max((r.fan_in for r in rounds), default=1)
+    if link is None or high < 2:
+        return None
+    kept, _ = _steady([r for r in rounds if r.fan_in == high])
+    predicted = [high * r.node_bytes / link.bandwidth for r in kept]
+    measured = [r.seconds for r in kept]
+    ratio = sum(measured) / sum(predicted)
+    return FanInCheck(
+        fan_in=high,
+        link=link,
+        predicted=tuple(predicted),
+        measured=tuple(measured),
+        ratio=ratio,
+        interval=spread_interval(ratio, [m / p for m, p in zip(measured, predicted, strict=True)]),
+        runs=tuple(sorted({r.run for r in kept})),
     )

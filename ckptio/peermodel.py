@@ -38,14 +38,17 @@ def peer_figures(
     fast_copies: float,
     peer_fast: float,
     save: float,
+    fan_in: tuple[int, str],
 ) -> dict[str, Any]:
     """The peer copies of a tiered target (``c.peers`` > 0; see
     :mod:`ckptio.stallmodel`'s docstring): the replication after each save and the restore
     of a replacement node from a peer, given ``node`` (a node's bytes of one step) and the
     fast tier's (``local``) times: ``fast_copies``, writing the ``k`` copies received and
     reading the step sent; ``peer_fast``, a surviving peer's read of its own step and the
-    ``f`` copies it sends; ``save``, one step's write (the replacement's, as it receives)."""
-    k, f = c.peers, c.peer_fan_in
+    ``f`` copies it sends; ``save``, one step's write (the replacement's, as it receives); ``fan_in``: the
+    replacement nodes one surviving peer serves and where that figure comes from
+    (:func:`ckptio.stallmodel.peer_fan_in`)."""
+    k, (f, f_source) = c.peers, fan_in
     link, link_source = peer_link(c, durable)
     # save side: each node sends its step to k partners and receives k partners' steps (the
     # link is full duplex); the drain's bytes to the durable tier cross the same link
@@ -71,10 +74,7 @@ def peer_figures(
         "peer_fan_in": f,
         "peer_bandwidth": link,
         "peer_bandwidth_source": link_source,
-        "peer_fan_in_source": "assumption: each replacement node reads from its own surviving "
-        "peer (a ring spreads them whenever a copy survives); not measured"
-        if f == 1
-        else "given (--peer-fan-in)",
+        "peer_fan_in_source": f_source,
         "p_lose_another": c.p_lose_another,
         "p_lose_another_source": "assumption (DEFAULT_P_LOSE_ANOTHER: no published figure for "
         "simultaneous node losses)"

@@ -103,13 +103,19 @@ PHASE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("restore_path", "string"),
     ("peer_bytes", "int64"),
     ("durable_bytes", "int64"),
+    ("node", "string"),
+    ("lost_nodes", "string"),
+    ("peer_sources", "string"),
 )
 """One phase of one rank in one iteration: generate, write, flush, commit, read, verify.
 ``cache`` says how the read phase bypassed the page cache (o_direct, fadvise, drop_caches,
 none) and is ``n/a`` elsewhere; ``host``: the hostname of the rank's node. A restore of a
 tiered run with peer copies (``ckptio run --local --replicas``) records where the rank's
 restore read its own shard from (``restore_path``: ``local``, ``peer`` or ``durable``) and
-the bytes it took from peers and from the durable tier; ``n/a`` and 0 elsewhere."""
+the bytes it took from peers and from the durable tier; ``n/a`` and 0 elsewhere. Its
+``restore-peer`` rows also name the rank's node in the job's ring (``node``), the nodes whose
+loss was emulated (``lost_nodes``, comma-separated) and the bytes each other node sent the
+rank (``peer_sources``, a JSON object ``{node: bytes}``); "" elsewhere."""
 
 RUN_COLUMNS: tuple[tuple[str, str], ...] = (
     ("run_id", "string"),
@@ -187,6 +193,9 @@ UNITS: dict[str, str] = {
             "readers",
             "host",
             "restore_path",
+            "node",
+            "lost_nodes",
+            "peer_sources",
         ),
         "text",
     ),
@@ -259,7 +268,15 @@ rename (``*_gbps`` read as gigabits; the values were always 1e9 bytes/s)."""
 
 ADDED_COLUMNS: dict[str, dict[str, Any]] = {
     "run": {"layout": "file-per-shard", "nodes": 0},
-    "phases": {"host": "", "restore_path": "n/a", "peer_bytes": 0, "durable_bytes": 0},
+    "phases": {
+        "host": "",
+        "restore_path": "n/a",
+        "peer_bytes": 0,
+        "durable_bytes": 0,
+        "node": "",
+        "lost_nodes": "",
+        "peer_sources": "",
+    },
     "requests": {"host": ""},
 }
 """Columns added to a table after result files were first written, with the value that

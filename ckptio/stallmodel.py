@@ -60,17 +60,22 @@ node's link to its storage: an assumption that peers and storage share one link)
 the next save when the save and it outlast the interval (the excess is added to the stall);
 each fast tier holds ``(1 + k)`` steps' worth per node. After a failure that loses nodes, a
 replacement node restores from a surviving peer: the peer reads its own step (its own
-restart) and the copies of the ``peer_fan_in`` replacement nodes it serves from its fast
-tier, and sends those copies over its link; the replacement places the bytes in its arrays
-as they arrive and writes them onto its own fast tier (not read back); the slowest of the
-three is the peer restore. The link is ``peer_bandwidth`` where given or fitted from
-measured restores from a peer (:func:`ckptio.calibration.fit_peer_link`, an effective
-figure: the measured restore's planning and checks included), else the node link above. A
+restart) and the copies of the ``f`` replacement nodes it serves (the *fan-in*) from its
+fast tier, and sends those copies over its link (``f * node / link``); the replacement places
+the bytes in its arrays as they arrive and writes them onto its own fast tier (not read
+back); the slowest of the three is the peer restore. The fan-in is ``peer_fan_in`` where
+given, else the restore planner's on the job's ring when ``k`` neighbouring nodes are lost
+(:func:`peer_fan_in`: the real :func:`ckptio.checkpoint.peer_plan.assign` on the holdings such a
+ring has, every placement; fewer nodes lost are served no worse): 2 on a ring of 3 nodes with
+``k = 2``, 1 on rings of a few nodes more. The link is ``peer_bandwidth`` where given or
+fitted from measured restores from a peer (:func:`ckptio.calibration.fit_peer_link`: a
+sending node's bytes over the round's time, an effective figure, the measured restore's
+planning and checks included; :func:`ckptio.calibration.check_fan_in` checks
+``f * node / link`` against measured restores at fan-in 2), else the node link above. A
 failure loses a node with probability ``p_lose_node``; the count of nodes lost at once is
 geometric: each further node with probability ``p_lose_another``
 (:data:`DEFAULT_P_LOSE_ANOTHER`, an assumption). With ``k`` copies, losing up to ``k`` nodes
-at once leaves a copy of each (and, on a ring, a different survivor for each replacement
-node, so the fan-in stays 1); losing more is taken to lose every copy of one of them (the
+at once leaves a copy of each; losing more is taken to lose every copy of one of them (the
 worst placement, neighbours on the ring), and the durable tier is read. The expected restore
 is ``(1 - p) * fast + p (1 - q^k) * peer + p q^k * durable`` (``q = p_lose_another``), with
 the peer restore capped at the durable one (a restorer would read the durable tier where it
@@ -145,6 +150,7 @@ __all__ = [
     "evaluate",
     "lost_shares",
     "overhead_fraction",
+    "peer_fan_in",
     "peer_link",
     "preset_workload",
     "project",
@@ -523,9 +529,10 @@ class Conditions:
     peers: int = 0
     """Tiered: peer copies of each node's fast-tier step, on the next ``peers`` nodes of a
     ring (0: none)."""
-    peer_fan_in: int = 1
-    """Tiered with peers: replacement nodes that read from one surviving peer at once (1: the
-    reads spread over the surviving copies, which a ring allows whenever a copy survives)."""
+    peer_fan_in: int | None = None
+    """Tiered with peers: replacement nodes that read from one surviving peer at once (None:
+    what the restore planner does on the job's ring when ``peers`` neighbouring nodes are
+    lost, :func:`peer_fan_in`)."""
     p_lose_another: float = DEFAULT_P_LOSE_ANOTHER
     """Tiered with peers: the probability that a failure which loses a node loses another one
     at once (and so on: the count of nodes lost is geometric)."""
@@ -559,7 +566,7 @@ class Conditions:
             )
         if self.peers < 0:
             raise errors.InvalidArgumentError(f"peers must be >= 0, got {self.peers}")
-        if self.peer_fan_in < 1:
+        if self.peer_fan_in is not None and self.peer_fan_in < 1:
             raise errors.InvalidArgumentError(f"peer_fan_in must be >= 1, got {self.peer_fan_in}")
         if self.peer_bandwidth is not None and not self.peer_bandwidth > 0:
             raise errors.InvalidArgumentError(
@@ -705,12 +712,42 @@ def _peers(
     :func:`ckptio.peermodel.peer_figures` of the fast tier's times it needs: the ``k``
     copies written and the step read (the replication), and the ``1 + f`` steps a surviving
     peer reads (its own and the copies it sends)."""
-    k, f = c.peers, c.peer_fan_in
+    k = c.peers
+    f, f_source = peer_fan_in(workload, c)
     written = estimate(_times(workload, k), local, phase="write", **kw).seconds
     peer_read = estimate(_times(workload, 1 + f), local, phase="restore", **kw).seconds
     return peer_figures(
-        c, durable, local.name, workload.node_bytes, written + fast_r.seconds, peer_read, save
+        c,
+        durable,
+        local.name,
+        workload.node_bytes,
+        written + fast_r.seconds,
+        peer_read,
+        save,
+        (f, f_source),
     )
+
+
+def peer_fan_in(workload: Workload, c: Conditions) -> tuple[int, str]:
+    """The fan-in of the peer restore (``c.peers`` > 0) and where it comes from:
+    ``c.peer_fan_in`` where given, else the restore planner's on the job's ring (its nodes:
+    the GPUs over ``ranks_per_node``) when ``c.peers`` neighbouring nodes are lost at once,
+    the most a copy of each survives (:func:`ckptio.checkpoint.peer_plan.ring_fan_in`, the worst
+    placement; fewer nodes lost are served no worse)."""
+    from ckptio.checkpoint.peer_plan import ring_fan_in
+
+    if c.peer_fan_in is not None:
+        return c.peer_fan_in, "given (--peer-fan-in)"
+    gpus = c.gpus or workload.gpus
+    per_node = min(workload.ranks_per_node, gpus)
+    nodes = -(-gpus // per_node)
+    if c.peers >= nodes:
+        raise errors.InvalidArgumentError(
+            f"peers={c.peers}: a copy goes to each of {c.peers} other nodes, and the job has "
+            f"{nodes} node(s) ({gpus} GPUs, {per_node} a node)"
+        )
+    ring = ring_fan_in(nodes, per_node, c.peers, c.peers)
+    return ring.fan_in, ring.source()
 
 
 def _project_tiered(

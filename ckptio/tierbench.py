@@ -43,16 +43,21 @@ With peer copies (``ckptio run --local ... --replicas K``, on ranks of at least 
 
 - ``replicate``: the step's peer copies, each rank's to its ``K`` partners on other nodes,
   from the round's start to its commit (in the background, beside the drain);
-- ``restore-peer``: one node lost, then the same load on every rank. The loss is
-  **emulated**: the ranks of one node (the last in the job's node order) remove everything
-  their fast roots hold (their steps and the copies they kept for others), as a replaced
-  node's empty disk; the node is not killed and its processes go on (a real node loss, its
-  processes killed, is tested in ``tests/test_cluster_peers.py``). Those ranks restore from
-  the copies on their partners, the others from their own fast roots (cold as ``cache``
-  says; the copies a partner sends are read through its page cache). Every restore row
-  records where the rank's data came from (``restore_path``: ``local``, ``peer`` or
-  ``durable``) and the bytes taken from peers and from the durable tier (with
-  ``--replicas``, for each of the three restores).
+- ``restore-peer``: ``--lose N`` nodes lost at once (default 1), then the same load on
+  every rank. The loss is **emulated**: the ranks of the last ``N`` nodes in the job's node
+  order (neighbours on the ring: the worst placement, where the first one's copies are on
+  the others) remove everything their fast roots hold (their steps and the copies they kept
+  for others), as a replaced node's empty disk; the nodes are not killed and their processes
+  go on (a real node loss, its processes killed, is tested in
+  ``tests/test_cluster_peers.py``). Those ranks restore from the copies on the surviving
+  partners (what no copy holds, ``N`` above ``K``, from the durable tier), the others from
+  their own fast roots (cold as ``cache`` says; the copies a partner sends are read through
+  its page cache). Every restore row records where the rank's data came from
+  (``restore_path``: ``local``, ``peer`` or ``durable``) and the bytes taken from peers and
+  from the durable tier (with ``--replicas``, for each of the three restores); a
+  ``restore-peer`` row also names the rank's node, the nodes lost and the bytes each other
+  node sent it (``node``, ``lost_nodes``, ``peer_sources``), from which
+  :func:`ckptio.calibration.fit_peer_link` takes the fan-in that happened.
 
 The runs table gets one row per iteration in the ordinary schema (the runner's own rows):
 ``write_seconds`` is the stall, ``read_seconds`` the fast-tier restore, ``kind`` is ``tiered``. Requests carry the phase they belong to (``save``,
@@ -117,8 +122,9 @@ PHASES = ("save", "drain", "restore", "restore-durable")
 PEER_PHASES = ("replicate", "restore-peer")
 #: How ``restore-peer`` loses a node, in words (results, console).
 LOSS_NOTE = (
-    "node loss emulated: the ranks of one node removed everything on their fast roots (their "
-    "steps and the copies they held) before the restore; the node was not killed"
+    "node loss emulated: the ranks of the lost node(s) (--lose, neighbours on the ring) removed "
+    "everything on their fast roots (their steps and the copies they held) before the restore; "
+    "the nodes were not killed"
 )
 _WRITE_OPS = ("write", "put", "create", "commit", "fsync", "rename")
 #: Share of the memory available that a tiered run's processes on one node may hold.
@@ -176,7 +182,14 @@ def ran_peers_note(peers: Mapping[str, Any]) -> str:
     """What the peer copies of a ``ckptio run --replicas K`` were, in words, from its
     sidecar's ``peers``: made and restored from, the loss emulated."""
     lost = peers.get("lost") or {}
-    where = f" (node {lost['node']}'s loss emulated)" if lost.get("node") else ""
+    nodes = lost.get("nodes") or ([lost["node"]] if lost.get("node") else [])  # older: "node"
+    where = (
+        f" (node {nodes[0]}'s loss emulated)"
+        if len(nodes) == 1
+        else f" (nodes {', '.join(nodes)} lost at once, emulated)"
+        if nodes
+        else ""
+    )
     return (
         f"{peers.get('replicas')} peer cop{'y' if peers.get('replicas') == 1 else 'ies'} run "
         f"and restored from{where}; at full scale projected by the model, with the node link "
@@ -346,6 +359,9 @@ class Tiers:
     replicas: int = 0
     """Peer copies of each rank's fast-tier steps on other nodes (``--replicas``): adds the
     ``replicate`` and ``restore-peer`` phases."""
+    lose: int = 1
+    """Nodes lost at once before ``restore-peer`` (``--lose``): neighbours on the ring, the
+    last ``lose`` in the job's node order."""
 
 
 def _delete_step(store: Store, step: int) -> None:
@@ -396,7 +412,8 @@ class TieredRun:
         self.iters: list[dict[str, Any]] = []
         self.cache_used = "n/a"
         self.written: list[int] = []
-        self.lost: dict[str, Any] = {}  # restore-peer: the node whose loss is emulated
+        self.lost: dict[str, Any] = {}  # restore-peer: the nodes whose loss is emulated
+        self.node = ""  # this rank's node in the ring (with peer copies)
 
     def execute(self) -> RunSummary:
         from ckptio.checkpoint.tiered import tiered_checkpointer
@@ -423,8 +440,8 @@ class TieredRun:
                             self.restore(ck, it, step, phase, fig)
                         if s.say and self.rank == 0:
                             peer = (
-                                f"{fig['restore-peer']:.2f} s after {self.lost['node']} was "
-                                "lost (emulated), "
+                                f"{fig['restore-peer']:.2f} s after "
+                                f"{', '.join(self.lost['nodes'])} lost (emulated), "
                                 if self.lost
                                 else ""
                             )
@@ -456,9 +473,19 @@ class TieredRun:
         comm = self.comm
         check_cache(ck.fast.store, self.s.cache)
         if self.tiers.replicas:  # a copy goes to another node: refused here if there is none
-            ring = ck.ring
+            ring, lose = ck.ring, self.tiers.lose
             ring.check(self.tiers.replicas)
-            self.lost = {"node": ring.nodes[-1], "ranks": list(ring.ranks[-1])}
+            if lose >= len(ring.nodes):
+                raise errors.InvalidArgumentError(
+                    f"--lose {lose}: the job runs on {len(ring.nodes)} node(s) "
+                    f"({', '.join(ring.nodes)}) and at least one must survive; use --lose <= "
+                    f"{len(ring.nodes) - 1}"
+                )
+            self.node = ring.nodes[ring.where(self.rank)[0]]
+            self.lost = {
+                "nodes": list(ring.nodes[-lose:]),
+                "ranks": [r for ranks in ring.ranks[-lose:] for r in ranks],
+            }
         steps = comm.gather(ck.steps(), root=0)
         first: dict[str, Any] = {}
         if self.rank == 0:
@@ -499,9 +526,10 @@ class TieredRun:
         restored: Any = None,
     ) -> None:
         timed = (self.mine, seconds, start, start + seconds)
-        self.rows.append(
-            phase_row(self.run_id, self.label, self.rank, it, phase, timed, how, restored)
-        )
+        row = phase_row(self.run_id, self.label, self.rank, it, phase, timed, how, restored)
+        if phase == "restore-peer":
+            row.update(node=self.node, lost_nodes=",".join(self.lost["nodes"]))
+        self.rows.append(row)
 
     def save(self, ck: Any, it: int, step: int) -> dict[str, Any]:
         """Fresh bytes into the state, then the save (its stall: what ``save`` blocked the

@@ -80,6 +80,7 @@ COUNT_OPTIONS = {
     "--writing-ranks",
     "--peers",
     "--replicas",
+    "--lose",
     "--peer-fan-in",
     "--ranks-per-node",
     "--objects-per-rank",

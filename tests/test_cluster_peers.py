@@ -319,7 +319,9 @@ def test_ckptio_run_times_the_restore_from_peer_copies(cluster: Cluster, tmp_pat
     ``restore-peer`` the last node's ranks (node2: their fast roots emptied, the loss
     emulated and said so in the sidecar) restore from their copies on node0, all their bytes
     from peers, the others from their own disks; ``restore-durable`` reads the durable tier.
-    About 20 s."""
+    Then ``--replicas 2 --lose 2``: node1 and node2 lost at once (neighbours on the ring),
+    every byte of their four ranks sent by node0, bit-identical (the run checks every
+    restore against the stream it saved), and the rows give fan-in 2. About 20 s + 15 s."""
     from ckptio.calibration import fit_peer_link
     from ckptio.results import read_results
     from ckptio.tierbench import LOSS_NOTE, PEER_PHASES, PHASES
@@ -336,7 +338,7 @@ def test_ckptio_run_times_the_restore_from_peer_copies(cluster: Cluster, tmp_pat
     (side,) = res.sidecars
     assert side["peers"] == {
         "replicas": 1,
-        "lost": {"node": "node2", "ranks": [4, 5]},
+        "lost": {"nodes": ["node2"], "ranks": [4, 5]},
         "loss": LOSS_NOTE,
     }
     phases = res.phases.to_pylist()
@@ -364,3 +366,33 @@ def test_ckptio_run_times_the_restore_from_peer_copies(cluster: Cluster, tmp_pat
     node2 = [p for p in peer.values() if NODE_OF[p["rank"]] == "node2"]
     want = sum(p["peer_bytes"] for p in node2) / max(p["seconds"] for p in node2)
     assert link.bandwidth == pytest.approx(want)
+    for p in node2:
+        assert (p["node"], p["lost_nodes"]) == ("node2", "node2"), p
+        assert json.loads(p["peer_sources"]) == {"node0": p["peer_bytes"]}, p
+    # two neighbours lost with two copies: the one survivor, node0, serves both
+    two = tmp_path / "two"
+    argv[argv.index("--replicas") + 1] = "2"
+    argv[argv.index("--out") + 1] = str(two)
+    argv[argv.index("--total-size") + 1] = "24MiB"
+    argv[argv.index(f"pfs://{cluster.cephfs}/{run}")] += "-two"
+    argv[argv.index(f"file://{cluster.local}/{run}/{{rank}}")] = (
+        f"file://{cluster.local}/{run}-two/{{rank}}"
+    )
+    cluster.srun([*argv, "--lose", "2"], cwd=str(tmp_path))
+    res2 = read_results([two])
+    assert res2.sidecars[0]["peers"]["lost"] == {"nodes": ["node1", "node2"], "ranks": [2, 3, 4, 5]}
+    peer2 = {p["rank"]: p for p in res2.phases.to_pylist() if p["phase"] == "restore-peer"}
+    assert {r: p["restore_path"] for r, p in peer2.items()} == {
+        0: "local",
+        1: "local",
+        2: "peer",
+        3: "peer",
+        4: "peer",
+        5: "peer",
+    }
+    for rank in (2, 3, 4, 5):
+        p = peer2[rank]
+        assert json.loads(p["peer_sources"]) == {"node0": p["peer_bytes"]} and p["peer_bytes"] > 0
+        assert p["durable_bytes"] == 0 and p["lost_nodes"] == "node1,node2", p
+    link2 = fit_peer_link(res2.phases)
+    assert link2 is not None and link2.fan_in == 2

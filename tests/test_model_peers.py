@@ -3,6 +3,9 @@ peer, the replication after each save, and restarts priced by which copy survive
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -115,6 +118,32 @@ def test_fan_in_shares_the_peers_fast_tier_and_link() -> None:
     assert one["peer_bandwidth"] == S3.value("node_bandwidth")
 
 
+def test_the_fan_in_is_the_restore_planner_s_on_the_job_s_ring() -> None:
+    """Where no fan-in is given, the model takes the restore planner's on the job's ring with
+    ``peers`` neighbouring nodes lost: on 3 nodes with 2 copies, two lost leave one survivor,
+    which serves both replacement nodes (its fast tier reads 3 steps); on the founding
+    example's 192 nodes the planner spreads them (fan-in 1). A fan-in given wins."""
+    from ckptio.stallmodel import peer_fan_in
+
+    small = _tiered(peers=2, gpus=24)  # 3 nodes of 8
+    assert small["peer_fan_in"] == 2
+    assert small["peer_fan_in_source"] == (
+        "the restore planner's assignment on a ring of 3 nodes (8 ranks each, 2 copies), 2 "
+        "neighbouring nodes lost (the worst placement)"
+    )
+    assert small["restore_peer_seconds"] == pytest.approx(
+        _tiered(peers=2, gpus=24, peer_fan_in=2)["restore_peer_seconds"]
+    )
+    assert (
+        small["restore_peer_seconds"]
+        > _tiered(peers=2, gpus=24, peer_fan_in=1)["restore_peer_seconds"]
+    )
+    assert peer_fan_in(W, replace(C, peers=2, gpus=1536))[0] == 1
+    assert peer_fan_in(W, replace(C, peers=2, peer_fan_in=3)) == (3, "given (--peer-fan-in)")
+    with pytest.raises(errors.InvalidArgumentError, match="the job has 3 node"):
+        peer_fan_in(W, replace(C, peers=3, gpus=24))
+
+
 def test_replication_blocks_when_it_outlasts_the_interval() -> None:
     """The replication starts when the save returns; a save that finds it unfinished waits
     for the rest, which adds to the stall (and nothing is added while it fits)."""
@@ -218,10 +247,61 @@ def test_the_peer_link_is_fitted_from_measured_restores_from_a_peer() -> None:
     assert one is not None and one.interval is None and "no interval: one round" in one.source()
 
 
+def _lost_rows(run: str, fan_in: int, rates: list[float], slower: float = 1.0) -> list[dict]:
+    """``restore-peer`` rows as ``ckptio run --replicas 2 --lose N`` writes them, a rank per
+    node: at fan-in 1 node n2 lost, n1 sends it 4 MiB; at fan-in 2 nodes n1 and n2 lost, n0
+    sends each 4 MiB. The round takes the sender's bytes over ``rate``, times ``slower``."""
+    lost = ["n2"] if fan_in == 1 else ["n1", "n2"]
+    sender = "n1" if fan_in == 1 else "n0"
+    rows = []
+    for i, rate in enumerate(rates):
+        secs = fan_in * (4 << 20) / rate * slower
+        for rank, node in enumerate(("n0", "n1", "n2")):
+            gone = node in lost
+            rows.append(
+                {"run_id": run, "iteration": i, "rank": rank, "phase": "restore-peer",
+                 "host": "h", "node": node, "lost_nodes": ",".join(lost),
+                 "restore_path": "peer" if gone else "local",
+                 "peer_bytes": 4 << 20 if gone else 0,
+                 "peer_sources": json.dumps({sender: 4 << 20}) if gone else "",
+                 "seconds": secs if gone else 0.01}
+            )  # fmt: skip
+    return rows
+
+
+def test_the_fan_in_and_a_sender_s_link_are_taken_from_what_the_restore_did() -> None:
+    """The rows name the nodes lost and who sent each rank its bytes: the fan-in is the most
+    lost nodes one sender served (1, then 2), and the link the busiest sender's bytes over the
+    round's time, the same figure at either fan-in for the same link. Where both fan-ins
+    were run, the link is fitted at fan-in 1 and the model's ``f * node / link`` is checked
+    against the restores at fan-in 2: their ratio, with its interval, in the link's source."""
+    from ckptio.calibration import check_fan_in, fit_peer_link, peer_rounds
+
+    one = _lost_rows("one", 1, [1e8, 1.1e8, 0.9e8])
+    two = _lost_rows("two", 2, [1e8, 1.05e8, 0.95e8], slower=1.5)
+    assert [r.fan_in for r in peer_rounds(one + two)] == [1, 1, 1, 2, 2, 2]
+    fit1, fit2 = fit_peer_link(one), fit_peer_link(two)
+    assert fit1 is not None and fit2 is not None
+    assert (fit1.fan_in, fit2.fan_in) == (1, 2)
+    assert fit1.bandwidth == pytest.approx(1e8, rel=0.02)
+    assert fit2.bandwidth == pytest.approx(1e8 / 1.5, rel=0.02)  # 2 nodes' bytes, 1.5x slower
+    assert "at measured fan-in 2" in fit2.source() and fit2.check == ""
+    check = check_fan_in(one + two)
+    assert check is not None and check.fan_in == 2
+    assert check.ratio == pytest.approx(1.5, rel=0.03)
+    assert check.interval is not None and check.interval.low < 1.5 < check.interval.high
+    both = fit_peer_link(one + two)  # the link from the rounds at fan-in 1, checked at 2
+    assert both is not None and both.check == check.text()
+    assert both.bandwidth == fit1.bandwidth and both.per_round == fit1.per_round
+    assert "took 1.49x the model" in both.source() and "95% interval" in check.text()
+    assert check_fan_in(one) is None and check_fan_in(two) is None
+
+
 def test_a_fitted_peer_link_prices_the_peer_restore_with_its_interval() -> None:
     """The fitted link replaces the durable profile's (an assumption) wherever no figure is
     given: the pooled figure for the projection, each round's for its interval; a link given
-    (--peer-bandwidth) wins. The fan-in stays an assumption and says so."""
+    (--peer-bandwidth) wins. The fan-in is the restore planner's on the job's ring and says
+    so."""
     from ckptio.calibration import fit_peer_link, project_rounds
 
     fit = fit_peer_link(_restore_rows([1e8, 1.2e8, 0.9e8]))
@@ -235,7 +315,7 @@ def test_a_fitted_peer_link_prices_the_peer_restore_with_its_interval() -> None:
     low, high = got["restore_peer_seconds_low"], got["restore_peer_seconds_high"]
     assert low < got["restore_peer_seconds"] < high
     assert got["peer_bandwidth_low"] < fit.bandwidth < got["peer_bandwidth_high"]
-    assert got["peer_fan_in_source"].startswith("assumption")
+    assert got["peer_fan_in_source"].startswith("the restore planner's assignment on a ring")
     assumed = project(W, S3, c, local=NVME)
     assert "cloud-s3's node_bandwidth" in assumed["peer_bandwidth_source"]
     given = project_rounds(W, replace(c, peer_bandwidth=5e9), (S3, NVME), [], peer_link=fit)
@@ -269,10 +349,13 @@ NODE_PER_RANK = (
 def test_model_from_a_run_with_peer_copies_takes_its_node_link(tmp_path, capsys) -> None:
     """``ckptio run --replicas 1`` (2 ranks, each its own node) measures a restore from a
     peer copy; ``ckptio model --from`` its results prices the peer path with the node link
-    fitted from it (said so, with the rounds it came from), not the profile's."""
+    fitted from it (said so, with the rounds it came from), not the profile's. A run of 3
+    ranks with ``--replicas 2 --lose 2`` records the two nodes lost and the one survivor
+    that sent them their bytes (fan-in 2), and the model checks its ``f * node / link``
+    against it; ``--lose`` as many nodes as the job has is refused."""
     from ckptio.calibration import fit_peer_link
     from ckptio.results import read_results
-    from tests.test_mpi_checkpoint import run_mpi
+    from tests.test_mpi_checkpoint import mpiexec, run_mpi
 
     out = tmp_path / "out"
     run_mpi(
@@ -290,7 +373,41 @@ def test_model_from_a_run_with_peer_copies_takes_its_node_link(tmp_path, capsys)
     assert peer["peer_bandwidth"] == pytest.approx(fit.bandwidth)
     assert peer["peer_bandwidth_source"] == fit.source()
     assert "measured restore-peer round" in peer["peer_bandwidth_source"]
-    assert peer["peer_fan_in_source"].startswith("assumption")
+    assert peer["peer_fan_in_source"] == (
+        "the restore planner's assignment on a ring of 192 nodes (8 ranks each, 1 copy), 1 "
+        "neighbouring node lost (the worst placement)"
+    )
     assert main(argv[:-1]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "fitted from" in text and "fan-in 1: assumption" in text
+    assert "fitted from" in text and "fan-in 1: the restore planner's" in text
+    # 3 ranks (nodes n0-n2), 2 copies, the last two nodes lost at once: n0 serves both
+    two = tmp_path / "two"
+    run_mpi(
+        3, "-c", NODE_PER_RANK, "run", f"file://{tmp_path}/durable2", "--local",
+        f"file://{tmp_path}/fast2/{{rank}}", "--replicas", "2", "--lose", "2", "--preset",
+        "llama3-8b", "--total-size", "12MiB", "--iterations", "2", "--out", str(two),
+    )  # fmt: skip
+    rows = [r for r in read_results([two]).phases.to_pylist() if r["phase"] == "restore-peer"]
+    assert {r["lost_nodes"] for r in rows} == {"n1,n2"}
+    for r in rows:
+        lost = r["node"] in ("n1", "n2")
+        assert r["restore_path"] == ("peer" if lost else "local"), r
+        assert (json.loads(r["peer_sources"]) if lost else {}) == (
+            {"n0": r["peer_bytes"]} if lost else {}
+        )
+    fit2 = fit_peer_link(read_results([two]).phases)
+    assert fit2 is not None and fit2.fan_in == 2
+    argv[2:3] = [str(out), str(two)]
+    assert main(argv[:-1]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "measured restores at fan-in 2 took" in text
+    # as many nodes lost as the job has: refused, naming the problem
+    bad = subprocess.run(
+        [*mpiexec(), "-n", "2", sys.executable, "-c", NODE_PER_RANK, "run",
+         f"file://{tmp_path}/durable3", "--local", f"file://{tmp_path}/fast3/{{rank}}",
+         "--replicas", "1", "--lose", "2", "--preset", "llama3-8b", "--total-size", "8MiB",
+         "--iterations", "1"],
+        capture_output=True, text=True, timeout=180,
+        env={**os.environ, "OMPI_MCA_rmaps_base_oversubscribe": "1"},
+    )  # fmt: skip
+    assert bad.returncode != 0 and "--lose 2: the job runs on 2 node(s)" in bad.stderr

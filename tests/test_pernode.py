@@ -50,6 +50,9 @@ def _run(
                         "restore_path": "n/a",
                         "peer_bytes": 0,
                         "durable_bytes": 0,
+                        "node": "",
+                        "lost_nodes": "",
+                        "peer_sources": "",
                         "host": host,
                     }
                 )

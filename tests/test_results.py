@@ -48,6 +48,9 @@ def _rows(run_id: str, site: str) -> dict:
             "restore_path": "n/a",
             "peer_bytes": 0,
             "durable_bytes": 0,
+            "node": "",
+            "lost_nodes": "",
+            "peer_sources": "",
             "host": "node-a",
         }
     ]

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from ckptio import errors
 from ckptio import format as fmt
 from ckptio import manifest as mf
+from ckptio.checkpoint.peer_plan import assign
 from ckptio.checkpoint.peers import (
     RestoreRecord,
-    assign,
     copy_record,
     drop_copies,
     held_copies,
@@ -123,6 +123,7 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
                     bool(pick["durable"]),
                     manifest.objects,
                     bad,
+                    [self.ring.where(r)[0] for r in range(comm.size)] if self.ring else None,
                 )
             plan = comm.bcast(plan, root=0)
             t1 = time.perf_counter()
@@ -179,6 +180,14 @@ def restore_with_peers(self: TieredCheckpointer, step: int | None, select: Any, 
         self._mark_replicated(s)
         self.last_restore = _record(self, s, manifest, plan, needed, present, received, used)
         self.last_restore.seconds = spent
+        if self.ring is not None:  # what each sending node sent this rank
+            for t in plan["transfers"]:
+                if t["dst"] == comm.rank and t["src"] != comm.rank:
+                    name = self.ring.nodes[self.ring.where(t["src"])[0]]
+                    got = sum(manifest.objects[k] for k in t["keys"])
+                    self.last_restore.from_nodes[name] = (
+                        self.last_restore.from_nodes.get(name, 0) + got
+                    )
         self.last_restore.sources = [
             f"rank {r} ({self.ring.nodes[self.ring.where(r)[0]]})" if self.ring else str(r)
             for r in sorted(set(senders))

@@ -33,7 +33,8 @@ own fast root and the copies it holds (refusing, with a warning, a copy of anoth
 whose objects are not its source rank's); rank 0 picks the newest step whose every source
 rank's objects survive somewhere (a fast root, a copy, or the durable tier) and, for each
 rank, sends the objects its read needs that its fast root lacks from a rank that holds them
-(its owner's fast root, else a copy, least-loaded first), else from the durable tier. The
+(its owner's fast root, else a copy, the replacement nodes spread over the surviving nodes:
+:func:`ckptio.checkpoint.peer_plan.assign`), else from the durable tier. The
 bytes are checked against the copy's CRC32C on both ends. As they arrive they go straight
 into the restore's arrays (:class:`~ckptio.checkpoint.sink.ObjectSink`: a piece that falls
 inside one chunk landing on contiguous bytes of an array is received there, others are
@@ -66,7 +67,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -705,6 +706,8 @@ class RestoreRecord:
     """Bytes of the objects this rank read, by where they came from."""
     sources: list[str] = field(default_factory=list)
     """The ranks (and nodes) that sent this rank objects, as ``rank N (node)``."""
+    from_nodes: dict[str, int] = field(default_factory=dict)
+    """Bytes this rank received from each other node (by name), as the plan sent them."""
     seconds: dict[str, float] = field(default_factory=dict)
     """Where this rank's restore spent its time: ``plan`` (what each rank holds, the step,
     the plan: listings and collectives) and ``transfer`` (the copies sent and received, into
@@ -718,55 +721,9 @@ class RestoreRecord:
             "path": self.path,
             "nbytes": self.nbytes,
             "sources": self.sources,
+            "from_nodes": self.from_nodes,
             "seconds": self.seconds,
         }
-
-
-def assign(
-    step: int,
-    missing: Sequence[Sequence[str]],
-    own: Sequence[Iterable[int]],
-    copies: Sequence[Mapping[int, Iterable[int]]],
-    durable: bool,
-    sizes: Mapping[str, int],
-    bad: set[tuple[int, int, int]],
-) -> dict[str, Any] | None:
-    """Rank 0: for each rank, where each object it lacks comes from: a transfer from its
-    owner's fast root (``kind": "own"``), else from a copy (least-loaded holder first), else
-    the durable tier; None when some object survives nowhere. A copy the rank holds itself
-    is a transfer to itself (copied on its root, no message). ``bad``: ``(step, holder,
-    source rank)`` holdings that failed a check."""
-    size = len(missing)
-    load = [0] * size
-    transfers: dict[tuple[int, int, str, int], list[str]] = {}
-    from_durable: dict[int, list[str]] = {}
-    for r, keys in enumerate(missing):
-        for key in sorted(keys):
-            q = object_rank(key)
-            holders: list[tuple[int, str]] = []
-            if q < size and step in own[q] and q != r and (step, q, q) not in bad:
-                holders.append((q, "own"))
-            holders += [
-                (h, "copy")
-                for h in range(size)
-                if step in copies[h].get(q, ()) and (step, h, q) not in bad
-            ]
-            if not holders:
-                if not durable:
-                    return None
-                from_durable.setdefault(r, []).append(key)
-                continue
-            # a copy on the rank's own root first (no transfer), then an owner's root
-            h, kind = min(holders, key=lambda x: (x[0] != r, x[1] != "own", load[x[0]], x[0]))
-            load[h] += sizes.get(key, 0)
-            transfers.setdefault((h, r, kind, q), []).append(key)
-    return {
-        "transfers": [
-            {"src": h, "dst": r, "kind": kind, "source": q, "keys": keys}
-            for (h, r, kind, q), keys in sorted(transfers.items())
-        ],
-        "durable": {str(r): keys for r, keys in from_durable.items()},
-    }
 
 
 def run_restore(

@@ -172,8 +172,8 @@ def _declare_peers(s: Any) -> None:
     s.add_argument(
         "--peer-fan-in",
         type=count_arg(1, MAX_COUNT),
-        default=1,
-        help="with --peers: replacement nodes that read from one surviving peer (default 1)",
+        help="with --peers: replacement nodes that read from one surviving peer (default: the "
+        "restore planner's on the job's ring with K neighbouring nodes lost)",
     )
     s.add_argument(
         "--p-lose-another",

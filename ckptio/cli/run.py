@@ -267,8 +267,19 @@ def add_run_arguments(p: Any, *, sweep_mode: bool = False) -> None:
             default=0,
             help="copy each rank's fast-tier step to K other nodes' fast tiers (needs {rank} in "
             "--local and ranks on more than K nodes, under mpiexec/srun/torchrun); adds the "
-            "phases replicate and restore-peer: one node's loss emulated (its ranks' fast "
-            "roots emptied, the node not killed), then restored from the peer copies",
+            "phases replicate and restore-peer: --lose nodes' loss emulated (their ranks' "
+            "fast roots emptied, the nodes not killed), then restored from the peer copies",
+        )
+        t.add_argument(
+            "--lose",
+            metavar="N",
+            type=count_arg(1, MAX_PEERS + 1),
+            default=1,
+            help="with --replicas: nodes lost at once in restore-peer, neighbours on the ring "
+            "(the worst placement; fewer than the job's nodes; default 1). More than K: what no "
+            "copy holds is read from the durable tier (restore_path durable). Each row records "
+            "the nodes lost and the nodes that sent the rank its bytes (fan-in: the most lost "
+            "nodes one sender served)",
         )
     if sweep_mode:
         r.add_argument(
@@ -365,6 +376,11 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
             "with {rank} (a fast root per rank, on its node's disk), e.g. "
             "--local 'file:///nvme/run/{rank}'"
         )
+    lose = 1 if sweep_mode else args.lose
+    if lose != 1 and not replicas:
+        raise errors.InvalidArgumentError(
+            f"--lose {lose}: nodes are lost in the restore from peer copies; it needs --replicas K"
+        )
     if local and args.layout != "file-per-shard":
         raise errors.InvalidArgumentError(
             f"--layout {args.layout} cannot be tiered (--local): a drain copies each rank's own "
@@ -455,7 +471,7 @@ def prepare_run(args: Any, *, sweep_mode: bool = False) -> RunJob:
         mode = "tiered"
         # save, drain, two restores (three with peer copies)
         passes = args.iterations * (2 if args.no_read else 5 if replicas else 4)
-        tiers = Tiers(local, emulate_local=args.emulate_local, replicas=replicas)
+        tiers = Tiers(local, emulate_local=args.emulate_local, replicas=replicas, lose=lose)
     points: list[SweepPoint] = []
     if sweep is not None:
         points = sweep_points(

@@ -18,7 +18,9 @@ with its interval or a statement of why it has none.
   fitted from the run's measured restores from a peer (its ``restore-peer`` phase:
   :func:`ckptio.calibration.fit_peer_link`, with the spread of its rounds in the intervals)
   where the run has them, else the durable profile's node link (an assumption); the row's
-  ``peer_bandwidth_source`` says which, and ``peer_fan_in_source`` that the fan-in is assumed.
+  ``peer_bandwidth_source`` says which (with the check of ``f * node / link`` against
+  restores at a higher fan-in where the run has them), and ``peer_fan_in_source`` where the
+  fan-in comes from (the restore planner's on the job's ring, or given).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ functions, so both write one schema (:mod:`ckptio.results`)."""
 
 from __future__ import annotations
 
+import json
 import resource
 import socket
 import time
@@ -304,6 +305,11 @@ def phase_row(
         "restore_path": restored.path if restored is not None else "n/a",
         "peer_bytes": int(restored.nbytes.get("peer", 0)) if restored is not None else 0,
         "durable_bytes": int(restored.nbytes.get("durable", 0)) if restored is not None else 0,
+        "node": "",
+        "lost_nodes": "",
+        "peer_sources": json.dumps(restored.from_nodes, sort_keys=True)
+        if restored is not None and restored.from_nodes
+        else "",
     }
 
 
