@@ -648,11 +648,15 @@ class PeerRound:
         return max((len(v) for v in self.serves.values()), default=len(self.received))
 
     @property
+    def busiest(self) -> float:
+        """Bytes the busiest sending node sent (without senders recorded: the most one
+        replaced node received, one sender each)."""
+        return max(self.sent.values(), default=max(self.received.values()))
+
+    @property
     def link(self) -> float:
-        """Bytes/s of the busiest sending node's link: its bytes over the round's time
-        (without senders recorded: the replaced node's bytes, one sender each)."""
-        busiest = max(self.sent.values(), default=max(self.received.values()))
-        return busiest / self.seconds
+        """Bytes/s of the busiest sending node's link: its bytes over the round's time."""
+        return self.busiest / self.seconds
 
     @property
     def node_bytes(self) -> float:
@@ -771,8 +775,7 @@ def fit_peer_link(phases: Any, fan_in: int | None = None) -> PeerLinkFit | None:
     if not rounds:
         return None
     kept, warm = _steady(rounds)
-    sent = [(r.link * r.seconds, r.seconds) for r in kept]
-    pooled = sum(b for b, _ in sent) / sum(t for _, t in sent)
+    pooled = sum(r.busiest for r in kept) / sum(r.seconds for r in kept)
     return PeerLinkFit(
         check=checked.text() if checked is not None else "",
         bandwidth=pooled,

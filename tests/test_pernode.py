@@ -47,12 +47,9 @@ def _run(
                         "start": 0.0,
                         "end": secs,
                         "cache": "n/a",
-                        "restore_path": "n/a",
-                        "peer_bytes": 0,
-                        "durable_bytes": 0,
-                        "node": "",
-                        "lost_nodes": "",
-                        "peer_sources": "",
+                        **results.ADDED_COLUMNS[
+                            "phases"
+                        ],  # the columns added since, at their defaults
                         "host": host,
                     }
                 )
