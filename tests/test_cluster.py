@@ -315,3 +315,21 @@ def test_without_root_it_skips_naming_the_install_step(monkeypatch: pytest.Monke
 def test_state_round_trips(cluster: Cluster) -> None:
     again = load_state(cluster.id)
     assert again == cluster.state and isinstance(again, ClusterState)
+
+
+def test_a_slurm_that_cannot_load_pmix_is_named_before_the_cluster_starts(tmp_path: Path) -> None:
+    """Slurm's pmix plugin without the unversioned libpmix.so it opens (libpmix-dev not
+    installed): the cluster says so and names the package, instead of every srun failing."""
+    from ckptio.testing.cluster.core import pmix_reason
+
+    lib = tmp_path / "usr/lib/x86_64-linux-gnu"
+    assert pmix_reason(str(tmp_path)) is None  # no Debian Slurm plugin: not judged
+    (lib / "slurm-wlm").mkdir(parents=True)
+    (lib / "slurm-wlm/mpi_pmix_v4.so").touch()
+    (lib / "pmix2/lib").mkdir(parents=True)
+    (lib / "pmix2/lib/libpmix.so.2").touch()  # libpmix2 alone: only the versioned name
+    reason = pmix_reason(str(tmp_path))
+    assert reason is not None and "libpmix-dev" in reason and "mpi_pmix_v4.so" in reason
+    (lib / "pmix2/lib/libpmix.so").symlink_to("libpmix.so.2")
+    assert pmix_reason(str(tmp_path)) is None
+    assert pmix_reason() is None, "this machine's srun --mpi=pmix cannot load PMIx"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import glob
 import ipaddress
 import os
 import secrets
@@ -64,7 +65,7 @@ RUN_TIMEOUT = 300.0
 """Default seconds for a command run on the cluster."""
 INSTALL_HINT = (
     "run scripts/install-system-deps.sh as root (iproute2, util-linux, slurm-wlm, munge, "
-    "ceph-mds, ceph-fuse, radosgw, glusterfs-server, openmpi-bin, ...)"
+    "ceph-mds, ceph-fuse, radosgw, glusterfs-server, libpmix-dev, ...)"
 )
 TOOLS = ("ip", "nsenter", "unshare", "mount", "bash")
 SLURM_TOOLS = ("slurmctld", "slurmd", "srun", "sbatch", "sinfo", "squeue", "scontrol", "munged")
@@ -86,6 +87,8 @@ def unavailable_reason(
     for tool in (*TOOLS, *(SLURM_TOOLS if slurm else ())):
         if shutil.which(tool) is None:
             return f"{tool} not found: {INSTALL_HINT}"
+    if slurm and (reason := pmix_reason()):
+        return reason
     probe = f"ckcprobe{secrets.token_hex(3)}"
     done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if done.returncode != 0:
@@ -103,6 +106,21 @@ def unavailable_reason(
         reason = gluster_reason()
         if reason:
             return reason
+    return None
+
+
+def pmix_reason(root: str = "/") -> str | None:
+    """Why ``srun --mpi=pmix`` cannot start here, or None. Slurm's pmix plugin opens the
+    unversioned ``libpmix.so`` of the PMIx it was built with (Debian:
+    ``/usr/lib/<triplet>/pmix2/lib/libpmix.so``, shipped only by libpmix-dev); without it every
+    srun of the cluster fails with "can not load PMIx library". A layout other than Debian's
+    (no ``slurm-wlm/mpi_pmix*.so`` plugin where Debian puts it) is not judged."""
+    plugins = glob.glob(os.path.join(root, "usr/lib/*/slurm-wlm/mpi_pmix*.so"))
+    if plugins and not glob.glob(os.path.join(root, "usr/lib/*/pmix*/lib/libpmix.so")):
+        return (
+            f"Slurm's mpi/pmix plugin ({plugins[0]}) finds no libpmix.so to load, so "
+            f"`srun --mpi=pmix` fails: apt-get install libpmix-dev ({INSTALL_HINT})"
+        )
     return None
 
 
