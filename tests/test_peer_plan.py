@@ -102,3 +102,23 @@ def test_the_fan_in_of_a_ring_is_what_the_planner_assigns(
 def test_a_ring_that_cannot_be_is_refused(args: tuple[int, int, int, int]) -> None:
     with pytest.raises(errors.InvalidArgumentError, match="needs 2 <= nodes"):
         peers.ring_fan_in(*args)
+
+
+def test_the_fan_in_of_a_ring_plans_what_every_placement_would() -> None:
+    """ring_fan_in plans one block of those that are others shifted, and every block near the
+    ring's end; planning every placement gives the same fan-in and the same durable reads, on
+    every ring of up to 12 nodes (1 and 3 ranks a node)."""
+    from ckptio.checkpoint.peer_plan import _block_outcomes, _placements
+
+    planned = 0
+    for nodes in range(2, 13):
+        for per_node in (1, 3):
+            for k in range(1, nodes):
+                for lost in range(1, nodes):
+                    every = _block_outcomes(nodes, per_node, k, lost, range(nodes))
+                    got = peers.ring_fan_in(nodes, per_node, k, lost)
+                    want = (max(f for f, _ in every), any(d for _, d in every))
+                    assert (got.fan_in, got.durable) == want, (nodes, per_node, k, lost)
+                    planned += len(_placements(nodes, k, lost)) < nodes
+    assert planned > 0  # some rings were planned from fewer placements
+    assert len(_placements(192, 2, 2)) == 6  # 192 before

@@ -164,21 +164,46 @@ def ring_fan_in(nodes: int, ranks_per_node: int, replicas: int, lost: int) -> Ri
     :func:`assign` on them, and the most replacement nodes any surviving node sends to. No
     cluster: what the planner would decide, each rank's shard one object of one size.
 
-    Every placement of the lost block is planned: :func:`assign` breaks ties by rank, and a
-    block that wraps round the ring's end sees its holders in another order."""
+    Every placement of the lost block whose plan can differ is planned (:func:`_placements`):
+    :func:`assign` breaks ties by rank, and a block near the ring's end sees its holders in
+    another order."""
     if nodes < 2 or ranks_per_node < 1 or not 1 <= replicas < nodes or not 1 <= lost < nodes:
         raise errors.InvalidArgumentError(
             f"a ring of {nodes} node(s) x {ranks_per_node} rank(s) with {replicas} copies "
             f"and {lost} lost: needs 2 <= nodes, 1 <= replicas < nodes, 1 <= lost < nodes"
         )
+    outcomes = _block_outcomes(
+        nodes, ranks_per_node, replicas, lost, _placements(nodes, replicas, lost)
+    )
+    worst = max(f for f, _ in outcomes)
+    return RingLoss(nodes, ranks_per_node, replicas, lost, worst, any(d for _, d in outcomes))
+
+
+def _placements(nodes: int, replicas: int, lost: int) -> list[int]:
+    """The first nodes of the lost blocks whose plans can differ. What a block's plan reads
+    lies within ``replicas`` nodes of it (the lost ranks' copies are on the ``replicas``
+    nodes after each); a block whose such window does not wrap round the ring's end is any
+    other such block shifted, the same ranks in the same order, so :func:`assign` breaks
+    its ties the same way: one of those stands for all, and every block near the end is
+    planned. (A window of ``replicas`` nodes on both sides: the direction is NodeRing's.)"""
+    inner = [f for f in range(replicas, nodes) if f + lost + replicas <= nodes]
+    return [f for f in range(nodes) if f not in inner[1:]]
+
+
+def _block_outcomes(
+    nodes: int, ranks_per_node: int, replicas: int, lost: int, firsts: Iterable[int]
+) -> list[tuple[int, bool]]:
+    """For each first node in ``firsts``, the plan of losing it and the ``lost - 1`` after
+    it: the most replacement nodes one survivor sends to, and whether the durable tier is
+    read."""
     ring = NodeRing.of([f"node-{n}" for n in range(nodes) for _ in range(ranks_per_node)])
     size = nodes * ranks_per_node
     node = [n for n in range(nodes) for _ in range(ranks_per_node)]
     step = 1
     keys = [fmt.shard_key(step, r, 0).partition("/")[2] for r in range(size)]
     partners = [[ring.partner(q, j) for j in range(1, replicas + 1)] for q in range(size)]
-    worst, durable = 0, False
-    for first in range(nodes):
+    out = []
+    for first in firsts:
         gone = {(first + i) % nodes for i in range(lost)}
         dead = [node[r] in gone for r in range(size)]
         copies: list[dict[int, set[int]]] = [{} for _ in range(size)]
@@ -202,6 +227,5 @@ def ring_fan_in(nodes: int, ranks_per_node: int, replicas: int, lost: int) -> Ri
             src, dst = node[t["src"]], node[t["dst"]]
             if src != dst:
                 served.setdefault(src, set()).add(dst)
-        worst = max(worst, max((len(d) for d in served.values()), default=0))
-        durable = durable or bool(plan["durable"])
-    return RingLoss(nodes, ranks_per_node, replicas, lost, worst, durable)
+        out.append((max((len(d) for d in served.values()), default=0), bool(plan["durable"])))
+    return out
