@@ -20,7 +20,13 @@ alternate in a rotated order each round; the table shows medians over the rounds
 GB = 1e9 bytes. ``--op read`` times downloads of one object instead (``--repeat N`` per
 process): ckptio's backends and s3torchconnector into fresh, untouched page-aligned memory
 (what ``ckptio.load`` allocates), boto3's TransferManager into a ``BytesIO``, s5cmd into a
-file in /dev/shm.
+file in /dev/shm. ``ckptio-load-<scheme>`` loads a checkpoint of the same bytes with
+``ckptio.load`` into new arrays, ``ckptio-load-into-<scheme>`` into an array the worker
+allocated and wrote before the clock (``ckptio.load(url, into=state)``: how a resumed job
+restores its model's and optimizer's tensors, and how torch DCP loads). The kernel zeroes
+each page of new anonymous memory as it is first touched; it does not zero a tmpfs page that
+a write fills whole, so s5cmd's file in /dev/shm skips a pass over the bytes that a load into
+new arrays makes (and the data is then still in a file, not in the process's memory).
 
 Caveat: moto accepts data at roughly 100 MB/s on loopback whatever the client, and shares
 this machine's cores with the client, so wall throughput here mostly measures moto; CPU
@@ -199,6 +205,10 @@ and objects of 192 MiB)."""
 _loaded: list[Any] = []
 """The last array a ``ckptio-load-*`` client loaded, compared with the payload after the clock."""
 
+_into: list[Any] = []
+"""The array a ``ckptio-load-into-*`` client loads into: allocated and written before the
+clock, as a resumed job's model and optimizer state exist before its restore."""
+
 _opened: list[float] = []
 """Seconds a ckptio client took to open its store (inside the clock, as every peer's start
 is: s5cmd's process, the CRT's client): the first S3 store of a process reads botocore's
@@ -224,7 +234,7 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
     if client.startswith("ckptio-load-"):
         import ckptio
 
-        scheme, _, query = client[len("ckptio-load-") :].partition("?")
+        scheme, _, query = _load_scheme(client).partition("?")
         url = f"{scheme}://{BUCKET}/{CHECKPOINT_PREFIX}" + (f"?{query}" if query else "")
         # one store for all repeats, as a Checkpointer keeps one (and as the other clients
         # keep theirs)
@@ -232,7 +242,7 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
         got = 0
         for _ in range(a.repeat):
             _loaded[:] = [None]  # the previous load's memory is freed before the next
-            state = ckptio.load(store, step=1)
+            state = ckptio.load(store, step=1, into={"w": _into[0]} if _into else None)
             got += state["w"].nbytes
             _loaded[:] = [state["w"]]
         store.close()
@@ -328,6 +338,15 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
     raise SystemExit(f"unknown client {client!r}")
 
 
+def _load_scheme(client: str) -> str:
+    """``s3+boto3?options`` of ``ckptio-load-s3+boto3?options`` or
+    ``ckptio-load-into-s3+boto3?options``."""
+    for prefix in ("ckptio-load-into-", "ckptio-load-"):
+        if client.startswith(prefix):
+            return client[len(prefix) :]
+    raise ValueError(client)
+
+
 def _import_client(client: str) -> None:
     import importlib
 
@@ -343,7 +362,7 @@ def _import_client(client: str) -> None:
     for name in [*modules, "ckptio.checkpoint"]:  # the last one: the harness's _destination
         importlib.import_module(name)
     if client.startswith("ckptio-load-"):
-        scheme = client[len("ckptio-load-") :].partition("?")[0]
+        scheme = _load_scheme(client).partition("?")[0]
         importlib.import_module("ckptio.registry").load_backend(scheme)
     if client.startswith("ckptio-"):
         importlib.import_module("ckptio.registry")
@@ -356,6 +375,10 @@ def worker(a: argparse.Namespace) -> None:
     with open(a.file, "rb") as f:
         data = f.read()  # not timed
     _import_client(a.worker)  # not timed: module import is a one-off cost of the process
+    if a.worker.startswith("ckptio-load-into-"):  # not timed: the state a restore fills
+        target = _destination(len(data))
+        target.fill(1)  # every page touched, as a model's and optimizer's state are
+        _into[:] = [target]
     wall0, cpu0 = time.perf_counter(), _cpu()
     if a.op == "read":
         nbytes = _download(a.worker, a, len(data))
@@ -651,7 +674,9 @@ def main(argv: list[str] | None = None) -> int:
             f.flush()
             if a.op == "read":
                 f.seek(0)
-                s3.upload_fileobj(f, BUCKET, SOURCE_KEY)
+                s3.upload_file(
+                    f.name, BUCKET, SOURCE_KEY
+                )  # its own handle: boto3 closes the one it is given
                 if any(c.startswith("ckptio-load-") for c in clients):
                     import numpy as np
 

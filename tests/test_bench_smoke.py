@@ -182,6 +182,47 @@ def test_s3_peers_pairs_rounds_and_pools_saved_runs(tmp_path):
     assert "ckptio-s3+boto3 / s5cmd:" in proc.stdout
 
 
+@pytest.mark.s3
+def test_s3_peers_downloads_with_every_ckptio_read_client(tmp_path):
+    """benchmarks/s3_peers.py --op read end to end on its own moto server: raw ranged reads,
+    a load into new arrays and a load into an array made before the clock each read the
+    object's bytes (each worker compares them with the payload after its clock)."""
+    out = tmp_path / "read.json"
+    clients = ["ckptio-s3+boto3", "ckptio-load-s3+boto3", "ckptio-load-into-s3+boto3"]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "s3_peers.py"),
+            "--op",
+            "read",
+            "--size",
+            "12MiB",
+            "--part-size",
+            "5MiB",
+            "--rounds",
+            "1",
+            "--repeat",
+            "2",
+            "--settle",
+            "0",
+            "--clients",
+            ",".join(clients),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(out.read_text())["runs"]
+    for client in clients:
+        (rec,) = runs[client]
+        assert rec["bytes"] == 2 * 12 * 2**20 and rec["wall_s"] > 0, (client, rec)
+    assert "open_s" in runs["ckptio-load-into-s3+boto3"][0]
+
+
 def test_gpu_benchmark_runs_on_cpu_tensors_and_says_when_there_is_no_gpu(tmp_path):
     """benchmarks/gpu.py end to end on CPU tensors (``--device cpu``, what it does on a GPU with
     CUDA ones); without a CUDA device its default run says so and measures nothing."""
