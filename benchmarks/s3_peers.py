@@ -241,10 +241,15 @@ def _download(client: str, a: argparse.Namespace, size: int) -> int:
         store = _open_timed(url, a)
         got = 0
         for _ in range(a.repeat):
-            _loaded[:] = [None]  # the previous load's memory is freed before the next
-            state = ckptio.load(store, step=1, into={"w": _into[0]} if _into else None)
-            got += state["w"].nbytes
-            _loaded[:] = [state["w"]]
+            # the previous load's array is freed once the next has returned, as s5cmd's
+            # previous file stays in /dev/shm while it downloads the next (and as the raw
+            # reads' previous buffer lives until the next is filled): each load fills memory
+            # the process has not used before. (Freed before the next load instead, the
+            # next reuses its pages: 0.81 against 0.65 GB/s on RGW, 3 rounds.)
+            w = ckptio.load(store, step=1, into={"w": _into[0]} if _into else None)["w"]
+            got += w.nbytes
+            _loaded[:] = [w]
+            del w
         store.close()
         return got
     if client.startswith("ckptio-"):
