@@ -108,15 +108,6 @@ def test_every_node_making_one_new_directory_at_once_on_glusterfs(
     assert len(landed) == rounds * procs * len(cluster.nodes)
 
 
-STEPS_BESIDE = {"cephfs": 3, "gluster": 5}
-"""Saves beside the other node's retention and gc: step 1 is retired once step 2 commits, and
-the later saves run beside that removal. On CephFS each save takes seconds per object while
-another client lists and removes in its directories (the metadata server recalls the writers'
-capabilities): ~20 s a step on the project's 2-core machine, so one later step; on GlusterFS
-a step takes a fraction of a second, so three, for the other node's rounds to land among
-them."""
-
-
 @pytest.mark.parametrize("fs", ["cephfs", "gluster"])
 def test_gc_and_retention_from_another_node_beside_a_save(
     cluster: Cluster, tmp_path: Path, fs: str
@@ -147,7 +138,7 @@ def test_gc_and_retention_from_another_node_beside_a_save(
                 sys.executable,
                 str(WORKERS / "save_loop.py"),
                 url,
-                str(STEPS_BESIDE[fs]),
+                "5",
                 str(done),
             ],
             cwd=str(tmp_path),
@@ -160,14 +151,14 @@ def test_gc_and_retention_from_another_node_beside_a_save(
             other.wait()
     assert other.returncode == 0, err
     steps = [json.loads(line) for line in saves.stdout.splitlines() if line.startswith("{")]
-    assert [s["step"] for s in steps] == list(range(1, STEPS_BESIDE[fs] + 1))
+    assert [s["step"] for s in steps] == list(range(1, 6))
     assert all(s["missing"] == [] for s in steps), steps
     beside = json.loads(out.strip().splitlines()[-1])
     assert beside["rounds"] > 0 and beside["first"] < steps[-1]["start"]  # it ran beside them
     assert any("step-0000000001/" in k for k in beside["removed"])  # retention did remove
     left = committed_steps(open_store(url))
-    assert left[-1] == STEPS_BESIDE[fs] and 1 not in left, left  # how far retention got: its pace
-    assert ckptio.verify(url, step=STEPS_BESIDE[fs]) == []
+    assert left[-1] == 5 and 1 not in left, left  # how far retention got: the machine's pace
+    assert ckptio.verify(url, step=5) == []
 
 
 # -- leases across hosts ---------------------------------------------------------------------
