@@ -15,42 +15,48 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def bench(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``benchmarks/<script>`` with ``args`` in a fresh interpreter; fails the test, with the
+    end of its stderr, unless it exits 0."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
 def test_benchmark_runs_and_writes_its_tables(tmp_path):
     out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
     cases = (
         "memcpy,fio-write,fio-read,fio-write-hugepages,fio-read-hugepages,ckptio-sync,ckptio-load,"
         "ckptio-async,ckptio-async-fork"
     )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "benchmarks", "run.py"),
-            "--size",
-            "4MiB",
-            "--tensors",
-            "3",
-            "--rounds",
-            "2",
-            "--only",
-            cases,
-            "--dir",
-            str(tmp_path / "scratch"),
-            "--json",
-            str(out_json),
-            "--markdown",
-            str(out_md),
-            "--cache-drop",
-            "fadvise",
-            "--no-warmup",
-            "--settle",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    bench(
+        "run.py",
+        "--size",
+        "4MiB",
+        "--tensors",
+        "3",
+        "--rounds",
+        "2",
+        "--only",
+        cases,
+        "--dir",
+        str(tmp_path / "scratch"),
+        "--json",
+        str(out_json),
+        "--markdown",
+        str(out_md),
+        "--cache-drop",
+        "fadvise",
+        "--no-warmup",
+        "--settle",
+        "0",
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out_json.read_text())
     ran = {row["case"] for row in doc["cases"]}
     assert {"memcpy", "ckptio-sync", "ckptio-load", "ckptio-async", "ckptio-async-fork"} <= ran
@@ -98,25 +104,17 @@ def test_benchmark_runs_and_writes_its_tables(tmp_path):
 
 
 def test_fork_overlap_benchmark_runs(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "benchmarks", "fork_overlap.py"),
-            "--size",
-            "8MiB",
-            "--tensors",
-            "2",
-            "--rounds",
-            "1",
-            "--dir",
-            str(tmp_path / "scratch"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    proc = bench(
+        "fork_overlap.py",
+        "--size",
+        "8MiB",
+        "--tensors",
+        "2",
+        "--rounds",
+        "1",
+        "--dir",
+        str(tmp_path / "scratch"),
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [
         line for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line
     ]
@@ -171,14 +169,7 @@ def test_s3_peers_pairs_rounds_and_pools_saved_runs(tmp_path):
     saved = [
         os.path.join(results, f) for f in sorted(os.listdir(results)) if f.startswith("s3-download")
     ]
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "s3_peers.py"), "--pool", *saved],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = bench("s3_peers.py", "--pool", *saved)
     assert "ckptio-s3+boto3 / s5cmd:" in proc.stdout
 
 
@@ -189,33 +180,26 @@ def test_s3_peers_downloads_with_every_ckptio_read_client(tmp_path):
     object's bytes (each worker compares them with the payload after its clock)."""
     out = tmp_path / "read.json"
     clients = ["ckptio-s3+boto3", "ckptio-load-s3+boto3", "ckptio-load-into-s3+boto3"]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(ROOT, "benchmarks", "s3_peers.py"),
-            "--op",
-            "read",
-            "--size",
-            "12MiB",
-            "--part-size",
-            "5MiB",
-            "--rounds",
-            "1",
-            "--repeat",
-            "2",
-            "--settle",
-            "0",
-            "--clients",
-            ",".join(clients),
-            "--json",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    bench(
+        "s3_peers.py",
+        "--op",
+        "read",
+        "--size",
+        "12MiB",
+        "--part-size",
+        "5MiB",
+        "--rounds",
+        "1",
+        "--repeat",
+        "2",
+        "--settle",
+        "0",
+        "--clients",
+        ",".join(clients),
+        "--json",
+        str(out),
         timeout=300,
-        check=False,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     runs = json.loads(out.read_text())["runs"]
     for client in clients:
         (rec,) = runs[client]
@@ -227,31 +211,23 @@ def test_gpu_benchmark_runs_on_cpu_tensors_and_says_when_there_is_no_gpu(tmp_pat
     """benchmarks/gpu.py end to end on CPU tensors (``--device cpu``, what it does on a GPU with
     CUDA ones); without a CUDA device its default run says so and measures nothing."""
     pytest.importorskip("torch")
-    script = os.path.join(ROOT, "benchmarks", "gpu.py")
     out = tmp_path / "gpu.json"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            script,
-            "--device",
-            "cpu",
-            "--size",
-            "4MiB",
-            "--tensors",
-            "4",
-            "--rounds",
-            "1",
-            "--dir",
-            str(tmp_path),
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
+    bench(
+        "gpu.py",
+        "--device",
+        "cpu",
+        "--size",
+        "4MiB",
+        "--tensors",
+        "4",
+        "--rounds",
+        "1",
+        "--dir",
+        str(tmp_path),
+        "--out",
+        str(out),
         timeout=300,
-        check=False,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["verified"] is True and doc["bytes"] == 4 * 2**20
     assert [r["case"] for r in doc["results"]] == [
@@ -265,16 +241,6 @@ def test_gpu_benchmark_runs_on_cpu_tensors_and_says_when_there_is_no_gpu(tmp_pat
     import torch
 
     if not torch.cuda.is_available():
-        proc = subprocess.run(
-            [sys.executable, script, "--out", str(tmp_path / "none.json")],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert (
-            proc.returncode == 0
-            and "sees no CUDA device" in proc.stderr
-            and "nothing measured" in proc.stderr
-        )
+        proc = bench("gpu.py", "--out", str(tmp_path / "none.json"), timeout=300)
+        assert "sees no CUDA device" in proc.stderr and "nothing measured" in proc.stderr
         assert not (tmp_path / "none.json").exists()
