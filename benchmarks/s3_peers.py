@@ -678,10 +678,8 @@ def main(argv: list[str] | None = None) -> int:
             f.write(os.urandom(size))  # incompressible payload
             f.flush()
             if a.op == "read":
-                f.seek(0)
-                s3.upload_file(
-                    f.name, BUCKET, SOURCE_KEY
-                )  # its own handle: boto3 closes the one it is given
+                # by name, on a handle of its own: boto3 closes a file handed to upload_fileobj
+                s3.upload_file(f.name, BUCKET, SOURCE_KEY)
                 if any(c.startswith("ckptio-load-") for c in clients):
                     import numpy as np
 
